@@ -1,0 +1,41 @@
+# Every target creates or reuses .venv, so a fresh machine needs nothing but python3 and make.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha256sum | cut -c1-12)
+TRACES ?= ../shared/traces
+
+.PHONY: install demo test bench eval lint schemas clean
+
+$(STAMP): pyproject.toml setup.py
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,report]'
+	@rm -f $(VENV)/.installed-*
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/rally demo --nodes 4 --gpus-per-node 8 --racks 2
+
+test: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: install
+	$(BIN)/rally bench scheduler --nodes 12500 --gpus-per-node 8 --pending 5000 --json
+	$(BIN)/python -m rallypoint.sim.bench --traces $(TRACES)
+
+eval: install
+	$(BIN)/python -m rallypoint.sim.evaluate --traces $(TRACES) --out docs
+
+lint: install
+	$(BIN)/ruff check libs services tests
+	$(BIN)/ruff format --check libs services tests
+	$(BIN)/mypy libs services
+
+schemas: install
+	$(BIN)/rally schemas --out schemas
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .rally

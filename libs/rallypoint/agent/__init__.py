@@ -1,0 +1,1 @@
+"""Node agent: GPU backends, rank launcher, and the command protocol."""

@@ -1,0 +1,79 @@
+"""Messages between the job controller and node agents, and agent heartbeats.
+
+These are commands and telemetry, not facts: they travel on core NATS subjects
+(``cmd.agent.<node>.<verb>`` request/reply, ``hb.<node>``) and never enter the log. What an agent
+*did* (a rank exited) is appended to the log by the agent itself. Every command is idempotent, keyed
+by (job id, attempt, rank), so the controller can resend after a timeout or a restart.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class RankSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    rank: int
+    local_rank: int
+    gpus: tuple[int, ...]
+
+
+class LaunchTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Start every rank of one task (one node's share of a gang). ``env`` holds the whole contract."""
+
+    job_id: str
+    attempt: int
+    node_id: str
+    node_rank: int
+    world_size: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    ranks: tuple[RankSpec, ...]
+    command: tuple[str, ...]
+    env: dict[str, str] = {}
+
+
+class LaunchReply(msgspec.Struct, frozen=True, kw_only=True):
+    ok: bool
+    error: str = ""
+    already_running: bool = False
+
+
+class KillTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Stop the ranks of (job, attempt) on this node: SIGTERM, then SIGKILL after ``grace_s``."""
+
+    job_id: str
+    attempt: int
+    grace_s: float = 5.0
+
+
+class KillReply(msgspec.Struct, frozen=True, kw_only=True):
+    ok: bool
+    signalled: int = 0
+    error: str = ""
+
+
+class RankStatus(msgspec.Struct, frozen=True, kw_only=True):
+    job_id: str
+    attempt: int
+    rank: int
+    pid: int
+    exit_code: int | None = None
+
+
+class GpuSample(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    temperature_c: float
+    utilization: float
+    memory_used_mib: int
+    ecc_uncorrectable: int = 0
+    xid: int = 0
+    throttled: bool = False
+
+
+class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    agent_instance: str
+    at: float
+    gpus: tuple[GpuSample, ...] = ()
+    ranks: tuple[RankStatus, ...] = ()

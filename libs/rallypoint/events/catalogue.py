@@ -1,0 +1,251 @@
+"""The event catalogue: every fact Rallypoint records in its log.
+
+Events are frozen msgspec Structs with past-tense names. The tag carries the schema version
+(``JobSubmitted.v1``); a breaking change adds ``.v2`` and an upcaster in ``upcast.py``, never an
+in-place edit. This module imports nothing of ours: every other layer depends on it, not the reverse.
+
+Times are seconds since the Unix epoch as floats, stamped by the writer; the pure core never reads a
+clock, it reads these fields.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+TopologyLevel = Literal["nvlink", "node", "rack", "spine", "cluster"]
+
+
+class _Event(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="type"):
+    """Base of every event; ``type`` is the versioned tag."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Value objects carried inside events
+# ---------------------------------------------------------------------------------------------------
+
+
+class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a user asked for. Validated by ``rallypoint.jobs.validate`` before it is ever appended.
+
+    A gang of ``gpus`` GPUs is split into ``gpus // gpus_per_task`` tasks; each task lands on one node
+    (inside one NVLink domain when it fits) and runs ``ranks_per_task`` processes, torchrun style.
+    """
+
+    name: str
+    team: str
+    gpus: int
+    gpus_per_task: int
+    ranks_per_task: int
+    command: tuple[str, ...]
+    priority: str = "training-standard"
+    env: dict[str, str] = {}
+    time_limit_s: int | None = None
+    gpu_type: str | None = None
+    topology_required: TopologyLevel | None = None
+    topology_preferred: TopologyLevel | None = None
+    min_gpus: int | None = None
+    max_gpus: int | None = None
+    gpu_step: int | None = None
+    checkpoint_dir: str | None = None
+    max_retries: int = 0
+
+
+class GpuInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    index: int
+    uuid: str
+    memory_mib: int
+    nvlink_domain: int
+
+
+class TaskPlacement(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One task of a gang: the node it runs on and the exact GPU indices it owns there."""
+
+    task: int
+    node_id: str
+    gpus: tuple[int, ...]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Job lifecycle — subject rally.job.<job_id>
+# ---------------------------------------------------------------------------------------------------
+
+
+class JobSubmitted(_Event, tag="JobSubmitted.v1", kw_only=True):
+    job_id: str
+    spec: JobSpec
+    submitted_at: float
+    idempotency_key: str | None = None
+
+
+class JobRejected(_Event, tag="JobRejected.v1", kw_only=True):
+    job_id: str
+    reason: str
+    field: str | None = None
+    at: float
+
+
+class JobQueued(_Event, tag="JobQueued.v1", kw_only=True):
+    """The scheduler accepted the job into its queue (it could ever fit this cluster)."""
+
+    job_id: str
+    queue: str
+    at: float
+
+
+class JobStarted(_Event, tag="JobStarted.v1", kw_only=True):
+    """Every rank of the attempt was launched by its node agent."""
+
+    job_id: str
+    attempt: int
+    at: float
+
+
+class RankExited(_Event, tag="RankExited.v1", kw_only=True):
+    job_id: str
+    attempt: int
+    rank: int
+    node_id: str
+    exit_code: int
+    at: float
+
+
+class JobCompleted(_Event, tag="JobCompleted.v1", kw_only=True):
+    job_id: str
+    attempt: int
+    at: float
+
+
+class JobFailed(_Event, tag="JobFailed.v1", kw_only=True):
+    job_id: str
+    attempt: int
+    reason: str
+    exit_code: int | None = None
+    at: float
+
+
+class JobCancelRequested(_Event, tag="JobCancelRequested.v1", kw_only=True):
+    job_id: str
+    at: float
+    requested_by: str = "user"
+
+
+class JobCancelled(_Event, tag="JobCancelled.v1", kw_only=True):
+    job_id: str
+    attempt: int | None = None
+    at: float
+
+
+# ---------------------------------------------------------------------------------------------------
+# Node lifecycle — subject rally.node.<node_id>
+# ---------------------------------------------------------------------------------------------------
+
+
+class NodeRegistered(_Event, tag="NodeRegistered.v1", kw_only=True):
+    node_id: str
+    address: str
+    rack: str
+    spine: str = "spine-0"
+    gpu_type: str
+    gpus: tuple[GpuInfo, ...]
+    cpu_milli: int
+    memory_mib: int
+    agent_instance: str
+    at: float
+
+
+class NodeHeartbeatLost(_Event, tag="NodeHeartbeatLost.v1", kw_only=True):
+    node_id: str
+    last_seen: float
+    at: float
+
+
+class NodeDrained(_Event, tag="NodeDrained.v1", kw_only=True):
+    node_id: str
+    reason: str
+    at: float
+
+
+class NodeLost(_Event, tag="NodeLost.v1", kw_only=True):
+    node_id: str
+    reason: str
+    at: float
+
+
+class NodeRecovered(_Event, tag="NodeRecovered.v1", kw_only=True):
+    node_id: str
+    at: float
+
+
+# ---------------------------------------------------------------------------------------------------
+# Scheduler decisions — single-writer subject tree rally.sched.>
+# ---------------------------------------------------------------------------------------------------
+
+
+class LeaderEpochStarted(_Event, tag="LeaderEpochStarted.v1", kw_only=True):
+    """A newly elected scheduler fences every older leader: their conditional appends now fail."""
+
+    epoch: int
+    leader_id: str
+    at: float
+
+
+class GangBound(_Event, tag="GangBound.v1", kw_only=True):
+    """The whole gang, placed at once. ``computed_at_seq`` and ``policy_version`` make it replayable."""
+
+    job_id: str
+    attempt: int
+    epoch: int
+    placements: tuple[TaskPlacement, ...]
+    computed_at_seq: int
+    policy_version: str
+    now: float
+    at: float
+
+
+class JobPending(_Event, tag="JobPending.v1", kw_only=True):
+    """Why a job waits; appended only when the reason code changes, so the log stays small."""
+
+    job_id: str
+    code: str
+    message: str
+    epoch: int
+    computed_at_seq: int
+    at: float
+
+
+JobEvent = (
+    JobSubmitted
+    | JobRejected
+    | JobQueued
+    | JobStarted
+    | RankExited
+    | JobCompleted
+    | JobFailed
+    | JobCancelRequested
+    | JobCancelled
+)
+NodeEvent = NodeRegistered | NodeHeartbeatLost | NodeDrained | NodeLost | NodeRecovered
+SchedulerEvent = LeaderEpochStarted | GangBound | JobPending
+Event = JobEvent | NodeEvent | SchedulerEvent
+
+ALL_EVENT_TYPES: tuple[type[_Event], ...] = (
+    JobSubmitted,
+    JobRejected,
+    JobQueued,
+    JobStarted,
+    RankExited,
+    JobCompleted,
+    JobFailed,
+    JobCancelRequested,
+    JobCancelled,
+    NodeRegistered,
+    NodeHeartbeatLost,
+    NodeDrained,
+    NodeLost,
+    NodeRecovered,
+    LeaderEpochStarted,
+    GangBound,
+    JobPending,
+)

@@ -1,0 +1,380 @@
+"""ClusterState: the one fold over the log that every service, `rally replay` and the tests share.
+
+It is pure: ``apply(seq, event)`` mutates only this object and reads nothing but its arguments, so the
+same log always folds into the same state, and ``hash()`` proves it. Mutation (rather than returning
+new copies) keeps a fold over millions of events cheap; the struct encodes to bytes for snapshots.
+
+Rules that make concurrent writers safe to fold:
+- a ``GangBound`` is applied only when the job is still pending and every GPU it names is free; otherwise
+  it is recorded in ``ignored_binds`` and changes nothing (a stale decision can never double-book a GPU);
+- terminal states are final: later events for a finished job change nothing;
+- events for unknown jobs or nodes are counted in ``orphans`` rather than raising, because a partial
+  replay (``--to SEQ``) or a log written by a newer version must still fold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any, Literal
+
+import msgspec
+
+from rallypoint.events import (
+    Event,
+    GangBound,
+    GpuInfo,
+    JobCancelled,
+    JobCancelRequested,
+    JobCompleted,
+    JobFailed,
+    JobPending,
+    JobQueued,
+    JobRejected,
+    JobSpec,
+    JobStarted,
+    JobSubmitted,
+    LeaderEpochStarted,
+    NodeDrained,
+    NodeHeartbeatLost,
+    NodeLost,
+    NodeRecovered,
+    NodeRegistered,
+    RankExited,
+    TaskPlacement,
+)
+
+JobState = Literal["pending", "bound", "running", "completed", "failed", "cancelled", "rejected"]
+NodeStatus = Literal["up", "unreachable", "drained", "lost"]
+
+TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled", "rejected"})
+ACTIVE: frozenset[str] = frozenset({"bound", "running"})
+
+
+class NodeView(msgspec.Struct, kw_only=True):
+    node_id: str
+    address: str
+    rack: str
+    spine: str
+    gpu_type: str
+    gpus: tuple[GpuInfo, ...]
+    cpu_milli: int
+    memory_mib: int
+    status: NodeStatus = "up"
+    status_reason: str = ""
+    agent_instance: str = ""
+    registered_at: float = 0.0
+    # GPU index -> job id holding it. Absent means free.
+    allocated: dict[int, str] = {}
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def schedulable(self) -> bool:
+        return self.status == "up"
+
+    def free_gpus(self) -> tuple[int, ...]:
+        return tuple(g.index for g in self.gpus if g.index not in self.allocated)
+
+
+class JobView(msgspec.Struct, kw_only=True):
+    job_id: str
+    spec: JobSpec
+    submitted_at: float
+    submitted_seq: int
+    state: JobState = "pending"
+    queue: str | None = None
+    attempt: int = 0
+    placements: tuple[TaskPlacement, ...] = ()
+    bound_at: float | None = None
+    bound_seq: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    reason: str = ""
+    pending_code: str = ""
+    pending_message: str = ""
+    cancel_requested: bool = False
+    ranks_exited: dict[int, int] = {}
+    last_seq: int = 0
+
+    @property
+    def world_size(self) -> int:
+        tasks = self.spec.gpus // self.spec.gpus_per_task
+        return tasks * self.spec.ranks_per_task
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+
+class ClusterState(msgspec.Struct, kw_only=True):
+    nodes: dict[str, NodeView] = {}
+    jobs: dict[str, JobView] = {}
+    epoch: int = 0
+    leader_id: str = ""
+    last_seq: int = 0
+    ignored_binds: int = 0
+    orphans: int = 0
+
+    # -- folding ------------------------------------------------------------------------------
+
+    def apply(self, seq: int, event: Event) -> None:
+        """Fold one event recorded at stream sequence ``seq``."""
+        handler = _HANDLERS.get(type(event))
+        if handler is not None:
+            handler(self, seq, event)
+        self.last_seq = max(self.last_seq, seq)
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def pending_jobs(self) -> list[JobView]:
+        """Jobs waiting for a bind, in arrival order (the log's order)."""
+        waiting = [j for j in self.jobs.values() if j.state == "pending" and not j.cancel_requested]
+        waiting.sort(key=lambda j: j.submitted_seq)
+        return waiting
+
+    def active_jobs(self) -> list[JobView]:
+        active = [j for j in self.jobs.values() if j.state in ACTIVE]
+        active.sort(key=lambda j: j.submitted_seq)
+        return active
+
+    def total_gpus(self, *, schedulable_only: bool = False) -> int:
+        return sum(n.gpu_count for n in self.nodes.values() if n.schedulable or not schedulable_only)
+
+    def free_gpus(self) -> int:
+        return sum(len(n.gpus) - len(n.allocated) for n in self.nodes.values() if n.schedulable)
+
+    def hash(self) -> str:
+        """sha256 over a canonical encoding: equal histories give equal hashes, on any machine."""
+        canonical = msgspec.to_builtins(self, str_keys=True)
+        return hashlib.sha256(msgspec.json.encode(canonical, order="deterministic")).hexdigest()
+
+    def encode(self) -> bytes:
+        return msgspec.msgpack.encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> ClusterState:
+        return msgspec.msgpack.decode(data, type=cls)
+
+
+# --- handlers ---------------------------------------------------------------------------------
+
+
+def _job(state: ClusterState, job_id: str, seq: int) -> JobView | None:
+    job = state.jobs.get(job_id)
+    if job is None:
+        state.orphans += 1
+        return None
+    job.last_seq = seq
+    return job
+
+
+def _release(state: ClusterState, job: JobView) -> None:
+    for placement in job.placements:
+        node = state.nodes.get(placement.node_id)
+        if node is None:
+            continue
+        for gpu in placement.gpus:
+            if node.allocated.get(gpu) == job.job_id:
+                del node.allocated[gpu]
+
+
+def _finish(state: ClusterState, job: JobView, new_state: JobState, at: float) -> None:
+    if job.state in ACTIVE:
+        _release(state, job)
+    job.state = new_state
+    job.ended_at = at
+
+
+def _on_submitted(state: ClusterState, seq: int, e: JobSubmitted) -> None:
+    if e.job_id in state.jobs:
+        return
+    state.jobs[e.job_id] = JobView(
+        job_id=e.job_id, spec=e.spec, submitted_at=e.submitted_at, submitted_seq=seq, last_seq=seq
+    )
+
+
+def _on_rejected(state: ClusterState, seq: int, e: JobRejected) -> None:
+    job = _job(state, e.job_id, seq)
+    if job is None or job.terminal:
+        return
+    _finish(state, job, "rejected", e.at)
+    job.reason = e.reason
+
+
+def _on_queued(state: ClusterState, seq: int, e: JobQueued) -> None:
+    job = _job(state, e.job_id, seq)
+    if job is not None and not job.terminal:
+        job.queue = e.queue
+
+
+def _on_pending(state: ClusterState, seq: int, e: JobPending) -> None:
+    job = _job(state, e.job_id, seq)
+    if job is not None and job.state == "pending":
+        job.pending_code = e.code
+        job.pending_message = e.message
+
+
+def _bind_is_valid(state: ClusterState, job: JobView, e: GangBound) -> bool:
+    if job.state != "pending" or job.cancel_requested or not e.placements:
+        return False
+    seen: set[tuple[str, int]] = set()
+    for placement in e.placements:
+        node = state.nodes.get(placement.node_id)
+        if node is None or not node.schedulable:
+            return False
+        indices = {g.index for g in node.gpus}
+        for gpu in placement.gpus:
+            key = (placement.node_id, gpu)
+            if gpu not in indices or gpu in node.allocated or key in seen:
+                return False
+            seen.add(key)
+    return True
+
+
+def _on_bound(state: ClusterState, seq: int, e: GangBound) -> None:
+    job = _job(state, e.job_id, seq)
+    if job is None:
+        return
+    if not _bind_is_valid(state, job, e):
+        state.ignored_binds += 1
+        return
+    for placement in e.placements:
+        node = state.nodes[placement.node_id]
+        for gpu in placement.gpus:
+            node.allocated[gpu] = job.job_id
+    job.state = "bound"
+    job.attempt = e.attempt
+    job.placements = e.placements
+    job.bound_at = e.at
+    job.bound_seq = seq
+    job.pending_code = ""
+    job.pending_message = ""
+    job.ranks_exited = {}
+
+
+def _on_started(state: ClusterState, seq: int, e: JobStarted) -> None:
+    job = _job(state, e.job_id, seq)
+    if job is not None and job.state == "bound" and job.attempt == e.attempt:
+        job.state = "running"
+        job.started_at = e.at
+
+
+def _on_rank_exited(state: ClusterState, seq: int, e: RankExited) -> None:
+    job = _job(state, e.job_id, seq)
+    if job is not None and job.state in ACTIVE and job.attempt == e.attempt:
+        job.ranks_exited[e.rank] = e.exit_code
+
+
+def _on_completed(state: ClusterState, seq: int, e: JobCompleted) -> None:
+    job = _job(state, e.job_id, seq)
+    if job is not None and job.state in ACTIVE and job.attempt == e.attempt:
+        _finish(state, job, "completed", e.at)
+        job.exit_code = 0
+
+
+def _on_failed(state: ClusterState, seq: int, e: JobFailed) -> None:
+    job = _job(state, e.job_id, seq)
+    if job is not None and not job.terminal and job.attempt == e.attempt:
+        _finish(state, job, "failed", e.at)
+        job.exit_code = e.exit_code
+        job.reason = e.reason
+
+
+def _on_cancel_requested(state: ClusterState, seq: int, e: JobCancelRequested) -> None:
+    job = _job(state, e.job_id, seq)
+    if job is not None and not job.terminal:
+        job.cancel_requested = True
+
+
+def _on_cancelled(state: ClusterState, seq: int, e: JobCancelled) -> None:
+    job = _job(state, e.job_id, seq)
+    if job is not None and not job.terminal:
+        _finish(state, job, "cancelled", e.at)
+        job.reason = "cancelled"
+
+
+def _on_node_registered(state: ClusterState, seq: int, e: NodeRegistered) -> None:
+    existing = state.nodes.get(e.node_id)
+    # A restarted agent re-registers: keep what its GPUs are bound to, the log still says so.
+    allocated = existing.allocated if existing is not None else {}
+    state.nodes[e.node_id] = NodeView(
+        node_id=e.node_id,
+        address=e.address,
+        rack=e.rack,
+        spine=e.spine,
+        gpu_type=e.gpu_type,
+        gpus=e.gpus,
+        cpu_milli=e.cpu_milli,
+        memory_mib=e.memory_mib,
+        status="up" if existing is None or existing.status != "drained" else "drained",
+        status_reason="" if existing is None else existing.status_reason,
+        agent_instance=e.agent_instance,
+        registered_at=e.at,
+        allocated=allocated,
+    )
+
+
+def _node(state: ClusterState, node_id: str) -> NodeView | None:
+    node = state.nodes.get(node_id)
+    if node is None:
+        state.orphans += 1
+    return node
+
+
+def _on_heartbeat_lost(state: ClusterState, seq: int, e: NodeHeartbeatLost) -> None:
+    node = _node(state, e.node_id)
+    if node is not None and node.status == "up":
+        node.status = "unreachable"
+        node.status_reason = "heartbeat lost"
+
+
+def _on_drained(state: ClusterState, seq: int, e: NodeDrained) -> None:
+    node = _node(state, e.node_id)
+    if node is not None and node.status != "lost":
+        node.status = "drained"
+        node.status_reason = e.reason
+
+
+def _on_lost(state: ClusterState, seq: int, e: NodeLost) -> None:
+    node = _node(state, e.node_id)
+    if node is not None:
+        node.status = "lost"
+        node.status_reason = e.reason
+
+
+def _on_recovered(state: ClusterState, seq: int, e: NodeRecovered) -> None:
+    node = _node(state, e.node_id)
+    if node is not None:
+        node.status = "up"
+        node.status_reason = ""
+
+
+def _on_epoch(state: ClusterState, seq: int, e: LeaderEpochStarted) -> None:
+    if e.epoch > state.epoch:
+        state.epoch = e.epoch
+        state.leader_id = e.leader_id
+
+
+_HANDLERS: dict[type, Callable[[ClusterState, int, Any], None]] = {
+    JobSubmitted: _on_submitted,
+    JobRejected: _on_rejected,
+    JobQueued: _on_queued,
+    JobPending: _on_pending,
+    GangBound: _on_bound,
+    JobStarted: _on_started,
+    RankExited: _on_rank_exited,
+    JobCompleted: _on_completed,
+    JobFailed: _on_failed,
+    JobCancelRequested: _on_cancel_requested,
+    JobCancelled: _on_cancelled,
+    NodeRegistered: _on_node_registered,
+    NodeHeartbeatLost: _on_heartbeat_lost,
+    NodeDrained: _on_drained,
+    NodeLost: _on_lost,
+    NodeRecovered: _on_recovered,
+    LeaderEpochStarted: _on_epoch,
+}
