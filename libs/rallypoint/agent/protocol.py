@@ -37,6 +37,9 @@ class LaunchReply(msgspec.Struct, frozen=True, kw_only=True):
     ok: bool
     error: str = ""
     already_running: bool = False
+    # Added by the agent: which ranks this request started, and which had been started before.
+    started: tuple[int, ...] = ()
+    already: tuple[int, ...] = ()
 
 
 class KillTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -61,7 +64,17 @@ class RankStatus(msgspec.Struct, frozen=True, kw_only=True):
     exit_code: int | None = None
 
 
+class StatusReply(msgspec.Struct, frozen=True, kw_only=True):
+    """Answer to ``cmd.agent.<node>.status`` (any body): every rank this agent knows about."""
+
+    node_id: str
+    agent_instance: str
+    ranks: tuple[RankStatus, ...] = ()
+
+
 class GpuSample(msgspec.Struct, frozen=True, kw_only=True):
+    """One GPU's health. ``utilization`` is percent busy (0-100, as nvidia-smi shows it)."""
+
     index: int
     temperature_c: float
     utilization: float

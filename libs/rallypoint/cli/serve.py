@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 
 SERVICES: tuple[str, ...] = (
     "api",
@@ -37,3 +38,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("service", choices=SERVICES)
     parser.add_argument("service_args", nargs=argparse.REMAINDER)
     parser.set_defaults(func=_serve)
+
+
+def run(argv: list[str]) -> int:
+    """`python -m rallypoint.cli.serve NAME ...`: what the local cluster spawns (skips the full CLI)."""
+    if not argv or argv[0] not in SERVICES:
+        print(f"usage: python -m rallypoint.cli.serve {{{','.join(SERVICES)}}} ...", file=sys.stderr)
+        return 2
+    module = importlib.import_module(service_module(argv[0]))
+    return int(module.main(argv[1:]))
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))

@@ -1,0 +1,56 @@
+"""The GPU backend interface: what a node agent needs to know about its GPUs.
+
+Two implementations: ``SimulatedGpus`` (every machine here, tests, demos, the simulator) and
+``NvmlGpus`` (real NVIDIA GPUs through NVML). The agent depends only on this Protocol, so nothing
+above it can tell the two apart, and a health-monitor test can drive faults through the simulated one.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import msgspec
+
+from rallypoint.agent.protocol import GpuSample
+from rallypoint.events import GpuInfo
+
+MIB = 1024 * 1024
+
+
+class GpuDevice(msgspec.Struct, frozen=True, kw_only=True):
+    """One GPU of the inventory. ``index`` is what CUDA_VISIBLE_DEVICES and placements use."""
+
+    index: int
+    uuid: str
+    memory_mib: int
+    nvlink_domain: int
+    name: str
+
+    def to_info(self) -> GpuInfo:
+        """The slice of the inventory that goes into ``NodeRegistered`` (the name travels as gpu_type)."""
+        return GpuInfo(index=self.index, uuid=self.uuid, memory_mib=self.memory_mib,
+                       nvlink_domain=self.nvlink_domain)
+
+
+@runtime_checkable
+class GpuBackend(Protocol):
+    """A node's GPUs: a fixed inventory, and health samples on demand.
+
+    ``sample()`` is called about once a second from the heartbeat loop; it must be cheap and must not
+    raise for one misbehaving GPU (report what can be read, defaults for the rest).
+    """
+
+    @property
+    def gpu_type(self) -> str:
+        """The schedulable GPU type of this node (``sim-h100``, ``NVIDIA H100 80GB HBM3``...)."""
+        ...
+
+    def inventory(self) -> tuple[GpuDevice, ...]: ...
+
+    def sample(self) -> tuple[GpuSample, ...]: ...
+
+    def close(self) -> None: ...
+
+
+def gpu_infos(backend: GpuBackend) -> tuple[GpuInfo, ...]:
+    return tuple(device.to_info() for device in backend.inventory())

@@ -1,0 +1,335 @@
+"""The rank launcher: real OS processes for every rank, supervised through the work directory.
+
+The launcher keeps no state that matters in memory: everything it knows is in ``workdir`` files, so a
+new launcher on the same directory (an agent restart) re-adopts running ranks and reports the exits
+that happened while nobody was watching. The agent drives it:
+
+- ``launch(task)``  start the ranks of a task; ranks already started are never started again;
+- ``kill(job, attempt, grace_s)``  SIGTERM to each rank's process group, SIGKILL once the grace is over;
+- ``poll()``  called every ~0.1-0.5 s: reaps, escalates kills, returns exits not yet handed out;
+- ``mark_reported(exit)``  after RankExited is safely in the log, so a restart does not report it again;
+- ``status()``  every rank this node knows about.
+
+Methods are thread-safe (one lock) so the asyncio agent can run them in worker threads: they fsync.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from rallypoint.agent import workdir
+from rallypoint.agent.protocol import LaunchTask, RankStatus
+from rallypoint.jobs.launch import rank_environment
+
+# A claim without a pid file is a wrapper still starting (Python starts in well under a second); after
+# this long with no wrapper alive to show for it, the rank is declared lost instead of waited on forever.
+STARTUP_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class RankExit:
+    """A finished rank, ready to become a ``RankExited`` event."""
+
+    job_id: str
+    attempt: int
+    rank: int
+    exit_code: int
+    at: float
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    started: tuple[int, ...]
+    already: tuple[int, ...]
+
+    @property
+    def already_running(self) -> bool:
+        """Nothing new was started: the whole task had been launched before (a resent command)."""
+        return not self.started and bool(self.already)
+
+
+@dataclass
+class _Rank:
+    job_id: str
+    attempt: int
+    rank: int
+    directory: Path
+    gpus: tuple[int, ...] = ()
+    popen: subprocess.Popen[bytes] | None = None  # only for wrappers this launcher spawned itself
+    claimed_at: float = 0.0
+    wrapper_pid: int | None = None
+    wrapper_start: int | None = None
+    pid: int | None = None
+    pid_start: int | None = None
+    exit: RankExit | None = None
+    handed_out: bool = False
+    reported: bool = False
+    term_sent: bool = False
+    kill_deadline: float | None = None
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.job_id, self.attempt, self.rank)
+
+    def file(self, kind: str) -> Path:
+        return workdir.rank_file(self.directory, self.rank, kind)
+
+
+class RankLauncher:
+    """Starts, watches, kills and re-adopts rank processes under ``work_dir``."""
+
+    def __init__(
+        self,
+        work_dir: Path | str,
+        *,
+        python: str = sys.executable,
+        clock: Callable[[], float] = time.time,
+        base_env: dict[str, str] | None = None,
+    ) -> None:
+        self.work_dir = Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self._python = python
+        self._clock = clock
+        self._base_env = base_env
+        self._ranks: dict[tuple[str, int, int], _Rank] = {}
+        self._lock = threading.Lock()
+        self.adopt()
+
+    # -- public API ---------------------------------------------------------------------------------
+
+    def adopt(self) -> int:
+        """Scan the work dir for ranks this object does not know yet; returns how many were found.
+
+        Runs at construction, so a restarted agent sees every rank of every attempt: running ones are
+        watched again, finished-but-unreported ones come out of the next ``poll()``.
+        """
+        found = 0
+        with self._lock:
+            for job_dir in sorted(p for p in self.work_dir.iterdir() if p.is_dir()):
+                for attempt_dir in sorted(p for p in job_dir.iterdir() if p.is_dir() and p.name.isdigit()):
+                    task = self._read_task(attempt_dir)
+                    for claim in sorted(attempt_dir.glob("rank-*.claim")):
+                        try:
+                            rank = int(claim.name[len("rank-"):-len(".claim")])
+                        except ValueError:
+                            continue
+                        key = (job_dir.name, int(attempt_dir.name), rank)
+                        if key in self._ranks:
+                            continue
+                        record = _Rank(job_id=key[0], attempt=key[1], rank=rank, directory=attempt_dir,
+                                       gpus=_gpus_of(task, rank))
+                        self._load(record)
+                        self._ranks[key] = record
+                        found += 1
+        return found
+
+    def launch(self, task: LaunchTask) -> LaunchOutcome:
+        directory = workdir.attempt_dir(self.work_dir, task.job_id, task.attempt)
+        started: list[int] = []
+        already: list[int] = []
+        with self._lock:
+            directory.mkdir(parents=True, exist_ok=True)
+            task_file = directory / "task.json"
+            if not task_file.exists():
+                workdir.write_atomic(task_file, msgspec.to_builtins(task), exclusive=True)
+            for spec in task.ranks:
+                key = (task.job_id, task.attempt, spec.rank)
+                if key in self._ranks:
+                    already.append(spec.rank)
+                    continue
+                record = _Rank(job_id=task.job_id, attempt=task.attempt, rank=spec.rank,
+                               directory=directory, gpus=tuple(spec.gpus))
+                now = self._clock()
+                # The claim is the idempotency key on disk: created exclusively *before* the spawn, so
+                # neither a resent command nor a restarted agent can ever start this rank twice.
+                if not workdir.write_atomic(record.file("claim"), {"at": now}, exclusive=True):
+                    self._load(record)
+                    self._ranks[key] = record
+                    already.append(spec.rank)
+                    continue
+                record.claimed_at = now
+                self._ranks[key] = record
+                env = dict(os.environ if self._base_env is None else self._base_env)
+                # CUDA numbers GPUs fastest-first by default; NVML (and so our GPU indices, placements
+                # and CUDA_VISIBLE_DEVICES) numbers them in PCI bus order. Make CUDA agree.
+                env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+                env.update(rank_environment(task, spec))
+                self._spawn(record, task.command, env)
+                started.append(spec.rank)
+        return LaunchOutcome(started=tuple(started), already=tuple(already))
+
+    def kill(self, job_id: str, attempt: int, grace_s: float = 5.0) -> int:
+        """Stop every unfinished rank of (job, attempt); returns how many were signalled or marked.
+
+        The request is written to disk first, so a rank whose wrapper is still starting will not start
+        its command, and an agent that restarts mid-grace still delivers the SIGKILL.
+        """
+        count = 0
+        now = self._clock()
+        with self._lock:
+            for record in self._ranks.values():
+                if (record.job_id, record.attempt) != (job_id, attempt) or record.exit is not None:
+                    continue
+                existing = workdir.read_record(record.file("kill"))
+                if existing is None:
+                    existing = {"requested_at": now, "grace_s": max(0.0, grace_s)}
+                    workdir.write_atomic(record.file("kill"), existing)
+                record.kill_deadline = float(existing["requested_at"]) + float(existing["grace_s"])
+                self._refresh_pids(record)
+                self._enforce_kill(record, now)
+                count += 1
+        return count
+
+    def poll(self) -> list[RankExit]:
+        """Reap, escalate pending kills, and return exits not handed out before by this launcher."""
+        fresh: list[RankExit] = []
+        now = self._clock()
+        with self._lock:
+            for record in self._ranks.values():
+                if record.exit is None:
+                    self._check(record, now)
+                    if record.exit is None and record.kill_deadline is not None:
+                        self._refresh_pids(record)
+                        self._enforce_kill(record, now)
+                if record.exit is not None and not record.handed_out and not record.reported:
+                    record.handed_out = True
+                    fresh.append(record.exit)
+        return fresh
+
+    def unreported(self) -> list[RankExit]:
+        """Every known exit whose RankExited is not confirmed in the log yet (handed out or not)."""
+        with self._lock:
+            return [r.exit for r in self._ranks.values() if r.exit is not None and not r.reported]
+
+    def mark_reported(self, exit: RankExit) -> None:
+        with self._lock:
+            record = self._ranks.get((exit.job_id, exit.attempt, exit.rank))
+            if record is None or record.reported:
+                return
+            workdir.write_atomic(record.file("reported"), {"at": self._clock()})
+            record.reported = True
+
+    def status(self) -> tuple[RankStatus, ...]:
+        with self._lock:
+            return tuple(
+                RankStatus(job_id=r.job_id, attempt=r.attempt, rank=r.rank, pid=r.pid or 0,
+                           exit_code=r.exit.exit_code if r.exit else None)
+                for r in sorted(self._ranks.values(), key=lambda r: r.key)
+            )
+
+    def busy_gpus(self) -> set[int]:
+        """GPU indices held by ranks that have not exited (for the simulated backend's utilization)."""
+        with self._lock:
+            return {g for r in self._ranks.values() if r.exit is None for g in r.gpus}
+
+    def log_path(self, job_id: str, attempt: int, rank: int) -> Path:
+        return workdir.rank_file(workdir.attempt_dir(self.work_dir, job_id, attempt), rank, "log")
+
+    def forget_processes(self) -> None:
+        """Drop our handles on wrapper processes without touching them (tests: simulate an agent crash)."""
+        with self._lock:
+            for record in self._ranks.values():
+                record.popen = None
+
+    # -- internals (lock held) ----------------------------------------------------------------------
+
+    def _spawn(self, record: _Rank, command: tuple[str, ...], env: dict[str, str]) -> None:
+        argv = [self._python, "-m", "rallypoint.agent.rankwrap", "--dir", str(record.directory),
+                "--rank", str(record.rank), "--", *command]
+        with open(record.file("log"), "ab") as log:
+            # A session of its own: Ctrl-C on the agent's terminal, or the agent's death, must not
+            # reach the rank. The wrapper's own output goes to the rank log, where a human looks.
+            record.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                            close_fds=True)
+        record.wrapper_pid = record.popen.pid
+        record.wrapper_start = workdir.process_start_time(record.popen.pid)
+
+    def _read_task(self, directory: Path) -> LaunchTask | None:
+        try:
+            return msgspec.json.decode((directory / "task.json").read_bytes(), type=LaunchTask)
+        except (OSError, msgspec.DecodeError):
+            return None
+
+    def _load(self, record: _Rank) -> None:
+        """Fill a record from its files (adoption, or a claim that already existed on disk)."""
+        claim = workdir.read_record(record.file("claim")) or {}
+        record.claimed_at = float(claim.get("at", 0.0))
+        record.reported = record.file("reported").exists()
+        self._refresh_pids(record)
+        kill = workdir.read_record(record.file("kill"))
+        if kill is not None:
+            record.kill_deadline = float(kill["requested_at"]) + float(kill["grace_s"])
+        self._read_exit(record)
+
+    def _refresh_pids(self, record: _Rank) -> None:
+        if record.pid is not None:
+            return
+        pids = workdir.read_record(record.file("pid"))
+        if pids is None:
+            return
+        record.wrapper_pid = pids.get("wrapper_pid")
+        record.wrapper_start = pids.get("wrapper_start")
+        record.pid = pids.get("pid")
+        record.pid_start = pids.get("pid_start")
+
+    def _read_exit(self, record: _Rank) -> bool:
+        data = workdir.read_record(record.file("exit"))
+        if data is None:
+            return False
+        record.exit = RankExit(job_id=record.job_id, attempt=record.attempt, rank=record.rank,
+                               exit_code=int(data["exit_code"]), at=float(data["at"]))
+        return True
+
+    def _wrapper_alive(self, record: _Rank) -> bool:
+        if record.popen is not None:
+            # Our own child: poll() also reaps it, so it does not linger as a zombie.
+            return record.popen.poll() is None
+        return workdir.same_process(record.wrapper_pid, record.wrapper_start)
+
+    def _check(self, record: _Rank, now: float) -> None:
+        if self._read_exit(record):
+            if record.popen is not None:
+                record.popen.poll()  # reap the finished wrapper
+            return
+        self._refresh_pids(record)
+        if self._wrapper_alive(record):
+            return
+        # The wrapper may have written its exit file between our two looks.
+        if self._read_exit(record):
+            return
+        if record.wrapper_pid is None and now - record.claimed_at < STARTUP_GRACE_S:
+            return  # claimed by an agent that died right after; give a slow start the benefit of the doubt
+        # Nobody will ever write this rank's exit: make sure nothing of it still runs, then record the
+        # loss ourselves (exclusively: if the wrapper got there first, its code wins).
+        workdir.signal_group(record.pid, record.pid_start, signal.SIGKILL)
+        workdir.write_atomic(record.file("exit"), {"exit_code": workdir.EXIT_LOST, "at": now}, exclusive=True)
+        self._read_exit(record)
+
+    def _enforce_kill(self, record: _Rank, now: float) -> None:
+        if record.pid is None or record.kill_deadline is None:
+            return  # the wrapper will see the kill file, or we signal on a later poll once the pid is known
+        if now >= record.kill_deadline:
+            workdir.signal_group(record.pid, record.pid_start, signal.SIGKILL)
+        elif not record.term_sent:
+            workdir.signal_group(record.pid, record.pid_start, signal.SIGTERM)
+            record.term_sent = True
+
+
+def _gpus_of(task: LaunchTask | None, rank: int) -> tuple[int, ...]:
+    if task is None:
+        return ()
+    for spec in task.ranks:
+        if spec.rank == rank:
+            return tuple(spec.gpus)
+    return ()

@@ -1,0 +1,283 @@
+"""The node agent: registers its node, heartbeats, serves launch/kill/status, and reports rank exits.
+
+What it writes to the log is only what it alone knows: ``NodeRegistered`` (its hardware) and
+``RankExited`` (how each rank ended). Everything else it does is answering commands.
+
+Guarantee: a ``RankExited`` is never lost. The wrapper writes the exit code to disk before anyone is
+told; the agent appends it with a deterministic ``Nats-Msg-Id`` (``<job>:<attempt>:RankExited:<rank>``),
+retrying on every failure, and only then marks it reported on disk. If the agent dies in between, the
+restarted agent finds the unreported exit file and appends again; the log's duplicate window (2 min)
+absorbs the retry, and the event is keyed by (job, attempt, rank) so a consumer folding a late
+duplicate is idempotent anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import msgspec
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from rallypoint.agent.backend import GpuBackend, gpu_infos
+from rallypoint.agent.launcher import RankExit, RankLauncher
+from rallypoint.agent.protocol import (
+    Heartbeat,
+    KillReply,
+    KillTask,
+    LaunchReply,
+    LaunchTask,
+    StatusReply,
+)
+from rallypoint.agent.sim_backend import SimulatedGpus
+from rallypoint.eventlog import AppendConflict, EventLog
+from rallypoint.events import NodeRegistered, RankExited, subjects
+
+_log = logging.getLogger(__name__)
+_json = msgspec.json.Encoder()
+
+
+def new_instance_id() -> str:
+    """A fresh id per agent process: tells a restarted agent's registration and heartbeats apart."""
+    return secrets.token_hex(6)
+
+
+def host_memory_mib() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    except (ValueError, OSError):
+        return 0
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node_id: str
+    rack: str = "rack-0"
+    spine: str = "spine-0"
+    address: str = "127.0.0.1"
+    cpu_milli: int | None = None  # default: this host's CPUs
+    memory_mib: int | None = None  # default: this host's RAM
+    heartbeat_interval_s: float = 1.0
+    poll_interval_s: float = 0.2
+    instance: str = field(default_factory=new_instance_id)
+
+    @property
+    def source(self) -> str:
+        return f"rallypoint/agent/{self.node_id}"
+
+
+class NodeAgent:
+    """One node's agent. ``await start()``, then ``await close()``; or ``await run(stop_event)``."""
+
+    def __init__(
+        self,
+        log: EventLog,
+        backend: GpuBackend,
+        launcher: RankLauncher,
+        config: AgentConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        # Validate the node id once, up front: it becomes a subject token and a msg-id prefix.
+        subjects.node(config.node_id)
+        self.log = log
+        self.backend = backend
+        self.launcher = launcher
+        self.config = config
+        self._clock = clock
+        self._subs: list[Subscription] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reports: asyncio.Queue[RankExit] = asyncio.Queue()
+        self.registered_seq: int | None = None
+        self.heartbeats_sent = 0
+
+    @property
+    def node_id(self) -> str:
+        return self.config.node_id
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.register()
+        nc = self.log.nc
+        handlers = (("launch", self._on_launch), ("kill", self._on_kill), ("status", self._on_status))
+        for verb, handler in handlers:
+            self._subs.append(await nc.subscribe(subjects.agent_command(self.node_id, verb),
+                                                 cb=self._guarded(verb, handler)))
+        # Make sure the server has our subscriptions before anyone is told we are up.
+        await nc.flush()
+        self._tasks = [
+            asyncio.create_task(self._heartbeat_loop(), name=f"agent-{self.node_id}-heartbeat"),
+            asyncio.create_task(self._watch_loop(), name=f"agent-{self.node_id}-watch"),
+            asyncio.create_task(self._report_loop(), name=f"agent-{self.node_id}-report"),
+        ]
+        _log.info("agent %s (%s) up: %d GPUs of %s, work dir %s", self.node_id, self.config.instance,
+                  len(self.backend.inventory()), self.backend.gpu_type, self.launcher.work_dir)
+
+    async def close(self) -> None:
+        """Stop serving. Running ranks keep running; unreported exits stay on disk for the next start."""
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._subs.clear()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.close()
+
+    # -- log writes ---------------------------------------------------------------------------------
+
+    async def register(self) -> int:
+        cfg = self.config
+        event = NodeRegistered(
+            node_id=cfg.node_id,
+            address=cfg.address,
+            rack=cfg.rack,
+            spine=cfg.spine,
+            gpu_type=self.backend.gpu_type,
+            gpus=gpu_infos(self.backend),
+            cpu_milli=cfg.cpu_milli if cfg.cpu_milli is not None else (os.cpu_count() or 1) * 1000,
+            memory_mib=cfg.memory_mib if cfg.memory_mib is not None else host_memory_mib(),
+            agent_instance=cfg.instance,
+            at=self._clock(),
+        )
+        self.registered_seq = await self._append_until_stored(
+            subjects.node(cfg.node_id), event, f"{cfg.node_id}:{cfg.instance}:NodeRegistered")
+        return self.registered_seq
+
+    async def report(self, exit: RankExit) -> int:
+        """Append RankExited for one rank, retrying until it is stored, then mark it reported on disk."""
+        event = RankExited(job_id=exit.job_id, attempt=exit.attempt, rank=exit.rank, node_id=self.node_id,
+                           exit_code=exit.exit_code, at=exit.at)
+        seq = await self._append_until_stored(
+            subjects.job(exit.job_id), event, f"{exit.job_id}:{exit.attempt}:RankExited:{exit.rank}")
+        await asyncio.to_thread(self.launcher.mark_reported, exit)
+        _log.info("rank %d of %s attempt %d exited with %d (seq %d)", exit.rank, exit.job_id, exit.attempt,
+                  exit.exit_code, seq)
+        return seq
+
+    async def _append_until_stored(self, subject: str, event: NodeRegistered | RankExited,
+                                   msg_id: str) -> int:
+        delay = 0.1
+        while True:
+            try:
+                return await self.log.append(subject, event, msg_id=msg_id, source=self.config.source)
+            except AppendConflict:
+                raise  # unconditional appends cannot conflict; if one does, it is a bug worth seeing
+            except Exception as exc:
+                # LogUnavailable above all, but anything else too (stream briefly missing during a server
+                # restart): the event must land eventually, and the same msg_id makes retries safe.
+                _log.warning("append %s failed (%s: %s); retrying in %.1fs", msg_id, type(exc).__name__, exc,
+                             delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    # -- loops --------------------------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            try:
+                await self.heartbeat()
+            except Exception as exc:
+                # A missed heartbeat is survivable (the monitor tolerates a few); a dead loop is not.
+                _log.warning("heartbeat failed: %s: %s", type(exc).__name__, exc)
+            await asyncio.sleep(self.config.heartbeat_interval_s)
+
+    async def heartbeat(self) -> Heartbeat:
+        if isinstance(self.backend, SimulatedGpus):
+            busy = self.launcher.busy_gpus()
+            self.backend.set_busy(range(len(self.backend.inventory())), False)
+            self.backend.set_busy(busy, True)
+        gpus = await asyncio.to_thread(self.backend.sample)
+        ranks = tuple(r for r in self.launcher.status() if r.exit_code is None)
+        beat = Heartbeat(node_id=self.node_id, agent_instance=self.config.instance, at=self._clock(),
+                         gpus=gpus, ranks=ranks)
+        # Core NATS, fire and forget: a heartbeat is telemetry, the next one supersedes it.
+        await self.log.nc.publish(subjects.heartbeat(self.node_id), _json.encode(beat))
+        self.heartbeats_sent += 1
+        return beat
+
+    async def _watch_loop(self) -> None:
+        while True:
+            try:
+                for exit in await asyncio.to_thread(self.launcher.poll):
+                    self._reports.put_nowait(exit)
+            except Exception:
+                _log.exception("polling ranks failed")
+            await asyncio.sleep(self.config.poll_interval_s)
+
+    async def _report_loop(self) -> None:
+        while True:
+            exit = await self._reports.get()
+            try:
+                await self.report(exit)
+            except Exception:
+                # Still on disk and unreported: requeue so this process retries; a restart would too.
+                _log.exception("reporting %s failed; requeued", exit)
+                await asyncio.sleep(1.0)
+                self._reports.put_nowait(exit)
+
+    # -- commands -----------------------------------------------------------------------------------
+
+    def _guarded(self, verb: str,
+                 handler: Callable[[Msg], Awaitable[bytes]]) -> Callable[[Msg], Awaitable[None]]:
+        async def callback(msg: Msg) -> None:
+            try:
+                reply = await handler(msg)
+            except Exception as exc:
+                _log.exception("command %s failed", verb)
+                reply = _json.encode({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+            if msg.reply:
+                await msg.respond(reply)
+
+        return callback
+
+    async def _on_launch(self, msg: Msg) -> bytes:
+        try:
+            task = msgspec.json.decode(msg.data, type=LaunchTask)
+        except msgspec.DecodeError as exc:
+            return _json.encode(LaunchReply(ok=False, error=f"bad LaunchTask: {exc}"))
+        if task.node_id != self.node_id:
+            error = f"task is for node {task.node_id}, this is {self.node_id}"
+            return _json.encode(LaunchReply(ok=False, error=error))
+        if not task.command:
+            return _json.encode(LaunchReply(ok=False, error="empty command"))
+        known = {d.index for d in self.backend.inventory()}
+        if missing := sorted({g for r in task.ranks for g in r.gpus} - known):
+            return _json.encode(LaunchReply(ok=False, error=f"no such GPUs on {self.node_id}: {missing}"))
+        outcome = await asyncio.to_thread(self.launcher.launch, task)
+        _log.info("launch %s attempt %d: started ranks %s, already %s", task.job_id, task.attempt,
+                  list(outcome.started), list(outcome.already))
+        return _json.encode(LaunchReply(ok=True, already_running=outcome.already_running,
+                                        started=outcome.started, already=outcome.already))
+
+    async def _on_kill(self, msg: Msg) -> bytes:
+        try:
+            kill = msgspec.json.decode(msg.data, type=KillTask)
+        except msgspec.DecodeError as exc:
+            return _json.encode(KillReply(ok=False, error=f"bad KillTask: {exc}"))
+        signalled = await asyncio.to_thread(self.launcher.kill, kill.job_id, kill.attempt, kill.grace_s)
+        _log.info("kill %s attempt %d (grace %.1fs): %d ranks", kill.job_id, kill.attempt, kill.grace_s,
+                  signalled)
+        return _json.encode(KillReply(ok=True, signalled=signalled))
+
+    async def _on_status(self, msg: Msg) -> bytes:
+        ranks = await asyncio.to_thread(self.launcher.status)
+        reply = StatusReply(node_id=self.node_id, agent_instance=self.config.instance, ranks=ranks)
+        return _json.encode(reply)

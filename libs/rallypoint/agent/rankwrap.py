@@ -1,0 +1,127 @@
+"""The rank wrapper: ``python -m rallypoint.agent.rankwrap --dir D --rank R -- command...``.
+
+One wrapper per rank, started by the agent in a session of its own so the rank survives the agent
+(crash, restart, upgrade). The wrapper
+
+1. refuses to start if the agent already gave the rank up (exit file present) or a kill is pending;
+2. starts the command in a new process group (the agent signals that group to stop the rank) with a
+   parent-death signal, so a rank can never run on unsupervised if its wrapper is SIGKILLed;
+3. records both pids with their kernel start times in ``rank-<r>.pid``;
+4. waits, and writes the exit code once, atomically, to ``rank-<r>.exit`` (see ``workdir`` for codes).
+
+Signals sent to the wrapper itself (SIGTERM, SIGINT, SIGHUP) are forwarded to the rank's group, so
+stopping the wrapper stops the rank and still records how it ended.
+
+Standard library only (plus ``workdir``): it runs once per rank and should start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+from rallypoint.agent import workdir
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _pdeathsig(parent_pid: int) -> Callable[[], None]:
+    # Loaded before fork: loading a library in the child between fork and exec is not safe.
+    libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+    def preexec() -> None:
+        if libc is not None:
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the wrapper died between fork and prctl
+            os._exit(workdir.EXIT_LOST & 0xFF)
+
+    return preexec
+
+
+def _finish(directory: Path, rank: int, exit_code: int) -> None:
+    workdir.write_atomic(workdir.rank_file(directory, rank, "exit"),
+                         {"exit_code": exit_code, "at": time.time()}, exclusive=True)
+
+
+def run(directory: Path, rank: int, command: list[str]) -> int:
+    exit_path = workdir.rank_file(directory, rank, "exit")
+    if exit_path.exists():
+        print(f"rankwrap: rank {rank} already has an exit record; not starting", file=sys.stderr)
+        return 0
+    if workdir.rank_file(directory, rank, "kill").exists():
+        print(f"rankwrap: rank {rank} was killed before it started", file=sys.stderr)
+        _finish(directory, rank, workdir.exit_code_of(-signal.SIGTERM))
+        return 0
+
+    child: subprocess.Popen[bytes] | None = None
+    pending: list[int] = []
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        if child is None:
+            pending.append(signum)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+
+    try:
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, process_group=0,
+                                 preexec_fn=_pdeathsig(os.getpid()), close_fds=True)
+    except FileNotFoundError as exc:
+        print(f"rankwrap: cannot start rank {rank}: {exc}", file=sys.stderr)
+        _finish(directory, rank, workdir.EXIT_NOT_FOUND)
+        return 0
+    except (PermissionError, OSError) as exc:
+        print(f"rankwrap: cannot start rank {rank}: {exc}", file=sys.stderr)
+        _finish(directory, rank, workdir.EXIT_NOT_EXECUTABLE)
+        return 0
+    for signum in pending:
+        forward(signum, None)
+
+    workdir.write_atomic(
+        workdir.rank_file(directory, rank, "pid"),
+        {
+            "wrapper_pid": os.getpid(),
+            "wrapper_start": workdir.process_start_time(os.getpid()),
+            "pid": child.pid,
+            "pid_start": workdir.process_start_time(child.pid),
+        },
+    )
+    # The agent may have declared this rank lost while we were starting (it only does so when it cannot
+    # see us for a long time); its record wins, so do not leave a rank running that nobody accounts for.
+    if exit_path.exists():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+
+    returncode = child.wait()
+    _finish(directory, rank, workdir.exit_code_of(returncode))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rankwrap", description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", required=True, type=Path, help="the attempt directory")
+    parser.add_argument("--rank", required=True, type=int)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
+    args = parser.parse_args(argv)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        parser.error("no command given")
+    return run(args.dir, args.rank, command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""`rally bench scheduler`: time the pure scheduling core on a synthetic 100k-GPU cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("bench", help="benchmarks")
+    sub = p.add_subparsers(dest="bench_command", metavar="BENCH")
+    sub.required = True
+    s = sub.add_parser("scheduler", help="time full scheduling cycles on a synthetic cluster")
+    s.add_argument("--nodes", type=int, default=12500)
+    s.add_argument("--gpus-per-node", type=int, default=8)
+    s.add_argument("--pending", type=int, default=5000)
+    s.add_argument("--cycles", type=int, default=20)
+    s.add_argument("--seed", type=int, default=1)
+    s.add_argument("--policy", default="rallypoint")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.set_defaults(func=handle_scheduler, handler=handle_scheduler)
+
+
+def handle_scheduler(args: argparse.Namespace) -> int:
+    from rallypoint.core.bench import run_bench
+
+    res = run_bench(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        pending=args.pending,
+        seed=args.seed,
+        cycles=args.cycles,
+        policy=args.policy,
+    )
+    if args.json:
+        print(json.dumps(res, sort_keys=True))
+    else:
+        for k, v in res.items():
+            print(f"{k:24} {v}")
+    return 0

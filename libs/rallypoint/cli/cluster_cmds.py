@@ -1,0 +1,77 @@
+"""`rally up` (a local cluster in the foreground) and `rally demo` (the same, plus a batch of jobs)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from rallypoint.cli.clusterinfo import CLUSTER_FILE
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _up(args: argparse.Namespace) -> int:
+    from rallypoint.localcluster import LocalCluster
+
+    workdir = Path(args.data_dir)
+    cluster = LocalCluster(workdir, nodes=args.nodes, gpus_per_node=args.gpus_per_node, racks=args.racks,
+                           nats_url=args.nats_url, postgres_dsn=args.postgres_dsn, api_port=args.api_port)
+    # SIGTERM ends `rally up` like Ctrl-C does: everything it started is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        cluster.start()
+        cluster.write_info(CLUSTER_FILE)
+        print(f"rallypoint is up: {args.nodes} nodes x {args.gpus_per_node} GPUs in {cluster.racks} racks")
+        print(f"  API   {cluster.api_url}   (rally jobs, rally submit --gpus 2 -- python train.py)")
+        print(f"  NATS  {cluster.nats_url}")
+        if cluster.with_projector:
+            print(f"  SQL   {cluster.postgres_dsn}")
+        print(f"  logs  {workdir.resolve() / 'logs'}\nCtrl-C stops everything.")
+        while True:
+            dead = cluster.dead_services()
+            for name in dead:
+                print(f"service {name} exited; restarting it", file=sys.stderr)
+                cluster.restart(name)
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        print("\nstopping...")
+        return 0
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        cluster.stop()
+        CLUSTER_FILE.unlink(missing_ok=True)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from rallypoint.localcluster.demo import run_demo
+
+    return run_demo(args.nodes, args.gpus_per_node, args.racks)
+
+
+def _add_shape(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", type=_positive, default=4, help="simulated GPU nodes (default 4)")
+    parser.add_argument("--gpus-per-node", type=_positive, default=8, help="GPUs per node (default 8)")
+    parser.add_argument("--racks", type=_positive, default=2, help="racks the nodes are spread over (default 2)")
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    up = subparsers.add_parser("up", help="run a local cluster: NATS, PostgreSQL, every service, node agents")
+    _add_shape(up)
+    up.add_argument("--nats-url", default=None, help="use this NATS server instead of an embedded one")
+    up.add_argument("--postgres-dsn", default=None, help="use this PostgreSQL instead of an embedded one")
+    up.add_argument("--api-port", type=int, default=8080, help="HTTP port of the API (default 8080)")
+    up.add_argument("--data-dir", default=".rally/local", help="where servers keep state and logs")
+    up.set_defaults(func=_up)
+    demo = subparsers.add_parser("demo", help="start a local cluster, run a mixed batch of jobs, summarize")
+    _add_shape(demo)
+    demo.set_defaults(func=_demo)

@@ -1,0 +1,24 @@
+"""Finding the cluster a command talks to: flag > environment > .rally/cluster.json > default."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+CLUSTER_FILE = Path(".rally") / "cluster.json"
+
+
+def cluster_info() -> dict[str, object]:
+    try:
+        data = json.loads(CLUSTER_FILE.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def default_nats_url() -> str:
+    env = os.environ.get("RALLY_NATS_URL")
+    if env:
+        return env
+    return str(cluster_info().get("nats_url") or "nats://127.0.0.1:4222")

@@ -1,0 +1,391 @@
+"""`rally submit | jobs | nodes | cancel`: the user's side of the HTTP API.
+
+Output follows Slurm's habits (``squeue`` columns, a bare job id from ``submit``) because that is what
+our users' scripts and fingers already know. Every failure is one line on stderr: ``error: ...``.
+Exit codes: 0 ok; 1 the job (with --wait) did not complete; 2 the request was refused or could not be
+made; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from rallypoint.jobs import PRIORITY_CLASSES, TOPOLOGY_LEVELS, SpecError, validate_spec
+
+from .client import ApiClient, ApiError, ApiUnreachable, resolve_api_url
+
+EXIT_OK = 0
+EXIT_JOB_FAILED = 1
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+ACTIVE_STATES = "pending,bound,running"
+TERMINAL_STATES = frozenset({"completed", "failed", "cancelled", "rejected"})
+
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$")
+
+
+# --- argument types -------------------------------------------------------------------------------
+
+
+def parse_duration(text: str) -> int:
+    """Seconds from ``3600``, ``90m``, ``2h30m``, ``1d`` or Slurm's ``[D-]HH:MM:SS`` / ``MM:SS``."""
+    text = text.strip().lower()
+    if ":" in text:
+        days = 0
+        if "-" in text:
+            day_part, text = text.split("-", 1)
+            days = int(day_part)
+        parts = [int(p) for p in text.split(":")]
+        if len(parts) > 3:
+            raise argparse.ArgumentTypeError(f"not a duration: {text!r}")
+        seconds = 0
+        for part in parts:
+            seconds = seconds * 60 + part
+        return days * 86400 + seconds
+    match = _DURATION.match(text)
+    if not text or match is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 3600, 90m, 2h30m or 1-00:00:00)")
+    d, h, m, s = (int(g) if g else 0 for g in match.groups())
+    return d * 86400 + h * 3600 + m * 60 + s
+
+
+def parse_env(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"--env wants NAME=VALUE, got {text!r}")
+    return name, value
+
+
+# --- parsers --------------------------------------------------------------------------------------
+
+
+def _api_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api-url", default=None,
+                        help="API base URL (default: $RALLY_API_URL, then ./.rally/cluster.json, "
+                             "then http://127.0.0.1:8080)")
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    submit = subparsers.add_parser(
+        "submit", help="submit a gang job",
+        description="Submit a job: `rally submit --gpus 16 --team nlp -- python train.py --lr 3e-4`. "
+                    "Prints the job id.",
+    )
+    submit.add_argument("--gpus", type=int, required=True, help="GPUs of the whole gang (all or nothing)")
+    submit.add_argument("--gpus-per-node", type=int, dest="gpus_per_task",
+                        help="GPUs per task, one task per node (default: min(gpus, node size))")
+    submit.add_argument("--ranks-per-node", type=int, dest="ranks_per_task",
+                        help="processes per task (default: one per GPU)")
+    submit.add_argument("--team", default=os.environ.get("RALLY_TEAM"), help="team (default $RALLY_TEAM)")
+    submit.add_argument("--priority", choices=PRIORITY_CLASSES,
+                        help="priority class (default training-standard)")
+    submit.add_argument("--name", help="job name (default: derived from the command)")
+    submit.add_argument("--time-limit", type=parse_duration,
+                        help="wall-clock limit: 3600, 90m, 2h, 1-00:00:00")
+    submit.add_argument("--env", type=parse_env, action="append", default=[], metavar="NAME=VALUE",
+                        help="environment variable for every rank (repeatable)")
+    submit.add_argument("--gpu-type", help="only nodes with this GPU type")
+    submit.add_argument("--topology", choices=TOPOLOGY_LEVELS, dest="topology_required",
+                        help="every GPU of the gang within one such domain")
+    submit.add_argument("--prefer-topology", choices=TOPOLOGY_LEVELS, dest="topology_preferred",
+                        help="pack within one such domain when possible")
+    submit.add_argument("--checkpoint-dir", help="where the job writes sharded checkpoints")
+    submit.add_argument("--max-retries", type=int, help="restarts after a failure (0-100)")
+    submit.add_argument("--idempotency-key", help="retrying with the same key never creates a second job")
+    submit.add_argument("--wait", action="store_true",
+                        help="follow the job until it ends; exit 0 if it completed, 1 otherwise")
+    submit.add_argument("--poll-interval", type=float, default=1.0, help=argparse.SUPPRESS)
+    _api_arg(submit)
+    submit.add_argument("command", nargs=argparse.REMAINDER, help="-- the program and its arguments")
+    submit.set_defaults(func=cmd_submit)
+
+    jobs = subparsers.add_parser("jobs", help="list jobs (like squeue)",
+                                 description="List jobs. By default only pending and running ones.")
+    jobs.add_argument("--all", "-a", action="store_true", help="include finished jobs")
+    jobs.add_argument("--state", "-t", help="comma-separated states (pending,bound,running,completed,...)")
+    jobs.add_argument("--team", help="only this team's jobs")
+    jobs.add_argument("--limit", type=int, help="at most this many jobs")
+    jobs.add_argument("--json", action="store_true", help="print the API's JSON")
+    _api_arg(jobs)
+    jobs.set_defaults(func=cmd_jobs)
+
+    nodes = subparsers.add_parser("nodes", help="list nodes (like sinfo -N)")
+    nodes.add_argument("--json", action="store_true", help="print the API's JSON")
+    _api_arg(nodes)
+    nodes.set_defaults(func=cmd_nodes)
+
+    cancel = subparsers.add_parser("cancel", help="cancel a job (like scancel)")
+    cancel.add_argument("job_id")
+    _api_arg(cancel)
+    cancel.set_defaults(func=cmd_cancel)
+
+
+# --- submit ---------------------------------------------------------------------------------------
+
+
+def default_name(command: Sequence[str]) -> str:
+    """A valid job name from the program: ``python train.py`` -> ``train``, ``/bin/Sleep`` -> ``sleep``."""
+    words = [w for w in command if not w.startswith("-")]
+    interpreters = {"python", "python3", "torchrun", "bash", "sh", "env", "uv", "srun"}
+    pick = next((w for w in words if os.path.basename(w) not in interpreters), words[0] if words else "job")
+    stem = os.path.basename(pick).rsplit(".", 1)[0].lower()
+    name = re.sub(r"[^a-z0-9._-]+", "-", stem).strip("._-")[:63].strip("._-")
+    return name or "job"
+
+
+def build_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """The request body from the flags: only what was given, so the API applies the cluster's defaults."""
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    body: dict[str, Any] = {
+        "name": args.name or default_name(command),
+        "team": args.team,
+        "gpus": args.gpus,
+        "command": command,
+    }
+    optional = {
+        "gpus_per_task": args.gpus_per_task,
+        "ranks_per_task": args.ranks_per_task,
+        "priority": args.priority,
+        "time_limit_s": args.time_limit,
+        "gpu_type": args.gpu_type,
+        "topology_required": args.topology_required,
+        "topology_preferred": args.topology_preferred,
+        "checkpoint_dir": args.checkpoint_dir,
+        "max_retries": args.max_retries,
+    }
+    body.update({k: v for k, v in optional.items() if v is not None})
+    if args.env:
+        body["env"] = dict(args.env)
+    return body
+
+
+def _precheck(body: dict[str, Any]) -> str | None:
+    """Catch what needs no cluster knowledge before a round trip; sizes are the API's to judge."""
+    if not body.get("team"):
+        return "error: team: is required (pass --team or set RALLY_TEAM)"
+    if not body["command"]:
+        return "error: command: is required, after `--` (rally submit --gpus 8 -- python train.py)"
+    try:
+        # Any node size passes here: the API knows the real one and fills gpus_per_task from it.
+        validate_spec(body, max_gpus_per_node=max(int(body["gpus"]), 1))
+    except SpecError as err:
+        if err.field not in {"gpus_per_task", "ranks_per_task", "min_gpus", "max_gpus", "gpu_step"}:
+            return f"error: {err.field}: {err.detail}"
+    return None
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    body = build_spec(args)
+    problem = _precheck(body)
+    if problem:
+        print(problem, file=sys.stderr)
+        return EXIT_ERROR
+    client = ApiClient(resolve_api_url(args.api_url))
+    try:
+        resp = client.submit(body, idempotency_key=args.idempotency_key)
+    except (ApiError, ApiUnreachable) as err:
+        print(err.line(), file=sys.stderr)
+        return EXIT_ERROR
+    job_id = str(resp.body["job_id"])
+    print(job_id, flush=True)
+    if resp.headers.get("idempotent-replayed") == "true":
+        print(f"note: {job_id} was already submitted with this idempotency key; not submitted again",
+              file=sys.stderr)
+    if not args.wait:
+        return EXIT_OK
+    return wait_for_job(client, job_id, poll_interval=args.poll_interval)
+
+
+def describe(job: dict[str, Any]) -> str:
+    """One line for a state change: ``running on n0,n1`` / ``pending (Resources: needs 16 GPUs...)``."""
+    state = str(job["state"])
+    reason = job.get("pending_reason")
+    if state == "pending" and reason:
+        return f"pending ({reason['code']}: {reason['message']})"
+    if state in {"bound", "running"}:
+        return f"{state} on {hostlist(job.get('nodes') or [])} (attempt {job.get('attempt', 0)})"
+    if state == "failed":
+        code = job.get("exit_code")
+        suffix = f" (exit code {code})" if code is not None else ""
+        return f"failed: {job.get('reason') or 'unknown reason'}{suffix}"
+    if state in {"rejected", "cancelled"} and job.get("reason"):
+        return f"{state}: {job['reason']}"
+    return state
+
+
+def wait_for_job(client: ApiClient, job_id: str, *, poll_interval: float = 1.0, out: TextIO | None = None,
+                 sleep: Callable[[float], None] = time.sleep, unreachable_grace_s: float = 60.0) -> int:
+    """Poll the job, print each change, return 0 if it completed and 1 if it failed, was cancelled or
+    rejected. The API may restart meanwhile (a rolling upgrade): keep trying for ``unreachable_grace_s``.
+    """
+    stream = out or sys.stdout
+    last: str | None = None
+    unreachable_since: float | None = None
+    try:
+        while True:
+            try:
+                job = client.get_job(job_id)
+                unreachable_since = None
+            except ApiUnreachable as err:
+                now = time.monotonic()
+                unreachable_since = unreachable_since or now
+                if now - unreachable_since > unreachable_grace_s:
+                    print(err.line(), file=sys.stderr)
+                    return EXIT_ERROR
+                sleep(poll_interval)
+                continue
+            except ApiError as err:
+                print(err.line(), file=sys.stderr)
+                return EXIT_ERROR
+            line = describe(job)
+            if line != last:
+                print(f"{time.strftime('%H:%M:%S')} {job_id} {line}", file=stream, flush=True)
+                last = line
+            if job["state"] in TERMINAL_STATES:
+                return EXIT_OK if job["state"] == "completed" else EXIT_JOB_FAILED
+            sleep(poll_interval)
+    except KeyboardInterrupt:
+        print(f"\nstopped waiting; {job_id} keeps going (cancel it with `rally cancel {job_id}`)",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+# --- jobs, nodes, cancel --------------------------------------------------------------------------
+
+
+def format_elapsed(seconds: float) -> str:
+    """squeue's TIME: ``M:SS``, ``H:MM:SS``, ``D-HH:MM:SS``."""
+    total = max(0, int(seconds))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+    if hours:
+        return f"{hours}:{minutes:02d}:{secs:02d}"
+    return f"{minutes}:{secs:02d}"
+
+
+def hostlist(nodes: Sequence[str]) -> str:
+    """Slurm-style compression: ``n0,n1,n2,n5,gpu-a`` -> ``gpu-a,n[0-2,5]``."""
+    groups: dict[str, list[tuple[int, str]]] = {}
+    plain: list[str] = []
+    for node in sorted(set(nodes)):
+        match = re.match(r"^(.*?)(\d+)$", node)
+        if match is None:
+            plain.append(node)
+        else:
+            groups.setdefault(match.group(1), []).append((int(match.group(2)), match.group(2)))
+    parts = list(plain)
+    for prefix, numbered in sorted(groups.items()):
+        numbered.sort()
+        if len(numbered) == 1:
+            parts.append(prefix + numbered[0][1])
+            continue
+        ranges: list[str] = []
+        start = prev = numbered[0]
+        for item in [*numbered[1:], (-2, "")]:
+            # Zero-padded numbers only merge with the same width, so n01 and n1 never become n[01-1].
+            if item[0] == prev[0] + 1 and len(item[1]) == len(prev[1]):
+                prev = item
+                continue
+            ranges.append(start[1] if start == prev else f"{start[1]}-{prev[1]}")
+            start = prev = item
+        parts.append(f"{prefix}[{','.join(ranges)}]")
+    return ",".join(sorted(parts))
+
+
+def nodes_or_reason(job: dict[str, Any]) -> str:
+    state = job["state"]
+    if state == "pending":
+        reason = job.get("pending_reason") or {}
+        return f"({reason.get('code') or 'None'})"
+    if state in {"failed", "rejected"}:
+        return f"({job.get('reason') or state})"
+    return hostlist(job.get("nodes") or []) or "(None)"
+
+
+def job_elapsed(job: dict[str, Any], now: float) -> float:
+    start = job.get("started_at") or job.get("bound_at")
+    if start is None:
+        return 0.0
+    end = job.get("ended_at") or now
+    return float(end) - float(start)
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Left-aligned columns two spaces apart; the last column is not padded (no trailing blanks)."""
+    cells = [[str(c) for c in headers], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        padded = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])] + [row[-1]]
+        lines.append("  ".join(padded).rstrip())
+    return "\n".join(lines)
+
+
+def format_jobs(jobs: Sequence[dict[str, Any]], *, now: float) -> str:
+    headers = ("ID", "TEAM", "NAME", "STATE", "TIME", "GPUS", "NODES(REASON)")
+    rows = [
+        (j["job_id"], j["team"], j["name"], str(j["state"]).upper(), format_elapsed(job_elapsed(j, now)),
+         j["gpus"], nodes_or_reason(j))
+        for j in jobs
+    ]
+    return format_table(headers, rows)
+
+
+def format_nodes(nodes: Sequence[dict[str, Any]]) -> str:
+    headers = ("NODE", "RACK", "STATUS", "GPU_TYPE", "GPUS(FREE/TOTAL)", "JOBS")
+    rows = [
+        (n["node_id"], n["rack"], str(n["status"]).upper(), n["gpu_type"],
+         f"{n['gpus']['free']}/{n['gpus']['total']}", ",".join(n.get("jobs") or []) or "-")
+        for n in nodes
+    ]
+    return format_table(headers, rows)
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    client = ApiClient(resolve_api_url(args.api_url))
+    state = args.state or (None if args.all else ACTIVE_STATES)
+    try:
+        jobs = client.list_jobs(state=state, team=args.team, limit=args.limit)
+    except (ApiError, ApiUnreachable) as err:
+        print(err.line(), file=sys.stderr)
+        return EXIT_ERROR
+    if args.json:
+        print(json.dumps(jobs, indent=2))
+    else:
+        print(format_jobs(jobs, now=time.time()))
+    return EXIT_OK
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    client = ApiClient(resolve_api_url(args.api_url))
+    try:
+        nodes = client.list_nodes()
+    except (ApiError, ApiUnreachable) as err:
+        print(err.line(), file=sys.stderr)
+        return EXIT_ERROR
+    print(json.dumps(nodes, indent=2) if args.json else format_nodes(nodes))
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    client = ApiClient(resolve_api_url(args.api_url))
+    try:
+        client.cancel(args.job_id)
+    except (ApiError, ApiUnreachable) as err:
+        print(err.line(), file=sys.stderr)
+        return EXIT_ERROR
+    print(f"cancel requested for {args.job_id}")
+    return EXIT_OK

@@ -1,0 +1,158 @@
+"""`rally projector rebuild|status`: operate the PostgreSQL read models from the command line.
+
+``rebuild`` empties the views and the position in one transaction and projects the log again from
+sequence 1, through the same ``Projector`` the service runs (so rebuild and incremental projection
+cannot drift apart). A projector service left running meanwhile is safe: its next batch finds the
+position moved and re-synchronises instead of writing over the rebuild.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+
+def _add_connection_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nats-url", default=os.environ.get("RALLY_NATS_URL", DEFAULT_NATS_URL),
+                        help="NATS server URL (env RALLY_NATS_URL; default %(default)s)")
+    parser.add_argument("--postgres-dsn", default=os.environ.get("RALLY_POSTGRES_DSN"),
+                        help="PostgreSQL DSN of the read models (env RALLY_POSTGRES_DSN)")
+    parser.add_argument("--stream", default="RALLY", help="JetStream stream of the log (default RALLY)")
+    parser.add_argument("--name", default="read_models",
+                        help="projection name: the key of its position row (default read_models)")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "projector",
+        help="PostgreSQL read models and audit archive: rebuild, status",
+        description="Operate the projector's PostgreSQL read models (rally.jobs, rally.nodes, rally.events).",
+    )
+    actions = parser.add_subparsers(dest="projector_action", metavar="ACTION")
+    actions.required = True
+
+    rebuild = actions.add_parser(
+        "rebuild", help="empty the read models and project the whole log again",
+        description="Truncate the views, snapshot and position in one transaction, then project the log "
+        "from sequence 1 up to its last sequence at the start of the command.",
+    )
+    _add_connection_args(rebuild)
+    rebuild.add_argument("--keep-archive", action="store_true",
+                         help="keep rally.events rows (re-inserted idempotently) instead of truncating")
+    rebuild.add_argument("--batch-size", type=int, default=2000,
+                         help="events per transaction (default %(default)s)")
+    rebuild.set_defaults(func=_rebuild)
+
+    status = actions.add_parser("status", help="projection position against the log's last sequence")
+    _add_connection_args(status)
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    status.set_defaults(func=_status)
+
+
+def _require_dsn(args: argparse.Namespace) -> str | None:
+    if not args.postgres_dsn:
+        print("rally projector: --postgres-dsn or RALLY_POSTGRES_DSN is required", file=sys.stderr)
+        return None
+    dsn: str = args.postgres_dsn
+    return dsn
+
+
+def _rebuild(args: argparse.Namespace) -> int:
+    dsn = _require_dsn(args)
+    if dsn is None:
+        return 2
+    return asyncio.run(_rebuild_async(args, dsn))
+
+
+async def _rebuild_async(args: argparse.Namespace, dsn: str) -> int:
+    from rallypoint.eventlog import EventLog, EventLogError
+    from rallypoint.projection import TRANSIENT_ERRORS, ProjectionError, Projector, RetryPolicy
+
+    started = time.monotonic()
+    try:
+        log = await EventLog.connect(args.nats_url, name="rally-projector-rebuild", stream=args.stream,
+                                     create=False)
+    except EventLogError as exc:
+        print(f"rally projector rebuild: {exc}", file=sys.stderr)
+        return 1
+    # A CLI must not retry forever like the service: give PostgreSQL half a minute, then say so.
+    projector = Projector(log, dsn, name=args.name, batch_size=args.batch_size,
+                          retry=RetryPolicy(give_up_after=30.0))
+    failures: tuple[type[BaseException], ...] = (ProjectionError, EventLogError, *TRANSIENT_ERRORS)
+    try:
+        await projector.reset(keep_archive=args.keep_archive)
+        target = await log.last_seq()
+        position = await projector.catch_up(target)
+    except failures as exc:
+        print(f"rally projector rebuild: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await projector.close()
+        await log.close()
+    elapsed = time.monotonic() - started
+    print(f"rebuilt projection {args.name!r} to seq {position}: {projector.events_written} events in "
+          f"{projector.batches_written} batches, {elapsed:.2f}s")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    dsn = _require_dsn(args)
+    if dsn is None:
+        return 2
+    try:
+        report = asyncio.run(_status_async(args, dsn))
+    except Exception as exc:  # any failure to reach either side is the answer the operator needs
+        print(f"rally projector status: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    else:
+        for key, value in report.items():
+            print(f"{key:>14}: {value}")
+    return 0
+
+
+async def _status_async(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
+    from rallypoint.eventlog import EventLog
+    from rallypoint.projection import SCHEMA, connect
+
+    log = await EventLog.connect(args.nats_url, name="rally-projector-status", stream=args.stream,
+                                 create=False)
+    try:
+        log_last = await log.last_seq()
+    finally:
+        await log.close()
+    conn = await connect(dsn, application_name="rally-projector-status")
+    try:
+        # Read-only on purpose: status must not create the schema on a database it was pointed at by mistake.
+        exists = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", f"{SCHEMA}.projection_position")
+        position = snapshot = jobs = nodes = events = None
+        if exists:
+            position = await conn.fetchval(
+                f"SELECT seq FROM {SCHEMA}.projection_position WHERE name = $1", args.name)
+            snapshot = await conn.fetchval(
+                f"SELECT seq FROM {SCHEMA}.projection_snapshot WHERE name = $1", args.name)
+            jobs = await conn.fetchval(f"SELECT count(*) FROM {SCHEMA}.jobs")
+            nodes = await conn.fetchval(f"SELECT count(*) FROM {SCHEMA}.nodes")
+            events = await conn.fetchval(f"SELECT count(*) FROM {SCHEMA}.events")
+    finally:
+        await conn.close()
+    pos = int(position or 0)
+    return {
+        "projection": args.name,
+        "initialised": bool(exists),
+        "position": pos,
+        "log_last_seq": log_last,
+        "lag": log_last - pos,
+        "snapshot_seq": snapshot,
+        "jobs": jobs,
+        "nodes": nodes,
+        "archived": events,
+    }

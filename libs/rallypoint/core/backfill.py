@@ -1,0 +1,138 @@
+"""Reservations for EASY backfill: the earliest slot of a blocked job from running jobs' expected ends.
+
+The probe replays releases in expected-end order on the workspace (journaled), checks placement at
+geometrically growing steps, then binary-searches the exact release that first makes the gang fit, and
+rolls everything back. Cost: O(releases needed) GPU-mask updates plus O(log) placement checks.
+The GPUs of the found slot that are free now are then *held* (taken out of the workspace), so a later
+job can use them only if it ends before the shadow time (see ``engine``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from typing import Protocol
+
+from rallypoint.core.context import Ctx, Hold
+from rallypoint.core.placement import Plan, place
+from rallypoint.core.types import PendingJob
+
+__all__ = ["EasyReserver", "Reserver", "earliest_slot"]
+
+
+class Reserver(Protocol):
+    def reserve(self, job: PendingJob, size: int, gpu_type: str | None, ctx: Ctx) -> Hold | None:
+        """Find and hold the earliest slot; None when no slot is known (unknown runtimes)."""
+        ...
+
+
+def _releases(ctx: Ctx) -> Iterator[tuple[float, tuple[tuple[int, int], ...]]]:
+    """(end, [(node ordinal, mask)]) of running jobs and of this cycle's binds, earliest first.
+    Jobs chosen as preemption victims this cycle are skipped: their GPUs are promised to the preemptor."""
+    cl = ctx.cluster
+    ord_of = ctx.idx.ord_of
+    now = ctx.now
+
+    def running() -> Iterator[tuple[float, str, tuple[tuple[int, int], ...]]]:
+        for end, jid in cl.ends:
+            if jid in ctx.preempted:
+                continue
+            yield (max(end, now), jid, tuple((ord_of[n], m) for n, m in cl.job_masks[jid]))
+
+    for end, _jid, tasks in heapq.merge(running(), sorted(ctx.cycle_ends)):
+        yield end, tasks
+
+
+def earliest_slot(
+    ctx: Ctx, tasks: int, gpt: int, gpu_type: str | None, required: str | None
+) -> tuple[float, Plan] | None:
+    ws = ctx.ws
+    base = ws.mark()
+    it = _releases(ctx)
+    ends: list[float] = []
+    rel: list[tuple[tuple[int, int], ...]] = []
+    marks: list[int] = []
+    applied = 0
+    first_fit = ctx.cfg.first_fit
+    types = ctx.idx.types if gpu_type is None else [gpu_type]
+    need = tasks * gpt
+
+    def go_to(k: int) -> None:
+        nonlocal applied
+        if k < applied:
+            ws.rollback(marks[k])
+            del marks[k:]
+            applied = k
+        while applied < k:
+            marks.append(ws.mark())
+            for o, m in rel[applied]:
+                ws.give(o, m)
+            applied += 1
+
+    def fits() -> Plan | None:
+        if sum(ws.type_free.get(t, 0) for t in types) < need:
+            return None
+        return place(ws, tasks, gpt, gpu_type, required, first_fit)
+
+    lo, hi, step = 0, -1, 1
+    exhausted = False
+    while hi < 0:
+        target = applied + step
+        while len(rel) < target:
+            nxt = next(it, None)
+            if nxt is None:
+                exhausted = True
+                break
+            ends.append(nxt[0])
+            rel.append(nxt[1])
+        go_to(len(rel))
+        if fits() is not None:
+            hi = applied
+        elif exhausted:
+            ws.rollback(base)
+            return None
+        else:
+            lo = applied
+            step *= 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        go_to(mid)
+        if fits() is not None:
+            hi = mid
+        else:
+            lo = mid
+    go_to(hi)
+    plan = fits()
+    ws.rollback(base)
+    if plan is None or hi == 0:
+        return None
+    return ends[hi - 1], plan
+
+
+def hold(ctx: Ctx, job_id: str, until: float, plan: Plan) -> Hold:
+    """Take the currently free GPUs of ``plan`` out of the workspace for ``job_id``."""
+    ws = ctx.ws
+    held: list[tuple[int, int]] = []
+    for o, m in plan.tasks:
+        part = m & ws.free[o]
+        if part:
+            ws.take(o, part)
+            held.append((o, part))
+    h = Hold(job_id, until, tuple(held))
+    ctx.holds.append(h)
+    return h
+
+
+class EasyReserver:
+    """EASY: reserve for up to ``max_reservations`` blocked jobs per cycle (the head job first)."""
+
+    def reserve(self, job: PendingJob, size: int, gpu_type: str | None, ctx: Ctx) -> Hold | None:
+        if ctx.reservations >= ctx.cfg.max_reservations:
+            return None
+        ctx.reservations += 1
+        slot = earliest_slot(
+            ctx, size // job.gpus_per_task, job.gpus_per_task, gpu_type, ctx.required_level(job)
+        )
+        if slot is None:
+            return None
+        return hold(ctx, job.id, slot[0], slot[1])

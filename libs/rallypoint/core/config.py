@@ -1,0 +1,45 @@
+"""Policy configuration: one frozen Struct, loadable from JSON/YAML, recorded with every decision."""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = ["PolicyConfig"]
+
+
+class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Knobs of the built-in plug-ins. Policies set their own defaults (see ``policies.py``); a config
+    file overrides fields by name, e.g. ``{"policy": "rallypoint", "aging_step": 100}``.
+    """
+
+    #: version string recorded in decisions (GangBound.policy_version) for replay audits
+    version: str = "1"
+    #: EASY backfill: reserve the earliest slot of blocked head jobs and backfill around it
+    backfill: bool = False
+    #: how many blocked jobs get a reservation per cycle (EASY = 1)
+    max_reservations: int = 1
+    #: preemption (reclaim borrowed quota, then by priority / attained service)
+    preemption: bool = False
+    #: a job preempted less than this long ago is not preempted again
+    preemption_protection_s: float = 600.0
+    #: preemptors planned per cycle (bounds the cost of a cycle)
+    max_preemptors_per_cycle: int = 4
+    #: estimated delay between a preemption request and the victims' GPUs being free
+    preemption_grace_s: float = 60.0
+    #: aging: +aging_step priority per aging_interval_s waited, capped at aging_max (None = no cap)
+    aging_interval_s: float = 3600.0
+    aging_step: int = 0
+    aging_max: int | None = None
+    #: enforce queue quotas / cohorts
+    quotas: bool = False
+    #: elastic gangs: start between min and max, grow into idle GPUs, shrink before preempting
+    elastic: bool = False
+    #: LAS demotion thresholds on attained GPU-seconds (queue k holds jobs below thresholds[k])
+    las_thresholds: tuple[float, ...] = (3250.0, 7200.0)
+    #: LAS starvation guard: a job waiting longer than factor x its last run goes back to queue 0
+    las_starvation_factor: float = 0.0
+    #: FIFO semantics: first fit, and jobs of at most one node's GPUs must sit on one node
+    first_fit: bool = False
+    consolidate_small: bool = False
+    #: stop at the first job that does not fit (strict head-of-line blocking)
+    stop_at_first_block: bool = False

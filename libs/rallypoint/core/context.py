@@ -1,0 +1,138 @@
+"""Per-cycle state shared by the plug-ins: the workspace, priorities, quotas, usage, holds, memos."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from rallypoint.core.config import PolicyConfig
+from rallypoint.core.placement import Plan, level_rank, place
+from rallypoint.core.quota import QuotaBook
+from rallypoint.core.types import PendingJob, RunningJob, Snapshot
+from rallypoint.core.workspace import Workspace
+
+__all__ = ["Ctx", "Hold", "Status"]
+
+
+class Status(NamedTuple):
+    """Outcome of a plug-in for one job (Kubernetes framework style): a reason code and a message."""
+
+    code: str
+    message: str
+    earliest_start: float | None = None
+
+
+class Hold(NamedTuple):
+    """GPUs set aside for a reserved or preempting job until ``until`` (the shadow time)."""
+
+    job_id: str
+    until: float
+    tasks: tuple[tuple[int, int], ...]  # (node ordinal, mask) GPUs that were free when held
+
+
+class Ctx:
+    def __init__(self, snap: Snapshot, cfg: PolicyConfig) -> None:
+        self.snap = snap
+        self.now = snap.now
+        self.cfg = cfg
+        self.cluster = snap.cluster
+        self.ws = Workspace(snap.cluster)
+        self.idx = self.ws.idx
+        self.prio = {pc.name: pc.value for pc in snap.priority_classes}
+        self.class_preemptible = {pc.name: pc.preemptible for pc in snap.priority_classes}
+        self.quota = QuotaBook(snap.queues if cfg.quotas else ())
+        self.team_usage: dict[str, tuple[int, int, int]] = dict(snap.cluster.team_usage)
+        self.weights = {q.name: q.weight for q in snap.queues}
+        self.preempted: dict[str, str] = {}  # victim id -> preemptor id, this cycle
+        self.holds: list[Hold] = []
+        self.cycle_ends: list[tuple[float, str, tuple[tuple[int, int], ...]]] = []
+        self.reservations = 0
+        self.preemptors = 0
+        self._memo: dict[tuple[str | None, int, str | None], tuple[int, int]] = {}
+        self._totals: tuple[int, int, int] | None = None
+        self._healthy: dict[tuple[str, str], int] | None = None
+        self._running_ranks: dict[str, float] | None = None
+        self.cache: dict[str, object] = {}  # per-cycle memo for plug-ins (e.g. preemption rows)
+
+    # --- small lookups ---------------------------------------------------------------------------
+
+    def prio_of(self, job: PendingJob | RunningJob) -> int:
+        return self.prio.get(job.priority_class, 0)
+
+    def totals(self) -> tuple[int, int, int]:
+        """Cluster capacity (GPUs, CPU milli, memory MiB) of schedulable nodes, for DRF shares."""
+        if self._totals is None:
+            g = c = m = 0
+            for o, n in enumerate(self.idx.nodes):
+                if self.ws.sched[o]:
+                    g += n.gpus
+                    c += n.cpu_milli
+                    m += n.memory_mib
+            self._totals = (max(g, 1), max(c, 1), max(m, 1))
+        return self._totals
+
+    def dominant_share(self, team: str) -> float:
+        g, c, m = self.team_usage.get(team, (0, 0, 0))
+        tg, tc, tm = self.totals()
+        return max(g / tg, c / tc, m / tm) / max(self.weights.get(team, 1.0), 1e-9)
+
+    def healthy_capacity(self, gpu_type: str, level: str) -> int:
+        """Largest schedulable capacity (free or not) of one domain at ``level`` for ``gpu_type``."""
+        if self._healthy is None:
+            h: dict[tuple[str, str], int] = {}
+            racks: dict[tuple[str, int], int] = {}
+            spines: dict[tuple[str, int], int] = {}
+            for o, n in enumerate(self.idx.nodes):
+                if not self.ws.sched[o]:
+                    continue
+                t = n.gpu_type
+                h[(t, "node")] = max(h.get((t, "node"), 0), n.gpus)
+                h[(t, "nvlink")] = max(h.get((t, "nvlink"), 0), self.idx.dom_size[o])
+                rk = (t, self.idx.rack_of[o])
+                racks[rk] = racks.get(rk, 0) + n.gpus
+                sk = (t, self.idx.spine_of[o])
+                spines[sk] = spines.get(sk, 0) + n.gpus
+                h[(t, "cluster")] = h.get((t, "cluster"), 0) + n.gpus
+            for (t, _r), v in racks.items():
+                h[(t, "rack")] = max(h.get((t, "rack"), 0), v)
+            for (t, _s), v in spines.items():
+                h[(t, "spine")] = max(h.get((t, "spine"), 0), v)
+            self._healthy = h
+        return self._healthy.get((gpu_type, level), 0)
+
+    def total_capacity(self, gpu_type: str, level: str) -> int:
+        """Largest capacity of one domain at ``level``, counting unhealthy nodes too (cached per
+        topology in the index: it only changes when nodes are added)."""
+        return self.idx.max_capacity(gpu_type, level)
+
+    # --- placement with a failure memo -------------------------------------------------------------
+
+    def place(self, tasks: int, gpt: int, gpu_type: str | None, required: str | None) -> Plan | None:
+        """``placement.place`` plus a memo: while no GPU was released in this cycle, a gang of at least
+        as many tasks of the same shape that failed before fails again (free capacity only shrinks)."""
+        key = (gpu_type, gpt, required)
+        epoch = self.ws.release_epoch
+        m = self._memo.get(key)
+        if m is not None and m[0] == epoch and tasks >= m[1]:
+            return None
+        plan = place(self.ws, tasks, gpt, gpu_type, required, self.cfg.first_fit)
+        if plan is None:
+            best = tasks if m is None or m[0] != epoch else min(tasks, m[1])
+            self._memo[key] = (epoch, best)
+        return plan
+
+    def required_level(self, job: PendingJob) -> str | None:
+        if self.cfg.consolidate_small and job.gpus <= self.idx.max_gpus:
+            r = job.topology_required
+            if r is None or level_rank(r) > level_rank("node"):
+                return "node"
+        return job.topology_required
+
+    def held_until(self) -> float:
+        return min((h.until for h in self.holds), default=float("inf"))
+
+    def running_ranks(self, orderer: object) -> dict[str, float]:
+        """Preemption rank of every running job under ``orderer`` (computed once per cycle)."""
+        if self._running_ranks is None:
+            rank = orderer.running_rank  # type: ignore[attr-defined]
+            self._running_ranks = {jid: rank(j, self) for jid, j in sorted(self.cluster.running.items())}
+        return self._running_ranks

@@ -1,0 +1,69 @@
+"""Elastic gangs: grow running gangs into idle GPUs when nobody waits for GPUs.
+
+Starting between min and max is the engine's job (``engine.job_sizes``); shrinking before preemption is
+the preemptor's first kind of action. Growth is the last step of a cycle and only happens when no pending
+job is left waiting for GPUs (waiting on quota alone does not block growth), so idle GPUs are lent to
+elastic gangs and taken back by shrinking when someone needs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from rallypoint.core.context import Ctx
+from rallypoint.core.types import PendingReason, Resize, TaskPlacement
+
+__all__ = ["ElasticGrower", "Grower"]
+
+_WAITS_FOR_GPUS = frozenset(
+    {"Resources", "Topology", "Reservation", "Preempting", "Priority", "NodeUnhealthy"}
+)
+
+
+class Grower(Protocol):
+    def grow(self, ctx: Ctx, pending: Sequence[PendingReason]) -> list[Resize]: ...
+
+
+class ElasticGrower:
+    def grow(self, ctx: Ctx, pending: Sequence[PendingReason]) -> list[Resize]:
+        if any(r.code in _WAITS_FOR_GPUS for r in pending):
+            return []
+        from rallypoint.core.engine import bits
+
+        out: list[Resize] = []
+        cl = ctx.cluster
+        elastic = [
+            j
+            for j in cl.running.values()
+            if j.max_gpus is not None and j.gpus < j.max_gpus and j.id not in ctx.preempted
+        ]
+        elastic.sort(key=lambda j: (-ctx.prio_of(j), j.id))
+        for j in elastic:
+            assert j.max_gpus is not None
+            gpt = j.gpus_per_task or max(1, j.gpus // max(1, len(j.placements)))
+            step = j.gpu_step or gpt
+            if step % gpt:
+                continue
+            t = cl.job_gpu_type(j)
+            added: list[TaskPlacement] = []
+            cur = j.gpus
+            while cur + step <= j.max_gpus:
+                if ctx.quota.check(ctx.ws, j.queue_name, t, step) is not None:
+                    break
+                plan = ctx.place(step // gpt, gpt, t, None)
+                if plan is None:
+                    break
+                for o, m in plan.tasks:
+                    ctx.ws.take(o, m)
+                ctx.ws.add_usage(j.queue_name, t, step)
+                for o, m in plan.tasks:
+                    added.append(
+                        TaskPlacement(
+                            task=len(j.placements) + len(added), node_id=ctx.idx.ids[o], gpus=bits(m)
+                        )
+                    )
+                cur += step
+            if added:
+                out.append(Resize(job_id=j.id, gpus=cur, add=tuple(added), reason="grow into idle GPUs"))
+        return out

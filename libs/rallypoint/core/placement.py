@@ -1,0 +1,238 @@
+"""Gang placement: the lowest topology level that holds the whole gang, best fit, NVLink-aware.
+
+A gang is ``tasks`` tasks of ``gpt`` GPUs; every task lands on one node and, when ``gpt`` fits an NVLink
+domain, inside one domain. Levels are tried bottom up (node, rack, spine, cluster) up to the required
+level; at each level the domain with the *smallest* sufficient capacity wins (best fit keeps large blocks
+free), ties broken by topology order. Capacities come from per-rack/spine histograms of free counts, so
+choosing a rack costs O(racks x GPUs per node), not O(nodes); the chosen domain is then verified exactly.
+
+Everything returns plans; :func:`apply` takes the GPUs in the workspace (journaled, so it can be rolled
+back).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from rallypoint.core.workspace import Workspace
+
+__all__ = ["LEVELS", "Plan", "apply", "best_free_at", "level_rank", "lowest_bits", "place"]
+
+LEVELS = ("nvlink", "node", "rack", "spine", "cluster")
+_RANK = {lv: i for i, lv in enumerate(LEVELS)}
+
+
+def level_rank(level: str | None) -> int:
+    return _RANK["cluster"] if level is None else _RANK[level]
+
+
+class Plan(NamedTuple):
+    gpu_type: str
+    level: str
+    tasks: tuple[tuple[int, int], ...]  # (node ordinal, GPU mask) per task, in task order
+
+
+def lowest_bits(mask: int, k: int) -> int:
+    out = 0
+    for _ in range(k):
+        low = mask & -mask
+        out |= low
+        mask ^= low
+    return out
+
+
+def node_cap(ws: Workspace, o: int, g: int) -> int:
+    """How many tasks of ``g`` GPUs node ``o`` can take now (each inside one NVLink domain if it fits)."""
+    f = ws.free[o]
+    idx = ws.idx
+    if not idx.multi_dom[o] or g > idx.dom_size[o]:
+        return f.bit_count() // g
+    return sum((f & d).bit_count() // g for d in idx.doms[o])
+
+
+def _pick(ws: Workspace, o: int, free: int, g: int) -> int:
+    """GPUs for one task on node ``o`` from ``free``: the tightest NVLink domain that holds it."""
+    idx = ws.idx
+    if idx.multi_dom[o] and g <= idx.dom_size[o]:
+        best = -1
+        best_c = 1 << 30
+        for d in idx.doms[o]:
+            c = (free & d).bit_count()
+            if g <= c < best_c:
+                best, best_c = d, c
+        return lowest_bits(free & best, g)
+    return lowest_bits(free, g)
+
+
+def _fill_node(ws: Workspace, o: int, g: int, n: int, out: list[tuple[int, int]]) -> None:
+    free = ws.free[o]
+    for _ in range(n):
+        m = _pick(ws, o, free, g)
+        out.append((o, m))
+        free &= ~m
+
+
+def _hist_cap(hist: list[int], g: int) -> int:
+    return sum(hist[c] * (c // g) for c in range(g, len(hist)) if hist[c])
+
+
+def _hist_free(hist: list[int]) -> int:
+    return sum(c * hist[c] for c in range(1, len(hist)) if hist[c])
+
+
+def _single_node(ws: Workspace, t: str, g: int, n: int, first_fit: bool) -> int | None:
+    """Node (ordinal) of type ``t`` that takes ``n`` tasks of ``g``: best fit (fewest free) or first fit."""
+    bs = ws.buckets[t]
+    best: int | None = None
+    for c in range(g * n, len(bs)):
+        for o in bs[c]:
+            if best is not None and o >= best:
+                break
+            if node_cap(ws, o, g) >= n:
+                if not first_fit:
+                    return o
+                best = o
+                break
+    return best
+
+
+def _rack_nodes_plan(ws: Workspace, r: int, t: str, g: int, need: int, out: list[tuple[int, int]]) -> int:
+    """Fill up to ``need`` tasks from rack ``r``, fullest nodes first (best fit). Returns tasks placed."""
+    idx = ws.idx
+    cands: list[tuple[int, int, int]] = []
+    for o in idx.rack_nodes[r]:
+        if not ws.sched[o] or idx.type_of[o] != t:
+            continue
+        cap = node_cap(ws, o, g)
+        if cap:
+            cands.append((ws.free[o].bit_count(), o, cap))
+    cands.sort()
+    placed = 0
+    for _c, o, cap in cands:
+        k = min(cap, need - placed)
+        _fill_node(ws, o, g, k, out)
+        placed += k
+        if placed == need:
+            break
+    return placed
+
+
+def _rack_exact(ws: Workspace, r: int, t: str, g: int) -> int:
+    idx = ws.idx
+    return sum(node_cap(ws, o, g) for o in idx.rack_nodes[r] if ws.sched[o] and idx.type_of[o] == t)
+
+
+def _place_type(ws: Workspace, t: str, tasks: int, g: int, max_rank: int, first_fit: bool) -> Plan | None:
+    idx = ws.idx
+    if ws.type_free[t] < tasks * g or g > idx.max_gpus:
+        return None
+    # node level (or one NVLink domain for a single small task)
+    if tasks * g <= idx.max_gpus and max_rank >= _RANK["nvlink"]:
+        o = _single_node(ws, t, g, tasks, first_fit)
+        if o is not None:
+            level = "nvlink" if tasks == 1 and g <= idx.dom_size[o] else "node"
+            if _RANK[level] <= max_rank:
+                out: list[tuple[int, int]] = []
+                _fill_node(ws, o, g, tasks, out)
+                return Plan(t, level, tuple(out))
+    if tasks == 1 or max_rank < _RANK["rack"]:
+        return None
+    # rack level: smallest sufficient capacity (first fit: first sufficient rack)
+    racks = []
+    for (tt, r), h in ws.rack_hist.items():
+        if tt == t:
+            cap = _hist_cap(h, g)
+            if cap >= tasks:
+                racks.append((0 if first_fit else cap, r))
+    racks.sort()
+    for _cap, r in racks:
+        if _rack_exact(ws, r, t, g) >= tasks:
+            out = []
+            _rack_nodes_plan(ws, r, t, g, tasks, out)
+            return Plan(t, "rack", tuple(out))
+    if max_rank < _RANK["spine"]:
+        return None
+    spines = []
+    for (tt, s), h in ws.spine_hist.items():
+        if tt == t:
+            cap = _hist_cap(h, g)
+            if cap >= tasks:
+                spines.append((0 if first_fit else cap, s))
+    spines.sort()
+    for _cap, s in spines:
+        plan = _span(ws, t, g, tasks, idx.spine_racks[s], "spine")
+        if plan is not None:
+            return plan
+    if max_rank < _RANK["cluster"]:
+        return None
+    # cluster level: spines with the most capacity first, so the gang spans as few spines as possible
+    order = sorted(
+        ((-_hist_cap(h, g), s) for (tt, s), h in ws.spine_hist.items() if tt == t), key=lambda x: x
+    )
+    racks_all: list[int] = []
+    for _c, s in order:
+        racks_all.extend(idx.spine_racks[s])
+    return _span(ws, t, g, tasks, racks_all, "cluster")
+
+
+def _span(ws: Workspace, t: str, g: int, tasks: int, racks: list[int], level: str) -> Plan | None:
+    """Gang across several racks: racks with the most capacity first (fewest racks spanned)."""
+    rs = sorted(
+        ((-_hist_cap(ws.rack_hist[(t, r)], g), r) for r in racks if (t, r) in ws.rack_hist),
+    )
+    out: list[tuple[int, int]] = []
+    for negcap, r in rs:
+        if negcap == 0:
+            break
+        _rack_nodes_plan(ws, r, t, g, tasks - len(out), out)
+        if len(out) == tasks:
+            return Plan(t, level, tuple(out))
+    return None
+
+
+def place(
+    ws: Workspace,
+    tasks: int,
+    gpt: int,
+    gpu_type: str | None,
+    required: str | None = None,
+    first_fit: bool = False,
+) -> Plan | None:
+    """A plan for the whole gang, or None. Does not modify the workspace."""
+    max_rank = level_rank(required)
+    types = ws.idx.types if gpu_type is None else ([gpu_type] if gpu_type in ws.type_free else [])
+    if len(types) == 1:
+        return _place_type(ws, types[0], tasks, gpt, max_rank, first_fit)
+    best: Plan | None = None
+    for t in types:
+        p = _place_type(ws, t, tasks, gpt, max_rank, first_fit)
+        if p is not None and (best is None or _RANK[p.level] < _RANK[best.level]):
+            best = p
+    return best
+
+
+def apply(ws: Workspace, plan: Plan) -> None:
+    for o, m in plan.tasks:
+        ws.take(o, m)
+
+
+def best_free_at(ws: Workspace, gpu_type: str | None, level: str) -> int:
+    """Most free GPUs inside one domain of ``level`` (for pending-reason messages)."""
+    types = ws.idx.types if gpu_type is None else [gpu_type]
+    best = 0
+    if level in ("node", "nvlink"):
+        for t in types:
+            bs = ws.buckets.get(t)
+            if bs:
+                for c in range(len(bs) - 1, 0, -1):
+                    if bs[c]:
+                        best = max(best, c)
+                        break
+        return best
+    hists = ws.rack_hist if level == "rack" else ws.spine_hist if level == "spine" else None
+    if hists is None:
+        return sum(ws.type_free.get(t, 0) for t in types)
+    for (t, _d), h in hists.items():
+        if t in types:
+            best = max(best, _hist_free(h))
+    return best

@@ -1,0 +1,113 @@
+"""Queue quotas with cohort borrowing (Kueue ClusterQueue / cohort semantics), per GPU type.
+
+A team queue may always use its nominal quota. Above nominal it borrows idle nominal of the other queues
+in its cohort, up to its own ``borrowing_limit``, and a lender never lends more than its
+``lending_limit``. A parent (org) queue with quotas caps the sum of its children at nominal + borrowing
+limit. No queues configured, or a queue the configuration does not name, means no limit.
+"""
+
+from __future__ import annotations
+
+from rallypoint.core.types import Queue, Quota
+from rallypoint.core.workspace import Workspace
+
+__all__ = ["QuotaBook"]
+
+
+class QuotaBook:
+    def __init__(self, queues: tuple[Queue, ...]) -> None:
+        self.queues = {q.name: q for q in queues}
+        self.children: dict[str, list[str]] = {}
+        self.cohorts: dict[str, list[str]] = {}
+        for q in sorted(queues, key=lambda q: q.name):
+            if q.parent is not None:
+                self.children.setdefault(q.parent, []).append(q.name)
+            c = self.cohort_of(q)
+            if c is not None:
+                self.cohorts.setdefault(c, []).append(q.name)
+
+    @staticmethod
+    def cohort_of(q: Queue) -> str | None:
+        return q.cohort if q.cohort is not None else q.parent
+
+    def quota(self, queue: str, gpu_type: str) -> Quota | None:
+        q = self.queues.get(queue)
+        if q is None:
+            return None
+        star = None
+        for qt in q.quotas:
+            if qt.gpu_type == gpu_type:
+                return qt
+            if qt.gpu_type == "*":
+                star = qt
+        return star
+
+    def limited(self, queue: str) -> bool:
+        return queue in self.queues
+
+    def nominal(self, queue: str, gpu_type: str) -> int:
+        qt = self.quota(queue, gpu_type)
+        return qt.nominal if qt is not None else 0
+
+    def borrowing(self, ws: Workspace, queue: str, gpu_type: str) -> int:
+        """GPUs ``queue`` uses above its nominal (0 for unlimited queues)."""
+        if queue not in self.queues:
+            return 0
+        return max(0, ws.usage.get((queue, gpu_type), 0) - self.nominal(queue, gpu_type))
+
+    def within_nominal(self, ws: Workspace, queue: str, gpu_type: str, gpus: int) -> bool:
+        if queue not in self.queues:
+            return False
+        return ws.usage.get((queue, gpu_type), 0) + gpus <= self.nominal(queue, gpu_type)
+
+    def check(self, ws: Workspace, queue: str, gpu_type: str, gpus: int) -> str | None:
+        """None if ``queue`` may take ``gpus`` more GPUs of ``gpu_type`` now, else why not (with numbers)."""
+        q = self.queues.get(queue)
+        if q is None:
+            return None
+        used = ws.usage.get((queue, gpu_type), 0)
+        qt = self.quota(queue, gpu_type)
+        nominal = qt.nominal if qt is not None else 0
+        new = used + gpus
+        if new > nominal:
+            borrow = new - nominal
+            limit = qt.borrowing_limit if qt is not None else None
+            if limit is not None and borrow > limit:
+                return (
+                    f"queue {queue} uses {used} {gpu_type} GPUs, nominal {nominal} + borrowing limit "
+                    f"{limit}; needs {gpus} more"
+                )
+            avail = self.cohort_available(ws, q, gpu_type)
+            if borrow > avail:
+                return (
+                    f"queue {queue} uses {used} of {nominal} nominal {gpu_type} GPUs; needs {gpus}; "
+                    f"cohort can lend {avail}"
+                )
+        if q.parent is not None:
+            pq = self.quota(q.parent, gpu_type)
+            if pq is not None:
+                total = sum(ws.usage.get((c, gpu_type), 0) for c in self.children.get(q.parent, []))
+                cap = pq.nominal + (pq.borrowing_limit or 0)
+                if total + gpus > cap:
+                    return f"org {q.parent} uses {total} of {cap} {gpu_type} GPUs; needs {gpus} more"
+        return None
+
+    def cohort_available(self, ws: Workspace, q: Queue, gpu_type: str) -> int:
+        """Idle lendable nominal of the other cohort members, minus what they already borrow."""
+        c = self.cohort_of(q)
+        if c is None:
+            return 0
+        pool = 0
+        borrowed = 0
+        for name in self.cohorts.get(c, ()):
+            if name == q.name:
+                continue
+            qt = self.quota(name, gpu_type)
+            nominal = qt.nominal if qt is not None else 0
+            used = ws.usage.get((name, gpu_type), 0)
+            idle = max(0, nominal - used)
+            if qt is not None and qt.lending_limit is not None:
+                idle = min(idle, qt.lending_limit)
+            pool += idle
+            borrowed += max(0, used - nominal)
+        return max(0, pool - borrowed)

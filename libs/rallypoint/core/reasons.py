@@ -1,0 +1,66 @@
+"""Pending reasons: a code plus a message with numbers (Kueue / Slurm style)."""
+
+from __future__ import annotations
+
+from rallypoint.core.context import Ctx, Status
+from rallypoint.core.types import PendingJob
+
+__all__ = ["classify", "human"]
+
+
+def human(seconds: float) -> str:
+    """Round durations the way people read a queue: "40 min", "3.5 h", "2 d"."""
+    s = max(0.0, seconds)
+    if s < 90:
+        return f"{round(s)} s"
+    if s < 90 * 60:
+        return f"{round(s / 60)} min"
+    if s < 48 * 3600:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"
+
+
+def classify(job: PendingJob, size: int, ctx: Ctx) -> Status:
+    """Why ``job`` (at ``size`` GPUs) cannot be placed now, most fundamental cause first."""
+    from rallypoint.core.placement import best_free_at
+
+    idx = ctx.idx
+    types = idx.types if job.gpu_type is None else [job.gpu_type]
+    g = job.gpus_per_task
+    required = ctx.required_level(job)
+    level = required or "cluster"
+    where = "in the cluster" if level == "cluster" else f"in one {level}"
+    tname = f" {job.gpu_type}" if job.gpu_type is not None else ""
+    if job.gpu_type is not None and job.gpu_type not in idx.type_capacity:
+        return Status("GangTooLarge", f"no node has GPU type {job.gpu_type}")
+    node_max = max((ctx.total_capacity(t, "node") for t in types), default=0)
+    if g > node_max:
+        return Status("GangTooLarge", f"a task needs {g} GPUs; largest node has {node_max}")
+    cap = max((ctx.total_capacity(t, level) for t in types), default=0)
+    if size > cap:
+        return Status("GangTooLarge", f"needs {size}{tname} GPUs {where}; largest {level} has {cap}")
+    healthy = max((ctx.healthy_capacity(t, level) for t in types), default=0)
+    if size > healthy:
+        return Status(
+            "NodeUnhealthy",
+            f"needs {size}{tname} GPUs {where}; {healthy} on healthy nodes, "
+            f"{cap - healthy} on unhealthy ones",
+        )
+    free = sum(ctx.ws.type_free.get(t, 0) for t in types)
+    if free >= size:
+        if level != "cluster":
+            best = best_free_at(ctx.ws, job.gpu_type, level)
+            return Status("Topology", f"needs {size}{tname} GPUs {where}; best {level} has {best} free")
+        return Status(
+            "Topology",
+            f"needs {size // g} tasks x {g}{tname} GPUs (one node each); {free} GPUs free but fragmented",
+        )
+    held = sum(m.bit_count() for h in ctx.holds for _o, m in h.tasks)
+    if ctx.holds and free + held >= size:
+        first = min(ctx.holds, key=lambda h: (h.until, h.job_id))
+        return Status(
+            "Reservation",
+            f"needs {size}{tname} GPUs; {free} free outside reservations; would delay job {first.job_id} "
+            f"(reserved, starts in ~{human(first.until - ctx.now)})",
+        )
+    return Status("Resources", f"needs {size}{tname} GPUs {where}; {free} free")

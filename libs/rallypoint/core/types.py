@@ -1,0 +1,300 @@
+"""Snapshot and decision types of the pure scheduling core.
+
+Everything here is a frozen msgspec Struct except :class:`~rallypoint.core.cluster.ClusterModel`, the one
+mutable-by-the-caller piece: it keeps the free-GPU bookkeeping (per node, rack, spine, GPU type, queue usage)
+incrementally so that building a snapshot at every event instant costs O(change), not O(cluster).
+``schedule()`` only *reads* the model; it works on a copy-on-write overlay and never mutates it.
+
+Names in this module are a contract (the simulator, the scheduler service and the audit tool build these
+types): extend with new optional fields, never rename.
+
+Times are seconds (floats) on whatever clock the caller uses (Unix epoch in the services, trace time in the
+simulator). The core never reads a clock: ``Snapshot.now`` is the only "now".
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+import msgspec
+
+from rallypoint.events.catalogue import TaskPlacement, TopologyLevel
+
+if TYPE_CHECKING:
+    from rallypoint.core.cluster import ClusterModel
+
+__all__ = [
+    "DEFAULT_PRIORITY_CLASSES",
+    "Bind",
+    "Decisions",
+    "Node",
+    "PendingJob",
+    "PendingReason",
+    "Preemption",
+    "PriorityClass",
+    "Queue",
+    "Quota",
+    "ReasonCode",
+    "Reservation",
+    "Resize",
+    "RunningJob",
+    "Snapshot",
+    "TaskPlacement",
+    "TopologyLevel",
+]
+
+# ---------------------------------------------------------------------------------------------------
+# Cluster
+# ---------------------------------------------------------------------------------------------------
+
+
+class Node(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One machine. Topology is cluster > spine > rack > node > NVLink domain > GPU.
+
+    ``nvlink_domains`` groups GPU indices that share an NVLink/NVSwitch domain; empty means one domain
+    holding every GPU (the usual 8-GPU HGX board). ``schedulable`` is False for drained, lost or
+    unhealthy nodes: they keep their running jobs (the caller unbinds those) but receive no new work.
+    """
+
+    id: str
+    rack: str
+    spine: str = "spine-0"
+    gpu_type: str = "default"
+    gpus: int = 8
+    nvlink_domains: tuple[tuple[int, ...], ...] = ()
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    schedulable: bool = True
+
+
+# ---------------------------------------------------------------------------------------------------
+# Jobs
+# ---------------------------------------------------------------------------------------------------
+
+
+class RunningJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A gang that holds GPUs. Registered with ``ClusterModel.bind(job)``.
+
+    ``expected_end`` is start + time limit, or start + a runtime learned from history; None means unknown
+    (such a job never frees GPUs in reservation arithmetic). ``attained_gpu_s`` is the GPU-seconds of
+    service attained *before* ``start_time`` (earlier runs); the core adds ``gpus * (now - start_time)``.
+    ``last_preempted_at`` protects a job preempted recently (``PolicyConfig.preemption_protection_s``).
+    """
+
+    id: str
+    team: str
+    queue: str | None = None  # defaults to ``team``
+    priority_class: str = "training-standard"
+    gpus: int
+    gpu_type: str | None = None
+    placements: tuple[TaskPlacement, ...]
+    start_time: float
+    expected_end: float | None = None
+    last_checkpoint: float | None = None
+    preemptible: bool = True
+    min_gpus: int | None = None
+    max_gpus: int | None = None
+    gpu_step: int | None = None
+    gpus_per_task: int | None = None
+    attained_gpu_s: float = 0.0
+    last_preempted_at: float | None = None
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    submit_time: float | None = None
+
+    @property
+    def queue_name(self) -> str:
+        return self.queue if self.queue is not None else self.team
+
+
+class PendingJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A gang waiting for GPUs: ``gpus`` total, in ``gpus // gpus_per_task`` tasks of one node each.
+
+    ``arrival`` breaks ties between equal submit times (the caller's monotonic submission counter).
+    ``expected_runtime_s`` is a runtime learned from the same user's and job name's history; backfill
+    uses it before ``time_limit_s``. Elastic gangs set ``min_gpus``/``max_gpus``/``gpu_step``; ``gpus`` is
+    then the preferred size (usually max).
+    """
+
+    id: str
+    team: str
+    queue: str | None = None  # defaults to ``team``
+    priority_class: str = "training-standard"
+    gpus: int
+    gpus_per_task: int = 8
+    submit_time: float
+    arrival: int = 0
+    time_limit_s: float | None = None
+    expected_runtime_s: float | None = None
+    gpu_type: str | None = None
+    topology_required: TopologyLevel | None = None
+    topology_preferred: TopologyLevel | None = None
+    min_gpus: int | None = None
+    max_gpus: int | None = None
+    gpu_step: int | None = None
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    attained_gpu_s: float = 0.0
+    last_preempted_at: float | None = None
+    last_run_s: float = 0.0
+    user: str | None = None
+    name: str | None = None
+
+    @property
+    def queue_name(self) -> str:
+        return self.queue if self.queue is not None else self.team
+
+    @property
+    def runtime_estimate(self) -> float | None:
+        """Learned runtime when known, else the time limit, else unknown."""
+        if self.expected_runtime_s is not None:
+            return self.expected_runtime_s
+        return self.time_limit_s
+
+
+# ---------------------------------------------------------------------------------------------------
+# Queues, quotas, priority classes
+# ---------------------------------------------------------------------------------------------------
+
+
+class Quota(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Per-GPU-type quota of a queue (Kueue ClusterQueue resource group semantics).
+
+    ``nominal`` is guaranteed; ``borrowing_limit`` caps what the queue may use above nominal from idle
+    cohort quota (None = unlimited); ``lending_limit`` caps how much of its unused nominal others may
+    borrow (None = all of it). ``gpu_type`` "*" applies to every type without its own entry.
+    """
+
+    gpu_type: str = "*"
+    nominal: int
+    borrowing_limit: int | None = None
+    lending_limit: int | None = None
+
+
+class Queue(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A queue: an org (``parent`` None) or a team under an org. Jobs name team queues.
+
+    Queues in the same ``cohort`` share idle quota; a team's cohort defaults to its parent org.
+    A parent's quotas cap the sum of its children. ``weight`` scales DRF fair share (higher = bigger share).
+    """
+
+    name: str
+    parent: str | None = None
+    cohort: str | None = None
+    weight: float = 1.0
+    quotas: tuple[Quota, ...] = ()
+
+
+class PriorityClass(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    value: int
+    preemptible: bool = True
+
+
+DEFAULT_PRIORITY_CLASSES: tuple[PriorityClass, ...] = (
+    PriorityClass(name="production", value=1000, preemptible=False),
+    PriorityClass(name="training-high", value=800),
+    PriorityClass(name="training-standard", value=500),
+    PriorityClass(name="development", value=200),
+    PriorityClass(name="best-effort", value=0),
+)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Snapshot
+# ---------------------------------------------------------------------------------------------------
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything one decision depends on.
+
+    ``cluster`` holds the nodes, free GPUs and the running jobs (``cluster.running``). ``pending`` may be
+    in any order: the policy orders it. No queues configured means no quota enforcement; a job naming an
+    unknown queue is unlimited too (so a trace without quotas replays). Unknown priority class names get
+    value 0.
+    """
+
+    now: float
+    cluster: ClusterModel
+    pending: tuple[PendingJob, ...] = ()
+    queues: tuple[Queue, ...] = ()
+    priority_classes: tuple[PriorityClass, ...] = DEFAULT_PRIORITY_CLASSES
+
+
+# ---------------------------------------------------------------------------------------------------
+# Decisions
+# ---------------------------------------------------------------------------------------------------
+
+ReasonCode = Literal[
+    "Resources",  # not enough free GPUs of the right type / shape now
+    "Priority",  # waits behind higher-ranked jobs (or FIFO head-of-line blocking)
+    "QuotaExceeded",  # its queue is at nominal + borrowing limit, or the cohort has nothing to lend
+    "Topology",  # enough GPUs in total, but not inside the required level (rack / spine / node)
+    "Reservation",  # fits now, but would delay a reserved head job (EASY backfill refused)
+    "NodeUnhealthy",  # would fit if unhealthy / drained nodes were back
+    "GangTooLarge",  # can never fit this cluster (or the required level) even when empty
+    "Preempting",  # victims were asked to stop; binds once they have released their GPUs
+    "Reserved",  # this job holds the reservation; earliest start given
+]
+
+
+class Bind(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Place the whole gang now, on exactly these GPUs."""
+
+    job_id: str
+    gpus: int
+    placements: tuple[TaskPlacement, ...]
+
+
+class Reservation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The earliest slot of a blocked head job; backfill never delays it."""
+
+    job_id: str
+    start_estimate: float | None
+    nodes: tuple[str, ...]
+
+
+class Preemption(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Ask a running job to checkpoint and stop. ``reason``: "reclaim" (its queue borrows quota that the
+    preemptor is guaranteed), "priority" (the preemptor ranks strictly higher) or "las" (least attained
+    service)."""
+
+    victim_id: str
+    reason: str
+    for_job: str
+
+
+class Resize(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Change an elastic running gang to ``gpus`` total: ``add`` new tasks or ``remove`` existing ones."""
+
+    job_id: str
+    gpus: int
+    add: tuple[TaskPlacement, ...] = ()
+    remove: tuple[TaskPlacement, ...] = ()
+    reason: str = ""
+
+
+class PendingReason(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Why a job still waits: code, a message with numbers, its 0-based position in the policy's order
+    among waiting jobs, and the earliest start when a reservation computed one."""
+
+    job_id: str
+    code: str
+    message: str
+    position: int
+    earliest_start: float | None = None
+
+
+class Decisions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The output of one cycle. Every pending job is either bound or has exactly one PendingReason.
+
+    Lists are in decision order (binds in the order they were made), which is deterministic.
+    """
+
+    policy: str
+    now: float
+    binds: tuple[Bind, ...] = ()
+    reservations: tuple[Reservation, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    resizes: tuple[Resize, ...] = ()
+    pending: tuple[PendingReason, ...] = ()

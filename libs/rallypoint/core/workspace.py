@@ -1,0 +1,98 @@
+"""The in-memory transaction one scheduling cycle works on.
+
+A :class:`Workspace` copies the mutable arrays of a :class:`ClusterIndex` (free masks, per-count buckets,
+rack/spine histograms, queue usage) and journals every change so that a tentative action (a preemption
+plan, a reservation probe) can be rolled back to a mark. The ClusterModel itself is never written.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+
+from rallypoint.core.cluster import ClusterIndex, ClusterModel
+
+__all__ = ["Workspace"]
+
+
+class Workspace:
+    def __init__(self, cluster: ClusterModel) -> None:
+        idx = cluster.index()
+        self.idx: ClusterIndex = idx
+        self.cluster = cluster
+        self.free: list[int] = list(idx.free)
+        self.sched = idx.sched
+        self.buckets: dict[str, list[list[int]]] = {t: [list(b) for b in bs] for t, bs in idx.buckets.items()}
+        self.rack_hist = {k: list(v) for k, v in idx.rack_hist.items()}
+        self.spine_hist = {k: list(v) for k, v in idx.spine_hist.items()}
+        self.type_free = dict(idx.type_free)
+        self.usage: dict[tuple[str, str], int] = dict(cluster.usage)
+        self._journal: list[tuple[int, int, int, int]] = []  # (kind, a, b, old)
+        self._uk: list[tuple[str, str]] = []  # usage keys referenced by journal entries of kind 1
+        # Bumped whenever GPUs are released: placement failure memos are valid only while free
+        # capacity can only shrink.
+        self.release_epoch = 0
+
+    # --- free GPUs -------------------------------------------------------------------------------
+
+    def set_free(self, o: int, mask: int) -> None:
+        old = self.free[o]
+        if old == mask:
+            return
+        self._journal.append((0, o, 0, old))
+        self._set(o, old, mask)
+
+    def _set(self, o: int, old: int, mask: int) -> None:
+        self.free[o] = mask
+        if mask & ~old:
+            self.release_epoch += 1
+        if not self.sched[o]:
+            return
+        co, cn = old.bit_count(), mask.bit_count()
+        if co == cn:
+            return
+        idx = self.idx
+        t = idx.type_of[o]
+        b = self.buckets[t][co]
+        del b[bisect_left(b, o)]
+        insort(self.buckets[t][cn], o)
+        rh = self.rack_hist[(t, idx.rack_of[o])]
+        rh[co] -= 1
+        rh[cn] += 1
+        sh = self.spine_hist[(t, idx.spine_of[o])]
+        sh[co] -= 1
+        sh[cn] += 1
+        self.type_free[t] += cn - co
+
+    def take(self, o: int, mask: int) -> None:
+        self.set_free(o, self.free[o] & ~mask)
+
+    def give(self, o: int, mask: int) -> None:
+        self.set_free(o, self.free[o] | mask)
+
+    # --- quota usage -----------------------------------------------------------------------------
+
+    def add_usage(self, queue: str, gpu_type: str, gpus: int) -> None:
+        key = (queue, gpu_type)
+        old = self.usage.get(key, 0)
+        self._journal.append((1, len(self._uk), 0, old))
+        self._uk.append(key)
+        self.usage[key] = old + gpus
+
+    # --- transactions ----------------------------------------------------------------------------
+
+    def mark(self) -> int:
+        return len(self._journal)
+
+    def rollback(self, mark: int) -> None:
+        j = self._journal
+        while len(j) > mark:
+            kind, a, _b, old = j.pop()
+            if kind == 0:
+                self._set(a, self.free[a], old)
+            else:
+                self.usage[self._uk[a]] = old
+
+    def commit(self) -> None:
+        """Forget the journal (nothing to undo below this point)."""
+        self._journal.clear()
+        self._uk.clear()

@@ -1,0 +1,412 @@
+"""The event log: one JetStream stream, conditional appends, gapless replay and a live follow.
+
+See docs/architecture.md ("The log", "eventlog") for the contract. Design notes:
+
+- ``append`` maps JetStream's answers onto three outcomes callers can act on: a sequence number, an
+  ``AppendConflict`` (the guard failed: re-read and decide again, or step down), or ``LogUnavailable``
+  (nothing is known: retry with the same ``msg_id``).
+- The server checks ``Nats-Expected-Last-Subject-Sequence`` *before* de-duplicating by ``Nats-Msg-Id``,
+  so a retried conditional append whose first attempt landed comes back as 10071. ``append`` then
+  looks at the last message on the guarded subject (tree): if it carries the same ``Nats-Msg-Id``, the
+  retry is reported as a duplicate success instead of a conflict.
+- ``replay`` trusts nothing it does not check: it records the target sequence first, checks every
+  sequence it receives, and raises ``LogGap`` rather than returning a short history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import NamedTuple, Self
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
+from nats.js.client import JetStreamContext
+
+from rallypoint.events import Event, decode, encode, envelope_from_headers, envelope_headers
+from rallypoint.events.subjects import STREAM_SUBJECTS
+
+from .connection import connect_nats
+from .errors import CONFLICT_CODES, AppendConflict, LogGap, LogUnavailable, UndecodableEvent
+
+_log = logging.getLogger(__name__)
+
+MSG_ID = "Nats-Msg-Id"
+EXPECTED_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+EXPECTED_SUBJECT_FILTER = "Nats-Expected-Last-Subject-Sequence-Subject"
+DUPLICATE_WINDOW_S = 120.0
+
+# Errors that mean "the log did not answer", as opposed to "the log said no".
+_UNAVAILABLE = (
+    nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError,
+    nats.errors.TimeoutError,
+    TimeoutError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.OutboundBufferLimitError,
+)
+
+
+class Recorded(msgspec.Struct, frozen=True):
+    """An event as stored: its stream sequence, subject, decoded event and CloudEvents attributes."""
+
+    seq: int
+    subject: str
+    event: Event
+    envelope: dict[str, str]
+
+
+class AppendResult(NamedTuple):
+    seq: int
+    duplicate: bool  # True when this append was recognised as a retry of one already stored
+
+
+def _event_time(event: Event) -> float:
+    at = getattr(event, "at", None)
+    if at is None:
+        at = getattr(event, "submitted_at", None)
+    return float(at) if at is not None else time.time()
+
+
+def _to_recorded(msg: Msg, seq: int) -> Recorded:
+    try:
+        event = decode(msg.data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise UndecodableEvent(seq, msg.subject, str(exc)) from exc
+    return Recorded(seq=seq, subject=msg.subject, event=event, envelope=envelope_from_headers(msg.headers))
+
+
+def _stream_seq(msg: Msg) -> int:
+    """Stream sequence from the JetStream reply subject, without nats-py's slower metadata parse."""
+    reply = msg.reply
+    tokens = reply.split(".") if reply else []
+    if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
+        return int(tokens[5])
+    if len(tokens) >= 11:  # $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>...
+        return int(tokens[7])
+    return int(msg.metadata.sequence.stream)
+
+
+class _Feed:
+    """Buffer between a subscription callback and an async generator, with backpressure.
+
+    A callback subscription, not ``next_msg``: nats-py's ``next_msg`` costs two tasks per message
+    (~10k msgs/s here) and its ``messages`` iterator answers flow control only every 0.25 s; the
+    callback path answers it at once and runs ~5x faster. When the buffer is full the callback waits,
+    nats-py's own queue fills, and the server's flow control holds further deliveries back.
+    """
+
+    def __init__(self, limit: int = 8192) -> None:
+        self._buf: collections.deque[Msg] = collections.deque()
+        self._ready = asyncio.Event()
+        self._space = asyncio.Event()
+        self._space.set()
+        self._limit = limit
+
+    async def cb(self, msg: Msg) -> None:
+        self._buf.append(msg)
+        self._ready.set()
+        if len(self._buf) >= self._limit:
+            self._space.clear()
+            await self._space.wait()
+
+    async def batch(self, timeout: float) -> list[Msg]:
+        """Everything buffered, waiting up to ``timeout`` for at least one message (else TimeoutError)."""
+        if not self._buf:
+            self._ready.clear()
+            async with asyncio.timeout(timeout):
+                await self._ready.wait()
+        out = list(self._buf)
+        self._buf.clear()
+        self._space.set()
+        return out
+
+
+class EventLog:
+    """Client of the ``RALLY`` stream. Build with ``connect`` (own connection) or ``attach`` (shared)."""
+
+    def __init__(self, nc: Client, *, stream: str = "RALLY", owns_connection: bool = False,
+                 timeout: float = 5.0) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream(timeout=timeout)
+        self.stream = stream
+        self.timeout = timeout
+        self._owns_connection = owns_connection
+
+    @classmethod
+    async def connect(cls, url: str | list[str], *, name: str, stream: str = "RALLY", replicas: int = 1,
+                      create: bool = True, initial_timeout: float | None = 10.0) -> Self:
+        nc = await connect_nats(url, name=name, initial_timeout=initial_timeout)
+        try:
+            return await cls.attach(nc, stream=stream, replicas=replicas, create=create, owns_connection=True)
+        except BaseException:
+            await nc.close()
+            raise
+
+    @classmethod
+    async def attach(cls, nc: Client, *, stream: str = "RALLY", replicas: int = 1, create: bool = True,
+                     owns_connection: bool = False) -> Self:
+        """An EventLog on an existing connection (a service shares one connection for everything)."""
+        log = cls(nc, stream=stream, owns_connection=owns_connection)
+        if create:
+            await log.ensure_stream(replicas=replicas)
+        else:
+            try:
+                await log.js.stream_info(stream)
+            except nats.js.errors.NotFoundError as exc:
+                raise LogUnavailable(f"stream {stream} does not exist") from exc
+        return log
+
+    def stream_config(self, replicas: int = 1) -> StreamConfig:
+        return StreamConfig(
+            name=self.stream,
+            subjects=[STREAM_SUBJECTS],
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+            deny_delete=True,
+            deny_purge=True,
+            allow_direct=True,
+            allow_atomic=True,  # lets a later change append several events all-or-nothing
+            duplicate_window=DUPLICATE_WINDOW_S,
+        )
+
+    async def ensure_stream(self, *, replicas: int = 1) -> None:
+        """Create the stream, or bring an existing one to our configuration (idempotent)."""
+        wanted = self.stream_config(replicas)
+        try:
+            info = await self.js.stream_info(self.stream)
+        except nats.js.errors.NotFoundError:
+            try:
+                await self.js.add_stream(wanted)
+                return
+            except nats.js.errors.BadRequestError:
+                # Another process created it between our two calls; fall through and compare.
+                info = await self.js.stream_info(self.stream)
+        have = info.config
+        fields = ("subjects", "num_replicas", "deny_delete", "deny_purge", "allow_direct", "allow_atomic",
+                  "duplicate_window")
+        if any(getattr(have, f) != getattr(wanted, f) for f in fields):
+            _log.info("updating stream %s configuration", self.stream)
+            await self.js.update_stream(wanted)
+
+    async def close(self) -> None:
+        """Drain (deliver what is in flight) and close our own connection; a shared one is left open."""
+        if not self._owns_connection or self.nc.is_closed:
+            return
+        # nats-py raises from drain()/close() when the server is already gone (ConnectionResetError);
+        # closing must still succeed then.
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+        if not self.nc.is_closed:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+
+    # -- writing -----------------------------------------------------------------------------------
+
+    async def append(self, subject: str, event: Event, *, msg_id: str, source: str,
+                     expected_last_subject_seq: int | None = None,
+                     expected_subject_filter: str | None = None) -> int:
+        """Append one event; returns its stream sequence (the original one for a duplicate)."""
+        result = await self.append_ack(subject, event, msg_id=msg_id, source=source,
+                                       expected_last_subject_seq=expected_last_subject_seq,
+                                       expected_subject_filter=expected_subject_filter)
+        return result.seq
+
+    async def append_ack(self, subject: str, event: Event, *, msg_id: str, source: str,
+                         expected_last_subject_seq: int | None = None,
+                         expected_subject_filter: str | None = None) -> AppendResult:
+        """``append`` that also says whether the event was already stored (a retried append)."""
+        if expected_subject_filter is not None and expected_last_subject_seq is None:
+            raise ValueError("expected_subject_filter needs expected_last_subject_seq")
+        headers = envelope_headers(event, event_id=msg_id, source=source, subject=subject,
+                                   at=_event_time(event))
+        headers[MSG_ID] = msg_id
+        if expected_last_subject_seq is not None:
+            headers[EXPECTED_SUBJECT_SEQ] = str(expected_last_subject_seq)
+        if expected_subject_filter is not None:
+            headers[EXPECTED_SUBJECT_FILTER] = expected_subject_filter
+        try:
+            ack = await self.js.publish(subject, encode(event), headers=headers, stream=self.stream)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code in CONFLICT_CODES:
+                seq = await self._stored_as_last(expected_subject_filter or subject, msg_id)
+                if seq is not None:
+                    return AppendResult(seq, True)
+                raise AppendConflict(int(exc.err_code or 0), exc.description or "") from exc
+            raise
+        except _UNAVAILABLE as exc:
+            raise LogUnavailable(f"append to {subject} got no answer: {type(exc).__name__}") from exc
+        return AppendResult(ack.seq, bool(ack.duplicate))
+
+    async def _stored_as_last(self, subject_filter: str, msg_id: str) -> int | None:
+        """Seq of the last message on the filter if it carries ``msg_id`` (our earlier attempt landed)."""
+        try:
+            raw = await self.js.get_msg(self.stream, subject=subject_filter)
+        except (nats.js.errors.NotFoundError, *_UNAVAILABLE):
+            return None
+        if raw.headers and raw.headers.get(MSG_ID) == msg_id and raw.seq is not None:
+            return int(raw.seq)
+        return None
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    async def last_seq(self, subject_filter: str | None = None) -> int:
+        """Last stream sequence, or the last sequence stored on a subject / wildcard filter (0: none).
+
+        Answered by the stream leader (not a direct get, which a lagging replica may serve), so a
+        value read here can be used as an expected sequence or a replay target.
+        """
+        try:
+            if subject_filter is None or subject_filter == STREAM_SUBJECTS:
+                info = await self.js.stream_info(self.stream)
+                return int(info.state.last_seq)
+            try:
+                raw = await self.js.get_msg(self.stream, subject=subject_filter)
+            except nats.js.errors.NotFoundError:
+                return 0
+            return int(raw.seq or 0)
+        except _UNAVAILABLE as exc:
+            raise LogUnavailable(f"last_seq({subject_filter}) got no answer") from exc
+
+    async def get(self, seq: int) -> Recorded:
+        """One stored event by sequence."""
+        raw = await self.js.get_msg(self.stream, seq=seq)
+        data = raw.data or b""
+        try:
+            event = decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise UndecodableEvent(seq, raw.subject or "", str(exc)) from exc
+        return Recorded(seq=seq, subject=raw.subject or "", event=event,
+                        envelope=envelope_from_headers(raw.headers))
+
+    async def _subscribe(self, from_seq: int, subjects: str,
+                         feed: _Feed) -> nats.js.JetStreamContext.PushSubscription:
+        # Ordered push consumer: server-side flow control, no acks, ~100k msgs/s (GUIDE §6); the
+        # client recreates it on gaps and missed heartbeats, and we re-check every sequence anyway.
+        return await self.js.subscribe(
+            subjects,
+            stream=self.stream,
+            cb=feed.cb,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            config=ConsumerConfig(opt_start_seq=max(1, from_seq)),
+            idle_heartbeat=2.0,
+            pending_msgs_limit=-1,
+            pending_bytes_limit=512 * 1024 * 1024,
+        )
+
+    async def replay(self, *, from_seq: int = 1, to_seq: int | None = None, subjects: str = STREAM_SUBJECTS,
+                     stall_timeout: float = 10.0) -> AsyncIterator[Recorded]:
+        """Every event in [from_seq, to_seq or the last seq recorded when called], in order, or LogGap.
+
+        Over the whole stream sequences must be contiguous; with a narrower ``subjects`` filter they
+        jump, and the replay must still reach the last sequence stored on that filter.
+        """
+        whole = subjects == STREAM_SUBJECTS
+        info = await self._stream_info()
+        stream_last, stream_first = int(info.state.last_seq), int(info.state.first_seq)
+        if to_seq is not None and to_seq > stream_last:
+            raise LogGap(f"replay to seq {to_seq} asked for, the log ends at {stream_last}")
+        end = stream_last if to_seq is None else to_seq
+        if whole:
+            from_seq = max(from_seq, stream_first)
+        # The last sequence on the filter, recorded before consuming: the replay must reach it. When
+        # it lies beyond ``end`` the replay instead stops at the first message past ``end``.
+        filter_last = stream_last if whole else await self.last_seq(subjects)
+        stop_beyond = filter_last > end
+        target = min(filter_last, end)
+        if from_seq > end or (not stop_beyond and target < from_seq):
+            return
+        limit = end if stop_beyond else target
+        feed = _Feed()
+        sub = await self._subscribe(from_seq, subjects, feed)
+        last = from_seq - 1
+        try:
+            while True:
+                try:
+                    batch = await feed.batch(stall_timeout)
+                except TimeoutError as exc:
+                    raise LogGap(f"replay of {subjects} stalled after seq {last}, target {target}") from exc
+                for msg in batch:
+                    seq = _stream_seq(msg)
+                    if seq <= last:
+                        continue  # redelivered after an ordered-consumer reset
+                    if whole and seq != last + 1:
+                        raise LogGap(f"replay expected seq {last + 1}, got {seq}")
+                    if seq > limit:
+                        if stop_beyond:
+                            return
+                        raise LogGap(f"replay of {subjects} jumped from {last} past its target {target} "
+                                     f"to {seq}")
+                    yield _to_recorded(msg, seq)
+                    last = seq
+                    if seq == target and not stop_beyond:
+                        return
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def follow(self, *, from_seq: int, subjects: str = STREAM_SUBJECTS,
+                     probe_interval: float = 5.0) -> AsyncIterator[Recorded]:
+        """Events from ``from_seq`` on, live, forever; survives reconnects and server restarts.
+
+        When idle for ``probe_interval`` it asks the stream whether it has missed something (a consumer
+        lost with a restarted server, a silent skip) and resubscribes from the next sequence if so.
+        """
+        whole = subjects == STREAM_SUBJECTS
+        next_seq = max(1, from_seq)
+        backoff = 0.1
+        while True:
+            feed = _Feed()
+            try:
+                sub = await self._subscribe(next_seq, subjects, feed)
+            except (nats.js.errors.APIError, *_UNAVAILABLE) as exc:
+                _log.warning("follow %s: cannot subscribe at seq %d (%s); retrying", subjects, next_seq, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            backoff = 0.1
+            try:
+                resubscribe = False
+                while not resubscribe:
+                    try:
+                        batch = await feed.batch(probe_interval)
+                    except TimeoutError:
+                        try:
+                            stored = await self.last_seq(None if whole else subjects)
+                        except LogUnavailable:
+                            continue
+                        if stored >= next_seq:
+                            _log.warning("follow %s: idle but the log has seq %d; resubscribing at %d",
+                                         subjects, stored, next_seq)
+                            break
+                        continue
+                    for msg in batch:
+                        seq = _stream_seq(msg)
+                        if seq < next_seq:
+                            continue
+                        if whole and seq != next_seq:
+                            _log.warning("follow: expected seq %d, got %d; resubscribing", next_seq, seq)
+                            resubscribe = True
+                            break
+                        yield _to_recorded(msg, seq)
+                        next_seq = seq + 1
+            finally:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+    async def _stream_info(self) -> nats.js.api.StreamInfo:
+        try:
+            return await self.js.stream_info(self.stream)
+        except _UNAVAILABLE as exc:
+            raise LogUnavailable(f"stream {self.stream} info got no answer") from exc
+

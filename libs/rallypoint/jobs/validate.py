@@ -1,0 +1,362 @@
+"""Job-spec validation shared by the API and the CLI. Pure: no I/O, no clock.
+
+A submission arrives as a dict decoded from JSON. ``validate_spec`` turns it into a ``JobSpec`` or
+raises ``SpecError`` naming the first offending field, so the API can answer a problem+json body that
+points at it and the CLI can print ``error: <field>: <detail>``. Nothing invalid is ever appended to
+the log: the scheduler and every fold may assume a ``JobSpec`` in a ``JobSubmitted`` is coherent.
+
+Job ids are derived here too, because they become NATS subject tokens (``rally.job.<id>``) and an id
+derived from (team, Idempotency-Key) is what makes a retried submission land on the existing job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from collections.abc import Mapping
+from typing import Any, cast, get_args
+
+from rallypoint.events import JobSpec, TopologyLevel
+from rallypoint.events.subjects import TOKEN_PATTERN
+
+DEFAULT_MAX_GPUS_PER_NODE = 8
+MAX_RETRIES_LIMIT = 100
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
+
+PRIORITY_CLASSES: tuple[str, ...] = (
+    "production",
+    "training-high",
+    "training-standard",
+    "development",
+    "best-effort",
+)
+
+# Narrowest first: a preferred level wider than the required one could never be honoured.
+TOPOLOGY_LEVELS: tuple[str, ...] = get_args(TopologyLevel)
+
+NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+# Teams end up in subjects, queue names and metric labels: no dots (a dot splits a subject token).
+TEAM_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
+ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+REQUIRED_FIELDS: tuple[str, ...] = ("name", "team", "gpus", "command")
+KNOWN_FIELDS: frozenset[str] = frozenset(JobSpec.__struct_fields__)
+
+
+class SpecError(ValueError):
+    """A submission that can never become a valid job; ``field`` names the offending field."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"{field}: {detail}")
+        self.field = field
+        self.detail = detail
+
+
+# --- field readers: each checks one type and names the field when it is wrong --------------------
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "array"
+    if isinstance(value, Mapping):
+        return "object"
+    return type(value).__name__
+
+
+def _int(body: Mapping[str, Any], field: str) -> int | None:
+    value = body.get(field)
+    if value is None:
+        return None
+    # bool is an int subclass in Python; JSON true must not pass as 1 GPU.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(field, f"must be an integer, got {_type_name(value)}")
+    return value
+
+
+def _str(body: Mapping[str, Any], field: str) -> str | None:
+    value = body.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise SpecError(field, f"must be a string, got {_type_name(value)}")
+    return value
+
+
+def _required(body: Mapping[str, Any], field: str) -> None:
+    if body.get(field) is None:
+        raise SpecError(field, "is required")
+
+
+# --- the validator --------------------------------------------------------------------------------
+
+
+def validate_spec(body: object, *, max_gpus_per_node: int = DEFAULT_MAX_GPUS_PER_NODE) -> JobSpec:
+    """Check a decoded submission body and return the ``JobSpec`` it describes, defaults filled in.
+
+    ``max_gpus_per_node`` bounds ``gpus_per_task`` (a task lands on one node) and sets its default.
+    Raises ``SpecError`` for the first problem found, checked in a fixed order so the same body always
+    names the same field.
+    """
+    if not isinstance(body, Mapping):
+        raise SpecError("body", f"must be a JSON object, got {_type_name(body)}")
+    unknown = sorted(str(k) for k in body if k not in KNOWN_FIELDS)
+    if unknown:
+        raise SpecError(unknown[0], f"unknown field{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}")
+    for field in REQUIRED_FIELDS:
+        _required(body, field)
+
+    name = _check_name(body)
+    team = _check_team(body)
+    gpus, gpus_per_task, ranks_per_task = _check_shape(body, max_gpus_per_node)
+    command = _check_command(body)
+    priority = _check_priority(body)
+    env = _check_env(body)
+    time_limit_s = _int(body, "time_limit_s")
+    if time_limit_s is not None and time_limit_s <= 0:
+        raise SpecError("time_limit_s", f"must be > 0 seconds, got {time_limit_s}")
+    gpu_type = _non_empty_optional(body, "gpu_type")
+    checkpoint_dir = _non_empty_optional(body, "checkpoint_dir")
+    topology_required, topology_preferred = _check_topology(body)
+    min_gpus, max_gpus, gpu_step = _check_elastic(body, gpus, gpus_per_task)
+    max_retries = _int(body, "max_retries")
+    if max_retries is None:
+        max_retries = 0
+    if not 0 <= max_retries <= MAX_RETRIES_LIMIT:
+        raise SpecError("max_retries", f"must be between 0 and {MAX_RETRIES_LIMIT}, got {max_retries}")
+
+    return JobSpec(
+        name=name,
+        team=team,
+        gpus=gpus,
+        gpus_per_task=gpus_per_task,
+        ranks_per_task=ranks_per_task,
+        command=command,
+        priority=priority,
+        env=env,
+        time_limit_s=time_limit_s,
+        gpu_type=gpu_type,
+        topology_required=topology_required,
+        topology_preferred=topology_preferred,
+        min_gpus=min_gpus,
+        max_gpus=max_gpus,
+        gpu_step=gpu_step,
+        checkpoint_dir=checkpoint_dir,
+        max_retries=max_retries,
+    )
+
+
+def _check_name(body: Mapping[str, Any]) -> str:
+    name = _str(body, "name")
+    assert name is not None
+    if not NAME_PATTERN.match(name):
+        raise SpecError(
+            "name",
+            f"{name!r} is not a valid job name: 1-63 characters, lowercase letters, digits, '.', '_' or '-', "
+            "starting and ending with a letter or digit",
+        )
+    return name
+
+
+def _check_team(body: Mapping[str, Any]) -> str:
+    team = _str(body, "team")
+    assert team is not None
+    if not TEAM_PATTERN.match(team):
+        raise SpecError(
+            "team",
+            f"{team!r} is not a valid team: 1-63 characters, lowercase letters, digits, '_' or '-', "
+            "starting and ending with a letter or digit",
+        )
+    return team
+
+
+def _check_shape(body: Mapping[str, Any], max_gpus_per_node: int) -> tuple[int, int, int]:
+    """gpus, gpus_per_task, ranks_per_task: the gang splits into equal tasks of equal ranks."""
+    gpus = _int(body, "gpus")
+    assert gpus is not None
+    if gpus < 1:
+        raise SpecError("gpus", f"must be >= 1, got {gpus}")
+
+    given_per_task = _int(body, "gpus_per_task")
+    gpus_per_task = given_per_task if given_per_task is not None else min(gpus, max_gpus_per_node)
+    if gpus_per_task < 1:
+        raise SpecError("gpus_per_task", f"must be >= 1, got {gpus_per_task}")
+    if gpus_per_task > max_gpus_per_node:
+        raise SpecError(
+            "gpus_per_task", f"must be <= {max_gpus_per_node} (GPUs per node), got {gpus_per_task}"
+        )
+    if gpus % gpus_per_task:
+        if given_per_task is None:
+            # The user never wrote gpus_per_task: say where the number came from and what would work.
+            options = [d for d in range(max_gpus_per_node, 0, -1) if gpus % d == 0][:3]
+            raise SpecError(
+                "gpus_per_task",
+                f"defaults to {gpus_per_task}, which does not divide gpus={gpus}; "
+                f"set it explicitly (e.g. {' or '.join(map(str, options))})",
+            )
+        raise SpecError("gpus_per_task", f"{gpus_per_task} does not divide gpus={gpus}")
+
+    given_ranks = _int(body, "ranks_per_task")
+    ranks_per_task = given_ranks if given_ranks is not None else gpus_per_task
+    if ranks_per_task < 1:
+        raise SpecError("ranks_per_task", f"must be >= 1, got {ranks_per_task}")
+    if gpus_per_task % ranks_per_task:
+        # Every rank of a task gets the same number of GPUs (launch.py slices them evenly).
+        raise SpecError("ranks_per_task", f"{ranks_per_task} does not divide gpus_per_task={gpus_per_task}")
+    return gpus, gpus_per_task, ranks_per_task
+
+
+def _check_command(body: Mapping[str, Any]) -> tuple[str, ...]:
+    command = body.get("command")
+    if not isinstance(command, list | tuple):
+        raise SpecError("command", f"must be an array of strings, got {_type_name(command)}")
+    if not command:
+        raise SpecError("command", "must not be empty")
+    for i, arg in enumerate(command):
+        if not isinstance(arg, str):
+            raise SpecError("command", f"element {i} must be a string, got {_type_name(arg)}")
+    if not command[0]:
+        raise SpecError("command", "the program (element 0) must not be empty")
+    return tuple(command)
+
+
+def _check_priority(body: Mapping[str, Any]) -> str:
+    priority = _str(body, "priority")
+    if priority is None:
+        return "training-standard"
+    if priority not in PRIORITY_CLASSES:
+        raise SpecError(
+            "priority", f"{priority!r} is not a priority class; one of {', '.join(PRIORITY_CLASSES)}"
+        )
+    return priority
+
+
+def _check_env(body: Mapping[str, Any]) -> dict[str, str]:
+    env = body.get("env")
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise SpecError("env", f"must be an object of strings, got {_type_name(env)}")
+    for key, value in env.items():
+        if not isinstance(key, str) or not ENV_NAME_PATTERN.match(key):
+            raise SpecError("env", f"{key!r} is not a valid environment variable name")
+        if not isinstance(value, str):
+            raise SpecError("env", f"value of {key} must be a string, got {_type_name(value)}")
+    return dict(env)
+
+
+def _non_empty_optional(body: Mapping[str, Any], field: str) -> str | None:
+    value = _str(body, field)
+    if value is not None and not value:
+        raise SpecError(field, "must not be empty (omit it instead)")
+    return value
+
+
+def _check_topology(body: Mapping[str, Any]) -> tuple[TopologyLevel | None, TopologyLevel | None]:
+    levels: dict[str, str | None] = {}
+    for field in ("topology_required", "topology_preferred"):
+        value = _str(body, field)
+        if value is not None and value not in TOPOLOGY_LEVELS:
+            raise SpecError(field, f"{value!r} is not a topology level; one of {', '.join(TOPOLOGY_LEVELS)}")
+        levels[field] = value
+    required, preferred = levels["topology_required"], levels["topology_preferred"]
+    if required is not None and preferred is not None and (
+        TOPOLOGY_LEVELS.index(preferred) > TOPOLOGY_LEVELS.index(required)
+    ):
+        raise SpecError(
+            "topology_preferred",
+            f"{preferred!r} is wider than topology_required={required!r}; a preference must be as narrow or "
+            "narrower than the requirement",
+        )
+    # Both were checked against TOPOLOGY_LEVELS above, which is TopologyLevel's own list.
+    return cast("TopologyLevel | None", required), cast("TopologyLevel | None", preferred)
+
+
+def _check_elastic(
+    body: Mapping[str, Any], gpus: int, gpus_per_task: int
+) -> tuple[int | None, int | None, int | None]:
+    """An elastic gang may run with min_gpus..max_gpus GPUs in steps of gpu_step; gpus is where it starts.
+
+    Every size it may take must still split into whole tasks, so the step and both bounds are multiples
+    of gpus_per_task. Omitted bounds default to gpus, the step to gpus_per_task.
+    """
+    min_gpus = _int(body, "min_gpus")
+    max_gpus = _int(body, "max_gpus")
+    gpu_step = _int(body, "gpu_step")
+    if min_gpus is None and max_gpus is None:
+        if gpu_step is not None:
+            raise SpecError("gpu_step", "only meaningful for an elastic job (set min_gpus or max_gpus)")
+        return None, None, None
+    lo = gpus if min_gpus is None else min_gpus
+    hi = gpus if max_gpus is None else max_gpus
+    step = gpus_per_task if gpu_step is None else gpu_step
+    if lo < 1:
+        raise SpecError("min_gpus", f"must be >= 1, got {lo}")
+    if lo > gpus:
+        raise SpecError("min_gpus", f"{lo} is more than gpus={gpus}")
+    if hi < gpus:
+        raise SpecError("max_gpus", f"{hi} is less than gpus={gpus}")
+    if step < 1:
+        raise SpecError("gpu_step", f"must be >= 1, got {step}")
+    if step % gpus_per_task:
+        raise SpecError("gpu_step", f"{step} is not a multiple of gpus_per_task={gpus_per_task}")
+    if lo % gpus_per_task:
+        raise SpecError("min_gpus", f"{lo} is not a multiple of gpus_per_task={gpus_per_task}")
+    if (gpus - lo) % step:
+        raise SpecError("gpu_step", f"gpus={gpus} is not reachable from min_gpus={lo} in steps of {step}")
+    if (hi - lo) % step:
+        raise SpecError("max_gpus", f"{hi} is not reachable from min_gpus={lo} in steps of {step}")
+    return lo, hi, step
+
+
+def check_fits_cluster(spec: JobSpec, total_gpus: int, max_gpus_per_node: int) -> None:
+    """Reject a job that could never run here, whatever else finishes: it would wait forever."""
+    smallest = spec.min_gpus if spec.min_gpus is not None else spec.gpus
+    if smallest > total_gpus:
+        field = "min_gpus" if spec.min_gpus is not None else "gpus"
+        raise SpecError(field, f"asks for {smallest} GPUs; the cluster has {total_gpus}")
+    if spec.gpus_per_task > max_gpus_per_node:
+        raise SpecError(
+            "gpus_per_task",
+            f"asks for {spec.gpus_per_task} GPUs per task; the largest node has {max_gpus_per_node}",
+        )
+
+
+# --- job ids --------------------------------------------------------------------------------------
+
+
+def check_idempotency_key(key: str) -> str:
+    if not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH:
+        raise SpecError("idempotency_key", f"must be 1-{MAX_IDEMPOTENCY_KEY_LENGTH} characters")
+    if not key.isprintable():
+        raise SpecError("idempotency_key", "must contain only printable characters")
+    return key
+
+
+def job_id_for(team: str, idempotency_key: str) -> str:
+    """The id a (team, key) pair always maps to, so a retried submission finds the job it created.
+
+    The team is part of the hash: two teams choosing the same key (say a CI build number) get two jobs.
+    48 bits of sha256 keep ids short for humans while collisions stay negligible at any realistic
+    number of jobs; the id is a valid subject token by construction.
+    """
+    check_idempotency_key(idempotency_key)
+    digest = hashlib.sha256(f"{team}\x00{idempotency_key}".encode()).hexdigest()
+    job_id = f"j-{digest[:12]}"
+    assert TOKEN_PATTERN.match(job_id)
+    return job_id
+
+
+def new_job_id() -> str:
+    """A random id for a submission without an idempotency key (a retry of it makes a second job)."""
+    return f"j-{secrets.token_hex(6)}"

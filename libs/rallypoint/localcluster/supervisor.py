@@ -1,0 +1,229 @@
+"""A whole Rallypoint cluster on one machine: real servers, every service its own OS process.
+
+Used by `rally up`, `rally demo` and the end-to-end tests, so what a newcomer runs is what the tests
+prove. Each child is a :class:`ManagedProcess`: its own process group and a parent-death signal, so an
+interrupted `rally up` leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+
+from rallypoint.infra import ManagedProcess, NatsServer, PostgresServer, free_port
+
+_log = logging.getLogger("rallypoint.localcluster")
+
+# Services every cluster runs once, in start order. The scheduler runs twice: one leader, one standby.
+SINGLETONS: tuple[str, ...] = (
+    "inventory",
+    "health-monitor",
+    "preemption",
+    "checkpoint",
+    "job-controller",
+    "projector",
+)
+SCHEDULERS = ("scheduler-1", "scheduler-2")
+
+
+class ClusterInfo(msgspec.Struct, kw_only=True):
+    """What `rally up` writes to .rally/cluster.json so other commands find the cluster."""
+
+    api_url: str
+    nats_url: str
+    postgres_dsn: str
+    workdir: str
+    pid: int
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        nodes: int = 4,
+        gpus_per_node: int = 8,
+        racks: int = 2,
+        nats_url: str | None = None,
+        postgres_dsn: str | None = None,
+        api_port: int | None = None,
+        with_projector: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        if nodes < 1 or gpus_per_node < 1 or racks < 1:
+            raise ValueError("nodes, gpus per node and racks must all be at least 1")
+        self.workdir = workdir.resolve()
+        self.nodes = nodes
+        self.gpus_per_node = gpus_per_node
+        self.racks = min(racks, nodes)
+        self._nats_url = nats_url
+        self._postgres_dsn = postgres_dsn
+        self.api_port = api_port or free_port()
+        self.with_projector = with_projector
+        self.env = dict(os.environ if env is None else env)
+        self.nats: NatsServer | None = None
+        self.postgres: PostgresServer | None = None
+        self.processes: dict[str, ManagedProcess] = {}
+        self._argv: dict[str, list[str]] = {}
+
+    # -- addresses --------------------------------------------------------------------------------
+
+    @property
+    def nats_url(self) -> str:
+        if self._nats_url is not None:
+            return self._nats_url
+        if self.nats is None:
+            raise RuntimeError("NATS is not started")
+        return self.nats.url
+
+    @property
+    def postgres_dsn(self) -> str:
+        if self._postgres_dsn is not None:
+            return self._postgres_dsn
+        if self.postgres is None:
+            raise RuntimeError("PostgreSQL is not started")
+        return self.postgres.dsn
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    def node_ids(self) -> list[str]:
+        return [f"node-{i + 1}" for i in range(self.nodes)]
+
+    def rack_of(self, index: int) -> str:
+        # Contiguous blocks, as racks are cabled: nodes 1-2 in rack-1, 3-4 in rack-2 for 4 nodes / 2 racks.
+        return f"rack-{index * self.racks // self.nodes + 1}"
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def start(self, *, timeout: float = 60.0) -> None:
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        if self._nats_url is None:
+            self.nats = NatsServer(self.workdir / "nats", server_name="rally-local").start()
+        if self.with_projector and self._postgres_dsn is None:
+            self.postgres = PostgresServer(self.workdir / "postgres").start()
+        self.start_service("api", "api", ["--http-host", "127.0.0.1", "--http-port", str(self.api_port)])
+        for name in SINGLETONS:
+            if name == "projector" and not self.with_projector:
+                continue
+            extra = ["--postgres-dsn", self.postgres_dsn] if name == "projector" else []
+            self.start_service(name, name, extra)
+        for instance in SCHEDULERS:
+            self.start_service(instance, "scheduler", ["--instance", instance])
+        for index, node_id in enumerate(self.node_ids()):
+            self.start_service(f"agent-{node_id}", "agent", self._agent_args(index, node_id))
+        self.wait_ready(timeout=timeout)
+
+    def _agent_args(self, index: int, node_id: str) -> list[str]:
+        return [
+            "--node-id", node_id,
+            "--rack", self.rack_of(index),
+            "--gpus", str(self.gpus_per_node),
+            "--backend", "sim",
+            "--address", "127.0.0.1",
+            "--work-dir", str(self.workdir / "agents" / node_id),
+        ]
+
+    def start_service(self, name: str, service: str, extra: Sequence[str] = ()) -> ManagedProcess:
+        argv = [sys.executable, "-m", "rallypoint.cli.serve", service, "--nats-url", self.nats_url,
+                *extra]
+        if service != "agent" and "--instance" not in extra:
+            argv += ["--instance", name]
+        self._argv[name] = argv
+        proc = ManagedProcess(argv, log_path=self.workdir / "logs" / f"{name}.log", env=self.env,
+                              cwd=self.workdir)
+        self.processes[name] = proc
+        return proc
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Kill one service abruptly, as a crash would (default kill -9)."""
+        proc = self.processes[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, sig)
+        with contextlib.suppress(Exception):
+            proc.popen.wait(10)
+
+    def restart(self, name: str) -> ManagedProcess:
+        old = self.processes.get(name)
+        if old is not None and old.running():
+            old.stop()
+        proc = ManagedProcess(self._argv[name], log_path=self.workdir / "logs" / f"{name}.log", env=self.env,
+                              cwd=self.workdir)
+        self.processes[name] = proc
+        return proc
+
+    def dead_services(self) -> list[str]:
+        return sorted(name for name, proc in self.processes.items() if not proc.running())
+
+    def wait_ready(self, *, timeout: float) -> None:
+        """Until the API answers and every node agent has registered."""
+        deadline = time.monotonic() + timeout
+        expected = set(self.node_ids())
+        last_error = ""
+        while time.monotonic() < deadline:
+            dead = self.dead_services()
+            if dead:
+                tails = "\n".join(f"--- {n}\n{self.processes[n].log_tail(1500)}" for n in dead)
+                raise RuntimeError(f"services died while starting: {', '.join(dead)}\n{tails}")
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/v1/nodes", timeout=2) as response:
+                    nodes = json.loads(response.read())
+                registered = {n["node_id"] for n in nodes.get("nodes", [])}
+                if expected <= registered:
+                    return
+                last_error = f"{len(registered & expected)}/{len(expected)} nodes registered"
+            except OSError as exc:
+                last_error = str(exc)
+            time.sleep(0.2)
+        raise TimeoutError(f"cluster not ready after {timeout:.0f} s: {last_error}")
+
+    def write_info(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        info = ClusterInfo(api_url=self.api_url, nats_url=self.nats_url,
+                           postgres_dsn=self.postgres_dsn if self.with_projector else "",
+                           workdir=str(self.workdir), pid=os.getpid())
+        path.write_bytes(msgspec.json.format(msgspec.json.encode(info)))
+
+    def stop(self) -> None:
+        """Agents first (they stop their ranks), then the services, then the servers."""
+        names = sorted(self.processes, key=lambda n: (not n.startswith("agent-"), n))
+        for name in names:
+            with contextlib.suppress(Exception):
+                self.processes[name].stop(timeout=10)
+        self._kill_leftover_ranks()
+        if self.postgres is not None:
+            with contextlib.suppress(Exception):
+                self.postgres.stop()
+        if self.nats is not None:
+            with contextlib.suppress(Exception):
+                self.nats.stop(remove_data=False)
+
+    def _kill_leftover_ranks(self) -> None:
+        """Ranks outlive their agent by design (an agent restart must not kill training); a cluster
+        shutdown must not leave them running, so sweep the process groups the agents recorded."""
+        from rallypoint.agent.launcher import sweep_rank_processes
+
+        for node_id in self.node_ids():
+            sweep_rank_processes(self.workdir / "agents" / node_id)
+
+    def __enter__(self) -> LocalCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,250 @@
+"""Pure part of the projector: turn the shared fold into table rows, batch by batch.
+
+Nothing here does I/O. ``ReadModel`` wraps the one ``ClusterState`` fold (it never re-implements a
+rule of it) and remembers which rows each event may have changed, so a batch writes only those rows.
+The rows themselves are functions of the fold's ``JobView`` / ``NodeView``, so a row written
+incrementally and a row written by a rebuild from zero are equal by construction.
+
+The one thing the fold does not keep is when a node row last changed (``NodeView`` has no sequence;
+a bind or release changes ``gpus_free`` through a job event), so ``ReadModel`` keeps that map beside
+the fold and saves it in the same snapshot.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+import msgspec
+
+from rallypoint.events import Event, event_type
+from rallypoint.state import ClusterState, JobView, NodeView
+
+JobRow = tuple[Any, ...]
+NodeRow = tuple[Any, ...]
+EventRow = tuple[Any, ...]
+
+_json = msgspec.json.Encoder()
+
+
+class RecordedLike(Protocol):
+    """What the projector needs of an ``eventlog.Recorded``; keeps this module free of NATS."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def subject(self) -> str: ...
+    @property
+    def event(self) -> Event: ...
+    @property
+    def envelope(self) -> Mapping[str, str]: ...
+
+
+def timestamp(seconds: float | None) -> dt.datetime | None:
+    """Event times are float epoch seconds; PostgreSQL keeps microseconds, so round there once."""
+    if seconds is None:
+        return None
+    return dt.datetime.fromtimestamp(round(seconds, 6), tz=dt.UTC)
+
+
+def job_row(job: JobView) -> JobRow:
+    """One ``jobs`` row, in ``schema.JOB_COLUMNS`` order."""
+    spec = job.spec
+    # dict.fromkeys keeps first-seen order: the node list reads in task order, each node once.
+    nodes = list(dict.fromkeys(p.node_id for p in job.placements))
+    placements = [{"task": p.task, "node_id": p.node_id, "gpus": list(p.gpus)} for p in job.placements]
+    return (
+        job.job_id,
+        spec.name,
+        spec.team,
+        spec.priority,
+        job.state,
+        spec.gpus,
+        spec.gpus_per_task,
+        job.attempt,
+        job.queue,
+        job.cancel_requested,
+        timestamp(job.submitted_at),
+        timestamp(job.bound_at),
+        timestamp(job.started_at),
+        timestamp(job.ended_at),
+        job.exit_code,
+        job.reason,
+        job.pending_code,
+        job.pending_message,
+        nodes,
+        placements,
+        job.last_seq,
+    )
+
+
+def node_row(node: NodeView, last_seq: int) -> NodeRow:
+    """One ``nodes`` row, in ``schema.NODE_COLUMNS`` order."""
+    return (
+        node.node_id,
+        node.address,
+        node.rack,
+        node.spine,
+        node.gpu_type,
+        node.gpu_count,
+        node.gpu_count - len(node.allocated),
+        node.status,
+        node.status_reason,
+        last_seq,
+    )
+
+
+def event_time(rec: RecordedLike) -> dt.datetime | None:
+    """The CloudEvents ``time`` of the envelope, else the event's own timestamp."""
+    raw = rec.envelope.get("time")
+    if raw:
+        try:
+            return dt.datetime.fromisoformat(raw)
+        except ValueError:
+            pass  # a malformed header must not stop the archive; fall back to the payload's time
+    at = getattr(rec.event, "at", None)
+    if at is None:
+        at = getattr(rec.event, "submitted_at", None)
+    return timestamp(at) if isinstance(at, int | float) else None
+
+
+def event_row(rec: RecordedLike) -> EventRow:
+    """One ``events`` archive row, in ``schema.EVENT_COLUMNS`` order; JSON is pre-encoded text."""
+    return (
+        rec.seq,
+        rec.subject,
+        event_type(rec.event),
+        event_time(rec),
+        _json.encode(rec.event).decode(),
+        _json.encode(dict(rec.envelope)).decode(),
+    )
+
+
+class Batch(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything one transaction writes: the archive rows, the changed view rows, the new position."""
+
+    first_seq: int
+    last_seq: int
+    events: list[EventRow]
+    jobs: list[JobRow]
+    nodes: list[NodeRow]
+
+
+class _Snapshot(msgspec.Struct, kw_only=True):
+    state: ClusterState
+    node_seq: dict[str, int]
+
+
+class ReadModel:
+    """The shared fold plus what a projection needs to write only the rows a batch changed."""
+
+    def __init__(self, state: ClusterState | None = None, node_seq: dict[str, int] | None = None) -> None:
+        self.state = state if state is not None else ClusterState()
+        # node id -> sequence of the last event that changed the node's row.
+        self.node_seq: dict[str, int] = node_seq if node_seq is not None else {}
+
+    @property
+    def position(self) -> int:
+        return self.state.last_seq
+
+    # -- folding ---------------------------------------------------------------------------
+
+    def apply(self, seq: int, event: Event) -> tuple[set[str], set[str]]:
+        """Fold one event; return the (job ids, node ids) whose rows may have changed."""
+        state = self.state
+        job_id: str | None = getattr(event, "job_id", None)
+        node_id: str | None = getattr(event, "node_id", None)
+        # Candidates are read before the fold runs: a release or rebind changes a job's placements,
+        # and the nodes it leaves need their gpus_free rewritten as much as the nodes it lands on.
+        jobs: set[str] = set()
+        nodes: set[str] = set()
+        if job_id is not None:
+            jobs.add(job_id)
+            nodes.update(self._job_nodes(job_id))
+        if node_id is not None:
+            nodes.add(node_id)
+            if job_id is None:
+                # A node event may one day change the jobs placed on it (a lost node failing its
+                # gangs); watching them costs little and keeps the rows right if the fold does so.
+                jobs.update(self._node_jobs(node_id))
+        before_nodes = {n: self._node_key(n) for n in nodes}
+        before_jobs = {j: self._job_key(j) for j in jobs if j != job_id}
+
+        state.apply(seq, event)
+
+        if job_id is not None:
+            nodes.update(self._job_nodes(job_id))
+        changed_nodes: set[str] = set()
+        for n in nodes:
+            if self._node_key(n) != before_nodes.get(n):
+                self.node_seq[n] = seq
+                changed_nodes.add(n)
+        # The named job's row always carries the fold's new last_seq; other jobs only if they changed.
+        changed_jobs = {job_id} if job_id is not None and job_id in state.jobs else set()
+        changed_jobs.update(j for j, key in before_jobs.items() if self._job_key(j) != key)
+        return changed_jobs, changed_nodes
+
+    def fold(self, records: Iterable[RecordedLike]) -> Batch | None:
+        """Apply a batch; records at or below the current position are skipped (redeliveries)."""
+        touched_jobs: set[str] = set()
+        touched_nodes: set[str] = set()
+        events: list[EventRow] = []
+        first = 0
+        for rec in records:
+            if rec.seq <= self.position:
+                continue
+            first = first or rec.seq
+            jobs, nodes = self.apply(rec.seq, rec.event)
+            touched_jobs |= jobs
+            touched_nodes |= nodes
+            events.append(event_row(rec))
+        if not events:
+            return None
+        return Batch(
+            first_seq=first,
+            last_seq=self.position,
+            events=events,
+            # Sorted keys: rows are locked in a fixed order, so two writers can never deadlock.
+            jobs=[job_row(self.state.jobs[j]) for j in sorted(touched_jobs)],
+            nodes=[self.node_row(n) for n in sorted(touched_nodes) if n in self.state.nodes],
+        )
+
+    # -- rows ------------------------------------------------------------------------------
+
+    def node_row(self, node_id: str) -> NodeRow:
+        return node_row(self.state.nodes[node_id], self.node_seq.get(node_id, 0))
+
+    def all_job_rows(self) -> list[JobRow]:
+        return [job_row(self.state.jobs[j]) for j in sorted(self.state.jobs)]
+
+    def all_node_rows(self) -> list[NodeRow]:
+        return [self.node_row(n) for n in sorted(self.state.nodes)]
+
+    # -- snapshots -------------------------------------------------------------------------
+
+    def encode(self) -> bytes:
+        return msgspec.msgpack.encode(_Snapshot(state=self.state, node_seq=self.node_seq))
+
+    @classmethod
+    def decode(cls, data: bytes) -> ReadModel:
+        snap = msgspec.msgpack.decode(data, type=_Snapshot)
+        return cls(snap.state, snap.node_seq)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _job_nodes(self, job_id: str) -> set[str]:
+        job = self.state.jobs.get(job_id)
+        return {p.node_id for p in job.placements} if job is not None else set()
+
+    def _node_jobs(self, node_id: str) -> set[str]:
+        node = self.state.nodes.get(node_id)
+        return set(node.allocated.values()) if node is not None else set()
+
+    def _node_key(self, node_id: str) -> NodeRow | None:
+        node = self.state.nodes.get(node_id)
+        return node_row(node, 0) if node is not None else None
+
+    def _job_key(self, job_id: str) -> JobRow | None:
+        job = self.state.jobs.get(job_id)
+        return job_row(job) if job is not None else None

@@ -1,0 +1,135 @@
+"""The PostgreSQL schema of the read models and the audit archive, as idempotent migrations.
+
+Every statement is safe to run again (``IF NOT EXISTS``), so a projector applies the whole list at each
+start and two projectors starting together cannot break each other. A change to an existing table is a
+new statement appended to ``MIGRATIONS`` (``ALTER TABLE ... ADD COLUMN IF NOT EXISTS``), never an edit of
+an old one, so a database created by any earlier version converges to the same shape.
+
+Column lists live here too: the row builders (``rows.py``) and the writer (``store.py``) both read them,
+so a column cannot be added to one and forgotten in the other.
+"""
+
+from __future__ import annotations
+
+SCHEMA = "rally"
+
+# Order matters: the writer builds its INSERTs from these and the row builders return tuples in it.
+JOB_COLUMNS: tuple[str, ...] = (
+    "job_id",
+    "name",
+    "team",
+    "priority",
+    "state",
+    "gpus",
+    "gpus_per_task",
+    "attempt",
+    "queue",
+    "cancel_requested",
+    "submitted_at",
+    "bound_at",
+    "started_at",
+    "ended_at",
+    "exit_code",
+    "reason",
+    "pending_code",
+    "pending_message",
+    "nodes",
+    "placements",
+    "last_seq",
+)
+
+NODE_COLUMNS: tuple[str, ...] = (
+    "node_id",
+    "address",
+    "rack",
+    "spine",
+    "gpu_type",
+    "gpus",
+    "gpus_free",
+    "status",
+    "status_reason",
+    "last_seq",
+)
+
+EVENT_COLUMNS: tuple[str, ...] = ("seq", "subject", "type", "time", "data", "envelope")
+
+MIGRATIONS: tuple[str, ...] = (
+    f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}",
+    # The audit archive: one row per log entry, keyed by stream sequence so a redelivered event
+    # cannot appear twice (the writer inserts ON CONFLICT DO NOTHING as a second line of defence).
+    f"""
+    CREATE TABLE IF NOT EXISTS {SCHEMA}.events (
+        seq       bigint      PRIMARY KEY,
+        subject   text        NOT NULL,
+        type      text        NOT NULL,
+        time      timestamptz,
+        data      jsonb       NOT NULL,
+        envelope  jsonb       NOT NULL DEFAULT '{{}}'::jsonb
+    )
+    """,
+    f"CREATE INDEX IF NOT EXISTS events_subject_seq ON {SCHEMA}.events (subject, seq)",
+    f"CREATE INDEX IF NOT EXISTS events_type_time ON {SCHEMA}.events (type, time)",
+    f"""
+    CREATE TABLE IF NOT EXISTS {SCHEMA}.jobs (
+        job_id           text        PRIMARY KEY,
+        name             text        NOT NULL,
+        team             text        NOT NULL,
+        priority         text        NOT NULL,
+        state            text        NOT NULL,
+        gpus             integer     NOT NULL,
+        gpus_per_task    integer     NOT NULL,
+        attempt          integer     NOT NULL,
+        queue            text,
+        cancel_requested boolean     NOT NULL DEFAULT false,
+        submitted_at     timestamptz NOT NULL,
+        bound_at         timestamptz,
+        started_at       timestamptz,
+        ended_at         timestamptz,
+        exit_code        integer,
+        reason           text        NOT NULL DEFAULT '',
+        pending_code     text        NOT NULL DEFAULT '',
+        pending_message  text        NOT NULL DEFAULT '',
+        nodes            text[]      NOT NULL DEFAULT '{{}}',
+        placements       jsonb       NOT NULL DEFAULT '[]'::jsonb,
+        last_seq         bigint      NOT NULL
+    )
+    """,
+    # The questions people ask of the jobs table: "what is team X running / waiting for".
+    f"CREATE INDEX IF NOT EXISTS jobs_team_state ON {SCHEMA}.jobs (team, state)",
+    f"CREATE INDEX IF NOT EXISTS jobs_state ON {SCHEMA}.jobs (state)",
+    f"""
+    CREATE TABLE IF NOT EXISTS {SCHEMA}.nodes (
+        node_id        text    PRIMARY KEY,
+        address        text    NOT NULL DEFAULT '',
+        rack           text    NOT NULL,
+        spine          text    NOT NULL,
+        gpu_type       text    NOT NULL,
+        gpus           integer NOT NULL,
+        gpus_free      integer NOT NULL,
+        status         text    NOT NULL,
+        status_reason  text    NOT NULL DEFAULT '',
+        last_seq       bigint  NOT NULL
+    )
+    """,
+    f"CREATE INDEX IF NOT EXISTS nodes_rack ON {SCHEMA}.nodes (rack)",
+    # The applied stream sequence, written in the same transaction as the views (exactly-once effect).
+    f"""
+    CREATE TABLE IF NOT EXISTS {SCHEMA}.projection_position (
+        name  text   PRIMARY KEY,
+        seq   bigint NOT NULL
+    )
+    """,
+    # The in-memory fold at some position, so a restart need not replay the whole log. Written in the
+    # same transaction as the position it belongs to, so it is never ahead of the views.
+    f"""
+    CREATE TABLE IF NOT EXISTS {SCHEMA}.projection_snapshot (
+        name   text   PRIMARY KEY,
+        seq    bigint NOT NULL,
+        state  bytea  NOT NULL
+    )
+    """,
+)
+
+# Tables a rebuild empties. The archive is listed separately because an operator may keep it.
+VIEW_TABLES: tuple[str, ...] = (f"{SCHEMA}.jobs", f"{SCHEMA}.nodes")
+ARCHIVE_TABLE = f"{SCHEMA}.events"

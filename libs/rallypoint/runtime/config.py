@@ -1,0 +1,53 @@
+"""What every service is told on its command line (or environment)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from dataclasses import dataclass
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+
+def _default_instance() -> str:
+    # Unique per process on a host; in Kubernetes the pod name arrives through RALLY_INSTANCE.
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    service: str  # dashed name, as on the command line: "health-monitor"
+    nats_url: str = DEFAULT_NATS_URL
+    instance: str = ""
+    log_level: str = "INFO"
+    log_format: str = "json"  # "json": one JSON object per line; "text": one human line per record
+
+    def __post_init__(self) -> None:
+        if not self.instance:
+            object.__setattr__(self, "instance", _default_instance())
+
+    @classmethod
+    def from_args(cls, service: str, args: argparse.Namespace) -> ServiceConfig:
+        return cls(service=service, nats_url=args.nats_url, instance=args.instance or "",
+                   log_level=args.log_level, log_format=args.log_format)
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options every service shares; defaults come from RALLY_* environment variables."""
+    env = os.environ
+    parser.add_argument("--nats-url", default=env.get("RALLY_NATS_URL", DEFAULT_NATS_URL),
+                        help="NATS server URL(s), comma separated (env RALLY_NATS_URL)")
+    parser.add_argument("--instance", default=env.get("RALLY_INSTANCE", ""),
+                        help="instance id of this replica (env RALLY_INSTANCE; default host-pid)")
+    parser.add_argument("--log-level", default=env.get("RALLY_LOG_LEVEL", "INFO"),
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
+                        help="log level (env RALLY_LOG_LEVEL)")
+    parser.add_argument("--log-format", default=env.get("RALLY_LOG_FORMAT", "json"), choices=["json", "text"],
+                        help="log line format (env RALLY_LOG_FORMAT)")
+    return parser
+
+
+def nats_servers(url: str) -> list[str]:
+    """``--nats-url`` accepts a comma-separated list (a cluster's seed servers)."""
+    return [part.strip() for part in url.split(",") if part.strip()]

@@ -1,0 +1,50 @@
+"""A ClusterState kept at the log's tip: the live view every stateful service shell holds."""
+
+from __future__ import annotations
+
+import asyncio
+
+from rallypoint.eventlog import EventLog, SnapshotStore
+from rallypoint.state import ClusterState
+
+
+class Follower:
+    """Keeps a ClusterState folded up to the log's tip; wakes waiters on every event."""
+
+    def __init__(self, log: EventLog) -> None:
+        self.log = log
+        self.state = ClusterState()
+        self.changed = asyncio.Event()
+        self._advanced = asyncio.Condition()
+
+    async def catch_up(self) -> None:
+        async for rec in self.log.replay(from_seq=self.state.last_seq + 1):
+            self.state.apply(rec.seq, rec.event)
+
+    async def run(self) -> None:
+        async for rec in self.log.follow(from_seq=self.state.last_seq + 1):
+            self.state.apply(rec.seq, rec.event)
+            self.changed.set()
+            async with self._advanced:
+                self._advanced.notify_all()
+
+    async def wait_for(self, seq: int, timeout: float = 10.0) -> None:
+        """Until the fold has applied ``seq`` (our own append, say)."""
+        async with self._advanced:
+            await asyncio.wait_for(self._advanced.wait_for(lambda: self.state.last_seq >= seq), timeout)
+
+    async def restore(self, store: SnapshotStore, name: str) -> bool:
+        """Start from the newest snapshot, if any; the tail of the log is replayed after it."""
+        found = await store.load(name)
+        if found is None:
+            return False
+        seq, payload = found
+        state = ClusterState.decode(payload)
+        if state.last_seq != seq:
+            return False
+        self.state = state
+        return True
+
+    async def save(self, store: SnapshotStore, name: str) -> int:
+        await store.save(name, self.state.last_seq, self.state.encode())
+        return self.state.last_seq

@@ -1,0 +1,167 @@
+"""Between the log's world and the core's: ClusterState -> Snapshot, Decisions -> events. Pure.
+
+The scheduler service, `rally replay --decisions` and the tests all go through these two functions, so a
+decision recomputed from the log sees exactly the snapshot the live scheduler saw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+from rallypoint.core.cluster import ClusterModel
+from rallypoint.core.types import (
+    DEFAULT_PRIORITY_CLASSES,
+    Decisions,
+    Node,
+    PendingJob,
+    PriorityClass,
+    Queue,
+    RunningJob,
+    Snapshot,
+)
+from rallypoint.events import Event, GangBound, JobPending, subjects
+from rallypoint.state import ClusterState, JobView, NodeView
+
+
+class Write(msgspec.Struct, frozen=True, kw_only=True):
+    """One append the scheduler must make: on the fenced ``rally.sched.>`` tree."""
+
+    subject: str
+    event: Event
+    msg_id: str
+
+
+def node_of(view: NodeView) -> Node:
+    domains: dict[int, list[int]] = {}
+    for gpu in view.gpus:
+        domains.setdefault(gpu.nvlink_domain, []).append(gpu.index)
+    return Node(
+        id=view.node_id,
+        rack=view.rack,
+        spine=view.spine,
+        gpu_type=view.gpu_type,
+        gpus=len(view.gpus),
+        nvlink_domains=tuple(tuple(sorted(g)) for _, g in sorted(domains.items())),
+        cpu_milli=view.cpu_milli,
+        memory_mib=view.memory_mib,
+        schedulable=view.schedulable,
+    )
+
+
+def running_of(job: JobView) -> RunningJob:
+    start = job.started_at if job.started_at is not None else (job.bound_at or job.submitted_at)
+    limit = job.spec.time_limit_s
+    return RunningJob(
+        id=job.job_id,
+        team=job.spec.team,
+        priority_class=job.spec.priority,
+        gpus=sum(len(p.gpus) for p in job.placements),
+        gpu_type=job.spec.gpu_type,
+        placements=job.placements,
+        start_time=start,
+        expected_end=start + limit if limit is not None else None,
+        min_gpus=job.spec.min_gpus,
+        max_gpus=job.spec.max_gpus,
+        gpu_step=job.spec.gpu_step,
+        gpus_per_task=job.spec.gpus_per_task,
+        submit_time=job.submitted_at,
+    )
+
+
+def pending_of(job: JobView) -> PendingJob:
+    spec = job.spec
+    return PendingJob(
+        id=job.job_id,
+        team=spec.team,
+        priority_class=spec.priority,
+        gpus=spec.gpus,
+        gpus_per_task=spec.gpus_per_task,
+        submit_time=job.submitted_at,
+        arrival=job.submitted_seq,
+        time_limit_s=float(spec.time_limit_s) if spec.time_limit_s is not None else None,
+        gpu_type=spec.gpu_type,
+        topology_required=spec.topology_required,
+        topology_preferred=spec.topology_preferred,
+        min_gpus=spec.min_gpus,
+        max_gpus=spec.max_gpus,
+        gpu_step=spec.gpu_step,
+        name=spec.name,
+    )
+
+
+def build_snapshot(
+    state: ClusterState,
+    now: float,
+    *,
+    queues: Sequence[Queue] = (),
+    priority_classes: Sequence[PriorityClass] = DEFAULT_PRIORITY_CLASSES,
+) -> Snapshot:
+    model = ClusterModel(node_of(state.nodes[k]) for k in sorted(state.nodes))
+    for job in state.active_jobs():
+        model.bind(running_of(job))
+    return Snapshot(
+        now=now,
+        cluster=model,
+        pending=tuple(pending_of(j) for j in state.pending_jobs()),
+        queues=tuple(queues),
+        priority_classes=tuple(priority_classes),
+    )
+
+
+def decision_writes(
+    decisions: Decisions,
+    state: ClusterState,
+    *,
+    epoch: int,
+    policy_version: str,
+    at: float,
+) -> list[Write]:
+    """The appends that carry out ``decisions``: binds first (they matter), then changed pending codes.
+
+    Message ids name the epoch: a retry by the same leader is deduplicated, but two leaders' decisions
+    for the same job never are (the server would otherwise answer the loser "already stored").
+
+    A pending reason is logged only when its code changes, so a queue of thousands of jobs does not write
+    thousands of events per cycle; the message with the current numbers rides along with each change.
+    """
+    writes: list[Write] = []
+    for bind in decisions.binds:
+        job = state.jobs[bind.job_id]
+        attempt = job.attempt + 1
+        event = GangBound(
+            job_id=bind.job_id,
+            attempt=attempt,
+            epoch=epoch,
+            placements=bind.placements,
+            computed_at_seq=state.last_seq,
+            policy_version=policy_version,
+            now=decisions.now,
+            at=at,
+        )
+        writes.append(Write(subject=subjects.bind(bind.job_id), event=event,
+                            msg_id=f"{bind.job_id}:{attempt}:GangBound:e{epoch}"))
+    for reason in decisions.pending:
+        job = state.jobs.get(reason.job_id)
+        if job is None or job.pending_code == reason.code:
+            continue
+        event = JobPending(
+            job_id=reason.job_id,
+            code=reason.code,
+            message=reason.message,
+            epoch=epoch,
+            computed_at_seq=state.last_seq,
+            at=at,
+        )
+        writes.append(Write(subject=subjects.pending(reason.job_id), event=event,
+                            msg_id=f"{reason.job_id}:{job.attempt}:JobPending:{state.last_seq}:{reason.code}"))
+    return writes
+
+
+def jobs_that_can_never_fit(state: ClusterState) -> Iterable[JobView]:
+    """Pending jobs larger than every registered GPU together: rejected rather than left to wait forever."""
+    total = state.total_gpus()
+    if total == 0:
+        return []
+    return [j for j in state.pending_jobs() if j.spec.gpus > total]

@@ -1,0 +1,42 @@
+"""A configured scheduling policy, as the scheduler service and the audit tool use it."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import msgspec
+
+import rallypoint
+from rallypoint.core import policy_by_name, schedule
+from rallypoint.core.types import DEFAULT_PRIORITY_CLASSES, Decisions, PriorityClass, Queue
+from rallypoint.state import ClusterState
+
+from .bridge import build_snapshot
+
+
+class SchedulingPolicy:
+    """The core's policy ``name`` plus the queue configuration; ``version`` names both exactly.
+
+    The version goes into every decision event, so an audit knows which code and which configuration
+    produced a bind, and can refuse to compare decisions made under a different one.
+    """
+
+    def __init__(
+        self,
+        name: str = "rallypoint",
+        *,
+        queues: Sequence[Queue] = (),
+        priority_classes: Sequence[PriorityClass] = DEFAULT_PRIORITY_CLASSES,
+    ) -> None:
+        self.name = name
+        self.policy = policy_by_name(name)
+        self.queues = tuple(queues)
+        self.priority_classes = tuple(priority_classes)
+        config = msgspec.json.encode([self.queues, self.priority_classes])
+        digest = hashlib.sha256(config).hexdigest()[:12]
+        self.version = f"{name}@{rallypoint.__version__}+{digest}"
+
+    def decide(self, state: ClusterState, now: float) -> Decisions:
+        snapshot = build_snapshot(state, now, queues=self.queues, priority_classes=self.priority_classes)
+        return schedule(snapshot, self.policy)

@@ -1,0 +1,463 @@
+"""The event-driven simulation loop around the real scheduling core.
+
+The loop owns time, job progress, faults and measurement; every decision (which job, where, whom to preempt,
+how to resize) comes from ``rallypoint.core.schedule`` with the policy the user named. Nothing here orders or
+places jobs.
+
+At each instant, in this order (the golden peers' rule): jobs ending now free their GPUs, failed nodes come
+back, nodes fail (their jobs lose work back to their last checkpoint and wait again), jobs submitted now join
+the queue, then the core runs once over the whole instant (again, at the same instant, after preemptions, so
+freed GPUs are reused in the same second).
+
+Costs modelled:
+
+- preemption: the victim checkpoints and stops at once; when it starts again it first spends the cluster's
+  ``faults.checkpoint_overhead`` seconds saving/restoring state (counted as lost GPU time);
+- node failure: every job with a task on the node stops, keeps the progress of its last checkpoint (every
+  ``checkpoint_interval`` seconds of running; none without one) and waits again, paying the overhead to restore;
+- elastic resize: a checkpoint-restart at the new size (pays the overhead); speed is proportional to GPUs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from rallypoint.core import types as ct
+from rallypoint.core.cluster import ClusterModel
+
+from .cluster import Cluster
+from .metrics import JobRecord, Recorder, summarize
+from .queues import Queues
+from .workload import Job
+
+# event kinds, in the order they are applied within one instant
+END, REPAIR, FAIL, SUBMIT, TICK = 0, 1, 2, 3, 4
+
+Scheduler = Callable[[ct.Snapshot, Any], ct.Decisions]
+
+
+class SimError(RuntimeError):
+    """The core returned a decision the simulator cannot apply (a core bug, reported with context)."""
+
+
+def core_api() -> tuple[Scheduler, Callable[[str], Any]]:
+    """``(schedule, policy_by_name)`` from the core; imported late so a core in progress does not break us."""
+    from rallypoint import core
+
+    return core.schedule, core.policy_by_name
+
+
+def policy_names() -> tuple[str, ...]:
+    return ("fifo", "easy-backfill", "las", "rallypoint")
+
+
+@dataclass
+class SimOptions:
+    seed: int = 0
+    # Re-run the core every ``tick`` seconds while jobs wait, even without events: LAS-style policies change
+    # their mind as running jobs accrue service. None picks 0 for fifo/easy-backfill and 60 s otherwise.
+    tick: float | None = None
+    until: float | None = None  # stop the clock here (jobs not finished are not in the records)
+    max_cycles_per_instant: int = 4
+
+
+class _SimJob:
+    """Mutable progress of one job. ``remaining`` is in seconds at the full (requested) allocation."""
+
+    __slots__ = ("alloc", "attained", "attempt", "ckpt_interval", "first_start", "job", "last_preempted",
+                 "lost_gpu_s", "nodes", "overhead_due", "placed_type", "pclass", "pending", "preemptions", "failures",
+                 "progress0", "racks", "rate", "remaining", "run_start", "run_time", "seg_start", "seq")
+
+    def __init__(self, job: Job, seq: int, pclass: str) -> None:
+        self.job = job
+        self.seq = seq
+        self.pclass = pclass
+        self.remaining = job.duration
+        self.progress0 = 0.0
+        self.attempt = 0
+        self.first_start: float | None = None
+        self.seg_start = 0.0
+        self.run_start = 0.0
+        self.rate = 1.0
+        self.alloc = 0
+        self.run_time = 0.0
+        self.preemptions = 0
+        self.failures = 0
+        self.lost_gpu_s = 0.0
+        self.attained = 0.0  # GPU-seconds attained before the current segment
+        self.last_preempted: float | None = None
+        self.overhead_due = 0.0
+        self.ckpt_interval = job.checkpoint_interval
+        self.nodes = 0
+        self.racks = 0
+        self.placed_type: str | None = None
+        self.pending: ct.PendingJob | None = None
+
+
+def to_core_nodes(cluster: Cluster) -> list[ct.Node]:
+    out = []
+    for n in cluster.nodes:
+        doms: tuple[tuple[int, ...], ...] = ()
+        if n.nvlink_domain and n.nvlink_domain < n.gpus:
+            d = n.nvlink_domain
+            doms = tuple(tuple(range(i, min(i + d, n.gpus))) for i in range(0, n.gpus, d))
+        out.append(ct.Node(id=n.id, rack=n.rack, spine=n.spine, gpu_type=n.gpu_type, gpus=n.gpus, nvlink_domains=doms,
+                           cpu_milli=n.cpu, memory_mib=n.memory))
+    return out
+
+
+def to_core_queues(q: Queues | None) -> tuple[tuple[ct.Queue, ...], tuple[ct.PriorityClass, ...]]:
+    if q is None:
+        return (), ct.DEFAULT_PRIORITY_CLASSES
+    queues = tuple(
+        ct.Queue(name=t.name, cohort=t.cohort, weight=t.weight,
+                 quotas=(ct.Quota(nominal=t.nominal, borrowing_limit=t.borrowing_limit,
+                                  lending_limit=t.lending_limit),))
+        for t in q.teams
+    )
+    classes = (tuple(ct.PriorityClass(name=c.name, value=c.value, preemptible=c.preemptible)
+                     for c in q.priority_classes) if q.priority_classes else ct.DEFAULT_PRIORITY_CLASSES)
+    return queues, classes
+
+
+@dataclass
+class SimResult:
+    records: list[JobRecord]
+    summary: dict[str, Any]
+    recorder: Recorder
+    cycles: int = 0
+    unfinished: list[str] = field(default_factory=list)
+
+
+class Simulator:
+    def __init__(self, jobs: Sequence[Job], cluster: Cluster, policy: str, queues: Queues | None = None,
+                 options: SimOptions | None = None, scheduler: Scheduler | None = None,
+                 policy_obj: Any = None) -> None:
+        self.opts = options or SimOptions()
+        self.cluster = cluster
+        self.policy_name = policy
+        sched, by_name = core_api() if scheduler is None else (scheduler, None)
+        self.schedule = sched
+        self.policy = policy_obj if policy_obj is not None else (by_name(policy) if by_name else policy)
+        self.queues_cfg = queues
+        self.core_queues, self.core_classes = to_core_queues(queues)
+        self.preemptible_class = {c.name: c.preemptible for c in self.core_classes}
+        default_class = queues.default_priority if queues else "training-standard"
+        self.model = ClusterModel(to_core_nodes(cluster))
+        self.node_gpus = {n.id: n.gpus for n in cluster.nodes}
+        self.node_rack = {n.id: n.rack for n in cluster.nodes}
+        self.node_type = {n.id: n.gpu_type for n in cluster.nodes}
+        cap: Counter[str] = Counter()
+        for n in cluster.nodes:
+            cap[n.gpu_type] += n.gpus
+        self.type_capacity = cap
+        self.jobs: dict[str, _SimJob] = {}
+        order = sorted(range(len(jobs)), key=lambda i: (jobs[i].submit, i))
+        for seq, i in enumerate(order):
+            j = jobs[i]
+            self.jobs[j.id] = _SimJob(j, seq, j.priority or default_class)
+        self.rng = random.Random(self.opts.seed)
+        self.heap: list[tuple[float, int, int, str, int]] = []
+        self._ctr = 0
+        self.pending: dict[str, _SimJob] = {}
+        self.running: dict[str, _SimJob] = {}
+        self.on_node: dict[str, set[str]] = {n.id: set() for n in cluster.nodes}
+        self.down: set[str] = set()
+        self.healthy_gpus = cluster.total_gpus
+        self.allocated = 0
+        self.elastic_running = 0
+        self.pending_gpus = 0
+        self.team_alloc: Counter[str] = Counter()
+        self.team_pending_sizes: dict[str, Counter[int]] = {}
+        self.records: list[JobRecord] = []
+        self.cycles = 0
+        tick = self.opts.tick
+        self.tick = tick if tick is not None else (0.0 if policy in ("fifo", "easy-backfill") else 60.0)
+        self._tick_at: float | None = None
+        nominal = {t.name: t.nominal for t in queues.teams} if queues else {}
+        horizon = max((j.submit for j in jobs), default=0.0) + max((j.duration for j in jobs), default=1.0)
+        self.rec = Recorder(total_gpus=cluster.total_gpus, nominal=nominal, horizon=horizon)
+
+    # --- events ----------------------------------------------------------------------------------
+
+    def _push(self, t: float, kind: int, key: str, version: int = 0) -> None:
+        self._ctr += 1
+        heapq.heappush(self.heap, (t, kind, self._ctr, key, version))
+
+    def _seed_events(self) -> None:
+        for sj in self.jobs.values():
+            self._push(sj.job.submit, SUBMIT, sj.job.id)
+        mtbf = self.cluster.faults.node_mtbf
+        if mtbf:
+            for n in self.cluster.nodes:
+                self._push(self.rng.expovariate(1.0 / mtbf), FAIL, n.id)
+        for i, ev in enumerate(self.cluster.faults.events):
+            self._push(ev.at, FAIL, ev.node, -1 - i)  # negative version: scripted, see _on_fail
+
+    # --- pending bookkeeping ---------------------------------------------------------------------
+
+    def _make_pending(self, sj: _SimJob, now: float) -> ct.PendingJob:
+        j = sj.job
+        done = j.duration - sj.remaining
+        tl = None if j.time_limit is None else max(1.0, j.time_limit - done) + sj.overhead_due
+        return ct.PendingJob(
+            id=j.id, team=j.team, priority_class=sj.pclass, gpus=j.gpus, gpus_per_task=j.task_gpus,
+            submit_time=j.submit, arrival=sj.seq, time_limit_s=tl, gpu_type=self._core_gpu_type(j),
+            min_gpus=j.min_gpus, max_gpus=j.max_gpus, gpu_step=j.gpu_step, attained_gpu_s=sj.attained,
+            last_preempted_at=sj.last_preempted, last_run_s=sj.run_time,
+        )
+
+    def _core_gpu_type(self, j: Job) -> str | None:
+        """The core takes one GPU type per job. A job allowing several ("A|B") is narrowed to the allowed
+        type the cluster has most GPUs of: stricter than asked, never violating it (see
+        docs/sim-needs-from-core.md)."""
+        types = j.gpu_types
+        if len(types) <= 1:
+            return types[0] if types else None
+        return max(types, key=lambda t: (self.type_capacity.get(t, 0), t))
+
+    def _enqueue(self, sj: _SimJob, now: float) -> None:
+        sj.pending = self._make_pending(sj, now)
+        self.pending[sj.job.id] = sj
+        self.team_pending_sizes.setdefault(sj.job.team, Counter())[sj.job.gpus] += 1
+        self.pending_gpus += sj.job.gpus
+
+    def _dequeue(self, sj: _SimJob) -> None:
+        del self.pending[sj.job.id]
+        sj.pending = None
+        self.pending_gpus -= sj.job.gpus
+        c = self.team_pending_sizes[sj.job.team]
+        c[sj.job.gpus] -= 1
+        if not c[sj.job.gpus]:
+            del c[sj.job.gpus]
+
+    # --- running bookkeeping ---------------------------------------------------------------------
+
+    def _start(self, sj: _SimJob, now: float, gpus: int, placements: tuple[ct.TaskPlacement, ...]) -> None:
+        j = sj.job
+        sj.attempt += 1
+        sj.alloc = gpus
+        sj.rate = gpus / j.gpus
+        sj.seg_start = now
+        sj.run_start = now + sj.overhead_due
+        sj.lost_gpu_s += sj.overhead_due * gpus
+        sj.overhead_due = 0.0
+        sj.progress0 = j.duration - sj.remaining
+        node_ids = {p.node_id for p in placements}
+        if sj.first_start is None:
+            sj.first_start = now
+            sj.nodes = len(node_ids)
+            sj.racks = len({self.node_rack[n] for n in node_ids})
+            sj.placed_type = self.node_type[placements[0].node_id] if placements else None
+        end = sj.run_start + sj.remaining / sj.rate
+        est = None
+        if j.time_limit is not None:
+            est = sj.run_start + max(1.0, j.time_limit - sj.progress0) / sj.rate
+        first_type = self.node_type[placements[0].node_id] if placements else None
+        rj = ct.RunningJob(
+            id=j.id, team=j.team, priority_class=sj.pclass, gpus=gpus, gpu_type=first_type,
+            placements=placements, start_time=now, expected_end=est,
+            last_checkpoint=None, preemptible=self.preemptible_class.get(sj.pclass, True),
+            min_gpus=j.min_gpus, max_gpus=j.max_gpus, gpu_step=j.gpu_step, gpus_per_task=j.task_gpus,
+            attained_gpu_s=sj.attained, last_preempted_at=sj.last_preempted, submit_time=j.submit,
+        )
+        try:
+            self.model.bind(rj)
+        except ValueError as e:
+            raise SimError(f"t={now}: core bound {j.id} onto busy GPUs: {e}") from None
+        for n in node_ids:
+            self.on_node[n].add(j.id)
+        self.running[j.id] = sj
+        self.elastic_running += j.elastic
+        self.allocated += gpus
+        self.team_alloc[j.team] += gpus
+        self._push(end, END, j.id, sj.attempt)
+
+    def _stop(self, sj: _SimJob, now: float, saved_progress: float | None) -> None:
+        """Take a running job off its GPUs at ``now``; keep ``saved_progress`` (None: all progress)."""
+        j = sj.job
+        rj = self.model.unbind(j.id)
+        for p in rj.placements:
+            self.on_node[p.node_id].discard(j.id)
+        del self.running[j.id]
+        self.elastic_running -= j.elastic
+        self.allocated -= sj.alloc
+        self.team_alloc[j.team] -= sj.alloc
+        held = now - sj.seg_start
+        sj.run_time += held
+        sj.attained += sj.alloc * held
+        progress = sj.progress0 + max(0.0, now - sj.run_start) * sj.rate
+        progress = min(progress, j.duration)
+        if saved_progress is not None and saved_progress < progress:
+            sj.lost_gpu_s += (progress - saved_progress) * j.gpus
+            progress = saved_progress
+        sj.remaining = j.duration - progress
+        sj.attempt += 1  # invalidates the END event of the stopped run
+
+    def _checkpointed_progress(self, sj: _SimJob, now: float) -> float:
+        if not sj.ckpt_interval or now <= sj.run_start:
+            return sj.progress0
+        k = math.floor((now - sj.run_start) / sj.ckpt_interval)
+        return min(sj.job.duration, sj.progress0 + k * sj.ckpt_interval * sj.rate)
+
+    # --- event handlers --------------------------------------------------------------------------
+
+    def _on_end(self, job_id: str, version: int, now: float) -> bool:
+        sj = self.running.get(job_id)
+        if sj is None or sj.attempt != version:
+            return False  # stale: the run was preempted, failed or resized
+        j = sj.job
+        self._stop(sj, now, None)
+        sj.remaining = 0.0
+        assert sj.first_start is not None
+        self.records.append(JobRecord(
+            id=j.id, team=j.team, priority=sj.pclass, submit=j.submit, start=sj.first_start, end=now,
+            gpus=j.gpus, duration=j.duration, run_time=sj.run_time, preemptions=sj.preemptions,
+            failures=sj.failures, lost_gpu_s=sj.lost_gpu_s, nodes=sj.nodes, racks=sj.racks, gpu_type=j.gpu_type,
+            placed_gpu_type=sj.placed_type,
+        ))
+        return True
+
+    def _on_fail(self, node_id: str, now: float, version: int) -> bool:
+        if node_id in self.down:
+            return False
+        faults = self.cluster.faults
+        down_for = faults.repair_time
+        if version < 0:
+            ev = faults.events[-1 - version]
+            down_for = ev.down_for if ev.down_for is not None else faults.repair_time
+        self.down.add(node_id)
+        self.model.set_schedulable(node_id, False)
+        self.healthy_gpus -= self.node_gpus[node_id]
+        for jid in sorted(self.on_node[node_id]):
+            sj = self.running[jid]
+            self._stop(sj, now, self._checkpointed_progress(sj, now))
+            sj.failures += 1
+            sj.overhead_due = self.cluster.faults.checkpoint_overhead
+            self._enqueue(sj, now)
+        self._push(now + down_for, REPAIR, node_id, 1 if version < 0 else 0)
+        return True
+
+    def _on_repair(self, node_id: str, now: float, scripted: bool) -> bool:
+        self.down.discard(node_id)
+        self.model.set_schedulable(node_id, True)
+        self.healthy_gpus += self.node_gpus[node_id]
+        mtbf = self.cluster.faults.node_mtbf
+        if mtbf and not scripted:  # a scripted failure does not restart the node's random failure clock
+            self._push(now + self.rng.expovariate(1.0 / mtbf), FAIL, node_id)
+        return True
+
+    # --- decisions -------------------------------------------------------------------------------
+
+    def _cycle(self, now: float) -> bool:
+        """One call of the core; apply what it decided. True when it stopped a victim (so GPUs were
+        released that the core could not hand out in the same call)."""
+        snap = ct.Snapshot(now=now, cluster=self.model, pending=tuple(sj.pending for sj in self.pending.values()
+                                                                      if sj.pending is not None),
+                           queues=self.core_queues, priority_classes=self.core_classes)
+        d = self.schedule(snap, self.policy)
+        self.cycles += 1
+        stopped = False
+        overhead = self.cluster.faults.checkpoint_overhead
+        for p in d.preemptions:
+            sj = self.running.get(p.victim_id)
+            if sj is None:
+                raise SimError(f"t={now}: core preempted {p.victim_id}, which is not running")
+            self._stop(sj, now, None)
+            sj.preemptions += 1
+            sj.last_preempted = now
+            sj.overhead_due = overhead
+            self._enqueue(sj, now)
+            stopped = True
+        for r in d.resizes:
+            sj = self.running.get(r.job_id)
+            if sj is None:
+                raise SimError(f"t={now}: core resized {r.job_id}, which is not running")
+            old = self.model.running[r.job_id].placements
+            removed = {(p.node_id, p.task) for p in r.remove}
+            kept = tuple(p for p in old if (p.node_id, p.task) not in removed)
+            self._stop(sj, now, None)
+            sj.overhead_due = overhead
+            self._start(sj, now, r.gpus, kept + tuple(r.add))
+            stopped |= bool(r.remove)
+        for b in d.binds:
+            sj = self.pending.get(b.job_id)
+            if sj is None:
+                raise SimError(f"t={now}: core bound {b.job_id}, which is not pending")
+            self._dequeue(sj)
+            self._start(sj, now, b.gpus, b.placements)
+        return stopped
+
+    def _record(self, now: float) -> None:
+        team_min = {t: min(c) for t, c in self.team_pending_sizes.items() if c}
+        self.rec.step(now, self.allocated, len(self.pending), self.healthy_gpus - self.allocated,
+                      min(team_min.values(), default=0), self.pending_gpus, self.team_alloc, team_min)
+
+    def run(self) -> SimResult:
+        t_wall = time.perf_counter()
+        self._seed_events()
+        heap = self.heap
+        until = self.opts.until
+        now = 0.0
+        while heap:
+            now = heap[0][0]
+            if until is not None and now > until:
+                now = until
+                break
+            dirty = False
+            while heap and heap[0][0] == now:
+                _, kind, _, key, version = heapq.heappop(heap)
+                if kind == END:
+                    dirty |= self._on_end(key, version, now)
+                elif kind == SUBMIT:
+                    sj = self.jobs[key]
+                    self._enqueue(sj, now)
+                    dirty = True
+                elif kind == FAIL:
+                    dirty |= self._on_fail(key, now, version)
+                elif kind == REPAIR:
+                    dirty |= self._on_repair(key, now, version == 1)
+                elif kind == TICK:
+                    self._tick_at = None
+                    dirty = True
+            if dirty and (self.pending or self._has_elastic_running()):
+                for _ in range(self.opts.max_cycles_per_instant):
+                    # Run again at the same instant only when victims were just stopped: their GPUs are
+                    # free now, and the core binds preemptors only once the GPUs are released.
+                    if not self._cycle(now) or not self.pending:
+                        break
+            self._record(now)
+            if self.tick and self.pending and self.running and self._tick_at is None:
+                self._tick_at = now + self.tick
+                self._push(self._tick_at, TICK, "")
+        self.rec.finish(now)
+        unfinished = sorted(set(self.jobs) - {r.id for r in self.records})
+        summary = summarize(self.records, self.rec, jobs=len(self.jobs), policy=self.policy_name,
+                            sim_wall_s=time.perf_counter() - t_wall,
+                            extra={"cycles": self.cycles, "unfinished": len(unfinished)})
+        return SimResult(self.records, summary, self.rec, self.cycles, unfinished)
+
+    def _has_elastic_running(self) -> bool:
+        return self.elastic_running > 0
+
+
+def simulate(jobs: Sequence[Job], cluster: Cluster, policy: str, queues: Queues | None = None,
+             seed: int = 0, **kw: Any) -> SimResult:
+    return Simulator(jobs, cluster, policy, queues, SimOptions(seed=seed, **kw)).run()
+
+
+def records_by_id(records: Sequence[JobRecord]) -> Mapping[str, JobRecord]:
+    return {r.id: r for r in records}
+
+
+def encode_record(r: JobRecord) -> bytes:
+    return msgspec.json.encode(r)

@@ -1,0 +1,375 @@
+"""The aiohttp application: routes, submission and cancellation, queries over the fold.
+
+Writes go to the log and are answered only once the log acknowledged them; reads come from this
+instance's fold (``FoldFollower``), which a submission waits for, so a client can read its own write.
+Validation is ``rallypoint.jobs``; the only thing decided here is which HTTP status says what.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, get_args
+
+import msgspec
+from aiohttp import web
+
+from rallypoint.eventlog import AppendConflict, EventLog, LogUnavailable
+from rallypoint.events import JobCancelRequested, JobSpec, JobSubmitted, subjects
+from rallypoint.events.subjects import TOKEN_PATTERN
+from rallypoint.jobs import (
+    DEFAULT_MAX_GPUS_PER_NODE,
+    SpecError,
+    check_fits_cluster,
+    check_idempotency_key,
+    job_id_for,
+    new_job_id,
+    validate_spec,
+)
+from rallypoint.state import ClusterState, JobState, JobView
+
+from .fold import FoldFollower
+from .metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
+from .openapi import openapi_document
+from .problems import PROBLEM_JSON, invalid_spec, not_found, problem, unavailable, unparseable
+from .views import job_links, queue_positions, render_job, render_node
+
+_log = logging.getLogger("rallypoint.api")
+
+CLOUDEVENTS_JSON = "application/cloudevents+json"
+CLOUDEVENTS_BATCH_JSON = "application/cloudevents-batch+json"
+IDEMPOTENCY_KEY = "Idempotency-Key"
+IDEMPOTENT_REPLAYED = "Idempotent-Replayed"
+JOB_STATES: frozenset[str] = frozenset(get_args(JobState))
+MAX_LIST_LIMIT = 10_000
+DEFAULT_LIST_LIMIT = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class ApiConfig:
+    source: str = "rallypoint/api"  # CloudEvents source of what this service appends
+    max_gpus_per_node: int = DEFAULT_MAX_GPUS_PER_NODE  # used until a node has registered
+    fold_wait_s: float = 2.0  # how long a write waits for the fold before answering anyway
+    ready_wait_s: float = 5.0  # how long a request waits for the initial replay before 503
+
+
+_json = msgspec.json.Encoder()
+
+
+def json_response(body: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=_json.encode(body), content_type="application/json",
+                        headers=headers)
+
+
+class Handlers:
+    def __init__(self, log: EventLog, follower: FoldFollower, config: ApiConfig) -> None:
+        self.log = log
+        self.follower = follower
+        self.config = config
+        self.submissions: Counter[str] = Counter()
+
+    @property
+    def state(self) -> ClusterState:
+        return self.follower.state
+
+    async def _ready(self) -> web.Response | None:
+        """503 while the initial replay has not finished: answers from half a log would be wrong."""
+        if await self.follower.wait_caught_up(self.config.ready_wait_s):
+            return None
+        return unavailable("the API is still replaying the event log; retry shortly")
+
+    # -- POST /v1/jobs -------------------------------------------------------------------------------
+
+    async def submit(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        try:
+            decoded = msgspec.json.decode(raw) if raw else None
+        except msgspec.DecodeError as exc:
+            self.submissions["invalid"] += 1
+            return unparseable(f"body is not valid JSON: {exc}")
+        if decoded is None:
+            self.submissions["invalid"] += 1
+            return unparseable("body is empty; send a JSON job spec")
+
+        key = request.headers.get(IDEMPOTENCY_KEY)
+        content_type = request.content_type.lower()
+        if content_type == CLOUDEVENTS_BATCH_JSON:
+            self.submissions["invalid"] += 1
+            return problem(415, "Unsupported media type", "CloudEvents batch mode is not supported; send one "
+                           "event per request (structured or binary mode)", slug="unsupported-media-type")
+        if content_type == CLOUDEVENTS_JSON:
+            try:
+                payload, event_id = _unwrap_cloudevent(decoded)
+            except SpecError as err:
+                self.submissions["invalid"] += 1
+                return invalid_spec(err)
+            key = key or event_id
+        else:
+            payload = decoded
+            # CloudEvents binary mode: the attributes ride in ce-* headers and the body is the spec.
+            key = key or request.headers.get("ce-id")
+
+        if (not_ready := await self._ready()) is not None:
+            self.submissions["unavailable"] += 1
+            return not_ready
+        try:
+            spec = self._validate(payload)
+            job_id = job_id_for(spec.team, check_idempotency_key(key)) if key is not None else new_job_id()
+        except SpecError as err:
+            self.submissions["invalid"] += 1
+            return invalid_spec(err)
+
+        existing = self.state.jobs.get(job_id)
+        if existing is not None:
+            return self._replayed(existing, spec, key)
+
+        submitted_at = time.time()
+        event = JobSubmitted(job_id=job_id, spec=spec, submitted_at=submitted_at, idempotency_key=key)
+        try:
+            # Expected subject sequence 0: the server refuses a second JobSubmitted for this id.
+            result = await self.log.append_ack(
+                subjects.job(job_id), event, msg_id=f"{job_id}:0:JobSubmitted", source=self.config.source,
+                expected_last_subject_seq=0,
+            )
+        except AppendConflict:
+            # The job exists (a concurrent retry won, or the fold has not seen it yet): find it.
+            return await self._replayed_after_conflict(job_id, spec, key)
+        except LogUnavailable as exc:
+            self.submissions["unavailable"] += 1
+            return unavailable(f"the event log did not acknowledge the submission ({exc}); retry with the "
+                               "same Idempotency-Key to avoid a duplicate job")
+
+        await self.follower.wait_for_seq(result.seq, self.config.fold_wait_s)
+        job = self.state.jobs.get(job_id)
+        # A retry whose first attempt landed comes back as a duplicate; a concurrent twin shows up in the
+        # fold with another submission time. Either way this request created nothing.
+        replayed = result.duplicate or (job is not None and job.submitted_at != submitted_at)
+        if replayed and job is not None:
+            return self._replayed(job, spec, key)
+        self.submissions["replayed" if replayed else "accepted"] += 1
+        return self._accepted(job_id, result.seq, job, replayed=replayed)
+
+    def _validate(self, payload: object) -> JobSpec:
+        nodes = self.state.nodes
+        # Until a node registers nothing is known about the cluster: validate shapes only.
+        max_per_node = max((n.gpu_count for n in nodes.values()), default=self.config.max_gpus_per_node)
+        spec = validate_spec(payload, max_gpus_per_node=max_per_node)
+        if nodes:
+            check_fits_cluster(spec, self.state.total_gpus(), max_per_node)
+        return spec
+
+    async def _replayed_after_conflict(self, job_id: str, spec: JobSpec, key: str | None) -> web.Response:
+        try:
+            last = await self.log.last_seq()
+        except LogUnavailable as exc:
+            self.submissions["unavailable"] += 1
+            return unavailable(str(exc))
+        await self.follower.wait_for_seq(last, self.config.fold_wait_s)
+        job = self.state.jobs.get(job_id)
+        if job is None:
+            # The log says the subject is taken but our fold cannot see why within the wait.
+            self.submissions["unavailable"] += 1
+            return unavailable(f"job {job_id} exists in the log but is not readable yet; retry")
+        return self._replayed(job, spec, key)
+
+    def _replayed(self, job: JobView, spec: JobSpec, key: str | None) -> web.Response:
+        if job.spec != spec:
+            # Same key, different request: answering 202 would hide that the new spec was never run.
+            self.submissions["invalid"] += 1
+            return problem(
+                422, "Idempotency key reused",
+                f"Idempotency-Key {key!r} was already used for job {job.job_id} with a different spec; "
+                "use a new key for a new job", slug="idempotency-key-reused",
+                field="idempotency_key", job_id=job.job_id,
+            )
+        self.submissions["replayed"] += 1
+        return self._accepted(job.job_id, job.submitted_seq, job, replayed=True)
+
+    def _accepted(self, job_id: str, seq: int, job: JobView | None, *, replayed: bool) -> web.Response:
+        headers = {"Location": f"/v1/jobs/{job_id}"}
+        if replayed:
+            headers[IDEMPOTENT_REPLAYED] = "true"
+        body = {"job_id": job_id, "seq": seq, "state": job.state if job is not None else "pending",
+                "links": job_links(job_id)}
+        return json_response(body, status=202, headers=headers)
+
+    # -- jobs: read and cancel -------------------------------------------------------------------------
+
+    def _lookup(self, request: web.Request) -> tuple[str, JobView | None]:
+        job_id = request.match_info["job_id"]
+        return job_id, self.state.jobs.get(job_id) if TOKEN_PATTERN.match(job_id) else None
+
+    async def get_job(self, request: web.Request) -> web.Response:
+        if (not_ready := await self._ready()) is not None:
+            return not_ready
+        job_id, job = self._lookup(request)
+        if job is None:
+            return not_found("job", job_id)
+        return json_response(render_job(job, queue_positions(self.state)))
+
+    async def list_jobs(self, request: web.Request) -> web.Response:
+        if (not_ready := await self._ready()) is not None:
+            return not_ready
+        query = request.query
+        states: set[str] | None = None
+        if query.get("state"):
+            states = {s.strip() for s in query["state"].split(",") if s.strip()}
+            unknown = sorted(states - JOB_STATES)
+            if unknown:
+                return problem(400, "Invalid query parameter", f"unknown state {unknown[0]!r}; one of "
+                               f"{', '.join(sorted(JOB_STATES))}", slug="invalid-query", field="state")
+        team = query.get("team") or None
+        try:
+            limit = int(query.get("limit", DEFAULT_LIST_LIMIT))
+            after = int(query.get("after", 0))
+        except ValueError:
+            return problem(400, "Invalid query parameter", "limit and after must be integers",
+                           slug="invalid-query", field="limit" if "limit" in query else "after")
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            return problem(400, "Invalid query parameter", f"limit must be between 1 and {MAX_LIST_LIMIT}",
+                           slug="invalid-query", field="limit")
+
+        matching = sorted(
+            (j for j in self.state.jobs.values()
+             if j.submitted_seq > after
+             and (states is None or j.state in states)
+             and (team is None or j.spec.team == team)),
+            key=lambda j: j.submitted_seq,
+        )
+        page = matching[:limit]
+        positions = queue_positions(self.state)
+        return json_response({
+            "jobs": [render_job(j, positions) for j in page],
+            "count": len(page),
+            # Cursor for the next page: pass it back as ?after=; null when this page is the last.
+            "next_after": page[-1].submitted_seq if len(matching) > limit else None,
+            "seq": self.state.last_seq,
+        })
+
+    async def cancel_job(self, request: web.Request) -> web.Response:
+        if (not_ready := await self._ready()) is not None:
+            return not_ready
+        job_id, job = self._lookup(request)
+        if job is None:
+            return not_found("job", job_id)
+        if job.terminal:
+            return problem(409, "Job already finished",
+                           f"job {job_id} is already {job.state}; nothing to cancel",
+                           slug="job-terminal", state=job.state)
+        event = JobCancelRequested(job_id=job_id, at=time.time(),
+                                   requested_by=request.headers.get("X-Rally-User", "user"))
+        try:
+            # One cancel per job: a second DELETE within the duplicate window is de-duplicated by the server.
+            seq = await self.log.append(subjects.job(job_id), event, msg_id=f"{job_id}:cancel",
+                                        source=self.config.source)
+        except LogUnavailable as exc:
+            return unavailable(f"the event log did not acknowledge the cancellation ({exc}); retry")
+        await self.follower.wait_for_seq(seq, self.config.fold_wait_s)
+        current = self.state.jobs.get(job_id, job)
+        return json_response({"job_id": job_id, "seq": seq, "state": current.state, "cancel_requested": True,
+                              "links": job_links(job_id)}, status=202)
+
+    # -- cluster, state, operations --------------------------------------------------------------------
+
+    async def list_nodes(self, request: web.Request) -> web.Response:
+        if (not_ready := await self._ready()) is not None:
+            return not_ready
+        nodes = [render_node(n) for _, n in sorted(self.state.nodes.items())]
+        return json_response({"nodes": nodes, "count": len(nodes), "seq": self.state.last_seq})
+
+    async def get_state(self, request: web.Request) -> web.Response:
+        if (not_ready := await self._ready()) is not None:
+            return not_ready
+        return json_response({"seq": self.state.last_seq, "hash": self.state.hash()})
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        ok = self.follower.running and self.follower.caught_up.is_set()
+        body = {"status": "ok" if ok else "starting" if self.follower.running else "down",
+                "seq": self.state.last_seq, "following": self.follower.following}
+        return json_response(body, status=200 if ok else 503)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        text = render_metrics(self.state, self.submissions, following=self.follower.following)
+        return web.Response(text=text, content_type=PROMETHEUS_CONTENT_TYPE)
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return json_response(openapi_document())
+
+
+def _unwrap_cloudevent(envelope: object) -> tuple[object, str]:
+    """Structured-mode CloudEvent -> (its data, its id). The required attributes must be present."""
+    if not isinstance(envelope, dict):
+        raise SpecError("body", "a CloudEvent must be a JSON object")
+    if envelope.get("specversion") != "1.0":
+        raise SpecError("specversion",
+                        f"CloudEvents specversion must be '1.0', got {envelope.get('specversion')!r}")
+    for attribute in ("id", "source", "type"):
+        value = envelope.get(attribute)
+        if not isinstance(value, str) or not value:
+            raise SpecError(attribute, f"CloudEvents attribute {attribute!r} is required (non-empty string)")
+    if "data_base64" in envelope:
+        raise SpecError("data_base64", "binary data is not accepted; send the job spec as JSON in 'data'")
+    if "data" not in envelope:
+        raise SpecError("data", "the CloudEvent carries no data; put the job spec in 'data'")
+    return envelope["data"], envelope["id"]
+
+
+FOLLOWER: web.AppKey[FoldFollower] = web.AppKey("follower", FoldFollower)
+HANDLERS: web.AppKey[Handlers] = web.AppKey("handlers", Handlers)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def problem_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error is problem+json, aiohttp's own (unknown route, wrong method, body too large) included."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400 or exc.content_type == PROBLEM_JSON:
+            raise
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return problem(exc.status, exc.reason, exc.text or exc.reason, slug=f"http-{exc.status}",
+                       headers=headers)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        _log.exception("unhandled error on %s %s", request.method, request.path)
+        return problem(500, "Internal error", "unexpected error; see the API's log", slug="internal")
+
+
+def build_app(log: EventLog, *, config: ApiConfig | None = None,
+              follower: FoldFollower | None = None) -> web.Application:
+    """The application over ``log``; it starts following the log on startup and stops on cleanup.
+
+    The caller owns ``log`` (connects and closes it), so tests can hand in the fixture's log.
+    """
+    config = config or ApiConfig()
+    follower = follower or FoldFollower(log)
+    handlers = Handlers(log, follower, config)
+    app = web.Application(middlewares=[problem_middleware])
+    app[FOLLOWER] = follower
+    app[HANDLERS] = handlers
+
+    async def start_following(app: web.Application) -> None:
+        follower.start()
+
+    async def stop_following(app: web.Application) -> None:
+        await follower.stop()
+
+    app.on_startup.append(start_following)
+    app.on_cleanup.append(stop_following)
+    app.router.add_post("/v1/jobs", handlers.submit)
+    app.router.add_get("/v1/jobs", handlers.list_jobs)
+    app.router.add_get("/v1/jobs/{job_id}", handlers.get_job)
+    app.router.add_delete("/v1/jobs/{job_id}", handlers.cancel_job)
+    app.router.add_get("/v1/nodes", handlers.list_nodes)
+    app.router.add_get("/v1/state", handlers.get_state)
+    app.router.add_get("/v1/openapi.json", handlers.openapi)
+    app.router.add_get("/healthz", handlers.healthz)
+    app.router.add_get("/metrics", handlers.metrics)
+    return app

@@ -1,0 +1,92 @@
+"""The API's read model: the runtime's ``Follower`` (a ``ClusterState`` at the log's tip), run in the
+background with what an HTTP front end needs around it.
+
+Handlers read ``fold.state`` directly (one event loop, no locks needed) and may wait until the fold
+has reached a sequence they just appended, so a client that gets 202 and immediately asks for its job
+finds it. ``caught_up`` tells requests whether the initial replay is done (answers from half a log
+would be wrong). If following fails (server restart, gap) the loop resumes from the last folded
+sequence: the fold is a pure function of the log, so continuing from where it stopped is correct.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from rallypoint.eventlog import EventLog
+from rallypoint.runtime.follower import Follower
+from rallypoint.state import ClusterState
+
+_log = logging.getLogger("rallypoint.api.fold")
+
+RETRY_DELAY_S = 1.0
+
+
+class FoldFollower:
+    def __init__(self, log: EventLog) -> None:
+        self.follower = Follower(log)
+        self.caught_up = asyncio.Event()  # set once the initial replay reached the log's end
+        self.following = False
+        self.failures = 0
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def state(self) -> ClusterState:
+        return self.follower.state
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="api-fold")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.follower.catch_up()
+                self.caught_up.set()
+                self.following = True
+                await self.follower.run()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # Keep serving the last folded state while the log is away: reads stay useful and
+                # writes fail on their own with LogUnavailable.
+                self.following = False
+                self.failures += 1
+                _log.warning("following the log failed at seq %d: %s: %s; retrying",
+                             self.state.last_seq, type(exc).__name__, exc)
+                await asyncio.sleep(RETRY_DELAY_S)
+
+    # -- waiting ---------------------------------------------------------------------------------
+
+    async def wait_for_seq(self, seq: int, timeout: float) -> bool:
+        """Wait until the fold has applied stream sequence ``seq``; False if ``timeout`` ran out first."""
+        if self.state.last_seq >= seq:
+            return True
+        try:
+            await self.follower.wait_for(seq, timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    async def wait_caught_up(self, timeout: float) -> bool:
+        if self.caught_up.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self.caught_up.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False

@@ -1,0 +1,48 @@
+"""Prometheus text exposition of the API's fold, written by hand: a few gauges do not need a library."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import get_args
+
+from rallypoint.state import ClusterState, JobState, NodeStatus
+
+PROMETHEUS_CONTENT_TYPE = "text/plain"  # aiohttp adds the charset; version=0.0.4 is the default format
+
+JOB_STATES: tuple[str, ...] = get_args(JobState)
+NODE_STATUSES: tuple[str, ...] = get_args(NodeStatus)
+
+
+def _family(lines: list[str], name: str, kind: str, help_text: str) -> None:
+    lines.append(f"# HELP {name} {help_text}")
+    lines.append(f"# TYPE {name} {kind}")
+
+
+def render_metrics(state: ClusterState, submissions: Counter[str], *, following: bool) -> str:
+    lines: list[str] = []
+    jobs: Counter[str] = Counter(job.state for job in state.jobs.values())
+    _family(lines, "rally_jobs", "gauge", "Jobs by state, as folded from the log.")
+    # Every state is listed, zeros included, so a dashboard's series never disappear.
+    for job_state in JOB_STATES:
+        lines.append(f'rally_jobs{{state="{job_state}"}} {jobs.get(job_state, 0)}')
+
+    nodes: Counter[str] = Counter(node.status for node in state.nodes.values())
+    _family(lines, "rally_nodes", "gauge", "Registered nodes by status.")
+    for status in NODE_STATUSES:
+        lines.append(f'rally_nodes{{status="{status}"}} {nodes.get(status, 0)}')
+
+    _family(lines, "rally_gpus_total", "gauge", "GPUs on registered nodes, any status.")
+    lines.append(f"rally_gpus_total {state.total_gpus()}")
+    _family(lines, "rally_gpus_schedulable", "gauge", "GPUs on nodes that are up.")
+    lines.append(f"rally_gpus_schedulable {state.total_gpus(schedulable_only=True)}")
+    _family(lines, "rally_gpus_free", "gauge", "Unallocated GPUs on nodes that are up.")
+    lines.append(f"rally_gpus_free {state.free_gpus()}")
+    _family(lines, "rally_log_last_seq", "gauge", "Last stream sequence folded by this API instance.")
+    lines.append(f"rally_log_last_seq {state.last_seq}")
+    _family(lines, "rally_api_following", "gauge", "1 while this instance is following the log live.")
+    lines.append(f"rally_api_following {int(following)}")
+
+    _family(lines, "rally_api_submissions_total", "counter", "Job submissions by outcome since start.")
+    for outcome in sorted(submissions):
+        lines.append(f'rally_api_submissions_total{{outcome="{outcome}"}} {submissions[outcome]}')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,285 @@
+"""The OpenAPI 3.1 description of the API, written by hand next to the handlers it describes.
+
+Hand-written rather than generated: the routes are few, and a document that reads well matters more to
+the CI systems integrating with us than a generator dependency. ``tests/integration/test_api.py`` checks
+that every route the app serves is listed here, so the two cannot drift silently.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rallypoint.jobs import PRIORITY_CLASSES, TOPOLOGY_LEVELS
+
+_JOB_STATES = ["pending", "bound", "running", "completed", "failed", "cancelled", "rejected"]
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _problem(description: str) -> dict[str, Any]:
+    return {"description": description,
+            "content": {"application/problem+json": {"schema": _ref("Problem")}}}
+
+
+def _json(description: str, schema: dict[str, Any], headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"description": description, "content": {"application/json": {"schema": schema}}}
+    if headers:
+        out["headers"] = headers
+    return out
+
+
+_NULLABLE_INT = {"type": ["integer", "null"]}
+_NULLABLE_NUM = {"type": ["number", "null"]}
+_NULLABLE_STR = {"type": ["string", "null"]}
+_TOPOLOGY = {"type": ["string", "null"], "enum": [*TOPOLOGY_LEVELS, None]}
+
+_SCHEMAS: dict[str, Any] = {
+    "JobSpec": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "team", "gpus", "command"],
+        "properties": {
+            "name": {"type": "string", "pattern": r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"},
+            "team": {"type": "string", "pattern": r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$"},
+            "gpus": {"type": "integer", "minimum": 1, "description": "Size of the gang: all or nothing."},
+            "gpus_per_task": {"type": "integer", "minimum": 1,
+                              "description": "GPUs of one task (one node). Default min(gpus, GPUs per node); "
+                                             "must divide gpus."},
+            "ranks_per_task": {"type": "integer", "minimum": 1,
+                               "description": "Processes per task. Default gpus_per_task; must divide it."},
+            "command": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+            "priority": {"type": "string", "enum": list(PRIORITY_CLASSES), "default": "training-standard"},
+            "env": {"type": "object", "additionalProperties": {"type": "string"},
+                    "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}},
+            "time_limit_s": {"type": ["integer", "null"], "exclusiveMinimum": 0},
+            "gpu_type": _NULLABLE_STR,
+            "topology_required": _TOPOLOGY,
+            "topology_preferred": {**_TOPOLOGY, "description": "No wider than topology_required."},
+            "min_gpus": {**_NULLABLE_INT, "description": "Elastic jobs: smallest size (default gpus)."},
+            "max_gpus": {**_NULLABLE_INT, "description": "Elastic jobs: largest size (default gpus)."},
+            "gpu_step": {**_NULLABLE_INT,
+                         "description": "Elastic jobs: size step, a multiple of gpus_per_task."},
+            "checkpoint_dir": _NULLABLE_STR,
+            "max_retries": {"type": "integer", "minimum": 0, "maximum": 100, "default": 0},
+        },
+    },
+    "CloudEvent": {
+        "type": "object",
+        "description": "CloudEvents 1.0 structured mode; `id` is the idempotency key unless the "
+                       "Idempotency-Key header is sent.",
+        "required": ["specversion", "id", "source", "type", "data"],
+        "properties": {
+            "specversion": {"const": "1.0"},
+            "id": {"type": "string", "minLength": 1},
+            "source": {"type": "string", "minLength": 1},
+            "type": {"type": "string", "minLength": 1, "examples": ["io.rallypoint.job.submit"]},
+            "data": _ref("JobSpec"),
+        },
+    },
+    "Accepted": {
+        "type": "object",
+        "required": ["job_id", "seq", "state", "links"],
+        "properties": {
+            "job_id": {"type": "string"},
+            "seq": {"type": "integer", "description": "Stream sequence of the job's JobSubmitted event."},
+            "state": {"type": "string", "enum": _JOB_STATES},
+            "links": {"type": "object", "properties": {"self": {"type": "string"}}},
+        },
+    },
+    "CancelAccepted": {
+        "type": "object",
+        "properties": {
+            "job_id": {"type": "string"},
+            "seq": {"type": "integer", "description": "Stream sequence of the JobCancelRequested event."},
+            "state": {"type": "string", "enum": _JOB_STATES},
+            "cancel_requested": {"const": True},
+            "links": {"type": "object"},
+        },
+    },
+    "Placement": {
+        "type": "object",
+        "properties": {"task": {"type": "integer"}, "node_id": {"type": "string"},
+                       "gpus": {"type": "array", "items": {"type": "integer"}}},
+    },
+    "Job": {
+        "type": "object",
+        "properties": {
+            "job_id": {"type": "string"},
+            "name": {"type": "string"},
+            "team": {"type": "string"},
+            "priority": {"type": "string"},
+            "state": {"type": "string", "enum": _JOB_STATES},
+            "attempt": {"type": "integer"},
+            "queue": _NULLABLE_STR,
+            "gpus": {"type": "integer"},
+            "gpus_per_task": {"type": "integer"},
+            "ranks_per_task": {"type": "integer"},
+            "world_size": {"type": "integer"},
+            "pending_reason": {
+                "type": ["object", "null"],
+                "properties": {
+                    "code": {"type": "string", "examples": ["Resources", "Topology", "QuotaExceeded"]},
+                    "message": {"type": "string"},
+                },
+            },
+            "queue_position": {**_NULLABLE_INT,
+                               "description": "1-based, among pending jobs in arrival order."},
+            "allocation": {"type": "array", "items": _ref("Placement")},
+            "nodes": {"type": "array", "items": {"type": "string"}},
+            "submitted_at": {"type": "number", "description": "Unix seconds."},
+            "bound_at": _NULLABLE_NUM,
+            "started_at": _NULLABLE_NUM,
+            "ended_at": _NULLABLE_NUM,
+            "exit_code": _NULLABLE_INT,
+            "reason": _NULLABLE_STR,
+            "cancel_requested": {"type": "boolean"},
+            "submitted_seq": {"type": "integer"},
+            "last_seq": {"type": "integer"},
+            "spec": _ref("JobSpec"),
+            "links": {"type": "object"},
+        },
+    },
+    "JobList": {
+        "type": "object",
+        "properties": {
+            "jobs": {"type": "array", "items": _ref("Job")},
+            "count": {"type": "integer"},
+            "next_after": {**_NULLABLE_INT, "description": "Pass as ?after= for the next page."},
+            "seq": {"type": "integer"},
+        },
+    },
+    "Node": {
+        "type": "object",
+        "properties": {
+            "node_id": {"type": "string"},
+            "address": {"type": "string"},
+            "rack": {"type": "string"},
+            "spine": {"type": "string"},
+            "status": {"type": "string", "enum": ["up", "unreachable", "drained", "lost"]},
+            "status_reason": _NULLABLE_STR,
+            "gpu_type": {"type": "string"},
+            "gpus": {"type": "object", "properties": {
+                "total": {"type": "integer"}, "free": {"type": "integer"}, "allocated": {"type": "integer"},
+            }},
+            "jobs": {"type": "array", "items": {"type": "string"}},
+            "registered_at": {"type": "number"},
+        },
+    },
+    "NodeList": {
+        "type": "object",
+        "properties": {"nodes": {"type": "array", "items": _ref("Node")}, "count": {"type": "integer"},
+                       "seq": {"type": "integer"}},
+    },
+    "State": {
+        "type": "object",
+        "required": ["seq", "hash"],
+        "properties": {"seq": {"type": "integer", "description": "Last stream sequence folded."},
+                       "hash": {"type": "string", "description": "ClusterState.hash(): sha256 hex; equals "
+                                                                 "`rally replay --to seq`."}},
+    },
+    "Problem": {
+        "type": "object",
+        "description": "RFC 9457 problem details.",
+        "required": ["type", "title", "status", "detail"],
+        "properties": {
+            "type": {"type": "string", "format": "uri"},
+            "title": {"type": "string"},
+            "status": {"type": "integer"},
+            "detail": {"type": "string"},
+            "field": {"type": "string", "description": "The offending field (validation problems)."},
+            "invalid_params": {"type": "array", "items": {
+                "type": "object", "properties": {"name": {"type": "string"}, "reason": {"type": "string"}}}},
+        },
+    },
+}
+
+_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_REPLAYED = {"Idempotent-Replayed": {"description": "`true` when the job already existed (a retry).",
+                                     "schema": {"type": "string", "enum": ["true"]}}}
+
+
+def openapi_document() -> dict[str, Any]:
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Rallypoint API",
+            "version": "1",
+            "description": "Submit and inspect gang-scheduled training jobs. Writes are appended to the "
+                           "event log and answered once acknowledged; reads come from this instance's fold "
+                           "of the log.",
+        },
+        "paths": {
+            "/v1/jobs": {
+                "post": {
+                    "operationId": "submitJob",
+                    "summary": "Submit a job (idempotent with Idempotency-Key or a CloudEvent id)",
+                    "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
+                                    "schema": {"type": "string", "maxLength": 255}}],
+                    "requestBody": {"required": True, "content": {
+                        "application/json": {"schema": _ref("JobSpec")},
+                        "application/cloudevents+json": {"schema": _ref("CloudEvent")},
+                    }},
+                    "responses": {
+                        "202": _json("Appended to the log (or already there: see Idempotent-Replayed).",
+                                     _ref("Accepted"), _REPLAYED),
+                        "400": _problem("Body is not JSON."),
+                        "415": _problem("CloudEvents batch mode."),
+                        "422": _problem("Invalid spec, larger than the cluster, or a reused key with "
+                                        "another spec; nothing was appended."),
+                        "503": _problem("The event log did not acknowledge; retry with the same key."),
+                    },
+                },
+                "get": {
+                    "operationId": "listJobs",
+                    "summary": "List jobs in submission order",
+                    "parameters": [
+                        {"name": "state", "in": "query", "schema": {"type": "string"},
+                         "description": "Comma-separated states, e.g. `pending,running`."},
+                        {"name": "team", "in": "query", "schema": {"type": "string"}},
+                        {"name": "limit", "in": "query",
+                         "schema": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 1000}},
+                        {"name": "after", "in": "query", "schema": {"type": "integer", "default": 0},
+                         "description": "Only jobs submitted after this stream sequence (paging cursor)."},
+                    ],
+                    "responses": {"200": _json("Jobs.", _ref("JobList")), "400": _problem("Bad query.")},
+                },
+            },
+            "/v1/jobs/{job_id}": {
+                "parameters": [_JOB_ID],
+                "get": {
+                    "operationId": "getJob",
+                    "summary": "One job: state, pending reason, queue position, allocation",
+                    "responses": {"200": _json("The job.", _ref("Job")), "404": _problem("Unknown job.")},
+                },
+                "delete": {
+                    "operationId": "cancelJob",
+                    "summary": "Request cancellation (the job controller stops it)",
+                    "responses": {
+                        "202": _json("JobCancelRequested appended.", _ref("CancelAccepted")),
+                        "404": _problem("Unknown job."),
+                        "409": _problem("The job already finished."),
+                        "503": _problem("The event log did not acknowledge."),
+                    },
+                },
+            },
+            "/v1/nodes": {"get": {"operationId": "listNodes", "summary": "Registered nodes",
+                                  "responses": {"200": _json("Nodes.", _ref("NodeList"))}}},
+            "/v1/state": {"get": {"operationId": "getState", "summary": "Fold position and state hash",
+                                  "responses": {"200": _json("Position and hash.", _ref("State"))}}},
+            "/v1/openapi.json": {"get": {"operationId": "getOpenApi", "summary": "This document",
+                                         "responses": {"200": {"description": "OpenAPI 3.1 document."}}}},
+            "/healthz": {"get": {
+                "operationId": "health", "summary": "200 once the log is replayed",
+                "responses": {"200": {"description": "Serving."},
+                              "503": {"description": "Still replaying, or not following."}},
+            }},
+            "/metrics": {"get": {
+                "operationId": "metrics", "summary": "Prometheus metrics",
+                "responses": {"200": {"description": "Text exposition format.",
+                                      "content": {"text/plain": {"schema": {"type": "string"}}}}},
+            }},
+        },
+        "components": {"schemas": _SCHEMAS},
+    }

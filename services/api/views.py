@@ -1,0 +1,87 @@
+"""JSON shapes of jobs and nodes, read from the fold. Presentation only: no state is changed here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from rallypoint.state import ClusterState, JobView, NodeView
+
+# What a pending job shows before the scheduler has said anything about it.
+AWAITING_CODE = "AwaitingScheduler"
+AWAITING_MESSAGE = "submitted; the scheduler has not looked at it yet"
+
+
+def job_links(job_id: str) -> dict[str, str]:
+    return {"self": f"/v1/jobs/{job_id}"}
+
+
+def queue_positions(state: ClusterState) -> dict[str, int]:
+    """1-based position of each pending job in arrival order (the order the scheduler walks)."""
+    return {job.job_id: i for i, job in enumerate(state.pending_jobs(), start=1)}
+
+
+def pending_reason(job: JobView) -> dict[str, str] | None:
+    if job.state != "pending":
+        return None
+    if job.cancel_requested:
+        return {"code": "CancelRequested", "message": "cancellation requested; waiting for the controller"}
+    if job.pending_code:
+        return {"code": job.pending_code, "message": job.pending_message}
+    return {"code": AWAITING_CODE, "message": AWAITING_MESSAGE}
+
+
+def render_job(job: JobView, positions: dict[str, int]) -> dict[str, Any]:
+    spec = job.spec
+    return {
+        "job_id": job.job_id,
+        "name": spec.name,
+        "team": spec.team,
+        "priority": spec.priority,
+        "state": job.state,
+        "attempt": job.attempt,
+        "queue": job.queue,
+        "gpus": spec.gpus,
+        "gpus_per_task": spec.gpus_per_task,
+        "ranks_per_task": spec.ranks_per_task,
+        "world_size": job.world_size,
+        "pending_reason": pending_reason(job),
+        "queue_position": positions.get(job.job_id),
+        "allocation": [
+            {"task": p.task, "node_id": p.node_id, "gpus": list(p.gpus)}
+            for p in sorted(job.placements, key=lambda p: p.task)
+        ],
+        "nodes": sorted({p.node_id for p in job.placements}),
+        "submitted_at": job.submitted_at,
+        "bound_at": job.bound_at,
+        "started_at": job.started_at,
+        "ended_at": job.ended_at,
+        "exit_code": job.exit_code,
+        "reason": job.reason or None,
+        "cancel_requested": job.cancel_requested,
+        "submitted_seq": job.submitted_seq,
+        "last_seq": job.last_seq,
+        "spec": msgspec.to_builtins(spec),
+        "links": job_links(job.job_id),
+    }
+
+
+def render_node(node: NodeView) -> dict[str, Any]:
+    return {
+        "node_id": node.node_id,
+        "address": node.address,
+        "rack": node.rack,
+        "spine": node.spine,
+        "status": node.status,
+        "status_reason": node.status_reason or None,
+        "gpu_type": node.gpu_type,
+        "gpus": {
+            "total": node.gpu_count,
+            # A node that is not schedulable offers nothing, whatever its GPUs hold.
+            "free": len(node.free_gpus()) if node.schedulable else 0,
+            "allocated": len(node.allocated),
+        },
+        "jobs": sorted(set(node.allocated.values())),
+        "registered_at": node.registered_at,
+    }

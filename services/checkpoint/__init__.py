@@ -1,0 +1,1 @@
+"""Checkpoint service: manifests, verification and GC (filled in by a later issue)."""

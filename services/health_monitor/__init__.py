@@ -1,0 +1,1 @@
+"""Health monitor service: heartbeats and GPU faults into node events."""

@@ -1,0 +1,1 @@
+"""Inventory service: nodes, GPUs and topology."""

@@ -1,0 +1,1 @@
+"""The job controller service: drives bound jobs through launch, exits and cancellation."""

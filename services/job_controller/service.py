@@ -1,0 +1,50 @@
+"""`rally serve job-controller`: launches bound gangs, collects exits, cancels. Shardable."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+from collections.abc import Sequence
+
+from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
+from rallypoint.runtime.follower import Follower
+
+from .controller import JobController
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError("expected I/N, e.g. 0/1") from exc
+    if not 0 <= index < count:
+        raise argparse.ArgumentTypeError("shard index must be in [0, N)")
+    return index, count
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rally serve job-controller", description=__doc__)
+    add_common_args(parser)
+    parser.add_argument("--shard", type=_shard, default=(0, 1), help="this replica's share of jobs, I/N")
+    parser.add_argument("--command-timeout", type=float, default=5.0, help="seconds to wait for an agent")
+    args = parser.parse_args(argv)
+    config = ServiceConfig.from_args("job-controller", args)
+
+    async def run(ctx: ServiceContext) -> int:
+        log = await ctx.event_log()
+        follower = Follower(log)
+        await follower.catch_up()
+        following = asyncio.create_task(follower.run())
+        shard, shards = args.shard
+        controller = JobController(await ctx.nats(), log, follower, shard=shard, shards=shards,
+                                   command_timeout=args.command_timeout)
+        try:
+            await controller.run(ctx.stop)
+        finally:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await following
+        return 0
+
+    return run_service(run, config)

@@ -1,0 +1,1 @@
+"""Preemption service: picks victims (filled in by the scheduling-core integration)."""

@@ -1,0 +1,129 @@
+"""The scheduler shell: follow the log, win the lease, fence older leaders, append the core's decisions.
+
+No decision is made here: ``rallypoint.scheduling`` turns the folded state into a snapshot, the pure core
+decides, and this loop only appends what it returns. Safety does not rest on the lease: every write
+is conditional on the last sequence of the ``rally.sched.>`` tree, and a new leader bumps that tree
+with ``LeaderEpochStarted`` first, so a paused or partitioned old leader's next write is refused by the
+server (``AppendConflict``) and it steps down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from rallypoint.eventlog import AppendConflict, EventLog, LogUnavailable
+from rallypoint.events import Event, JobRejected, LeaderEpochStarted, subjects
+from rallypoint.scheduling import SchedulingPolicy, decision_writes, jobs_that_can_never_fit
+from rallypoint.runtime import LeaderLease
+from rallypoint.runtime.follower import Follower
+from rallypoint.state import ClusterState
+
+_log = logging.getLogger("rallypoint.scheduler")
+
+SOURCE = "rallypoint/scheduler"
+
+
+class SchedulerLoop:
+    def __init__(
+        self,
+        log: EventLog,
+        follower: Follower,
+        *,
+        instance: str,
+        policy: SchedulingPolicy,
+        clock: Callable[[], float] = time.time,
+        tick_s: float = 1.0,
+    ) -> None:
+        self.log = log
+        self.follower = follower
+        self.instance = instance
+        self.policy = policy
+        self.clock = clock
+        self.tick_s = tick_s
+        self.epoch = 0
+        self._fence = 0
+        self.cycles = 0
+
+    @property
+    def state(self) -> ClusterState:
+        return self.follower.state
+
+    async def _append_fenced(self, subject: str, event: Event, msg_id: str) -> int:
+        seq = await self.log.append(
+            subject, event,
+            msg_id=msg_id, source=SOURCE,
+            expected_last_subject_seq=self._fence, expected_subject_filter=subjects.SCHEDULER_TREE,
+        )
+        self._fence = seq
+        return seq
+
+    async def start_epoch(self, term: int = 0) -> int:
+        """Fence every earlier leader. Raises AppendConflict if another contender got there first.
+
+        The epoch is above both the log's last epoch and the lease term, so epochs only ever grow even
+        if the lease bucket was recreated."""
+        tip = await self.log.last_seq()
+        await self.follower.wait_for(tip)
+        self._fence = await self.log.last_seq(subjects.SCHEDULER_TREE)
+        epoch = max(self.state.epoch + 1, term)
+        event = LeaderEpochStarted(epoch=epoch, leader_id=self.instance, at=self.clock())
+        seq = await self._append_fenced(subjects.EPOCH, event, f"epoch:{epoch}:{self.instance}")
+        await self.follower.wait_for(seq)
+        self.epoch = epoch
+        _log.info("leading as epoch %d from seq %d", epoch, seq)
+        return epoch
+
+    async def cycle(self) -> int:
+        """One scheduling cycle; returns the number of appends it made."""
+        await self.follower.wait_for(self._fence)
+        state = self.state
+        now = self.clock()
+        writes = 0
+        for job in jobs_that_can_never_fit(state):
+            total = state.total_gpus()
+            rejected = JobRejected(job_id=job.job_id, field="gpus", at=now,
+                                   reason=f"asks for {job.spec.gpus} GPUs; the cluster has {total}")
+            await self.log.append(subjects.job(job.job_id), rejected, msg_id=f"{job.job_id}:0:JobRejected",
+                                  source=SOURCE)
+            writes += 1
+        if writes:
+            await self.follower.wait_for(await self.log.last_seq())
+        if not state.pending_jobs():
+            return writes
+        decisions = self.policy.decide(state, now)
+        for write in decision_writes(decisions, state, epoch=self.epoch,
+                                     policy_version=self.policy.version, at=now):
+            await self._append_fenced(write.subject, write.event, write.msg_id)
+            writes += 1
+        self.cycles += 1
+        return writes
+
+    async def lead(self, still_leader: Callable[[], bool], stop: asyncio.Event, *, term: int = 0) -> None:
+        """Cycle on every change (event-driven requeue) and on a slow tick, until stop or deposed."""
+        await self.start_epoch(term)
+        while not stop.is_set() and still_leader():
+            self.follower.changed.clear()
+            await self.cycle()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.follower.changed.wait(), self.tick_s)
+
+
+async def lead_while_elected(loop: SchedulerLoop, lease: LeaderLease, stop: asyncio.Event) -> None:
+    """Campaign, lead, step down on conflict or lost lease, campaign again; until stop."""
+    while not stop.is_set():
+        term = await lease.campaign(stop)
+        if term is None or stop.is_set():
+            break
+        try:
+            await loop.lead(lambda: lease.is_leader, stop, term=term)
+        except AppendConflict as conflict:
+            _log.warning("fenced by a newer leader (%s); stepping down", conflict)
+        except (LogUnavailable, TimeoutError) as exc:
+            _log.warning("lost the log while leading (%s); stepping down", exc)
+        finally:
+            with contextlib.suppress(Exception):
+                await lease.resign()

@@ -1,0 +1,48 @@
+"""`rally serve scheduler`: one active leader, any number of warm standbys."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+from collections.abc import Sequence
+
+from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
+from rallypoint.runtime.follower import Follower
+from rallypoint.scheduling import SchedulingPolicy, load_queue_config
+
+from .leader import SchedulerLoop, lead_while_elected
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rally serve scheduler", description=__doc__)
+    add_common_args(parser)
+    parser.add_argument("--policy", default="rallypoint", help="core policy name (default: rallypoint)")
+    parser.add_argument("--queues", default=None, help="queue and quota configuration (JSON or YAML)")
+    parser.add_argument("--lease-ttl", type=float, default=3.0, help="leader lease TTL in seconds")
+    parser.add_argument("--tick", type=float, default=1.0, help="seconds between cycles when nothing happens")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    config = ServiceConfig.from_args("scheduler", args)
+    queues, classes = load_queue_config(args.queues)
+    policy = SchedulingPolicy(args.policy, queues=queues, priority_classes=classes)
+
+    async def run(ctx: ServiceContext) -> int:
+        log = await ctx.event_log()
+        follower = Follower(log)
+        await follower.catch_up()
+        following = asyncio.create_task(follower.run())
+        lease = await ctx.leader_lease(ttl=args.lease_ttl)
+        loop = SchedulerLoop(log, follower, instance=config.instance, policy=policy, tick_s=args.tick)
+        try:
+            await lead_while_elected(loop, lease, ctx.stop)
+        finally:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await following
+        return 0
+
+    return run_service(run, config)

@@ -1,0 +1,68 @@
+"""Shared fixtures: real servers on free ports, started once per test session.
+
+- ``nats_server``: a ``NatsServer`` (JetStream) on a free port with a temporary store; session scope.
+- ``postgres``: a ``PostgresServer`` with database ``rallypoint``; session scope, started on first use.
+- ``event_log``: an ``EventLog`` on the session server, with the ``RALLY`` stream created fresh for
+  the test and deleted afterwards, so every test starts from an empty log at sequence 0.
+
+Stream names must not overlap in subjects (all use ``rally.>``), so tests that use ``event_log`` must
+not create another ``rally.>`` stream on the same server at the same time; tests that need their own
+server start one (``NatsServer`` is ~50 ms).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+
+import nats.js.errors
+import pytest
+
+from rallypoint.eventlog import EventLog, connect_nats
+from rallypoint.infra import NatsServer, PostgresServer
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    # Sync fixture on the main thread: the server's parent-death signal is tied to the spawning thread.
+    server = NatsServer(tmp_path_factory.mktemp("nats")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    # No data dir from tmp_path_factory: pytest's /tmp/pytest-of-root is 0700, and when we are root
+    # postgres runs as another OS user that could not enter it.
+    server = PostgresServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def event_log(nats_server: NatsServer, request: pytest.FixtureRequest) -> AsyncIterator[EventLog]:
+    nc = await connect_nats(nats_server.url, name=f"test-{request.node.name}"[:100])
+    # Start from an empty log even if an earlier test left a stream behind.
+    with contextlib.suppress(nats.js.errors.NotFoundError):
+        await nc.jetstream().delete_stream("RALLY")
+    for attempt in range(50):
+        try:
+            log = await EventLog.attach(nc, owns_connection=True)
+            break
+        except nats.js.errors.ServerError as exc:
+            # 10049: right after a delete the server may still be removing the old store directory.
+            if exc.err_code != 10049 or attempt == 49:
+                raise
+            await asyncio.sleep(0.05)
+    try:
+        yield log
+    finally:
+        # Deleting the stream (not its messages) is allowed even with deny_delete/deny_purge.
+        await log.js.delete_stream(log.stream)
+        await log.close()
+

@@ -1,0 +1,254 @@
+"""The node agent as its own process against a real NATS server: register, heartbeat, launch, kill, report.
+
+The agent runs as ``python -m rallypoint_services.agent`` (what ``rally serve agent`` runs), so these
+tests also cover its command line, signal handling and crash recovery with a real SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from rallypoint.agent import RankLauncher, SimulatedGpus
+from rallypoint.agent.node import AgentConfig, NodeAgent
+from rallypoint.agent.protocol import (
+    Heartbeat,
+    KillReply,
+    KillTask,
+    LaunchReply,
+    LaunchTask,
+    RankSpec,
+    StatusReply,
+)
+from rallypoint.agent.workdir import read_record
+from rallypoint.eventlog import EventLog, LogUnavailable
+from rallypoint.events import Event, NodeRegistered, RankExited, subjects
+from rallypoint.infra import ManagedProcess, NatsServer
+
+PY = sys.executable
+NODE = "node-1"
+
+
+class Agent:
+    """One agent process; ``stop()`` is SIGTERM, ``crash()`` SIGKILL."""
+
+    def __init__(self, url: str, work_dir: Path, log_path: Path, *extra: str) -> None:
+        argv = [PY, "-m", "rallypoint_services.agent", "--nats-url", url, "--node-id", NODE,
+                "--rack", "rack-3", "--spine", "spine-1", "--gpus", "4", "--nvlink-domain-size", "2",
+                "--gpu-type", "sim-h100", "--backend", "sim", "--address", "127.0.0.1",
+                "--work-dir", str(work_dir),
+                "--heartbeat-interval", "0.2", "--log-format", "text", *extra]
+        self.proc = ManagedProcess(argv, log_path=log_path)
+
+    async def stop(self) -> int | None:
+        return await asyncio.to_thread(self.proc.stop, 10.0)
+
+    async def crash(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        await asyncio.to_thread(self.proc.popen.wait, 5.0)
+
+
+@pytest.fixture
+async def agent_env(event_log: EventLog, nats_server: NatsServer, tmp_path: Path
+                    ) -> AsyncIterator[Callable[..., Agent]]:
+    started: list[Agent] = []
+    work_dir = tmp_path / "work"
+
+    def start(*extra: str) -> Agent:
+        agent = Agent(nats_server.url, work_dir, tmp_path / f"agent-{len(started)}.log", *extra)
+        started.append(agent)
+        return agent
+
+    try:
+        yield start
+    finally:
+        for agent in started:
+            await agent.stop()
+        # Ranks outlive agents by design; the test must not leave them behind.
+        for pid_file in work_dir.rglob("rank-*.pid"):
+            record = read_record(pid_file) or {}
+            with contextlib.suppress(ProcessLookupError, PermissionError, TypeError):
+                os.killpg(record.get("pid"), signal.SIGKILL)  # type: ignore[arg-type]
+
+
+async def wait_until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def events_on(log: EventLog, subject: str) -> list[object]:
+    if await log.last_seq(subject) == 0:
+        return []
+    return [rec.event async for rec in log.replay(subjects=subject)]
+
+
+async def rank_exits(log: EventLog, job_id: str) -> dict[int, int]:
+    events = await events_on(log, subjects.job(job_id))
+    return {e.rank: e.exit_code for e in events if isinstance(e, RankExited)}
+
+
+async def first_heartbeat(log: EventLog, timeout: float = 10.0) -> Heartbeat:
+    sub = await log.nc.subscribe(subjects.heartbeat(NODE))
+    try:
+        msg = await sub.next_msg(timeout=timeout)
+    finally:
+        await sub.unsubscribe()
+    return msgspec.json.decode(msg.data, type=Heartbeat)
+
+
+def _span(rank: int, width: int) -> tuple[int, ...]:
+    return tuple(range(rank * width, (rank + 1) * width))
+
+
+def task(job_id: str, command: list[str], *, ranks: int = 2, gpus_per_rank: int = 1) -> LaunchTask:
+    return LaunchTask(
+        job_id=job_id, attempt=0, node_id=NODE, node_rank=0, world_size=ranks, local_world_size=ranks,
+        master_addr="127.0.0.1", master_port=29500, command=tuple(command),
+        ranks=tuple(RankSpec(rank=r, local_rank=r, gpus=_span(r, gpus_per_rank))
+                    for r in range(ranks)),
+    )
+
+
+async def request(log: EventLog, verb: str, payload: msgspec.Struct | None) -> bytes:
+    data = msgspec.json.encode(payload) if payload is not None else b""
+    msg = await log.nc.request(subjects.agent_command(NODE, verb), data, timeout=10.0)
+    return msg.data
+
+
+async def launch(log: EventLog, launch_task: LaunchTask) -> LaunchReply:
+    return msgspec.json.decode(await request(log, "launch", launch_task), type=LaunchReply)
+
+
+async def test_agent_registers_heartbeats_launches_reports_and_kills(
+        event_log: EventLog, agent_env: Callable[..., Agent], tmp_path: Path) -> None:
+    agent_env()
+    beat = await first_heartbeat(event_log)
+    assert beat.node_id == NODE and len(beat.gpus) == 4 and beat.ranks == ()
+
+    [registered] = await events_on(event_log, subjects.node(NODE))
+    assert isinstance(registered, NodeRegistered)
+    assert (registered.rack, registered.spine, registered.gpu_type) == ("rack-3", "spine-1", "sim-h100")
+    assert [g.nvlink_domain for g in registered.gpus] == [0, 0, 1, 1]
+    assert registered.agent_instance == beat.agent_instance
+
+    # Rank r exits with r: one success, one failure, both reported with their codes.
+    exit_with_rank = [PY, "-c", "import os, sys; sys.exit(int(os.environ['RANK']))"]
+    reply = await launch(event_log, task("job-1", exit_with_rank))
+    assert reply.ok and reply.started == (0, 1) and not reply.already_running
+    await wait_until(lambda: _has(rank_exits(event_log, "job-1"), 2), "RankExited for job-1")
+    assert await rank_exits(event_log, "job-1") == {0: 0, 1: 1}
+    job_events = await events_on(event_log, subjects.job("job-1"))
+    assert all(isinstance(e, RankExited) and e.node_id == NODE for e in job_events)
+
+    # A resent launch is answered, not re-run.
+    again = await launch(event_log, task("job-1", exit_with_rank))
+    assert again.ok and again.already_running
+
+    # A long rank shows in heartbeats and status until it is killed; the kill is reported as SIGTERM.
+    sleeper = task("job-2", [PY, "-c", "import time; time.sleep(60)"], ranks=1, gpus_per_rank=2)
+    assert (await launch(event_log, sleeper)).ok
+    status = msgspec.json.decode(await request(event_log, "status", None), type=StatusReply)
+    assert {(r.job_id, r.rank) for r in status.ranks} >= {("job-2", 0), ("job-1", 0), ("job-1", 1)}
+
+    async def busy_beat() -> bool:
+        beat = await first_heartbeat(event_log)
+        return any(r.job_id == "job-2" for r in beat.ranks) and beat.gpus[0].utilization > 0
+    await wait_until(busy_beat, "a heartbeat with job-2 running")
+
+    kill = KillTask(job_id="job-2", attempt=0, grace_s=5)
+    killed = msgspec.json.decode(await request(event_log, "kill", kill), type=KillReply)
+    assert killed.ok and killed.signalled == 1
+    await wait_until(lambda: _has(rank_exits(event_log, "job-2"), 1), "RankExited for job-2")
+    assert await rank_exits(event_log, "job-2") == {0: 128 + signal.SIGTERM}
+
+    # Bad requests get an error reply, not silence.
+    bad = msgspec.json.decode(await request(event_log, "launch", None), type=LaunchReply)
+    assert not bad.ok and "LaunchTask" in bad.error
+    wrong_gpu = task("job-3", exit_with_rank, ranks=1, gpus_per_rank=8)
+    refused = await launch(event_log, wrong_gpu)
+    assert not refused.ok and "no such GPUs" in refused.error
+
+
+async def test_exit_during_an_agent_crash_is_reported_by_the_next_agent(
+        event_log: EventLog, agent_env: Callable[..., Agent], tmp_path: Path) -> None:
+    first = agent_env()
+    beat = await first_heartbeat(event_log)
+    go = tmp_path / "go"
+    wait_then_exit = [PY, "-c", "import os, sys, time\n"
+                      "while not os.path.exists(sys.argv[1]): time.sleep(0.02)\n"
+                      "sys.exit(int(os.environ['RANK']) + 3)", str(go)]
+    reply = await launch(event_log, task("job-9", wait_then_exit))
+    assert reply.started == (0, 1)
+
+    await first.crash()
+    go.write_text("")  # the ranks finish while no agent is running
+    await asyncio.sleep(0.3)
+    assert await rank_exits(event_log, "job-9") == {}
+
+    agent_env()
+    await wait_until(lambda: _has(rank_exits(event_log, "job-9"), 2), "RankExited after restart")
+    assert await rank_exits(event_log, "job-9") == {0: 3, 1: 4}
+    node_events = await events_on(event_log, subjects.node(NODE))
+    registrations = [e for e in node_events if isinstance(e, NodeRegistered)]
+    assert len(registrations) == 2
+    assert registrations[0].agent_instance == beat.agent_instance != registrations[1].agent_instance
+
+    # The restarted agent still refuses to start the same ranks again.
+    again = await launch(event_log, task("job-9", wait_then_exit))
+    assert again.already_running
+
+
+async def _has(exits: Awaitable[dict[int, int]], count: int) -> bool:
+    return len(await exits) >= count
+
+
+class FlakyLog(EventLog):
+    """The real log, except that the first ``failures`` appends find no server."""
+
+    def __init__(self, inner: EventLog, failures: int) -> None:
+        super().__init__(inner.nc, stream=inner.stream)
+        self.failures = failures
+        self.attempts = 0
+
+    async def append(self, subject: str, event: Event, *, msg_id: str, source: str,
+                     expected_last_subject_seq: int | None = None,
+                     expected_subject_filter: str | None = None) -> int:
+        self.attempts += 1
+        if self.failures > 0:
+            self.failures -= 1
+            raise LogUnavailable("injected: no responders")
+        return await super().append(subject, event, msg_id=msg_id, source=source,
+                                    expected_last_subject_seq=expected_last_subject_seq,
+                                    expected_subject_filter=expected_subject_filter)
+
+
+async def test_appends_are_retried_until_the_log_answers(event_log: EventLog, tmp_path: Path) -> None:
+    # In-process agent (no CLI): the log is unavailable for the registration and the first RankExited.
+    flaky = FlakyLog(event_log, failures=2)
+    launcher = RankLauncher(tmp_path / "work")
+    config = AgentConfig(node_id="node-7", heartbeat_interval_s=0.1, poll_interval_s=0.05)
+    agent = NodeAgent(flaky, SimulatedGpus("node-7", 2), launcher, config)
+    await agent.start()
+    try:
+        assert flaky.attempts == 3 and agent.registered_seq == 1
+        flaky.failures = 2
+        job = task("job-r", [PY, "-c", "raise SystemExit(2)"], ranks=1)
+        job = msgspec.structs.replace(job, node_id="node-7")
+        await asyncio.to_thread(launcher.launch, job)
+        await wait_until(lambda: _has(rank_exits(event_log, "job-r"), 1), "RankExited through a flaky log")
+        assert await rank_exits(event_log, "job-r") == {0: 2}
+        assert len(await events_on(event_log, subjects.job("job-r"))) == 1
+        assert launcher.unreported() == []
+    finally:
+        await agent.close()

@@ -1,0 +1,24 @@
+"""Fixtures for the simulator tests: the repository's sample data and the shared traces (when present)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).resolve().parent / "data"
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    return DATA
+
+
+@pytest.fixture(scope="session")
+def shared_traces() -> Path:
+    """``<repo>/../shared/traces``: CI has it; a lone clone skips the tests that need it."""
+    p = REPO.parent / "shared" / "traces"
+    if not (p / "golden").is_dir():
+        pytest.skip(f"shared traces not found at {p} (clone the repo beside shared/ to run this test)")
+    return p

