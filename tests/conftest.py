@@ -19,6 +19,8 @@ from collections.abc import AsyncIterator, Iterator
 import nats.js.errors
 import pytest
 
+from nats.aio.client import Client
+
 from rallypoint.eventlog import EventLog, connect_nats
 from rallypoint.infra import NatsServer, PostgresServer
 
@@ -47,22 +49,39 @@ def postgres() -> Iterator[PostgresServer]:
 @pytest.fixture
 async def event_log(nats_server: NatsServer, request: pytest.FixtureRequest) -> AsyncIterator[EventLog]:
     nc = await connect_nats(nats_server.url, name=f"test-{request.node.name}"[:100])
-    # Start from an empty log even if an earlier test left a stream behind.
-    with contextlib.suppress(nats.js.errors.NotFoundError):
-        await nc.jetstream().delete_stream("RALLY")
-    for attempt in range(50):
-        try:
-            log = await EventLog.attach(nc, owns_connection=True)
-            break
-        except nats.js.errors.ServerError as exc:
-            # 10049: right after a delete the server may still be removing the old store directory.
-            if exc.err_code != 10049 or attempt == 49:
-                raise
-            await asyncio.sleep(0.05)
+    log = await _fresh_log(nc, nats_server)
     try:
         yield log
     finally:
         # Deleting the stream (not its messages) is allowed even with deny_delete/deny_purge.
         await log.js.delete_stream(log.stream)
         await log.close()
+
+
+async def _fresh_log(nc: Client, server: NatsServer) -> EventLog:
+    """An EventLog on a newly created, empty RALLY stream.
+
+    nats-server removes a deleted stream's files asynchronously: a stream re-created under the same
+    name at once can fail (10049) or, worse, pick up the old messages from the half-deleted directory
+    (seen on 2.15.1 as a stray message in a "fresh" stream). So wait for the directory to go, and check
+    the new stream really is empty.
+    """
+    js = nc.jetstream()
+    for _ in range(100):
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await js.delete_stream("RALLY")
+        if any(server.store_dir.glob("jetstream/*/streams/RALLY")):
+            await asyncio.sleep(0.02)
+            continue
+        try:
+            log = await EventLog.attach(nc)
+        except nats.js.errors.ServerError as exc:
+            if exc.err_code != 10049:
+                raise
+            await asyncio.sleep(0.02)
+            continue
+        if (await js.stream_info("RALLY")).state.last_seq == 0:
+            log._owns_connection = True
+            return log
+    raise RuntimeError("could not create an empty RALLY stream")
 

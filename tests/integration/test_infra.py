@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -82,18 +83,29 @@ def test_servers_die_with_a_killed_parent(tmp_path: Path) -> None:
         from rallypoint.infra import NatsServer, PostgresServer
         n = NatsServer().start()
         p = PostgresServer().start()
-        print(n.pid, p.pid, flush=True)
+        print(n.pid, p.pid, n.data_dir, p.base_dir, flush=True)
         time.sleep(60)
         """
     )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout is not None
-        nats_pid, pg_pid = (int(x) for x in parent.stdout.readline().split())
+        fields = parent.stdout.readline().split()
+        nats_pid, pg_pid = int(fields[0]), int(fields[1])
+        leftovers = [Path(fields[2]), Path(fields[3])]
         assert not _gone(nats_pid) and not _gone(pg_pid)
     finally:
         parent.send_signal(signal.SIGKILL)
         parent.wait()
+    try:
+        _check_children_died(nats_pid, pg_pid)
+    finally:
+        # A SIGKILLed parent cannot remove its temporary data dirs; that is the one thing left behind.
+        for path in leftovers:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _check_children_died(nats_pid: int, pg_pid: int) -> None:
     if not sys.platform.startswith("linux"):
         pytest.skip("parent-death signal is Linux only")
     assert _wait_gone(nats_pid), "nats-server outlived its parent"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import msgspec
 
+from rallypoint.agent import workdir
 from rallypoint.infra import ManagedProcess, NatsServer, PostgresServer, free_port
 
 _log = logging.getLogger("rallypoint.localcluster")
@@ -112,7 +113,9 @@ class LocalCluster:
         if self._nats_url is None:
             self.nats = NatsServer(self.workdir / "nats", server_name="rally-local").start()
         if self.with_projector and self._postgres_dsn is None:
-            self.postgres = PostgresServer(self.workdir / "postgres").start()
+            # PostgreSQL is only a projection of the log (rebuildable), so its data lives in a throwaway
+            # temp dir: that one is traversable by the unprivileged user postgres must run as under root.
+            self.postgres = PostgresServer().start()
         self.start_service("api", "api", ["--http-host", "127.0.0.1", "--http-port", str(self.api_port)])
         for name in SINGLETONS:
             if name == "projector" and not self.with_projector:
@@ -212,10 +215,14 @@ class LocalCluster:
     def _kill_leftover_ranks(self) -> None:
         """Ranks outlive their agent by design (an agent restart must not kill training); a cluster
         shutdown must not leave them running, so sweep the process groups the agents recorded."""
-        from rallypoint.agent.launcher import sweep_rank_processes
-
         for node_id in self.node_ids():
-            sweep_rank_processes(self.workdir / "agents" / node_id)
+            for pid_file in sorted((self.workdir / "agents" / node_id).glob("*/*/rank-*.pid")):
+                record = workdir.read_record(pid_file)
+                if record is None or pid_file.with_suffix(".exit").exists():
+                    continue
+                # Each rank leads its own process group (the wrapper made it so): stop the group.
+                workdir.signal_group(record.get("pid"), record.get("pid_start"), signal.SIGKILL)
+                workdir.signal_group(record.get("wrapper_pid"), record.get("wrapper_start"), signal.SIGKILL)
 
     def __enter__(self) -> LocalCluster:
         try:

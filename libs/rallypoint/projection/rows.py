@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import msgspec
 
 from rallypoint.events import Event, event_type
-from rallypoint.state import ClusterState, JobView, NodeView
+from rallypoint.state import ACTIVE, ClusterState, JobView, NodeView
 
 JobRow = tuple[Any, ...]
 NodeRow = tuple[Any, ...]
@@ -151,39 +151,50 @@ class ReadModel:
     # -- folding ---------------------------------------------------------------------------
 
     def apply(self, seq: int, event: Event) -> tuple[set[str], set[str]]:
-        """Fold one event; return the (job ids, node ids) whose rows may have changed."""
-        state = self.state
+        """Fold one event; return the (job ids, node ids) whose rows it changed."""
         job_id: str | None = getattr(event, "job_id", None)
+        if job_id is not None:
+            return self._apply_job_event(seq, event, job_id)
         node_id: str | None = getattr(event, "node_id", None)
-        # Candidates are read before the fold runs: a release or rebind changes a job's placements,
-        # and the nodes it leaves need their gpus_free rewritten as much as the nodes it lands on.
-        jobs: set[str] = set()
-        nodes: set[str] = set()
-        if job_id is not None:
-            jobs.add(job_id)
-            nodes.update(self._job_nodes(job_id))
         if node_id is not None:
-            nodes.add(node_id)
-            if job_id is None:
-                # A node event may one day change the jobs placed on it (a lost node failing its
-                # gangs); watching them costs little and keeps the rows right if the fold does so.
-                jobs.update(self._node_jobs(node_id))
-        before_nodes = {n: self._node_key(n) for n in nodes}
-        before_jobs = {j: self._job_key(j) for j in jobs if j != job_id}
+            return self._apply_node_event(seq, event, node_id)
+        self.state.apply(seq, event)  # scheduler epochs: no row of ours shows them
+        return set(), set()
 
+    def _apply_job_event(self, seq: int, event: Event, job_id: str) -> tuple[set[str], set[str]]:
+        # The fold holds a job's GPUs exactly while it is bound or running, on its placements: so node
+        # rows change only when the job enters or leaves that set, or its placements change. Checking
+        # that costs two lookups; diffing every node of every gang on every RankExited would not.
+        state = self.state
+        job = state.jobs.get(job_id)
+        was_active = job is not None and job.state in ACTIVE
+        old_placements = job.placements if job is not None else ()
         state.apply(seq, event)
-
-        if job_id is not None:
-            nodes.update(self._job_nodes(job_id))
-        changed_nodes: set[str] = set()
-        for n in nodes:
-            if self._node_key(n) != before_nodes.get(n):
+        job = state.jobs.get(job_id)
+        if job is None:
+            return set(), set()  # an orphan: the fold counted it, no row shows it
+        nodes: set[str] = set()
+        if (job.state in ACTIVE) != was_active or job.placements is not old_placements:
+            nodes = {p.node_id for p in old_placements} | {p.node_id for p in job.placements}
+            nodes.intersection_update(state.nodes)
+            for n in nodes:
                 self.node_seq[n] = seq
-                changed_nodes.add(n)
-        # The named job's row always carries the fold's new last_seq; other jobs only if they changed.
-        changed_jobs = {job_id} if job_id is not None and job_id in state.jobs else set()
-        changed_jobs.update(j for j, key in before_jobs.items() if self._job_key(j) != key)
-        return changed_jobs, changed_nodes
+        # The job's row always changes: at least its last_seq moved with the fold.
+        return {job_id}, nodes
+
+    def _apply_node_event(self, seq: int, event: Event, node_id: str) -> tuple[set[str], set[str]]:
+        # Node events are rare (registrations, drains, losses), so diff the rows they could touch:
+        # the node's own and, should the fold ever act on a node's gangs, those of the jobs on it.
+        before_node = self._node_key(node_id)
+        on_node = self._node_jobs(node_id)
+        before_jobs = {j: self._job_key(j) for j in on_node}
+        self.state.apply(seq, event)
+        nodes: set[str] = set()
+        if self._node_key(node_id) != before_node:
+            self.node_seq[node_id] = seq
+            nodes.add(node_id)
+        jobs = {j for j, key in before_jobs.items() if self._job_key(j) != key}
+        return jobs, nodes
 
     def fold(self, records: Iterable[RecordedLike]) -> Batch | None:
         """Apply a batch; records at or below the current position are skipped (redeliveries)."""
@@ -232,10 +243,6 @@ class ReadModel:
         return cls(snap.state, snap.node_seq)
 
     # -- helpers ---------------------------------------------------------------------------
-
-    def _job_nodes(self, job_id: str) -> set[str]:
-        job = self.state.jobs.get(job_id)
-        return {p.node_id for p in job.placements} if job is not None else set()
 
     def _node_jobs(self, node_id: str) -> set[str]:
         node = self.state.nodes.get(node_id)
