@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import nats.js.errors
 import pytest
-
 from nats.aio.client import Client
 
 from rallypoint.eventlog import EventLog, connect_nats
@@ -67,10 +68,20 @@ async def _fresh_log(nc: Client, server: NatsServer) -> EventLog:
     the new stream really is empty.
     """
     js = nc.jetstream()
-    for _ in range(100):
+    deadline = time.monotonic() + 20.0
+    why = ""
+    lingering_since = time.monotonic()
+    while time.monotonic() < deadline:
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await js.delete_stream("RALLY")
-        if any(server.store_dir.glob("jetstream/*/streams/RALLY")):
+        leftovers = list(server.store_dir.glob("jetstream/*/streams/RALLY"))
+        if leftovers:
+            why = "old stream directory still there"
+            if time.monotonic() > lingering_since + 1.0:
+                # Seen on 2.15.1: the stream is gone from the server but its directory stays for good.
+                # The server no longer owns it, so remove it before a new stream adopts its messages.
+                for path in leftovers:
+                    shutil.rmtree(path, ignore_errors=True)
             await asyncio.sleep(0.02)
             continue
         try:
@@ -78,10 +89,12 @@ async def _fresh_log(nc: Client, server: NatsServer) -> EventLog:
         except nats.js.errors.ServerError as exc:
             if exc.err_code != 10049:
                 raise
+            why = f"create refused: {exc.description}"
             await asyncio.sleep(0.02)
             continue
-        if (await js.stream_info("RALLY")).state.last_seq == 0:
+        last = (await js.stream_info("RALLY")).state.last_seq
+        if last == 0:
             log._owns_connection = True
             return log
-    raise RuntimeError("could not create an empty RALLY stream")
-
+        why = f"new stream came up with old messages (last seq {last})"
+    raise RuntimeError(f"could not create an empty RALLY stream: {why}")

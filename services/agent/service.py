@@ -45,8 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fault-file", default=env.get("RALLY_SIM_FAULT_FILE"),
                         help="sim: file of injected faults, re-read when it changes "
                         "(env RALLY_SIM_FAULT_FILE)")
-    parser.add_argument("--work-dir", default=None,
-                        help="where rank logs and exit records live (default .rally/agent/<node-id>)")
+    parser.add_argument("--work-dir", default=env.get("RALLY_AGENT_WORK_DIR"),
+                        help="where rank logs and exit records live (env RALLY_AGENT_WORK_DIR; "
+                        "default .rally/agent/<node-id>)")
     parser.add_argument("--cpu-milli", type=int, default=None, help="CPU to register (default: this host's)")
     parser.add_argument("--memory-mib", type=int, default=None, help="RAM to register (default: this host's)")
     parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between heartbeats")

@@ -21,6 +21,7 @@ from rallypoint.state import ClusterState
 _log = logging.getLogger("rallypoint.api.fold")
 
 RETRY_DELAY_S = 1.0
+STOP_TIMEOUT_S = 5.0
 
 
 class FoldFollower:
@@ -45,6 +46,11 @@ class FoldFollower:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
+            # Bounded: shutdown must never hang on a follow that does not honour cancellation promptly.
+            done, _ = await asyncio.wait({task}, timeout=STOP_TIMEOUT_S)
+            if not done:
+                _log.warning("the log follower did not stop within %.1fs of being cancelled", STOP_TIMEOUT_S)
+                return
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import msgspec
 from nats.aio.msg import Msg
 
-from rallypoint.agent.protocol import Heartbeat
+from rallypoint.protocol import Heartbeat
 from rallypoint.eventlog import EventLogError
 from rallypoint.events import subjects
 from rallypoint.health import HealthPolicy, assess

@@ -17,7 +17,7 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from rallypoint.agent.protocol import KillReply, KillTask, LaunchReply, LaunchTask
+from rallypoint.protocol import KillReply, KillTask, LaunchReply, LaunchTask
 from rallypoint.control import Action, Append, Kill, Launch, owned_by, reconcile
 from rallypoint.eventlog import EventLog, EventLogError
 from rallypoint.events import Event, subjects
@@ -40,6 +40,7 @@ class JobController:
         clock: Callable[[], float] = time.time,
         command_timeout: float = 5.0,
         tick_s: float = 1.0,
+        preemption_grace_s: float = 30.0,
     ) -> None:
         self.nc = nc
         self.log = log
@@ -49,6 +50,7 @@ class JobController:
         self.clock = clock
         self.command_timeout = command_timeout
         self.tick_s = tick_s
+        self.preemption_grace_s = preemption_grace_s
         self._inflight: dict[str, asyncio.Task[None]] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -68,11 +70,17 @@ class JobController:
                 continue
             if not owned_by(job.job_id, self.shard, self.shards):
                 continue
-            actions = reconcile(job, state, now)
+            actions = reconcile(job, state, now, preemption_grace_s=self.preemption_grace_s)
             if actions:
                 task = asyncio.create_task(self._execute(job.job_id, actions))
                 self._inflight[job.job_id] = task
-                task.add_done_callback(lambda _t, j=job.job_id: self._inflight.pop(j, None))
+                task.add_done_callback(self._forget(job.job_id))
+
+    def _forget(self, job_id: str) -> Callable[[asyncio.Task[None]], None]:
+        def done(_task: asyncio.Task[None]) -> None:
+            self._inflight.pop(job_id, None)
+
+        return done
 
     async def _execute(self, job_id: str, actions: list[Action]) -> None:
         try:
@@ -82,6 +90,8 @@ class JobController:
                         await self._append(job_id, action.then)
                 elif isinstance(action, Kill):
                     await self._kill(action)
+                    if action.await_exits:
+                        await self._until_ranks_exited(job_id, action.attempt, action.grace_s + 10.0)
                     if action.then is not None:
                         await self._append(job_id, action.then)
                 elif isinstance(action, Append):
@@ -91,6 +101,19 @@ class JobController:
             _log.warning("job %s: %s; will retry", job_id, exc)
         except Exception:
             _log.exception("job %s: unexpected error; will retry", job_id)
+
+    async def _until_ranks_exited(self, job_id: str, attempt: int, timeout: float) -> None:
+        """Wait for every rank's RankExited; past ``timeout`` the ranks are presumed gone (lost node)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            job = self.follower.state.jobs[job_id]
+            if job.attempt != attempt or job.terminal or len(job.ranks_exited) >= job.world_size:
+                return
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                _log.warning("job %s attempt %d: ranks did not all report an exit; proceeding", job_id, attempt)
+                return
+            await self.follower.next_change(min(remaining, 1.0))
 
     async def _append(self, job_id: str, event: Event) -> None:
         job = self.follower.state.jobs[job_id]
@@ -125,7 +148,7 @@ class JobController:
         """Best effort per node: an unreachable node's ranks are as good as dead to the gang."""
 
         async def one(node_id: str) -> None:
-            command = KillTask(job_id=action.job_id, attempt=action.attempt)
+            command = KillTask(job_id=action.job_id, attempt=action.attempt, grace_s=action.grace_s)
             data = await self._request(subjects.agent_command(node_id, "kill"), command)
             if data is None:
                 _log.warning("kill of %s on %s not answered", action.job_id, node_id)

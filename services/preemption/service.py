@@ -1,29 +1,36 @@
-"""`rally serve preemption`: follows the log and keeps the shared state; its decisions arrive with later issues."""
+"""`rally serve preemption`: picks victims with the core and requests their graceful stop. Leader-elected."""
 
 from __future__ import annotations
 
 import argparse
-import logging
 from collections.abc import Sequence
 
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.follower import Follower
 from rallypoint.runtime.following import with_follower
+from rallypoint.scheduling import SchedulingPolicy, load_queue_config
 
-_log = logging.getLogger("rallypoint.preemption")
+from .loop import PreemptionLoop, preempt_while_elected
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rally serve preemption", description=__doc__)
     add_common_args(parser)
+    parser.add_argument("--policy", default="rallypoint", help="core policy name (must match the scheduler's)")
+    parser.add_argument("--queues", default=None, help="queue and quota configuration (JSON or YAML)")
+    parser.add_argument("--lease-ttl", type=float, default=3.0, help="leader lease TTL in seconds")
     args = parser.parse_args(argv)
     config = ServiceConfig.from_args("preemption", args)
+    queues, classes = load_queue_config(args.queues)
+    policy = SchedulingPolicy(args.policy, queues=queues, priority_classes=classes)
 
     async def run(ctx: ServiceContext) -> int:
-        async def idle(follower: Follower) -> None:
-            _log.info("following the log from seq %d", follower.state.last_seq)
-            await ctx.stop.wait()
+        lease = await ctx.leader_lease(ttl=args.lease_ttl)
 
-        return await with_follower(ctx, idle)
+        async def work(follower: Follower) -> None:
+            loop = PreemptionLoop(follower.log, follower, instance=config.instance, policy=policy)
+            await preempt_while_elected(loop, lease, ctx.stop)
+
+        return await with_follower(ctx, work)
 
     return run_service(run, config)

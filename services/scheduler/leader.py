@@ -16,9 +16,10 @@ import time
 from collections.abc import Callable
 
 from rallypoint.eventlog import AppendConflict, EventLog, LogUnavailable
-from rallypoint.events import Event, JobRejected, LeaderEpochStarted, subjects
+from rallypoint.events import JobRejected, subjects
 from rallypoint.scheduling import SchedulingPolicy, decision_writes, jobs_that_can_never_fit
 from rallypoint.runtime import LeaderLease
+from rallypoint.runtime.fencing import FencedWriter
 from rallypoint.runtime.follower import Follower
 from rallypoint.state import ClusterState
 
@@ -44,42 +45,24 @@ class SchedulerLoop:
         self.policy = policy
         self.clock = clock
         self.tick_s = tick_s
-        self.epoch = 0
-        self._fence = 0
+        self.writer = FencedWriter(log, follower, role="scheduler", tree=subjects.SCHEDULER_TREE,
+                                   epoch_subject=subjects.EPOCH, instance=instance, source=SOURCE, clock=clock)
         self.cycles = 0
 
     @property
     def state(self) -> ClusterState:
         return self.follower.state
 
-    async def _append_fenced(self, subject: str, event: Event, msg_id: str) -> int:
-        seq = await self.log.append(
-            subject, event,
-            msg_id=msg_id, source=SOURCE,
-            expected_last_subject_seq=self._fence, expected_subject_filter=subjects.SCHEDULER_TREE,
-        )
-        self._fence = seq
-        return seq
+    @property
+    def epoch(self) -> int:
+        return self.writer.epoch
 
     async def start_epoch(self, term: int = 0) -> int:
-        """Fence every earlier leader. Raises AppendConflict if another contender got there first.
-
-        The epoch is above both the log's last epoch and the lease term, so epochs only ever grow even
-        if the lease bucket was recreated."""
-        tip = await self.log.last_seq()
-        await self.follower.wait_for(tip)
-        self._fence = await self.log.last_seq(subjects.SCHEDULER_TREE)
-        epoch = max(self.state.epoch + 1, term)
-        event = LeaderEpochStarted(epoch=epoch, leader_id=self.instance, at=self.clock())
-        seq = await self._append_fenced(subjects.EPOCH, event, f"epoch:{epoch}:{self.instance}")
-        await self.follower.wait_for(seq)
-        self.epoch = epoch
-        _log.info("leading as epoch %d from seq %d", epoch, seq)
-        return epoch
+        return await self.writer.start_epoch(term)
 
     async def cycle(self) -> int:
         """One scheduling cycle; returns the number of appends it made."""
-        await self.follower.wait_for(self._fence)
+        await self.follower.wait_for(self.writer.fence)
         state = self.state
         now = self.clock()
         writes = 0
@@ -97,7 +80,7 @@ class SchedulerLoop:
         decisions = self.policy.decide(state, now)
         for write in decision_writes(decisions, state, epoch=self.epoch,
                                      policy_version=self.policy.version, at=now):
-            await self._append_fenced(write.subject, write.event, write.msg_id)
+            await self.writer.append(write.subject, write.event, write.msg_id)
             writes += 1
         self.cycles += 1
         return writes

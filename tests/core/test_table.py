@@ -1,4 +1,4 @@
-"""Table-driven policy tests: clusters, queues and jobs as data; expected binds, evictions and reasons as data.
+"""Table-driven policy tests: clusters, queues and jobs as data; expected binds, evictions, reasons as data.
 
 Each case: ``policy`` name (or (name, overrides)), ``cluster`` (nodes, running jobs, unhealthy nodes),
 ``pending`` jobs, optional ``queues``/``now``, and expectations:

@@ -224,3 +224,47 @@ async def _leader(cluster: LocalCluster) -> dict[str, Any]:
     finally:
         await log.close()
     return {"epoch": state.epoch, "leader_id": state.leader_id}
+
+
+def test_a_production_gang_preempts_best_effort_work_which_is_requeued(cluster: LocalCluster, probes: Path) -> None:
+    def submit_with(name: str, gpus: int, priority: str, sleep: float) -> str:
+        command = [sys.executable, "-m", "rallypoint.localcluster.rankprobe", "--out", str(probes),
+                   "--sleep", str(sleep)]
+        body = {"name": name, "team": "e2e", "gpus": gpus, "gpus_per_task": 8, "ranks_per_task": 1,
+                "priority": priority, "command": command}
+        status, answer = call("POST", f"{cluster.api_url}/v1/jobs", body)
+        assert status == 202, answer
+        return str(answer["job_id"])
+
+    fillers = [submit_with(f"filler-{i}", 8, "best-effort", 300) for i in range(4)]
+    for filler in fillers:
+        wait_state(cluster, filler, {"running"})
+    urgent = submit_with("urgent", 16, "production", 0.5)
+    assert wait_state(cluster, urgent, TERMINAL, timeout=90)["state"] == "completed"
+
+    preempted = [f for f in fillers if job(cluster, f)["preemptions"] >= 1]
+    assert len(preempted) == 2, "exactly the two victims that free 16 GPUs are preempted"
+    for victim in preempted:
+        kinds = [type(r.event).__name__ for r in events_of(cluster, victim)]
+        assert kinds.index("PreemptionRequested") < kinds.index("JobPreempted")
+        # Requeued, then bound again as a new attempt once the urgent job is done.
+        assert kinds.count("GangBound") == 2
+        wait_state(cluster, victim, {"running"})
+    for filler in fillers:
+        call("DELETE", f"{cluster.api_url}/v1/jobs/{filler}")
+    for filler in fillers:
+        assert wait_state(cluster, filler, TERMINAL, timeout=60)["state"] == "cancelled"
+
+
+def test_every_recorded_decision_recomputes_identically_from_the_log(cluster: LocalCluster, probes: Path) -> None:
+    from rallypoint.audit import verify_decisions
+    from rallypoint.cli.replay import read_history
+    from rallypoint.scheduling import SchedulingPolicy
+
+    wait_state(cluster, submit(cluster, "audited", 8, 8, probes), TERMINAL)
+    seq, live_hash = quiescent_seq(cluster)
+    report = verify_decisions(asyncio.run(read_history(cluster.nats_url, seq)), SchedulingPolicy("rallypoint"))
+    assert report.decisions > 0 and report.other_policy == 0
+    assert report.mismatches == []
+    assert report.verified == report.decisions
+    assert report.final_hash == live_hash

@@ -20,7 +20,7 @@ import pytest
 
 from rallypoint.agent import RankLauncher, SimulatedGpus
 from rallypoint.agent.node import AgentConfig, NodeAgent
-from rallypoint.agent.protocol import (
+from rallypoint.protocol import (
     Heartbeat,
     KillReply,
     KillTask,

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from aiohttp import test_utils, web
+from rallypoint_services.api import ApiConfig, build_app
 
 from rallypoint.eventlog import EventLog, Recorded
 from rallypoint.events import (
@@ -30,7 +31,6 @@ from rallypoint.events import (
 from rallypoint.infra import NatsServer
 from rallypoint.jobs import job_id_for
 from rallypoint.state import ClusterState
-from rallypoint_services.api import ApiConfig, build_app
 
 NODES = 4
 GPUS_PER_NODE = 8
@@ -54,7 +54,8 @@ def node_event(i: int) -> NodeRegistered:
 
 async def register_nodes(log: EventLog) -> None:
     for i in range(NODES):
-        await log.append(subjects.node(f"n{i}"), node_event(i), msg_id=f"n{i}:0:NodeRegistered", source="test")
+        await log.append(subjects.node(f"n{i}"), node_event(i), msg_id=f"n{i}:0:NodeRegistered",
+                         source="test")
 
 
 async def recorded(log: EventLog) -> list[Recorded]:
@@ -150,7 +151,8 @@ async def test_same_idempotency_key_gives_one_job(client: Client, event_log: Eve
 
 async def test_concurrent_retries_make_one_job(client: Client, event_log: EventLog) -> None:
     headers = {"Idempotency-Key": "retry-storm"}
-    responses = await asyncio.gather(*(client.post("/v1/jobs", json=spec(), headers=headers) for _ in range(10)))
+    posts = (client.post("/v1/jobs", json=spec(), headers=headers) for _ in range(10))
+    responses = await asyncio.gather(*posts)
     bodies = [await r.json() for r in responses]
     assert {r.status for r in responses} == {202}
     assert len({b["job_id"] for b in bodies}) == 1
@@ -221,12 +223,12 @@ async def test_cloudevents_structured_submission(client: Client, event_log: Even
     assert jobs[0].idempotency_key == "gh-run-77-attempt-1"
 
     before = await event_log.last_seq()
-    no_data = {k: v for k, v in envelope.items() if k != "data"}
-    await assert_problem(await client.post("/v1/jobs", data=json.dumps(no_data), headers=headers), 422, "data")
-    bad_inner = {**envelope, "id": "other", "data": spec(gpus=0)}
-    await assert_problem(await client.post("/v1/jobs", data=json.dumps(bad_inner), headers=headers), 422, "gpus")
-    no_id = {k: v for k, v in envelope.items() if k != "id"}
-    await assert_problem(await client.post("/v1/jobs", data=json.dumps(no_id), headers=headers), 422, "id")
+    async def post_ce(event: dict[str, Any]) -> Any:
+        return await client.post("/v1/jobs", data=json.dumps(event), headers=headers)
+
+    await assert_problem(await post_ce({k: v for k, v in envelope.items() if k != "data"}), 422, "data")
+    await assert_problem(await post_ce({**envelope, "id": "other", "data": spec(gpus=0)}), 422, "gpus")
+    await assert_problem(await post_ce({k: v for k, v in envelope.items() if k != "id"}), 422, "id")
     assert await event_log.last_seq() == before
 
 

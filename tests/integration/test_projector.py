@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -31,6 +32,7 @@ from rallypoint.events import (
     JobCompleted,
     JobFailed,
     JobPending,
+    JobPreempted,
     JobQueued,
     JobRejected,
     JobSpec,
@@ -41,6 +43,7 @@ from rallypoint.events import (
     NodeHeartbeatLost,
     NodeRecovered,
     NodeRegistered,
+    PreemptionRequested,
     RankExited,
     TaskPlacement,
     event_type,
@@ -181,6 +184,19 @@ async def append_lifecycle(w: Writer) -> None:
     await w.put(job("ft-4"), JobFailed(job_id="ft-4", attempt=1, reason="rank 3 exited 137", exit_code=137,
                                        at=T0 + 190))
     await w.put(subjects.node("node-b"), NodeDrained(node_id="node-b", reason="xid 79", at=T0 + 200))
+    # pre-5 is preempted for a more important job, waits again, and finishes on its second attempt.
+    await w.put(job("pre-5"), JobSubmitted(job_id="pre-5", spec=spec("sweep", 8, priority="batch"),
+                                           submitted_at=T0 + 210))
+    await w.put(sched("pre-5"), bind("pre-5", 1, [("node-a", tuple(range(8)))], T0 + 211))
+    await w.put(job("pre-5"), JobStarted(job_id="pre-5", attempt=1, at=T0 + 212))
+    await w.put(subjects.preempt("pre-5"), PreemptionRequested(
+        job_id="pre-5", attempt=1, for_job="train-1", reason="priority", epoch=1, computed_at_seq=0,
+        policy_version="test-1", now=T0 + 220, at=T0 + 220))
+    await w.put(job("pre-5"), JobPreempted(job_id="pre-5", attempt=1, for_job="train-1", reason="priority",
+                                           at=T0 + 230))
+    await w.put(sched("pre-5"), bind("pre-5", 1, [("node-a", tuple(range(8)))], T0 + 240, attempt=2))
+    await w.put(job("pre-5"), JobStarted(job_id="pre-5", attempt=2, at=T0 + 241))
+    await w.put(job("pre-5"), JobCompleted(job_id="pre-5", attempt=2, at=T0 + 300))
     # An event for a job nobody submitted: an orphan the fold counts and the views ignore.
     await w.put(job("ghost"), JobStarted(job_id="ghost", attempt=1, at=T0 + 201))
 
@@ -278,7 +294,10 @@ async def test_lifecycle_projects_to_the_fold(event_log: EventLog, dsn: str, db:
 
     # Spot checks in plain words, so a bug shared by the fold and the rows still shows.
     rows = {r["job_id"]: r for r in await db.fetch(f"SELECT * FROM {SCHEMA}.jobs")}
-    assert set(rows) == {"train-1", "eval-2", "bad-3", "ft-4"}  # the orphan made no row
+    assert set(rows) == {"train-1", "eval-2", "bad-3", "ft-4", "pre-5"}  # the orphan made no row
+    p5 = rows["pre-5"]
+    assert (p5["state"], p5["attempt"], p5["preemptions"]) == ("completed", 2, 1)
+    assert p5["last_preempted_at"].timestamp() == T0 + 230
     t1 = rows["train-1"]
     assert (t1["state"], t1["exit_code"], t1["gpus"]) == ("completed", 0, 16)
     assert t1["nodes"] == ["node-a", "node-b"]
@@ -292,9 +311,9 @@ async def test_lifecycle_projects_to_the_fold(event_log: EventLog, dsn: str, db:
     nodes = {r["node_id"]: r for r in await db.fetch(f"SELECT * FROM {SCHEMA}.nodes")}
     assert (nodes["node-a"]["gpus_free"], nodes["node-a"]["status"]) == (8, "up")
     assert (nodes["node-b"]["status"], nodes["node-b"]["status_reason"]) == ("drained", "xid 79")
-    # node-a last changed when ft-4 failed and released its GPUs (a job event, not a node event).
-    failed_seq = await db.fetchval(f"SELECT max(seq) FROM {SCHEMA}.events WHERE type = 'JobFailed.v1'")
-    assert nodes["node-a"]["last_seq"] == failed_seq
+    # node-a last changed when pre-5 completed and released its GPUs (a job event, not a node event).
+    done_seq = await db.fetchval(f"SELECT max(seq) FROM {SCHEMA}.events WHERE type = 'JobCompleted.v1'")
+    assert nodes["node-a"]["last_seq"] == done_seq
     archived = await db.fetchrow(f"SELECT * FROM {SCHEMA}.events WHERE seq = 4")
     assert archived["type"] == "JobSubmitted.v1" and archived["subject"] == "rally.job.train-1"
     assert archived["data"]["spec"]["gpus"] == 16 and archived["envelope"]["source"] == "test"
@@ -347,7 +366,9 @@ async def _above(db: asyncpg.Connection, seq: int) -> bool:
     return await position(db) >= seq
 
 
-async def test_rebuild_equals_incremental(event_log: EventLog, dsn: str, db: asyncpg.Connection) -> None:
+async def test_rebuild_equals_incremental(
+    event_log: EventLog, dsn: str, db: asyncpg.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
     w = Writer(event_log)
     projector = Projector(event_log, dsn, batch_size=64)
     stop = asyncio.Event()
@@ -372,8 +393,13 @@ async def test_rebuild_equals_incremental(event_log: EventLog, dsn: str, db: asy
     assert await asyncio.to_thread(rally_projector, argv) == 0
     assert await snapshot_tables(db) == incremental
 
+    capsys.readouterr()
     argv = ["projector", "status", "--nats-url", _url(event_log), "--postgres-dsn", dsn, "--json"]
     assert await asyncio.to_thread(rally_projector, argv) == 0
+    status = json.loads(capsys.readouterr().out)
+    last = await event_log.last_seq()
+    assert (status["position"], status["log_last_seq"], status["lag"]) == (last, last, 0)
+    assert status["archived"] == last and status["jobs"] == len(incremental["jobs"])
 
 
 def rally_projector(argv: list[str]) -> int:
@@ -469,7 +495,8 @@ async def test_service_follows_and_stops_on_sigterm(
     await append_lifecycle(w)
     env = {**os.environ, "RALLY_POSTGRES_DSN": dsn}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rallypoint_services.projector.service", "--nats-url", _url(event_log)],
+        [sys.executable, "-m", "rallypoint.cli.main", "serve", "projector", "--nats-url", _url(event_log),
+         "--log-format", "text"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     try:
@@ -518,3 +545,22 @@ async def test_survives_a_postgres_restart(event_log: EventLog) -> None:
         await asyncio.wait_for(task, 10)
         await projector.close()
         await server.astop(remove_data=True)
+
+
+async def test_stops_promptly_while_postgres_is_down(event_log: EventLog) -> None:
+    """SIGTERM during a PostgreSQL outage must not wait out the backoff (nor the shutdown grace)."""
+    nowhere = f"postgresql://postgres@127.0.0.1:{free_port()}/rallypoint"
+    projector = Projector(event_log, nowhere)
+    stop = asyncio.Event()
+    task = asyncio.create_task(projector.run(stop))
+    await eventually(_retried(projector))
+    stop.set()
+    await asyncio.wait_for(task, 2)
+    await projector.close()
+
+
+def _retried(projector: Projector) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return projector.retries >= 2
+
+    return check

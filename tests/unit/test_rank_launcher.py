@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rallypoint.agent import EXIT_LOST, RankExit, RankLauncher
-from rallypoint.agent.protocol import LaunchTask, RankSpec
+from rallypoint.protocol import LaunchTask, RankSpec
 from rallypoint.agent.workdir import read_record
 
 PY = sys.executable
@@ -24,7 +24,8 @@ PY = sys.executable
 DUMP_ENV = """
 import json, os, sys
 keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR",
-        "MASTER_PORT", "NODE_RANK", "RALLY_JOB_ID", "RALLY_ATTEMPT", "USER_VAR", "INHERITED", "CUDA_DEVICE_ORDER"]
+        "MASTER_PORT", "NODE_RANK", "RALLY_JOB_ID", "RALLY_ATTEMPT", "USER_VAR", "INHERITED",
+        "CUDA_DEVICE_ORDER"]
 out = os.path.join(sys.argv[1], f"env-{os.environ['RANK']}.json")
 with open(out, "w") as f:
     json.dump({k: os.environ.get(k) for k in keys}, f)

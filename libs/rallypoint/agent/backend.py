@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
-from rallypoint.agent.protocol import GpuSample
+from rallypoint.protocol import GpuSample
 from rallypoint.events import GpuInfo
 
 MIB = 1024 * 1024

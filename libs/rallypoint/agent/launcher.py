@@ -28,7 +28,7 @@ from pathlib import Path
 import msgspec
 
 from rallypoint.agent import workdir
-from rallypoint.agent.protocol import LaunchTask, RankStatus
+from rallypoint.protocol import LaunchTask, RankStatus
 from rallypoint.jobs.launch import rank_environment
 
 # A claim without a pid file is a wrapper still starting (Python starts in well under a second); after

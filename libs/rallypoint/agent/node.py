@@ -28,7 +28,7 @@ from nats.aio.subscription import Subscription
 
 from rallypoint.agent.backend import GpuBackend, gpu_infos
 from rallypoint.agent.launcher import RankExit, RankLauncher
-from rallypoint.agent.protocol import (
+from rallypoint.protocol import (
     Heartbeat,
     KillReply,
     KillTask,

@@ -30,7 +30,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from rallypoint.agent.backend import MIB, GpuDevice
-from rallypoint.agent.protocol import GpuSample
+from rallypoint.protocol import GpuSample
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from rallypoint.agent.backend import GpuDevice
-from rallypoint.agent.protocol import GpuSample
+from rallypoint.protocol import GpuSample
 
 FAULTS_ENV = "RALLY_SIM_FAULTS"
 FAULT_FILE_ENV = "RALLY_SIM_FAULT_FILE"

@@ -80,9 +80,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                     "Prints the job id.",
     )
     submit.add_argument("--gpus", type=int, required=True, help="GPUs of the whole gang (all or nothing)")
-    submit.add_argument("--gpus-per-node", type=int, dest="gpus_per_task",
+    submit.add_argument("--gpus-per-node", type=int, dest="gpus_per_task", metavar="N",
                         help="GPUs per task, one task per node (default: min(gpus, node size))")
-    submit.add_argument("--ranks-per-node", type=int, dest="ranks_per_task",
+    submit.add_argument("--ranks-per-node", type=int, dest="ranks_per_task", metavar="N",
                         help="processes per task (default: one per GPU)")
     submit.add_argument("--team", default=os.environ.get("RALLY_TEAM"), help="team (default $RALLY_TEAM)")
     submit.add_argument("--priority", choices=PRIORITY_CLASSES,
@@ -135,7 +135,10 @@ def default_name(command: Sequence[str]) -> str:
     """A valid job name from the program: ``python train.py`` -> ``train``, ``/bin/Sleep`` -> ``sleep``."""
     words = [w for w in command if not w.startswith("-")]
     interpreters = {"python", "python3", "torchrun", "bash", "sh", "env", "uv", "srun"}
-    pick = next((w for w in words if os.path.basename(w) not in interpreters), words[0] if words else "job")
+    # A script file names the job better than its launcher, or a flag's value (`--nproc-per-node 8`).
+    scripts = [w for w in words if w.endswith((".py", ".sh"))]
+    programs = [w for w in words if os.path.basename(w) not in interpreters]
+    pick = (scripts or programs or words or ["job"])[0]
     stem = os.path.basename(pick).rsplit(".", 1)[0].lower()
     name = re.sub(r"[^a-z0-9._-]+", "-", stem).strip("._-")[:63].strip("._-")
     return name or "job"
@@ -316,10 +319,14 @@ def nodes_or_reason(job: dict[str, Any]) -> str:
 
 
 def job_elapsed(job: dict[str, Any], now: float) -> float:
-    start = job.get("started_at") or job.get("bound_at")
+    start = job.get("started_at")
+    if start is None:
+        start = job.get("bound_at")
     if start is None:
         return 0.0
-    end = job.get("ended_at") or now
+    end = job.get("ended_at")
+    if end is None:
+        end = now
     return float(end) - float(start)
 
 

@@ -7,7 +7,10 @@ import asyncio
 import json
 import sys
 
+import msgspec
+
 from rallypoint.cli.clusterinfo import default_nats_url
+from rallypoint.events import Event
 
 
 async def replay_state(nats_url: str, to_seq: int | None) -> dict[str, object]:
@@ -34,6 +37,35 @@ async def replay_state(nats_url: str, to_seq: int | None) -> dict[str, object]:
     }
 
 
+async def read_history(nats_url: str, to_seq: int | None) -> list[tuple[int, Event]]:
+    from rallypoint.eventlog import EventLog
+
+    log = await EventLog.connect(nats_url, name="rally-audit", create=False)
+    try:
+        return [(rec.seq, rec.event) async for rec in log.replay(to_seq=to_seq)]
+    finally:
+        await log.close()
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from rallypoint.audit import verify_decisions
+    from rallypoint.scheduling import SchedulingPolicy, load_queue_config
+
+    queues, classes = load_queue_config(args.queues)
+    policy = SchedulingPolicy(args.policy, queues=queues, priority_classes=classes)
+    history = asyncio.run(read_history(args.nats_url or default_nats_url(), args.to))
+    report = verify_decisions(history, policy)
+    if args.json:
+        print(msgspec.json.encode(report).decode())
+    else:
+        print(f"seq {report.final_seq}  hash {report.final_hash}")
+        print(f"policy {report.policy_version}: {report.decisions} decisions, {report.verified} recomputed "
+              f"identically, {len(report.mismatches)} differ, {report.other_policy} made under another policy")
+        for m in report.mismatches:
+            print(f"  seq {m.seq} {m.kind} {m.job_id}: recorded {m.recorded}, recomputed {m.recomputed}")
+    return 0 if report.ok else 1
+
+
 def _run(args: argparse.Namespace) -> int:
     from rallypoint.eventlog import EventLogError
 
@@ -41,6 +73,8 @@ def _run(args: argparse.Namespace) -> int:
         print("error: --to: must be a sequence number >= 1", file=sys.stderr)
         return 2
     try:
+        if args.verify_decisions:
+            return _verify(args)
         summary = asyncio.run(replay_state(args.nats_url or default_nats_url(), args.to))
     except (EventLogError, OSError, TimeoutError) as exc:
         print(f"error: cannot replay the log: {exc}", file=sys.stderr)
@@ -59,4 +93,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--nats-url", default=None, help="NATS URL (default: the local cluster's, or env)")
     parser.add_argument("--to", type=int, default=None, metavar="SEQ", help="stop at this sequence")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--verify-decisions", action="store_true",
+                        help="recompute every recorded bind and preemption from the log; exit 1 if any differs")
+    parser.add_argument("--policy", default="rallypoint", help="policy the scheduler ran (for --verify-decisions)")
+    parser.add_argument("--queues", default=None, help="queue configuration the scheduler ran with")
     parser.set_defaults(func=_run)

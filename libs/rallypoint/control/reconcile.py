@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 import msgspec
 
-from rallypoint.agent.protocol import LaunchTask
-from rallypoint.events import Event, JobCancelled, JobCompleted, JobFailed, JobStarted, subjects
+from rallypoint.protocol import LaunchTask
+from rallypoint.events import Event, JobCancelled, JobCompleted, JobFailed, JobPreempted, JobStarted, subjects
 from rallypoint.jobs.launch import launch_plan
 from rallypoint.state import ClusterState, JobView
 
@@ -27,12 +27,18 @@ class Launch(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Kill(msgspec.Struct, frozen=True, kw_only=True):
-    """Stop every rank of (job, attempt) on these nodes, then append ``then`` (if any)."""
+    """Stop every rank of (job, attempt) on these nodes, then append ``then`` (if any).
+
+    ``await_exits``: append ``then`` only once every rank has reported its exit (or the grace period
+    and a margin have passed), so GPUs are never handed to the next job while old ranks still hold them.
+    """
 
     job_id: str
     attempt: int
     node_ids: tuple[str, ...]
     then: Event | None
+    grace_s: float = 5.0
+    await_exits: bool = False
 
 
 class Append(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,7 +74,12 @@ def _lost_node(job: JobView, state: ClusterState) -> str | None:
     return None
 
 
-def reconcile(job: JobView, state: ClusterState, now: float) -> list[Action]:
+# Preempted ranks get this long after SIGTERM to write a checkpoint before SIGKILL.
+PREEMPTION_GRACE_S = 30.0
+
+
+def reconcile(job: JobView, state: ClusterState, now: float, *,
+              preemption_grace_s: float = PREEMPTION_GRACE_S) -> list[Action]:
     """What must happen to ``job`` now. Empty when nothing does."""
     if job.terminal:
         return []
@@ -82,6 +93,12 @@ def reconcile(job: JobView, state: ClusterState, now: float) -> list[Action]:
     if job.cancel_requested:
         return [Kill(job_id=job.job_id, attempt=attempt, node_ids=nodes,
                      then=JobCancelled(job_id=job.job_id, attempt=attempt, at=now))]
+
+    if job.preempt_for is not None:
+        preempted = JobPreempted(job_id=job.job_id, attempt=attempt, for_job=job.preempt_for,
+                                 reason=job.preempt_reason, at=now)
+        return [Kill(job_id=job.job_id, attempt=attempt, node_ids=nodes, then=preempted,
+                     grace_s=preemption_grace_s, await_exits=True)]
 
     failure = _first_failure(job)
     if failure is not None:

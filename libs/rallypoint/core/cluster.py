@@ -154,6 +154,7 @@ class ClusterIndex:
             return
         c = self.free[o].bit_count()
         self.sched[o] = flag
+        self.__dict__.pop("_healthy_cap", None)
         self._count(o, c, +1 if flag else -1)
         self.type_free[self.type_of[o]] += c if flag else -c
 

@@ -78,6 +78,11 @@ class Ctx:
     def healthy_capacity(self, gpu_type: str, level: str) -> int:
         """Largest schedulable capacity (free or not) of one domain at ``level`` for ``gpu_type``."""
         if self._healthy is None:
+            # cached on the index until a node's health changes (set_sched clears it)
+            cached = self.idx.__dict__.get("_healthy_cap")
+            if cached is not None:
+                self._healthy = cached
+                return cached.get((gpu_type, level), 0)
             h: dict[tuple[str, str], int] = {}
             racks: dict[tuple[str, int], int] = {}
             spines: dict[tuple[str, int], int] = {}
@@ -97,6 +102,7 @@ class Ctx:
             for (t, _s), v in spines.items():
                 h[(t, "spine")] = max(h.get((t, "spine"), 0), v)
             self._healthy = h
+            self.idx.__dict__["_healthy_cap"] = h
         return self._healthy.get((gpu_type, level), 0)
 
     def total_capacity(self, gpu_type: str, level: str) -> int:

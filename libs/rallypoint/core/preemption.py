@@ -70,28 +70,29 @@ class RankPreemptor:
     ) -> list[tuple[float, float, int, str, RunningJob, tuple[tuple[int, int], ...], str]]:
         """Running jobs with their masks and cost parts, sorted by (rank, work lost, -GPUs, id); built once
         per cycle, so several preemptors in one cycle share the O(running jobs) work."""
-        rows = ctx.cache.get("preempt_rows")
-        if rows is None:
-            cl = ctx.cluster
-            ord_of = ctx.idx.ord_of
-            now = ctx.now
-            rows = []
-            for jid, rj in cl.running.items():
-                since = rj.last_checkpoint if rj.last_checkpoint is not None else rj.start_time
-                rows.append(
-                    (
-                        running_rank[jid],
-                        rj.gpus * max(0.0, now - since),
-                        -rj.gpus,
-                        jid,
-                        rj,
-                        tuple((ord_of[n], m) for n, m in cl.job_masks[jid]),
-                        cl.job_gpu_type(rj),
-                    )
+        cached = ctx.cache.get("preempt_rows")
+        if cached is not None:
+            return cached  # type: ignore[return-value]
+        cl = ctx.cluster
+        ord_of = ctx.idx.ord_of
+        now = ctx.now
+        rows: list[tuple[float, float, int, str, RunningJob, tuple[tuple[int, int], ...], str]] = []
+        for jid, rj in cl.running.items():
+            since = rj.last_checkpoint if rj.last_checkpoint is not None else rj.start_time
+            rows.append(
+                (
+                    running_rank[jid],
+                    rj.gpus * max(0.0, now - since),
+                    -rj.gpus,
+                    jid,
+                    rj,
+                    tuple((ord_of[n], m) for n, m in cl.job_masks[jid]),
+                    cl.job_gpu_type(rj),
                 )
-            rows.sort(key=lambda r: r[:4])
-            ctx.cache["preempt_rows"] = rows
-        return rows  # type: ignore[no-any-return]
+            )
+        rows.sort(key=lambda r: r[:4])
+        ctx.cache["preempt_rows"] = rows
+        return rows
 
     def candidates(
         self, job: PendingJob, size: int, gpu_type: str, rank: float, ctx: Ctx, running_rank: dict[str, float]
@@ -212,7 +213,7 @@ class RankPreemptor:
             chosen: list[Candidate] = []
             plan: Plan | None = None
             kinds: dict[str, int] = {}
-            have = free_in[d]
+            got = free_in[d]
             check_at = size
             for c, g in per_dom[d]:
                 if kinds.setdefault(c.job.id, c.kind) != c.kind:
@@ -220,14 +221,14 @@ class RankPreemptor:
                 for o, m in c.tasks:
                     ws.give(o, m)
                 chosen.append(c)
-                have += g
+                got += g
                 # a placement check costs up to a cluster scan: check once the domain can hold the gang,
                 # then again only after another eighth of the gang has been freed
-                if have >= check_at and ws.type_free.get(gpu_type, 0) >= size:
+                if got >= check_at and ws.type_free.get(gpu_type, 0) >= size:
                     plan = place(ws, tasks, gpt, gpu_type, required, ctx.cfg.first_fit)
                     if plan is not None:
                         break
-                    check_at = have + max(gpt, size // 8)
+                    check_at = got + max(gpt, size // 8)
             ws.rollback(mark)
             if plan is None:
                 continue

@@ -72,21 +72,21 @@ class TaskPlacement(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 # ---------------------------------------------------------------------------------------------------
 
 
-class JobSubmitted(_Event, tag="JobSubmitted.v1", kw_only=True):
+class JobSubmitted(_Event, tag="JobSubmitted.v1", frozen=True, kw_only=True):
     job_id: str
     spec: JobSpec
     submitted_at: float
     idempotency_key: str | None = None
 
 
-class JobRejected(_Event, tag="JobRejected.v1", kw_only=True):
+class JobRejected(_Event, tag="JobRejected.v1", frozen=True, kw_only=True):
     job_id: str
     reason: str
     field: str | None = None
     at: float
 
 
-class JobQueued(_Event, tag="JobQueued.v1", kw_only=True):
+class JobQueued(_Event, tag="JobQueued.v1", frozen=True, kw_only=True):
     """The scheduler accepted the job into its queue (it could ever fit this cluster)."""
 
     job_id: str
@@ -94,7 +94,7 @@ class JobQueued(_Event, tag="JobQueued.v1", kw_only=True):
     at: float
 
 
-class JobStarted(_Event, tag="JobStarted.v1", kw_only=True):
+class JobStarted(_Event, tag="JobStarted.v1", frozen=True, kw_only=True):
     """Every rank of the attempt was launched by its node agent."""
 
     job_id: str
@@ -102,7 +102,7 @@ class JobStarted(_Event, tag="JobStarted.v1", kw_only=True):
     at: float
 
 
-class RankExited(_Event, tag="RankExited.v1", kw_only=True):
+class RankExited(_Event, tag="RankExited.v1", frozen=True, kw_only=True):
     job_id: str
     attempt: int
     rank: int
@@ -111,13 +111,13 @@ class RankExited(_Event, tag="RankExited.v1", kw_only=True):
     at: float
 
 
-class JobCompleted(_Event, tag="JobCompleted.v1", kw_only=True):
+class JobCompleted(_Event, tag="JobCompleted.v1", frozen=True, kw_only=True):
     job_id: str
     attempt: int
     at: float
 
 
-class JobFailed(_Event, tag="JobFailed.v1", kw_only=True):
+class JobFailed(_Event, tag="JobFailed.v1", frozen=True, kw_only=True):
     job_id: str
     attempt: int
     reason: str
@@ -125,13 +125,23 @@ class JobFailed(_Event, tag="JobFailed.v1", kw_only=True):
     at: float
 
 
-class JobCancelRequested(_Event, tag="JobCancelRequested.v1", kw_only=True):
+class JobPreempted(_Event, tag="JobPreempted.v1", frozen=True, kw_only=True):
+    """The attempt was stopped (gracefully, checkpoint first) to free GPUs; the job waits again."""
+
+    job_id: str
+    attempt: int
+    for_job: str
+    reason: str
+    at: float
+
+
+class JobCancelRequested(_Event, tag="JobCancelRequested.v1", frozen=True, kw_only=True):
     job_id: str
     at: float
     requested_by: str = "user"
 
 
-class JobCancelled(_Event, tag="JobCancelled.v1", kw_only=True):
+class JobCancelled(_Event, tag="JobCancelled.v1", frozen=True, kw_only=True):
     job_id: str
     attempt: int | None = None
     at: float
@@ -142,7 +152,7 @@ class JobCancelled(_Event, tag="JobCancelled.v1", kw_only=True):
 # ---------------------------------------------------------------------------------------------------
 
 
-class NodeRegistered(_Event, tag="NodeRegistered.v1", kw_only=True):
+class NodeRegistered(_Event, tag="NodeRegistered.v1", frozen=True, kw_only=True):
     node_id: str
     address: str
     rack: str
@@ -155,25 +165,25 @@ class NodeRegistered(_Event, tag="NodeRegistered.v1", kw_only=True):
     at: float
 
 
-class NodeHeartbeatLost(_Event, tag="NodeHeartbeatLost.v1", kw_only=True):
+class NodeHeartbeatLost(_Event, tag="NodeHeartbeatLost.v1", frozen=True, kw_only=True):
     node_id: str
     last_seen: float
     at: float
 
 
-class NodeDrained(_Event, tag="NodeDrained.v1", kw_only=True):
+class NodeDrained(_Event, tag="NodeDrained.v1", frozen=True, kw_only=True):
     node_id: str
     reason: str
     at: float
 
 
-class NodeLost(_Event, tag="NodeLost.v1", kw_only=True):
+class NodeLost(_Event, tag="NodeLost.v1", frozen=True, kw_only=True):
     node_id: str
     reason: str
     at: float
 
 
-class NodeRecovered(_Event, tag="NodeRecovered.v1", kw_only=True):
+class NodeRecovered(_Event, tag="NodeRecovered.v1", frozen=True, kw_only=True):
     node_id: str
     at: float
 
@@ -183,15 +193,19 @@ class NodeRecovered(_Event, tag="NodeRecovered.v1", kw_only=True):
 # ---------------------------------------------------------------------------------------------------
 
 
-class LeaderEpochStarted(_Event, tag="LeaderEpochStarted.v1", kw_only=True):
-    """A newly elected scheduler fences every older leader: their conditional appends now fail."""
+class LeaderEpochStarted(_Event, tag="LeaderEpochStarted.v1", frozen=True, kw_only=True):
+    """A newly elected leader fences every older one: their conditional appends now fail.
+
+    ``role`` names the single-writer tree: ``scheduler`` (rally.sched.>) or ``preemption`` (rally.preempt.>).
+    """
 
     epoch: int
     leader_id: str
+    role: str = "scheduler"
     at: float
 
 
-class GangBound(_Event, tag="GangBound.v1", kw_only=True):
+class GangBound(_Event, tag="GangBound.v1", frozen=True, kw_only=True):
     """The whole gang, placed at once. ``computed_at_seq`` and ``policy_version`` make it replayable."""
 
     job_id: str
@@ -204,14 +218,34 @@ class GangBound(_Event, tag="GangBound.v1", kw_only=True):
     at: float
 
 
-class JobPending(_Event, tag="JobPending.v1", kw_only=True):
+class JobPending(_Event, tag="JobPending.v1", frozen=True, kw_only=True):
     """Why a job waits; appended only when the reason code changes, so the log stays small."""
 
     job_id: str
     code: str
     message: str
+    position: int | None = None
     epoch: int
     computed_at_seq: int
+    policy_version: str = ""
+    at: float
+
+
+class PreemptionRequested(_Event, tag="PreemptionRequested.v1", frozen=True, kw_only=True):
+    """The preemption service asks for ``job_id``'s attempt to stop so ``for_job`` can run.
+
+    ``reason`` is the core's: ``reclaim`` (the victim borrows quota the preemptor is guaranteed),
+    ``priority`` (the preemptor ranks strictly higher) or ``las``. The job controller carries it out.
+    """
+
+    job_id: str
+    attempt: int
+    for_job: str
+    reason: str
+    epoch: int
+    computed_at_seq: int
+    policy_version: str
+    now: float
     at: float
 
 
@@ -223,11 +257,12 @@ JobEvent = (
     | RankExited
     | JobCompleted
     | JobFailed
+    | JobPreempted
     | JobCancelRequested
     | JobCancelled
 )
 NodeEvent = NodeRegistered | NodeHeartbeatLost | NodeDrained | NodeLost | NodeRecovered
-SchedulerEvent = LeaderEpochStarted | GangBound | JobPending
+SchedulerEvent = LeaderEpochStarted | GangBound | JobPending | PreemptionRequested
 Event = JobEvent | NodeEvent | SchedulerEvent
 
 ALL_EVENT_TYPES: tuple[type[_Event], ...] = (
@@ -238,6 +273,7 @@ ALL_EVENT_TYPES: tuple[type[_Event], ...] = (
     RankExited,
     JobCompleted,
     JobFailed,
+    JobPreempted,
     JobCancelRequested,
     JobCancelled,
     NodeRegistered,
@@ -248,4 +284,5 @@ ALL_EVENT_TYPES: tuple[type[_Event], ...] = (
     LeaderEpochStarted,
     GangBound,
     JobPending,
+    PreemptionRequested,
 )

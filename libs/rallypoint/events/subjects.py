@@ -13,6 +13,8 @@ JOBS = "rally.job.>"
 NODES = "rally.node.>"
 SCHEDULER_TREE = "rally.sched.>"
 EPOCH = "rally.sched.epoch"
+PREEMPTION_TREE = "rally.preempt.>"
+PREEMPTION_EPOCH = "rally.preempt.epoch"
 
 # Ids become subject tokens: no dots, wildcards or whitespace.
 TOKEN_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -38,6 +40,10 @@ def bind(job_id: str) -> str:
 
 def pending(job_id: str) -> str:
     return f"rally.sched.pending.{_token(job_id)}"
+
+
+def preempt(job_id: str) -> str:
+    return f"rally.preempt.request.{_token(job_id)}"
 
 
 def heartbeat(node_id: str) -> str:

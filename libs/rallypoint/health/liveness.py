@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from rallypoint.agent.protocol import Heartbeat
+from rallypoint.protocol import Heartbeat
 from rallypoint.events import Event, NodeDrained, NodeHeartbeatLost, NodeLost, NodeRecovered
 from rallypoint.state import NodeView
 

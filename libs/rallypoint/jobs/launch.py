@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 
-from rallypoint.agent.protocol import LaunchTask, RankSpec
+from rallypoint.protocol import LaunchTask, RankSpec
 from rallypoint.events import JobSpec, TaskPlacement
 
 # Rendezvous ports are derived, not negotiated: every party computes the same port from the job
@@ -23,7 +24,7 @@ def launch_plan(
     attempt: int,
     spec: JobSpec,
     placements: tuple[TaskPlacement, ...],
-    addresses: dict[str, str],
+    addresses: Mapping[str, str],
 ) -> list[LaunchTask]:
     """One ``LaunchTask`` per task, ranks numbered task-major as torchrun does (RANK = NODE_RANK * LWS + LR)."""
     ordered = sorted(placements, key=lambda p: p.task)

@@ -75,6 +75,9 @@ def job_row(job: JobView) -> JobRow:
         job.pending_message,
         nodes,
         placements,
+        job.preemptions,
+        timestamp(job.last_preempted_at),
+        job.preempt_for,
         job.last_seq,
     )
 

@@ -35,6 +35,9 @@ JOB_COLUMNS: tuple[str, ...] = (
     "pending_message",
     "nodes",
     "placements",
+    "preemptions",
+    "last_preempted_at",
+    "preempt_for",
     "last_seq",
 )
 
@@ -119,6 +122,11 @@ MIGRATIONS: tuple[str, ...] = (
         seq   bigint NOT NULL
     )
     """,
+    # Added with preemption. A derived column added to a projected database reads its default until
+    # `rally projector rebuild` re-derives every row.
+    f"ALTER TABLE {SCHEMA}.jobs ADD COLUMN IF NOT EXISTS preemptions integer NOT NULL DEFAULT 0",
+    f"ALTER TABLE {SCHEMA}.jobs ADD COLUMN IF NOT EXISTS last_preempted_at timestamptz",
+    f"ALTER TABLE {SCHEMA}.jobs ADD COLUMN IF NOT EXISTS preempt_for text",
     # The in-memory fold at some position, so a restart need not replay the whole log. Written in the
     # same transaction as the position it belongs to, so it is never ahead of the views.
     f"""

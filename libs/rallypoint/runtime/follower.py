@@ -48,3 +48,12 @@ class Follower:
     async def save(self, store: SnapshotStore, name: str) -> int:
         await store.save(name, self.state.last_seq, self.state.encode())
         return self.state.last_seq
+
+    async def next_change(self, timeout: float) -> bool:
+        """Wait for the next applied event (True) or the timeout (False). Safe for many waiters."""
+        async with self._advanced:
+            try:
+                await asyncio.wait_for(self._advanced.wait(), timeout)
+            except TimeoutError:
+                return False
+        return True

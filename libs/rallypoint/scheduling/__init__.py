@@ -1,11 +1,16 @@
 """Glue between the folded log state and the pure core, shared by the scheduler service and audits."""
 
-from .bridge import Write, build_snapshot, decision_writes, jobs_that_can_never_fit
+from .bridge import Write, build_snapshot, decision_writes, jobs_that_can_never_fit, preemption_writes
 from .config import core_queues, load_queue_config
 from .policy import SchedulingPolicy
 
 __all__ = [
     "SchedulingPolicy",
+    "Write",
+    "build_snapshot",
     "core_queues",
+    "decision_writes",
+    "jobs_that_can_never_fit",
     "load_queue_config",
-    "Write", "build_snapshot", "decision_writes", "jobs_that_can_never_fit"]
+    "preemption_writes",
+]

@@ -21,8 +21,8 @@ from rallypoint.core.types import (
     RunningJob,
     Snapshot,
 )
-from rallypoint.events import Event, GangBound, JobPending, subjects
-from rallypoint.state import ClusterState, JobView, NodeView
+from rallypoint.events import Event, GangBound, JobPending, PreemptionRequested, subjects
+from rallypoint.state import ACTIVE, ClusterState, JobView, NodeView
 
 
 class Write(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,6 +67,7 @@ def running_of(job: JobView) -> RunningJob:
         gpu_step=job.spec.gpu_step,
         gpus_per_task=job.spec.gpus_per_task,
         submit_time=job.submitted_at,
+        last_preempted_at=job.last_preempted_at,
     )
 
 
@@ -88,6 +89,7 @@ def pending_of(job: JobView) -> PendingJob:
         max_gpus=spec.max_gpus,
         gpu_step=spec.gpu_step,
         name=spec.name,
+        last_preempted_at=job.last_preempted_at,
     )
 
 
@@ -143,19 +145,51 @@ def decision_writes(
         writes.append(Write(subject=subjects.bind(bind.job_id), event=event,
                             msg_id=f"{bind.job_id}:{attempt}:GangBound:e{epoch}"))
     for reason in decisions.pending:
-        job = state.jobs.get(reason.job_id)
-        if job is None or job.pending_code == reason.code:
+        waiting = state.jobs.get(reason.job_id)
+        if waiting is None or waiting.pending_code == reason.code:
             continue
-        event = JobPending(
+        pending = JobPending(
             job_id=reason.job_id,
             code=reason.code,
             message=reason.message,
+            position=reason.position,
             epoch=epoch,
             computed_at_seq=state.last_seq,
+            policy_version=policy_version,
             at=at,
         )
-        writes.append(Write(subject=subjects.pending(reason.job_id), event=event,
-                            msg_id=f"{reason.job_id}:{job.attempt}:JobPending:{state.last_seq}:{reason.code}"))
+        writes.append(Write(subject=subjects.pending(reason.job_id), event=pending,
+                            msg_id=f"{reason.job_id}:{waiting.attempt}:JobPending:{state.last_seq}:{reason.code}"))
+    return writes
+
+
+def preemption_writes(
+    decisions: Decisions,
+    state: ClusterState,
+    *,
+    epoch: int,
+    policy_version: str,
+    at: float,
+) -> list[Write]:
+    """Requests to stop the core's victims; a victim already asked to stop is not asked twice."""
+    writes: list[Write] = []
+    for preemption in decisions.preemptions:
+        victim = state.jobs.get(preemption.victim_id)
+        if victim is None or victim.state not in ACTIVE or victim.preempt_for is not None:
+            continue
+        event = PreemptionRequested(
+            job_id=victim.job_id,
+            attempt=victim.attempt,
+            for_job=preemption.for_job,
+            reason=preemption.reason,
+            epoch=epoch,
+            computed_at_seq=state.last_seq,
+            policy_version=policy_version,
+            now=decisions.now,
+            at=at,
+        )
+        writes.append(Write(subject=subjects.preempt(victim.job_id), event=event,
+                            msg_id=f"{victim.job_id}:{victim.attempt}:PreemptionRequested:e{epoch}"))
     return writes
 
 

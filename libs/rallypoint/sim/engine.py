@@ -67,6 +67,9 @@ class SimOptions:
     # their mind as running jobs accrue service. None picks 0 for fifo/easy-backfill and 60 s otherwise.
     tick: float | None = None
     until: float | None = None  # stop the clock here (jobs not finished are not in the records)
+    # A bind onto GPUs that are already taken is a core bug. strict: stop with SimError. Otherwise the bind is
+    # dropped (the job stays pending, counted in ``bind_conflicts``) and the core runs again at once.
+    strict: bool = False
     max_cycles_per_instant: int = 4
 
 
@@ -175,6 +178,8 @@ class Simulator:
         self.healthy_gpus = cluster.total_gpus
         self.allocated = 0
         self.elastic_running = 0
+        self.unsubmitted = len(self.jobs)
+        self.bind_conflicts = 0
         self.pending_gpus = 0
         self.team_alloc: Counter[str] = Counter()
         self.team_pending_sizes: dict[str, Counter[int]] = {}
@@ -270,10 +275,7 @@ class Simulator:
             min_gpus=j.min_gpus, max_gpus=j.max_gpus, gpu_step=j.gpu_step, gpus_per_task=j.task_gpus,
             attained_gpu_s=sj.attained, last_preempted_at=sj.last_preempted, submit_time=j.submit,
         )
-        try:
-            self.model.bind(rj)
-        except ValueError as e:
-            raise SimError(f"t={now}: core bound {j.id} onto busy GPUs: {e}") from None
+        self.model.bind(rj)  # raises ValueError on a double bind; callers check first
         for n in node_ids:
             self.on_node[n].add(j.id)
         self.running[j.id] = sj
@@ -393,9 +395,27 @@ class Simulator:
             sj = self.pending.get(b.job_id)
             if sj is None:
                 raise SimError(f"t={now}: core bound {b.job_id}, which is not pending")
+            busy = self._busy(b.placements)
+            if busy:
+                if self.opts.strict:
+                    raise SimError(f"t={now}: core bound {b.job_id} onto GPUs already taken ({busy})")
+                self.bind_conflicts += 1
+                stopped = True  # run the core again at this instant: it will place the job elsewhere
+                continue
             self._dequeue(sj)
             self._start(sj, now, b.gpus, b.placements)
         return stopped
+
+    def _busy(self, placements: tuple[ct.TaskPlacement, ...]) -> str | None:
+        """The first GPU of ``placements`` that is not free (or repeated), as text; None if all are free."""
+        seen: set[tuple[str, int]] = set()
+        for p in placements:
+            free = self.model.free_gpus(p.node_id) if p.node_id in self.node_gpus else ()
+            for g in p.gpus:
+                if g not in free or (p.node_id, g) in seen:
+                    return f"{p.node_id} GPU {g}"
+                seen.add((p.node_id, g))
+        return None
 
     def _record(self, now: float) -> None:
         team_min = {t: min(c) for t, c in self.team_pending_sizes.items() if c}
@@ -421,6 +441,7 @@ class Simulator:
                 elif kind == SUBMIT:
                     sj = self.jobs[key]
                     self._enqueue(sj, now)
+                    self.unsubmitted -= 1
                     dirty = True
                 elif kind == FAIL:
                     dirty |= self._on_fail(key, now, version)
@@ -436,6 +457,12 @@ class Simulator:
                     if not self._cycle(now) or not self.pending:
                         break
             self._record(now)
+            # Done when every job finished; or stuck: nothing runs, nothing is left to arrive and every node
+            # is up, so no later event (only more failures) can make a waiting job fit.
+            if len(self.records) == len(self.jobs) or (
+                not self.running and not self.unsubmitted and not self.down and self.pending
+            ):
+                break
             if self.tick and self.pending and self.running and self._tick_at is None:
                 self._tick_at = now + self.tick
                 self._push(self._tick_at, TICK, "")
@@ -443,7 +470,8 @@ class Simulator:
         unfinished = sorted(set(self.jobs) - {r.id for r in self.records})
         summary = summarize(self.records, self.rec, jobs=len(self.jobs), policy=self.policy_name,
                             sim_wall_s=time.perf_counter() - t_wall,
-                            extra={"cycles": self.cycles, "unfinished": len(unfinished)})
+                            extra={"cycles": self.cycles, "unfinished": len(unfinished),
+                                   "bind_conflicts": self.bind_conflicts})
         return SimResult(self.records, summary, self.rec, self.cycles, unfinished)
 
     def _has_elastic_running(self) -> bool:

@@ -29,6 +29,7 @@ from rallypoint.events import (
     JobCompleted,
     JobFailed,
     JobPending,
+    JobPreempted,
     JobQueued,
     JobRejected,
     JobSpec,
@@ -40,6 +41,7 @@ from rallypoint.events import (
     NodeLost,
     NodeRecovered,
     NodeRegistered,
+    PreemptionRequested,
     RankExited,
     TaskPlacement,
 )
@@ -98,6 +100,10 @@ class JobView(msgspec.Struct, kw_only=True):
     pending_message: str = ""
     cancel_requested: bool = False
     ranks_exited: dict[int, int] = {}
+    preempt_for: str | None = None
+    preempt_reason: str = ""
+    preemptions: int = 0
+    last_preempted_at: float | None = None
     last_seq: int = 0
 
     @property
@@ -113,11 +119,20 @@ class JobView(msgspec.Struct, kw_only=True):
 class ClusterState(msgspec.Struct, kw_only=True):
     nodes: dict[str, NodeView] = {}
     jobs: dict[str, JobView] = {}
-    epoch: int = 0
-    leader_id: str = ""
+    # Per single-writer role ("scheduler", "preemption"): the newest epoch and who started it.
+    epochs: dict[str, int] = {}
+    leaders: dict[str, str] = {}
     last_seq: int = 0
     ignored_binds: int = 0
     orphans: int = 0
+
+    @property
+    def epoch(self) -> int:
+        return self.epochs.get("scheduler", 0)
+
+    @property
+    def leader_id(self) -> str:
+        return self.leaders.get("scheduler", "")
 
     # -- folding ------------------------------------------------------------------------------
 
@@ -254,6 +269,7 @@ def _on_bound(state: ClusterState, seq: int, e: GangBound) -> None:
     job.pending_code = ""
     job.pending_message = ""
     job.ranks_exited = {}
+    job.preempt_for = None
 
 
 def _on_started(state: ClusterState, seq: int, e: JobStarted) -> None:
@@ -354,9 +370,31 @@ def _on_recovered(state: ClusterState, seq: int, e: NodeRecovered) -> None:
 
 
 def _on_epoch(state: ClusterState, seq: int, e: LeaderEpochStarted) -> None:
-    if e.epoch > state.epoch:
-        state.epoch = e.epoch
-        state.leader_id = e.leader_id
+    if e.epoch > state.epochs.get(e.role, 0):
+        state.epochs[e.role] = e.epoch
+        state.leaders[e.role] = e.leader_id
+
+
+def _on_preemption_requested(state: ClusterState, seq: int, e: PreemptionRequested) -> None:
+    job = _job(state, e.job_id, seq)
+    if job is not None and job.state in ACTIVE and job.attempt == e.attempt and job.preempt_for is None:
+        job.preempt_for = e.for_job
+        job.preempt_reason = e.reason
+
+
+def _on_preempted(state: ClusterState, seq: int, e: JobPreempted) -> None:
+    job = _job(state, e.job_id, seq)
+    if job is None or job.state not in ACTIVE or job.attempt != e.attempt:
+        return
+    _release(state, job)
+    # Back in the queue at its original place; the next bind is attempt + 1.
+    job.state = "pending"
+    job.placements = ()
+    job.bound_at = job.bound_seq = job.started_at = None
+    job.ranks_exited = {}
+    job.preempt_for = None
+    job.preemptions += 1
+    job.last_preempted_at = e.at
 
 
 _HANDLERS: dict[type, Callable[[ClusterState, int, Any], None]] = {
@@ -377,4 +415,6 @@ _HANDLERS: dict[type, Callable[[ClusterState, int, Any], None]] = {
     NodeLost: _on_lost,
     NodeRecovered: _on_recovered,
     LeaderEpochStarted: _on_epoch,
+    PreemptionRequested: _on_preemption_requested,
+    JobPreempted: _on_preempted,
 }

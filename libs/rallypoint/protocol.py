@@ -1,4 +1,4 @@
-"""Messages between the job controller and node agents, and agent heartbeats.
+"""Commands between the job controller and node agents, and agent heartbeats (not events).
 
 These are commands and telemetry, not facts: they travel on core NATS subjects
 (``cmd.agent.<node>.<verb>`` request/reply, ``hb.<node>``) and never enter the log. What an agent

@@ -1,0 +1,68 @@
+"""Single-writer subject trees: every write is conditional on the tree's last sequence.
+
+A newly elected leader appends ``LeaderEpochStarted`` on the tree's epoch subject first. That moves the
+tree's last sequence, so the next write of any older leader (which still expects the old sequence) is
+refused by the server with 10071 and surfaces as ``AppendConflict``: safety comes from the log, not the
+lease. The scheduler fences ``rally.sched.>``, the preemption service ``rally.preempt.>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from rallypoint.eventlog import EventLog
+from rallypoint.events import Event, LeaderEpochStarted
+
+from .follower import Follower
+
+_log = logging.getLogger("rallypoint.fencing")
+
+
+class FencedWriter:
+    def __init__(
+        self,
+        log: EventLog,
+        follower: Follower,
+        *,
+        role: str,
+        tree: str,
+        epoch_subject: str,
+        instance: str,
+        source: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.log = log
+        self.follower = follower
+        self.role = role
+        self.tree = tree
+        self.epoch_subject = epoch_subject
+        self.instance = instance
+        self.source = source
+        self.clock = clock
+        self.epoch = 0
+        self.fence = 0
+
+    async def start_epoch(self, term: int = 0) -> int:
+        """Fence every earlier leader; AppendConflict if another contender got there first.
+
+        The epoch is above both the log's last epoch for this role and the lease term, so epochs only
+        grow even if the lease bucket was recreated."""
+        await self.follower.wait_for(await self.log.last_seq())
+        self.fence = await self.log.last_seq(self.tree)
+        epoch = max(self.follower.state.epochs.get(self.role, 0) + 1, term)
+        event = LeaderEpochStarted(epoch=epoch, leader_id=self.instance, role=self.role, at=self.clock())
+        # The id names the contender: two contenders for one epoch must not be deduplicated into a
+        # single write that both believe they made.
+        seq = await self.append(self.epoch_subject, event, f"{self.role}-epoch:{epoch}:{self.instance}")
+        await self.follower.wait_for(seq)
+        self.epoch = epoch
+        _log.info("%s leading as epoch %d from seq %d", self.role, epoch, seq)
+        return epoch
+
+    async def append(self, subject: str, event: Event, msg_id: str) -> int:
+        seq = await self.log.append(subject, event, msg_id=msg_id, source=self.source,
+                                    expected_last_subject_seq=self.fence, expected_subject_filter=self.tree)
+        self.fence = seq
+        return seq
