@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -27,7 +28,6 @@ def build_parser() -> argparse.ArgumentParser:
     env = os.environ
     parser = argparse.ArgumentParser(prog="rally serve agent", description="Rallypoint node agent.")
     add_common_args(parser)
-    parser.add_argument("--replicas", type=int, default=1, help="stream replicas if it must be created")
     parser.add_argument("--node-id", default=env.get("RALLY_NODE_ID", socket.gethostname().split(".")[0]),
                         help="this node's id (env RALLY_NODE_ID; default the short host name)")
     parser.add_argument("--rack", default=env.get("RALLY_RACK", "rack-0"), help="rack of this node")
@@ -72,7 +72,7 @@ async def agent_main(ctx: ServiceContext, args: argparse.Namespace) -> int:
     work_dir = Path(args.work_dir or Path(".rally") / "agent" / args.node_id)
     launcher = await asyncio.to_thread(RankLauncher, work_dir)
     # Waits for the NATS server if it is not up yet: a node agent may boot before it.
-    log = await ctx.event_log(replicas=args.replicas)
+    log = await ctx.event_log()
     config = AgentConfig(node_id=args.node_id, rack=args.rack, spine=args.spine, address=args.address,
                          cpu_milli=args.cpu_milli, memory_mib=args.memory_mib,
                          heartbeat_interval_s=args.heartbeat_interval, instance=ctx.config.instance)
@@ -81,13 +81,20 @@ async def agent_main(ctx: ServiceContext, args: argparse.Namespace) -> int:
     return 0
 
 
+def node_id_of(name: str) -> str:
+    """Kubernetes node names carry dots (ip-10-0-0-1.ec2.internal); node ids become subject tokens."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", name)[:128]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.node_id = node_id_of(args.node_id)
     # The agent instance is fresh per process start (--instance, which a restarted pod keeps, is only a
     # prefix), so each registration of the node is its own event and the health monitor sees restarts.
     instance = f"{args.instance}-{new_instance_id()}" if args.instance else new_instance_id()
     config = ServiceConfig(service="agent", nats_url=args.nats_url, instance=instance,
-                           log_level=args.log_level, log_format=args.log_format)
+                           log_level=args.log_level, log_format=args.log_format, replicas=args.replicas,
+                           health_port=args.health_port)
     return run_service(lambda ctx: agent_main(ctx, args), config)
 
 

@@ -20,8 +20,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_args(parser)
     parser.add_argument("--postgres-dsn", default=os.environ.get("RALLY_POSTGRES_DSN"),
                         help="PostgreSQL DSN of the read models (env RALLY_POSTGRES_DSN)")
-    parser.add_argument("--replicas", type=int, default=1,
-                        help="stream replicas if the projector must create the stream (default 1)")
     parser.add_argument("--name", default=DEFAULT_NAME,
                         help="projection name, the key of its position row (default %(default)s)")
     parser.add_argument("--batch-size", type=int, default=500,
@@ -41,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = ServiceConfig.from_args("projector", args)
 
     async def run(ctx: ServiceContext) -> int:
-        log = await ctx.event_log(replicas=args.replicas)
+        log = await ctx.event_log()
         projector = Projector(log, args.postgres_dsn, name=args.name, batch_size=args.batch_size,
                               batch_wait=args.batch_wait_ms / 1000.0, snapshot_every=args.snapshot_every)
         ctx.stack.push_async_callback(projector.close)

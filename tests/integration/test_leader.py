@@ -142,3 +142,29 @@ def test_service_process_exits_cleanly_on_sigterm(nats_server: NatsServer) -> No
     records = [json.loads(line) for line in err.splitlines() if line.strip()]
     assert records and all(r["service"] == "sigterm-test" and r["instance"] == "x" for r in records)
     assert any("SIGTERM" in r["msg"] for r in records)
+
+
+async def test_a_service_with_a_health_port_answers_healthz(nats_server: NatsServer) -> None:
+    import aiohttp
+
+    from rallypoint.infra import free_port
+    from rallypoint.runtime import ServiceConfig, ServiceContext, run_service_async
+
+    port = free_port()
+    stop = asyncio.Event()
+    reached = asyncio.Event()
+
+    async def main(ctx: ServiceContext) -> int:
+        await ctx.event_log()
+        reached.set()
+        await ctx.stop.wait()
+        return 0
+
+    config = ServiceConfig(service="probe", nats_url=nats_server.url, instance="p1", health_port=port)
+    running = asyncio.create_task(run_service_async(main, config, stop=stop))
+    await asyncio.wait_for(reached.wait(), 10)
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/healthz") as response:
+        body = await response.json()
+    assert response.status == 200 and body["status"] == "ok" and body["service"] == "probe"
+    stop.set()
+    assert await asyncio.wait_for(running, 15) == 0

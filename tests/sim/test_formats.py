@@ -12,8 +12,11 @@ from rallypoint.sim.workload import Job, WorkloadError, load_workload, parse_lin
 
 
 def test_workload_roundtrip_keeps_file_order_for_ties(tmp_path: Path) -> None:
-    jobs = [Job(id="b", submit=5, gpus=2, duration=10, team="t"), Job(id="a", submit=5, gpus=1, duration=3,
-            team="t"), Job(id="c", submit=1, gpus=16, duration=7, team="u", gpus_per_task=8, priority="x")]
+    jobs = [
+        Job(id="b", submit=5, gpus=2, duration=10, team="t"),
+        Job(id="a", submit=5, gpus=1, duration=3, team="t"),
+        Job(id="c", submit=1, gpus=16, duration=7, team="u", gpus_per_task=8, priority="x"),
+    ]
     p = tmp_path / "w.jsonl"
     write_workload(p, jobs)
     back = load_workload(p)
@@ -50,9 +53,13 @@ def test_workload_duplicate_and_missing(tmp_path: Path) -> None:
 
 
 def test_cluster_generator_and_nodes(tmp_path: Path) -> None:
-    c = cluster_from_obj({"generator": [{"racks": 2, "nodes_per_rack": 4, "gpu_type": "H100"}],
-                          "nodes": [{"id": "x", "rack": "rx", "gpus": 2, "gpu_type": "T4"}],
-                          "faults": {"node_mtbf": 1e6, "repair_time": 60}})
+    c = cluster_from_obj(
+        {
+            "generator": [{"racks": 2, "nodes_per_rack": 4, "gpu_type": "H100"}],
+            "nodes": [{"id": "x", "rack": "rx", "gpus": 2, "gpu_type": "T4"}],
+            "faults": {"node_mtbf": 1e6, "repair_time": 60},
+        }
+    )
     assert c.total_gpus == 2 * 4 * 8 + 2
     assert c.gpu_types == ("H100", "T4")
     assert c.faults.node_mtbf == 1e6
@@ -62,7 +69,9 @@ def test_cluster_generator_and_nodes(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match="no nodes"):
         cluster_from_obj({})
     with pytest.raises(ClusterError, match="duplicate"):
-        cluster_from_obj({"nodes": [{"id": "a", "rack": "r", "gpus": 1}, {"id": "a", "rack": "r", "gpus": 1}]})
+        cluster_from_obj(
+            {"nodes": [{"id": "a", "rack": "r", "gpus": 1}, {"id": "a", "rack": "r", "gpus": 1}]}
+        )
     bad = tmp_path / "bad.json"
     bad.write_text("{nope")
     with pytest.raises(ClusterError, match="not valid"):
@@ -70,8 +79,9 @@ def test_cluster_generator_and_nodes(tmp_path: Path) -> None:
 
 
 def test_queues(tmp_path: Path) -> None:
-    q = queues_from_obj({"teams": [{"name": "a", "nominal": 8, "cohort": "c", "weight": 2}],
-                         "cohorts": [{"name": "c"}]})
+    q = queues_from_obj(
+        {"teams": [{"name": "a", "nominal": 8, "cohort": "c", "weight": 2}], "cohorts": [{"name": "c"}]}
+    )
     assert q.nominal("a") == 8 and q.nominal("zzz") == 0
     assert q.priority_classes is None
     with pytest.raises(QueuesError, match="cohort"):

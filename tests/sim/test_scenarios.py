@@ -7,14 +7,15 @@ from typing import Any
 import pytest
 
 from rallypoint.sim.cluster import cluster_from_obj
-from rallypoint.sim.engine import Simulator, SimOptions
+from rallypoint.sim.engine import SimOptions, Simulator
 from rallypoint.sim.run import resolve_policy
 from rallypoint.sim.workload import Job
 
 
 def sim(jobs: list[Job], cluster: dict[str, Any], policy: str = "fifo", **kw: Any) -> dict[str, Any]:
-    res = Simulator(jobs, cluster_from_obj(cluster), policy, None, SimOptions(**kw),
-                    policy_obj=resolve_policy(policy)).run()
+    res = Simulator(
+        jobs, cluster_from_obj(cluster), policy, None, SimOptions(**kw), policy_obj=resolve_policy(policy)
+    ).run()
     return {"res": res, "by": {r.id: r for r in res.records}}
 
 
@@ -33,7 +34,11 @@ def test_fifo_head_of_line_blocks_and_no_backfill() -> None:
 
 
 def test_easy_backfill_runs_a_short_job_that_does_not_delay_the_reservation() -> None:
-    jobs = [J("a", 0, 4, 100, time_limit=100), J("b", 0, 8, 50, time_limit=50), J("c", 10, 2, 30, time_limit=30)]
+    jobs = [
+        J("a", 0, 4, 100, time_limit=100),
+        J("b", 0, 8, 50, time_limit=50),
+        J("c", 10, 2, 30, time_limit=30),
+    ]
     out = sim(jobs, ONE_NODE, "easy-backfill")["by"]
     assert (out["c"].start, out["c"].end) == (10, 40)
     assert (out["b"].start, out["b"].end) == (100, 150)
@@ -56,8 +61,10 @@ def test_gang_spans_two_nodes_in_one_rack() -> None:
 def test_node_failure_loses_work_back_to_checkpoint() -> None:
     # 1,000 s of work, checkpoint every 300 s; the node dies at 700 (checkpoint at 600 kept) for 100 s.
     # Restart at 800 pays a 20 s restore, then 400 s of work: ends at 1,220.
-    cl = dict(ONE_NODE, faults={"checkpoint_overhead": 20, "events": [{"node": "r000-n00", "at": 700,
-                                                                       "down_for": 100}]})
+    cl = dict(
+        ONE_NODE,
+        faults={"checkpoint_overhead": 20, "events": [{"node": "r000-n00", "at": 700, "down_for": 100}]},
+    )
     out = sim([J("a", 0, 8, 1000, checkpoint_interval=300)], cl)
     r = out["by"]["a"]
     assert (r.start, r.end, r.failures) == (0, 1220, 1)
@@ -74,8 +81,10 @@ def test_failure_without_checkpoint_restarts_from_zero() -> None:
 
 
 def test_random_failures_are_deterministic_per_seed() -> None:
-    cl = {"generator": {"racks": 1, "nodes_per_rack": 4, "gpus_per_node": 8},
-          "faults": {"node_mtbf": 2000, "repair_time": 100, "checkpoint_overhead": 5}}
+    cl = {
+        "generator": {"racks": 1, "nodes_per_rack": 4, "gpus_per_node": 8},
+        "faults": {"node_mtbf": 2000, "repair_time": 100, "checkpoint_overhead": 5},
+    }
     jobs = [J(f"j{i}", i * 7, 1 + i % 8, 300 + 11 * i, checkpoint_interval=60) for i in range(40)]
     a = sim(jobs, cl, seed=3)["res"]
     b = sim(jobs, cl, seed=3)["res"]
@@ -87,10 +96,20 @@ def test_random_failures_are_deterministic_per_seed() -> None:
 
 
 def test_gpu_type_constraint_is_honoured() -> None:
-    cl = {"nodes": [{"id": "a", "rack": "r", "gpus": 4, "gpu_type": "T4"},
-                    {"id": "b", "rack": "r", "gpus": 4, "gpu_type": "V100"}]}
-    out = sim([J("x", 0, 4, 10, gpu_type="V100"), J("y", 0, 4, 10, gpu_type="T4|P100"),
-               J("z", 0, 4, 10, gpu_type="V100")], cl)["by"]
+    cl = {
+        "nodes": [
+            {"id": "a", "rack": "r", "gpus": 4, "gpu_type": "T4"},
+            {"id": "b", "rack": "r", "gpus": 4, "gpu_type": "V100"},
+        ]
+    }
+    out = sim(
+        [
+            J("x", 0, 4, 10, gpu_type="V100"),
+            J("y", 0, 4, 10, gpu_type="T4|P100"),
+            J("z", 0, 4, 10, gpu_type="V100"),
+        ],
+        cl,
+    )["by"]
     assert out["x"].placed_gpu_type == "V100" and out["y"].placed_gpu_type == "T4"
     assert (out["z"].start, out["z"].end) == (10, 20)
 
@@ -98,9 +117,18 @@ def test_gpu_type_constraint_is_honoured() -> None:
 @pytest.mark.parametrize("policy", ["fifo", "easy-backfill", "las", "rallypoint"])
 def test_every_policy_finishes_every_job(policy: str) -> None:
     cl = {"generator": {"racks": 2, "nodes_per_rack": 2, "gpus_per_node": 8}}
-    jobs = [J(f"j{i:02d}", (i * 37) % 400, [1, 2, 4, 8, 16][i % 5], 50 + (i * 53) % 500,
-              time_limit=600, priority=["training-high", "training-standard", "best-effort"][i % 3],
-              team=f"t{i % 3}") for i in range(60)]
+    jobs = [
+        J(
+            f"j{i:02d}",
+            (i * 37) % 400,
+            [1, 2, 4, 8, 16][i % 5],
+            50 + (i * 53) % 500,
+            time_limit=600,
+            priority=["training-high", "training-standard", "best-effort"][i % 3],
+            team=f"t{i % 3}",
+        )
+        for i in range(60)
+    ]
     res = sim(jobs, cl, policy)["res"]
     assert res.summary["completed"] == 60
     for r in res.records:

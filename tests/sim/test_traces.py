@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime
 from pathlib import Path
 
@@ -17,19 +18,26 @@ def test_philly_rows_and_origin(data_dir: Path) -> None:
     assert len(rows) == 200
     jobs = philly.to_jobs(rows)
     assert jobs[0].submit == 0.0
-    assert all(a.submit <= b.submit for a, b in zip(jobs, jobs[1:], strict=False))
+    assert all(a.submit <= b.submit for a, b in itertools.pairwise(jobs))
     assert {j.team for j in jobs} == {"6214e9", "11cb48"}
     assert all(j.duration == int(j.duration) for j in jobs)
 
 
 def test_philly_convert_scale_cluster_hits_load(data_dir: Path, tmp_path: Path) -> None:
-    conv = convert_philly(data_dir / "philly_sample.csv", data_dir / "philly_vc.csv",
-                          datetime(2017, 10, 2), 0.5, target_load=0.9)
+    conv = convert_philly(
+        data_dir / "philly_sample.csv",
+        data_dir / "philly_vc.csv",
+        datetime(2017, 10, 2),
+        0.5,
+        target_load=0.9,
+    )
     g = conv.cluster.total_gpus
     assert g % 8 == 0
     assert conv.info["offered_load"] <= 0.9
     # one node fewer would exceed the target: the cluster is the smallest that meets it
-    assert load.offered_load(conv.jobs, g - 8, 0.5 * 86400) > 0.9 or g == 8 * -(-max(j.gpus for j in conv.jobs) // 8)
+    assert load.offered_load(conv.jobs, g - 8, 0.5 * 86400) > 0.9 or g == 8 * -(
+        -max(j.gpus for j in conv.jobs) // 8
+    )
     assert conv.queues is not None
     assert sum(t.nominal for t in conv.queues.teams) == g
     # quotas in proportion to the VC sizes (64 and 16 nodes)
@@ -67,8 +75,9 @@ def test_openb_whole_gpu_pods_and_types(data_dir: Path) -> None:
     assert jobs and all(j.gpus >= 1 for j in jobs)
     assert skipped.fractional > 0
     typed = [j for j in jobs if j.gpu_type]
-    assert typed and all(set(j.gpu_types) <= {"A10", "G2", "G3", "P100", "T4", "V100M16", "V100M32"}
-                         for j in typed)
+    assert typed and all(
+        set(j.gpu_types) <= {"A10", "G2", "G3", "P100", "T4", "V100M16", "V100M32"} for j in typed
+    )
     conv = convert_openb(data_dir / "openb_nodes_sample.csv", data_dir / "openb_pods_sample.csv")
     assert conv.cluster.total_gpus > 0 and len(conv.cluster.gpu_types) > 2
     assert conv.jobs[0].submit == 0.0

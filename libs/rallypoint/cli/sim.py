@@ -12,21 +12,33 @@ from rallypoint.sim.engine import SimError, SimOptions
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "sim", help="trace-driven simulation with the real scheduling core",
-        description="rally sim [compare] --workload FILE --cluster FILE [--queues FILE] --policy NAME[,NAME..]",
+        "sim",
+        help="trace-driven simulation with the real scheduling core",
+        description="rally sim [compare] --workload FILE --cluster FILE [--queues FILE] --policy NAME[,..]",
     )
-    p.add_argument("mode", nargs="?", choices=["run", "compare"], default="run",
-                   help="run one policy (default) or compare several (--policy a,b,c)")
+    p.add_argument(
+        "mode",
+        nargs="?",
+        choices=["run", "compare"],
+        default="run",
+        help="run one policy (default) or compare several (--policy a,b,c)",
+    )
     p.add_argument("--workload", required=True, help="JSON Lines workload (see docs/simulator.md)")
     p.add_argument("--cluster", required=True, help="cluster file, JSON or YAML")
     p.add_argument("--queues", help="queue configuration, JSON or YAML (teams, quotas, priority classes)")
-    p.add_argument("--policy", required=True, help="fifo, easy-backfill, las, rallypoint (comma list for compare)")
+    p.add_argument(
+        "--policy", required=True, help="fifo, easy-backfill, las, rallypoint (comma list for compare)"
+    )
     p.add_argument("--json", dest="json_out", help="write the summary metrics here")
     p.add_argument("--per-job", help="write one finished job per line (JSON Lines)")
     p.add_argument("--report", help="write an HTML report with PNG plots into this directory")
     p.add_argument("--seed", type=int, default=0, help="seed of the fault generator (default 0)")
-    p.add_argument("--tick", type=float, default=None,
-                   help="re-run the core every TICK s while jobs wait (default: 0 for fifo/easy-backfill, 60)")
+    p.add_argument(
+        "--tick",
+        type=float,
+        default=None,
+        help="re-run the core every TICK s while jobs wait (default: 0 for fifo/easy-backfill, 60)",
+    )
     p.add_argument("--until", type=float, default=None, help="stop the clock at this trace time (s)")
     p.set_defaults(handler=handle)
 
@@ -37,7 +49,14 @@ def _err(msg: str) -> int:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from rallypoint.sim.run import InputError, compare_table, load_inputs, run_policy, top_class, write_outputs
+    from rallypoint.sim.run import (
+        InputError,
+        compare_table,
+        load_inputs,
+        run_policy,
+        top_class,
+        write_outputs,
+    )
 
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     if not policies:
@@ -61,9 +80,11 @@ def handle(args: argparse.Namespace) -> int:
         return _err(f"{e.filename or ''}: {e.strerror or e}")
     if args.mode == "run":
         s = results[0].summary
-        print(f"{s['policy']}: {s['completed']}/{s['jobs']} jobs, avg JCT {s['jct']['avg']:.1f} s, "
-              f"avg queue {s['queue']['avg']:.1f} s, util {s['gpu_utilization']:.4f}, "
-              f"makespan {s['makespan']:.0f} s ({s['sim_wall_s']:.2f} s wall)")
+        print(
+            f"{s['policy']}: {s['completed']}/{s['jobs']} jobs, avg JCT {s['jct']['avg']:.1f} s, "
+            f"avg queue {s['queue']['avg']:.1f} s, util {s['gpu_utilization']:.4f}, "
+            f"makespan {s['makespan']:.0f} s ({s['sim_wall_s']:.2f} s wall)"
+        )
         return 0
     summaries = [r.summary for r in results]
     classes = [c.name for c in queues.priority_classes] if queues and queues.priority_classes else None
@@ -74,5 +95,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.json_out:
         from rallypoint.sim.run import clean
 
-        Path(args.json_out).write_text(json.dumps(clean({s["policy"]: s for s in summaries}), indent=1) + "\n")
+        Path(args.json_out).write_text(
+            json.dumps(clean({s["policy"]: s for s in summaries}), indent=1) + "\n"
+        )
     return 0

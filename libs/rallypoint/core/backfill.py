@@ -109,8 +109,9 @@ def earliest_slot(
     return ends[hi - 1], plan
 
 
-def hold(ctx: Ctx, job_id: str, until: float, plan: Plan) -> Hold:
-    """Take the currently free GPUs of ``plan`` out of the workspace for ``job_id``."""
+def hold(ctx: Ctx, job_id: str, until: float, plan: Plan, strict: bool = False) -> Hold:
+    """Take the currently free GPUs of ``plan`` out of the workspace for ``job_id`` (``strict``: for a
+    preemptor; no other job may use them this cycle)."""
     ws = ctx.ws
     held: list[tuple[int, int]] = []
     for o, m in plan.tasks:
@@ -118,7 +119,7 @@ def hold(ctx: Ctx, job_id: str, until: float, plan: Plan) -> Hold:
         if part:
             ws.take(o, part)
             held.append((o, part))
-    h = Hold(job_id, until, tuple(held))
+    h = Hold(job_id, until, tuple(held), strict)
     ctx.holds.append(h)
     return h
 

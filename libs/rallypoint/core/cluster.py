@@ -19,10 +19,137 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from rallypoint.core.types import Node, RunningJob
 
-__all__ = ["ClusterIndex", "ClusterModel", "load_cluster", "nodes_from_spec"]
+__all__ = ["ClusterIndex", "ClusterModel", "RunningColumns", "load_cluster", "nodes_from_spec"]
+
+
+class _Registry:
+    """Append-only str -> small int, so per-job string attributes can live in numpy columns."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.names: list[str] = []
+
+    def __call__(self, name: str) -> int:
+        i = self.ids.get(name)
+        if i is None:
+            i = self.ids[name] = len(self.names)
+            self.names.append(name)
+        return i
+
+
+class RunningColumns:
+    """The running jobs as numpy columns (one slot per job) plus one row per task, kept by ``bind`` /
+    ``unbind`` in O(tasks of the job) with swap-remove.
+
+    The preemption planner needs every running job's rank, work lost and task locations each cycle;
+    rebuilding that from ``ClusterModel.running`` cost a Python loop over every running job per cycle.
+    Slot order depends on the bind/unbind history, so every consumer must sort by values (ties by job
+    id), never rely on slot order.
+    """
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.nt = 0
+        self.ids: list[str] = []
+        self.slot: dict[str, int] = {}
+        self.rows_of: dict[str, list[int]] = {}
+        self.classes = _Registry()
+        self.gtypes = _Registry()
+        self.queues = _Registry()
+        cap = 16
+        self.gpus = np.zeros(cap, np.int64)
+        self.since = np.zeros(cap, np.float64)  # last checkpoint, else start: work since then is lost
+        self.start = np.zeros(cap, np.float64)
+        self.attained = np.zeros(cap, np.float64)
+        self.cls = np.zeros(cap, np.int32)
+        self.preemptible = np.zeros(cap, np.bool_)
+        self.last_preempted = np.zeros(cap, np.float64)  # -inf: never preempted
+        self.gtype = np.zeros(cap, np.int32)
+        self.queue = np.zeros(cap, np.int32)
+        self.stopping = np.zeros(cap, np.bool_)  # preempting_for is set
+        self.elastic = np.zeros(cap, np.bool_)  # min_gpus set and above it (shrink candidate)
+        self.t_job = np.zeros(cap, np.int64)  # task row -> job slot
+        self.t_node = np.zeros(cap, np.int64)  # task row -> stable node key
+        self.t_gpus = np.zeros(cap, np.int64)
+
+    _JOB_COLS = (
+        "gpus", "since", "start", "attained", "cls", "preemptible", "last_preempted", "gtype", "queue",
+        "stopping", "elastic",
+    )  # fmt: skip
+    _TASK_COLS = ("t_job", "t_node", "t_gpus")
+
+    def _grow(self, names: tuple[str, ...], need: int) -> None:
+        for name in names:
+            a = getattr(self, name)
+            if len(a) < need:
+                b = np.zeros(max(need, 2 * len(a)), a.dtype)
+                b[: len(a)] = a
+                setattr(self, name, b)
+
+    def _fill(self, s: int, job: RunningJob, gtype: str) -> None:
+        self.gpus[s] = job.gpus
+        self.since[s] = job.last_checkpoint if job.last_checkpoint is not None else job.start_time
+        self.start[s] = job.start_time
+        self.attained[s] = job.attained_gpu_s
+        self.cls[s] = self.classes(job.priority_class)
+        self.preemptible[s] = job.preemptible
+        self.last_preempted[s] = job.last_preempted_at if job.last_preempted_at is not None else -np.inf
+        self.gtype[s] = self.gtypes(gtype)
+        self.queue[s] = self.queues(job.queue_name)
+        self.stopping[s] = job.preempting_for is not None
+        self.elastic[s] = job.min_gpus is not None and job.gpus > job.min_gpus
+
+    def add(self, job: RunningJob, gtype: str, tasks: list[tuple[int, int]]) -> None:
+        """``tasks``: (node key, GPU count) per task, in task order."""
+        s = self.n
+        self._grow(self._JOB_COLS, s + 1)
+        self.ids.append(job.id)
+        self.slot[job.id] = s
+        self._fill(s, job, gtype)
+        self.n = s + 1
+        self._grow(self._TASK_COLS, self.nt + len(tasks))
+        rows = []
+        for key, g in tasks:
+            r = self.nt
+            self.t_job[r] = s
+            self.t_node[r] = key
+            self.t_gpus[r] = g
+            rows.append(r)
+            self.nt = r + 1
+        self.rows_of[job.id] = rows
+
+    def update(self, job: RunningJob, gtype: str) -> None:
+        self._fill(self.slot[job.id], job, gtype)
+
+    def remove(self, job_id: str) -> None:
+        # task rows, highest first, so the row moved into a hole never belongs to this job
+        for r in sorted(self.rows_of.pop(job_id), reverse=True):
+            last = self.nt - 1
+            if r != last:
+                owner = self.ids[int(self.t_job[last])]
+                for name in self._TASK_COLS:
+                    a = getattr(self, name)
+                    a[r] = a[last]
+                orows = self.rows_of[owner]
+                orows[orows.index(last)] = r
+            self.nt = last
+        s = self.slot.pop(job_id)
+        last = self.n - 1
+        if s != last:
+            moved = self.ids[last]
+            for name in self._JOB_COLS:
+                a = getattr(self, name)
+                a[s] = a[last]
+            self.ids[s] = moved
+            self.slot[moved] = s
+            for r in self.rows_of[moved]:
+                self.t_job[r] = s
+        self.ids.pop()
+        self.n = last
 
 
 class ClusterIndex:
@@ -81,6 +208,9 @@ class ClusterIndex:
             self.multi_dom.append(len(masks) > 1)
         self.free = list(self.full)
         self.sched = [n.schedulable for n in nodes]
+        self.ord_of_key: np.ndarray = np.zeros(0, np.int64)  # set by ClusterModel.index()
+        self.rack_of_np = np.asarray(self.rack_of, np.int64)
+        self.spine_of_np = np.asarray(self.spine_of, np.int64)
         width = self.max_gpus + 1
         self.buckets: dict[str, list[list[int]]] = {t: [[] for _ in range(width)] for t in self.types}
         self.rack_hist: dict[tuple[str, int], list[int]] = {}
@@ -155,6 +285,7 @@ class ClusterIndex:
         c = self.free[o].bit_count()
         self.sched[o] = flag
         self.__dict__.pop("_healthy_cap", None)
+        self.__dict__.pop("_totals", None)
         self._count(o, c, +1 if flag else -1)
         self.type_free[self.type_of[o]] += c if flag else -c
 
@@ -177,6 +308,9 @@ class ClusterModel:
         # bind time so reservations never rescan every running job
         self.job_masks: dict[str, tuple[tuple[str, int], ...]] = {}
         self.ends: list[tuple[float, str]] = []
+        # numpy columns of the running jobs and their tasks (for vectorized preemption planning)
+        self.cols = RunningColumns()
+        self._node_key: dict[str, int] = {}  # stable small int per node id (task rows refer to nodes by it)
         self._index: ClusterIndex | None = None
         self.version = 0  # bumped on every change; lets callers cache derived data
         for n in nodes:
@@ -188,6 +322,7 @@ class ClusterModel:
         """Add or replace a node (invalidates the index; rebuilt lazily, O(n log n))."""
         self._nodes[node.id] = node
         self._used.setdefault(node.id, 0)
+        self._node_key.setdefault(node.id, len(self._node_key))
         self._index = None
         self.version += 1
 
@@ -211,6 +346,11 @@ class ClusterModel:
                 if used:
                     o = idx.ord_of[nid]
                     idx.set_free(o, idx.full[o] & ~used)
+            # node key -> ordinal, so task rows (by stable key) map to this index's ordinals in one take
+            ok = np.zeros(len(self._node_key), np.int64)
+            for nid, k in self._node_key.items():
+                ok[k] = idx.ord_of[nid]
+            idx.ord_of_key = ok
             self._index = idx
         return self._index
 
@@ -245,6 +385,8 @@ class ClusterModel:
         if job.expected_end is not None:
             insort(self.ends, (job.expected_end, job.id))
         self._account(job, +1)
+        nk = self._node_key
+        self.cols.add(job, self.job_gpu_type(job), [(nk[p.node_id], len(p.gpus)) for p in job.placements])
         self.version += 1
 
     def unbind(self, job_id: str) -> RunningJob:
@@ -255,6 +397,7 @@ class ClusterModel:
         if job.expected_end is not None:
             self._drop_end(job.expected_end, job_id)
         self._account(job, -1)
+        self.cols.remove(job_id)
         self.version += 1
         return job
 
@@ -269,6 +412,7 @@ class ClusterModel:
         if job.expected_end is not None:
             insort(self.ends, (job.expected_end, job.id))
         self.running[job.id] = job
+        self.cols.update(job, self.job_gpu_type(job))
         self.version += 1
 
     def _drop_end(self, end: float, job_id: str) -> None:

@@ -27,6 +27,9 @@ class Hold(NamedTuple):
     job_id: str
     until: float
     tasks: tuple[tuple[int, int], ...]  # (node ordinal, mask) GPUs that were free when held
+    # a preemptor's hold: nobody else may use it, not even a job that would end before ``until``
+    # (the victims' GPUs are promised to the preemptor)
+    strict: bool = False
 
 
 class Ctx:
@@ -42,7 +45,12 @@ class Ctx:
         self.quota = QuotaBook(snap.queues if cfg.quotas else ())
         self.team_usage: dict[str, tuple[int, int, int]] = dict(snap.cluster.team_usage)
         self.weights = {q.name: q.weight for q in snap.queues}
-        self.preempted: dict[str, str] = {}  # victim id -> preemptor id, this cycle
+        self.preempted: dict[str, str] = {}  # victim id -> preemptor id (this cycle's, and still stopping)
+        # (queue, GPU type) -> GPUs being evicted (victims chosen this cycle or still stopping): they no
+        # longer count as a queue's borrowing when deciding whether to reclaim more from it
+        self.evicted: dict[tuple[str, str], int] = {}
+        # preemptor id -> its victims still stopping (RunningJob.preempting_for), from the snapshot
+        self.stopping: dict[str, list[str]] = {}
         self.holds: list[Hold] = []
         self.cycle_ends: list[tuple[float, str, tuple[tuple[int, int], ...]]] = []
         self.reservations = 0
@@ -50,7 +58,8 @@ class Ctx:
         self._memo: dict[tuple[str | None, int, str | None], tuple[int, int]] = {}
         self._totals: tuple[int, int, int] | None = None
         self._healthy: dict[tuple[str, str], int] | None = None
-        self._running_ranks: dict[str, float] | None = None
+        self._shares: dict[str, float] = {}
+        self._reasons: dict[tuple[str | None, int, int, int, str | None], tuple[tuple[int, int], Status]] = {}
         self.cache: dict[str, object] = {}  # per-cycle memo for plug-ins (e.g. preemption rows)
 
     # --- small lookups ---------------------------------------------------------------------------
@@ -59,21 +68,34 @@ class Ctx:
         return self.prio.get(job.priority_class, 0)
 
     def totals(self) -> tuple[int, int, int]:
-        """Cluster capacity (GPUs, CPU milli, memory MiB) of schedulable nodes, for DRF shares."""
+        """Cluster capacity (GPUs, CPU milli, memory MiB) of schedulable nodes, for DRF shares (cached on
+        the index until a node's health changes: it is an O(nodes) sum)."""
         if self._totals is None:
-            g = c = m = 0
-            for o, n in enumerate(self.idx.nodes):
-                if self.ws.sched[o]:
-                    g += n.gpus
-                    c += n.cpu_milli
-                    m += n.memory_mib
-            self._totals = (max(g, 1), max(c, 1), max(m, 1))
+            cached = self.idx.__dict__.get("_totals")
+            if cached is None:
+                g = c = m = 0
+                for o, n in enumerate(self.idx.nodes):
+                    if self.ws.sched[o]:
+                        g += n.gpus
+                        c += n.cpu_milli
+                        m += n.memory_mib
+                cached = self.idx.__dict__["_totals"] = (max(g, 1), max(c, 1), max(m, 1))
+            self._totals = cached
         return self._totals
 
     def dominant_share(self, team: str) -> float:
+        # memoized: the DRF orderer asks for a team's share at every pop, usage changes only on a bind
+        v = self._shares.get(team)
+        if v is None:
+            g, c, m = self.team_usage.get(team, (0, 0, 0))
+            tg, tc, tm = self.totals()
+            v = self._shares[team] = max(g / tg, c / tc, m / tm) / max(self.weights.get(team, 1.0), 1e-9)
+        return v
+
+    def add_team_usage(self, team: str, gpus: int, cpu_milli: int, memory_mib: int) -> None:
         g, c, m = self.team_usage.get(team, (0, 0, 0))
-        tg, tc, tm = self.totals()
-        return max(g / tg, c / tc, m / tm) / max(self.weights.get(team, 1.0), 1e-9)
+        self.team_usage[team] = (g + gpus, c + cpu_milli, m + memory_mib)
+        self._shares.pop(team, None)
 
     def healthy_capacity(self, gpu_type: str, level: str) -> int:
         """Largest schedulable capacity (free or not) of one domain at ``level`` for ``gpu_type``."""
@@ -134,11 +156,11 @@ class Ctx:
         return job.topology_required
 
     def held_until(self) -> float:
-        return min((h.until for h in self.holds), default=float("inf"))
+        """Shadow time of the holds a short job may backfill onto (strict preemption holds excluded)."""
+        return min((h.until for h in self.holds if not h.strict), default=float("inf"))
 
-    def running_ranks(self, orderer: object) -> dict[str, float]:
-        """Preemption rank of every running job under ``orderer`` (computed once per cycle)."""
-        if self._running_ranks is None:
-            rank = orderer.running_rank  # type: ignore[attr-defined]
-            self._running_ranks = {jid: rank(j, self) for jid, j in sorted(self.cluster.running.items())}
-        return self._running_ranks
+    def hold_of(self, job_id: str) -> Hold | None:
+        for h in self.holds:
+            if h.job_id == job_id:
+                return h
+        return None

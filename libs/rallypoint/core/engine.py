@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from rallypoint.core import reasons
 from rallypoint.core.backfill import hold
 from rallypoint.core.context import Ctx, Status
-from rallypoint.core.placement import Plan
+from rallypoint.core.placement import Plan, place
+from rallypoint.core.preemption import running_view
 from rallypoint.core.types import (
     Bind,
     Decisions,
@@ -71,8 +74,7 @@ def _bind(job: PendingJob, size: int, plan: Plan, ctx: Ctx, out: _Out) -> None:
     for o, m in plan.tasks:
         ws.take(o, m)
     ws.add_usage(job.queue_name, plan.gpu_type, size)
-    g, c, mem = ctx.team_usage.get(job.team, (0, 0, 0))
-    ctx.team_usage[job.team] = (g + size, c + job.cpu_milli, mem + job.memory_mib)
+    ctx.add_team_usage(job.team, size, job.cpu_milli, job.memory_mib)
     ids = ctx.idx.ids
     out.binds.append(
         Bind(
@@ -89,20 +91,35 @@ def _bind(job: PendingJob, size: int, plan: Plan, ctx: Ctx, out: _Out) -> None:
 
 
 def _try_place(job: PendingJob, size: int, gpu_type: str | None, ctx: Ctx) -> Plan | None:
-    """Place around held GPUs; a job that ends before every hold's shadow time may also use them."""
+    """Place around held GPUs; a job that ends before every (non-strict) hold's shadow time may also use
+    them, and a preemptor may use its own hold."""
     tasks = size // job.gpus_per_task
     required = ctx.required_level(job)
+    ws = ctx.ws
+    own = ctx.hold_of(job.id) if ctx.holds else None
+    if own is not None:
+        # a preemptor whose victims are stopping: its hold is its own; on success the hold is consumed
+        # (its GPUs stay given back, and the bind takes them)
+        mark = ws.mark()
+        for o, m in own.tasks:
+            ws.give(o, m)
+        plan = ctx.place(tasks, job.gpus_per_task, gpu_type, required)
+        if plan is not None:
+            ctx.holds.remove(own)
+            return plan
+        ws.rollback(mark)
+        return None
     plan = ctx.place(tasks, job.gpus_per_task, gpu_type, required)
     if plan is not None or not ctx.holds:
         return plan
     rt = job.runtime_estimate
     if rt is None or ctx.now + rt > ctx.held_until():
         return None
-    ws = ctx.ws
     mark = ws.mark()
     for h in ctx.holds:
-        for o, m in h.tasks:
-            ws.give(o, m)
+        if not h.strict:
+            for o, m in h.tasks:
+                ws.give(o, m)
     plan = ctx.place(tasks, job.gpus_per_task, gpu_type, required)
     ws.rollback(mark)
     return plan
@@ -130,7 +147,23 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
     size = sizes[-1]
     if quota_msg is not None and all(policy.permit.check(job, t, size, ctx) is not None for t in types):
         return Status("QuotaExceeded", quota_msg)
-    st = reasons.classify(job, size, ctx)
+    victims = ctx.stopping.get(job.id)
+    if victims is not None and ctx.hold_of(job.id) is not None:
+        n = len(victims)
+        return Status(
+            "Preempting",
+            f"needs {size} GPUs; waiting for {n} preempted job{'s' if n != 1 else ''} to stop "
+            f"({', '.join(victims)}); their GPUs are held for it",
+        )
+    # a reason depends only on the job's shape and the workspace's free GPUs and holds: thousands of
+    # waiting jobs of a few shapes share it while nothing is bound in between
+    rkey = (job.gpu_type, job.gpus_per_task, size, job.gpus, job.topology_required)
+    memo = ctx._reasons.get(rkey)
+    if memo is not None and memo[0] == (ctx.ws.version, len(ctx.holds)):
+        st = memo[1]
+    else:
+        st = reasons.classify(job, size, ctx)
+        ctx._reasons[rkey] = ((ctx.ws.version, len(ctx.holds)), st)
     if st.code in ("Resources", "Topology", "Reservation"):
         pst = _preempt(job, size, policy, ctx, out)
         if pst is not None:
@@ -146,15 +179,14 @@ def _preempt(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out) ->
     if pre is None or ctx.preemptors >= ctx.cfg.max_preemptors_per_cycle:
         return None
     rank = policy.orderer.rank(job, ctx)
-    rr = ctx.running_ranks(policy.orderer)
     types = ctx.idx.types if job.gpu_type is None else [job.gpu_type]
     for t in types:
         if not ctx.quota.within_nominal(ctx.ws, job.queue_name, t, size) and (
-            not rr or min(rr.values()) >= rank
+            running_view(ctx, policy.orderer).min_rank() >= rank
         ):
             continue  # nothing ranks lower and no guaranteed quota to reclaim: skip the scan
         ctx.preemptors += 1
-        pp = pre.plan(job, size, t, rank, ctx, rr)
+        pp = pre.plan(job, size, t, rank, ctx, running_view(ctx, policy.orderer))
         if pp is None:
             continue
         until = ctx.now + ctx.cfg.preemption_grace_s
@@ -167,6 +199,8 @@ def _preempt(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out) ->
                     Preemption(victim_id=c.job.id, reason=policy.reason_for(c.reason), for_job=job.id)
                 )
             ctx.preempted[c.job.id] = job.id
+            key = (c.job.queue_name, t)
+            ctx.evicted[key] = ctx.evicted.get(key, 0) + c.gpus
         for jid in sorted(shrink):
             rj = ctx.cluster.running[jid]
             rm = sorted(shrink[jid])
@@ -179,10 +213,10 @@ def _preempt(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out) ->
                     reason=f"shrink for {job.id}",
                 )
             )
-        h = hold(ctx, job.id, until, pp.plan)
+        # strict: the GPUs the victims free are promised to this job alone (no backfill onto them)
+        hold(ctx, job.id, until, pp.plan, strict=True)
         nodes = tuple(sorted({ctx.idx.ids[o] for o, _m in pp.plan.tasks}))
         out.reservations.append(Reservation(job_id=job.id, start_estimate=until, nodes=nodes))
-        del h
         n = len(pp.victims)
         return Status(
             "Preempting",
@@ -207,9 +241,52 @@ def _reserve(job: PendingJob, size: int, st: Status, policy: Policy, ctx: Ctx, o
     )
 
 
+def _hold_for_stopping_victims(snapshot: Snapshot, ctx: Ctx, out: _Out) -> None:
+    """Stateless protection of earlier preemptions: running jobs with ``preempting_for`` set are stopping
+    for that job. They are never victims again nor releases for anyone else, and each such preemptor that
+    is still pending gets its slot recomputed on (free GPUs + its victims' GPUs) with the free part held
+    strictly for it, so GPUs its victims have already released go to nobody else."""
+    cols = ctx.cluster.cols
+    if not cols.n or not cols.stopping[: cols.n].any():
+        return
+    running = ctx.cluster.running
+    for s in sorted(cols.ids[i] for i in np.flatnonzero(cols.stopping[: cols.n]).tolist()):
+        rj = running[s]
+        assert rj.preempting_for is not None
+        ctx.preempted[s] = rj.preempting_for
+        ctx.stopping.setdefault(rj.preempting_for, []).append(s)
+        key = (rj.queue_name, ctx.cluster.job_gpu_type(rj))
+        ctx.evicted[key] = ctx.evicted.get(key, 0) + rj.gpus
+    pending = {j.id: j for j in snapshot.pending if j.id in ctx.stopping}
+    ws = ctx.ws
+    ord_of = ctx.idx.ord_of
+    until = ctx.now + ctx.cfg.preemption_grace_s
+    for pid in sorted(pending):
+        job = pending[pid]
+        mark = ws.mark()
+        for vid in ctx.stopping[pid]:
+            for n, m in ctx.cluster.job_masks[vid]:
+                ws.give(ord_of[n], m)
+        plan = None
+        for size in job_sizes(job, ctx):
+            plan = place(
+                ws, size // job.gpus_per_task, job.gpus_per_task, job.gpu_type, ctx.required_level(job),
+                ctx.cfg.first_fit,
+            )  # fmt: skip
+            if plan is not None:
+                break
+        ws.rollback(mark)
+        if plan is None:
+            continue  # its victims no longer make room: it is treated like any other waiting job
+        hold(ctx, pid, until, plan, strict=True)
+        nodes = tuple(sorted({ctx.idx.ids[o] for o, _m in plan.tasks}))
+        out.reservations.append(Reservation(job_id=pid, start_estimate=None, nodes=nodes))
+
+
 def run_cycle(snapshot: Snapshot, policy: Policy) -> Decisions:
     ctx = Ctx(snapshot, policy.config)
     out = _Out()
+    _hold_for_stopping_victims(snapshot, ctx, out)
     waiting = 0
     head: PendingJob | None = None
     for job in policy.orderer.order(snapshot.pending, ctx):

@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
 
 from rallypoint.core.context import Ctx
 from rallypoint.core.types import PendingJob, RunningJob
+
+if TYPE_CHECKING:
+    from rallypoint.core.cluster import RunningColumns
 
 __all__ = ["DrfPriorityOrder", "FifoOrder", "LasOrder", "Orderer", "PriorityOrder"]
 
@@ -27,9 +32,18 @@ class Orderer(Protocol):
 
     def running_rank(self, job: RunningJob, ctx: Ctx) -> float: ...
 
+    # Optional: ``running_rank_array(cols, ctx) -> np.ndarray``, the same ranks for every running job at
+    # once (slot order of ``cols``); the preemption planner falls back to ``running_rank`` per job.
+
 
 def _tie(job: PendingJob) -> tuple[float, int, str]:
     return (job.submit_time, job.arrival, job.id)
+
+
+def class_rank_array(cols: RunningColumns, ctx: Ctx) -> np.ndarray:
+    """Class value of every running job (``running_rank`` of the class-based orderers), vectorized."""
+    lut = np.array([ctx.prio.get(c, 0) for c in cols.classes.names] or [0], np.float64)
+    return lut[cols.cls[: cols.n]]
 
 
 class FifoOrder:
@@ -43,6 +57,9 @@ class FifoOrder:
 
     def running_rank(self, job: RunningJob, ctx: Ctx) -> float:
         return ctx.prio_of(job)
+
+    def running_rank_array(self, cols: RunningColumns, ctx: Ctx) -> np.ndarray:
+        return class_rank_array(cols, ctx)
 
 
 def aged_priority(job: PendingJob, ctx: Ctx) -> int:
@@ -71,31 +88,52 @@ class PriorityOrder:
     def running_rank(self, job: RunningJob, ctx: Ctx) -> float:
         return ctx.prio_of(job)
 
+    def running_rank_array(self, cols: RunningColumns, ctx: Ctx) -> np.ndarray:
+        return class_rank_array(cols, ctx)
+
 
 class DrfPriorityOrder(PriorityOrder):
     """Priority (plus aging), then weighted dominant-resource share of the team (lowest first), then
-    submission order. Shares are updated as the cycle binds (progressive filling): a lazy heap re-pushes
-    a job whose team's share grew since it was pushed; shares only grow during a cycle, so a stale key is
-    always too small and the re-push is exact."""
+    submission order. Shares are updated as the cycle binds (progressive filling).
+
+    Jobs of one (aged priority, team) group share the first two key parts, so inside a group the order is
+    fixed (submission order): the heap holds one entry per group, keyed by the group's head job, instead
+    of one per job. A lazy update re-pushes a group whose team's share grew since it was pushed; shares
+    only grow during a cycle, so a stale key is always too small and the re-push is exact. This yields
+    exactly the per-job order (the minimum of (priority, current share, tie) over all jobs) with one or
+    two heap operations per job instead of one per job per bind of its team."""
 
     def order(self, jobs: Iterable[PendingJob], ctx: Ctx) -> Iterator[PendingJob]:
-        heap: list[tuple[int, float, float, int, str, PendingJob]] = []
-        share: dict[str, float] = {}
+        groups: dict[tuple[int, str], list[PendingJob]] = {}
         for j in jobs:
-            s = share.get(j.team)
-            if s is None:
-                s = share[j.team] = ctx.dominant_share(j.team)
-            heap.append((-aged_priority(j, ctx), s, j.submit_time, j.arrival, j.id, j))
+            groups.setdefault((-aged_priority(j, ctx), j.team), []).append(j)
+        heap: list[tuple[int, float, float, int, str, int]] = []
+        members: list[list[PendingJob]] = []
+        pos: list[int] = []
+        for (negp, team), js in sorted(groups.items()):
+            js.sort(key=_tie)
+            h = js[0]
+            heap.append((negp, ctx.dominant_share(team), h.submit_time, h.arrival, h.id, len(members)))
+            members.append(js)
+            pos.append(0)
         heapq.heapify(heap)
         while heap:
-            item = heapq.heappop(heap)
-            j = item[5]
+            item = heap[0]
+            gi = item[5]
+            js = members[gi]
+            j = js[pos[gi]]
             now_share = ctx.dominant_share(j.team)
             if now_share > item[1]:
-                new = (item[0], now_share, item[2], item[3], item[4], j)
-                if heap and new[:5] > heap[0][:5]:
-                    heapq.heappush(heap, new)
+                new = (item[0], now_share, item[2], item[3], item[4], gi)
+                heapq.heapreplace(heap, new)
+                if heap[0] is not new:
                     continue
+            pos[gi] += 1
+            if pos[gi] < len(js):
+                h = js[pos[gi]]
+                heapq.heapreplace(heap, (item[0], now_share, h.submit_time, h.arrival, h.id, gi))
+            else:
+                heapq.heappop(heap)
             yield j
 
 
@@ -125,3 +163,11 @@ class LasOrder:
     def running_rank(self, job: RunningJob, ctx: Ctx) -> float:
         attained = job.attained_gpu_s + job.gpus * max(0.0, ctx.now - job.start_time)
         return -self.level(attained, ctx)
+
+    def running_rank_array(self, cols: RunningColumns, ctx: Ctx) -> np.ndarray:
+        n = cols.n
+        attained = cols.attained[:n] + cols.gpus[:n] * np.maximum(0.0, ctx.now - cols.start[:n])
+        level = np.zeros(n, np.float64)
+        for th in ctx.cfg.las_thresholds:
+            level += attained >= th
+        return -level

@@ -99,13 +99,17 @@ def _single_node(ws: Workspace, t: str, g: int, n: int, first_fit: bool) -> int 
 def _rack_nodes_plan(ws: Workspace, r: int, t: str, g: int, need: int, out: list[tuple[int, int]]) -> int:
     """Fill up to ``need`` tasks from rack ``r``, fullest nodes first (best fit). Returns tasks placed."""
     idx = ws.idx
+    free, sched, type_of, multi = ws.free, ws.sched, idx.type_of, idx.multi_dom
     cands: list[tuple[int, int, int]] = []
     for o in idx.rack_nodes[r]:
-        if not ws.sched[o] or idx.type_of[o] != t:
+        f = free[o]
+        if not f or not sched[o] or type_of[o] != t:
             continue
-        cap = node_cap(ws, o, g)
+        c = f.bit_count()
+        # single-domain node (the common case): capacity straight from the count, no per-domain split
+        cap = node_cap(ws, o, g) if multi[o] else c // g
         if cap:
-            cands.append((ws.free[o].bit_count(), o, cap))
+            cands.append((c, o, cap))
     cands.sort()
     placed = 0
     for _c, o, cap in cands:
@@ -137,53 +141,45 @@ def _place_type(ws: Workspace, t: str, tasks: int, g: int, max_rank: int, first_
                 return Plan(t, level, tuple(out))
     if tasks == 1 or max_rank < _RANK["rack"]:
         return None
-    # rack level: smallest sufficient capacity (first fit: first sufficient rack)
-    racks = []
-    for (tt, r), h in ws.rack_hist.items():
-        if tt == t:
-            cap = _hist_cap(h, g)
-            if cap >= tasks:
-                racks.append((0 if first_fit else cap, r))
-    racks.sort()
-    for _cap, r in racks:
-        if _rack_exact(ws, r, t, g) >= tasks:
-            out = []
-            _rack_nodes_plan(ws, r, t, g, tasks, out)
-            return Plan(t, "rack", tuple(out))
+    # rack level: smallest sufficient capacity (first fit: first sufficient rack); capacities are kept
+    # incrementally per task size by the workspace, so this is one pass over an int list
+    rcaps = ws.rack_caps(t, g)
+    if max(rcaps, default=0) >= tasks:
+        if first_fit:
+            racks = [(0, r) for r, c in enumerate(rcaps) if c >= tasks]
+        else:
+            racks = sorted([(c, r) for r, c in enumerate(rcaps) if c >= tasks])
+        for _cap, r in racks:
+            if _rack_exact(ws, r, t, g) >= tasks:
+                out = []
+                _rack_nodes_plan(ws, r, t, g, tasks, out)
+                return Plan(t, "rack", tuple(out))
     if max_rank < _RANK["spine"]:
         return None
-    spines = []
-    for (tt, s), h in ws.spine_hist.items():
-        if tt == t:
-            cap = _hist_cap(h, g)
-            if cap >= tasks:
-                spines.append((0 if first_fit else cap, s))
-    spines.sort()
+    scaps = ws.spine_caps(t, g)
+    spines = sorted((0 if first_fit else c, s) for s, c in enumerate(scaps) if c >= tasks)
     for _cap, s in spines:
-        plan = _span(ws, t, g, tasks, idx.spine_racks[s], "spine")
+        plan = _span(ws, t, g, tasks, idx.spine_racks[s], "spine", rcaps)
         if plan is not None:
             return plan
     if max_rank < _RANK["cluster"]:
         return None
     # cluster level: spines with the most capacity first, so the gang spans as few spines as possible
-    order = sorted(
-        ((-_hist_cap(h, g), s) for (tt, s), h in ws.spine_hist.items() if tt == t), key=lambda x: x
-    )
     racks_all: list[int] = []
-    for _c, s in order:
+    for _c, s in sorted((-scaps[s], s) for s in range(len(scaps)) if (t, s) in ws.spine_hist):
         racks_all.extend(idx.spine_racks[s])
-    return _span(ws, t, g, tasks, racks_all, "cluster")
+    return _span(ws, t, g, tasks, racks_all, "cluster", rcaps)
 
 
-def _span(ws: Workspace, t: str, g: int, tasks: int, racks: list[int], level: str) -> Plan | None:
+def _span(
+    ws: Workspace, t: str, g: int, tasks: int, racks: list[int], level: str, rcaps: list[int]
+) -> Plan | None:
     """Gang across several racks: racks with the most capacity first (fewest racks spanned)."""
-    rs = sorted(
-        ((-_hist_cap(ws.rack_hist[(t, r)], g), r) for r in racks if (t, r) in ws.rack_hist),
-    )
+    rs = sorted((-rcaps[r], r) for r in racks if rcaps[r] > 0)
+    if sum(rcaps[r] for r in racks) < tasks:
+        return None  # capacities are upper bounds: not enough even before the exact per-node fill
     out: list[tuple[int, int]] = []
-    for negcap, r in rs:
-        if negcap == 0:
-            break
+    for _negcap, r in rs:
         _rack_nodes_plan(ws, r, t, g, tasks - len(out), out)
         if len(out) == tasks:
             return Plan(t, level, tuple(out))

@@ -5,26 +5,41 @@ allocate; here candidates are, cheapest first,
 
 1. *shrink*: elastic running gangs above their minimum whose rank is not above the preemptor's;
 2. *reclaim*: jobs of queues borrowing above nominal, when the preemptor's queue is within its nominal
-   (the only case where equal or higher priority may be evicted: guaranteed quota comes back);
+   (the only case where equal or higher priority may be evicted: guaranteed quota comes back). A queue
+   stops being a reclaim source as soon as what is already being evicted from it (this cycle, or by
+   victims still stopping) brings it down to its nominal;
 3. *priority*: jobs of strictly lower rank (class value; LAS: attained-service queue).
 
 Never: non-preemptible jobs or classes, jobs preempted less than ``preemption_protection_s`` ago, jobs
-already chosen this cycle. Victims are grouped by the topology domain the preemptor needs (node / rack /
-spine / cluster); per domain a greedy pick by (kind, rank, GPU-seconds lost since last checkpoint, fewest
-victims) is estimated, the best few domains are verified with a real placement on the workspace
-(journaled and rolled back), and the cheapest verified plan wins.
+already chosen this cycle, jobs still stopping for an earlier preemptor (``RunningJob.preempting_for``).
+
+Victims are grouped by the topology domain the preemptor needs (node / rack / spine / cluster). Walking
+candidates in cost order (kind, rank, GPU-seconds lost since last checkpoint, larger first, id), the first
+few domains whose accumulated GPUs reach the gang's size are estimated (worst kind, victims, work lost),
+and the cheapest few are verified with a real placement on the workspace (journaled, rolled back). A
+verified set is then pruned: victims are put back one by one, most expensive first, while the gang still
+fits, so no victim is evicted that the placement does not need. The cheapest pruned plan wins.
+
+Cost: the candidate index (cost order of every running job, its tasks' locations) is a handful of numpy
+operations per cycle over the incrementally kept ``ClusterModel.cols``; per preemptor the domain walk is
+vectorized (sort by domain and candidate position, cumulative sums), and Python work is limited to the
+victims of the few verified domains.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+import numpy as np
 
 from rallypoint.core.context import Ctx
 from rallypoint.core.placement import LEVELS, Plan, level_rank, place
 from rallypoint.core.types import PendingJob, RunningJob
 
-__all__ = ["Candidate", "PreemptionPlan", "Preemptor", "RankPreemptor"]
+if TYPE_CHECKING:
+    from rallypoint.core.ordering import Orderer
+
+__all__ = ["Candidate", "PreemptionPlan", "Preemptor", "RankPreemptor", "RunningView", "running_view"]
 
 _VERIFY_DOMAINS = 4
 
@@ -46,16 +61,88 @@ class Candidate(NamedTuple):
     def gpus(self) -> int:
         return sum(m.bit_count() for _o, m in self.tasks)
 
+    def cost(self) -> tuple[int, float, float, int, str, int]:
+        """Total order of disruption (smaller = cheaper)."""
+        return (self.kind, self.rank, self.lost, -self.gpus, self.job.id, self.seq)
+
 
 class PreemptionPlan(NamedTuple):
     victims: tuple[Candidate, ...]
     plan: Plan
 
 
+class RunningView:
+    """Per-cycle candidate index over ``ClusterModel.cols``: every running job's preemption rank, work
+    lost, cost order and base eligibility, and its tasks' node ordinals. Built once per cycle (numpy), shared
+    by all preemptors of the cycle."""
+
+    def __init__(self, ctx: Ctx, orderer: Orderer) -> None:
+        cols = ctx.cluster.cols
+        n = cols.n
+        self.cols = cols
+        self.n = n
+        now = ctx.now
+        fn = getattr(orderer, "running_rank_array", None)
+        if fn is not None:
+            rank = np.asarray(fn(cols, ctx), np.float64)
+        else:  # a plug-in orderer without the vectorized hook: one call per running job
+            running = ctx.cluster.running
+            rank = np.fromiter(
+                (orderer.running_rank(running[j], ctx) for j in cols.ids), np.float64, count=n
+            )
+        gpus = cols.gpus[:n]
+        lost = gpus * np.maximum(0.0, now - cols.since[:n])
+        order = np.lexsort((-gpus, lost, rank))
+        if n > 1:
+            # exact ties on (rank, lost, GPUs) are broken by job id, never by slot (history) order
+            r_s, l_s, g_s = rank[order], lost[order], gpus[order]
+            eq = (r_s[1:] == r_s[:-1]) & (l_s[1:] == l_s[:-1]) & (g_s[1:] == g_s[:-1])
+            if eq.any():
+                ids = cols.ids
+                starts = np.flatnonzero(eq & ~np.r_[False, eq[:-1]])
+                for a in starts.tolist():
+                    b = a + 1
+                    while b < n - 1 and eq[b]:
+                        b += 1
+                    run = sorted(order[a : b + 1].tolist(), key=lambda s: ids[s])
+                    order[a : b + 1] = run
+        self.rank = rank
+        self.lost = lost
+        self.order = order
+        names = cols.classes.names
+        class_ok = np.array([ctx.class_preemptible.get(c, True) for c in names] or [True], np.bool_)
+        protect = ctx.cfg.preemption_protection_s
+        self.evictable = (
+            cols.preemptible[:n]
+            & class_ok[cols.cls[:n]]
+            & (now - cols.last_preempted[:n] >= protect)
+            & ~cols.stopping[:n]
+        )
+        nt = cols.nt
+        self.t_job = cols.t_job[:nt]
+        self.t_ord = ctx.idx.ord_of_key[cols.t_node[:nt]]
+        self.t_gpus = cols.t_gpus[:nt]
+
+    def min_rank(self) -> float:
+        return float(self.rank.min()) if self.n else float("inf")
+
+
+def running_view(ctx: Ctx, orderer: Orderer) -> RunningView:
+    v = ctx.cache.get("running_view")
+    if v is None:
+        v = ctx.cache["running_view"] = RunningView(ctx, orderer)
+    return v  # type: ignore[return-value]
+
+
 class Preemptor(Protocol):
     def plan(
-        self, job: PendingJob, size: int, gpu_type: str, rank: float, ctx: Ctx, running_rank: dict[str, float]
+        self, job: PendingJob, size: int, gpu_type: str, rank: float, ctx: Ctx, view: RunningView
     ) -> PreemptionPlan | None: ...
+
+
+def _job_tasks(ctx: Ctx, jid: str) -> tuple[tuple[int, int], ...]:
+    ord_of = ctx.idx.ord_of
+    return tuple((ord_of[n], m) for n, m in ctx.cluster.job_masks[jid])
 
 
 class RankPreemptor:
@@ -64,96 +151,83 @@ class RankPreemptor:
     def __init__(self, reason_name: str = "priority") -> None:
         self.reason_name = reason_name
 
+    # --- candidates ------------------------------------------------------------------------------
+
     @staticmethod
-    def _rows(
-        ctx: Ctx, running_rank: dict[str, float]
-    ) -> list[tuple[float, float, int, str, RunningJob, tuple[tuple[int, int], ...], str]]:
-        """Running jobs with their masks and cost parts, sorted by (rank, work lost, -GPUs, id); built once
-        per cycle, so several preemptors in one cycle share the O(running jobs) work."""
-        cached = ctx.cache.get("preempt_rows")
-        if cached is not None:
-            return cached  # type: ignore[return-value]
-        cl = ctx.cluster
-        ord_of = ctx.idx.ord_of
-        now = ctx.now
-        rows: list[tuple[float, float, int, str, RunningJob, tuple[tuple[int, int], ...], str]] = []
-        for jid, rj in cl.running.items():
-            since = rj.last_checkpoint if rj.last_checkpoint is not None else rj.start_time
-            rows.append(
-                (
-                    running_rank[jid],
-                    rj.gpus * max(0.0, now - since),
-                    -rj.gpus,
-                    jid,
-                    rj,
-                    tuple((ord_of[n], m) for n, m in cl.job_masks[jid]),
-                    cl.job_gpu_type(rj),
-                )
-            )
-        rows.sort(key=lambda r: r[:4])
-        ctx.cache["preempt_rows"] = rows
-        return rows
-
-    def candidates(
-        self, job: PendingJob, size: int, gpu_type: str, rank: float, ctx: Ctx, running_rank: dict[str, float]
-    ) -> Iterator[Candidate]:
-        """Candidates lazily, cheapest first: shrinks, then reclaims, then strictly lower ranks. Lazy so
-        that a preemptor satisfied by its first few victims never walks every running job."""
-        cfg = ctx.cfg
-        rows = self._rows(ctx, running_rank)
-        reclaim_ok = ctx.quota.within_nominal(ctx.ws, job.queue_name, gpu_type, size)
-        protect = cfg.preemption_protection_s
-
-        def evictable(rj: RunningJob) -> bool:
-            if not rj.preemptible or not ctx.class_preemptible.get(rj.priority_class, True):
-                return False
-            return rj.last_preempted_at is None or ctx.now - rj.last_preempted_at >= protect
-
-        if cfg.elastic:
-            shrinks: list[Candidate] = []
-            for rr, _lost, _ng, jid, rj, masks, gt in rows:
-                if rr > rank:
-                    break
-                if rj.min_gpus is None or rj.gpus <= rj.min_gpus or gt != gpu_type or jid in ctx.preempted:
-                    continue
-                step = rj.gpu_step or rj.gpus_per_task or (rj.gpus // max(1, len(rj.placements)))
-                gpt = rj.gpus_per_task or max(1, rj.gpus // max(1, len(rj.placements)))
-                chunks = (rj.gpus - rj.min_gpus) // step
-                per = step // gpt if step % gpt == 0 else 0
-                k = len(masks)
-                # one candidate per step, from the last tasks backwards, so a shrink takes only what the
-                # preemptor needs
-                for i in range(chunks if per else 0):
-                    lo, hi = k - (i + 1) * per, k - i * per
-                    if lo < 0:
-                        break
-                    shrinks.append(Candidate(0, rr, 0.0, rj, masks[lo:hi], tuple(range(lo, hi)), i))
-            shrinks.sort(key=lambda c: (c.rank, -c.gpus, c.job.id, c.seq))
-            yield from shrinks
-        if reclaim_ok:
-            borrowing: dict[str, bool] = {}
-            for rr, lost, _ng, jid, rj, masks, gt in rows:
-                if gt != gpu_type or jid in ctx.preempted or not evictable(rj):
-                    continue
-                q = rj.queue_name
-                b = borrowing.get(q)
-                if b is None:
-                    b = borrowing[q] = ctx.quota.borrowing(ctx.ws, q, gpu_type) > 0
-                if b:
-                    yield Candidate(1, rr, lost, rj, masks, ())
-        for rr, lost, _ng, jid, rj, masks, gt in rows:
-            if rr >= rank:
-                break  # rows are sorted by rank: nothing further ranks lower
-            if gt != gpu_type or jid in ctx.preempted or not evictable(rj):
+    def _shrinks(job: PendingJob, gpu_type: str, rank: float, ctx: Ctx, view: RunningView) -> list[Candidate]:
+        """Elastic gangs above their minimum, rank not above the preemptor's: one candidate per step, from
+        the last tasks backwards, so a shrink takes only what the preemptor needs."""
+        if not ctx.cfg.elastic:
+            return []
+        cols = view.cols
+        n = view.n
+        tid = cols.gtypes.ids.get(gpu_type)
+        if tid is None:
+            return []
+        sel = np.flatnonzero(cols.elastic[:n] & (cols.gtype[:n] == tid) & (view.rank <= rank))
+        out: list[Candidate] = []
+        for s in sel.tolist():
+            jid = cols.ids[s]
+            if jid in ctx.preempted:
                 continue
-            if reclaim_ok and ctx.quota.borrowing(ctx.ws, rj.queue_name, gpu_type) > 0:
-                continue  # already offered as a reclaim
-            yield Candidate(2, rr, lost, rj, masks, ())
+            rj = ctx.cluster.running[jid]
+            assert rj.min_gpus is not None
+            masks = _job_tasks(ctx, jid)
+            step = rj.gpu_step or rj.gpus_per_task or (rj.gpus // max(1, len(rj.placements)))
+            gpt = rj.gpus_per_task or max(1, rj.gpus // max(1, len(rj.placements)))
+            chunks = (rj.gpus - rj.min_gpus) // step
+            per = step // gpt if step % gpt == 0 else 0
+            k = len(masks)
+            rr = float(view.rank[s])
+            for i in range(chunks if per else 0):
+                lo, hi = k - (i + 1) * per, k - i * per
+                if lo < 0:
+                    break
+                out.append(Candidate(0, rr, 0.0, rj, masks[lo:hi], tuple(range(lo, hi)), i))
+        out.sort(key=lambda c: (c.rank, -c.gpus, c.job.id, c.seq))
+        return out
+
+    @staticmethod
+    def _remaining_borrow(ctx: Ctx, queue: str, gpu_type: str) -> int:
+        """GPUs ``queue`` still borrows once the victims already chosen from it are gone."""
+        if not ctx.quota.limited(queue):
+            return 0
+        used = ctx.ws.usage.get((queue, gpu_type), 0) - ctx.evicted.get((queue, gpu_type), 0)
+        return used - ctx.quota.nominal(queue, gpu_type)
+
+    def _evictions(
+        self, job: PendingJob, size: int, gpu_type: str, rank: float, ctx: Ctx, view: RunningView
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Slots of evictable candidates in cost order and their kinds (1 reclaim, 2 priority)."""
+        cols = view.cols
+        n = view.n
+        tid = cols.gtypes.ids.get(gpu_type)
+        if tid is None or n == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        avail = view.evictable & (cols.gtype[:n] == tid)
+        if ctx.preempted:
+            gone = [cols.slot[j] for j in ctx.preempted if j in cols.slot]
+            if gone:
+                avail[gone] = False
+        reclaim = np.zeros(n, np.bool_)
+        if ctx.quota.within_nominal(ctx.ws, job.queue_name, gpu_type, size):
+            lut = np.array(
+                [self._remaining_borrow(ctx, q, gpu_type) > 0 for q in cols.queues.names] or [False], np.bool_
+            )
+            reclaim = avail & lut[cols.queue[:n]]
+        prio = avail & (view.rank < rank) & ~reclaim
+        order = view.order
+        r_slots = order[reclaim[order]]
+        p_slots = order[prio[order]]
+        slots = np.concatenate((r_slots, p_slots))
+        kinds = np.concatenate((np.full(len(r_slots), 1, np.int64), np.full(len(p_slots), 2, np.int64)))
+        return slots, kinds
+
+    # --- planning --------------------------------------------------------------------------------
 
     def plan(
-        self, job: PendingJob, size: int, gpu_type: str, rank: float, ctx: Ctx, running_rank: dict[str, float]
+        self, job: PendingJob, size: int, gpu_type: str, rank: float, ctx: Ctx, view: RunningView
     ) -> PreemptionPlan | None:
-        cands = self.candidates(job, size, gpu_type, rank, ctx, running_rank)
         idx = ctx.idx
         ws = ctx.ws
         required = ctx.required_level(job)
@@ -168,58 +242,135 @@ class RankPreemptor:
                 level = lv
                 break
 
-        def dom(o: int) -> int:
-            if level == "node":
-                return o
-            if level == "rack":
-                return idx.rack_of[o]
-            if level == "spine":
-                return idx.spine_of[o]
-            return 0
+        shrinks = self._shrinks(job, gpu_type, rank, ctx, view)
+        slots, kinds = self._evictions(job, size, gpu_type, rank, ctx, view)
+        ns = len(shrinks)
+        if ns == 0 and len(slots) == 0:
+            return None
 
-        # Candidates arrive sorted by (kind, rank, work lost, -GPUs, id, chunk). Walk them in that order,
-        # accumulating what each domain would free; the first domains to reach the gang's size are the
-        # least disruptive ones (lowest kinds and ranks, least work lost). Stopping after a few complete
-        # domains keeps this O(victims needed) instead of O(running jobs) for the common small preemptor.
-        per_dom: dict[int, list[tuple[Candidate, int]]] = {}
-        have: dict[int, int] = {}
-        cost: dict[int, tuple[int, int, float]] = {}
-        estimates: list[tuple[int, int, float, int]] = []
-        for c in cands:
-            freed: dict[int, int] = {}
-            for o, m in c.tasks:
-                d = dom(o)
-                freed[d] = freed.get(d, 0) + m.bit_count()
-            for d, g in freed.items():
-                h = have.get(d)
-                if h is None:
-                    h = self._free_in(ctx, level, d, gpu_type)
-                if h >= size:
-                    continue  # already complete
-                per_dom.setdefault(d, []).append((c, g))
-                w, n, lost = cost.get(d, (0, 0, 0.0))
-                cost[d] = (max(w, c.kind), n + 1, lost + c.lost)
-                have[d] = h + g
-                if h + g >= size:
-                    estimates.append((*cost[d], d))
-            if len(estimates) >= _VERIFY_DOMAINS:
-                break
-        free_in = {d: self._free_in(ctx, level, d, gpu_type) for d, _e in ((e[3], e) for e in estimates)}
+        # --- vectorized domain walk: one entry per (candidate task); candidate position p is its place
+        # in cost order (shrinks first). A domain's estimate is its candidates up to the one whose GPUs
+        # (plus the domain's free GPUs) first reach the gang's size.
+        pos = np.full(view.n, -1, np.int64)
+        pos[slots] = np.arange(ns, ns + len(slots), dtype=np.int64)
+        tp = pos[view.t_job]
+        sel = tp >= 0
+        e_p = tp[sel]
+        e_o = view.t_ord[sel]
+        e_g = view.t_gpus[sel]
+        if shrinks:
+            sp = [i for i, c in enumerate(shrinks) for _t in c.tasks]
+            so = [o for c in shrinks for o, _m in c.tasks]
+            sg = [m.bit_count() for c in shrinks for _o, m in c.tasks]
+            e_p = np.concatenate((np.asarray(sp, np.int64), e_p))
+            e_o = np.concatenate((np.asarray(so, np.int64), e_o))
+            e_g = np.concatenate((np.asarray(sg, np.int64), e_g))
+        if level == "node":
+            e_d = e_o
+        elif level == "rack":
+            e_d = idx.rack_of_np[e_o]
+        elif level == "spine":
+            e_d = idx.spine_of_np[e_o]
+        else:
+            e_d = np.zeros(len(e_o), np.int64)
+        k = np.lexsort((e_p, e_d))
+        e_d, e_p, e_g = e_d[k], e_p[k], e_g[k]
+        m = len(e_d)
+        if m == 0:
+            return None
+        newgrp = np.r_[True, e_d[1:] != e_d[:-1]]
+        grp_start = np.flatnonzero(newgrp)
+        grp_id = np.cumsum(newgrp) - 1
+        doms = e_d[grp_start].tolist()
+        if level == "node":
+            wf, wsched = ws.free, ws.sched
+            free0 = np.array([wf[d].bit_count() if wsched[d] else 0 for d in doms], np.int64)
+        else:
+            free0 = np.array([self._free_in(ctx, level, d, gpu_type) for d in doms], np.int64)
+        cs = np.cumsum(e_g)
+        before = np.r_[0, cs[:-1]][grp_start]
+        have = free0[grp_id] + cs - before[grp_id]
+        complete = (have >= size) & (free0[grp_id] < size)
+        ce = np.flatnonzero(complete)
+        if len(ce) == 0:
+            return None
+        # first completing entry per domain
+        cg, first = np.unique(grp_id[ce], return_index=True)
+        comp_entry = ce[first]
+        comp_p = e_p[comp_entry]
+        # the domains that complete by the time the _VERIFY_DOMAINS-th one does (walk order)
+        ps = np.sort(comp_p)
+        cut = ps[min(_VERIFY_DOMAINS, len(ps)) - 1]
+        chosen_g = np.flatnonzero(comp_p <= cut)
+        lost_p = np.zeros(ns + len(slots), np.float64)
+        kind_p = np.zeros(ns + len(slots), np.int64)
+        if len(slots):
+            lost_p[ns:] = view.lost[slots]
+            kind_p[ns:] = kinds
+        estimates: list[tuple[int, int, float, int, int, int]] = []
+        for gi in chosen_g.tolist():
+            g = int(cg[gi])
+            a = int(grp_start[g])
+            b = int(comp_entry[gi]) + 1
+            ps_d = e_p[a:b]
+            uniq = np.unique(ps_d)  # one victim may have several tasks in the domain
+            estimates.append(
+                (int(kind_p[uniq].max()), len(uniq), float(lost_p[uniq].sum()), int(doms[g]), a, b)
+            )
         estimates.sort()
+
         best: PreemptionPlan | None = None
         best_key: tuple[int, int, float] | None = None
-        for worst, n, lost, d in estimates[:_VERIFY_DOMAINS]:
+        cache: dict[int, Candidate] = {}
+        cols = view.cols
+        running = ctx.cluster.running
+
+        def cand(p: int) -> Candidate:
+            c = cache.get(p)
+            if c is None:
+                if p < ns:
+                    c = shrinks[p]
+                else:
+                    s = int(slots[p - ns])
+                    jid = cols.ids[s]
+                    c = Candidate(
+                        int(kinds[p - ns]), float(view.rank[s]), float(view.lost[s]), running[jid],
+                        _job_tasks(ctx, jid), (),
+                    )  # fmt: skip
+                cache[p] = c
+            return c
+
+        for worst, n, lost, d, a, b in estimates[:_VERIFY_DOMAINS]:
+            # candidates of this domain in walk order, with the GPUs each frees inside it
+            per_dom: list[tuple[int, int]] = []
+            for p, g in zip(e_p[a:b].tolist(), e_g[a:b].tolist(), strict=True):
+                if per_dom and per_dom[-1][0] == p:
+                    per_dom[-1] = (p, per_dom[-1][1] + g)
+                else:
+                    per_dom.append((p, g))
             mark = ws.mark()
             chosen: list[Candidate] = []
             plan: Plan | None = None
-            kinds: dict[str, int] = {}
-            got = free_in[d]
+            kinds_of: dict[str, int] = {}
+            taken: dict[str, int] = {}  # GPUs evicted from each queue by this plan (reclaim stop rule)
+            got = self._free_in(ctx, level, d, gpu_type)
             check_at = size
-            for c, g in per_dom[d]:
-                if kinds.setdefault(c.job.id, c.kind) != c.kind:
+            for p, g in per_dom:
+                c = cand(p)
+                if c.kind == 1:
+                    q = c.job.queue_name
+                    if self._remaining_borrow(ctx, q, gpu_type) - taken.get(q, 0) <= 0:
+                        # the queue is back at its nominal: no more reclaiming from it; a job that also
+                        # ranks strictly lower may still go as a priority victim
+                        if c.rank >= rank:
+                            continue
+                        c = c._replace(kind=2)
+                if kinds_of.setdefault(c.job.id, c.kind) != c.kind:
                     continue  # never both shrink and evict one job
-                for o, m in c.tasks:
-                    ws.give(o, m)
+                if c.kind == 1:
+                    taken[c.job.queue_name] = taken.get(c.job.queue_name, 0) + c.job.gpus
+                for o, mk in c.tasks:
+                    ws.give(o, mk)
                 chosen.append(c)
                 got += g
                 # a placement check costs up to a cluster scan: check once the domain can hold the gang,
@@ -229,6 +380,11 @@ class RankPreemptor:
                     if plan is not None:
                         break
                     check_at = got + max(gpt, size // 8)
+            if plan is not None:
+                raw_key = (max(c.kind for c in chosen), len(chosen), sum(c.lost for c in chosen))
+                plan, chosen = self._prune(plan, chosen, tasks, gpt, gpu_type, required, ctx)
+            else:
+                raw_key = None
             ws.rollback(mark)
             if plan is None:
                 continue
@@ -236,9 +392,47 @@ class RankPreemptor:
             if best_key is None or key < best_key:
                 best_key = key
                 best = PreemptionPlan(tuple(chosen), plan)
-            if (worst, n, lost) == key:
+            if (worst, n, lost) == raw_key:
                 break  # the estimate was exact and estimates are sorted: nothing cheaper follows
         return best
+
+    @staticmethod
+    def _prune(
+        plan: Plan,
+        chosen: list[Candidate],
+        tasks: int,
+        gpt: int,
+        gpu_type: str,
+        required: str | None,
+        ctx: Ctx,
+    ) -> tuple[Plan, list[Candidate]]:
+        """Drop victims the gang does not need: most expensive first, put a victim's GPUs back and keep
+        the removal when the gang still fits (victims were added in cost order, so the last ones often
+        only topped up a domain that earlier ones had already made big enough)."""
+        w = ctx.ws
+        keep = list(chosen)
+        for c in sorted(chosen, key=Candidate.cost, reverse=True):
+            if len(keep) == 1:
+                break
+            used = {}
+            for o, mk in plan.tasks:
+                used[o] = used.get(o, 0) | mk
+            if not any(used.get(o, 0) & mk for o, mk in c.tasks):
+                # the current plan does not touch this victim's GPUs: it fits without it, no search needed
+                for o, mk in c.tasks:
+                    w.take(o, mk)
+                keep.remove(c)
+                continue
+            mark = w.mark()
+            for o, mk in c.tasks:
+                w.take(o, mk)
+            p = place(w, tasks, gpt, gpu_type, required, ctx.cfg.first_fit)
+            if p is None:
+                w.rollback(mark)
+            else:
+                plan = p
+                keep.remove(c)
+        return plan, keep
 
     @staticmethod
     def _free_in(ctx: Ctx, level: str, d: int, gpu_type: str) -> int:

@@ -17,6 +17,11 @@ __all__ = ["QuotaBook"]
 class QuotaBook:
     def __init__(self, queues: tuple[Queue, ...]) -> None:
         self.queues = {q.name: q for q in queues}
+        self._quota: dict[tuple[str, str], Quota | None] = {}  # quota() is asked per job and cohort member
+        # (queue or parent, type) -> (workspace usage version, value): check() runs for every pending job;
+        # between two usage changes the cohort's lendable GPUs and an org's total do not change
+        self._avail: dict[tuple[str, str], tuple[int, int]] = {}
+        self._org_total: dict[tuple[str, str], tuple[int, int]] = {}
         self.children: dict[str, list[str]] = {}
         self.cohorts: dict[str, list[str]] = {}
         for q in sorted(queues, key=lambda q: q.name):
@@ -31,16 +36,21 @@ class QuotaBook:
         return q.cohort if q.cohort is not None else q.parent
 
     def quota(self, queue: str, gpu_type: str) -> Quota | None:
+        key = (queue, gpu_type)
+        if key in self._quota:
+            return self._quota[key]
         q = self.queues.get(queue)
-        if q is None:
-            return None
-        star = None
-        for qt in q.quotas:
-            if qt.gpu_type == gpu_type:
-                return qt
-            if qt.gpu_type == "*":
-                star = qt
-        return star
+        found = star = None
+        if q is not None:
+            for qt in q.quotas:
+                if qt.gpu_type == gpu_type:
+                    found = qt
+                    break
+                if qt.gpu_type == "*":
+                    star = qt
+        found = found if found is not None else star
+        self._quota[key] = found
+        return found
 
     def limited(self, queue: str) -> bool:
         return queue in self.queues
@@ -86,7 +96,13 @@ class QuotaBook:
         if q.parent is not None:
             pq = self.quota(q.parent, gpu_type)
             if pq is not None:
-                total = sum(ws.usage.get((c, gpu_type), 0) for c in self.children.get(q.parent, []))
+                tkey = (q.parent, gpu_type)
+                tm = self._org_total.get(tkey)
+                if tm is not None and tm[0] == ws.usage_version:
+                    total = tm[1]
+                else:
+                    total = sum(ws.usage.get((c, gpu_type), 0) for c in self.children.get(q.parent, []))
+                    self._org_total[tkey] = (ws.usage_version, total)
                 cap = pq.nominal + (pq.borrowing_limit or 0)
                 if total + gpus > cap:
                     return f"org {q.parent} uses {total} of {cap} {gpu_type} GPUs; needs {gpus} more"
@@ -97,6 +113,15 @@ class QuotaBook:
         c = self.cohort_of(q)
         if c is None:
             return 0
+        key = (q.name, gpu_type)
+        m = self._avail.get(key)
+        if m is not None and m[0] == ws.usage_version:
+            return m[1]
+        v = self._cohort_available(ws, q, c, gpu_type)
+        self._avail[key] = (ws.usage_version, v)
+        return v
+
+    def _cohort_available(self, ws: Workspace, q: Queue, c: str, gpu_type: str) -> int:
         pool = 0
         borrowed = 0
         for name in self.cohorts.get(c, ()):

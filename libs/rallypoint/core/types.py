@@ -79,6 +79,12 @@ class RunningJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     (such a job never frees GPUs in reservation arithmetic). ``attained_gpu_s`` is the GPU-seconds of
     service attained *before* ``start_time`` (earlier runs); the core adds ``gpus * (now - start_time)``.
     ``last_preempted_at`` protects a job preempted recently (``PolicyConfig.preemption_protection_s``).
+
+    ``preempting_for`` is set by the caller on a victim it has asked to stop (a ``Preemption`` decision)
+    while the victim still holds its GPUs: the id of the job it is being preempted for. Such a job is never
+    chosen as a victim again, never counted as releasing GPUs to anyone else, and the GPUs of the
+    preemptor's slot that are already free are held for the preemptor alone until it binds (a stateless
+    rule: the scheduler needs no memory of earlier cycles). Unbind the victim once it has stopped.
     """
 
     id: str
@@ -101,6 +107,7 @@ class RunningJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     cpu_milli: int = 0
     memory_mib: int = 0
     submit_time: float | None = None
+    preempting_for: str | None = None
 
     @property
     def queue_name(self) -> str:

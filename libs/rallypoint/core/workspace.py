@@ -31,6 +31,17 @@ class Workspace:
         # Bumped whenever GPUs are released: placement failure memos are valid only while free
         # capacity can only shrink.
         self.release_epoch = 0
+        # Bumped on every change of free GPUs: memos of anything derived from free GPUs (pending reasons)
+        self.version = 0
+        # Bumped on every change of queue usage: quota headroom memos
+        self.usage_version = 0
+        # Per (type, task size g): tasks of g GPUs each rack / spine can take by free counts, kept
+        # incrementally for the task sizes placement has asked about this cycle, so choosing a rack is a
+        # scan of one int list instead of a histogram sum per rack (an upper bound on multi-domain nodes,
+        # exactly like the histogram it replaces; the chosen rack is verified exactly).
+        self._tracked: dict[str, list[int]] = {t: [] for t in idx.types}
+        self._rcap: dict[tuple[str, int], list[int]] = {}
+        self._scap: dict[tuple[str, int], list[int]] = {}
 
     # --- free GPUs -------------------------------------------------------------------------------
 
@@ -43,6 +54,7 @@ class Workspace:
 
     def _set(self, o: int, old: int, mask: int) -> None:
         self.free[o] = mask
+        self.version += 1
         if mask & ~old:
             self.release_epoch += 1
         if not self.sched[o]:
@@ -62,6 +74,41 @@ class Workspace:
         sh[co] -= 1
         sh[cn] += 1
         self.type_free[t] += cn - co
+        for g in self._tracked[t]:
+            d = cn // g - co // g
+            if d:
+                self._rcap[(t, g)][idx.rack_of[o]] += d
+                self._scap[(t, g)][idx.spine_of[o]] += d
+
+    def rack_caps(self, t: str, g: int) -> list[int]:
+        """Per rack index: tasks of ``g`` GPUs its schedulable ``t`` nodes can take by free counts."""
+        caps = self._rcap.get((t, g))
+        if caps is None:
+            self._track(t, g)
+            caps = self._rcap[(t, g)]
+        return caps
+
+    def spine_caps(self, t: str, g: int) -> list[int]:
+        caps = self._scap.get((t, g))
+        if caps is None:
+            self._track(t, g)
+            caps = self._scap[(t, g)]
+        return caps
+
+    def _track(self, t: str, g: int) -> None:
+        idx = self.idx
+        per = [c // g for c in range(len(idx.buckets[t]))]
+        rc = [0] * len(idx.racks)
+        for (tt, r), h in self.rack_hist.items():
+            if tt == t:
+                rc[r] = sum(n * k for n, k in zip(h, per, strict=True) if n and k)
+        sc = [0] * len(idx.spines)
+        for (tt, sp), h in self.spine_hist.items():
+            if tt == t:
+                sc[sp] = sum(n * k for n, k in zip(h, per, strict=True) if n and k)
+        self._rcap[(t, g)] = rc
+        self._scap[(t, g)] = sc
+        self._tracked[t].append(g)
 
     def take(self, o: int, mask: int) -> None:
         self.set_free(o, self.free[o] & ~mask)
@@ -77,6 +124,7 @@ class Workspace:
         self._journal.append((1, len(self._uk), 0, old))
         self._uk.append(key)
         self.usage[key] = old + gpus
+        self.usage_version += 1
 
     # --- transactions ----------------------------------------------------------------------------
 
@@ -91,6 +139,7 @@ class Workspace:
                 self._set(a, self.free[a], old)
             else:
                 self.usage[self._uk[a]] = old
+                self.usage_version += 1
 
     def commit(self) -> None:
         """Forget the journal (nothing to undo below this point)."""

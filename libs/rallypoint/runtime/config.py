@@ -22,6 +22,9 @@ class ServiceConfig:
     instance: str = ""
     log_level: str = "INFO"
     log_format: str = "json"  # "json": one JSON object per line; "text": one human line per record
+    # Every service must agree on this: creating/updating the stream with another count would flip it.
+    replicas: int = 1
+    health_port: int | None = None  # serve GET /healthz here (Kubernetes and compose probes)
 
     def __post_init__(self) -> None:
         if not self.instance:
@@ -30,7 +33,8 @@ class ServiceConfig:
     @classmethod
     def from_args(cls, service: str, args: argparse.Namespace) -> ServiceConfig:
         return cls(service=service, nats_url=args.nats_url, instance=args.instance or "",
-                   log_level=args.log_level, log_format=args.log_format)
+                   log_level=args.log_level, log_format=args.log_format, replicas=args.replicas,
+                   health_port=args.health_port)
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -45,6 +49,12 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="log level (env RALLY_LOG_LEVEL)")
     parser.add_argument("--log-format", default=env.get("RALLY_LOG_FORMAT", "json"), choices=["json", "text"],
                         help="log line format (env RALLY_LOG_FORMAT)")
+    parser.add_argument("--replicas", type=int, default=int(env.get("RALLY_STREAM_REPLICAS", "1")),
+                        help="replicas of the event-log stream, the same for every service "
+                             "(env RALLY_STREAM_REPLICAS; 1 locally, 3 in production)")
+    health = env.get("RALLY_HEALTH_PORT")
+    parser.add_argument("--health-port", type=int, default=int(health) if health else None,
+                        help="serve GET /healthz on this port (env RALLY_HEALTH_PORT; default: off)")
     return parser
 
 

@@ -164,7 +164,8 @@ class LeaderLease:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._renewer
             self._renewer = None
-        self._mark_lost("resigned") if was_leader else None
+        if was_leader:
+            self._mark_lost("resigned")
         self._revision = None
         if was_leader and revision is not None:
             with contextlib.suppress(Exception):  # best effort: the TTL hands it over anyway

@@ -28,6 +28,7 @@ from nats.js.client import JetStreamContext
 from rallypoint.eventlog import EventLog, SnapshotStore, connect_nats
 
 from .config import ServiceConfig, nats_servers
+from .health import serve_health
 from .leader import LEADER_BUCKET, LeaderLease
 from .logs import setup_logging
 
@@ -55,6 +56,11 @@ class ServiceContext:
         return self.stop.is_set()
 
     @property
+    def nats_client(self) -> Client | None:
+        """The connection if the service opened one (health checks must not open it)."""
+        return self._nc
+
+    @property
     def name(self) -> str:
         return f"{self.config.service}/{self.config.instance}"
 
@@ -73,9 +79,10 @@ class ServiceContext:
     async def jetstream(self) -> JetStreamContext:
         return (await self.nats()).jetstream()
 
-    async def event_log(self, *, create: bool = True, replicas: int = 1) -> EventLog:
+    async def event_log(self, *, create: bool = True, replicas: int | None = None) -> EventLog:
         if self._event_log is None:
-            self._event_log = await EventLog.attach(await self.nats(), create=create, replicas=replicas)
+            count = self.config.replicas if replicas is None else replicas
+            self._event_log = await EventLog.attach(await self.nats(), create=create, replicas=count)
         return self._event_log
 
     async def snapshots(self) -> SnapshotStore:
@@ -174,6 +181,8 @@ async def run_service_async(main: MainFn, config: ServiceConfig, *, shutdown_gra
             ctx = ServiceContext(config, stop, stack)
             _log.info("starting %s (nats %s)", ctx.name, config.nats_url)
             main_task = asyncio.create_task(main(ctx), name=f"{config.service}-main")
+            if config.health_port is not None:
+                await serve_health(ctx, main_task, config.health_port)
             stop_wait = asyncio.create_task(stop.wait())
             await asyncio.wait({main_task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
             if not main_task.done():

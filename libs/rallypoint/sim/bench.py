@@ -29,14 +29,27 @@ from .synth import synth_cluster, synth_day
 
 def bench_philly30(traces: Path, policy: str) -> dict[str, Any]:
     t = time.perf_counter()
-    conv = cv.convert_philly(traces / "philly" / "philly_open.csv", traces / "philly" / "philly_vc.csv",
-                             datetime(2017, 10, 1), 30.0)
+    conv = cv.convert_philly(
+        traces / "philly" / "philly_open.csv",
+        traces / "philly" / "philly_vc.csv",
+        datetime(2017, 10, 1),
+        30.0,
+    )
     load_s = time.perf_counter() - t
     res = run_policy(conv.jobs, conv.cluster, conv.queues, policy)
     s = res.summary
-    return {"name": "philly30", "policy": policy, "jobs": len(conv.jobs), "gpus": conv.cluster.total_gpus,
-            "prepare_s": load_s, "sim_s": s["sim_wall_s"], "cycles": s["cycles"], "completed": s["completed"],
-            "avg_jct": s["jct"]["avg"], "target_s": 60.0}
+    return {
+        "name": "philly30",
+        "policy": policy,
+        "jobs": len(conv.jobs),
+        "gpus": conv.cluster.total_gpus,
+        "prepare_s": load_s,
+        "sim_s": s["sim_wall_s"],
+        "cycles": s["cycles"],
+        "completed": s["completed"],
+        "avg_jct": s["jct"]["avg"],
+        "target_s": 60.0,
+    }
 
 
 def bench_synth(policy: str, jobs: int = 100_000, gpus: int = 100_000) -> dict[str, Any]:
@@ -46,9 +59,18 @@ def bench_synth(policy: str, jobs: int = 100_000, gpus: int = 100_000) -> dict[s
     load_s = time.perf_counter() - t
     res = run_policy(wl, cluster, q, policy)
     s = res.summary
-    return {"name": f"synth{jobs // 1000}k", "policy": policy, "jobs": jobs, "gpus": cluster.total_gpus,
-            "prepare_s": load_s, "sim_s": s["sim_wall_s"], "cycles": s["cycles"], "completed": s["completed"],
-            "avg_jct": s["jct"]["avg"], "target_s": 600.0}
+    return {
+        "name": f"synth{jobs // 1000}k",
+        "policy": policy,
+        "jobs": jobs,
+        "gpus": cluster.total_gpus,
+        "prepare_s": load_s,
+        "sim_s": s["sim_wall_s"],
+        "cycles": s["cycles"],
+        "completed": s["completed"],
+        "avg_jct": s["jct"]["avg"],
+        "target_s": 600.0,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,15 +90,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if a.only in (None, "synth100k"):
             rows.append(bench_synth(pol, a.synth_jobs, a.synth_gpus))
             print(rows[-1], file=sys.stderr, flush=True)
-    lines = [f"Machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}", "",
-             "| bench | policy | jobs | GPUs | completed | core cycles | sim wall s | target s | ok |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}",
+        "",
+        "| bench | policy | jobs | GPUs | completed | core cycles | sim wall s | target s | ok |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     ok_all = True
     for r in rows:
         ok = r["sim_s"] < r["target_s"]
         ok_all &= ok
-        lines.append(f"| {r['name']} | {r['policy']} | {r['jobs']:,} | {r['gpus']:,} | {r['completed']:,} | "
-                     f"{r['cycles']:,} | {r['sim_s']:.1f} | {r['target_s']:.0f} | {'yes' if ok else 'NO'} |")
+        lines.append(
+            f"| {r['name']} | {r['policy']} | {r['jobs']:,} | {r['gpus']:,} | {r['completed']:,} | "
+            f"{r['cycles']:,} | {r['sim_s']:.1f} | {r['target_s']:.0f} | {'yes' if ok else 'NO'} |"
+        )
     table = "\n".join(lines)
     print(table)
     if a.out:

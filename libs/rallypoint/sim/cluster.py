@@ -185,12 +185,18 @@ def cluster_to_obj(cluster: Cluster) -> dict[str, Any]:
     return out
 
 
-def homogeneous(racks: int, nodes_per_rack: int, gpus_per_node: int = 8, gpu_type: str = "gpu",
-                faults: Faults | None = None) -> Cluster:
+def homogeneous(
+    racks: int,
+    nodes_per_rack: int,
+    gpus_per_node: int = 8,
+    gpu_type: str = "gpu",
+    faults: Faults | None = None,
+) -> Cluster:
     """Shortcut used by converters and tests."""
     spec = ClusterFile(
-        generator=Generator(racks=racks, nodes_per_rack=nodes_per_rack, gpus_per_node=gpus_per_node,
-                            gpu_type=gpu_type),
+        generator=Generator(
+            racks=racks, nodes_per_rack=nodes_per_rack, gpus_per_node=gpus_per_node, gpu_type=gpu_type
+        ),
         faults=faults or Faults(),
     )
     return build_cluster(spec)

@@ -14,7 +14,8 @@ Costs modelled:
 - preemption: the victim checkpoints and stops at once; when it starts again it first spends the cluster's
   ``faults.checkpoint_overhead`` seconds saving/restoring state (counted as lost GPU time);
 - node failure: every job with a task on the node stops, keeps the progress of its last checkpoint (every
-  ``checkpoint_interval`` seconds of running; none without one) and waits again, paying the overhead to restore;
+  ``checkpoint_interval`` seconds of running; none without one) and waits again, paying the overhead to
+  restore;
 - elastic resize: a checkpoint-restart at the new size (pays the overhead); speed is proportional to GPUs.
 """
 
@@ -76,9 +77,31 @@ class SimOptions:
 class _SimJob:
     """Mutable progress of one job. ``remaining`` is in seconds at the full (requested) allocation."""
 
-    __slots__ = ("alloc", "attained", "attempt", "ckpt_interval", "first_start", "job", "last_preempted",
-                 "lost_gpu_s", "nodes", "overhead_due", "placed_type", "pclass", "pending", "preemptions", "failures",
-                 "progress0", "racks", "rate", "remaining", "run_start", "run_time", "seg_start", "seq")
+    __slots__ = (
+        "alloc",
+        "attained",
+        "attempt",
+        "ckpt_interval",
+        "failures",
+        "first_start",
+        "job",
+        "last_preempted",
+        "lost_gpu_s",
+        "nodes",
+        "overhead_due",
+        "pclass",
+        "pending",
+        "placed_type",
+        "preemptions",
+        "progress0",
+        "racks",
+        "rate",
+        "remaining",
+        "run_start",
+        "run_time",
+        "seg_start",
+        "seq",
+    )
 
     def __init__(self, job: Job, seq: int, pclass: str) -> None:
         self.job = job
@@ -113,8 +136,18 @@ def to_core_nodes(cluster: Cluster) -> list[ct.Node]:
         if n.nvlink_domain and n.nvlink_domain < n.gpus:
             d = n.nvlink_domain
             doms = tuple(tuple(range(i, min(i + d, n.gpus))) for i in range(0, n.gpus, d))
-        out.append(ct.Node(id=n.id, rack=n.rack, spine=n.spine, gpu_type=n.gpu_type, gpus=n.gpus, nvlink_domains=doms,
-                           cpu_milli=n.cpu, memory_mib=n.memory))
+        out.append(
+            ct.Node(
+                id=n.id,
+                rack=n.rack,
+                spine=n.spine,
+                gpu_type=n.gpu_type,
+                gpus=n.gpus,
+                nvlink_domains=doms,
+                cpu_milli=n.cpu,
+                memory_mib=n.memory,
+            )
+        )
     return out
 
 
@@ -122,13 +155,24 @@ def to_core_queues(q: Queues | None) -> tuple[tuple[ct.Queue, ...], tuple[ct.Pri
     if q is None:
         return (), ct.DEFAULT_PRIORITY_CLASSES
     queues = tuple(
-        ct.Queue(name=t.name, cohort=t.cohort, weight=t.weight,
-                 quotas=(ct.Quota(nominal=t.nominal, borrowing_limit=t.borrowing_limit,
-                                  lending_limit=t.lending_limit),))
+        ct.Queue(
+            name=t.name,
+            cohort=t.cohort,
+            weight=t.weight,
+            quotas=(
+                ct.Quota(nominal=t.nominal, borrowing_limit=t.borrowing_limit, lending_limit=t.lending_limit),
+            ),
+        )
         for t in q.teams
     )
-    classes = (tuple(ct.PriorityClass(name=c.name, value=c.value, preemptible=c.preemptible)
-                     for c in q.priority_classes) if q.priority_classes else ct.DEFAULT_PRIORITY_CLASSES)
+    classes = (
+        tuple(
+            ct.PriorityClass(name=c.name, value=c.value, preemptible=c.preemptible)
+            for c in q.priority_classes
+        )
+        if q.priority_classes
+        else ct.DEFAULT_PRIORITY_CLASSES
+    )
     return queues, classes
 
 
@@ -142,9 +186,16 @@ class SimResult:
 
 
 class Simulator:
-    def __init__(self, jobs: Sequence[Job], cluster: Cluster, policy: str, queues: Queues | None = None,
-                 options: SimOptions | None = None, scheduler: Scheduler | None = None,
-                 policy_obj: Any = None) -> None:
+    def __init__(
+        self,
+        jobs: Sequence[Job],
+        cluster: Cluster,
+        policy: str,
+        queues: Queues | None = None,
+        options: SimOptions | None = None,
+        scheduler: Scheduler | None = None,
+        policy_obj: Any = None,
+    ) -> None:
         self.opts = options or SimOptions()
         self.cluster = cluster
         self.policy_name = policy
@@ -180,6 +231,7 @@ class Simulator:
         self.elastic_running = 0
         self.unsubmitted = len(self.jobs)
         self.bind_conflicts = 0
+        self.rejected: list[str] = []
         self.pending_gpus = 0
         self.team_alloc: Counter[str] = Counter()
         self.team_pending_sizes: dict[str, Counter[int]] = {}
@@ -215,10 +267,21 @@ class Simulator:
         done = j.duration - sj.remaining
         tl = None if j.time_limit is None else max(1.0, j.time_limit - done) + sj.overhead_due
         return ct.PendingJob(
-            id=j.id, team=j.team, priority_class=sj.pclass, gpus=j.gpus, gpus_per_task=j.task_gpus,
-            submit_time=j.submit, arrival=sj.seq, time_limit_s=tl, gpu_type=self._core_gpu_type(j),
-            min_gpus=j.min_gpus, max_gpus=j.max_gpus, gpu_step=j.gpu_step, attained_gpu_s=sj.attained,
-            last_preempted_at=sj.last_preempted, last_run_s=sj.run_time,
+            id=j.id,
+            team=j.team,
+            priority_class=sj.pclass,
+            gpus=j.gpus,
+            gpus_per_task=j.task_gpus,
+            submit_time=j.submit,
+            arrival=sj.seq,
+            time_limit_s=tl,
+            gpu_type=self._core_gpu_type(j),
+            min_gpus=j.min_gpus,
+            max_gpus=j.max_gpus,
+            gpu_step=j.gpu_step,
+            attained_gpu_s=sj.attained,
+            last_preempted_at=sj.last_preempted,
+            last_run_s=sj.run_time,
         )
 
     def _core_gpu_type(self, j: Job) -> str | None:
@@ -269,11 +332,23 @@ class Simulator:
             est = sj.run_start + max(1.0, j.time_limit - sj.progress0) / sj.rate
         first_type = self.node_type[placements[0].node_id] if placements else None
         rj = ct.RunningJob(
-            id=j.id, team=j.team, priority_class=sj.pclass, gpus=gpus, gpu_type=first_type,
-            placements=placements, start_time=now, expected_end=est,
-            last_checkpoint=None, preemptible=self.preemptible_class.get(sj.pclass, True),
-            min_gpus=j.min_gpus, max_gpus=j.max_gpus, gpu_step=j.gpu_step, gpus_per_task=j.task_gpus,
-            attained_gpu_s=sj.attained, last_preempted_at=sj.last_preempted, submit_time=j.submit,
+            id=j.id,
+            team=j.team,
+            priority_class=sj.pclass,
+            gpus=gpus,
+            gpu_type=first_type,
+            placements=placements,
+            start_time=now,
+            expected_end=est,
+            last_checkpoint=None,
+            preemptible=self.preemptible_class.get(sj.pclass, True),
+            min_gpus=j.min_gpus,
+            max_gpus=j.max_gpus,
+            gpu_step=j.gpu_step,
+            gpus_per_task=j.task_gpus,
+            attained_gpu_s=sj.attained,
+            last_preempted_at=sj.last_preempted,
+            submit_time=j.submit,
         )
         self.model.bind(rj)  # raises ValueError on a double bind; callers check first
         for n in node_ids:
@@ -321,12 +396,26 @@ class Simulator:
         self._stop(sj, now, None)
         sj.remaining = 0.0
         assert sj.first_start is not None
-        self.records.append(JobRecord(
-            id=j.id, team=j.team, priority=sj.pclass, submit=j.submit, start=sj.first_start, end=now,
-            gpus=j.gpus, duration=j.duration, run_time=sj.run_time, preemptions=sj.preemptions,
-            failures=sj.failures, lost_gpu_s=sj.lost_gpu_s, nodes=sj.nodes, racks=sj.racks, gpu_type=j.gpu_type,
-            placed_gpu_type=sj.placed_type,
-        ))
+        self.records.append(
+            JobRecord(
+                id=j.id,
+                team=j.team,
+                priority=sj.pclass,
+                submit=j.submit,
+                start=sj.first_start,
+                end=now,
+                gpus=j.gpus,
+                duration=j.duration,
+                run_time=sj.run_time,
+                preemptions=sj.preemptions,
+                failures=sj.failures,
+                lost_gpu_s=sj.lost_gpu_s,
+                nodes=sj.nodes,
+                racks=sj.racks,
+                gpu_type=j.gpu_type,
+                placed_gpu_type=sj.placed_type,
+            )
+        )
         return True
 
     def _on_fail(self, node_id: str, now: float, version: int) -> bool:
@@ -363,9 +452,13 @@ class Simulator:
     def _cycle(self, now: float) -> bool:
         """One call of the core; apply what it decided. True when it stopped a victim (so GPUs were
         released that the core could not hand out in the same call)."""
-        snap = ct.Snapshot(now=now, cluster=self.model, pending=tuple(sj.pending for sj in self.pending.values()
-                                                                      if sj.pending is not None),
-                           queues=self.core_queues, priority_classes=self.core_classes)
+        snap = ct.Snapshot(
+            now=now,
+            cluster=self.model,
+            pending=tuple(sj.pending for sj in self.pending.values() if sj.pending is not None),
+            queues=self.core_queues,
+            priority_classes=self.core_classes,
+        )
         d = self.schedule(snap, self.policy)
         self.cycles += 1
         stopped = False
@@ -404,6 +497,14 @@ class Simulator:
                 continue
             self._dequeue(sj)
             self._start(sj, now, b.gpus, b.placements)
+        # A gang the core says can never fit this cluster is rejected, as the scheduler service does
+        # (JobRejected); left in the queue it would block a strict-order policy forever.
+        for pr in d.pending:
+            if pr.code == "GangTooLarge" and pr.job_id in self.pending:
+                sj = self.pending[pr.job_id]
+                self._dequeue(sj)
+                self.rejected.append(pr.job_id)
+                stopped = True
         return stopped
 
     def _busy(self, placements: tuple[ct.TaskPlacement, ...]) -> str | None:
@@ -419,8 +520,16 @@ class Simulator:
 
     def _record(self, now: float) -> None:
         team_min = {t: min(c) for t, c in self.team_pending_sizes.items() if c}
-        self.rec.step(now, self.allocated, len(self.pending), self.healthy_gpus - self.allocated,
-                      min(team_min.values(), default=0), self.pending_gpus, self.team_alloc, team_min)
+        self.rec.step(
+            now,
+            self.allocated,
+            len(self.pending),
+            self.healthy_gpus - self.allocated,
+            min(team_min.values(), default=0),
+            self.pending_gpus,
+            self.team_alloc,
+            team_min,
+        )
 
     def run(self) -> SimResult:
         t_wall = time.perf_counter()
@@ -459,7 +568,7 @@ class Simulator:
             self._record(now)
             # Done when every job finished; or stuck: nothing runs, nothing is left to arrive and every node
             # is up, so no later event (only more failures) can make a waiting job fit.
-            if len(self.records) == len(self.jobs) or (
+            if len(self.records) + len(self.rejected) == len(self.jobs) or (
                 not self.running and not self.unsubmitted and not self.down and self.pending
             ):
                 break
@@ -467,19 +576,29 @@ class Simulator:
                 self._tick_at = now + self.tick
                 self._push(self._tick_at, TICK, "")
         self.rec.finish(now)
-        unfinished = sorted(set(self.jobs) - {r.id for r in self.records})
-        summary = summarize(self.records, self.rec, jobs=len(self.jobs), policy=self.policy_name,
-                            sim_wall_s=time.perf_counter() - t_wall,
-                            extra={"cycles": self.cycles, "unfinished": len(unfinished),
-                                   "bind_conflicts": self.bind_conflicts})
+        unfinished = sorted(set(self.jobs) - {r.id for r in self.records} - set(self.rejected))
+        summary = summarize(
+            self.records,
+            self.rec,
+            jobs=len(self.jobs),
+            policy=self.policy_name,
+            sim_wall_s=time.perf_counter() - t_wall,
+            extra={
+                "cycles": self.cycles,
+                "unfinished": len(unfinished),
+                "bind_conflicts": self.bind_conflicts,
+                "rejected": len(self.rejected),
+            },
+        )
         return SimResult(self.records, summary, self.rec, self.cycles, unfinished)
 
     def _has_elastic_running(self) -> bool:
         return self.elastic_running > 0
 
 
-def simulate(jobs: Sequence[Job], cluster: Cluster, policy: str, queues: Queues | None = None,
-             seed: int = 0, **kw: Any) -> SimResult:
+def simulate(
+    jobs: Sequence[Job], cluster: Cluster, policy: str, queues: Queues | None = None, seed: int = 0, **kw: Any
+) -> SimResult:
     return Simulator(jobs, cluster, policy, queues, SimOptions(seed=seed, **kw)).run()
 
 

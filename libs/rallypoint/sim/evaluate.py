@@ -37,10 +37,20 @@ def golden_check(traces: Path) -> list[dict[str, Any]]:
         res = run_policy(jobs, golden_cluster(gpus), None, "fifo")
         got = {r.id: r for r in res.records}
         rows = golden_rows(traces, gpus)
-        match = sum(1 for g in rows if (r := got.get(f"{g.row:05d}")) and r.start == g.start and r.end == g.end)
-        out.append({"gpus": gpus, "rows": len(rows), "match": match, "avg_jct": res.summary["jct"]["avg"],
-                    "avg_queue": res.summary["queue"]["avg"], "makespan": res.summary["makespan"],
-                    "util": res.summary["gpu_utilization"]})
+        match = sum(
+            1 for g in rows if (r := got.get(f"{g.row:05d}")) and r.start == g.start and r.end == g.end
+        )
+        out.append(
+            {
+                "gpus": gpus,
+                "rows": len(rows),
+                "match": match,
+                "avg_jct": res.summary["jct"]["avg"],
+                "avg_queue": res.summary["queue"]["avg"],
+                "makespan": res.summary["makespan"],
+                "util": res.summary["gpu_utilization"],
+            }
+        )
     return out
 
 
@@ -55,7 +65,7 @@ def _plot_compare(results: Mapping[str, SimResult], tag: str, img: Path) -> list
         n = len(v)
         # thin to <= 400 points: the PNG stays small and the curve looks the same
         step = max(1, n // 400)
-        xs = v[::step] + [v[-1]]
+        xs = [*v[::step], v[-1]]
         ys = [(i + 1) / n for i in range(0, n, step)] + [1.0]
         ax.step(xs, ys, where="post", label=pol, lw=1)
     ax.set_xscale("log")
@@ -72,8 +82,13 @@ def _plot_compare(results: Mapping[str, SimResult], tag: str, img: Path) -> list
     for pol, res in results.items():
         rec = res.recorder
         g = rec.total_gpus
-        ax.step([t / 3600 for t in rec.series_t], [a / g for a in rec.series_alloc], where="post", lw=0.7,
-                label=pol)
+        ax.step(
+            [t / 3600 for t in rec.series_t],
+            [a / g for a in rec.series_alloc],
+            where="post",
+            lw=0.7,
+            label=pol,
+        )
     ax.set_xlabel("hours")
     ax.set_ylabel("GPUs allocated (fraction)")
     ax.set_ylim(0, 1.05)
@@ -102,8 +117,13 @@ def _checks(s: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, bool, str]]:
     ratio = rp["jct"]["avg"] / fifo["jct"]["avg"]
     out.append(("avg JCT <= 0.5 x fifo", ratio <= 0.5, f"{ratio:.3f} x fifo"))
     if las:
-        out.append(("avg JCT <= las", rp["jct"]["avg"] <= las["jct"]["avg"],
-                    f"{rp['jct']['avg']:,.0f} vs {las['jct']['avg']:,.0f} s"))
+        out.append(
+            (
+                "avg JCT <= las",
+                rp["jct"]["avg"] <= las["jct"]["avg"],
+                f"{rp['jct']['avg']:,.0f} vs {las['jct']['avg']:,.0f} s",
+            )
+        )
     tq = rp["per_class"].get(TOP, {}).get("queue", {}).get("p99", math.nan)
     fq = fifo["per_class"].get(TOP, {}).get("queue", {}).get("p99", math.nan)
     ok = (tq <= fq / 10) if fq > 0 else tq <= 0
@@ -115,13 +135,19 @@ def _checks(s: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, bool, str]]:
     return out
 
 
-def philly_runs(traces: Path, weeks: Sequence[str], loads: Sequence[float], policies: Sequence[str],
-                img: Path, log: Any) -> list[dict[str, Any]]:
+def philly_runs(
+    traces: Path, weeks: Sequence[str], loads: Sequence[float], policies: Sequence[str], img: Path, log: Any
+) -> list[dict[str, Any]]:
     out = []
     for week in weeks:
         for load in loads:
-            conv = cv.convert_philly(traces / "philly" / "philly_open.csv", traces / "philly" / "philly_vc.csv",
-                                     datetime.fromisoformat(week), 7.0, target_load=load)
+            conv = cv.convert_philly(
+                traces / "philly" / "philly_open.csv",
+                traces / "philly" / "philly_vc.csv",
+                datetime.fromisoformat(week),
+                7.0,
+                target_load=load,
+            )
             tag = f"philly-{week}-load{load:g}"
             results: dict[str, SimResult] = {}
             for pol in policies:
@@ -131,11 +157,22 @@ def philly_runs(traces: Path, weeks: Sequence[str], loads: Sequence[float], poli
             summaries = {p: r.summary for p, r in results.items()}
             imgs = _plot_compare(results, tag, img)
             if "rallypoint" in results and conv.queues:
-                imgs.append(_team_plot(results["rallypoint"], {t.name: t.nominal for t in conv.queues.teams},
-                                       tag, img))
-            out.append({"tag": tag, "week": week, "load": load, "info": conv.info, "summaries": summaries,
-                        "imgs": imgs,
-                        "checks": _checks(summaries) if {"rallypoint", "fifo"} <= set(summaries) else []})
+                imgs.append(
+                    _team_plot(
+                        results["rallypoint"], {t.name: t.nominal for t in conv.queues.teams}, tag, img
+                    )
+                )
+            out.append(
+                {
+                    "tag": tag,
+                    "week": week,
+                    "load": load,
+                    "info": conv.info,
+                    "summaries": summaries,
+                    "imgs": imgs,
+                    "checks": _checks(summaries) if {"rallypoint", "fifo"} <= set(summaries) else [],
+                }
+            )
     return out
 
 
@@ -157,40 +194,63 @@ def openb_runs(traces: Path, policies: Sequence[str], log: Any) -> list[dict[str
             summaries[pol] = res.summary
             typed = sum(1 for r in res.records if r.gpu_type)
             bad += sum(1 for r in res.records if not _type_ok(r))
-        out.append({"pods": pods, "load": load, "info": conv.info, "summaries": summaries, "typed": typed,
-                    "type_violations": bad})
+        out.append(
+            {
+                "pods": pods,
+                "load": load,
+                "info": conv.info,
+                "summaries": summaries,
+                "typed": typed,
+                "type_violations": bad,
+            }
+        )
     return out
 
 
-def render(golden: Sequence[Mapping[str, Any]], philly: Sequence[Mapping[str, Any]],
-           openb: Sequence[Mapping[str, Any]], img_rel: str, wall: float) -> str:
+def render(
+    golden: Sequence[Mapping[str, Any]],
+    philly: Sequence[Mapping[str, Any]],
+    openb: Sequence[Mapping[str, Any]],
+    img_rel: str,
+    wall: float,
+) -> str:
     L: list[str] = []
     L.append("# Evaluation: Rallypoint against the policies users would pick instead\n")
-    L.append("Generated by `make eval` (`python -m rallypoint.sim.evaluate`); do not edit by hand. Every run "
-             "drives the real scheduling core (`rallypoint.core.schedule`) through `rally sim`. Inputs are the "
-             "public traces in `../shared/traces` (see its README); nothing is tuned per trace. "
-             f"Total wall time {wall:.0f} s.\n")
+    L.append(
+        "Generated by `make eval` (`python -m rallypoint.sim.evaluate`); do not edit by hand. Every run "
+        "drives the real scheduling core (`rallypoint.core.schedule`) through `rally sim`. Inputs are the "
+        "public traces in `../shared/traces` (see its README); nothing is tuned per trace. "
+        f"Total wall time {wall:.0f} s.\n"
+    )
     L.append("## 1. Fidelity: the golden FIFO slice\n")
-    L.append("VC 11cb48, week of 2017-10-09, 1,694 jobs; FIFO must reproduce the per-job start and end of two "
-             "peer simulators (Tiresias, Helios).\n")
+    L.append(
+        "VC 11cb48, week of 2017-10-09, 1,694 jobs; FIFO must reproduce the per-job start and end of two "
+        "peer simulators (Tiresias, Helios).\n"
+    )
     L.append("| GPUs | rows matched | avg JCT s (peers) | avg queue s | makespan s | util |")
     L.append("|---|---|---|---|---|---|")
     peers = {64: 11043.0, 32: 25203.2}
     for g in golden:
-        L.append(f"| {g['gpus']} | {g['match']}/{g['rows']} | {g['avg_jct']:,.1f} ({peers[g['gpus']]:,.1f}) | "
-                 f"{g['avg_queue']:,.1f} | {g['makespan']:,.0f} | {g['util']:.4f} |")
+        L.append(
+            f"| {g['gpus']} | {g['match']}/{g['rows']} | {g['avg_jct']:,.1f} ({peers[g['gpus']]:,.1f}) | "
+            f"{g['avg_queue']:,.1f} | {g['makespan']:,.0f} | {g['util']:.4f} |"
+        )
     L.append("\n## 2. Philly weeks at offered load 0.9 and 1.1\n")
-    L.append("Cluster: the smallest whole number of 8-GPU nodes (racks of 8) whose offered load (GPU-hours "
-             "submitted / GPU-hours of the week) is at most the target. Quotas: each VC's nominal share in "
-             "proportion to its real size (`philly_vc.csv`), one cohort so idle quota can be borrowed. "
-             "Priority classes drawn per job with a seeded hash (10% training-high, 60% training-standard, "
-             "30% best-effort); time limits rounded up to a Slurm-like ladder; checkpoints every 30 min. "
-             "JCT and queueing delay in seconds; queueing delay counts all time not running.\n")
+    L.append(
+        "Cluster: the smallest whole number of 8-GPU nodes (racks of 8) whose offered load (GPU-hours "
+        "submitted / GPU-hours of the week) is at most the target. Quotas: each VC's nominal share in "
+        "proportion to its real size (`philly_vc.csv`), one cohort so idle quota can be borrowed. "
+        "Priority classes drawn per job with a seeded hash (10% training-high, 60% training-standard, "
+        "30% best-effort); time limits rounded up to a Slurm-like ladder; checkpoints every 30 min. "
+        "JCT and queueing delay in seconds; queueing delay counts all time not running.\n"
+    )
     for run in philly:
         info = run["info"]
         L.append(f"### {run['tag']}\n")
-        L.append(f"{info['jobs']:,} jobs, {info['gpu_hours']:,.0f} GPU-hours, {info['gpus']} GPUs, offered load "
-                 f"{info['offered_load']:.3f}.\n")
+        L.append(
+            f"{info['jobs']:,} jobs, {info['gpu_hours']:,.0f} GPU-hours, {info['gpus']} GPUs, offered load "
+            f"{info['offered_load']:.3f}.\n"
+        )
         L.append(compare_table(list(run["summaries"].values()), TOP))
         L.append("")
         if run["checks"]:
@@ -203,14 +263,19 @@ def render(golden: Sequence[Mapping[str, Any]], philly: Sequence[Mapping[str, An
             L.append(f"![{f}]({img_rel}/{f})")
         L.append("")
     L.append("## 3. openb: heterogeneous GPU types\n")
-    L.append("Alibaba openb (1,213 GPU nodes, 6,212 GPUs of 7 models), whole-GPU pods of `gpuspec20` (pods "
-             "with GPU-type constraints), as recorded and with arrivals compressed to offered load 0.9.\n")
+    L.append(
+        "Alibaba openb (1,213 GPU nodes, 6,212 GPUs of 7 models), whole-GPU pods of `gpuspec20` (pods "
+        "with GPU-type constraints), as recorded and with arrivals compressed to offered load 0.9.\n"
+    )
     for run in openb:
         info = run["info"]
         lt = "as recorded" if run["load"] is None else f"load {run['load']}"
         L.append(f"### {run['pods']}, {lt}\n")
-        L.append(f"{info['jobs']:,} pods ({info['typed_jobs']} with a GPU-type constraint), offered load "
-                 f"{info['offered_load']:.3f}; placements on a disallowed GPU type: **{run['type_violations']}**.\n")
+        L.append(
+            f"{info['jobs']:,} pods ({info['typed_jobs']} with a GPU-type constraint), offered load "
+            f"{info['offered_load']:.3f}; placements on a disallowed GPU type: "
+            f"**{run['type_violations']}**.\n"
+        )
         L.append(compare_table(list(run["summaries"].values()), TOP))
         L.append("")
     return "\n".join(L) + "\n"
@@ -236,8 +301,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("golden ...", file=sys.stderr)
     golden = golden_check(a.traces)
     print("philly ...", file=sys.stderr)
-    philly = philly_runs(a.traces, a.weeks.split(","), [float(x) for x in a.loads.split(",")], pols, img,
-                         sys.stderr)
+    philly = philly_runs(
+        a.traces, a.weeks.split(","), [float(x) for x in a.loads.split(",")], pols, img, sys.stderr
+    )
     openb = [] if a.skip_openb else openb_runs(a.traces, pols, sys.stderr)
     import os
 

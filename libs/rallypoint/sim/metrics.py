@@ -4,10 +4,12 @@ Definitions (also in docs/simulator.md):
 
 - JCT = end - submit; queueing delay = JCT - time spent running (all time not running, so a preempted or
   failed job's waits count too); bounded slowdown = max(1, JCT / max(duration, 10 s)).
-- makespan = last end - first submit; gpu_utilization = useful GPU-seconds (gpus x duration of finished jobs) /
+- makespan = last end - first submit; gpu_utilization = useful GPU-seconds (gpus x duration of finished jobs)
+  /
   (GPUs x makespan); alloc_fraction = time average of allocated GPUs / GPUs (includes lost and redone work).
 - fragmentation: time average, over instants when some gang waits, of free healthy GPUs / GPUs; and
-  ``stranded_gpu_hours``, GPU-hours left free while a waiting gang needed no more GPUs than were free in total.
+  ``stranded_gpu_hours``, GPU-hours left free while a waiting gang needed no more GPUs than were free in
+  total.
 - backlog_utilization: over instants when some job waits, allocated GPU-seconds / GPU-seconds that demand
   could fill (min(healthy GPUs, allocated + GPUs of waiting jobs)); gang shapes make 1.0 unreachable.
 - quota honoured: for each team, the share of its time with pending work during which it held at least its
@@ -69,8 +71,12 @@ def dist(vals: Iterable[float]) -> dict[str, float]:
     v = sorted(vals)
     if not v:
         return {"avg": math.nan, "p50": math.nan, "p95": math.nan, "p99": math.nan}
-    return {"avg": sum(v) / len(v), "p50": percentile(v, 50), "p95": percentile(v, 95),
-            "p99": percentile(v, 99)}
+    return {
+        "avg": sum(v) / len(v),
+        "p50": percentile(v, 50),
+        "p95": percentile(v, 95),
+        "p99": percentile(v, 99),
+    }
 
 
 @dataclass
@@ -150,8 +156,17 @@ class Recorder:
             acc = self.teams[team] = TeamAcc()
         return acc
 
-    def step(self, t: float, allocated: int, pending_jobs: int, free_healthy: int, min_pending_gpus: int,
-             pending_gpus: int, team_alloc: Mapping[str, int], team_min_pending: Mapping[str, int]) -> None:
+    def step(
+        self,
+        t: float,
+        allocated: int,
+        pending_jobs: int,
+        free_healthy: int,
+        min_pending_gpus: int,
+        pending_gpus: int,
+        team_alloc: Mapping[str, int],
+        team_min_pending: Mapping[str, int],
+    ) -> None:
         self._integrate(t)
         self.t_prev = t
         self.state = (allocated, pending_jobs, free_healthy, min_pending_gpus, pending_gpus)
@@ -162,7 +177,7 @@ class Recorder:
             self.series_alloc.append(allocated)
             self.series_pending.append(pending_jobs)
             n = len(self.series_t) - 1
-            for team in set(self.series_team) | set(team_alloc):
+            for team in sorted(set(self.series_team) | set(team_alloc)):
                 col = self.series_team.setdefault(team, [0] * n)
                 col.append(team_alloc.get(team, 0))
             self._next_sample = t + max(1.0, self.horizon / self.points)
@@ -187,8 +202,15 @@ def _group(records: Sequence[JobRecord], key: str) -> dict[str, list[JobRecord]]
     return dict(sorted(out.items()))
 
 
-def summarize(records: Sequence[JobRecord], rec: Recorder, *, jobs: int, policy: str,
-              sim_wall_s: float | None = None, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def summarize(
+    records: Sequence[JobRecord],
+    rec: Recorder,
+    *,
+    jobs: int,
+    policy: str,
+    sim_wall_s: float | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The --json summary."""
     g = rec.total_gpus
     first_submit = min((r.submit for r in records), default=0.0)
@@ -201,10 +223,14 @@ def summarize(records: Sequence[JobRecord], rec: Recorder, *, jobs: int, policy:
         return {"jobs": len(rs), "jct": dist(r.jct for r in rs), "queue": dist(r.queue_delay for r in rs)}
 
     teams = rec.teams
-    honoured = {t: (a.honoured_time / a.pending_time if a.pending_time > 0 else 1.0) for t, a in
-                sorted(teams.items())}
-    fair_x = [a.alloc_while_pending_gpu_s / a.entitled_while_pending_gpu_s
-              for _, a in sorted(teams.items()) if a.entitled_while_pending_gpu_s > 0]
+    honoured = {
+        t: (a.honoured_time / a.pending_time if a.pending_time > 0 else 1.0) for t, a in sorted(teams.items())
+    }
+    fair_x = [
+        a.alloc_while_pending_gpu_s / a.entitled_while_pending_gpu_s
+        for _, a in sorted(teams.items())
+        if a.entitled_while_pending_gpu_s > 0
+    ]
     out: dict[str, Any] = {
         "policy": policy,
         "jobs": jobs,
@@ -217,19 +243,25 @@ def summarize(records: Sequence[JobRecord], rec: Recorder, *, jobs: int, policy:
         "makespan": makespan,
         "gpu_utilization": useful / (g * makespan) if g and makespan else math.nan,
         "alloc_fraction": rec.alloc_gpu_s / (g * makespan) if g and makespan else math.nan,
-        "backlog_utilization": (rec.backlog_alloc_gpu_s / rec.backlog_fillable_gpu_s
-                                if rec.backlog_fillable_gpu_s > 0 else math.nan),
+        "backlog_utilization": (
+            rec.backlog_alloc_gpu_s / rec.backlog_fillable_gpu_s
+            if rec.backlog_fillable_gpu_s > 0
+            else math.nan
+        ),
         "backlog_hours": rec.waiting_time / 3600.0,
         "preemptions": sum(r.preemptions for r in records),
         "failures": sum(r.failures for r in records),
         "gpu_hours_lost": sum(r.lost_gpu_s for r in records) / 3600.0,
         "fragmentation": {
-            "free_fraction_while_waiting": (rec.free_while_waiting_gpu_s / (g * rec.waiting_time)
-                                            if rec.waiting_time > 0 and g else 0.0),
+            "free_fraction_while_waiting": (
+                rec.free_while_waiting_gpu_s / (g * rec.waiting_time) if rec.waiting_time > 0 and g else 0.0
+            ),
             "stranded_gpu_hours": rec.stranded_gpu_s / 3600.0,
         },
         "multi_node_gangs": len(multi),
-        "multi_node_one_rack_share": (sum(1 for r in multi if r.racks == 1) / len(multi)) if multi else math.nan,
+        "multi_node_one_rack_share": (sum(1 for r in multi if r.racks == 1) / len(multi))
+        if multi
+        else math.nan,
         "quota_honoured": {"per_team": honoured, "min": min(honoured.values(), default=1.0)},
         "jain_fairness": jain(fair_x),
         "per_class": {k: block(v) for k, v in _group(records, "priority").items()},

@@ -90,8 +90,13 @@ def _fmt(v: Any) -> str:
     return html.escape(str(v))
 
 
-def write_report(out_dir: Path, summary: Mapping[str, Any], records: Sequence[JobRecord], rec: Recorder,
-                 nominal: Mapping[str, int]) -> Path:
+def write_report(
+    out_dir: Path,
+    summary: Mapping[str, Any],
+    records: Sequence[JobRecord],
+    rec: Recorder,
+    nominal: Mapping[str, int],
+) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = {
         "timeline.png": "Utilization and queue length over time",
@@ -105,15 +110,25 @@ def write_report(out_dir: Path, summary: Mapping[str, Any], records: Sequence[Jo
     for k in ("jct", "queue", "bounded_slowdown"):
         d = summary[k]
         rows.append((k, " / ".join(f"{q} {_fmt(d[q])}" for q in ("avg", "p50", "p95", "p99"))))
-    for k in ("makespan", "gpu_utilization", "alloc_fraction", "preemptions", "gpu_hours_lost",
-              "multi_node_one_rack_share", "jain_fairness"):
+    for k in (
+        "makespan",
+        "gpu_utilization",
+        "alloc_fraction",
+        "preemptions",
+        "gpu_hours_lost",
+        "multi_node_one_rack_share",
+        "jain_fairness",
+    ):
         rows.append((k, _fmt(summary[k])))
     rows.append(("quota honoured (min over teams)", _fmt(summary["quota_honoured"]["min"])))
     table = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{v}</td></tr>" for k, v in rows)
-    figs = "\n".join(f'<h2>{html.escape(t)}</h2><img src="{f}" alt="{html.escape(t)}">' for f, t in plots.items())
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>rally sim: {html.escape(str(summary['policy']))}</title>
+    figs = "\n".join(
+        f'<h2>{html.escape(t)}</h2><img src="{f}" alt="{html.escape(t)}">' for f, t in plots.items()
+    )
+    pol = html.escape(str(summary["policy"]))
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>rally sim: {pol}</title>
 <style>body{{font-family:sans-serif;max-width:60em;margin:auto}}th{{text-align:left;padding-right:1em}}</style>
-</head><body><h1>rally sim — policy {html.escape(str(summary['policy']))}</h1>
+</head><body><h1>rally sim — policy {html.escape(str(summary["policy"]))}</h1>
 <table>{table}</table>
 {figs}
 <h2>Summary (JSON)</h2><pre>{html.escape(json.dumps(summary, indent=1, default=str))}</pre>

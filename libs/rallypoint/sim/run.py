@@ -19,8 +19,9 @@ class InputError(ValueError):
     """Bad input named by the user (file, format, policy); the CLI prints it as one line."""
 
 
-def load_inputs(workload: str | Path, cluster: str | Path,
-                queues: str | Path | None) -> tuple[list[Job], Cluster, Queues | None]:
+def load_inputs(
+    workload: str | Path, cluster: str | Path, queues: str | Path | None
+) -> tuple[list[Job], Cluster, Queues | None]:
     try:
         jobs = load_workload(workload)
         cl = load_cluster(cluster)
@@ -42,14 +43,24 @@ def resolve_policy(name: str) -> Any:
         raise InputError(f"unknown policy {name!r} ({e})") from None
 
 
-def run_policy(jobs: Sequence[Job], cluster: Cluster, queues: Queues | None, policy: str,
-               options: SimOptions | None = None) -> SimResult:
+def run_policy(
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    queues: Queues | None,
+    policy: str,
+    options: SimOptions | None = None,
+) -> SimResult:
     pol = resolve_policy(policy)
     return Simulator(jobs, cluster, policy, queues, options, policy_obj=pol).run()
 
 
-def write_outputs(res: SimResult, queues: Queues | None, json_path: str | Path | None = None,
-                  per_job: str | Path | None = None, report: str | Path | None = None) -> None:
+def write_outputs(
+    res: SimResult,
+    queues: Queues | None,
+    json_path: str | Path | None = None,
+    per_job: str | Path | None = None,
+    report: str | Path | None = None,
+) -> None:
     if json_path:
         Path(json_path).write_bytes(msgspec.json.format(msgspec.json.encode(clean(res.summary))) + b"\n")
     if per_job:
@@ -92,12 +103,25 @@ def compare_table(summaries: Sequence[Mapping[str, Any]], top: str | None = None
     head += ["util", "alloc", "preempt", "min quota ok", "Jain", "wall s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summaries:
-        row = [s["policy"], f"{s['completed']}/{s['jobs']}", _n(s["jct"]["avg"]), _n(s["jct"]["p50"]),
-               _n(s["jct"]["p99"]), _n(s["queue"]["avg"]), _n(s["queue"]["p99"])]
+        row = [
+            s["policy"],
+            f"{s['completed']}/{s['jobs']}",
+            _n(s["jct"]["avg"]),
+            _n(s["jct"]["p50"]),
+            _n(s["jct"]["p99"]),
+            _n(s["queue"]["avg"]),
+            _n(s["queue"]["p99"]),
+        ]
         if top:
             row.append(_n(s["per_class"].get(top, {}).get("queue", {}).get("p99", math.nan)))
-        row += [f"{s['gpu_utilization']:.3f}", f"{s['alloc_fraction']:.3f}", str(s["preemptions"]),
-                f"{s['quota_honoured']['min']:.3f}", _n(s["jain_fairness"], 3), _n(s.get("sim_wall_s"), 1)]
+        row += [
+            f"{s['gpu_utilization']:.3f}",
+            f"{s['alloc_fraction']:.3f}",
+            str(s["preemptions"]),
+            f"{s['quota_honoured']['min']:.3f}",
+            _n(s["jain_fairness"], 3),
+            _n(s.get("sim_wall_s"), 1),
+        ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 

@@ -24,7 +24,10 @@ from . import load, openb, philly
 LoadMode = Literal["scale-cluster", "compress"]
 
 DEFAULT_MIX: tuple[tuple[str, float], ...] = (
-    ("training-high", 0.1), ("training-standard", 0.6), ("best-effort", 0.3))
+    ("training-high", 0.1),
+    ("training-standard", 0.6),
+    ("best-effort", 0.3),
+)
 
 
 def repo_root() -> Path:
@@ -57,18 +60,29 @@ class Converted:
         return paths
 
 
-def homogeneous_cluster(gpus: int, gpus_per_node: int = 8, nodes_per_rack: int = 8, gpu_type: str = "gpu",
-                        faults: Faults | None = None) -> tuple[Cluster, dict[str, Any]]:
+def homogeneous_cluster(
+    gpus: int,
+    gpus_per_node: int = 8,
+    nodes_per_rack: int = 8,
+    gpu_type: str = "gpu",
+    faults: Faults | None = None,
+) -> tuple[Cluster, dict[str, Any]]:
     """Whole racks plus one partial rack; returns the cluster and its compact generator form."""
     nodes = gpus // gpus_per_node
     full, rest = divmod(nodes, nodes_per_rack)
     gens: list[Generator] = []
     if full:
-        gens.append(Generator(racks=full, nodes_per_rack=nodes_per_rack, gpus_per_node=gpus_per_node,
-                              gpu_type=gpu_type))
+        gens.append(
+            Generator(
+                racks=full, nodes_per_rack=nodes_per_rack, gpus_per_node=gpus_per_node, gpu_type=gpu_type
+            )
+        )
     if rest:
-        gens.append(Generator(racks=1, nodes_per_rack=rest, gpus_per_node=gpus_per_node, gpu_type=gpu_type,
-                              prefix="p"))
+        gens.append(
+            Generator(
+                racks=1, nodes_per_rack=rest, gpus_per_node=gpus_per_node, gpu_type=gpu_type, prefix="p"
+            )
+        )
     spec = ClusterFile(generator=gens, faults=faults or Faults())
     obj: dict[str, Any] = msgspec.to_builtins(spec)
     obj.pop("nodes", None)
@@ -89,8 +103,13 @@ def parse_mix(text: str) -> tuple[tuple[str, float], ...]:
     return tuple(out)
 
 
-def _finish_jobs(jobs: list[Job], mix: Sequence[tuple[str, float]] | None, seed: int, time_limits: str,
-                 checkpoint_interval: float | None) -> list[Job]:
+def _finish_jobs(
+    jobs: list[Job],
+    mix: Sequence[tuple[str, float]] | None,
+    seed: int,
+    time_limits: str,
+    checkpoint_interval: float | None,
+) -> list[Job]:
     if mix:
         jobs = philly.assign_priorities(jobs, mix, seed)
     out = []
@@ -100,12 +119,22 @@ def _finish_jobs(jobs: list[Job], mix: Sequence[tuple[str, float]] | None, seed:
     return out
 
 
-def convert_philly(jobs_csv: Path, vc_csv: Path | None, start: datetime, days: float,
-                   vcs: Sequence[str] | None = None, target_load: float | None = None,
-                   mode: LoadMode = "scale-cluster", gpus: int | None = None, nodes_per_rack: int = 8,
-                   mix: Sequence[tuple[str, float]] | None = DEFAULT_MIX, seed: int = 0,
-                   time_limits: str = "ladder", checkpoint_interval: float | None = 1800.0,
-                   faults: Faults | None = None) -> Converted:
+def convert_philly(
+    jobs_csv: Path,
+    vc_csv: Path | None,
+    start: datetime,
+    days: float,
+    vcs: Sequence[str] | None = None,
+    target_load: float | None = None,
+    mode: LoadMode = "scale-cluster",
+    gpus: int | None = None,
+    nodes_per_rack: int = 8,
+    mix: Sequence[tuple[str, float]] | None = DEFAULT_MIX,
+    seed: int = 0,
+    time_limits: str = "ladder",
+    checkpoint_interval: float | None = 1800.0,
+    faults: Faults | None = None,
+) -> Converted:
     """A Philly window; t = 0 is the window start. Quotas per VC in proportion to its size."""
     end = start + timedelta(days=days)
     rows = philly.select(philly.read_rows(jobs_csv), start, end, vcs)
@@ -116,9 +145,15 @@ def convert_philly(jobs_csv: Path, vc_csv: Path | None, start: datetime, days: f
     sizes = philly.read_vc_sizes(vc_csv) if vc_csv else {}
     teams = sorted({j.team for j in jobs})
     real_gpus = 8 * sum(sizes.get(t, 0) for t in teams) or 8 * math.ceil(max(j.gpus for j in jobs) / 8)
-    info: dict[str, Any] = {"source": str(jobs_csv), "start": str(start), "days": days, "jobs": len(jobs),
-                            "gpu_hours": load.work(jobs) / 3600, "real_gpus": real_gpus,
-                            "load_at_real_size": load.offered_load(jobs, real_gpus, window)}
+    info: dict[str, Any] = {
+        "source": str(jobs_csv),
+        "start": str(start),
+        "days": days,
+        "jobs": len(jobs),
+        "gpu_hours": load.work(jobs) / 3600,
+        "real_gpus": real_gpus,
+        "load_at_real_size": load.offered_load(jobs, real_gpus, window),
+    }
     if target_load is None:
         n_gpus = gpus or real_gpus
     elif mode == "scale-cluster":
@@ -132,28 +167,51 @@ def convert_philly(jobs_csv: Path, vc_csv: Path | None, start: datetime, days: f
     # (VCs without a known size get an equal share of one node's worth, so they are not starved by config).
     weights = {t: float(sizes.get(t, 1)) for t in teams}
     nominal = load.split_quota(n_gpus, weights)
-    queues = Queues(teams=[Team(name=t, nominal=nominal[t], cohort="philly", weight=weights[t]) for t in teams],
-                    cohorts=[Cohort(name="philly")])
-    info.update({"gpus": n_gpus, "window_s": window, "offered_load": load.offered_load(jobs, n_gpus, window),
-                 "mode": mode if target_load is not None else "none"})
+    queues = Queues(
+        teams=[Team(name=t, nominal=nominal[t], cohort="philly", weight=weights[t]) for t in teams],
+        cohorts=[Cohort(name="philly")],
+    )
+    info.update(
+        {
+            "gpus": n_gpus,
+            "window_s": window,
+            "offered_load": load.offered_load(jobs, n_gpus, window),
+            "mode": mode if target_load is not None else "none",
+        }
+    )
     return Converted(jobs, cluster, queues, info, cluster_obj=gen)
 
 
-def convert_openb(nodes_csv: Path, pods_csv: Path, target_load: float | None = None,
-                  nodes_per_rack: int = 16, checkpoint_interval: float | None = None) -> Converted:
+def convert_openb(
+    nodes_csv: Path,
+    pods_csv: Path,
+    target_load: float | None = None,
+    nodes_per_rack: int = 16,
+    checkpoint_interval: float | None = None,
+) -> Converted:
     """The openb cluster as is; its whole-GPU pods, optionally with arrivals compressed to a load."""
     cluster = openb.read_nodes(nodes_csv, nodes_per_rack=nodes_per_rack)
     jobs, skipped = openb.read_pods(pods_csv)
     if not jobs:
         raise ValueError(f"{pods_csv}: no whole-GPU pods")
     t0 = jobs[0].submit
-    jobs = [msgspec.structs.replace(j, submit=j.submit - t0, checkpoint_interval=checkpoint_interval)
-            for j in jobs]
+    jobs = [
+        msgspec.structs.replace(j, submit=j.submit - t0, checkpoint_interval=checkpoint_interval)
+        for j in jobs
+    ]
     window = max(j.submit for j in jobs) + 1.0
-    info: dict[str, Any] = {"source": str(pods_csv), "nodes": len(cluster.nodes), "gpus": cluster.total_gpus,
-                            "jobs": len(jobs), "skipped": {"fractional": skipped.fractional, "cpu_only": skipped.cpu_only,
-                                        "never_ran": skipped.never_ran},
-                            "typed_jobs": sum(j.gpu_type is not None for j in jobs)}
+    info: dict[str, Any] = {
+        "source": str(pods_csv),
+        "nodes": len(cluster.nodes),
+        "gpus": cluster.total_gpus,
+        "jobs": len(jobs),
+        "skipped": {
+            "fractional": skipped.fractional,
+            "cpu_only": skipped.cpu_only,
+            "never_ran": skipped.never_ran,
+        },
+        "typed_jobs": sum(j.gpu_type is not None for j in jobs),
+    }
     if target_load is not None:
         jobs, window = load.compress_arrivals(jobs, cluster.total_gpus, window, target_load)
     info["window_s"] = window

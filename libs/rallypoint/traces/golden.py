@@ -44,7 +44,13 @@ def golden_rows(traces_dir: Path, gpus: int) -> list[GoldenRow]:
     path = traces_dir / GOLDEN_PERJOB.format(gpus=gpus)
     with path.open(newline="") as f:
         return [
-            GoldenRow(int(r["row"]), int(r["num_gpus"]), int(r["duration_s"]), int(r["submit_s"]),
-                      int(r["start_s"]), int(r["end_s"]))
+            GoldenRow(
+                int(r["row"]),
+                int(r["num_gpus"]),
+                int(r["duration_s"]),
+                int(r["submit_s"]),
+                int(r["start_s"]),
+                int(r["end_s"]),
+            )
             for r in csv.DictReader(f)
         ]

@@ -1,7 +1,8 @@
 """Alibaba openb (cluster-trace-gpu-v2023) nodes and pods -> canonical cluster and workload.
 
 Only whole-GPU pods are replayed (``num_gpu >= 1`` and, for one GPU, ``gpu_milli == 1000``): Rallypoint
-allocates whole GPUs. Pods that never ran (no ``scheduled_time``) have no runtime and are skipped. The runtime is
+allocates whole GPUs. Pods that never ran (no ``scheduled_time``) have no runtime and are skipped. The runtime
+is
 ``deletion_time - scheduled_time``; ``gpu_spec`` ("A|B") becomes the job's allowed GPU types.
 """
 
@@ -15,8 +16,12 @@ from rallypoint.sim.cluster import Cluster, Node
 from rallypoint.sim.workload import Job
 
 # openb QoS -> our priority classes: latency-sensitive work is what a user would protect most.
-QOS_PRIORITY = {"LS": "training-high", "Guaranteed": "training-high", "Burstable": "training-standard",
-                "BE": "best-effort"}
+QOS_PRIORITY = {
+    "LS": "training-high",
+    "Guaranteed": "training-high",
+    "Burstable": "training-standard",
+    "BE": "best-effort",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +42,16 @@ def read_nodes(path: str | Path, nodes_per_rack: int = 16, gpu_only: bool = True
                 if gpu_only and gpus == 0:
                     continue
                 k = len(nodes)
-                nodes.append(Node(id=r["sn"].strip(), rack=f"rack-{k // nodes_per_rack:03d}", gpus=gpus,
-                                  gpu_type=(r.get("model") or "").strip() or "none",
-                                  cpu=int(r["cpu_milli"]), memory=int(r["memory_mib"])))
+                nodes.append(
+                    Node(
+                        id=r["sn"].strip(),
+                        rack=f"rack-{k // nodes_per_rack:03d}",
+                        gpus=gpus,
+                        gpu_type=(r.get("model") or "").strip() or "none",
+                        cpu=int(r["cpu_milli"]),
+                        memory=int(r["memory_mib"]),
+                    )
+                )
             except (KeyError, ValueError) as e:
                 raise ValueError(f"{p}:{i + 2}: {e}") from None
     return Cluster(nodes=tuple(nodes), name=p.stem)
@@ -69,9 +81,17 @@ def read_pods(path: str | Path) -> tuple[list[Job], SkipCounts]:
                     never += 1
                     continue
                 qos = r["qos"].strip()
-                jobs.append(Job(id=r["name"].strip(), submit=created, gpus=n, duration=run,
-                                team=f"qos-{qos.lower()}", priority=QOS_PRIORITY.get(qos, "training-standard"),
-                                gpu_type=r["gpu_spec"].strip() or None))
+                jobs.append(
+                    Job(
+                        id=r["name"].strip(),
+                        submit=created,
+                        gpus=n,
+                        duration=run,
+                        team=f"qos-{qos.lower()}",
+                        priority=QOS_PRIORITY.get(qos, "training-standard"),
+                        gpu_type=r["gpu_spec"].strip() or None,
+                    )
+                )
             except (KeyError, ValueError) as e:
                 raise ValueError(f"{p}:{i + 2}: {e}") from None
     jobs.sort(key=lambda j: j.submit)

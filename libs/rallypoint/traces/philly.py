@@ -1,6 +1,7 @@
 """Philly job list (``philly_open.csv`` and the golden slice) -> canonical workload.
 
-Columns: ``timestamp`` (local time string), ``duration`` (s), ``num_gpus``, ``gpu_time``, ``cluster`` (the VC).
+Columns: ``timestamp`` (local time string), ``duration`` (s), ``num_gpus``, ``gpu_time``, ``cluster`` (the
+VC).
 Philly has no priority, no user and no runtime estimate; the converter can add them deterministically
 (see :func:`assign_priorities`, :func:`time_limit_ladder`) so policies that need them have something to read.
 """
@@ -43,8 +44,15 @@ def read_rows(path: str | Path) -> list[PhillyRow]:
             raise ValueError(f"{p}: not a Philly job list (need columns {sorted(need)})")
         for i, r in enumerate(reader):
             try:
-                rows.append(PhillyRow(i, parse_ts(r["timestamp"]), float(r["duration"]),
-                                      int(float(r["num_gpus"])), r["cluster"].strip()))
+                rows.append(
+                    PhillyRow(
+                        i,
+                        parse_ts(r["timestamp"]),
+                        float(r["duration"]),
+                        int(float(r["num_gpus"])),
+                        r["cluster"].strip(),
+                    )
+                )
             except (ValueError, TypeError) as e:
                 raise ValueError(f"{p}:{i + 2}: {e}") from None
     return rows
@@ -59,20 +67,32 @@ def read_vc_sizes(path: str | Path) -> dict[str, int]:
     return out
 
 
-def select(rows: Sequence[PhillyRow], start: datetime | None = None, end: datetime | None = None,
-           vcs: Sequence[str] | None = None) -> list[PhillyRow]:
+def select(
+    rows: Sequence[PhillyRow],
+    start: datetime | None = None,
+    end: datetime | None = None,
+    vcs: Sequence[str] | None = None,
+) -> list[PhillyRow]:
     """Rows submitted in ``[start, end)`` (optionally only some VCs), stable-sorted by submit time."""
     keep = [
-        r for r in rows
-        if (start is None or r.timestamp >= start) and (end is None or r.timestamp < end)
-        and (not vcs or r.vc in vcs) and r.duration > 0 and r.gpus > 0
+        r
+        for r in rows
+        if (start is None or r.timestamp >= start)
+        and (end is None or r.timestamp < end)
+        and (not vcs or r.vc in vcs)
+        and r.duration > 0
+        and r.gpus > 0
     ]
     keep.sort(key=lambda r: r.timestamp)  # stable: ties keep file order, as the golden peers do
     return keep
 
 
-def to_jobs(rows: Sequence[PhillyRow], origin: datetime | None = None, id_prefix: str = "",
-            integer_seconds: bool = True) -> list[Job]:
+def to_jobs(
+    rows: Sequence[PhillyRow],
+    origin: datetime | None = None,
+    id_prefix: str = "",
+    integer_seconds: bool = True,
+) -> list[Job]:
     """Canonical jobs; t = 0 is ``origin`` (default: the first row's submit, the golden rule)."""
     if not rows:
         return []
@@ -82,14 +102,38 @@ def to_jobs(rows: Sequence[PhillyRow], origin: datetime | None = None, id_prefix
     for r in rows:
         submit = (r.timestamp - t0).total_seconds()
         dur = float(round(r.duration)) if integer_seconds else r.duration
-        jobs.append(Job(id=f"{id_prefix}{r.row:0{width}d}", submit=submit, gpus=r.gpus,
-                        duration=max(dur, 1.0), team=r.vc))
+        # Philly has 12-GPU jobs: tasks of the largest size <= 8 that divides the gang (2 x 6 GPUs)
+        tpt = max(d for d in range(1, 9) if r.gpus % d == 0)
+        jobs.append(
+            Job(
+                id=f"{id_prefix}{r.row:0{width}d}",
+                submit=submit,
+                gpus=r.gpus,
+                duration=max(dur, 1.0),
+                team=r.vc,
+                gpus_per_task=tpt if tpt != min(r.gpus, 8) else None,
+            )
+        )
     return jobs
 
 
 # A Slurm-like ladder of requested wall times: users round their estimate up to a familiar value.
-_LADDER = (600.0, 1800.0, 3600.0, 2 * 3600.0, 4 * 3600.0, 8 * 3600.0, 12 * 3600.0, 24 * 3600.0,
-           48 * 3600.0, 72 * 3600.0, 7 * 86400.0, 14 * 86400.0, 28 * 86400.0, 56 * 86400.0)
+_LADDER = (
+    600.0,
+    1800.0,
+    3600.0,
+    2 * 3600.0,
+    4 * 3600.0,
+    8 * 3600.0,
+    12 * 3600.0,
+    24 * 3600.0,
+    48 * 3600.0,
+    72 * 3600.0,
+    7 * 86400.0,
+    14 * 86400.0,
+    28 * 86400.0,
+    56 * 86400.0,
+)
 
 
 def time_limit_ladder(duration: float) -> float:
