@@ -54,6 +54,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.n = 0
         self.last: Decisions | None = None
         self.waited: dict[str, int] = {}
+        # victims asked to stop gracefully: they keep their GPUs (RunningJob.preempting_for set) through
+        # one more scheduling cycle, then stop
+        self.stopping: set[str] = set()
 
     @rule(
         size=st.sampled_from((1, 2, 4, 8, 16)),
@@ -81,8 +84,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         )
         self.pending[job.id] = job
 
-    @rule(dt=st.sampled_from((0.0, 10.0, 200.0)))
-    def cycle(self, dt: float) -> None:
+    @rule(dt=st.sampled_from((0.0, 10.0, 200.0)), graceful=st.booleans())
+    def cycle(self, dt: float, graceful: bool) -> None:
         self.now += dt
         snap = Snapshot(
             now=self.now, cluster=self.cluster, pending=tuple(self.pending.values()), queues=self.queues
@@ -94,7 +97,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         )
         assert msgspec.json.encode(schedule(snap2, self.policy)) == msgspec.json.encode(d)
         self._check(d)
-        self._apply(d)
+        # victims that were already stopping during this cycle have now stopped
+        for jid in sorted(self.stopping):
+            if jid in self.cluster.running:
+                self._requeue(self.cluster.unbind(jid))
+        self.stopping.clear()
+        self._apply(d, graceful)
         self.last = d
 
     @precondition(lambda self: bool(self.cluster.running))
@@ -110,6 +118,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             for jid in sorted(self.cluster.running):
                 if any(p.node_id == nid for p in self.cluster.running[jid].placements):
                     self._requeue(self.cluster.unbind(jid))
+                    self.stopping.discard(jid)
         self.cluster.set_schedulable(nid, up)
 
     # --- helpers -------------------------------------------------------------------------------------
@@ -162,19 +171,30 @@ class SchedulerMachine(RuleBasedStateMachine):
         for p in d.preemptions:
             victim = self.cluster.running[p.victim_id]
             pre = self.pending[p.for_job]
+            # a job already stopping for an earlier preemptor is never chosen again
+            assert victim.preempting_for is None, (p, victim)
             if p.reason == "priority":
                 assert PRIO[victim.priority_class] < PRIO[pre.priority_class]
             elif p.reason == "reclaim":
                 assert self.policy_name == "rallypoint"
-                used_q = self.cluster.usage.get((victim.queue_name, "h100"), 0)
+                # admission is sequential within a cycle: the queue's usage includes this cycle's binds
+                q = victim.queue_name
+                used_q = self.cluster.usage.get((q, "h100"), 0)
+                used_q += sum(b.gpus for b in d.binds if self.pending[b.job_id].queue_name == q)
                 assert used_q > self.queues[0].quotas[0].nominal
             else:
                 assert p.reason == "las" and self.policy_name == "las"
             assert victim.preemptible
 
-    def _apply(self, d: Decisions) -> None:
+    def _apply(self, d: Decisions, graceful: bool = False) -> None:
         for p in d.preemptions:
-            if p.victim_id in self.cluster.running:
+            if p.victim_id not in self.cluster.running:
+                continue
+            if graceful:
+                rj = self.cluster.running[p.victim_id]
+                self.cluster.update_running(msgspec.structs.replace(rj, preempting_for=p.for_job))
+                self.stopping.add(p.victim_id)
+            else:
                 self._requeue(self.cluster.unbind(p.victim_id))
         for r in d.resizes:
             rj = self.cluster.unbind(r.job_id)

@@ -303,6 +303,100 @@ CASES: list[dict[str, Any]] = [
         pending=[pending("j", 8, priority_class="production")],
         preempts={},
     ),
+    # --- preemption: fixes (minimal victim sets, reclaim stops at nominal, stopping victims) -----------
+    dict(
+        # A (cheapest: least work lost) is walked first but the gang fits on B's GPUs plus the free ones:
+        # A must not be evicted (it used to be: victims were only ever added, never dropped)
+        id="preemption-drops-victims-the-gang-does-not-need",
+        policy="rallypoint",
+        now=1000.0,
+        cluster=cluster(
+            nodes(per_rack=1),
+            [
+                running("a", {"s0r0n0": (0, 1)}, priority_class="best-effort", last_checkpoint=990.0),
+                running("b", {"s0r0n0": (2, 3, 4, 5)}, priority_class="best-effort", last_checkpoint=100.0),
+            ],
+        ),
+        pending=[pending("prod", 6, priority_class="production")],
+        preempts={"b": "priority"},
+        waits={"prod": "Preempting"},
+    ),
+    dict(
+        # queue b borrows 8 above its nominal: reclaiming b1 brings it back to nominal, so b2 (same
+        # priority as the preemptor) stays; the rest comes from x, a lower-priority job. (It used to evict
+        # both b1 and b2, leaving b 8 GPUs below its guaranteed quota.)
+        id="reclaim-stops-once-the-queue-is-back-at-nominal",
+        policy="rallypoint",
+        now=1000.0,
+        cluster=cluster(
+            nodes(per_rack=3),
+            [
+                running("b1", {"s0r0n0": ALL}, team="b", last_checkpoint=990.0),
+                running("b2", {"s0r0n1": ALL}, team="b", last_checkpoint=980.0),
+                running("x", {"s0r0n2": ALL}, team="c", priority_class="best-effort"),
+            ],
+        ),
+        queues=[
+            Queue(name="a", cohort="org", quotas=(Quota(nominal=16),)),
+            Queue(name="b", cohort="org", quotas=(Quota(nominal=8),)),
+            Queue(name="c", cohort="org", quotas=(Quota(nominal=8),)),
+        ],
+        pending=[pending("aj", 16, 8, team="a")],
+        preempts={"b1": "reclaim", "x": "priority"},
+        waits={"aj": "Preempting"},
+    ),
+    dict(
+        # v1 is still stopping for prod (the caller marked it preempting_for); v2 already stopped and
+        # freed s0r0n1. "other" ranks first and fits on s0r0n1, but those GPUs are held for prod alone
+        id="stopping-victims-keep-freed-gpus-for-their-preemptor",
+        policy="rallypoint",
+        cluster=cluster(
+            N2, [running("v1", {"s0r0n0": ALL}, priority_class="best-effort", preempting_for="prod")]
+        ),
+        pending=[
+            pending("other", 8, submit=0, priority_class="production"),
+            pending("prod", 16, 8, submit=1, priority_class="production"),
+        ],
+        binds={},
+        preempts={},
+        waits={"prod": "Preempting", "other": "Reservation"},
+        says={"prod": "waiting for 1 preempted job to stop (v1)", "other": "would delay job prod"},
+        reserved={"prod": None},
+    ),
+    dict(
+        # once its victims are gone the preemptor binds like anyone else
+        id="preemptor-binds-when-its-victims-have-stopped",
+        policy="rallypoint",
+        cluster=cluster(N2),
+        pending=[
+            pending("other", 8, submit=0, priority_class="production"),
+            pending("prod", 16, 8, submit=1, priority_class="production"),
+        ],
+        binds={"other": 8},
+        waits={"prod": "Resources"},
+    ),
+    dict(
+        # a job still stopping for someone else is never chosen again; the next cheapest victim is
+        id="stopping-victim-is-not-preempted-twice",
+        policy="rallypoint",
+        now=1000.0,
+        cluster=cluster(
+            N2,
+            [
+                running(
+                    "v1",
+                    {"s0r0n0": ALL},
+                    priority_class="best-effort",
+                    last_checkpoint=999.0,
+                    preempting_for="gone",
+                ),
+                running("be2", {"s0r0n1": ALL}, priority_class="best-effort", last_checkpoint=0.0),
+            ],
+        ),
+        pending=[pending("prod2", 8, priority_class="production")],
+        preempts={"be2": "priority"},
+        waits={"prod2": "Preempting"},
+    ),
     # --- EASY backfill ------------------------------------------------------------------------------
     dict(
         id="easy-reserves-head-and-backfills-short-job",
@@ -316,6 +410,20 @@ CASES: list[dict[str, Any]] = [
         reserved={"head": 1000.0},
         waits={"head": "Resources"},
         says={"head": "earliest start in ~15 min"},
+    ),
+    dict(
+        # both short jobs fit on the held node, but only one of them can have it: a backfilled job's GPUs
+        # leave the hold (the second probe used to give them back and bind the same GPUs twice)
+        id="easy-backfills-held-gpus-only-once",
+        policy="easy-backfill",
+        cluster=cluster(N2, [running("r", {"s0r0n0": ALL}, expected_end=1000.0)]),
+        pending=[
+            pending("head", 16, 8, submit=1, priority_class="training-high"),
+            pending("short1", 8, submit=2, time_limit_s=500.0),
+            pending("short2", 8, submit=3, time_limit_s=500.0),
+        ],
+        binds={"short1": {"s0r0n1": ALL}},
+        waits={"head": "Resources", "short2": "Resources"},
     ),
     dict(
         id="easy-refuses-backfill-that-delays-head",
@@ -472,3 +580,27 @@ def test_schedule_does_not_mutate_the_cluster() -> None:
 def test_unknown_policy() -> None:
     with pytest.raises(KeyError):
         policy_by_name("nope")
+
+
+@pytest.mark.parametrize("policy", ["fifo", "easy-backfill", "las", "rallypoint"])
+def test_decisions_do_not_depend_on_bind_history(policy: str) -> None:
+    """The running-job columns are kept by swap-remove, so their slot order is history: decisions must
+    not be. Same running jobs bound in reverse order, with churn, give byte-identical decisions."""
+    from rallypoint.core import ClusterModel
+    from rallypoint.core.bench import build_workload
+
+    c1, pend, queues, now = build_workload(352, 8, 300, seed=3)
+    jobs = [c1.running[j] for j in sorted(c1.running)]
+    c2 = ClusterModel(c1.nodes.values())
+    for j in reversed(jobs):
+        c2.bind(j)
+    for j in jobs[::7]:  # churn: unbind and bind again
+        c2.unbind(j.id)
+    for j in jobs[::7]:
+        c2.bind(j)
+    pol = policy_by_name(policy)
+    d1 = schedule(Snapshot(now=now, cluster=c1, pending=pend, queues=queues), pol)
+    d2 = schedule(Snapshot(now=now, cluster=c2, pending=tuple(reversed(pend)), queues=queues), pol)
+    assert msgspec.json.encode(d1) == msgspec.json.encode(d2)
+    if policy in ("las", "rallypoint"):
+        assert d1.preemptions  # the preemption planner (the columns' main reader) is exercised

@@ -17,8 +17,10 @@ Intended calling pattern (scheduler service, simulator, audit tool)::
                      policy)
         for b in d.binds: cluster.bind(RunningJob(id=b.job_id, placements=b.placements, ...));
                           del pending[b.job_id]
-        for p in d.preemptions: stop p.victim_id (after a grace period), cluster.unbind, re-queue it
-                          as a PendingJob with attained_gpu_s and last_preempted_at set
+        for p in d.preemptions: ask p.victim_id to stop; while it stops, cluster.update_running(
+                          victim with preempting_for=p.for_job) so later cycles keep its GPUs for
+                          the preemptor; once stopped, cluster.unbind it and re-queue it as a
+                          PendingJob with attained_gpu_s and last_preempted_at set
         for r in d.resizes: unbind + bind the job with its new placements
         d.pending has one PendingReason per job still waiting (code, message, position)
 

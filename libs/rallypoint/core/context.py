@@ -59,7 +59,12 @@ class Ctx:
         self._totals: tuple[int, int, int] | None = None
         self._healthy: dict[tuple[str, str], int] | None = None
         self._shares: dict[str, float] = {}
+        # memos keyed by job shape, stamped with the workspace state they were computed on
         self._reasons: dict[tuple[str | None, int, int, int, str | None], tuple[tuple[int, int], Status]] = {}
+        self._probe_memo: dict[tuple[str | None, int, str | None], tuple[int, int, int]] = {}
+        self.hold_changes = 0  # bumped whenever ``holds`` changes
+        self._held_until: tuple[int, float] = (-1, 0.0)
+        self.static_reasons: dict[tuple[str | None, int, int, str], Status | None] = {}
         self.cache: dict[str, object] = {}  # per-cycle memo for plug-ins (e.g. preemption rows)
 
     # --- small lookups ---------------------------------------------------------------------------
@@ -157,7 +162,13 @@ class Ctx:
 
     def held_until(self) -> float:
         """Shadow time of the holds a short job may backfill onto (strict preemption holds excluded)."""
-        return min((h.until for h in self.holds if not h.strict), default=float("inf"))
+        c = self._held_until
+        if c[0] != self.hold_changes:
+            c = self._held_until = (
+                self.hold_changes,
+                min((h.until for h in self.holds if not h.strict), default=float("inf")),
+            )
+        return c[1]
 
     def hold_of(self, job_id: str) -> Hold | None:
         for h in self.holds:

@@ -71,8 +71,9 @@ def job_sizes(job: PendingJob, ctx: Ctx) -> list[int]:
 
 def _bind(job: PendingJob, size: int, plan: Plan, ctx: Ctx, out: _Out) -> None:
     ws = ctx.ws
+    free = ws.free
     for o, m in plan.tasks:
-        ws.take(o, m)
+        ws.set_free(o, free[o] & ~m)
     ws.add_usage(job.queue_name, plan.gpu_type, size)
     ctx.add_team_usage(job.team, size, job.cpu_milli, job.memory_mib)
     ids = ctx.idx.ids
@@ -106,6 +107,7 @@ def _try_place(job: PendingJob, size: int, gpu_type: str | None, ctx: Ctx) -> Pl
         plan = ctx.place(tasks, job.gpus_per_task, gpu_type, required)
         if plan is not None:
             ctx.holds.remove(own)
+            ctx.hold_changes += 1
             return plan
         ws.rollback(mark)
         return None
@@ -115,6 +117,11 @@ def _try_place(job: PendingJob, size: int, gpu_type: str | None, ctx: Ctx) -> Pl
     rt = job.runtime_estimate
     if rt is None or ctx.now + rt > ctx.held_until():
         return None
+    # memo of failed probes: the probed state (workspace + held GPUs) is the same while neither changed
+    pkey = (gpu_type, job.gpus_per_task, required)
+    pm = ctx._probe_memo.get(pkey)
+    if pm is not None and pm[0] == ctx.ws.version and pm[1] == ctx.hold_changes and tasks >= pm[2]:
+        return None
     mark = ws.mark()
     for h in ctx.holds:
         if not h.strict:
@@ -122,6 +129,25 @@ def _try_place(job: PendingJob, size: int, gpu_type: str | None, ctx: Ctx) -> Pl
                 ws.give(o, m)
     plan = ctx.place(tasks, job.gpus_per_task, gpu_type, required)
     ws.rollback(mark)
+    if plan is not None:
+        # the backfilled job takes some held GPUs: they leave the holds, or the next short job's probe
+        # would give them back and place onto them again (a GPU bound twice in one cycle)
+        used: dict[int, int] = {}
+        for o, m in plan.tasks:
+            used[o] = used.get(o, 0) | m
+        for i, h in enumerate(ctx.holds):
+            if not h.strict and any(used.get(o, 0) & m for o, m in h.tasks):
+                left = tuple((o, m & ~used.get(o, 0)) for o, m in h.tasks if m & ~used.get(o, 0))
+                for o, m in h.tasks:
+                    if m & used.get(o, 0):
+                        ws.give(o, m & used[o])  # back to free, so the bind below takes it
+                ctx.holds[i] = h._replace(tasks=left)
+                ctx.hold_changes += 1
+    if plan is None:
+        best = tasks
+        if pm is not None and pm[0] == ctx.ws.version and pm[1] == ctx.hold_changes:
+            best = min(best, pm[2])
+        ctx._probe_memo[pkey] = (ctx.ws.version, ctx.hold_changes, best)
     return plan
 
 
@@ -133,7 +159,7 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
             return st
     types = ctx.idx.types if job.gpu_type is None else [job.gpu_type]
     quota_msg: str | None = None
-    sizes = job_sizes(job, ctx)
+    sizes = [job.gpus] if job.min_gpus is None else job_sizes(job, ctx)
     for size in sizes:
         for t in types:
             msg = policy.permit.check(job, t, size, ctx)
@@ -157,13 +183,21 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
         )
     # a reason depends only on the job's shape and the workspace's free GPUs and holds: thousands of
     # waiting jobs of a few shapes share it while nothing is bound in between
+    # (at cluster level only the free total matters, so the memo survives binds elsewhere)
     rkey = (job.gpu_type, job.gpus_per_task, size, job.gpus, job.topology_required)
+    lvl = ctx.required_level(job)
+    if lvl is None or lvl == "cluster":
+        tf = ctx.ws.type_free
+        free = tf.get(job.gpu_type, 0) if job.gpu_type is not None else sum(tf.values())
+        stamp = (-1 - free, ctx.hold_changes)
+    else:
+        stamp = (ctx.ws.version, ctx.hold_changes)
     memo = ctx._reasons.get(rkey)
-    if memo is not None and memo[0] == (ctx.ws.version, len(ctx.holds)):
+    if memo is not None and memo[0] == stamp:
         st = memo[1]
     else:
         st = reasons.classify(job, size, ctx)
-        ctx._reasons[rkey] = ((ctx.ws.version, len(ctx.holds)), st)
+        ctx._reasons[rkey] = (stamp, st)
     if st.code in ("Resources", "Topology", "Reservation"):
         pst = _preempt(job, size, policy, ctx, out)
         if pst is not None:

@@ -117,21 +117,27 @@ class DrfPriorityOrder(PriorityOrder):
             members.append(js)
             pos.append(0)
         heapq.heapify(heap)
+        shares = ctx._shares  # the memo behind ctx.dominant_share (read inline: this loop is hot)
+        replace = heapq.heapreplace
         while heap:
             item = heap[0]
             gi = item[5]
             js = members[gi]
-            j = js[pos[gi]]
-            now_share = ctx.dominant_share(j.team)
+            k = pos[gi]
+            j = js[k]
+            now_share = shares.get(j.team)
+            if now_share is None:
+                now_share = ctx.dominant_share(j.team)
             if now_share > item[1]:
                 new = (item[0], now_share, item[2], item[3], item[4], gi)
-                heapq.heapreplace(heap, new)
+                replace(heap, new)
                 if heap[0] is not new:
                     continue
-            pos[gi] += 1
-            if pos[gi] < len(js):
-                h = js[pos[gi]]
-                heapq.heapreplace(heap, (item[0], now_share, h.submit_time, h.arrival, h.id, gi))
+            k += 1
+            pos[gi] = k
+            if k < len(js):
+                h = js[k]
+                replace(heap, (item[0], now_share, h.submit_time, h.arrival, h.id, gi))
             else:
                 heapq.heappop(heap)
             yield j

@@ -84,8 +84,14 @@ def _single_node(ws: Workspace, t: str, g: int, n: int, first_fit: bool) -> int 
     """Node (ordinal) of type ``t`` that takes ``n`` tasks of ``g``: best fit (fewest free) or first fit."""
     bs = ws.buckets[t]
     best: int | None = None
+    multi = ws.idx.multi_dom
     for c in range(g * n, len(bs)):
-        for o in bs[c]:
+        b = bs[c]
+        if not b:
+            continue
+        if not first_fit and not multi[b[0]]:
+            return b[0]  # best fit: a single-domain node with c >= g * n free GPUs takes the gang
+        for o in b:
             if best is not None and o >= best:
                 break
             if node_cap(ws, o, g) >= n:

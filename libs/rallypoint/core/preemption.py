@@ -87,9 +87,7 @@ class RunningView:
             rank = np.asarray(fn(cols, ctx), np.float64)
         else:  # a plug-in orderer without the vectorized hook: one call per running job
             running = ctx.cluster.running
-            rank = np.fromiter(
-                (orderer.running_rank(running[j], ctx) for j in cols.ids), np.float64, count=n
-            )
+            rank = np.fromiter((orderer.running_rank(running[j], ctx) for j in cols.ids), np.float64, count=n)
         gpus = cols.gpus[:n]
         lost = gpus * np.maximum(0.0, now - cols.since[:n])
         order = np.lexsort((-gpus, lost, rank))
@@ -307,16 +305,23 @@ class RankPreemptor:
         if len(slots):
             lost_p[ns:] = view.lost[slots]
             kind_p[ns:] = kinds
-        estimates: list[tuple[int, int, float, int, int, int]] = []
+        grp_end = np.r_[grp_start[1:], m]
+        estimates: list[tuple[int, int, float, int, int, int, int]] = []
         for gi in chosen_g.tolist():
             g = int(cg[gi])
             a = int(grp_start[g])
             b = int(comp_entry[gi]) + 1
+            end = int(grp_end[g])
+            while b < end and e_p[b] == e_p[b - 1]:
+                b += 1  # all of the completing victim's tasks in the domain (task row order is history)
             ps_d = e_p[a:b]
             uniq = np.unique(ps_d)  # one victim may have several tasks in the domain
             estimates.append(
-                (int(kind_p[uniq].max()), len(uniq), float(lost_p[uniq].sum()), int(doms[g]), a, b)
-            )
+                (
+                    int(kind_p[uniq].max()), len(uniq), float(lost_p[uniq].sum()), int(doms[g]), a, b,
+                    end,
+                )
+            )  # fmt: skip
         estimates.sort()
 
         best: PreemptionPlan | None = None
@@ -340,14 +345,20 @@ class RankPreemptor:
                 cache[p] = c
             return c
 
-        for worst, n, lost, d, a, b in estimates[:_VERIFY_DOMAINS]:
-            # candidates of this domain in walk order, with the GPUs each frees inside it
+        for worst, n, lost, d, a, b, e in estimates[:_VERIFY_DOMAINS]:
+            # candidates of this domain in walk order, with the GPUs each frees inside it: the estimate's
+            # prefix, then the rest of the domain (used only when the reclaim stop rule skipped a victim
+            # the estimate counted on)
             per_dom: list[tuple[int, int]] = []
-            for p, g in zip(e_p[a:b].tolist(), e_g[a:b].tolist(), strict=True):
+            n_prefix = 0
+            for i, (p, g) in enumerate(zip(e_p[a:e].tolist(), e_g[a:e].tolist(), strict=True)):
                 if per_dom and per_dom[-1][0] == p:
                     per_dom[-1] = (p, per_dom[-1][1] + g)
                 else:
                     per_dom.append((p, g))
+                if a + i < b:
+                    n_prefix = len(per_dom)
+            stopped = False
             mark = ws.mark()
             chosen: list[Candidate] = []
             plan: Plan | None = None
@@ -355,20 +366,23 @@ class RankPreemptor:
             taken: dict[str, int] = {}  # GPUs evicted from each queue by this plan (reclaim stop rule)
             got = self._free_in(ctx, level, d, gpu_type)
             check_at = size
-            for p, g in per_dom:
+            for i, (p, g) in enumerate(per_dom):
+                if i >= n_prefix and not stopped:
+                    break
                 c = cand(p)
                 if c.kind == 1:
                     q = c.job.queue_name
                     if self._remaining_borrow(ctx, q, gpu_type) - taken.get(q, 0) <= 0:
                         # the queue is back at its nominal: no more reclaiming from it; a job that also
                         # ranks strictly lower may still go as a priority victim
+                        stopped = True
                         if c.rank >= rank:
                             continue
                         c = c._replace(kind=2)
                 if kinds_of.setdefault(c.job.id, c.kind) != c.kind:
                     continue  # never both shrink and evict one job
-                if c.kind == 1:
-                    taken[c.job.queue_name] = taken.get(c.job.queue_name, 0) + c.job.gpus
+                q = c.job.queue_name
+                taken[q] = taken.get(q, 0) + sum(mk.bit_count() for _o, mk in c.tasks)
                 for o, mk in c.tasks:
                     ws.give(o, mk)
                 chosen.append(c)
@@ -414,7 +428,7 @@ class RankPreemptor:
         for c in sorted(chosen, key=Candidate.cost, reverse=True):
             if len(keep) == 1:
                 break
-            used = {}
+            used: dict[int, int] = {}
             for o, mk in plan.tasks:
                 used[o] = used.get(o, 0) | mk
             if not any(used.get(o, 0) & mk for o, mk in c.tasks):

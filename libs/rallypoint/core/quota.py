@@ -75,8 +75,9 @@ class QuotaBook:
         q = self.queues.get(queue)
         if q is None:
             return None
-        used = ws.usage.get((queue, gpu_type), 0)
-        qt = self.quota(queue, gpu_type)
+        key = (queue, gpu_type)
+        used = ws.usage.get(key, 0)
+        qt = self._quota[key] if key in self._quota else self.quota(queue, gpu_type)
         nominal = qt.nominal if qt is not None else 0
         new = used + gpus
         if new > nominal:

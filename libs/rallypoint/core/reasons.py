@@ -24,15 +24,49 @@ def classify(job: PendingJob, size: int, ctx: Ctx) -> Status:
     """Why ``job`` (at ``size`` GPUs) cannot be placed now, most fundamental cause first."""
     from rallypoint.core.placement import best_free_at
 
-    idx = ctx.idx
-    types = idx.types if job.gpu_type is None else [job.gpu_type]
+    types = ctx.idx.types if job.gpu_type is None else [job.gpu_type]
     g = job.gpus_per_task
-    required = ctx.required_level(job)
-    level = required or "cluster"
+    level = ctx.required_level(job) or "cluster"
     where = "in the cluster" if level == "cluster" else f"in one {level}"
     tname = f" {job.gpu_type}" if job.gpu_type is not None else ""
-    if job.gpu_type is not None and job.gpu_type not in idx.type_capacity:
-        return Status("GangTooLarge", f"no node has GPU type {job.gpu_type}")
+    # the capacity checks do not depend on free GPUs: once per shape and cycle
+    skey = (job.gpu_type, g, size, level)
+    if skey in ctx.static_reasons:
+        fixed = ctx.static_reasons[skey]
+    else:
+        fixed = ctx.static_reasons[skey] = _capacity_reason(job.gpu_type, types, g, size, level, ctx)
+    if fixed is not None:
+        return fixed
+    tf = ctx.ws.type_free
+    free = sum(tf.get(t, 0) for t in types)
+    if free >= size:
+        if level != "cluster":
+            best = best_free_at(ctx.ws, job.gpu_type, level)
+            return Status("Topology", f"needs {size}{tname} GPUs {where}; best {level} has {best} free")
+        return Status(
+            "Topology",
+            f"needs {size // g} tasks x {g}{tname} GPUs (one node each); {free} GPUs free but fragmented",
+        )
+    if ctx.holds:
+        held = sum(m.bit_count() for h in ctx.holds for _o, m in h.tasks)
+        if free + held >= size:
+            first = min(ctx.holds, key=lambda h: (h.until, h.job_id))
+            return Status(
+                "Reservation",
+                f"needs {size}{tname} GPUs; {free} free outside reservations; would delay job "
+                f"{first.job_id} (reserved, starts in ~{human(first.until - ctx.now)})",
+            )
+    return Status("Resources", f"needs {size}{tname} GPUs {where}; {free} free")
+
+
+def _capacity_reason(
+    gpu_type: str | None, types: list[str], g: int, size: int, level: str, ctx: Ctx
+) -> Status | None:
+    """GangTooLarge / NodeUnhealthy, or None when the shape fits the healthy cluster."""
+    where = "in the cluster" if level == "cluster" else f"in one {level}"
+    tname = f" {gpu_type}" if gpu_type is not None else ""
+    if gpu_type is not None and gpu_type not in ctx.idx.type_capacity:
+        return Status("GangTooLarge", f"no node has GPU type {gpu_type}")
     node_max = max((ctx.total_capacity(t, "node") for t in types), default=0)
     if g > node_max:
         return Status("GangTooLarge", f"a task needs {g} GPUs; largest node has {node_max}")
@@ -46,21 +80,4 @@ def classify(job: PendingJob, size: int, ctx: Ctx) -> Status:
             f"needs {size}{tname} GPUs {where}; {healthy} on healthy nodes, "
             f"{cap - healthy} on unhealthy ones",
         )
-    free = sum(ctx.ws.type_free.get(t, 0) for t in types)
-    if free >= size:
-        if level != "cluster":
-            best = best_free_at(ctx.ws, job.gpu_type, level)
-            return Status("Topology", f"needs {size}{tname} GPUs {where}; best {level} has {best} free")
-        return Status(
-            "Topology",
-            f"needs {size // g} tasks x {g}{tname} GPUs (one node each); {free} GPUs free but fragmented",
-        )
-    held = sum(m.bit_count() for h in ctx.holds for _o, m in h.tasks)
-    if ctx.holds and free + held >= size:
-        first = min(ctx.holds, key=lambda h: (h.until, h.job_id))
-        return Status(
-            "Reservation",
-            f"needs {size}{tname} GPUs; {free} free outside reservations; would delay job {first.job_id} "
-            f"(reserved, starts in ~{human(first.until - ctx.now)})",
-        )
-    return Status("Resources", f"needs {size}{tname} GPUs {where}; {free} free")
+    return None

@@ -26,14 +26,17 @@ class Workspace:
         self.spine_hist = {k: list(v) for k, v in idx.spine_hist.items()}
         self.type_free = dict(idx.type_free)
         self.usage: dict[tuple[str, str], int] = dict(cluster.usage)
-        self._journal: list[tuple[int, int, int, int]] = []  # (kind, a, b, old)
+        # (kind, a, old, epoch or usage version before, free version before)
+        self._journal: list[tuple[int, int, int, int, int]] = []
         self._uk: list[tuple[str, str]] = []  # usage keys referenced by journal entries of kind 1
-        # Bumped whenever GPUs are released: placement failure memos are valid only while free
-        # capacity can only shrink.
+        # Stamps for memos. ``release_epoch`` changes whenever GPUs are released (placement failure memos
+        # are valid only while free capacity can only shrink), ``version`` on every change of free GPUs
+        # (pending-reason memos), ``usage_version`` on every change of queue usage (quota memos). A new
+        # stamp is always a never-used number, and a rollback restores the stamps of the state it returns
+        # to: probes (reservations, holds, preemption plans) that undo themselves keep memos valid.
+        self._stamp = 0
         self.release_epoch = 0
-        # Bumped on every change of free GPUs: memos of anything derived from free GPUs (pending reasons)
         self.version = 0
-        # Bumped on every change of queue usage: quota headroom memos
         self.usage_version = 0
         # Per (type, task size g): tasks of g GPUs each rack / spine can take by free counts, kept
         # incrementally for the task sizes placement has asked about this cycle, so choosing a rack is a
@@ -49,14 +52,15 @@ class Workspace:
         old = self.free[o]
         if old == mask:
             return
-        self._journal.append((0, o, 0, old))
+        self._journal.append((0, o, old, self.release_epoch, self.version))
         self._set(o, old, mask)
 
     def _set(self, o: int, old: int, mask: int) -> None:
         self.free[o] = mask
-        self.version += 1
+        st = self._stamp = self._stamp + 1
+        self.version = st
         if mask & ~old:
-            self.release_epoch += 1
+            self.release_epoch = st
         if not self.sched[o]:
             return
         co, cn = old.bit_count(), mask.bit_count()
@@ -64,21 +68,26 @@ class Workspace:
             return
         idx = self.idx
         t = idx.type_of[o]
-        b = self.buckets[t][co]
+        bt = self.buckets[t]
+        b = bt[co]
         del b[bisect_left(b, o)]
-        insort(self.buckets[t][cn], o)
-        rh = self.rack_hist[(t, idx.rack_of[o])]
+        insort(bt[cn], o)
+        r = idx.rack_of[o]
+        sp = idx.spine_of[o]
+        rh = self.rack_hist[(t, r)]
         rh[co] -= 1
         rh[cn] += 1
-        sh = self.spine_hist[(t, idx.spine_of[o])]
+        sh = self.spine_hist[(t, sp)]
         sh[co] -= 1
         sh[cn] += 1
         self.type_free[t] += cn - co
-        for g in self._tracked[t]:
-            d = cn // g - co // g
-            if d:
-                self._rcap[(t, g)][idx.rack_of[o]] += d
-                self._scap[(t, g)][idx.spine_of[o]] += d
+        tracked = self._tracked[t]
+        if tracked:
+            for g in tracked:
+                d = cn // g - co // g
+                if d:
+                    self._rcap[(t, g)][r] += d
+                    self._scap[(t, g)][sp] += d
 
     def rack_caps(self, t: str, g: int) -> list[int]:
         """Per rack index: tasks of ``g`` GPUs its schedulable ``t`` nodes can take by free counts."""
@@ -121,10 +130,11 @@ class Workspace:
     def add_usage(self, queue: str, gpu_type: str, gpus: int) -> None:
         key = (queue, gpu_type)
         old = self.usage.get(key, 0)
-        self._journal.append((1, len(self._uk), 0, old))
+        self._journal.append((1, len(self._uk), old, self.usage_version, 0))
         self._uk.append(key)
         self.usage[key] = old + gpus
-        self.usage_version += 1
+        self._stamp += 1
+        self.usage_version = self._stamp
 
     # --- transactions ----------------------------------------------------------------------------
 
@@ -134,12 +144,14 @@ class Workspace:
     def rollback(self, mark: int) -> None:
         j = self._journal
         while len(j) > mark:
-            kind, a, _b, old = j.pop()
+            kind, a, old, stamp, ver = j.pop()
             if kind == 0:
                 self._set(a, self.free[a], old)
+                self.release_epoch = stamp
+                self.version = ver
             else:
                 self.usage[self._uk[a]] = old
-                self.usage_version += 1
+                self.usage_version = stamp
 
     def commit(self) -> None:
         """Forget the journal (nothing to undo below this point)."""

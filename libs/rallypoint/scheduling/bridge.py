@@ -68,6 +68,7 @@ def running_of(job: JobView) -> RunningJob:
         gpus_per_task=job.spec.gpus_per_task,
         submit_time=job.submitted_at,
         last_preempted_at=job.last_preempted_at,
+        preempting_for=job.preempt_for,
     )
 
 
