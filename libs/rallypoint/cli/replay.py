@@ -11,11 +11,11 @@ import msgspec
 
 from rallypoint.cli.clusterinfo import default_nats_url
 from rallypoint.events import Event
+from rallypoint.state import ClusterState
 
 
 async def replay_state(nats_url: str, to_seq: int | None) -> dict[str, object]:
     from rallypoint.eventlog import EventLog
-    from rallypoint.state import ClusterState
 
     log = await EventLog.connect(nats_url, name="rally-replay", create=False)
     try:
@@ -24,6 +24,17 @@ async def replay_state(nats_url: str, to_seq: int | None) -> dict[str, object]:
             state.apply(rec.seq, rec.event)
     finally:
         await log.close()
+    return summarize(state)
+
+
+def fold(history: list[tuple[int, Event]]) -> ClusterState:
+    state = ClusterState()
+    for seq, event in history:
+        state.apply(seq, event)
+    return state
+
+
+def summarize(state: ClusterState) -> dict[str, object]:
     by_state: dict[str, int] = {}
     for job in state.jobs.values():
         by_state[job.state] = by_state.get(job.state, 0) + 1
@@ -53,8 +64,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     queues, classes = load_queue_config(args.queues)
     policy = SchedulingPolicy(args.policy, queues=queues, priority_classes=classes)
-    history = asyncio.run(read_history(args.nats_url or default_nats_url(), args.to))
-    report = verify_decisions(history, policy)
+    report = verify_decisions(_history(args), policy)
     if args.json:
         print(msgspec.json.encode(report).decode())
     else:
@@ -66,6 +76,32 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def export_history(history: list[tuple[int, Event]], path: str) -> int:
+    """JSON Lines, one recorded event a line: {"seq", "event"} (the event as stored, tag included)."""
+    with open(path, "wb") as out:
+        for seq, event in history:
+            out.write(msgspec.json.encode({"seq": seq, "event": event}) + b"\n")
+    return len(history)
+
+
+def load_history(path: str) -> list[tuple[int, Event]]:
+    decoder = msgspec.json.Decoder(_ExportedRecord)
+    with open(path, "rb") as source:
+        return [(rec.seq, rec.event) for rec in (decoder.decode(line) for line in source if line.strip())]
+
+
+class _ExportedRecord(msgspec.Struct, frozen=True):
+    seq: int
+    event: Event
+
+
+def _history(args: argparse.Namespace) -> list[tuple[int, Event]]:
+    if args.history:
+        history = load_history(args.history)
+        return [(seq, e) for seq, e in history if args.to is None or seq <= args.to]
+    return asyncio.run(read_history(args.nats_url or default_nats_url(), args.to))
+
+
 def _run(args: argparse.Namespace) -> int:
     from rallypoint.eventlog import EventLogError
 
@@ -75,7 +111,12 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if args.verify_decisions:
             return _verify(args)
-        summary = asyncio.run(replay_state(args.nats_url or default_nats_url(), args.to))
+        if args.export:
+            count = export_history(_history(args), args.export)
+            print(f"exported {count} events to {args.export}")
+            return 0
+        summary = summarize(fold(_history(args))) if args.history else asyncio.run(
+            replay_state(args.nats_url or default_nats_url(), args.to))
     except (EventLogError, OSError, TimeoutError) as exc:
         print(f"error: cannot replay the log: {exc}", file=sys.stderr)
         return 1
@@ -93,6 +134,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--nats-url", default=None, help="NATS URL (default: the local cluster's, or env)")
     parser.add_argument("--to", type=int, default=None, metavar="SEQ", help="stop at this sequence")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--history", metavar="FILE", default=None,
+                        help="read an exported history (JSON Lines) instead of the live log")
+    parser.add_argument("--export", metavar="FILE", default=None,
+                        help="write the events as JSON Lines (for audits elsewhere and recorded test histories)")
     parser.add_argument("--verify-decisions", action="store_true",
                         help="recompute every recorded bind and preemption from the log; exit 1 if any differs")
     parser.add_argument("--policy", default="rallypoint", help="policy the scheduler ran (for --verify-decisions)")
