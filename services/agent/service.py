@@ -28,26 +28,44 @@ def build_parser() -> argparse.ArgumentParser:
     env = os.environ
     parser = argparse.ArgumentParser(prog="rally serve agent", description="Rallypoint node agent.")
     add_common_args(parser)
-    parser.add_argument("--node-id", default=env.get("RALLY_NODE_ID", socket.gethostname().split(".")[0]),
-                        help="this node's id (env RALLY_NODE_ID; default the short host name)")
+    parser.add_argument(
+        "--node-id",
+        default=env.get("RALLY_NODE_ID", socket.gethostname().split(".")[0]),
+        help="this node's id (env RALLY_NODE_ID; default the short host name)",
+    )
     parser.add_argument("--rack", default=env.get("RALLY_RACK", "rack-0"), help="rack of this node")
     parser.add_argument("--spine", default=env.get("RALLY_SPINE", "spine-0"), help="spine of this node")
-    parser.add_argument("--address", default=env.get("RALLY_NODE_ADDRESS", "127.0.0.1"),
-                        help="address other nodes reach this one at (MASTER_ADDR when it hosts rank 0)")
-    parser.add_argument("--backend", choices=["sim", "nvml"], default=env.get("RALLY_GPU_BACKEND", "sim"),
-                        help="GPU backend: simulated GPUs, or real ones through NVML")
+    parser.add_argument(
+        "--address",
+        default=env.get("RALLY_NODE_ADDRESS", "127.0.0.1"),
+        help="address other nodes reach this one at (MASTER_ADDR when it hosts rank 0)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=["sim", "nvml"],
+        default=env.get("RALLY_GPU_BACKEND", "sim"),
+        help="GPU backend: simulated GPUs, or real ones through NVML",
+    )
     parser.add_argument("--gpus", type=int, default=8, help="sim: number of GPUs")
     parser.add_argument("--nvlink-domain-size", type=int, default=8, help="sim: GPUs per NVLink domain")
-    parser.add_argument("--gpu-type", default=None,
-                        help="GPU type to register (sim default sim-h100; nvml default the device name)")
+    parser.add_argument(
+        "--gpu-type",
+        default=None,
+        help="GPU type to register (sim default sim-h100; nvml default the device name)",
+    )
     parser.add_argument("--gpu-memory-mib", type=int, default=DEFAULT_MEMORY_MIB, help="sim: memory per GPU")
     parser.add_argument("--seed", type=int, default=0, help="sim: seed of the sample noise")
-    parser.add_argument("--fault-file", default=env.get("RALLY_SIM_FAULT_FILE"),
-                        help="sim: file of injected faults, re-read when it changes "
-                        "(env RALLY_SIM_FAULT_FILE)")
-    parser.add_argument("--work-dir", default=env.get("RALLY_AGENT_WORK_DIR"),
-                        help="where rank logs and exit records live (env RALLY_AGENT_WORK_DIR; "
-                        "default .rally/agent/<node-id>)")
+    parser.add_argument(
+        "--fault-file",
+        default=env.get("RALLY_SIM_FAULT_FILE"),
+        help="sim: file of injected faults, re-read when it changes (env RALLY_SIM_FAULT_FILE)",
+    )
+    parser.add_argument(
+        "--work-dir",
+        default=env.get("RALLY_AGENT_WORK_DIR"),
+        help="where rank logs and exit records live (env RALLY_AGENT_WORK_DIR; "
+        "default .rally/agent/<node-id>)",
+    )
     parser.add_argument("--cpu-milli", type=int, default=None, help="CPU to register (default: this host's)")
     parser.add_argument("--memory-mib", type=int, default=None, help="RAM to register (default: this host's)")
     parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between heartbeats")
@@ -57,9 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
 def make_backend(args: argparse.Namespace) -> GpuBackend:
     if args.backend == "nvml":
         return NvmlGpus(gpu_type=args.gpu_type)
-    return SimulatedGpus(args.node_id, args.gpus, gpu_type=args.gpu_type or "sim-h100",
-                         memory_mib=args.gpu_memory_mib, nvlink_domain_size=args.nvlink_domain_size,
-                         seed=args.seed, fault_file=args.fault_file)
+    return SimulatedGpus(
+        args.node_id,
+        args.gpus,
+        gpu_type=args.gpu_type or "sim-h100",
+        memory_mib=args.gpu_memory_mib,
+        nvlink_domain_size=args.nvlink_domain_size,
+        seed=args.seed,
+        fault_file=args.fault_file,
+    )
 
 
 async def agent_main(ctx: ServiceContext, args: argparse.Namespace) -> int:
@@ -73,9 +97,16 @@ async def agent_main(ctx: ServiceContext, args: argparse.Namespace) -> int:
     launcher = await asyncio.to_thread(RankLauncher, work_dir)
     # Waits for the NATS server if it is not up yet: a node agent may boot before it.
     log = await ctx.event_log()
-    config = AgentConfig(node_id=args.node_id, rack=args.rack, spine=args.spine, address=args.address,
-                         cpu_milli=args.cpu_milli, memory_mib=args.memory_mib,
-                         heartbeat_interval_s=args.heartbeat_interval, instance=ctx.config.instance)
+    config = AgentConfig(
+        node_id=args.node_id,
+        rack=args.rack,
+        spine=args.spine,
+        address=args.address,
+        cpu_milli=args.cpu_milli,
+        memory_mib=args.memory_mib,
+        heartbeat_interval_s=args.heartbeat_interval,
+        instance=ctx.config.instance,
+    )
     await NodeAgent(log, backend, launcher, config).run(ctx.stop)
     _log.info("agent %s stopping; its ranks keep running", args.node_id)
     return 0
@@ -92,9 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     # The agent instance is fresh per process start (--instance, which a restarted pod keeps, is only a
     # prefix), so each registration of the node is its own event and the health monitor sees restarts.
     instance = f"{args.instance}-{new_instance_id()}" if args.instance else new_instance_id()
-    config = ServiceConfig(service="agent", nats_url=args.nats_url, instance=instance,
-                           log_level=args.log_level, log_format=args.log_format, replicas=args.replicas,
-                           health_port=args.health_port)
+    config = ServiceConfig(
+        service="agent",
+        nats_url=args.nats_url,
+        instance=instance,
+        log_level=args.log_level,
+        log_format=args.log_format,
+        replicas=args.replicas,
+        health_port=args.health_port,
+    )
     return run_service(lambda ctx: agent_main(ctx, args), config)
 
 

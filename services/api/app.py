@@ -61,8 +61,9 @@ _json = msgspec.json.Encoder()
 
 
 def json_response(body: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=_json.encode(body), content_type="application/json",
-                        headers=headers)
+    return web.Response(
+        status=status, body=_json.encode(body), content_type="application/json", headers=headers
+    )
 
 
 class Handlers:
@@ -99,8 +100,13 @@ class Handlers:
         content_type = request.content_type.lower()
         if content_type == CLOUDEVENTS_BATCH_JSON:
             self.submissions["invalid"] += 1
-            return problem(415, "Unsupported media type", "CloudEvents batch mode is not supported; send one "
-                           "event per request (structured or binary mode)", slug="unsupported-media-type")
+            return problem(
+                415,
+                "Unsupported media type",
+                "CloudEvents batch mode is not supported; send one "
+                "event per request (structured or binary mode)",
+                slug="unsupported-media-type",
+            )
         if content_type == CLOUDEVENTS_JSON:
             try:
                 payload, event_id = _unwrap_cloudevent(decoded)
@@ -132,7 +138,10 @@ class Handlers:
         try:
             # Expected subject sequence 0: the server refuses a second JobSubmitted for this id.
             result = await self.log.append_ack(
-                subjects.job(job_id), event, msg_id=f"{job_id}:0:JobSubmitted", source=self.config.source,
+                subjects.job(job_id),
+                event,
+                msg_id=f"{job_id}:0:JobSubmitted",
+                source=self.config.source,
                 expected_last_subject_seq=0,
             )
         except AppendConflict:
@@ -140,8 +149,10 @@ class Handlers:
             return await self._replayed_after_conflict(job_id, spec, key)
         except LogUnavailable as exc:
             self.submissions["unavailable"] += 1
-            return unavailable(f"the event log did not acknowledge the submission ({exc}); retry with the "
-                               "same Idempotency-Key to avoid a duplicate job")
+            return unavailable(
+                f"the event log did not acknowledge the submission ({exc}); retry with the "
+                "same Idempotency-Key to avoid a duplicate job"
+            )
 
         await self.follower.wait_for_seq(result.seq, self.config.fold_wait_s)
         job = self.state.jobs.get(job_id)
@@ -181,10 +192,13 @@ class Handlers:
             # Same key, different request: answering 202 would hide that the new spec was never run.
             self.submissions["invalid"] += 1
             return problem(
-                422, "Idempotency key reused",
+                422,
+                "Idempotency key reused",
                 f"Idempotency-Key {key!r} was already used for job {job.job_id} with a different spec; "
-                "use a new key for a new job", slug="idempotency-key-reused",
-                field="idempotency_key", job_id=job.job_id,
+                "use a new key for a new job",
+                slug="idempotency-key-reused",
+                field="idempotency_key",
+                job_id=job.job_id,
             )
         self.submissions["replayed"] += 1
         return self._accepted(job.job_id, job.submitted_seq, job, replayed=True)
@@ -193,8 +207,12 @@ class Handlers:
         headers = {"Location": f"/v1/jobs/{job_id}"}
         if replayed:
             headers[IDEMPOTENT_REPLAYED] = "true"
-        body = {"job_id": job_id, "seq": seq, "state": job.state if job is not None else "pending",
-                "links": job_links(job_id)}
+        body = {
+            "job_id": job_id,
+            "seq": seq,
+            "state": job.state if job is not None else "pending",
+            "links": job_links(job_id),
+        }
         return json_response(body, status=202, headers=headers)
 
     # -- jobs: read and cancel -------------------------------------------------------------------------
@@ -220,35 +238,55 @@ class Handlers:
             states = {s.strip() for s in query["state"].split(",") if s.strip()}
             unknown = sorted(states - JOB_STATES)
             if unknown:
-                return problem(400, "Invalid query parameter", f"unknown state {unknown[0]!r}; one of "
-                               f"{', '.join(sorted(JOB_STATES))}", slug="invalid-query", field="state")
+                return problem(
+                    400,
+                    "Invalid query parameter",
+                    f"unknown state {unknown[0]!r}; one of {', '.join(sorted(JOB_STATES))}",
+                    slug="invalid-query",
+                    field="state",
+                )
         team = query.get("team") or None
         try:
             limit = int(query.get("limit", DEFAULT_LIST_LIMIT))
             after = int(query.get("after", 0))
         except ValueError:
-            return problem(400, "Invalid query parameter", "limit and after must be integers",
-                           slug="invalid-query", field="limit" if "limit" in query else "after")
+            return problem(
+                400,
+                "Invalid query parameter",
+                "limit and after must be integers",
+                slug="invalid-query",
+                field="limit" if "limit" in query else "after",
+            )
         if not 1 <= limit <= MAX_LIST_LIMIT:
-            return problem(400, "Invalid query parameter", f"limit must be between 1 and {MAX_LIST_LIMIT}",
-                           slug="invalid-query", field="limit")
+            return problem(
+                400,
+                "Invalid query parameter",
+                f"limit must be between 1 and {MAX_LIST_LIMIT}",
+                slug="invalid-query",
+                field="limit",
+            )
 
         matching = sorted(
-            (j for j in self.state.jobs.values()
-             if j.submitted_seq > after
-             and (states is None or j.state in states)
-             and (team is None or j.spec.team == team)),
+            (
+                j
+                for j in self.state.jobs.values()
+                if j.submitted_seq > after
+                and (states is None or j.state in states)
+                and (team is None or j.spec.team == team)
+            ),
             key=lambda j: j.submitted_seq,
         )
         page = matching[:limit]
         positions = queue_positions(self.state)
-        return json_response({
-            "jobs": [render_job(j, positions) for j in page],
-            "count": len(page),
-            # Cursor for the next page: pass it back as ?after=; null when this page is the last.
-            "next_after": page[-1].submitted_seq if len(matching) > limit else None,
-            "seq": self.state.last_seq,
-        })
+        return json_response(
+            {
+                "jobs": [render_job(j, positions) for j in page],
+                "count": len(page),
+                # Cursor for the next page: pass it back as ?after=; null when this page is the last.
+                "next_after": page[-1].submitted_seq if len(matching) > limit else None,
+                "seq": self.state.last_seq,
+            }
+        )
 
     async def cancel_job(self, request: web.Request) -> web.Response:
         if (not_ready := await self._ready()) is not None:
@@ -257,21 +295,35 @@ class Handlers:
         if job is None:
             return not_found("job", job_id)
         if job.terminal:
-            return problem(409, "Job already finished",
-                           f"job {job_id} is already {job.state}; nothing to cancel",
-                           slug="job-terminal", state=job.state)
-        event = JobCancelRequested(job_id=job_id, at=time.time(),
-                                   requested_by=request.headers.get("X-Rally-User", "user"))
+            return problem(
+                409,
+                "Job already finished",
+                f"job {job_id} is already {job.state}; nothing to cancel",
+                slug="job-terminal",
+                state=job.state,
+            )
+        event = JobCancelRequested(
+            job_id=job_id, at=time.time(), requested_by=request.headers.get("X-Rally-User", "user")
+        )
         try:
             # One cancel per job: a second DELETE within the duplicate window is de-duplicated by the server.
-            seq = await self.log.append(subjects.job(job_id), event, msg_id=f"{job_id}:cancel",
-                                        source=self.config.source)
+            seq = await self.log.append(
+                subjects.job(job_id), event, msg_id=f"{job_id}:cancel", source=self.config.source
+            )
         except LogUnavailable as exc:
             return unavailable(f"the event log did not acknowledge the cancellation ({exc}); retry")
         await self.follower.wait_for_seq(seq, self.config.fold_wait_s)
         current = self.state.jobs.get(job_id, job)
-        return json_response({"job_id": job_id, "seq": seq, "state": current.state, "cancel_requested": True,
-                              "links": job_links(job_id)}, status=202)
+        return json_response(
+            {
+                "job_id": job_id,
+                "seq": seq,
+                "state": current.state,
+                "cancel_requested": True,
+                "links": job_links(job_id),
+            },
+            status=202,
+        )
 
     # -- cluster, state, operations --------------------------------------------------------------------
 
@@ -288,8 +340,11 @@ class Handlers:
 
     async def healthz(self, request: web.Request) -> web.Response:
         ok = self.follower.running and self.follower.caught_up.is_set()
-        body = {"status": "ok" if ok else "starting" if self.follower.running else "down",
-                "seq": self.state.last_seq, "following": self.follower.following}
+        body = {
+            "status": "ok" if ok else "starting" if self.follower.running else "down",
+            "seq": self.state.last_seq,
+            "following": self.follower.following,
+        }
         return json_response(body, status=200 if ok else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -305,8 +360,9 @@ def _unwrap_cloudevent(envelope: object) -> tuple[object, str]:
     if not isinstance(envelope, dict):
         raise SpecError("body", "a CloudEvent must be a JSON object")
     if envelope.get("specversion") != "1.0":
-        raise SpecError("specversion",
-                        f"CloudEvents specversion must be '1.0', got {envelope.get('specversion')!r}")
+        raise SpecError(
+            "specversion", f"CloudEvents specversion must be '1.0', got {envelope.get('specversion')!r}"
+        )
     for attribute in ("id", "source", "type"):
         value = envelope.get(attribute)
         if not isinstance(value, str) or not value:
@@ -333,8 +389,9 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         if exc.status < 400 or exc.content_type == PROBLEM_JSON:
             raise
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-        return problem(exc.status, exc.reason, exc.text or exc.reason, slug=f"http-{exc.status}",
-                       headers=headers)
+        return problem(
+            exc.status, exc.reason, exc.text or exc.reason, slug=f"http-{exc.status}", headers=headers
+        )
     except asyncio.CancelledError:
         raise
     except Exception:
@@ -342,8 +399,9 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         return problem(500, "Internal error", "unexpected error; see the API's log", slug="internal")
 
 
-def build_app(log: EventLog, *, config: ApiConfig | None = None,
-              follower: FoldFollower | None = None) -> web.Application:
+def build_app(
+    log: EventLog, *, config: ApiConfig | None = None, follower: FoldFollower | None = None
+) -> web.Application:
     """The application over ``log``; it starts following the log on startup and stops on cleanup.
 
     The caller owns ``log`` (connects and closes it), so tests can hand in the fixture's log.

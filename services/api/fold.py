@@ -72,8 +72,12 @@ class FoldFollower:
                 # writes fail on their own with LogUnavailable.
                 self.following = False
                 self.failures += 1
-                _log.warning("following the log failed at seq %d: %s: %s; retrying",
-                             self.state.last_seq, type(exc).__name__, exc)
+                _log.warning(
+                    "following the log failed at seq %d: %s: %s; retrying",
+                    self.state.last_seq,
+                    type(exc).__name__,
+                    exc,
+                )
                 await asyncio.sleep(RETRY_DELAY_S)
 
     # -- waiting ---------------------------------------------------------------------------------

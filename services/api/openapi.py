@@ -19,8 +19,7 @@ def _ref(name: str) -> dict[str, str]:
 
 
 def _problem(description: str) -> dict[str, Any]:
-    return {"description": description,
-            "content": {"application/problem+json": {"schema": _ref("Problem")}}}
+    return {"description": description, "content": {"application/problem+json": {"schema": _ref("Problem")}}}
 
 
 def _json(description: str, schema: dict[str, Any], headers: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -44,23 +43,34 @@ _SCHEMAS: dict[str, Any] = {
             "name": {"type": "string", "pattern": r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"},
             "team": {"type": "string", "pattern": r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$"},
             "gpus": {"type": "integer", "minimum": 1, "description": "Size of the gang: all or nothing."},
-            "gpus_per_task": {"type": "integer", "minimum": 1,
-                              "description": "GPUs of one task (one node). Default min(gpus, GPUs per node); "
-                                             "must divide gpus."},
-            "ranks_per_task": {"type": "integer", "minimum": 1,
-                               "description": "Processes per task. Default gpus_per_task; must divide it."},
+            "gpus_per_task": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "GPUs of one task (one node). Default min(gpus, GPUs per node); "
+                "must divide gpus.",
+            },
+            "ranks_per_task": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "Processes per task. Default gpus_per_task; must divide it.",
+            },
             "command": {"type": "array", "minItems": 1, "items": {"type": "string"}},
             "priority": {"type": "string", "enum": list(PRIORITY_CLASSES), "default": "training-standard"},
-            "env": {"type": "object", "additionalProperties": {"type": "string"},
-                    "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}},
+            "env": {
+                "type": "object",
+                "additionalProperties": {"type": "string"},
+                "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+            },
             "time_limit_s": {"type": ["integer", "null"], "exclusiveMinimum": 0},
             "gpu_type": _NULLABLE_STR,
             "topology_required": _TOPOLOGY,
             "topology_preferred": {**_TOPOLOGY, "description": "No wider than topology_required."},
             "min_gpus": {**_NULLABLE_INT, "description": "Elastic jobs: smallest size (default gpus)."},
             "max_gpus": {**_NULLABLE_INT, "description": "Elastic jobs: largest size (default gpus)."},
-            "gpu_step": {**_NULLABLE_INT,
-                         "description": "Elastic jobs: size step, a multiple of gpus_per_task."},
+            "gpu_step": {
+                **_NULLABLE_INT,
+                "description": "Elastic jobs: size step, a multiple of gpus_per_task.",
+            },
             "checkpoint_dir": _NULLABLE_STR,
             "max_retries": {"type": "integer", "minimum": 0, "maximum": 100, "default": 0},
         },
@@ -68,7 +78,7 @@ _SCHEMAS: dict[str, Any] = {
     "CloudEvent": {
         "type": "object",
         "description": "CloudEvents 1.0 structured mode; `id` is the idempotency key unless the "
-                       "Idempotency-Key header is sent.",
+        "Idempotency-Key header is sent.",
         "required": ["specversion", "id", "source", "type", "data"],
         "properties": {
             "specversion": {"const": "1.0"},
@@ -100,8 +110,11 @@ _SCHEMAS: dict[str, Any] = {
     },
     "Placement": {
         "type": "object",
-        "properties": {"task": {"type": "integer"}, "node_id": {"type": "string"},
-                       "gpus": {"type": "array", "items": {"type": "integer"}}},
+        "properties": {
+            "task": {"type": "integer"},
+            "node_id": {"type": "string"},
+            "gpus": {"type": "array", "items": {"type": "integer"}},
+        },
     },
     "Job": {
         "type": "object",
@@ -124,8 +137,10 @@ _SCHEMAS: dict[str, Any] = {
                     "message": {"type": "string"},
                 },
             },
-            "queue_position": {**_NULLABLE_INT,
-                               "description": "1-based, among pending jobs in arrival order."},
+            "queue_position": {
+                **_NULLABLE_INT,
+                "description": "1-based, among pending jobs in arrival order.",
+            },
             "allocation": {"type": "array", "items": _ref("Placement")},
             "nodes": {"type": "array", "items": {"type": "string"}},
             "submitted_at": {"type": "number", "description": "Unix seconds."},
@@ -163,24 +178,36 @@ _SCHEMAS: dict[str, Any] = {
             "status": {"type": "string", "enum": ["up", "unreachable", "drained", "lost"]},
             "status_reason": _NULLABLE_STR,
             "gpu_type": {"type": "string"},
-            "gpus": {"type": "object", "properties": {
-                "total": {"type": "integer"}, "free": {"type": "integer"}, "allocated": {"type": "integer"},
-            }},
+            "gpus": {
+                "type": "object",
+                "properties": {
+                    "total": {"type": "integer"},
+                    "free": {"type": "integer"},
+                    "allocated": {"type": "integer"},
+                },
+            },
             "jobs": {"type": "array", "items": {"type": "string"}},
             "registered_at": {"type": "number"},
         },
     },
     "NodeList": {
         "type": "object",
-        "properties": {"nodes": {"type": "array", "items": _ref("Node")}, "count": {"type": "integer"},
-                       "seq": {"type": "integer"}},
+        "properties": {
+            "nodes": {"type": "array", "items": _ref("Node")},
+            "count": {"type": "integer"},
+            "seq": {"type": "integer"},
+        },
     },
     "State": {
         "type": "object",
         "required": ["seq", "hash"],
-        "properties": {"seq": {"type": "integer", "description": "Last stream sequence folded."},
-                       "hash": {"type": "string", "description": "ClusterState.hash(): sha256 hex; equals "
-                                                                 "`rally replay --to seq`."}},
+        "properties": {
+            "seq": {"type": "integer", "description": "Last stream sequence folded."},
+            "hash": {
+                "type": "string",
+                "description": "ClusterState.hash(): sha256 hex; equals `rally replay --to seq`.",
+            },
+        },
     },
     "Problem": {
         "type": "object",
@@ -192,15 +219,24 @@ _SCHEMAS: dict[str, Any] = {
             "status": {"type": "integer"},
             "detail": {"type": "string"},
             "field": {"type": "string", "description": "The offending field (validation problems)."},
-            "invalid_params": {"type": "array", "items": {
-                "type": "object", "properties": {"name": {"type": "string"}, "reason": {"type": "string"}}}},
+            "invalid_params": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}, "reason": {"type": "string"}},
+                },
+            },
         },
     },
 }
 
 _JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
-_REPLAYED = {"Idempotent-Replayed": {"description": "`true` when the job already existed (a retry).",
-                                     "schema": {"type": "string", "enum": ["true"]}}}
+_REPLAYED = {
+    "Idempotent-Replayed": {
+        "description": "`true` when the job already existed (a retry).",
+        "schema": {"type": "string", "enum": ["true"]},
+    }
+}
 
 
 def openapi_document() -> dict[str, Any]:
@@ -210,27 +246,41 @@ def openapi_document() -> dict[str, Any]:
             "title": "Rallypoint API",
             "version": "1",
             "description": "Submit and inspect gang-scheduled training jobs. Writes are appended to the "
-                           "event log and answered once acknowledged; reads come from this instance's fold "
-                           "of the log.",
+            "event log and answered once acknowledged; reads come from this instance's fold "
+            "of the log.",
         },
         "paths": {
             "/v1/jobs": {
                 "post": {
                     "operationId": "submitJob",
                     "summary": "Submit a job (idempotent with Idempotency-Key or a CloudEvent id)",
-                    "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
-                                    "schema": {"type": "string", "maxLength": 255}}],
-                    "requestBody": {"required": True, "content": {
-                        "application/json": {"schema": _ref("JobSpec")},
-                        "application/cloudevents+json": {"schema": _ref("CloudEvent")},
-                    }},
+                    "parameters": [
+                        {
+                            "name": "Idempotency-Key",
+                            "in": "header",
+                            "required": False,
+                            "schema": {"type": "string", "maxLength": 255},
+                        }
+                    ],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {"schema": _ref("JobSpec")},
+                            "application/cloudevents+json": {"schema": _ref("CloudEvent")},
+                        },
+                    },
                     "responses": {
-                        "202": _json("Appended to the log (or already there: see Idempotent-Replayed).",
-                                     _ref("Accepted"), _REPLAYED),
+                        "202": _json(
+                            "Appended to the log (or already there: see Idempotent-Replayed).",
+                            _ref("Accepted"),
+                            _REPLAYED,
+                        ),
                         "400": _problem("Body is not JSON."),
                         "415": _problem("CloudEvents batch mode."),
-                        "422": _problem("Invalid spec, larger than the cluster, or a reused key with "
-                                        "another spec; nothing was appended."),
+                        "422": _problem(
+                            "Invalid spec, larger than the cluster, or a reused key with "
+                            "another spec; nothing was appended."
+                        ),
                         "503": _problem("The event log did not acknowledge; retry with the same key."),
                     },
                 },
@@ -238,13 +288,24 @@ def openapi_document() -> dict[str, Any]:
                     "operationId": "listJobs",
                     "summary": "List jobs in submission order",
                     "parameters": [
-                        {"name": "state", "in": "query", "schema": {"type": "string"},
-                         "description": "Comma-separated states, e.g. `pending,running`."},
+                        {
+                            "name": "state",
+                            "in": "query",
+                            "schema": {"type": "string"},
+                            "description": "Comma-separated states, e.g. `pending,running`.",
+                        },
                         {"name": "team", "in": "query", "schema": {"type": "string"}},
-                        {"name": "limit", "in": "query",
-                         "schema": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 1000}},
-                        {"name": "after", "in": "query", "schema": {"type": "integer", "default": 0},
-                         "description": "Only jobs submitted after this stream sequence (paging cursor)."},
+                        {
+                            "name": "limit",
+                            "in": "query",
+                            "schema": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 1000},
+                        },
+                        {
+                            "name": "after",
+                            "in": "query",
+                            "schema": {"type": "integer", "default": 0},
+                            "description": "Only jobs submitted after this stream sequence (paging cursor).",
+                        },
                     ],
                     "responses": {"200": _json("Jobs.", _ref("JobList")), "400": _problem("Bad query.")},
                 },
@@ -267,22 +328,49 @@ def openapi_document() -> dict[str, Any]:
                     },
                 },
             },
-            "/v1/nodes": {"get": {"operationId": "listNodes", "summary": "Registered nodes",
-                                  "responses": {"200": _json("Nodes.", _ref("NodeList"))}}},
-            "/v1/state": {"get": {"operationId": "getState", "summary": "Fold position and state hash",
-                                  "responses": {"200": _json("Position and hash.", _ref("State"))}}},
-            "/v1/openapi.json": {"get": {"operationId": "getOpenApi", "summary": "This document",
-                                         "responses": {"200": {"description": "OpenAPI 3.1 document."}}}},
-            "/healthz": {"get": {
-                "operationId": "health", "summary": "200 once the log is replayed",
-                "responses": {"200": {"description": "Serving."},
-                              "503": {"description": "Still replaying, or not following."}},
-            }},
-            "/metrics": {"get": {
-                "operationId": "metrics", "summary": "Prometheus metrics",
-                "responses": {"200": {"description": "Text exposition format.",
-                                      "content": {"text/plain": {"schema": {"type": "string"}}}}},
-            }},
+            "/v1/nodes": {
+                "get": {
+                    "operationId": "listNodes",
+                    "summary": "Registered nodes",
+                    "responses": {"200": _json("Nodes.", _ref("NodeList"))},
+                }
+            },
+            "/v1/state": {
+                "get": {
+                    "operationId": "getState",
+                    "summary": "Fold position and state hash",
+                    "responses": {"200": _json("Position and hash.", _ref("State"))},
+                }
+            },
+            "/v1/openapi.json": {
+                "get": {
+                    "operationId": "getOpenApi",
+                    "summary": "This document",
+                    "responses": {"200": {"description": "OpenAPI 3.1 document."}},
+                }
+            },
+            "/healthz": {
+                "get": {
+                    "operationId": "health",
+                    "summary": "200 once the log is replayed",
+                    "responses": {
+                        "200": {"description": "Serving."},
+                        "503": {"description": "Still replaying, or not following."},
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "operationId": "metrics",
+                    "summary": "Prometheus metrics",
+                    "responses": {
+                        "200": {
+                            "description": "Text exposition format.",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        }
+                    },
+                }
+            },
         },
         "components": {"schemas": _SCHEMAS},
     }

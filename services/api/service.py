@@ -23,16 +23,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_args(parser)
     parser.add_argument("--http-host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--http-port", type=int, default=8080, help="port to listen on")
-    parser.add_argument("--max-gpus-per-node", type=int, default=DEFAULT_MAX_GPUS_PER_NODE,
-                        help="task size bound used until a node has registered (default %(default)s)")
+    parser.add_argument(
+        "--max-gpus-per-node",
+        type=int,
+        default=DEFAULT_MAX_GPUS_PER_NODE,
+        help="task size bound used until a node has registered (default %(default)s)",
+    )
     return parser
 
 
 def make_main(args: argparse.Namespace) -> MainFn:
     async def serve(ctx: ServiceContext) -> int:
         log = await ctx.event_log()
-        config = ApiConfig(source=f"rallypoint/api/{ctx.config.instance}",
-                           max_gpus_per_node=args.max_gpus_per_node)
+        config = ApiConfig(
+            source=f"rallypoint/api/{ctx.config.instance}", max_gpus_per_node=args.max_gpus_per_node
+        )
         runner = web.AppRunner(build_app(log, config=config), access_log=None)
         await runner.setup()
         # Registered after the NATS connection, so it runs first on exit: stop HTTP, then drain NATS.

@@ -1,4 +1,7 @@
-"""`rally serve checkpoint`: follows the log and keeps the shared state; its decisions arrive with later issues."""
+"""`rally serve checkpoint`: follows the log and keeps the shared state.
+
+Its decisions (manifests, verification, garbage collection) arrive with a later issue.
+"""
 
 from __future__ import annotations
 

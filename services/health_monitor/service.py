@@ -1,4 +1,4 @@
-"""`rally serve health-monitor`: heartbeats in, NodeHeartbeatLost / NodeLost / NodeRecovered / NodeDrained out."""
+"""`rally serve health-monitor`: heartbeats in; node lost, recovered and drained events out."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from collections.abc import Sequence
 import msgspec
 from nats.aio.msg import Msg
 
-from rallypoint.protocol import Heartbeat
 from rallypoint.eventlog import EventLogError
 from rallypoint.events import subjects
 from rallypoint.health import HealthPolicy, assess
+from rallypoint.protocol import Heartbeat
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.follower import Follower
 from rallypoint.runtime.following import with_follower
@@ -27,13 +27,18 @@ SOURCE = "rallypoint/health-monitor"
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rally serve health-monitor", description=__doc__)
     add_common_args(parser)
-    parser.add_argument("--unreachable-after", type=float, default=5.0, help="seconds of silence: unreachable")
+    parser.add_argument(
+        "--unreachable-after", type=float, default=5.0, help="seconds of silence: unreachable"
+    )
     parser.add_argument("--lost-after", type=float, default=30.0, help="seconds of silence: lost")
     parser.add_argument("--max-temperature", type=float, default=90.0, help="GPU temperature that drains, C")
     args = parser.parse_args(argv)
     config = ServiceConfig.from_args("health-monitor", args)
-    policy = HealthPolicy(unreachable_after_s=args.unreachable_after, lost_after_s=args.lost_after,
-                          max_temperature_c=args.max_temperature)
+    policy = HealthPolicy(
+        unreachable_after_s=args.unreachable_after,
+        lost_after_s=args.lost_after,
+        max_temperature_c=args.max_temperature,
+    )
 
     async def run(ctx: ServiceContext) -> int:
         nc = await ctx.nats()
@@ -55,12 +60,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             await nc.subscribe(subjects.HEARTBEATS, cb=on_heartbeat)
             log = follower.log
             while not ctx.stopping:
-                decisions = assess(list(follower.state.nodes.values()), last_beats, last_seen, time.time(),
-                                   policy, watching_since=watching_since)
+                decisions = assess(
+                    list(follower.state.nodes.values()),
+                    last_beats,
+                    last_seen,
+                    time.time(),
+                    policy,
+                    watching_since=watching_since,
+                )
                 for decision in decisions:
                     try:
-                        seq = await log.append(subjects.node(decision.node_id),
-                                               decision.event, msg_id=decision.msg_id, source=SOURCE)
+                        seq = await log.append(
+                            subjects.node(decision.node_id),
+                            decision.event,
+                            msg_id=decision.msg_id,
+                            source=SOURCE,
+                        )
                         await follower.wait_for(seq)
                     except (EventLogError, TimeoutError) as exc:
                         _log.warning("could not record %s: %s", type(decision.event).__name__, exc)

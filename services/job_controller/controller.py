@@ -17,10 +17,10 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from rallypoint.protocol import KillReply, KillTask, LaunchReply, LaunchTask
 from rallypoint.control import Action, Append, Kill, Launch, owned_by, reconcile
 from rallypoint.eventlog import EventLog, EventLogError
 from rallypoint.events import Event, subjects
+from rallypoint.protocol import KillReply, KillTask, LaunchReply, LaunchTask
 from rallypoint.runtime.follower import Follower
 
 _log = logging.getLogger("rallypoint.job_controller")
@@ -111,14 +111,20 @@ class JobController:
                 return
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
-                _log.warning("job %s attempt %d: ranks did not all report an exit; proceeding", job_id, attempt)
+                _log.warning(
+                    "job %s attempt %d: ranks did not all report an exit; proceeding", job_id, attempt
+                )
                 return
             await self.follower.next_change(min(remaining, 1.0))
 
     async def _append(self, job_id: str, event: Event) -> None:
         job = self.follower.state.jobs[job_id]
-        seq = await self.log.append(subjects.job(job_id), event, source=SOURCE,
-                                    msg_id=f"{job_id}:{job.attempt}:{type(event).__name__}")
+        seq = await self.log.append(
+            subjects.job(job_id),
+            event,
+            source=SOURCE,
+            msg_id=f"{job_id}:{job.attempt}:{type(event).__name__}",
+        )
         await self.follower.wait_for(seq)
 
     async def _request(self, subject: str, payload: msgspec.Struct) -> bytes | None:

@@ -28,8 +28,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_common_args(parser)
     parser.add_argument("--shard", type=_shard, default=(0, 1), help="this replica's share of jobs, I/N")
     parser.add_argument("--command-timeout", type=float, default=5.0, help="seconds to wait for an agent")
-    parser.add_argument("--preemption-grace", type=float, default=30.0,
-                        help="seconds a preempted rank gets after SIGTERM to checkpoint (default 30)")
+    parser.add_argument(
+        "--preemption-grace",
+        type=float,
+        default=30.0,
+        help="seconds a preempted rank gets after SIGTERM to checkpoint (default 30)",
+    )
     args = parser.parse_args(argv)
     config = ServiceConfig.from_args("job-controller", args)
 
@@ -39,9 +43,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         await follower.catch_up()
         following = asyncio.create_task(follower.run())
         shard, shards = args.shard
-        controller = JobController(await ctx.nats(), log, follower, shard=shard, shards=shards,
-                                   command_timeout=args.command_timeout,
-                                   preemption_grace_s=args.preemption_grace)
+        controller = JobController(
+            await ctx.nats(),
+            log,
+            follower,
+            shard=shard,
+            shards=shards,
+            command_timeout=args.command_timeout,
+            preemption_grace_s=args.preemption_grace,
+        )
         try:
             await controller.run(ctx.stop)
         finally:

@@ -26,15 +26,30 @@ SOURCE = "rallypoint/preemption"
 
 
 class PreemptionLoop:
-    def __init__(self, log: EventLog, follower: Follower, *, instance: str, policy: SchedulingPolicy,
-                 clock: Callable[[], float] = time.time, tick_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        log: EventLog,
+        follower: Follower,
+        *,
+        instance: str,
+        policy: SchedulingPolicy,
+        clock: Callable[[], float] = time.time,
+        tick_s: float = 1.0,
+    ) -> None:
         self.follower = follower
         self.policy = policy
         self.clock = clock
         self.tick_s = tick_s
-        self.writer = FencedWriter(log, follower, role="preemption", tree=subjects.PREEMPTION_TREE,
-                                   epoch_subject=subjects.PREEMPTION_EPOCH, instance=instance, source=SOURCE,
-                                   clock=clock)
+        self.writer = FencedWriter(
+            log,
+            follower,
+            role="preemption",
+            tree=subjects.PREEMPTION_TREE,
+            epoch_subject=subjects.PREEMPTION_EPOCH,
+            instance=instance,
+            source=SOURCE,
+            clock=clock,
+        )
 
     async def cycle(self) -> int:
         await self.follower.wait_for(self.writer.fence)
@@ -43,8 +58,9 @@ class PreemptionLoop:
             return 0
         now = self.clock()
         decisions = self.policy.decide(state, now)
-        writes = preemption_writes(decisions, state, epoch=self.writer.epoch, policy_version=self.policy.version,
-                                   at=now)
+        writes = preemption_writes(
+            decisions, state, epoch=self.writer.epoch, policy_version=self.policy.version, at=now
+        )
         for write in writes:
             _log.info("requesting preemption: %s", write.msg_id)
             await self.writer.append(write.subject, write.event, write.msg_id)

@@ -16,7 +16,9 @@ from .loop import PreemptionLoop, preempt_while_elected
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rally serve preemption", description=__doc__)
     add_common_args(parser)
-    parser.add_argument("--policy", default="rallypoint", help="core policy name (must match the scheduler's)")
+    parser.add_argument(
+        "--policy", default="rallypoint", help="core policy name (must match the scheduler's)"
+    )
     parser.add_argument("--queues", default=None, help="queue and quota configuration (JSON or YAML)")
     parser.add_argument("--lease-ttl", type=float, default=3.0, help="leader lease TTL in seconds")
     args = parser.parse_args(argv)

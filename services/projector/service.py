@@ -18,16 +18,31 @@ from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, r
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rally serve projector", description=__doc__)
     add_common_args(parser)
-    parser.add_argument("--postgres-dsn", default=os.environ.get("RALLY_POSTGRES_DSN"),
-                        help="PostgreSQL DSN of the read models (env RALLY_POSTGRES_DSN)")
-    parser.add_argument("--name", default=DEFAULT_NAME,
-                        help="projection name, the key of its position row (default %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=500,
-                        help="most events per transaction (default %(default)s)")
-    parser.add_argument("--batch-wait-ms", type=float, default=50.0,
-                        help="longest wait for a batch to fill after its first event (default %(default)s)")
-    parser.add_argument("--snapshot-every", type=int, default=50_000,
-                        help="store the in-memory fold every N events, 0 to never (default %(default)s)")
+    parser.add_argument(
+        "--postgres-dsn",
+        default=os.environ.get("RALLY_POSTGRES_DSN"),
+        help="PostgreSQL DSN of the read models (env RALLY_POSTGRES_DSN)",
+    )
+    parser.add_argument(
+        "--name",
+        default=DEFAULT_NAME,
+        help="projection name, the key of its position row (default %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=500, help="most events per transaction (default %(default)s)"
+    )
+    parser.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=50.0,
+        help="longest wait for a batch to fill after its first event (default %(default)s)",
+    )
+    parser.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=50_000,
+        help="store the in-memory fold every N events, 0 to never (default %(default)s)",
+    )
     return parser
 
 
@@ -40,8 +55,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     async def run(ctx: ServiceContext) -> int:
         log = await ctx.event_log()
-        projector = Projector(log, args.postgres_dsn, name=args.name, batch_size=args.batch_size,
-                              batch_wait=args.batch_wait_ms / 1000.0, snapshot_every=args.snapshot_every)
+        projector = Projector(
+            log,
+            args.postgres_dsn,
+            name=args.name,
+            batch_size=args.batch_size,
+            batch_wait=args.batch_wait_ms / 1000.0,
+            snapshot_every=args.snapshot_every,
+        )
         ctx.stack.push_async_callback(projector.close)
         await projector.run(ctx.stop)
         return 0

@@ -17,10 +17,10 @@ from collections.abc import Callable
 
 from rallypoint.eventlog import AppendConflict, EventLog, LogUnavailable
 from rallypoint.events import JobRejected, subjects
-from rallypoint.scheduling import SchedulingPolicy, decision_writes, jobs_that_can_never_fit
 from rallypoint.runtime import LeaderLease
 from rallypoint.runtime.fencing import FencedWriter
 from rallypoint.runtime.follower import Follower
+from rallypoint.scheduling import SchedulingPolicy, decision_writes, jobs_that_can_never_fit
 from rallypoint.state import ClusterState
 
 _log = logging.getLogger("rallypoint.scheduler")
@@ -45,8 +45,16 @@ class SchedulerLoop:
         self.policy = policy
         self.clock = clock
         self.tick_s = tick_s
-        self.writer = FencedWriter(log, follower, role="scheduler", tree=subjects.SCHEDULER_TREE,
-                                   epoch_subject=subjects.EPOCH, instance=instance, source=SOURCE, clock=clock)
+        self.writer = FencedWriter(
+            log,
+            follower,
+            role="scheduler",
+            tree=subjects.SCHEDULER_TREE,
+            epoch_subject=subjects.EPOCH,
+            instance=instance,
+            source=SOURCE,
+            clock=clock,
+        )
         self.cycles = 0
 
     @property
@@ -68,18 +76,24 @@ class SchedulerLoop:
         writes = 0
         for job in jobs_that_can_never_fit(state):
             total = state.total_gpus()
-            rejected = JobRejected(job_id=job.job_id, field="gpus", at=now,
-                                   reason=f"asks for {job.spec.gpus} GPUs; the cluster has {total}")
-            await self.log.append(subjects.job(job.job_id), rejected, msg_id=f"{job.job_id}:0:JobRejected",
-                                  source=SOURCE)
+            rejected = JobRejected(
+                job_id=job.job_id,
+                field="gpus",
+                at=now,
+                reason=f"asks for {job.spec.gpus} GPUs; the cluster has {total}",
+            )
+            await self.log.append(
+                subjects.job(job.job_id), rejected, msg_id=f"{job.job_id}:0:JobRejected", source=SOURCE
+            )
             writes += 1
         if writes:
             await self.follower.wait_for(await self.log.last_seq())
         if not state.pending_jobs():
             return writes
         decisions = self.policy.decide(state, now)
-        for write in decision_writes(decisions, state, epoch=self.epoch,
-                                     policy_version=self.policy.version, at=now):
+        for write in decision_writes(
+            decisions, state, epoch=self.epoch, policy_version=self.policy.version, at=now
+        ):
             await self.writer.append(write.subject, write.event, write.msg_id)
             writes += 1
         self.cycles += 1

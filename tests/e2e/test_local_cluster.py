@@ -41,12 +41,36 @@ def probes(tmp_path: Path) -> Path:
     return tmp_path / "ranks"
 
 
-def submit(cluster: LocalCluster, name: str, gpus: int, per_task: int, probes: Path, *, sleep: float = 0.5,
-           exit_code: int = 0, ranks_per_task: int | None = None) -> str:
-    command = [sys.executable, "-m", "rallypoint.localcluster.rankprobe", "--out", str(probes),
-               "--sleep", str(sleep), "--exit", str(exit_code)]
-    body = {"name": name, "team": "e2e", "gpus": gpus, "gpus_per_task": per_task,
-            "ranks_per_task": ranks_per_task or per_task, "command": command}
+def submit(
+    cluster: LocalCluster,
+    name: str,
+    gpus: int,
+    per_task: int,
+    probes: Path,
+    *,
+    sleep: float = 0.5,
+    exit_code: int = 0,
+    ranks_per_task: int | None = None,
+) -> str:
+    command = [
+        sys.executable,
+        "-m",
+        "rallypoint.localcluster.rankprobe",
+        "--out",
+        str(probes),
+        "--sleep",
+        str(sleep),
+        "--exit",
+        str(exit_code),
+    ]
+    body = {
+        "name": name,
+        "team": "e2e",
+        "gpus": gpus,
+        "gpus_per_task": per_task,
+        "ranks_per_task": ranks_per_task or per_task,
+        "command": command,
+    }
     status, answer = call("POST", f"{cluster.api_url}/v1/jobs", body)
     assert status == 202, answer
     return str(answer["job_id"])
@@ -83,7 +107,9 @@ def events_of(cluster: LocalCluster, job_id: str) -> list[Any]:
     return asyncio.run(read())
 
 
-def test_a_16_gpu_gang_starts_whole_and_each_rank_sees_its_own_gpus(cluster: LocalCluster, probes: Path) -> None:
+def test_a_16_gpu_gang_starts_whole_and_each_rank_sees_its_own_gpus(
+    cluster: LocalCluster, probes: Path
+) -> None:
     job_id = submit(cluster, "gang", 16, 8, probes, sleep=1.0)
     view = wait_state(cluster, job_id, TERMINAL)
     assert view["state"] == "completed"
@@ -118,7 +144,9 @@ def test_a_16_gpu_gang_starts_whole_and_each_rank_sees_its_own_gpus(cluster: Loc
     assert len({(s["MASTER_ADDR"], s["MASTER_PORT"]) for s in seen}) == 1
 
 
-def test_a_failing_rank_fails_the_job_and_a_cancel_stops_a_running_one(cluster: LocalCluster, probes: Path) -> None:
+def test_a_failing_rank_fails_the_job_and_a_cancel_stops_a_running_one(
+    cluster: LocalCluster, probes: Path
+) -> None:
     failing = submit(cluster, "fails", 2, 2, probes, exit_code=3)
     sleeper = submit(cluster, "sleeper", 4, 4, probes, sleep=300)
     view = wait_state(cluster, failing, TERMINAL)
@@ -182,12 +210,22 @@ def test_the_postgres_projection_matches_the_log(cluster: LocalCluster, probes: 
     asyncio.run(compare())
 
 
-RESTARTABLE = ("job-controller", "api", "inventory", "health-monitor", "projector", "preemption", "checkpoint",
-               "agent-node-1")
+RESTARTABLE = (
+    "job-controller",
+    "api",
+    "inventory",
+    "health-monitor",
+    "projector",
+    "preemption",
+    "checkpoint",
+    "agent-node-1",
+)
 
 
 @pytest.mark.parametrize("service", RESTARTABLE)
-def test_kill_9_of_a_service_while_jobs_run_then_restart(cluster: LocalCluster, probes: Path, service: str) -> None:
+def test_kill_9_of_a_service_while_jobs_run_then_restart(
+    cluster: LocalCluster, probes: Path, service: str
+) -> None:
     running = submit(cluster, f"survive-{service}", 8, 8, probes, sleep=3.0)
     wait_state(cluster, running, {"running"})
     cluster.kill(service, signal.SIGKILL)
@@ -202,7 +240,7 @@ def test_kill_9_of_a_service_while_jobs_run_then_restart(cluster: LocalCluster, 
 
 
 def test_killing_the_scheduler_leader_hands_over_to_the_standby(cluster: LocalCluster, probes: Path) -> None:
-    seq, _ = quiescent_seq(cluster)
+    quiescent_seq(cluster)
     before = asyncio.run(_leader(cluster))
     leader_name = before["leader_id"]
     assert leader_name in ("scheduler-1", "scheduler-2")
@@ -226,12 +264,28 @@ async def _leader(cluster: LocalCluster) -> dict[str, Any]:
     return {"epoch": state.epoch, "leader_id": state.leader_id}
 
 
-def test_a_production_gang_preempts_best_effort_work_which_is_requeued(cluster: LocalCluster, probes: Path) -> None:
+def test_a_production_gang_preempts_best_effort_work_which_is_requeued(
+    cluster: LocalCluster, probes: Path
+) -> None:
     def submit_with(name: str, gpus: int, priority: str, sleep: float) -> str:
-        command = [sys.executable, "-m", "rallypoint.localcluster.rankprobe", "--out", str(probes),
-                   "--sleep", str(sleep)]
-        body = {"name": name, "team": "e2e", "gpus": gpus, "gpus_per_task": 8, "ranks_per_task": 1,
-                "priority": priority, "command": command}
+        command = [
+            sys.executable,
+            "-m",
+            "rallypoint.localcluster.rankprobe",
+            "--out",
+            str(probes),
+            "--sleep",
+            str(sleep),
+        ]
+        body = {
+            "name": name,
+            "team": "e2e",
+            "gpus": gpus,
+            "gpus_per_task": 8,
+            "ranks_per_task": 1,
+            "priority": priority,
+            "command": command,
+        }
         status, answer = call("POST", f"{cluster.api_url}/v1/jobs", body)
         assert status == 202, answer
         return str(answer["job_id"])
@@ -256,14 +310,18 @@ def test_a_production_gang_preempts_best_effort_work_which_is_requeued(cluster: 
         assert wait_state(cluster, filler, TERMINAL, timeout=60)["state"] == "cancelled"
 
 
-def test_every_recorded_decision_recomputes_identically_from_the_log(cluster: LocalCluster, probes: Path) -> None:
+def test_every_recorded_decision_recomputes_identically_from_the_log(
+    cluster: LocalCluster, probes: Path
+) -> None:
     from rallypoint.audit import verify_decisions
     from rallypoint.cli.replay import read_history
     from rallypoint.scheduling import SchedulingPolicy
 
     wait_state(cluster, submit(cluster, "audited", 8, 8, probes), TERMINAL)
     seq, live_hash = quiescent_seq(cluster)
-    report = verify_decisions(asyncio.run(read_history(cluster.nats_url, seq)), SchedulingPolicy("rallypoint"))
+    report = verify_decisions(
+        asyncio.run(read_history(cluster.nats_url, seq)), SchedulingPolicy("rallypoint")
+    )
     assert report.decisions > 0 and report.other_policy == 0
     assert report.mismatches == []
     assert report.verified == report.decisions

@@ -20,6 +20,10 @@ import pytest
 
 from rallypoint.agent import RankLauncher, SimulatedGpus
 from rallypoint.agent.node import AgentConfig, NodeAgent
+from rallypoint.agent.workdir import read_record
+from rallypoint.eventlog import EventLog, LogUnavailable
+from rallypoint.events import Event, NodeRegistered, RankExited, subjects
+from rallypoint.infra import ManagedProcess, NatsServer
 from rallypoint.protocol import (
     Heartbeat,
     KillReply,
@@ -29,10 +33,6 @@ from rallypoint.protocol import (
     RankSpec,
     StatusReply,
 )
-from rallypoint.agent.workdir import read_record
-from rallypoint.eventlog import EventLog, LogUnavailable
-from rallypoint.events import Event, NodeRegistered, RankExited, subjects
-from rallypoint.infra import ManagedProcess, NatsServer
 
 PY = sys.executable
 NODE = "node-1"
@@ -42,11 +42,36 @@ class Agent:
     """One agent process; ``stop()`` is SIGTERM, ``crash()`` SIGKILL."""
 
     def __init__(self, url: str, work_dir: Path, log_path: Path, *extra: str) -> None:
-        argv = [PY, "-m", "rallypoint_services.agent", "--nats-url", url, "--node-id", NODE,
-                "--rack", "rack-3", "--spine", "spine-1", "--gpus", "4", "--nvlink-domain-size", "2",
-                "--gpu-type", "sim-h100", "--backend", "sim", "--address", "127.0.0.1",
-                "--work-dir", str(work_dir),
-                "--heartbeat-interval", "0.2", "--log-format", "text", *extra]
+        argv = [
+            PY,
+            "-m",
+            "rallypoint_services.agent",
+            "--nats-url",
+            url,
+            "--node-id",
+            NODE,
+            "--rack",
+            "rack-3",
+            "--spine",
+            "spine-1",
+            "--gpus",
+            "4",
+            "--nvlink-domain-size",
+            "2",
+            "--gpu-type",
+            "sim-h100",
+            "--backend",
+            "sim",
+            "--address",
+            "127.0.0.1",
+            "--work-dir",
+            str(work_dir),
+            "--heartbeat-interval",
+            "0.2",
+            "--log-format",
+            "text",
+            *extra,
+        ]
         self.proc = ManagedProcess(argv, log_path=log_path)
 
     async def stop(self) -> int | None:
@@ -58,8 +83,9 @@ class Agent:
 
 
 @pytest.fixture
-async def agent_env(event_log: EventLog, nats_server: NatsServer, tmp_path: Path
-                    ) -> AsyncIterator[Callable[..., Agent]]:
+async def agent_env(
+    event_log: EventLog, nats_server: NatsServer, tmp_path: Path
+) -> AsyncIterator[Callable[..., Agent]]:
     started: list[Agent] = []
     work_dir = tmp_path / "work"
 
@@ -113,10 +139,16 @@ def _span(rank: int, width: int) -> tuple[int, ...]:
 
 def task(job_id: str, command: list[str], *, ranks: int = 2, gpus_per_rank: int = 1) -> LaunchTask:
     return LaunchTask(
-        job_id=job_id, attempt=0, node_id=NODE, node_rank=0, world_size=ranks, local_world_size=ranks,
-        master_addr="127.0.0.1", master_port=29500, command=tuple(command),
-        ranks=tuple(RankSpec(rank=r, local_rank=r, gpus=_span(r, gpus_per_rank))
-                    for r in range(ranks)),
+        job_id=job_id,
+        attempt=0,
+        node_id=NODE,
+        node_rank=0,
+        world_size=ranks,
+        local_world_size=ranks,
+        master_addr="127.0.0.1",
+        master_port=29500,
+        command=tuple(command),
+        ranks=tuple(RankSpec(rank=r, local_rank=r, gpus=_span(r, gpus_per_rank)) for r in range(ranks)),
     )
 
 
@@ -131,7 +163,8 @@ async def launch(log: EventLog, launch_task: LaunchTask) -> LaunchReply:
 
 
 async def test_agent_registers_heartbeats_launches_reports_and_kills(
-        event_log: EventLog, agent_env: Callable[..., Agent], tmp_path: Path) -> None:
+    event_log: EventLog, agent_env: Callable[..., Agent], tmp_path: Path
+) -> None:
     agent_env()
     beat = await first_heartbeat(event_log)
     assert beat.node_id == NODE and len(beat.gpus) == 4 and beat.ranks == ()
@@ -164,6 +197,7 @@ async def test_agent_registers_heartbeats_launches_reports_and_kills(
     async def busy_beat() -> bool:
         beat = await first_heartbeat(event_log)
         return any(r.job_id == "job-2" for r in beat.ranks) and beat.gpus[0].utilization > 0
+
     await wait_until(busy_beat, "a heartbeat with job-2 running")
 
     kill = KillTask(job_id="job-2", attempt=0, grace_s=5)
@@ -181,13 +215,19 @@ async def test_agent_registers_heartbeats_launches_reports_and_kills(
 
 
 async def test_exit_during_an_agent_crash_is_reported_by_the_next_agent(
-        event_log: EventLog, agent_env: Callable[..., Agent], tmp_path: Path) -> None:
+    event_log: EventLog, agent_env: Callable[..., Agent], tmp_path: Path
+) -> None:
     first = agent_env()
     beat = await first_heartbeat(event_log)
     go = tmp_path / "go"
-    wait_then_exit = [PY, "-c", "import os, sys, time\n"
-                      "while not os.path.exists(sys.argv[1]): time.sleep(0.02)\n"
-                      "sys.exit(int(os.environ['RANK']) + 3)", str(go)]
+    wait_then_exit = [
+        PY,
+        "-c",
+        "import os, sys, time\n"
+        "while not os.path.exists(sys.argv[1]): time.sleep(0.02)\n"
+        "sys.exit(int(os.environ['RANK']) + 3)",
+        str(go),
+    ]
     reply = await launch(event_log, task("job-9", wait_then_exit))
     assert reply.started == (0, 1)
 
@@ -221,16 +261,28 @@ class FlakyLog(EventLog):
         self.failures = failures
         self.attempts = 0
 
-    async def append(self, subject: str, event: Event, *, msg_id: str, source: str,
-                     expected_last_subject_seq: int | None = None,
-                     expected_subject_filter: str | None = None) -> int:
+    async def append(
+        self,
+        subject: str,
+        event: Event,
+        *,
+        msg_id: str,
+        source: str,
+        expected_last_subject_seq: int | None = None,
+        expected_subject_filter: str | None = None,
+    ) -> int:
         self.attempts += 1
         if self.failures > 0:
             self.failures -= 1
             raise LogUnavailable("injected: no responders")
-        return await super().append(subject, event, msg_id=msg_id, source=source,
-                                    expected_last_subject_seq=expected_last_subject_seq,
-                                    expected_subject_filter=expected_subject_filter)
+        return await super().append(
+            subject,
+            event,
+            msg_id=msg_id,
+            source=source,
+            expected_last_subject_seq=expected_last_subject_seq,
+            expected_subject_filter=expected_subject_filter,
+        )
 
 
 async def test_appends_are_retried_until_the_log_answers(event_log: EventLog, tmp_path: Path) -> None:

@@ -46,16 +46,28 @@ def spec(**overrides: Any) -> dict[str, Any]:
 
 
 def node_event(i: int) -> NodeRegistered:
-    gpus = tuple(GpuInfo(index=g, uuid=f"GPU-n{i}-{g}", memory_mib=81559, nvlink_domain=0)
-                 for g in range(GPUS_PER_NODE))
-    return NodeRegistered(node_id=f"n{i}", address=f"10.0.0.{i}", rack=f"r{i // 2}", gpu_type="H100",
-                          gpus=gpus, cpu_milli=96000, memory_mib=1 << 20, agent_instance="test", at=1.0)
+    gpus = tuple(
+        GpuInfo(index=g, uuid=f"GPU-n{i}-{g}", memory_mib=81559, nvlink_domain=0)
+        for g in range(GPUS_PER_NODE)
+    )
+    return NodeRegistered(
+        node_id=f"n{i}",
+        address=f"10.0.0.{i}",
+        rack=f"r{i // 2}",
+        gpu_type="H100",
+        gpus=gpus,
+        cpu_milli=96000,
+        memory_mib=1 << 20,
+        agent_instance="test",
+        at=1.0,
+    )
 
 
 async def register_nodes(log: EventLog) -> None:
     for i in range(NODES):
-        await log.append(subjects.node(f"n{i}"), node_event(i), msg_id=f"n{i}:0:NodeRegistered",
-                         source="test")
+        await log.append(
+            subjects.node(f"n{i}"), node_event(i), msg_id=f"n{i}:0:NodeRegistered", source="test"
+        )
 
 
 async def recorded(log: EventLog) -> list[Recorded]:
@@ -202,14 +214,20 @@ async def test_size_check_skipped_before_any_node_registers(event_log: EventLog)
         resp = await c.post("/v1/jobs", json=spec(gpus=4096))
         assert resp.status == 202
         # Shapes are still checked against the default node size.
-        await assert_problem(await c.post("/v1/jobs", json=spec(gpus=16, gpus_per_task=16)), 422,
-                             "gpus_per_task")
+        await assert_problem(
+            await c.post("/v1/jobs", json=spec(gpus=16, gpus_per_task=16)), 422, "gpus_per_task"
+        )
 
 
 async def test_cloudevents_structured_submission(client: Client, event_log: EventLog) -> None:
-    envelope = {"specversion": "1.0", "id": "gh-run-77-attempt-1", "source": "https://github.com/acme/llm",
-                "type": "io.rallypoint.job.submit", "datacontenttype": "application/json",
-                "data": spec(name="ci-eval", gpus=8)}
+    envelope = {
+        "specversion": "1.0",
+        "id": "gh-run-77-attempt-1",
+        "source": "https://github.com/acme/llm",
+        "type": "io.rallypoint.job.submit",
+        "datacontenttype": "application/json",
+        "data": spec(name="ci-eval", gpus=8),
+    }
     headers = {"Content-Type": "application/cloudevents+json; charset=utf-8"}
     resp = await client.post("/v1/jobs", data=json.dumps(envelope), headers=headers)
     assert resp.status == 202, await resp.text()
@@ -223,6 +241,7 @@ async def test_cloudevents_structured_submission(client: Client, event_log: Even
     assert jobs[0].idempotency_key == "gh-run-77-attempt-1"
 
     before = await event_log.last_seq()
+
     async def post_ce(event: dict[str, Any]) -> Any:
         return await client.post("/v1/jobs", data=json.dumps(event), headers=headers)
 
@@ -273,19 +292,32 @@ async def test_list_jobs_filters_and_pages(client: Client) -> None:
 
 async def test_bound_job_shows_allocation_and_nodes(client: Client, event_log: EventLog) -> None:
     job_id = (await (await client.post("/v1/jobs", json=spec(gpus=16))).json())["job_id"]
-    placements = (TaskPlacement(task=0, node_id="n0", gpus=tuple(range(8))),
-                  TaskPlacement(task=1, node_id="n1", gpus=tuple(range(8))))
+    placements = (
+        TaskPlacement(task=0, node_id="n0", gpus=tuple(range(8))),
+        TaskPlacement(task=1, node_id="n1", gpus=tuple(range(8))),
+    )
     seq = await event_log.append(
         subjects.bind(job_id),
-        GangBound(job_id=job_id, attempt=1, epoch=1, placements=placements, computed_at_seq=5,
-                  policy_version="test", now=2.0, at=2.0),
-        msg_id=f"{job_id}:1:GangBound", source="test",
+        GangBound(
+            job_id=job_id,
+            attempt=1,
+            epoch=1,
+            placements=placements,
+            computed_at_seq=5,
+            policy_version="test",
+            now=2.0,
+            at=2.0,
+        ),
+        msg_id=f"{job_id}:1:GangBound",
+        source="test",
     )
     await wait_fold(client, seq)
     job = await (await client.get(f"/v1/jobs/{job_id}")).json()
     assert job["state"] == "bound" and job["attempt"] == 1 and job["bound_at"] == 2.0
-    assert job["allocation"] == [{"task": 0, "node_id": "n0", "gpus": list(range(8))},
-                                 {"task": 1, "node_id": "n1", "gpus": list(range(8))}]
+    assert job["allocation"] == [
+        {"task": 0, "node_id": "n0", "gpus": list(range(8))},
+        {"task": 1, "node_id": "n1", "gpus": list(range(8))},
+    ]
     assert job["pending_reason"] is None and job["queue_position"] is None
 
     nodes = (await (await client.get("/v1/nodes")).json())["nodes"]
@@ -312,8 +344,12 @@ async def test_cancel_appends_cancel_requested(client: Client, event_log: EventL
     assert job["cancel_requested"] is True and job["pending_reason"]["code"] == "CancelRequested"
 
     # The controller finishes it; a cancel of a finished job is a conflict.
-    seq = await event_log.append(subjects.job(job_id), JobCancelled(job_id=job_id, at=3.0),
-                                 msg_id=f"{job_id}:0:JobCancelled", source="test")
+    seq = await event_log.append(
+        subjects.job(job_id),
+        JobCancelled(job_id=job_id, at=3.0),
+        msg_id=f"{job_id}:0:JobCancelled",
+        source="test",
+    )
     await wait_fold(client, seq)
     before = await event_log.last_seq()
     body409 = await assert_problem(await client.delete(f"/v1/jobs/{job_id}"), 409, None)
@@ -355,8 +391,11 @@ async def test_health_metrics_and_openapi(client: Client) -> None:
 
     doc = await (await client.get("/v1/openapi.json")).json()
     assert doc["openapi"].startswith("3.1")
-    served = {(r.method.lower(), r.resource.canonical) for r in client.app.router.routes()
-              if r.resource is not None and r.method != "HEAD"}
+    served = {
+        (r.method.lower(), r.resource.canonical)
+        for r in client.app.router.routes()
+        if r.resource is not None and r.method != "HEAD"
+    }
     documented = {(m, p) for p, ops in doc["paths"].items() for m in ops if m != "parameters"}
     assert served == documented
 

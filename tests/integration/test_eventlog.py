@@ -31,8 +31,9 @@ from rallypoint.events import (
 )
 from rallypoint.infra import NatsServer, free_port
 
-SPEC = JobSpec(name="train", team="nlp", gpus=8, gpus_per_task=8, ranks_per_task=8,
-               command=("python", "t.py"))
+SPEC = JobSpec(
+    name="train", team="nlp", gpus=8, gpus_per_task=8, ranks_per_task=8, command=("python", "t.py")
+)
 
 
 def submitted(job_id: str, at: float = 1_700_000_000.0) -> JobSubmitted:
@@ -40,15 +41,24 @@ def submitted(job_id: str, at: float = 1_700_000_000.0) -> JobSubmitted:
 
 
 def bound(job_id: str, epoch: int) -> GangBound:
-    return GangBound(job_id=job_id, attempt=0, epoch=epoch,
-                     placements=(TaskPlacement(task=0, node_id="n1", gpus=tuple(range(8))),),
-                     computed_at_seq=1, policy_version="test", now=1.0, at=2.0)
+    return GangBound(
+        job_id=job_id,
+        attempt=0,
+        epoch=epoch,
+        placements=(TaskPlacement(task=0, node_id="n1", gpus=tuple(range(8))),),
+        computed_at_seq=1,
+        policy_version="test",
+        now=1.0,
+        at=2.0,
+    )
 
 
 async def test_append_and_replay_round_trip(event_log: EventLog) -> None:
     events = [submitted(f"j{i}") for i in range(5)]
-    seqs = [await event_log.append(subjects.job(e.job_id), e, msg_id=f"{e.job_id}:0:JobSubmitted",
-                                   source="test") for e in events]
+    seqs = [
+        await event_log.append(subjects.job(e.job_id), e, msg_id=f"{e.job_id}:0:JobSubmitted", source="test")
+        for e in events
+    ]
     assert seqs == [1, 2, 3, 4, 5]
     assert await event_log.last_seq() == 5
     assert await event_log.last_seq("rally.job.j3") == 4
@@ -76,22 +86,26 @@ async def test_same_msg_id_is_stored_once(event_log: EventLog) -> None:
 
 
 async def test_wrong_expected_sequence_is_a_conflict(event_log: EventLog) -> None:
-    await event_log.append("rally.job.a", submitted("a"), msg_id="a:0:JobSubmitted", source="t",
-                           expected_last_subject_seq=0)
+    await event_log.append(
+        "rally.job.a", submitted("a"), msg_id="a:0:JobSubmitted", source="t", expected_last_subject_seq=0
+    )
     with pytest.raises(AppendConflict) as err:
         # Another submission of the same job id: the subject is no longer empty.
-        await event_log.append("rally.job.a", submitted("a"), msg_id="a:1:JobSubmitted", source="t",
-                               expected_last_subject_seq=0)
+        await event_log.append(
+            "rally.job.a", submitted("a"), msg_id="a:1:JobSubmitted", source="t", expected_last_subject_seq=0
+        )
     assert err.value.code == 10071
     assert await event_log.last_seq() == 1
 
 
 async def test_retried_conditional_append_is_a_duplicate_not_a_conflict(event_log: EventLog) -> None:
     # The server checks the expected sequence before de-duplicating; append recognises its own retry.
-    first = await event_log.append_ack("rally.job.r", submitted("r"), msg_id="r:0:JobSubmitted",
-                                       source="t", expected_last_subject_seq=0)
-    retry = await event_log.append_ack("rally.job.r", submitted("r"), msg_id="r:0:JobSubmitted",
-                                       source="t", expected_last_subject_seq=0)
+    first = await event_log.append_ack(
+        "rally.job.r", submitted("r"), msg_id="r:0:JobSubmitted", source="t", expected_last_subject_seq=0
+    )
+    retry = await event_log.append_ack(
+        "rally.job.r", submitted("r"), msg_id="r:0:JobSubmitted", source="t", expected_last_subject_seq=0
+    )
     assert retry == (first.seq, True)
 
 
@@ -101,9 +115,13 @@ async def test_concurrent_writers_expecting_the_same_seq_exactly_one_wins(event_
 
     async def write(i: int) -> int | AppendConflict:
         try:
-            return await event_log.append("rally.job.c", JobQueued(job_id="c", queue=f"q{i}", at=1.0),
-                                          msg_id=f"c:0:JobQueued:{i}", source=f"w{i}",
-                                          expected_last_subject_seq=base)
+            return await event_log.append(
+                "rally.job.c",
+                JobQueued(job_id="c", queue=f"q{i}", at=1.0),
+                msg_id=f"c:0:JobQueued:{i}",
+                source=f"w{i}",
+                expected_last_subject_seq=base,
+            )
         except AppendConflict as exc:
             return exc
 
@@ -144,8 +162,12 @@ async def test_the_stream_refuses_delete_and_purge(event_log: EventLog) -> None:
 async def test_replay_to_seq_and_with_a_subject_filter(event_log: EventLog) -> None:
     for i in range(6):
         subject = subjects.job("x") if i % 2 == 0 else subjects.job("y")
-        await event_log.append(subject, JobQueued(job_id="x" if i % 2 == 0 else "y", queue="q", at=float(i)),
-                               msg_id=f"q{i}", source="t")
+        await event_log.append(
+            subject,
+            JobQueued(job_id="x" if i % 2 == 0 else "y", queue="q", at=float(i)),
+            msg_id=f"q{i}",
+            source="t",
+        )
     assert await seqs(event_log.replay(to_seq=4)) == [1, 2, 3, 4]
     assert await seqs(event_log.replay(from_seq=3, to_seq=5)) == [3, 4, 5]
     assert await seqs(event_log.replay(subjects="rally.job.y")) == [2, 4, 6]
@@ -189,27 +211,47 @@ async def test_stale_scheduler_is_fenced_by_a_new_epoch(event_log: EventLog) -> 
     tree = subjects.SCHEDULER_TREE
     # Leader A starts epoch 1 on an empty tree, then binds a job.
     a_pos = await event_log.last_seq(tree)
-    a_pos = await event_log.append(subjects.EPOCH, LeaderEpochStarted(epoch=1, leader_id="A", at=1.0),
-                                   msg_id="epoch:1", source="sched-A",
-                                   expected_last_subject_seq=a_pos, expected_subject_filter=tree)
-    a_pos = await event_log.append(subjects.bind("j1"), bound("j1", 1), msg_id="j1:0:GangBound",
-                                   source="sched-A", expected_last_subject_seq=a_pos,
-                                   expected_subject_filter=tree)
+    a_pos = await event_log.append(
+        subjects.EPOCH,
+        LeaderEpochStarted(epoch=1, leader_id="A", at=1.0),
+        msg_id="epoch:1",
+        source="sched-A",
+        expected_last_subject_seq=a_pos,
+        expected_subject_filter=tree,
+    )
+    a_pos = await event_log.append(
+        subjects.bind("j1"),
+        bound("j1", 1),
+        msg_id="j1:0:GangBound",
+        source="sched-A",
+        expected_last_subject_seq=a_pos,
+        expected_subject_filter=tree,
+    )
     # Unrelated writers do not disturb the scheduler's guard.
     await event_log.append("rally.job.j2", submitted("j2"), msg_id="j2:0:JobSubmitted", source="api")
 
     # B wins the lease, reads the tree position and fences A with epoch 2.
     b_pos = await event_log.last_seq(tree)
     assert b_pos == a_pos
-    await event_log.append(subjects.EPOCH, LeaderEpochStarted(epoch=2, leader_id="B", at=3.0),
-                           msg_id="epoch:2", source="sched-B",
-                           expected_last_subject_seq=b_pos, expected_subject_filter=tree)
+    await event_log.append(
+        subjects.EPOCH,
+        LeaderEpochStarted(epoch=2, leader_id="B", at=3.0),
+        msg_id="epoch:2",
+        source="sched-B",
+        expected_last_subject_seq=b_pos,
+        expected_subject_filter=tree,
+    )
 
     # A, unaware, writes its next decision on a different subject of the tree: rejected.
     with pytest.raises(AppendConflict) as err:
-        await event_log.append(subjects.bind("j2"), bound("j2", 1), msg_id="j2:0:GangBound",
-                               source="sched-A", expected_last_subject_seq=a_pos,
-                               expected_subject_filter=tree)
+        await event_log.append(
+            subjects.bind("j2"),
+            bound("j2", 1),
+            msg_id="j2:0:GangBound",
+            source="sched-A",
+            expected_last_subject_seq=a_pos,
+            expected_subject_filter=tree,
+        )
     assert err.value.code == 10071
     binds = [r.subject async for r in event_log.replay(subjects="rally.sched.bind.>")]
     assert binds == ["rally.sched.bind.j1"]

@@ -128,8 +128,12 @@ def test_service_process_exits_cleanly_on_sigterm(nats_server: NatsServer) -> No
                                                   instance="x")))
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", script, nats_server.url], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, nats_server.url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
@@ -148,7 +152,7 @@ async def test_a_service_with_a_health_port_answers_healthz(nats_server: NatsSer
     import aiohttp
 
     from rallypoint.infra import free_port
-    from rallypoint.runtime import ServiceConfig, ServiceContext, run_service_async
+    from rallypoint.runtime import ServiceConfig, run_service_async
 
     port = free_port()
     stop = asyncio.Event()
@@ -163,7 +167,10 @@ async def test_a_service_with_a_health_port_answers_healthz(nats_server: NatsSer
     config = ServiceConfig(service="probe", nats_url=nats_server.url, instance="p1", health_port=port)
     running = asyncio.create_task(run_service_async(main, config, stop=stop))
     await asyncio.wait_for(reached.wait(), 10)
-    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/healthz") as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}/healthz") as response,
+    ):
         body = await response.json()
     assert response.status == 200 and body["status"] == "ok" and body["service"] == "probe"
     stop.set()

@@ -106,39 +106,66 @@ class Writer:
 
     async def put(self, subject: str, event: Event) -> int:
         self.count += 1
-        return await self.log.append(subject, event, msg_id=f"test:{self.count}:{event_type(event)}",
-                                     source="test")
+        return await self.log.append(
+            subject, event, msg_id=f"test:{self.count}:{event_type(event)}", source="test"
+        )
 
     async def many(self, items: list[tuple[str, Event]]) -> None:
         # Concurrent appends: ~20x faster than awaiting each (GUIDE §6); order inside one call is free.
         base = self.count
         self.count += len(items)
-        await asyncio.gather(*(
-            self.log.append(s, e, msg_id=f"test:{base + i + 1}:{event_type(e)}", source="test")
-            for i, (s, e) in enumerate(items)
-        ))
+        await asyncio.gather(
+            *(
+                self.log.append(s, e, msg_id=f"test:{base + i + 1}:{event_type(e)}", source="test")
+                for i, (s, e) in enumerate(items)
+            )
+        )
 
 
-def spec(name: str, gpus: int, per_task: int = 8, team: str = "nlp",
-         priority: str = "training-high") -> JobSpec:
-    return JobSpec(name=name, team=team, gpus=gpus, gpus_per_task=per_task, ranks_per_task=per_task,
-                   command=("python", "train.py"), priority=priority)
+def spec(
+    name: str, gpus: int, per_task: int = 8, team: str = "nlp", priority: str = "training-high"
+) -> JobSpec:
+    return JobSpec(
+        name=name,
+        team=team,
+        gpus=gpus,
+        gpus_per_task=per_task,
+        ranks_per_task=per_task,
+        command=("python", "train.py"),
+        priority=priority,
+    )
 
 
 def node(node_id: str, rack: str) -> NodeRegistered:
-    gpus = tuple(GpuInfo(index=i, uuid=f"GPU-{node_id}-{i}", memory_mib=81_920, nvlink_domain=0)
-                 for i in range(8))
-    return NodeRegistered(node_id=node_id, address=f"10.0.0.{NODES.index(node_id) + 1}:7000", rack=rack,
-                          gpu_type="H100", gpus=gpus, cpu_milli=96_000, memory_mib=1_048_576,
-                          agent_instance=f"agent-{node_id}", at=T0)
+    gpus = tuple(
+        GpuInfo(index=i, uuid=f"GPU-{node_id}-{i}", memory_mib=81_920, nvlink_domain=0) for i in range(8)
+    )
+    return NodeRegistered(
+        node_id=node_id,
+        address=f"10.0.0.{NODES.index(node_id) + 1}:7000",
+        rack=rack,
+        gpu_type="H100",
+        gpus=gpus,
+        cpu_milli=96_000,
+        memory_mib=1_048_576,
+        agent_instance=f"agent-{node_id}",
+        at=T0,
+    )
 
 
-def bind(job_id: str, epoch: int, placements: list[tuple[str, tuple[int, ...]]], at: float,
-         attempt: int = 1) -> GangBound:
-    return GangBound(job_id=job_id, attempt=attempt, epoch=epoch,
-                     placements=tuple(TaskPlacement(task=i, node_id=n, gpus=g)
-                                      for i, (n, g) in enumerate(placements)),
-                     computed_at_seq=0, policy_version="test-1", now=at, at=at)
+def bind(
+    job_id: str, epoch: int, placements: list[tuple[str, tuple[int, ...]]], at: float, attempt: int = 1
+) -> GangBound:
+    return GangBound(
+        job_id=job_id,
+        attempt=attempt,
+        epoch=epoch,
+        placements=tuple(TaskPlacement(task=i, node_id=n, gpus=g) for i, (n, g) in enumerate(placements)),
+        computed_at_seq=0,
+        policy_version="test-1",
+        now=at,
+        at=at,
+    )
 
 
 async def append_lifecycle(w: Writer) -> None:
@@ -150,22 +177,52 @@ async def append_lifecycle(w: Writer) -> None:
     # train-1: a 16-GPU gang over both nodes, runs to completion.
     await w.put(job("train-1"), JobSubmitted(job_id="train-1", spec=spec("llama", 16), submitted_at=T0 + 2))
     await w.put(job("train-1"), JobQueued(job_id="train-1", queue="nlp", at=T0 + 2.5))
-    await w.put(subjects.pending("train-1"), JobPending(job_id="train-1", code="Resources",
-                message="needs 16 GPUs; 16 free", epoch=1, computed_at_seq=5, at=T0 + 2.7))
-    await w.put(sched("train-1"), bind("train-1", 1, [("node-a", tuple(range(8))),
-                                                      ("node-b", tuple(range(8)))], T0 + 3.25))
+    await w.put(
+        subjects.pending("train-1"),
+        JobPending(
+            job_id="train-1",
+            code="Resources",
+            message="needs 16 GPUs; 16 free",
+            epoch=1,
+            computed_at_seq=5,
+            at=T0 + 2.7,
+        ),
+    )
+    await w.put(
+        sched("train-1"),
+        bind("train-1", 1, [("node-a", tuple(range(8))), ("node-b", tuple(range(8)))], T0 + 3.25),
+    )
     await w.put(job("train-1"), JobStarted(job_id="train-1", attempt=1, at=T0 + 4.125))
     # A stale second bind for the same job: the fold ignores it, the row must not change.
     await w.put(sched("train-1"), bind("train-1", 1, [("node-a", (0,))], T0 + 4.2))
     # eval-2 arrives while the cluster is full and waits with a reason.
-    await w.put(job("eval-2"), JobSubmitted(job_id="eval-2", spec=spec("eval", 4, 4, team="vision"),
-                                            submitted_at=T0 + 5))
-    await w.put(subjects.pending("eval-2"), JobPending(job_id="eval-2", code="Resources",
-                message="needs 4 GPUs; 0 free; 1 job ahead", epoch=1, computed_at_seq=9, at=T0 + 5.5))
+    await w.put(
+        job("eval-2"),
+        JobSubmitted(job_id="eval-2", spec=spec("eval", 4, 4, team="vision"), submitted_at=T0 + 5),
+    )
+    await w.put(
+        subjects.pending("eval-2"),
+        JobPending(
+            job_id="eval-2",
+            code="Resources",
+            message="needs 4 GPUs; 0 free; 1 job ahead",
+            epoch=1,
+            computed_at_seq=9,
+            at=T0 + 5.5,
+        ),
+    )
     for rank in range(16):
-        await w.put(job("train-1"), RankExited(job_id="train-1", attempt=1, rank=rank,
-                                               node_id="node-a" if rank < 8 else "node-b", exit_code=0,
-                                               at=T0 + 100 + rank / 100))
+        await w.put(
+            job("train-1"),
+            RankExited(
+                job_id="train-1",
+                attempt=1,
+                rank=rank,
+                node_id="node-a" if rank < 8 else "node-b",
+                exit_code=0,
+                at=T0 + 100 + rank / 100,
+            ),
+        )
     await w.put(job("train-1"), JobCompleted(job_id="train-1", attempt=1, at=T0 + 101))
     # eval-2 now fits on node-b, starts, and is cancelled by its owner.
     await w.put(sched("eval-2"), bind("eval-2", 1, [("node-b", (0, 1, 2, 3))], T0 + 102))
@@ -174,26 +231,47 @@ async def append_lifecycle(w: Writer) -> None:
     await w.put(job("eval-2"), JobCancelled(job_id="eval-2", attempt=1, at=T0 + 151))
     # bad-3 is rejected; ft-4 fails with an exit code; node-b is flaky and then drained.
     await w.put(job("bad-3"), JobSubmitted(job_id="bad-3", spec=spec("bad", 12), submitted_at=T0 + 160))
-    await w.put(job("bad-3"), JobRejected(job_id="bad-3", reason="gpus must be a multiple of gpus_per_task",
-                                          field="gpus", at=T0 + 160.5))
+    await w.put(
+        job("bad-3"),
+        JobRejected(
+            job_id="bad-3", reason="gpus must be a multiple of gpus_per_task", field="gpus", at=T0 + 160.5
+        ),
+    )
     await w.put(job("ft-4"), JobSubmitted(job_id="ft-4", spec=spec("finetune", 8), submitted_at=T0 + 170))
     await w.put(sched("ft-4"), bind("ft-4", 1, [("node-a", tuple(range(8)))], T0 + 171))
     await w.put(job("ft-4"), JobStarted(job_id="ft-4", attempt=1, at=T0 + 172))
     await w.put(subjects.node("node-b"), NodeHeartbeatLost(node_id="node-b", last_seen=T0 + 175, at=T0 + 180))
     await w.put(subjects.node("node-b"), NodeRecovered(node_id="node-b", at=T0 + 185))
-    await w.put(job("ft-4"), JobFailed(job_id="ft-4", attempt=1, reason="rank 3 exited 137", exit_code=137,
-                                       at=T0 + 190))
+    await w.put(
+        job("ft-4"),
+        JobFailed(job_id="ft-4", attempt=1, reason="rank 3 exited 137", exit_code=137, at=T0 + 190),
+    )
     await w.put(subjects.node("node-b"), NodeDrained(node_id="node-b", reason="xid 79", at=T0 + 200))
     # pre-5 is preempted for a more important job, waits again, and finishes on its second attempt.
-    await w.put(job("pre-5"), JobSubmitted(job_id="pre-5", spec=spec("sweep", 8, priority="batch"),
-                                           submitted_at=T0 + 210))
+    await w.put(
+        job("pre-5"),
+        JobSubmitted(job_id="pre-5", spec=spec("sweep", 8, priority="batch"), submitted_at=T0 + 210),
+    )
     await w.put(sched("pre-5"), bind("pre-5", 1, [("node-a", tuple(range(8)))], T0 + 211))
     await w.put(job("pre-5"), JobStarted(job_id="pre-5", attempt=1, at=T0 + 212))
-    await w.put(subjects.preempt("pre-5"), PreemptionRequested(
-        job_id="pre-5", attempt=1, for_job="train-1", reason="priority", epoch=1, computed_at_seq=0,
-        policy_version="test-1", now=T0 + 220, at=T0 + 220))
-    await w.put(job("pre-5"), JobPreempted(job_id="pre-5", attempt=1, for_job="train-1", reason="priority",
-                                           at=T0 + 230))
+    await w.put(
+        subjects.preempt("pre-5"),
+        PreemptionRequested(
+            job_id="pre-5",
+            attempt=1,
+            for_job="train-1",
+            reason="priority",
+            epoch=1,
+            computed_at_seq=0,
+            policy_version="test-1",
+            now=T0 + 220,
+            at=T0 + 220,
+        ),
+    )
+    await w.put(
+        job("pre-5"),
+        JobPreempted(job_id="pre-5", attempt=1, for_job="train-1", reason="priority", at=T0 + 230),
+    )
     await w.put(sched("pre-5"), bind("pre-5", 1, [("node-a", tuple(range(8)))], T0 + 240, attempt=2))
     await w.put(job("pre-5"), JobStarted(job_id="pre-5", attempt=2, at=T0 + 241))
     await w.put(job("pre-5"), JobCompleted(job_id="pre-5", attempt=2, at=T0 + 300))
@@ -210,10 +288,18 @@ async def append_rounds(w: Writer, rounds: int, *, start: int = 0) -> None:
     for r in range(start, start + rounds):
         ids = [f"r{r}-{i}" for i in range(len(slots))]
         at = T0 + 1000 + r * 10
-        await w.many([(subjects.job(j), JobSubmitted(job_id=j, spec=spec(j, 1, 1, team=f"team{i % 3}"),
-                                                     submitted_at=at)) for i, j in enumerate(ids)])
-        await w.many([(subjects.bind(j), bind(j, 1, [slot], at + 1))
-                      for j, slot in zip(ids, slots, strict=True)])
+        await w.many(
+            [
+                (
+                    subjects.job(j),
+                    JobSubmitted(job_id=j, spec=spec(j, 1, 1, team=f"team{i % 3}"), submitted_at=at),
+                )
+                for i, j in enumerate(ids)
+            ]
+        )
+        await w.many(
+            [(subjects.bind(j), bind(j, 1, [slot], at + 1)) for j, slot in zip(ids, slots, strict=True)]
+        )
         await w.many([(subjects.job(j), JobStarted(job_id=j, attempt=1, at=at + 2)) for j in ids])
         await w.many([(subjects.job(j), JobCompleted(job_id=j, attempt=1, at=at + 3)) for j in ids])
 
@@ -306,7 +392,9 @@ async def test_lifecycle_projects_to_the_fold(event_log: EventLog, dsn: str, db:
     assert (rows["eval-2"]["state"], rows["eval-2"]["cancel_requested"]) == ("cancelled", True)
     assert rows["eval-2"]["pending_code"] == ""  # cleared by the bind
     assert (rows["bad-3"]["state"], rows["bad-3"]["reason"]) == (
-        "rejected", "gpus must be a multiple of gpus_per_task")
+        "rejected",
+        "gpus must be a multiple of gpus_per_task",
+    )
     assert (rows["ft-4"]["state"], rows["ft-4"]["exit_code"]) == ("failed", 137)
     nodes = {r["node_id"]: r for r in await db.fetch(f"SELECT * FROM {SCHEMA}.nodes")}
     assert (nodes["node-a"]["gpus_free"], nodes["node-a"]["status"]) == (8, "up")
@@ -388,8 +476,16 @@ async def test_rebuild_equals_incremental(
     await assert_views_match_log(db, event_log)
 
     # Rebuild through the real command line (its own asyncio loop, hence a thread).
-    argv = ["projector", "rebuild", "--nats-url", _url(event_log), "--postgres-dsn", dsn,
-            "--batch-size", "97"]
+    argv = [
+        "projector",
+        "rebuild",
+        "--nats-url",
+        _url(event_log),
+        "--postgres-dsn",
+        dsn,
+        "--batch-size",
+        "97",
+    ]
     assert await asyncio.to_thread(rally_projector, argv) == 0
     assert await snapshot_tables(db) == incremental
 
@@ -442,7 +538,8 @@ async def test_failed_batch_leaves_position_and_views_consistent(
         # Kill the projector's connection (as a PostgreSQL restart or a network cut would).
         killed = await db.fetchval(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
-            "rally-projector")
+            "rally-projector",
+        )
         assert killed == 1
         await lock.rollback()
         await blocker.close()
@@ -462,9 +559,12 @@ async def test_failed_batch_leaves_position_and_views_consistent(
 
 def _projector_waiting_on_lock(db: asyncpg.Connection) -> Callable[[], Awaitable[bool]]:
     async def check() -> bool:
-        return bool(await db.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'rally-projector' "
-            "AND wait_event_type = 'Lock'"))
+        return bool(
+            await db.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'rally-projector' "
+                "AND wait_event_type = 'Lock'"
+            )
+        )
 
     return check
 
@@ -495,9 +595,20 @@ async def test_service_follows_and_stops_on_sigterm(
     await append_lifecycle(w)
     env = {**os.environ, "RALLY_POSTGRES_DSN": dsn}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rallypoint.cli.main", "serve", "projector", "--nats-url", _url(event_log),
-         "--log-format", "text"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "rallypoint.cli.main",
+            "serve",
+            "projector",
+            "--nats-url",
+            _url(event_log),
+            "--log-format",
+            "text",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
         await eventually(await caught_up(db, event_log), timeout=20)

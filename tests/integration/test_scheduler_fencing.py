@@ -7,13 +7,13 @@ import contextlib
 import itertools
 
 import pytest
+from rallypoint_services.scheduler.leader import SchedulerLoop
 
 from rallypoint.eventlog import AppendConflict, EventLog
 from rallypoint.events import GangBound, GpuInfo, JobSpec, JobSubmitted, NodeRegistered, subjects
 from rallypoint.runtime.follower import Follower
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.state import ClusterState
-from rallypoint_services.scheduler.leader import SchedulerLoop
 
 _clock = itertools.count(1000)
 
@@ -24,18 +24,32 @@ def _now() -> float:
 
 async def _register(log: EventLog, node_id: str, gpus: int = 8) -> None:
     event = NodeRegistered(
-        node_id=node_id, address="127.0.0.1", rack="rack-1", gpu_type="sim",
-        gpus=tuple(GpuInfo(index=i, uuid=f"{node_id}-{i}", memory_mib=1, nvlink_domain=0) for i in range(gpus)),
-        cpu_milli=1000, memory_mib=1000, agent_instance="a", at=1.0,
+        node_id=node_id,
+        address="127.0.0.1",
+        rack="rack-1",
+        gpu_type="sim",
+        gpus=tuple(
+            GpuInfo(index=i, uuid=f"{node_id}-{i}", memory_mib=1, nvlink_domain=0) for i in range(gpus)
+        ),
+        cpu_milli=1000,
+        memory_mib=1000,
+        agent_instance="a",
+        at=1.0,
     )
     await log.append(subjects.node(node_id), event, msg_id=f"{node_id}:reg", source="test")
 
 
 async def _submit(log: EventLog, job_id: str, gpus: int) -> None:
-    spec = JobSpec(name=job_id, team="t", gpus=gpus, gpus_per_task=min(gpus, 8), ranks_per_task=1,
-                   command=("true",))
-    await log.append(subjects.job(job_id), JobSubmitted(job_id=job_id, spec=spec, submitted_at=2.0),
-                     msg_id=f"{job_id}:0:JobSubmitted", source="test", expected_last_subject_seq=0)
+    spec = JobSpec(
+        name=job_id, team="t", gpus=gpus, gpus_per_task=min(gpus, 8), ranks_per_task=1, command=("true",)
+    )
+    await log.append(
+        subjects.job(job_id),
+        JobSubmitted(job_id=job_id, spec=spec, submitted_at=2.0),
+        msg_id=f"{job_id}:0:JobSubmitted",
+        source="test",
+        expected_last_subject_seq=0,
+    )
 
 
 async def _replayed(log: EventLog) -> ClusterState:
@@ -96,7 +110,7 @@ async def test_two_contenders_for_one_epoch_exactly_one_wins(event_log: EventLog
 
 
 async def test_concurrent_leaders_never_bind_a_gpu_twice(event_log: EventLog) -> None:
-    """Both believe they lead (a split brain the lease failed to prevent); the log still binds each GPU once."""
+    """Both believe they lead (a split brain the lease did not prevent); each GPU is still bound once."""
     await _register(event_log, "n1")
     await _register(event_log, "n2")
     for i in range(6):

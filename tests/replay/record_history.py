@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rallypoint.cli.replay import export_history, read_history, summarize, fold
+from rallypoint.cli.replay import export_history, fold, read_history, summarize
 from rallypoint.localcluster import LocalCluster
 from rallypoint.localcluster.http import call
 
@@ -24,10 +24,18 @@ DATA = Path(__file__).parent / "data"
 TERMINAL = {"completed", "failed", "cancelled", "rejected"}
 
 
-def _submit(api: str, name: str, gpus: int, per_task: int, command: list[str], priority: str = "training-standard"
-            ) -> str:
-    body = {"name": name, "team": "replay", "gpus": gpus, "gpus_per_task": per_task, "ranks_per_task": 1,
-            "priority": priority, "command": command}
+def _submit(
+    api: str, name: str, gpus: int, per_task: int, command: list[str], priority: str = "training-standard"
+) -> str:
+    body = {
+        "name": name,
+        "team": "replay",
+        "gpus": gpus,
+        "gpus_per_task": per_task,
+        "ranks_per_task": 1,
+        "priority": priority,
+        "command": command,
+    }
     status, answer = call("POST", f"{api}/v1/jobs", body, headers={"Idempotency-Key": name})
     assert status == 202, answer
     return str(answer["job_id"])
@@ -72,9 +80,13 @@ def record() -> None:
     DATA.mkdir(exist_ok=True)
     export_history(history, str(DATA / "history.jsonl"))
     state = fold(history)
-    expected = {"summary": summarize(state),
-                "jobs": {job.spec.name: {"state": job.state, "attempt": job.attempt, "preemptions": job.preemptions}
-                         for job in state.jobs.values()}}
+    expected = {
+        "summary": summarize(state),
+        "jobs": {
+            job.spec.name: {"state": job.state, "attempt": job.attempt, "preemptions": job.preemptions}
+            for job in state.jobs.values()
+        },
+    }
     (DATA / "expected.json").write_text(json.dumps(expected, indent=2, sort_keys=True) + "\n")
     print(f"recorded {len(history)} events; final hash {expected['summary']['hash']}")
 

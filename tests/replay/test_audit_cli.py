@@ -13,7 +13,10 @@ HISTORY = Path(__file__).parent / "data" / "history.jsonl"
 def audit(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "rallypoint.cli.main", "replay", "--history", str(path), "--verify-decisions"],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
@@ -48,7 +51,10 @@ def test_a_bind_moved_to_other_gpus_is_caught(tmp_path: Path) -> None:
 def test_the_plain_replay_prints_the_state_hash_of_the_file() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "rallypoint.cli.main", "replay", "--history", str(HISTORY), "--json"],
-        capture_output=True, text=True, timeout=120, check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     summary = json.loads(result.stdout)
     expected = json.loads((HISTORY.parent / "expected.json").read_text())["summary"]

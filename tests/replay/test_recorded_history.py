@@ -24,15 +24,23 @@ def test_the_history_folds_to_the_recorded_outcome() -> None:
     state = fold(HISTORY)
     assert state.last_seq == EXPECTED["summary"]["seq"]
     assert state.ignored_binds == 0 and state.orphans == 0
-    outcome = {j.spec.name: {"state": j.state, "attempt": j.attempt, "preemptions": j.preemptions}
-               for j in state.jobs.values()}
+    outcome = {
+        j.spec.name: {"state": j.state, "attempt": j.attempt, "preemptions": j.preemptions}
+        for j in state.jobs.values()
+    }
     assert outcome == EXPECTED["jobs"]
 
 
 def test_the_history_exercises_what_the_gate_is_for() -> None:
     kinds = {type(event).__name__ for _, event in HISTORY}
-    assert {"GangBound", "PreemptionRequested", "JobPreempted", "JobCancelled", "JobFailed",
-            "LeaderEpochStarted"} <= kinds
+    assert {
+        "GangBound",
+        "PreemptionRequested",
+        "JobPreempted",
+        "JobCancelled",
+        "JobFailed",
+        "LeaderEpochStarted",
+    } <= kinds
     assert len({e.leader_id for _, e in HISTORY if type(e).__name__ == "LeaderEpochStarted"}) >= 2
 
 

@@ -30,16 +30,52 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def test_submit_builds_the_request_body() -> None:
-    args = parse(["submit", "--gpus", "16", "--gpus-per-node", "8", "--ranks-per-node", "4", "--team", "nlp",
-                  "--priority", "training-high", "--name", "llama", "--time-limit", "2h30m",
-                  "--env", "NCCL_DEBUG=INFO", "--env", "EMPTY=", "--env", "X=a=b",
-                  "--idempotency-key", "ci-1",
-                  "--wait", "--api-url", "http://api:9", "--", "python", "train.py", "--lr", "3e-4"])
+    args = parse(
+        [
+            "submit",
+            "--gpus",
+            "16",
+            "--gpus-per-node",
+            "8",
+            "--ranks-per-node",
+            "4",
+            "--team",
+            "nlp",
+            "--priority",
+            "training-high",
+            "--name",
+            "llama",
+            "--time-limit",
+            "2h30m",
+            "--env",
+            "NCCL_DEBUG=INFO",
+            "--env",
+            "EMPTY=",
+            "--env",
+            "X=a=b",
+            "--idempotency-key",
+            "ci-1",
+            "--wait",
+            "--api-url",
+            "http://api:9",
+            "--",
+            "python",
+            "train.py",
+            "--lr",
+            "3e-4",
+        ]
+    )
     assert args.func is jobs_cmds.cmd_submit
     assert args.wait and args.api_url == "http://api:9" and args.idempotency_key == "ci-1"
     assert jobs_cmds.build_spec(args) == {
-        "name": "llama", "team": "nlp", "gpus": 16, "command": ["python", "train.py", "--lr", "3e-4"],
-        "gpus_per_task": 8, "ranks_per_task": 4, "priority": "training-high", "time_limit_s": 9000,
+        "name": "llama",
+        "team": "nlp",
+        "gpus": 16,
+        "command": ["python", "train.py", "--lr", "3e-4"],
+        "gpus_per_task": 8,
+        "ranks_per_task": 4,
+        "priority": "training-high",
+        "time_limit_s": 9000,
         "env": {"NCCL_DEBUG": "INFO", "EMPTY": "", "X": "a=b"},
     }
 
@@ -55,22 +91,34 @@ def test_command_without_double_dash_keeps_its_flags() -> None:
     assert jobs_cmds.build_spec(args)["command"] == ["torchrun", "--nproc-per-node", "8", "t.py"]
 
 
-@pytest.mark.parametrize(("command", "name"), [
-    (["python", "train.py"], "train"),
-    (["/usr/bin/Sleep", "10"], "sleep"),
-    (["python3", "-m", "pkg.main"], "pkg"),
-    (["torchrun", "--nproc-per-node", "8", "My Script!.py"], "my-script"),
-    ([], "job"),
-    (["--", "..."], "job"),
-])
+@pytest.mark.parametrize(
+    ("command", "name"),
+    [
+        (["python", "train.py"], "train"),
+        (["/usr/bin/Sleep", "10"], "sleep"),
+        (["python3", "-m", "pkg.main"], "pkg"),
+        (["torchrun", "--nproc-per-node", "8", "My Script!.py"], "my-script"),
+        ([], "job"),
+        (["--", "..."], "job"),
+    ],
+)
 def test_default_name_is_a_valid_job_name(command: list[str], name: str) -> None:
     assert jobs_cmds.default_name(command) == name
 
 
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("3600", 3600), ("90m", 5400), ("2h30m", 9000), ("1d", 86400), ("45s", 45),
-    ("10:00", 600), ("1:00:00", 3600), ("2-00:00:00", 172800),
-])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("3600", 3600),
+        ("90m", 5400),
+        ("2h30m", 9000),
+        ("1d", 86400),
+        ("45s", 45),
+        ("10:00", 600),
+        ("1:00:00", 3600),
+        ("2-00:00:00", 172800),
+    ],
+)
 def test_durations(text: str, seconds: int) -> None:
     assert jobs_cmds.parse_duration(text) == seconds
 
@@ -88,14 +136,18 @@ def test_bad_env_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert "NAME=VALUE" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("argv", "line"), [
-    (["submit", "--gpus", "8", "--team", "nlp"], "error: command: is required"),
-    (["submit", "--gpus", "0", "--team", "nlp", "--", "x"], "error: gpus: must be >= 1, got 0"),
-    (["submit", "--gpus", "8", "--team", "NLP", "--", "x"], "error: team: "),
-    (["submit", "--gpus", "8", "--team", "nlp", "--name", "Bad Name", "--", "x"], "error: name: "),
-])
-def test_submit_checks_locally_before_calling(argv: list[str], line: str, capsys: pytest.CaptureFixture[str],
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["submit", "--gpus", "8", "--team", "nlp"], "error: command: is required"),
+        (["submit", "--gpus", "0", "--team", "nlp", "--", "x"], "error: gpus: must be >= 1, got 0"),
+        (["submit", "--gpus", "8", "--team", "NLP", "--", "x"], "error: team: "),
+        (["submit", "--gpus", "8", "--team", "nlp", "--name", "Bad Name", "--", "x"], "error: name: "),
+    ],
+)
+def test_submit_checks_locally_before_calling(
+    argv: list[str], line: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("RALLY_TEAM", raising=False)
     # An unroutable API: a local refusal must not need it.
     args = parse([*argv[:1], "--api-url", "http://127.0.0.1:1", *argv[1:]])
@@ -128,8 +180,10 @@ def test_api_url_precedence(tmp_path: Path) -> None:
 
 
 def test_problem_lines() -> None:
-    assert ApiError(422, {"field": "gpus", "detail": "asks for 999 GPUs; the cluster has 32"}).line() == \
-        "error: gpus: asks for 999 GPUs; the cluster has 32"
+    assert (
+        ApiError(422, {"field": "gpus", "detail": "asks for 999 GPUs; the cluster has 32"}).line()
+        == "error: gpus: asks for 999 GPUs; the cluster has 32"
+    )
     assert ApiError(404, {"detail": "job 'x' does not exist"}).line() == "error: job 'x' does not exist"
     assert ApiError(502, {}).line() == "error: HTTP 502"
 
@@ -148,10 +202,21 @@ def test_connection_refused_gives_a_hint(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def job(**over: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {"job_id": "j-000000000001", "team": "nlp", "name": "pretrain", "state": "pending",
-                            "gpus": 16, "nodes": [], "pending_reason": {"code": "Resources", "message": "m"},
-                            "started_at": None, "bound_at": None, "ended_at": None, "reason": None,
-                            "exit_code": None, "attempt": 0}
+    base: dict[str, Any] = {
+        "job_id": "j-000000000001",
+        "team": "nlp",
+        "name": "pretrain",
+        "state": "pending",
+        "gpus": 16,
+        "nodes": [],
+        "pending_reason": {"code": "Resources", "message": "m"},
+        "started_at": None,
+        "bound_at": None,
+        "ended_at": None,
+        "reason": None,
+        "exit_code": None,
+        "attempt": 0,
+    }
     base.update(over)
     return base
 
@@ -159,10 +224,25 @@ def job(**over: Any) -> dict[str, Any]:
 def test_jobs_table() -> None:
     jobs = [
         job(),
-        job(job_id="j-000000000002", name="eval", state="running", gpus=8, nodes=["n0", "n1", "n2", "n7"],
-            pending_reason=None, bound_at=1000.0, started_at=1005.0),
-        job(job_id="j-000000000003", team="cv", state="failed", pending_reason=None, started_at=0.0,
-            ended_at=3725.0, reason="rank 3 exited 1"),
+        job(
+            job_id="j-000000000002",
+            name="eval",
+            state="running",
+            gpus=8,
+            nodes=["n0", "n1", "n2", "n7"],
+            pending_reason=None,
+            bound_at=1000.0,
+            started_at=1005.0,
+        ),
+        job(
+            job_id="j-000000000003",
+            team="cv",
+            state="failed",
+            pending_reason=None,
+            started_at=0.0,
+            ended_at=3725.0,
+            reason="rank 3 exited 1",
+        ),
     ]
     assert jobs_cmds.format_jobs(jobs, now=1070.0).splitlines() == [
         "ID              TEAM  NAME      STATE    TIME     GPUS  NODES(REASON)",
@@ -178,10 +258,22 @@ def test_empty_jobs_table_is_just_the_header() -> None:
 
 def test_nodes_table() -> None:
     nodes = [
-        {"node_id": "n0", "rack": "r0", "status": "up", "gpu_type": "H100",
-         "gpus": {"total": 8, "free": 0, "allocated": 8}, "jobs": ["j-a", "j-b"]},
-        {"node_id": "n1", "rack": "r0", "status": "drained", "gpu_type": "H100",
-         "gpus": {"total": 8, "free": 0, "allocated": 0}, "jobs": []},
+        {
+            "node_id": "n0",
+            "rack": "r0",
+            "status": "up",
+            "gpu_type": "H100",
+            "gpus": {"total": 8, "free": 0, "allocated": 8},
+            "jobs": ["j-a", "j-b"],
+        },
+        {
+            "node_id": "n1",
+            "rack": "r0",
+            "status": "drained",
+            "gpu_type": "H100",
+            "gpus": {"total": 8, "free": 0, "allocated": 0},
+            "jobs": [],
+        },
     ]
     assert jobs_cmds.format_nodes(nodes).splitlines() == [
         "NODE  RACK  STATUS   GPU_TYPE  GPUS(FREE/TOTAL)  JOBS",
@@ -190,19 +282,23 @@ def test_nodes_table() -> None:
     ]
 
 
-@pytest.mark.parametrize(("nodes", "text"), [
-    ([], ""),
-    (["n3"], "n3"),
-    (["n1", "n0", "n2", "n5", "gpu-a"], "gpu-a,n[0-2,5]"),
-    (["n01", "n02", "n3"], "n[01-02,3]"),
-    (["a1", "b1", "b2"], "a1,b[1-2]"),
-])
+@pytest.mark.parametrize(
+    ("nodes", "text"),
+    [
+        ([], ""),
+        (["n3"], "n3"),
+        (["n1", "n0", "n2", "n5", "gpu-a"], "gpu-a,n[0-2,5]"),
+        (["n01", "n02", "n3"], "n[01-02,3]"),
+        (["a1", "b1", "b2"], "a1,b[1-2]"),
+    ],
+)
 def test_hostlist(nodes: list[str], text: str) -> None:
     assert jobs_cmds.hostlist(nodes) == text
 
 
-@pytest.mark.parametrize(("seconds", "text"), [(0, "0:00"), (65, "1:05"), (3725, "1:02:05"),
-                                               (90061, "1-01:01:01"), (-5, "0:00")])
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(0, "0:00"), (65, "1:05"), (3725, "1:02:05"), (90061, "1-01:01:01"), (-5, "0:00")]
+)
 def test_elapsed(seconds: float, text: str) -> None:
     assert jobs_cmds.format_elapsed(seconds) == text
 
@@ -223,13 +319,21 @@ def test_wait_reports_changes_and_exit_codes() -> None:
     pending = job()
     running = job(state="running", nodes=["n0", "n1"], attempt=1, pending_reason=None)
     out = io.StringIO()
-    code = jobs_cmds.wait_for_job(FakeApi([pending, pending, running, job(state="completed")]), "j-1",
-                                  out=out, sleep=lambda _: None)
+    code = jobs_cmds.wait_for_job(
+        FakeApi([pending, pending, running, job(state="completed")]), "j-1", out=out, sleep=lambda _: None
+    )
     lines = out.getvalue().splitlines()
     assert code == 0
     assert [line.split(" ", 2)[2] for line in lines] == [
-        "pending (Resources: m)", "running on n[0-1] (attempt 1)", "completed"]
+        "pending (Resources: m)",
+        "running on n[0-1] (attempt 1)",
+        "completed",
+    ]
     failed = job(state="failed", reason="rank 0 exited 3", exit_code=3)
     assert jobs_cmds.wait_for_job(FakeApi([failed]), "j-1", out=io.StringIO(), sleep=lambda _: None) == 1
-    assert jobs_cmds.wait_for_job(FakeApi([job(state="cancelled")]), "j-1", out=io.StringIO(),
-                                  sleep=lambda _: None) == 1
+    assert (
+        jobs_cmds.wait_for_job(
+            FakeApi([job(state="cancelled")]), "j-1", out=io.StringIO(), sleep=lambda _: None
+        )
+        == 1
+    )

@@ -29,10 +29,27 @@ K8S_DIR = ROOT / "deploy" / "k8s"
 DOCKERFILE = ROOT / "Dockerfile"
 
 # Every `rally serve` service; the agent is the node agent (DaemonSet / one container per simulated node).
-SERVICES = ("api", "inventory", "health-monitor", "scheduler", "preemption", "checkpoint",
-            "job-controller", "projector", "agent")
-K8S_REPLICAS = {"api": 2, "inventory": 1, "health-monitor": 2, "scheduler": 2, "preemption": 1,
-                "checkpoint": 1, "job-controller": 2, "projector": 1}
+SERVICES = (
+    "api",
+    "inventory",
+    "health-monitor",
+    "scheduler",
+    "preemption",
+    "checkpoint",
+    "job-controller",
+    "projector",
+    "agent",
+)
+K8S_REPLICAS = {
+    "api": 2,
+    "inventory": 1,
+    "health-monitor": 2,
+    "scheduler": 2,
+    "preemption": 1,
+    "checkpoint": 1,
+    "job-controller": 2,
+    "projector": 1,
+}
 NATS_HOSTS = ("nats-1", "nats-2", "nats-3")
 ROLES = (*SERVICES, "admin")
 
@@ -56,7 +73,7 @@ def _tokens(text: str) -> list[tuple[str, str]]:
     pos = 0
     while pos < len(text):
         match = _TOKEN.match(text, pos)
-        assert match, f"unparseable NATS config near {text[pos:pos + 40]!r}"
+        assert match, f"unparseable NATS config near {text[pos : pos + 40]!r}"
         pos = match.end()
         kind = match.lastgroup or ""
         if kind in ("ws", "comment"):
@@ -183,7 +200,8 @@ def permitted(perms: dict[str, Any], direction: str, subject: str) -> bool:
     else:
         allow, deny = _as_list(rule.get("allow")), _as_list(rule.get("deny"))
     return any(subject_matches(p, subject) for p in allow) and not any(
-        subject_matches(p, subject) for p in deny)
+        subject_matches(p, subject) for p in deny
+    )
 
 
 @pytest.fixture(scope="module")
@@ -196,8 +214,9 @@ def users(accounts: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {u["user"]: u for u in accounts["accounts"]["RALLY"]["users"]}
 
 
-def test_accounts_one_user_per_role_with_env_passwords(accounts: dict[str, Any],
-                                                       users: dict[str, dict[str, Any]]) -> None:
+def test_accounts_one_user_per_role_with_env_passwords(
+    accounts: dict[str, Any], users: dict[str, dict[str, Any]]
+) -> None:
     assert accounts["accounts"]["RALLY"]["jetstream"] == "enabled"
     assert accounts["system_account"] in accounts["accounts"]
     assert set(users) == set(ROLES)
@@ -225,61 +244,68 @@ ALL_SERVICES_COMMON = [
 ]
 
 # (role, direction, subject, allowed): the matrix of docs/deployment.md.
-MATRIX = [
-    ("api", "pub", "rally.job.j1", True),
-    ("api", "pub", "q.inventory.nodes", True),
-    ("api", "pub", "rally.node.n1", False),
-    ("api", "pub", "rally.sched.bind.j1", False),
-    ("api", "pub", "cmd.agent.n1.launch", False),
-    ("api", "sub", "hb.n1", False),
-    ("inventory", "sub", "q.inventory.nodes", True),
-    ("inventory", "pub", "rally.node.n1", False),
-    ("health-monitor", "sub", "hb.n1", True),
-    ("health-monitor", "pub", "rally.node.n1", True),
-    ("health-monitor", "pub", "rally.job.j1", False),
-    ("scheduler", "pub", "rally.sched.epoch", True),
-    ("scheduler", "pub", "rally.sched.bind.j1", True),
-    ("scheduler", "pub", "rally.job.j1", True),
-    ("scheduler", "pub", "$KV.rally-leader.scheduler", True),
-    ("scheduler", "pub", "rally.node.n1", False),
-    ("scheduler", "pub", "cmd.agent.n1.launch", False),
-    ("job-controller", "pub", "rally.job.j1", True),
-    ("job-controller", "pub", "cmd.agent.n1.launch", True),
-    ("job-controller", "pub", "rally.sched.epoch", False),
-    ("job-controller", "pub", "$KV.rally-leader.scheduler", False),
-    ("projector", "pub", "rally.job.j1", False),
-    ("projector", "pub", "rally.node.n1", False),
-    ("preemption", "pub", "rally.job.j1", False),
-    ("preemption", "pub", "rally.preempt.request.j1", True),
-    ("preemption", "pub", "rally.preempt.epoch", True),
-    ("preemption", "pub", "$KV.rally-leader.preemption", True),
-    ("preemption", "pub", "$KV.rally-leader.scheduler", False),
-    ("preemption", "pub", "rally.sched.epoch", False),
-    ("scheduler", "pub", "rally.preempt.epoch", False),
-    ("checkpoint", "pub", "rally.job.j1", False),
-    ("agent", "pub", "hb.n1", True),
-    ("agent", "pub", "rally.node.n1", True),
-    ("agent", "pub", "rally.job.j1", True),
-    ("agent", "sub", "cmd.agent.n1.launch", True),
-    ("agent", "pub", "rally.sched.epoch", False),
-    ("agent", "pub", "cmd.agent.n2.launch", False),
-    ("agent", "pub", "q.inventory.nodes", False),
-    ("agent", "sub", "hb.n2", False),
-    ("admin", "pub", "rally.sched.epoch", True),
-    ("admin", "pub", "$JS.API.STREAM.DELETE.RALLY", True),
-] + [
-    (role, direction, subject, allowed)
-    for role in SERVICES
-    for direction, subject, allowed in ALL_SERVICES_COMMON
-] + [
-    # snapshots: every service folding the log keeps one in the object store rally-snapshots
-    (role, "pub", "$O.rally-snapshots.C.abc", role not in ("projector", "agent")) for role in SERVICES
-] + [(role, "pub", "rally.sched.epoch", False) for role in SERVICES if role != "scheduler"]
+MATRIX = (
+    [
+        ("api", "pub", "rally.job.j1", True),
+        ("api", "pub", "q.inventory.nodes", True),
+        ("api", "pub", "rally.node.n1", False),
+        ("api", "pub", "rally.sched.bind.j1", False),
+        ("api", "pub", "cmd.agent.n1.launch", False),
+        ("api", "sub", "hb.n1", False),
+        ("inventory", "sub", "q.inventory.nodes", True),
+        ("inventory", "pub", "rally.node.n1", False),
+        ("health-monitor", "sub", "hb.n1", True),
+        ("health-monitor", "pub", "rally.node.n1", True),
+        ("health-monitor", "pub", "rally.job.j1", False),
+        ("scheduler", "pub", "rally.sched.epoch", True),
+        ("scheduler", "pub", "rally.sched.bind.j1", True),
+        ("scheduler", "pub", "rally.job.j1", True),
+        ("scheduler", "pub", "$KV.rally-leader.scheduler", True),
+        ("scheduler", "pub", "rally.node.n1", False),
+        ("scheduler", "pub", "cmd.agent.n1.launch", False),
+        ("job-controller", "pub", "rally.job.j1", True),
+        ("job-controller", "pub", "cmd.agent.n1.launch", True),
+        ("job-controller", "pub", "rally.sched.epoch", False),
+        ("job-controller", "pub", "$KV.rally-leader.scheduler", False),
+        ("projector", "pub", "rally.job.j1", False),
+        ("projector", "pub", "rally.node.n1", False),
+        ("preemption", "pub", "rally.job.j1", False),
+        ("preemption", "pub", "rally.preempt.request.j1", True),
+        ("preemption", "pub", "rally.preempt.epoch", True),
+        ("preemption", "pub", "$KV.rally-leader.preemption", True),
+        ("preemption", "pub", "$KV.rally-leader.scheduler", False),
+        ("preemption", "pub", "rally.sched.epoch", False),
+        ("scheduler", "pub", "rally.preempt.epoch", False),
+        ("checkpoint", "pub", "rally.job.j1", False),
+        ("agent", "pub", "hb.n1", True),
+        ("agent", "pub", "rally.node.n1", True),
+        ("agent", "pub", "rally.job.j1", True),
+        ("agent", "sub", "cmd.agent.n1.launch", True),
+        ("agent", "pub", "rally.sched.epoch", False),
+        ("agent", "pub", "cmd.agent.n2.launch", False),
+        ("agent", "pub", "q.inventory.nodes", False),
+        ("agent", "sub", "hb.n2", False),
+        ("admin", "pub", "rally.sched.epoch", True),
+        ("admin", "pub", "$JS.API.STREAM.DELETE.RALLY", True),
+    ]
+    + [
+        (role, direction, subject, allowed)
+        for role in SERVICES
+        for direction, subject, allowed in ALL_SERVICES_COMMON
+    ]
+    + [
+        # snapshots: every service folding the log keeps one in the object store rally-snapshots
+        (role, "pub", "$O.rally-snapshots.C.abc", role not in ("projector", "agent"))
+        for role in SERVICES
+    ]
+    + [(role, "pub", "rally.sched.epoch", False) for role in SERVICES if role != "scheduler"]
+)
 
 
 @pytest.mark.parametrize(("role", "direction", "subject", "allowed"), MATRIX)
-def test_permission_matrix(users: dict[str, dict[str, Any]], role: str, direction: str, subject: str,
-                           allowed: bool) -> None:
+def test_permission_matrix(
+    users: dict[str, dict[str, Any]], role: str, direction: str, subject: str, allowed: bool
+) -> None:
     perms = users[role]["permissions"]
     key = "publish" if direction == "pub" else "subscribe"
     assert permitted(perms, key, subject) is allowed
@@ -310,8 +336,10 @@ def test_nats_confs_form_a_jetstream_cluster(nats_confs: dict[str, dict[str, Any
         assert js["store_dir"]
         assert js["sync_interval"] == "always", "the guide: fsync every write in production"
         assert js["max_file_store"] and js["max_memory_store"]
-        route_hosts = {re.match(r"nats(?:-route)?://(?:[^@/]*@)?([^:/]+):6222$", r).group(1)  # type: ignore[union-attr]
-                       for r in conf["cluster"]["routes"]}
+        route_hosts = {
+            re.match(r"nats(?:-route)?://(?:[^@/]*@)?([^:/]+):6222$", r).group(1)  # type: ignore[union-attr]
+            for r in conf["cluster"]["routes"]
+        }
         assert route_hosts == set(NATS_HOSTS) - {host}, host
         assert conf["cluster"]["listen"].endswith(":6222")
         assert conf["listen"].endswith(":4222")
@@ -330,14 +358,16 @@ def _nats_env() -> dict[str, str]:
 def _nats_binary() -> Path:
     try:
         from rallypoint.infra import nats_server_binary
+
         return nats_server_binary()
     except (ImportError, FileNotFoundError):
         pytest.skip("nats-server binary not installed")
 
 
 def _k8s_nats_files(tmp_path: Path) -> Path:
-    config_map = next(d for d in _k8s_docs()
-                      if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "nats-config")
+    config_map = next(
+        d for d in _k8s_docs() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "nats-config"
+    )
     for name, text in config_map["data"].items():
         (tmp_path / name).write_text(text)
     return tmp_path / "nats.conf"
@@ -347,14 +377,16 @@ def _k8s_nats_files(tmp_path: Path) -> Path:
 def test_nats_server_accepts_config(conf: str, tmp_path: Path) -> None:
     binary = _nats_binary()
     path = _k8s_nats_files(tmp_path) if conf == "k8s" else NATS_DIR / conf
-    result = subprocess.run([str(binary), "-t", "-c", str(path)], env=_nats_env(), capture_output=True,
-                            text=True, timeout=30)
+    result = subprocess.run(
+        [str(binary), "-t", "-c", str(path)], env=_nats_env(), capture_output=True, text=True, timeout=30
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     # and it refuses to start without the passwords rather than fall back to anything
     env = _nats_env()
     del env["RALLY_NATS_AGENT_PASSWORD"]
-    result = subprocess.run([str(binary), "-t", "-c", str(path)], env=env, capture_output=True, text=True,
-                            timeout=30)
+    result = subprocess.run(
+        [str(binary), "-t", "-c", str(path)], env=env, capture_output=True, text=True, timeout=30
+    )
     assert result.returncode != 0
 
 
@@ -370,10 +402,15 @@ async def test_live_server_enforces_the_permission_matrix(tmp_path: Path) -> Non
     (tmp_path / "accounts.conf").write_text((NATS_DIR / "accounts.conf").read_text())
     (tmp_path / "test.conf").write_text(
         f"listen: 127.0.0.1:{port}\njetstream {{ store_dir: {json.dumps(str(tmp_path / 'js'))} }}\n"
-        "include ./accounts.conf\n")
+        "include ./accounts.conf\n"
+    )
     env = _nats_env()
-    proc = subprocess.Popen([str(binary), "-c", str(tmp_path / "test.conf")], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(binary), "-c", str(tmp_path / "test.conf")],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 15
         while not port_open("127.0.0.1", port):
@@ -383,15 +420,20 @@ async def test_live_server_enforces_the_permission_matrix(tmp_path: Path) -> Non
         async def connect(role: str) -> Any:
             async def quiet(_: Exception) -> None:
                 pass
+
             password = env[f"RALLY_NATS_{role.upper().replace('-', '_')}_PASSWORD"]
-            return await nats.connect(f"nats://{role}:{password}@127.0.0.1:{port}", error_cb=quiet,
-                                      allow_reconnect=False)
+            return await nats.connect(
+                f"nats://{role}:{password}@127.0.0.1:{port}", error_cb=quiet, allow_reconnect=False
+            )
 
         admin = await connect("admin")
         js = admin.jetstream()
         await js.add_stream(StreamConfig(name="T", subjects=["rally.>"]))
-        attempts = [(role, subject, allowed) for role, direction, subject, allowed in MATRIX
-                    if direction == "pub" and subject.startswith("rally.") and role != "admin"]
+        attempts = [
+            (role, subject, allowed)
+            for role, direction, subject, allowed in MATRIX
+            if direction == "pub" and subject.startswith("rally.") and role != "admin"
+        ]
         for role in sorted({r for r, _, _ in attempts}):
             nc = await connect(role)
             for r, subject, _ in attempts:
@@ -424,8 +466,11 @@ def compose() -> dict[str, Any]:
 
 
 def _rally_containers(compose: dict[str, Any], service: str) -> dict[str, dict[str, Any]]:
-    return {name: spec for name, spec in compose["services"].items()
-            if spec.get("command", [])[:2] == ["serve", service]}
+    return {
+        name: spec
+        for name, spec in compose["services"].items()
+        if spec.get("command", [])[:2] == ["serve", service]
+    }
 
 
 def _arg(command: list[str], flag: str) -> str | None:
@@ -475,8 +520,11 @@ def test_nats_cluster_containers(compose: dict[str, Any], nats_confs: dict[str, 
         assert spec["healthcheck"]["test"]
         assert spec["restart"] == "unless-stopped"
         # the passwords accounts.conf references reach the server
-        needed = {u["password"] for acc in parse_nats_conf(NATS_DIR / "accounts.conf")["accounts"].values()
-                  for u in acc.get("users", [])}
+        needed = {
+            u["password"]
+            for acc in parse_nats_conf(NATS_DIR / "accounts.conf")["accounts"].values()
+            for u in acc.get("users", [])
+        }
         assert needed <= set(spec["environment"])
 
 
@@ -505,8 +553,9 @@ def test_depends_on(compose: dict[str, Any]) -> None:
                 assert "healthcheck" in services[host]
 
 
-def test_services_reach_all_three_nats_servers_as_their_own_user(compose: dict[str, Any],
-                                                                 users: dict[str, dict[str, Any]]) -> None:
+def test_services_reach_all_three_nats_servers_as_their_own_user(
+    compose: dict[str, Any], users: dict[str, dict[str, Any]]
+) -> None:
     for service in SERVICES:
         for name, spec in _rally_containers(compose, service).items():
             url = spec["environment"]["RALLY_NATS_URL"]
@@ -605,13 +654,16 @@ def test_workloads_selectors_resources_probes(k8s: list[dict[str, Any]]) -> None
     # Selectors of different workloads must not overlap (a pod belongs to one owner).
     selectors = [frozenset(w["spec"]["selector"]["matchLabels"].items()) for w in workloads]
     for i, a in enumerate(selectors):
-        for b in selectors[i + 1:]:
+        for b in selectors[i + 1 :]:
             assert not (a <= b or b <= a)
 
 
 def _deployment_for(k8s: list[dict[str, Any]], service: str) -> dict[str, Any]:
-    found = [d for d in _of_kind(k8s, "Deployment")
-             if _pod_spec(d)["containers"][0]["args"][:2] == ["serve", service]]
+    found = [
+        d
+        for d in _of_kind(k8s, "Deployment")
+        if _pod_spec(d)["containers"][0]["args"][:2] == ["serve", service]
+    ]
     assert len(found) == 1, f"one Deployment runs `rally serve {service}`"
     return found[0]
 
@@ -668,9 +720,10 @@ def test_agent_is_a_gpu_daemonset(k8s: list[dict[str, Any]]) -> None:
     assert len(daemonsets) == 1
     spec = _pod_spec(daemonsets[0])
     agent = spec["containers"][0]
-    command = shlex.split(" ".join(agent.get("command", []) + agent.get("args", []))
-                          .replace("sh -c", "").replace("$$(", "$("))
-    assert command[command.index("rally") + 1: command.index("rally") + 3] == ["serve", "agent"]
+    command = shlex.split(
+        " ".join(agent.get("command", []) + agent.get("args", [])).replace("sh -c", "").replace("$$(", "$(")
+    )
+    assert command[command.index("rally") + 1 : command.index("rally") + 3] == ["serve", "agent"]
     assert _arg(command, "--backend") == "nvml"
     node_id_var = (_arg(command, "--node-id") or "").strip("$(){}")
     env = {e["name"]: e for e in agent["env"]}
@@ -695,7 +748,8 @@ def test_nats_statefulset(k8s: list[dict[str, Any]]) -> None:
     assert sts["spec"]["volumeClaimTemplates"]
     config_map = next(d for d in _of_kind(k8s, "ConfigMap") if d["metadata"]["name"] == "nats-config")
     assert config_map["data"]["accounts.conf"] == (NATS_DIR / "accounts.conf").read_text(), (
-        "the k8s accounts.conf drifted from deploy/nats/accounts.conf")
+        "the k8s accounts.conf drifted from deploy/nats/accounts.conf"
+    )
     ns, svc = sts["metadata"]["namespace"], sts["spec"]["serviceName"]
     pods = {f"{sts['metadata']['name']}-{i}.{svc}.{ns}.svc.cluster.local" for i in range(3)}
     conf_text = config_map["data"]["nats.conf"]
@@ -720,8 +774,11 @@ def test_api_service_and_scheduler_pdb(k8s: list[dict[str, Any]]) -> None:
         assert container[probe]["httpGet"]["path"] == "/healthz"
 
     scheduler_labels = _deployment_for(k8s, "scheduler")["spec"]["template"]["metadata"]["labels"]
-    pdbs = [p for p in _of_kind(k8s, "PodDisruptionBudget")
-            if p["spec"]["selector"]["matchLabels"].items() <= scheduler_labels.items()]
+    pdbs = [
+        p
+        for p in _of_kind(k8s, "PodDisruptionBudget")
+        if p["spec"]["selector"]["matchLabels"].items() <= scheduler_labels.items()
+    ]
     assert len(pdbs) == 1 and pdbs[0]["spec"].get("minAvailable") == 1
 
 
@@ -751,7 +808,7 @@ def test_dockerfile() -> None:
     args = dict(rest.split("=", 1) for op, rest in instructions if op == "ARG" and "=" in rest)
     froms = [rest.split()[0] for op, rest in instructions if op == "FROM"]
     assert froms and all(args.get(f.strip("${}"), f) == "python:3.11-slim" for f in froms)
-    final = instructions[max(i for i, (op, _) in enumerate(instructions) if op == "FROM"):]
+    final = instructions[max(i for i, (op, _) in enumerate(instructions) if op == "FROM") :]
     entrypoint = [json.loads(rest) for op, rest in final if op == "ENTRYPOINT"]
     assert entrypoint == [["rally"]], "exec-form ENTRYPOINT running the console script"
     cmd = [json.loads(rest) for op, rest in final if op == "CMD"]

@@ -28,16 +28,20 @@ def test_simulated_inventory_is_deterministic_and_node_specific() -> None:
     assert not set(uuids) & {d.uuid for d in c.inventory()}
     infos = gpu_infos(a)
     assert [(i.index, i.uuid, i.nvlink_domain) for i in infos] == [
-        (d.index, d.uuid, 0) for d in a.inventory()]
+        (d.index, d.uuid, 0) for d in a.inventory()
+    ]
 
 
-@pytest.mark.parametrize(("count", "size", "expected"), [
-    (8, 8, [0] * 8),
-    (8, 4, [0, 0, 0, 0, 1, 1, 1, 1]),
-    (8, 2, [0, 0, 1, 1, 2, 2, 3, 3]),
-    (6, 4, [0, 0, 0, 0, 1, 1]),
-    (4, 1, [0, 1, 2, 3]),
-])
+@pytest.mark.parametrize(
+    ("count", "size", "expected"),
+    [
+        (8, 8, [0] * 8),
+        (8, 4, [0, 0, 0, 0, 1, 1, 1, 1]),
+        (8, 2, [0, 0, 1, 1, 2, 2, 3, 3]),
+        (6, 4, [0, 0, 0, 0, 1, 1]),
+        (4, 1, [0, 1, 2, 3]),
+    ],
+)
 def test_simulated_nvlink_domains(count: int, size: int, expected: list[int]) -> None:
     gpus = SimulatedGpus("n", count, nvlink_domain_size=size)
     assert [d.nvlink_domain for d in gpus.inventory()] == expected
@@ -105,7 +109,9 @@ def test_faults_from_file_follow_its_contents(tmp_path: Path) -> None:
 
 def test_parse_fault_spec_errors() -> None:
     assert [(f.index, f.kind, f.value) for f in parse_fault_spec("*:throttle, 2:thermal=88.5")] == [
-        (None, "throttle", 1.0), (2, "thermal", 88.5)]
+        (None, "throttle", 1.0),
+        (2, "thermal", 88.5),
+    ]
     for bad in ("3", "x:xid", "1:melt", "1:xid=abc", "-1:xid"):
         with pytest.raises(ValueError):
             parse_fault_spec(bad)
@@ -154,8 +160,10 @@ class _FakeNvml:
         self.bus = [f"00000000:{0x10 + i:02X}:00.0" for i in range(4)]
         # gpu -> links: ("switch", bus) or ("gpu", index)
         self.links: dict[int, list[tuple[str, Any]]] = {
-            0: [("switch", "0000:a0:00.0")], 1: [("switch", "0000:a1:00.0")],
-            2: [("gpu", 3)], 3: [("gpu", 2)],
+            0: [("switch", "0000:a0:00.0")],
+            1: [("switch", "0000:a1:00.0")],
+            2: [("gpu", 3)],
+            3: [("gpu", 2)],
         }
 
     @staticmethod
@@ -166,16 +174,35 @@ class _FakeNvml:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
     def nvmlInit(self) -> None: ...
-    def nvmlShutdown(self) -> None: self.shutdowns += 1
-    def nvmlDeviceGetCount(self) -> int: return 4
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int: return i
-    def nvmlDeviceGetName(self, h: int) -> bytes: return b"NVIDIA Fake 80GB"
-    def nvmlDeviceGetUUID(self, h: int) -> str: return f"GPU-fake-{h}"
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any: return self._ns(total=80 * 1024**3, used=h * 1024**3)
-    def nvmlDeviceGetPciInfo(self, h: int) -> Any: return self._ns(busId=self.bus[h].encode())
-    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int: return 40 + h
-    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any: return self._ns(gpu=10 * h)
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int: return 0x40 if h == 1 else 0x1
+    def nvmlShutdown(self) -> None:
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 4
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetName(self, h: int) -> bytes:
+        return b"NVIDIA Fake 80GB"
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return f"GPU-fake-{h}"
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+        return self._ns(total=80 * 1024**3, used=h * 1024**3)
+
+    def nvmlDeviceGetPciInfo(self, h: int) -> Any:
+        return self._ns(busId=self.bus[h].encode())
+
+    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
+        return 40 + h
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
+        return self._ns(gpu=10 * h)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
+        return 0x40 if h == 1 else 0x1
 
     def nvmlDeviceGetTotalEccErrors(self, h: int, kind: int, counter: int) -> int:
         if h == 3:
@@ -196,7 +223,9 @@ class _FakeNvml:
             self._unsupported()  # older driver: falls back to "remote is not a local GPU"
         return self.NVML_NVLINK_DEVICE_TYPE_SWITCH if self.links[h][link][0] == "switch" else 0
 
-    def nvmlEventSetCreate(self) -> str: return "events"
+    def nvmlEventSetCreate(self) -> str:
+        return "events"
+
     def nvmlEventSetFree(self, events: str) -> None: ...
     def nvmlDeviceRegisterEvents(self, h: int, mask: int, events: str) -> None: ...
 
@@ -213,8 +242,11 @@ def test_nvml_backend_against_a_fake_library(monkeypatch: pytest.MonkeyPatch) ->
     with NvmlGpus() as gpus:
         assert gpus.gpu_type == "NVIDIA Fake 80GB"
         assert [(d.uuid, d.memory_mib, d.nvlink_domain) for d in gpus.inventory()] == [
-            ("GPU-fake-0", 81920, 0), ("GPU-fake-1", 81920, 0), ("GPU-fake-2", 81920, 1),
-            ("GPU-fake-3", 81920, 1)]
+            ("GPU-fake-0", 81920, 0),
+            ("GPU-fake-1", 81920, 0),
+            ("GPU-fake-2", 81920, 1),
+            ("GPU-fake-3", 81920, 1),
+        ]
         s = gpus.sample()
         assert [x.temperature_c for x in s] == [40, 41, 42, 43]
         assert [x.utilization for x in s] == [0, 10, 20, 30]

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from rallypoint.agent import EXIT_LOST, RankExit, RankLauncher
-from rallypoint.protocol import LaunchTask, RankSpec
 from rallypoint.agent.workdir import read_record
+from rallypoint.protocol import LaunchTask, RankSpec
 
 PY = sys.executable
 
@@ -41,17 +41,27 @@ while not os.path.exists(sys.argv[1]):
 sys.exit(int(open(sys.argv[1]).read()))
 """
 
-IGNORE_TERM = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
-               "time.sleep(60)")
+IGNORE_TERM = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
+    "time.sleep(60)"
+)
 
 
-def make_task(job_id: str, command: list[str], *, ranks: int = 2, attempt: int = 0,
-              env: dict[str, str] | None = None) -> LaunchTask:
+def make_task(
+    job_id: str, command: list[str], *, ranks: int = 2, attempt: int = 0, env: dict[str, str] | None = None
+) -> LaunchTask:
     return LaunchTask(
-        job_id=job_id, attempt=attempt, node_id="node-1", node_rank=1, world_size=2 * ranks,
-        local_world_size=ranks, master_addr="10.0.0.7", master_port=23456,
+        job_id=job_id,
+        attempt=attempt,
+        node_id="node-1",
+        node_rank=1,
+        world_size=2 * ranks,
+        local_world_size=ranks,
+        master_addr="10.0.0.7",
+        master_port=23456,
         ranks=tuple(RankSpec(rank=ranks + r, local_rank=r, gpus=(2 * r, 2 * r + 1)) for r in range(ranks)),
-        command=tuple(command), env=env or {},
+        command=tuple(command),
+        env=env or {},
     )
 
 
@@ -85,8 +95,9 @@ def work(tmp_path: Path) -> Iterator[Path]:
             os.kill(record.get("wrapper_pid"), signal.SIGKILL)  # type: ignore[arg-type]
 
 
-def test_ranks_get_the_contract_environment_logs_and_exit_codes(work: Path, tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ranks_get_the_contract_environment_logs_and_exit_codes(
+    work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("INHERITED", "from-agent")
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     launcher = RankLauncher(work)
@@ -95,14 +106,25 @@ def test_ranks_get_the_contract_environment_logs_and_exit_codes(work: Path, tmp_
     assert outcome.started == (2, 3) and not outcome.already_running
     exits = wait_exits(launcher, 2)
     assert [(e.job_id, e.attempt, e.rank, e.exit_code) for e in exits] == [
-        ("job-a", 0, 2, 0), ("job-a", 0, 3, 1)]
+        ("job-a", 0, 2, 0),
+        ("job-a", 0, 3, 1),
+    ]
     assert all(abs(e.at - time.time()) < 30 for e in exits)
     env2 = json.loads((tmp_path / "env-2.json").read_text())
     env3 = json.loads((tmp_path / "env-3.json").read_text())
     assert env2 == {
-        "RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
-        "CUDA_VISIBLE_DEVICES": "0,1", "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "23456", "NODE_RANK": "1",
-        "RALLY_JOB_ID": "job-a", "RALLY_ATTEMPT": "0", "USER_VAR": "x", "INHERITED": "from-agent",
+        "RANK": "2",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "4",
+        "LOCAL_WORLD_SIZE": "2",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "MASTER_ADDR": "10.0.0.7",
+        "MASTER_PORT": "23456",
+        "NODE_RANK": "1",
+        "RALLY_JOB_ID": "job-a",
+        "RALLY_ATTEMPT": "0",
+        "USER_VAR": "x",
+        "INHERITED": "from-agent",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
     }
     assert env3["RANK"] == "3" and env3["LOCAL_RANK"] == "1" and env3["CUDA_VISIBLE_DEVICES"] == "2,3"
@@ -190,8 +212,12 @@ def test_lost_wrapper_is_reported_and_its_rank_does_not_run_on(work: Path, tmp_p
     [exit] = wait_exits(launcher, 1)
     assert exit.exit_code == EXIT_LOST
     # The rank died with its wrapper (parent-death signal), so nothing unaccounted for holds the GPUs.
-    wait_for(lambda: not Path(f"/proc/{record['pid']}").exists()
-             or Path(f"/proc/{record['pid']}/stat").read_text().split(")")[-1].split()[0] == "Z")
+    wait_for(
+        lambda: (
+            not Path(f"/proc/{record['pid']}").exists()
+            or Path(f"/proc/{record['pid']}/stat").read_text().split(")")[-1].split()[0] == "Z"
+        )
+    )
 
 
 def test_command_not_found(work: Path) -> None:
@@ -205,8 +231,23 @@ def test_command_not_found(work: Path) -> None:
 def test_wrapper_honours_a_kill_that_came_before_it_started(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     (tmp_path / "rank-0.kill").write_text(json.dumps({"requested_at": 0, "grace_s": 5}))
-    done = subprocess.run([PY, "-m", "rallypoint.agent.rankwrap", "--dir", str(tmp_path), "--rank", "0", "--",
-                           PY, "-c", f"open({str(marker)!r}, 'w')"], timeout=30, check=False)
+    done = subprocess.run(
+        [
+            PY,
+            "-m",
+            "rallypoint.agent.rankwrap",
+            "--dir",
+            str(tmp_path),
+            "--rank",
+            "0",
+            "--",
+            PY,
+            "-c",
+            f"open({str(marker)!r}, 'w')",
+        ],
+        timeout=30,
+        check=False,
+    )
     assert done.returncode == 0
     assert read_record(tmp_path / "rank-0.exit")["exit_code"] == 128 + signal.SIGTERM  # type: ignore[index]
     assert not marker.exists()

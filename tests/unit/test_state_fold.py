@@ -30,7 +30,9 @@ def node(node_id: str, rack: str = "r0", gpus: int = 8) -> NodeRegistered:
         address="127.0.0.1",
         rack=rack,
         gpu_type="sim",
-        gpus=tuple(GpuInfo(index=i, uuid=f"{node_id}-{i}", memory_mib=80_000, nvlink_domain=0) for i in range(gpus)),
+        gpus=tuple(
+            GpuInfo(index=i, uuid=f"{node_id}-{i}", memory_mib=80_000, nvlink_domain=0) for i in range(gpus)
+        ),
         cpu_milli=64_000,
         memory_mib=512_000,
         agent_instance="a1",
@@ -39,15 +41,23 @@ def node(node_id: str, rack: str = "r0", gpus: int = 8) -> NodeRegistered:
 
 
 def submit(job_id: str, gpus: int, per_task: int = 8) -> JobSubmitted:
-    spec = JobSpec(name=job_id, team="nlp", gpus=gpus, gpus_per_task=per_task, ranks_per_task=per_task, command=("true",))
+    spec = JobSpec(
+        name=job_id, team="nlp", gpus=gpus, gpus_per_task=per_task, ranks_per_task=per_task, command=("true",)
+    )
     return JobSubmitted(job_id=job_id, spec=spec, submitted_at=2.0)
 
 
 def bound(job_id: str, *tasks: tuple[str, tuple[int, ...]], attempt: int = 1) -> GangBound:
     placements = tuple(TaskPlacement(task=i, node_id=n, gpus=g) for i, (n, g) in enumerate(tasks))
     return GangBound(
-        job_id=job_id, attempt=attempt, epoch=1, placements=placements, computed_at_seq=0,
-        policy_version="test", now=3.0, at=3.0,
+        job_id=job_id,
+        attempt=attempt,
+        epoch=1,
+        placements=placements,
+        computed_at_seq=0,
+        policy_version="test",
+        now=3.0,
+        at=3.0,
     )
 
 
@@ -85,7 +95,9 @@ def test_a_bind_on_gpus_already_held_is_ignored_never_double_booked() -> None:
 
 
 def test_a_bind_after_cancel_request_is_ignored() -> None:
-    state = fold(node("n1"), submit("j1", 8), JobCancelRequested(job_id="j1", at=2.5), bound("j1", ("n1", EIGHT)))
+    state = fold(
+        node("n1"), submit("j1", 8), JobCancelRequested(job_id="j1", at=2.5), bound("j1", ("n1", EIGHT))
+    )
     assert state.jobs["j1"].state == "pending" and state.jobs["j1"].cancel_requested
     assert state.free_gpus() == 8
     state.apply(5, JobCancelled(job_id="j1", at=3.0))
@@ -95,7 +107,9 @@ def test_a_bind_after_cancel_request_is_ignored() -> None:
 
 def test_terminal_states_are_final() -> None:
     state = fold(
-        node("n1"), submit("j1", 8), bound("j1", ("n1", EIGHT)),
+        node("n1"),
+        submit("j1", 8),
+        bound("j1", ("n1", EIGHT)),
         JobFailed(job_id="j1", attempt=1, reason="rank 3 exited 1", exit_code=1, at=4.0),
         JobCompleted(job_id="j1", attempt=1, at=5.0),
     )
@@ -116,7 +130,12 @@ def test_pending_jobs_come_in_log_order() -> None:
 
 
 def test_hash_is_equal_for_equal_histories_and_survives_a_snapshot_round_trip() -> None:
-    events = (node("n1"), submit("j1", 8), bound("j1", ("n1", EIGHT)), LeaderEpochStarted(epoch=3, leader_id="s", at=1))
+    events = (
+        node("n1"),
+        submit("j1", 8),
+        bound("j1", ("n1", EIGHT)),
+        LeaderEpochStarted(epoch=3, leader_id="s", at=1),
+    )
     one, two = fold(*events), fold(*events)
     assert one.hash() == two.hash()
     assert ClusterState.decode(one.encode()).hash() == one.hash()

@@ -22,7 +22,10 @@ _DROP = object()  # an override that removes the field
 
 def body(**overrides: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
-        "name": "llama-pretrain", "team": "nlp", "gpus": 16, "command": ["python", "train.py"],
+        "name": "llama-pretrain",
+        "team": "nlp",
+        "gpus": 16,
+        "command": ["python", "train.py"],
     }
     base.update(overrides)
     return {k: v for k, v in base.items() if v is not _DROP}
@@ -31,8 +34,19 @@ def body(**overrides: Any) -> dict[str, Any]:
 # --- accepted bodies and their defaults -----------------------------------------------------------
 
 DEFAULTS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
-    ("minimal 16 gpus", body(), {"gpus_per_task": 8, "ranks_per_task": 8, "priority": "training-standard",
-                                 "env": {}, "max_retries": 0, "time_limit_s": None, "min_gpus": None}),
+    (
+        "minimal 16 gpus",
+        body(),
+        {
+            "gpus_per_task": 8,
+            "ranks_per_task": 8,
+            "priority": "training-standard",
+            "env": {},
+            "max_retries": 0,
+            "time_limit_s": None,
+            "min_gpus": None,
+        },
+    ),
     ("small job: one task of all its gpus", body(gpus=2), {"gpus_per_task": 2, "ranks_per_task": 2}),
     ("explicit per task", body(gpus=16, gpus_per_task=4), {"gpus_per_task": 4, "ranks_per_task": 4}),
     ("one rank per task", body(gpus=8, ranks_per_task=1), {"gpus_per_task": 8, "ranks_per_task": 1}),
@@ -45,13 +59,22 @@ DEFAULTS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("priority", body(priority="production"), {"priority": "production"}),
     ("time limit", body(time_limit_s=3600), {"time_limit_s": 3600}),
     ("retries max", body(max_retries=100), {"max_retries": 100}),
-    ("topology", body(topology_required="rack", topology_preferred="node"),
-     {"topology_required": "rack", "topology_preferred": "node"}),
-    ("same topology level", body(topology_required="rack", topology_preferred="rack"),
-     {"topology_preferred": "rack"}),
+    (
+        "topology",
+        body(topology_required="rack", topology_preferred="node"),
+        {"topology_required": "rack", "topology_preferred": "node"},
+    ),
+    (
+        "same topology level",
+        body(topology_required="rack", topology_preferred="rack"),
+        {"topology_preferred": "rack"},
+    ),
     ("elastic defaults", body(gpus=16, min_gpus=8), {"min_gpus": 8, "max_gpus": 16, "gpu_step": 8}),
-    ("elastic full", body(gpus=16, gpus_per_task=4, min_gpus=8, max_gpus=32, gpu_step=4),
-     {"min_gpus": 8, "max_gpus": 32, "gpu_step": 4}),
+    (
+        "elastic full",
+        body(gpus=16, gpus_per_task=4, min_gpus=8, max_gpus=32, gpu_step=4),
+        {"min_gpus": 8, "max_gpus": 32, "gpu_step": 4},
+    ),
     ("nulls mean default", body(priority=None, env=None, gpu_type=None), {"priority": "training-standard"}),
     ("gpu type", body(gpu_type="H100-80GB"), {"gpu_type": "H100-80GB"}),
 ]
@@ -115,8 +138,12 @@ REJECTED: list[tuple[str, object, str, str]] = [
     ("zero time limit", body(time_limit_s=0), "time_limit_s", "> 0"),
     ("time limit string", body(time_limit_s="1h"), "time_limit_s", "integer"),
     ("bad topology", body(topology_required="datacenter"), "topology_required", "not a topology level"),
-    ("preferred wider than required", body(topology_required="node", topology_preferred="rack"),
-     "topology_preferred", "wider"),
+    (
+        "preferred wider than required",
+        body(topology_required="node", topology_preferred="rack"),
+        "topology_preferred",
+        "wider",
+    ),
     ("env not object", body(env=["A=1"]), "env", "object"),
     ("env value int", body(env={"A": 1}), "env", "must be a string"),
     ("env bad name", body(env={"1A": "x"}), "env", "not a valid environment variable"),
@@ -126,12 +153,24 @@ REJECTED: list[tuple[str, object, str, str]] = [
     ("elastic max below gpus", body(gpus=16, max_gpus=8), "max_gpus", "less than gpus"),
     ("elastic min zero", body(gpus=16, min_gpus=0), "min_gpus", ">= 1"),
     ("elastic step not task multiple", body(gpus=16, min_gpus=8, gpu_step=4), "gpu_step", "multiple"),
-    ("elastic min not task multiple", body(gpus=16, gpus_per_task=8, min_gpus=4, gpu_step=8), "min_gpus",
-     "multiple"),
-    ("elastic max unreachable", body(gpus=16, gpus_per_task=4, min_gpus=8, max_gpus=30, gpu_step=4),
-     "max_gpus", "not reachable"),
-    ("elastic gpus unreachable", body(gpus=16, gpus_per_task=4, min_gpus=4, gpu_step=8), "gpu_step",
-     "not reachable"),
+    (
+        "elastic min not task multiple",
+        body(gpus=16, gpus_per_task=8, min_gpus=4, gpu_step=8),
+        "min_gpus",
+        "multiple",
+    ),
+    (
+        "elastic max unreachable",
+        body(gpus=16, gpus_per_task=4, min_gpus=8, max_gpus=30, gpu_step=4),
+        "max_gpus",
+        "not reachable",
+    ),
+    (
+        "elastic gpus unreachable",
+        body(gpus=16, gpus_per_task=4, min_gpus=4, gpu_step=8),
+        "gpu_step",
+        "not reachable",
+    ),
     ("step without bounds", body(gpu_step=8), "gpu_step", "elastic"),
     ("empty gpu type", body(gpu_type=""), "gpu_type", "must not be empty"),
 ]

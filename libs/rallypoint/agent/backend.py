@@ -11,8 +11,8 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
-from rallypoint.protocol import GpuSample
 from rallypoint.events import GpuInfo
+from rallypoint.protocol import GpuSample
 
 MIB = 1024 * 1024
 
@@ -28,8 +28,9 @@ class GpuDevice(msgspec.Struct, frozen=True, kw_only=True):
 
     def to_info(self) -> GpuInfo:
         """The slice of the inventory that goes into ``NodeRegistered`` (the name travels as gpu_type)."""
-        return GpuInfo(index=self.index, uuid=self.uuid, memory_mib=self.memory_mib,
-                       nvlink_domain=self.nvlink_domain)
+        return GpuInfo(
+            index=self.index, uuid=self.uuid, memory_mib=self.memory_mib, nvlink_domain=self.nvlink_domain
+        )
 
 
 @runtime_checkable

@@ -28,8 +28,8 @@ from pathlib import Path
 import msgspec
 
 from rallypoint.agent import workdir
-from rallypoint.protocol import LaunchTask, RankStatus
 from rallypoint.jobs.launch import rank_environment
+from rallypoint.protocol import LaunchTask, RankStatus
 
 # A claim without a pid file is a wrapper still starting (Python starts in well under a second); after
 # this long with no wrapper alive to show for it, the rank is declared lost instead of waited on forever.
@@ -120,14 +120,19 @@ class RankLauncher:
                     task = self._read_task(attempt_dir)
                     for claim in sorted(attempt_dir.glob("rank-*.claim")):
                         try:
-                            rank = int(claim.name[len("rank-"):-len(".claim")])
+                            rank = int(claim.name[len("rank-") : -len(".claim")])
                         except ValueError:
                             continue
                         key = (job_dir.name, int(attempt_dir.name), rank)
                         if key in self._ranks:
                             continue
-                        record = _Rank(job_id=key[0], attempt=key[1], rank=rank, directory=attempt_dir,
-                                       gpus=_gpus_of(task, rank))
+                        record = _Rank(
+                            job_id=key[0],
+                            attempt=key[1],
+                            rank=rank,
+                            directory=attempt_dir,
+                            gpus=_gpus_of(task, rank),
+                        )
                         self._load(record)
                         self._ranks[key] = record
                         found += 1
@@ -147,8 +152,13 @@ class RankLauncher:
                 if key in self._ranks:
                     already.append(spec.rank)
                     continue
-                record = _Rank(job_id=task.job_id, attempt=task.attempt, rank=spec.rank,
-                               directory=directory, gpus=tuple(spec.gpus))
+                record = _Rank(
+                    job_id=task.job_id,
+                    attempt=task.attempt,
+                    rank=spec.rank,
+                    directory=directory,
+                    gpus=tuple(spec.gpus),
+                )
                 now = self._clock()
                 # The claim is the idempotency key on disk: created exclusively *before* the spawn, so
                 # neither a resent command nor a restarted agent can ever start this rank twice.
@@ -222,8 +232,13 @@ class RankLauncher:
     def status(self) -> tuple[RankStatus, ...]:
         with self._lock:
             return tuple(
-                RankStatus(job_id=r.job_id, attempt=r.attempt, rank=r.rank, pid=r.pid or 0,
-                           exit_code=r.exit.exit_code if r.exit else None)
+                RankStatus(
+                    job_id=r.job_id,
+                    attempt=r.attempt,
+                    rank=r.rank,
+                    pid=r.pid or 0,
+                    exit_code=r.exit.exit_code if r.exit else None,
+                )
                 for r in sorted(self._ranks.values(), key=lambda r: r.key)
             )
 
@@ -244,14 +259,29 @@ class RankLauncher:
     # -- internals (lock held) ----------------------------------------------------------------------
 
     def _spawn(self, record: _Rank, command: tuple[str, ...], env: dict[str, str]) -> None:
-        argv = [self._python, "-m", "rallypoint.agent.rankwrap", "--dir", str(record.directory),
-                "--rank", str(record.rank), "--", *command]
+        argv = [
+            self._python,
+            "-m",
+            "rallypoint.agent.rankwrap",
+            "--dir",
+            str(record.directory),
+            "--rank",
+            str(record.rank),
+            "--",
+            *command,
+        ]
         with open(record.file("log"), "ab") as log:
             # A session of its own: Ctrl-C on the agent's terminal, or the agent's death, must not
             # reach the rank. The wrapper's own output goes to the rank log, where a human looks.
-            record.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                            stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                            close_fds=True)
+            record.popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
         record.wrapper_pid = record.popen.pid
         record.wrapper_start = workdir.process_start_time(record.popen.pid)
 
@@ -287,8 +317,13 @@ class RankLauncher:
         data = workdir.read_record(record.file("exit"))
         if data is None:
             return False
-        record.exit = RankExit(job_id=record.job_id, attempt=record.attempt, rank=record.rank,
-                               exit_code=int(data["exit_code"]), at=float(data["at"]))
+        record.exit = RankExit(
+            job_id=record.job_id,
+            attempt=record.attempt,
+            rank=record.rank,
+            exit_code=int(data["exit_code"]),
+            at=float(data["at"]),
+        )
         return True
 
     def _wrapper_alive(self, record: _Rank) -> bool:

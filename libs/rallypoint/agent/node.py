@@ -28,6 +28,9 @@ from nats.aio.subscription import Subscription
 
 from rallypoint.agent.backend import GpuBackend, gpu_infos
 from rallypoint.agent.launcher import RankExit, RankLauncher
+from rallypoint.agent.sim_backend import SimulatedGpus
+from rallypoint.eventlog import AppendConflict, EventLog
+from rallypoint.events import NodeRegistered, RankExited, subjects
 from rallypoint.protocol import (
     Heartbeat,
     KillReply,
@@ -36,9 +39,6 @@ from rallypoint.protocol import (
     LaunchTask,
     StatusReply,
 )
-from rallypoint.agent.sim_backend import SimulatedGpus
-from rallypoint.eventlog import AppendConflict, EventLog
-from rallypoint.events import NodeRegistered, RankExited, subjects
 
 _log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
@@ -109,8 +109,11 @@ class NodeAgent:
         nc = self.log.nc
         handlers = (("launch", self._on_launch), ("kill", self._on_kill), ("status", self._on_status))
         for verb, handler in handlers:
-            self._subs.append(await nc.subscribe(subjects.agent_command(self.node_id, verb),
-                                                 cb=self._guarded(verb, handler)))
+            self._subs.append(
+                await nc.subscribe(
+                    subjects.agent_command(self.node_id, verb), cb=self._guarded(verb, handler)
+                )
+            )
         # Make sure the server has our subscriptions before anyone is told we are up.
         await nc.flush()
         self._tasks = [
@@ -118,8 +121,14 @@ class NodeAgent:
             asyncio.create_task(self._watch_loop(), name=f"agent-{self.node_id}-watch"),
             asyncio.create_task(self._report_loop(), name=f"agent-{self.node_id}-report"),
         ]
-        _log.info("agent %s (%s) up: %d GPUs of %s, work dir %s", self.node_id, self.config.instance,
-                  len(self.backend.inventory()), self.backend.gpu_type, self.launcher.work_dir)
+        _log.info(
+            "agent %s (%s) up: %d GPUs of %s, work dir %s",
+            self.node_id,
+            self.config.instance,
+            len(self.backend.inventory()),
+            self.backend.gpu_type,
+            self.launcher.work_dir,
+        )
 
     async def close(self) -> None:
         """Stop serving. Running ranks keep running; unreported exits stay on disk for the next start."""
@@ -158,22 +167,37 @@ class NodeAgent:
             at=self._clock(),
         )
         self.registered_seq = await self._append_until_stored(
-            subjects.node(cfg.node_id), event, f"{cfg.node_id}:{cfg.instance}:NodeRegistered")
+            subjects.node(cfg.node_id), event, f"{cfg.node_id}:{cfg.instance}:NodeRegistered"
+        )
         return self.registered_seq
 
     async def report(self, exit: RankExit) -> int:
         """Append RankExited for one rank, retrying until it is stored, then mark it reported on disk."""
-        event = RankExited(job_id=exit.job_id, attempt=exit.attempt, rank=exit.rank, node_id=self.node_id,
-                           exit_code=exit.exit_code, at=exit.at)
+        event = RankExited(
+            job_id=exit.job_id,
+            attempt=exit.attempt,
+            rank=exit.rank,
+            node_id=self.node_id,
+            exit_code=exit.exit_code,
+            at=exit.at,
+        )
         seq = await self._append_until_stored(
-            subjects.job(exit.job_id), event, f"{exit.job_id}:{exit.attempt}:RankExited:{exit.rank}")
+            subjects.job(exit.job_id), event, f"{exit.job_id}:{exit.attempt}:RankExited:{exit.rank}"
+        )
         await asyncio.to_thread(self.launcher.mark_reported, exit)
-        _log.info("rank %d of %s attempt %d exited with %d (seq %d)", exit.rank, exit.job_id, exit.attempt,
-                  exit.exit_code, seq)
+        _log.info(
+            "rank %d of %s attempt %d exited with %d (seq %d)",
+            exit.rank,
+            exit.job_id,
+            exit.attempt,
+            exit.exit_code,
+            seq,
+        )
         return seq
 
-    async def _append_until_stored(self, subject: str, event: NodeRegistered | RankExited,
-                                   msg_id: str) -> int:
+    async def _append_until_stored(
+        self, subject: str, event: NodeRegistered | RankExited, msg_id: str
+    ) -> int:
         delay = 0.1
         while True:
             try:
@@ -183,8 +207,9 @@ class NodeAgent:
             except Exception as exc:
                 # LogUnavailable above all, but anything else too (stream briefly missing during a server
                 # restart): the event must land eventually, and the same msg_id makes retries safe.
-                _log.warning("append %s failed (%s: %s); retrying in %.1fs", msg_id, type(exc).__name__, exc,
-                             delay)
+                _log.warning(
+                    "append %s failed (%s: %s); retrying in %.1fs", msg_id, type(exc).__name__, exc, delay
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
@@ -206,8 +231,13 @@ class NodeAgent:
             self.backend.set_busy(busy, True)
         gpus = await asyncio.to_thread(self.backend.sample)
         ranks = tuple(r for r in self.launcher.status() if r.exit_code is None)
-        beat = Heartbeat(node_id=self.node_id, agent_instance=self.config.instance, at=self._clock(),
-                         gpus=gpus, ranks=ranks)
+        beat = Heartbeat(
+            node_id=self.node_id,
+            agent_instance=self.config.instance,
+            at=self._clock(),
+            gpus=gpus,
+            ranks=ranks,
+        )
         # Core NATS, fire and forget: a heartbeat is telemetry, the next one supersedes it.
         await self.log.nc.publish(subjects.heartbeat(self.node_id), _json.encode(beat))
         self.heartbeats_sent += 1
@@ -235,8 +265,9 @@ class NodeAgent:
 
     # -- commands -----------------------------------------------------------------------------------
 
-    def _guarded(self, verb: str,
-                 handler: Callable[[Msg], Awaitable[bytes]]) -> Callable[[Msg], Awaitable[None]]:
+    def _guarded(
+        self, verb: str, handler: Callable[[Msg], Awaitable[bytes]]
+    ) -> Callable[[Msg], Awaitable[None]]:
         async def callback(msg: Msg) -> None:
             try:
                 reply = await handler(msg)
@@ -262,10 +293,21 @@ class NodeAgent:
         if missing := sorted({g for r in task.ranks for g in r.gpus} - known):
             return _json.encode(LaunchReply(ok=False, error=f"no such GPUs on {self.node_id}: {missing}"))
         outcome = await asyncio.to_thread(self.launcher.launch, task)
-        _log.info("launch %s attempt %d: started ranks %s, already %s", task.job_id, task.attempt,
-                  list(outcome.started), list(outcome.already))
-        return _json.encode(LaunchReply(ok=True, already_running=outcome.already_running,
-                                        started=outcome.started, already=outcome.already))
+        _log.info(
+            "launch %s attempt %d: started ranks %s, already %s",
+            task.job_id,
+            task.attempt,
+            list(outcome.started),
+            list(outcome.already),
+        )
+        return _json.encode(
+            LaunchReply(
+                ok=True,
+                already_running=outcome.already_running,
+                started=outcome.started,
+                already=outcome.already,
+            )
+        )
 
     async def _on_kill(self, msg: Msg) -> bytes:
         try:
@@ -273,8 +315,9 @@ class NodeAgent:
         except msgspec.DecodeError as exc:
             return _json.encode(KillReply(ok=False, error=f"bad KillTask: {exc}"))
         signalled = await asyncio.to_thread(self.launcher.kill, kill.job_id, kill.attempt, kill.grace_s)
-        _log.info("kill %s attempt %d (grace %.1fs): %d ranks", kill.job_id, kill.attempt, kill.grace_s,
-                  signalled)
+        _log.info(
+            "kill %s attempt %d (grace %.1fs): %d ranks", kill.job_id, kill.attempt, kill.grace_s, signalled
+        )
         return _json.encode(KillReply(ok=True, signalled=signalled))
 
     async def _on_status(self, msg: Msg) -> bytes:

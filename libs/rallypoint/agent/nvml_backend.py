@@ -181,8 +181,9 @@ class NvmlGpus:
         nv = self._nvml
         temperature = self._try(lambda: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)), 0.0)
         ecc = self._try(
-            lambda: int(nv.nvmlDeviceGetTotalEccErrors(h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                                                       nv.NVML_VOLATILE_ECC)),
+            lambda: int(
+                nv.nvmlDeviceGetTotalEccErrors(h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
+            ),
             0,
         )
         return GpuSample(
@@ -200,8 +201,10 @@ class NvmlGpus:
         nv = self._nvml
         # Renamed from "throttle reasons" to "clocks event reasons" in NVML 12.x; older drivers lack
         # the new name.
-        getter = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        getter = (
+            getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
         return int(getter(handle))
 
     def _discover_domains(self) -> list[int]:

@@ -48,8 +48,11 @@ def _pdeathsig(parent_pid: int) -> Callable[[], None]:
 
 
 def _finish(directory: Path, rank: int, exit_code: int) -> None:
-    workdir.write_atomic(workdir.rank_file(directory, rank, "exit"),
-                         {"exit_code": exit_code, "at": time.time()}, exclusive=True)
+    workdir.write_atomic(
+        workdir.rank_file(directory, rank, "exit"),
+        {"exit_code": exit_code, "at": time.time()},
+        exclusive=True,
+    )
 
 
 def run(directory: Path, rank: int, command: list[str]) -> int:
@@ -76,8 +79,13 @@ def run(directory: Path, rank: int, command: list[str]) -> int:
         signal.signal(sig, forward)
 
     try:
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, process_group=0,
-                                 preexec_fn=_pdeathsig(os.getpid()), close_fds=True)
+        child = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            process_group=0,
+            preexec_fn=_pdeathsig(os.getpid()),
+            close_fds=True,
+        )
     except FileNotFoundError as exc:
         print(f"rankwrap: cannot start rank {rank}: {exc}", file=sys.stderr)
         _finish(directory, rank, workdir.EXIT_NOT_FOUND)

@@ -135,8 +135,13 @@ class SimulatedGpus:
         self.node_id = node_id
         self._gpu_type = gpu_type
         self._devices = tuple(
-            GpuDevice(index=i, uuid=sim_uuid(node_id, i), memory_mib=memory_mib,
-                      nvlink_domain=i // nvlink_domain_size, name=gpu_type)
+            GpuDevice(
+                index=i,
+                uuid=sim_uuid(node_id, i),
+                memory_mib=memory_mib,
+                nvlink_domain=i // nvlink_domain_size,
+                name=gpu_type,
+            )
             for i in range(count)
         )
         # Seeded from (seed, node) so nodes differ from each other but each is reproducible.

@@ -72,8 +72,12 @@ def verify_decisions(records: Iterable[tuple[int, Event]], policy: SchedulingPol
     return report
 
 
-def _check(state: ClusterState, by_now: dict[float, list[tuple[int, Decision]]], policy: SchedulingPolicy,
-           report: AuditReport) -> None:
+def _check(
+    state: ClusterState,
+    by_now: dict[float, list[tuple[int, Decision]]],
+    policy: SchedulingPolicy,
+    report: AuditReport,
+) -> None:
     for now, decisions in sorted(by_now.items()):
         recomputed = policy.decide(state, now)
         binds = {b.job_id: b for b in recomputed.binds}
@@ -81,16 +85,22 @@ def _check(state: ClusterState, by_now: dict[float, list[tuple[int, Decision]]],
         for seq, event in decisions:
             if isinstance(event, GangBound):
                 bind = binds.get(event.job_id)
-                got = "not bound" if bind is None else msgspec.json.encode(
-                    sorted(bind.placements, key=lambda p: p.task)).decode()
+                got = (
+                    "not bound"
+                    if bind is None
+                    else msgspec.json.encode(sorted(bind.placements, key=lambda p: p.task)).decode()
+                )
                 want = _placements(event)
                 kind = "GangBound"
             else:
-                got = "preempted" if (event.job_id, event.for_job, event.reason) in victims else "not preempted"
+                got = (
+                    "preempted" if (event.job_id, event.for_job, event.reason) in victims else "not preempted"
+                )
                 want = "preempted"
                 kind = "PreemptionRequested"
             if got == want:
                 report.verified += 1
             else:
-                report.mismatches.append(Mismatch(seq=seq, job_id=event.job_id, kind=kind, recorded=want,
-                                                  recomputed=got))
+                report.mismatches.append(
+                    Mismatch(seq=seq, job_id=event.job_id, kind=kind, recorded=want, recomputed=got)
+                )

@@ -22,8 +22,9 @@ CLUSTER_FILE = Path(".rally") / "cluster.json"  # written by `rally up` in the d
 DEFAULT_TIMEOUT_S = 10.0
 
 
-def resolve_api_url(explicit: str | None = None, *, env: Mapping[str, str] | None = None,
-                    cwd: Path | None = None) -> str:
+def resolve_api_url(
+    explicit: str | None = None, *, env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> str:
     """--api-url, else $RALLY_API_URL, else ./.rally/cluster.json's "api_url", else the default."""
     if explicit:
         return explicit.rstrip("/")
@@ -71,8 +72,10 @@ class ApiUnreachable(Exception):
         super().__init__(self.line())
 
     def line(self) -> str:
-        return (f"error: cannot reach the Rallypoint API at {self.url} ({self.reason}). Is it running? "
-                f"Start a local cluster with `rally up`, or point at one with --api-url or ${API_URL_ENV}.")
+        return (
+            f"error: cannot reach the Rallypoint API at {self.url} ({self.reason}). Is it running? "
+            f"Start a local cluster with `rally up`, or point at one with --api-url or ${API_URL_ENV}."
+        )
 
 
 class Response:
@@ -87,8 +90,15 @@ class ApiClient:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
 
-    def request(self, method: str, path: str, *, body: Any = None, headers: Mapping[str, str] | None = None,
-                params: Mapping[str, str | int | None] | None = None) -> Response:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, str | int | None] | None = None,
+    ) -> Response:
         url = self.base_url + path
         query = {k: str(v) for k, v in (params or {}).items() if v is not None}
         if query:
@@ -126,15 +136,17 @@ class ApiClient:
         body: dict[str, Any] = self.request("GET", f"/v1/jobs/{urllib.parse.quote(job_id, safe='')}").body
         return body
 
-    def list_jobs(self, *, state: str | None = None, team: str | None = None,
-                  limit: int | None = None) -> list[dict[str, Any]]:
+    def list_jobs(
+        self, *, state: str | None = None, team: str | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
         """Jobs in submission order, following the API's pages up to ``limit`` (all when None)."""
         jobs: list[dict[str, Any]] = []
         after: int | None = None
         while True:
             page_limit = None if limit is None else min(limit - len(jobs), 10_000)
-            body = self.request("GET", "/v1/jobs", params={"state": state, "team": team, "limit": page_limit,
-                                                           "after": after}).body
+            body = self.request(
+                "GET", "/v1/jobs", params={"state": state, "team": team, "limit": page_limit, "after": after}
+            ).body
             jobs.extend(body["jobs"])
             after = body.get("next_after")
             if after is None or (limit is not None and len(jobs) >= limit):

@@ -22,8 +22,15 @@ def _up(args: argparse.Namespace) -> int:
     from rallypoint.localcluster import LocalCluster
 
     workdir = Path(args.data_dir)
-    cluster = LocalCluster(workdir, nodes=args.nodes, gpus_per_node=args.gpus_per_node, racks=args.racks,
-                           nats_url=args.nats_url, postgres_dsn=args.postgres_dsn, api_port=args.api_port)
+    cluster = LocalCluster(
+        workdir,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        racks=args.racks,
+        nats_url=args.nats_url,
+        postgres_dsn=args.postgres_dsn,
+        api_port=args.api_port,
+    )
     # SIGTERM ends `rally up` like Ctrl-C does: everything it started is stopped.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
@@ -61,7 +68,9 @@ def _demo(args: argparse.Namespace) -> int:
 def _add_shape(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=_positive, default=4, help="simulated GPU nodes (default 4)")
     parser.add_argument("--gpus-per-node", type=_positive, default=8, help="GPUs per node (default 8)")
-    parser.add_argument("--racks", type=_positive, default=2, help="racks the nodes are spread over (default 2)")
+    parser.add_argument(
+        "--racks", type=_positive, default=2, help="racks the nodes are spread over (default 2)"
+    )
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:

@@ -68,47 +68,82 @@ def parse_env(text: str) -> tuple[str, str]:
 
 
 def _api_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--api-url", default=None,
-                        help="API base URL (default: $RALLY_API_URL, then ./.rally/cluster.json, "
-                             "then http://127.0.0.1:8080)")
+    parser.add_argument(
+        "--api-url",
+        default=None,
+        help="API base URL (default: $RALLY_API_URL, then ./.rally/cluster.json, then http://127.0.0.1:8080)",
+    )
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     submit = subparsers.add_parser(
-        "submit", help="submit a gang job",
+        "submit",
+        help="submit a gang job",
         description="Submit a job: `rally submit --gpus 16 --team nlp -- python train.py --lr 3e-4`. "
-                    "Prints the job id.",
+        "Prints the job id.",
     )
     submit.add_argument("--gpus", type=int, required=True, help="GPUs of the whole gang (all or nothing)")
-    submit.add_argument("--gpus-per-node", type=int, dest="gpus_per_task", metavar="N",
-                        help="GPUs per task, one task per node (default: min(gpus, node size))")
-    submit.add_argument("--ranks-per-node", type=int, dest="ranks_per_task", metavar="N",
-                        help="processes per task (default: one per GPU)")
+    submit.add_argument(
+        "--gpus-per-node",
+        type=int,
+        dest="gpus_per_task",
+        metavar="N",
+        help="GPUs per task, one task per node (default: min(gpus, node size))",
+    )
+    submit.add_argument(
+        "--ranks-per-node",
+        type=int,
+        dest="ranks_per_task",
+        metavar="N",
+        help="processes per task (default: one per GPU)",
+    )
     submit.add_argument("--team", default=os.environ.get("RALLY_TEAM"), help="team (default $RALLY_TEAM)")
-    submit.add_argument("--priority", choices=PRIORITY_CLASSES,
-                        help="priority class (default training-standard)")
+    submit.add_argument(
+        "--priority", choices=PRIORITY_CLASSES, help="priority class (default training-standard)"
+    )
     submit.add_argument("--name", help="job name (default: derived from the command)")
-    submit.add_argument("--time-limit", type=parse_duration,
-                        help="wall-clock limit: 3600, 90m, 2h, 1-00:00:00")
-    submit.add_argument("--env", type=parse_env, action="append", default=[], metavar="NAME=VALUE",
-                        help="environment variable for every rank (repeatable)")
+    submit.add_argument(
+        "--time-limit", type=parse_duration, help="wall-clock limit: 3600, 90m, 2h, 1-00:00:00"
+    )
+    submit.add_argument(
+        "--env",
+        type=parse_env,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="environment variable for every rank (repeatable)",
+    )
     submit.add_argument("--gpu-type", help="only nodes with this GPU type")
-    submit.add_argument("--topology", choices=TOPOLOGY_LEVELS, dest="topology_required",
-                        help="every GPU of the gang within one such domain")
-    submit.add_argument("--prefer-topology", choices=TOPOLOGY_LEVELS, dest="topology_preferred",
-                        help="pack within one such domain when possible")
+    submit.add_argument(
+        "--topology",
+        choices=TOPOLOGY_LEVELS,
+        dest="topology_required",
+        help="every GPU of the gang within one such domain",
+    )
+    submit.add_argument(
+        "--prefer-topology",
+        choices=TOPOLOGY_LEVELS,
+        dest="topology_preferred",
+        help="pack within one such domain when possible",
+    )
     submit.add_argument("--checkpoint-dir", help="where the job writes sharded checkpoints")
     submit.add_argument("--max-retries", type=int, help="restarts after a failure (0-100)")
     submit.add_argument("--idempotency-key", help="retrying with the same key never creates a second job")
-    submit.add_argument("--wait", action="store_true",
-                        help="follow the job until it ends; exit 0 if it completed, 1 otherwise")
+    submit.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow the job until it ends; exit 0 if it completed, 1 otherwise",
+    )
     submit.add_argument("--poll-interval", type=float, default=1.0, help=argparse.SUPPRESS)
     _api_arg(submit)
     submit.add_argument("command", nargs=argparse.REMAINDER, help="-- the program and its arguments")
     submit.set_defaults(func=cmd_submit)
 
-    jobs = subparsers.add_parser("jobs", help="list jobs (like squeue)",
-                                 description="List jobs. By default only pending and running ones.")
+    jobs = subparsers.add_parser(
+        "jobs",
+        help="list jobs (like squeue)",
+        description="List jobs. By default only pending and running ones.",
+    )
     jobs.add_argument("--all", "-a", action="store_true", help="include finished jobs")
     jobs.add_argument("--state", "-t", help="comma-separated states (pending,bound,running,completed,...)")
     jobs.add_argument("--team", help="only this team's jobs")
@@ -202,8 +237,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     job_id = str(resp.body["job_id"])
     print(job_id, flush=True)
     if resp.headers.get("idempotent-replayed") == "true":
-        print(f"note: {job_id} was already submitted with this idempotency key; not submitted again",
-              file=sys.stderr)
+        print(
+            f"note: {job_id} was already submitted with this idempotency key; not submitted again",
+            file=sys.stderr,
+        )
     if not args.wait:
         return EXIT_OK
     return wait_for_job(client, job_id, poll_interval=args.poll_interval)
@@ -226,8 +263,15 @@ def describe(job: dict[str, Any]) -> str:
     return state
 
 
-def wait_for_job(client: ApiClient, job_id: str, *, poll_interval: float = 1.0, out: TextIO | None = None,
-                 sleep: Callable[[float], None] = time.sleep, unreachable_grace_s: float = 60.0) -> int:
+def wait_for_job(
+    client: ApiClient,
+    job_id: str,
+    *,
+    poll_interval: float = 1.0,
+    out: TextIO | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    unreachable_grace_s: float = 60.0,
+) -> int:
     """Poll the job, print each change, return 0 if it completed and 1 if it failed, was cancelled or
     rejected. The API may restart meanwhile (a rolling upgrade): keep trying for ``unreachable_grace_s``.
     """
@@ -258,8 +302,10 @@ def wait_for_job(client: ApiClient, job_id: str, *, poll_interval: float = 1.0, 
                 return EXIT_OK if job["state"] == "completed" else EXIT_JOB_FAILED
             sleep(poll_interval)
     except KeyboardInterrupt:
-        print(f"\nstopped waiting; {job_id} keeps going (cancel it with `rally cancel {job_id}`)",
-              file=sys.stderr)
+        print(
+            f"\nstopped waiting; {job_id} keeps going (cancel it with `rally cancel {job_id}`)",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED
 
 
@@ -344,8 +390,15 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
 def format_jobs(jobs: Sequence[dict[str, Any]], *, now: float) -> str:
     headers = ("ID", "TEAM", "NAME", "STATE", "TIME", "GPUS", "NODES(REASON)")
     rows = [
-        (j["job_id"], j["team"], j["name"], str(j["state"]).upper(), format_elapsed(job_elapsed(j, now)),
-         j["gpus"], nodes_or_reason(j))
+        (
+            j["job_id"],
+            j["team"],
+            j["name"],
+            str(j["state"]).upper(),
+            format_elapsed(job_elapsed(j, now)),
+            j["gpus"],
+            nodes_or_reason(j),
+        )
         for j in jobs
     ]
     return format_table(headers, rows)
@@ -354,8 +407,14 @@ def format_jobs(jobs: Sequence[dict[str, Any]], *, now: float) -> str:
 def format_nodes(nodes: Sequence[dict[str, Any]]) -> str:
     headers = ("NODE", "RACK", "STATUS", "GPU_TYPE", "GPUS(FREE/TOTAL)", "JOBS")
     rows = [
-        (n["node_id"], n["rack"], str(n["status"]).upper(), n["gpu_type"],
-         f"{n['gpus']['free']}/{n['gpus']['total']}", ",".join(n.get("jobs") or []) or "-")
+        (
+            n["node_id"],
+            n["rack"],
+            str(n["status"]).upper(),
+            n["gpu_type"],
+            f"{n['gpus']['free']}/{n['gpus']['total']}",
+            ",".join(n.get("jobs") or []) or "-",
+        )
         for n in nodes
     ]
     return format_table(headers, rows)

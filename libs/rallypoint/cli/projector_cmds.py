@@ -20,13 +20,22 @@ DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 
 def _add_connection_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nats-url", default=os.environ.get("RALLY_NATS_URL", DEFAULT_NATS_URL),
-                        help="NATS server URL (env RALLY_NATS_URL; default %(default)s)")
-    parser.add_argument("--postgres-dsn", default=os.environ.get("RALLY_POSTGRES_DSN"),
-                        help="PostgreSQL DSN of the read models (env RALLY_POSTGRES_DSN)")
+    parser.add_argument(
+        "--nats-url",
+        default=os.environ.get("RALLY_NATS_URL", DEFAULT_NATS_URL),
+        help="NATS server URL (env RALLY_NATS_URL; default %(default)s)",
+    )
+    parser.add_argument(
+        "--postgres-dsn",
+        default=os.environ.get("RALLY_POSTGRES_DSN"),
+        help="PostgreSQL DSN of the read models (env RALLY_POSTGRES_DSN)",
+    )
     parser.add_argument("--stream", default="RALLY", help="JetStream stream of the log (default RALLY)")
-    parser.add_argument("--name", default="read_models",
-                        help="projection name: the key of its position row (default read_models)")
+    parser.add_argument(
+        "--name",
+        default="read_models",
+        help="projection name: the key of its position row (default read_models)",
+    )
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -39,15 +48,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     actions.required = True
 
     rebuild = actions.add_parser(
-        "rebuild", help="empty the read models and project the whole log again",
+        "rebuild",
+        help="empty the read models and project the whole log again",
         description="Truncate the views, snapshot and position in one transaction, then project the log "
         "from sequence 1 up to its last sequence at the start of the command.",
     )
     _add_connection_args(rebuild)
-    rebuild.add_argument("--keep-archive", action="store_true",
-                         help="keep rally.events rows (re-inserted idempotently) instead of truncating")
-    rebuild.add_argument("--batch-size", type=int, default=2000,
-                         help="events per transaction (default %(default)s)")
+    rebuild.add_argument(
+        "--keep-archive",
+        action="store_true",
+        help="keep rally.events rows (re-inserted idempotently) instead of truncating",
+    )
+    rebuild.add_argument(
+        "--batch-size", type=int, default=2000, help="events per transaction (default %(default)s)"
+    )
     rebuild.set_defaults(func=_rebuild)
 
     status = actions.add_parser("status", help="projection position against the log's last sequence")
@@ -77,14 +91,16 @@ async def _rebuild_async(args: argparse.Namespace, dsn: str) -> int:
 
     started = time.monotonic()
     try:
-        log = await EventLog.connect(args.nats_url, name="rally-projector-rebuild", stream=args.stream,
-                                     create=False)
+        log = await EventLog.connect(
+            args.nats_url, name="rally-projector-rebuild", stream=args.stream, create=False
+        )
     except EventLogError as exc:
         print(f"rally projector rebuild: {exc}", file=sys.stderr)
         return 1
     # A CLI must not retry forever like the service: give PostgreSQL half a minute, then say so.
-    projector = Projector(log, dsn, name=args.name, batch_size=args.batch_size,
-                          retry=RetryPolicy(give_up_after=30.0))
+    projector = Projector(
+        log, dsn, name=args.name, batch_size=args.batch_size, retry=RetryPolicy(give_up_after=30.0)
+    )
     failures: tuple[type[BaseException], ...] = (ProjectionError, EventLogError, *TRANSIENT_ERRORS)
     try:
         await projector.reset(keep_archive=args.keep_archive)
@@ -97,8 +113,10 @@ async def _rebuild_async(args: argparse.Namespace, dsn: str) -> int:
         await projector.close()
         await log.close()
     elapsed = time.monotonic() - started
-    print(f"rebuilt projection {args.name!r} to seq {position}: {projector.events_written} events in "
-          f"{projector.batches_written} batches, {elapsed:.2f}s")
+    print(
+        f"rebuilt projection {args.name!r} to seq {position}: {projector.events_written} events in "
+        f"{projector.batches_written} batches, {elapsed:.2f}s"
+    )
     return 0
 
 
@@ -123,8 +141,9 @@ async def _status_async(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
     from rallypoint.eventlog import EventLog
     from rallypoint.projection import SCHEMA, connect
 
-    log = await EventLog.connect(args.nats_url, name="rally-projector-status", stream=args.stream,
-                                 create=False)
+    log = await EventLog.connect(
+        args.nats_url, name="rally-projector-status", stream=args.stream, create=False
+    )
     try:
         log_last = await log.last_seq()
     finally:
@@ -136,9 +155,11 @@ async def _status_async(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
         position = snapshot = jobs = nodes = events = None
         if exists:
             position = await conn.fetchval(
-                f"SELECT seq FROM {SCHEMA}.projection_position WHERE name = $1", args.name)
+                f"SELECT seq FROM {SCHEMA}.projection_position WHERE name = $1", args.name
+            )
             snapshot = await conn.fetchval(
-                f"SELECT seq FROM {SCHEMA}.projection_snapshot WHERE name = $1", args.name)
+                f"SELECT seq FROM {SCHEMA}.projection_snapshot WHERE name = $1", args.name
+            )
             jobs = await conn.fetchval(f"SELECT count(*) FROM {SCHEMA}.jobs")
             nodes = await conn.fetchval(f"SELECT count(*) FROM {SCHEMA}.nodes")
             events = await conn.fetchval(f"SELECT count(*) FROM {SCHEMA}.events")

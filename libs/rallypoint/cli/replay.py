@@ -69,8 +69,10 @@ def _verify(args: argparse.Namespace) -> int:
         print(msgspec.json.encode(report).decode())
     else:
         print(f"seq {report.final_seq}  hash {report.final_hash}")
-        print(f"policy {report.policy_version}: {report.decisions} decisions, {report.verified} recomputed "
-              f"identically, {len(report.mismatches)} differ, {report.other_policy} made under another policy")
+        print(
+            f"policy {report.policy_version}: {report.decisions} decisions, {report.verified} recomputed "
+            f"identically, {len(report.mismatches)} differ, {report.other_policy} made under another policy"
+        )
         for m in report.mismatches:
             print(f"  seq {m.seq} {m.kind} {m.job_id}: recorded {m.recorded}, recomputed {m.recomputed}")
     return 0 if report.ok else 1
@@ -115,8 +117,11 @@ def _run(args: argparse.Namespace) -> int:
             count = export_history(_history(args), args.export)
             print(f"exported {count} events to {args.export}")
             return 0
-        summary = summarize(fold(_history(args))) if args.history else asyncio.run(
-            replay_state(args.nats_url or default_nats_url(), args.to))
+        summary = (
+            summarize(fold(_history(args)))
+            if args.history
+            else asyncio.run(replay_state(args.nats_url or default_nats_url(), args.to))
+        )
     except (EventLogError, OSError, TimeoutError) as exc:
         print(f"error: cannot replay the log: {exc}", file=sys.stderr)
         return 1
@@ -134,12 +139,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--nats-url", default=None, help="NATS URL (default: the local cluster's, or env)")
     parser.add_argument("--to", type=int, default=None, metavar="SEQ", help="stop at this sequence")
     parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument("--history", metavar="FILE", default=None,
-                        help="read an exported history (JSON Lines) instead of the live log")
-    parser.add_argument("--export", metavar="FILE", default=None,
-                        help="write the events as JSON Lines (for audits elsewhere and recorded test histories)")
-    parser.add_argument("--verify-decisions", action="store_true",
-                        help="recompute every recorded bind and preemption from the log; exit 1 if any differs")
-    parser.add_argument("--policy", default="rallypoint", help="policy the scheduler ran (for --verify-decisions)")
+    parser.add_argument(
+        "--history",
+        metavar="FILE",
+        default=None,
+        help="read an exported history (JSON Lines) instead of the live log",
+    )
+    parser.add_argument(
+        "--export",
+        metavar="FILE",
+        default=None,
+        help="write the events as JSON Lines (for audits elsewhere and recorded test histories)",
+    )
+    parser.add_argument(
+        "--verify-decisions",
+        action="store_true",
+        help="recompute every recorded bind and preemption from the log; exit 1 if any differs",
+    )
+    parser.add_argument(
+        "--policy", default="rallypoint", help="policy the scheduler ran (for --verify-decisions)"
+    )
     parser.add_argument("--queues", default=None, help="queue configuration the scheduler ran with")
     parser.set_defaults(func=_run)

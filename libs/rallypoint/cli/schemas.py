@@ -48,4 +48,3 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("schemas", help="write the JSON Schema of every event")
     parser.add_argument("--out", default="schemas", help="directory to write into (default: schemas)")
     parser.set_defaults(func=_run)
-

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 
 import msgspec
 
-from rallypoint.protocol import LaunchTask
 from rallypoint.events import Event, JobCancelled, JobCompleted, JobFailed, JobPreempted, JobStarted, subjects
 from rallypoint.jobs.launch import launch_plan
+from rallypoint.protocol import LaunchTask
 from rallypoint.state import ClusterState, JobView
 
 
@@ -78,8 +78,9 @@ def _lost_node(job: JobView, state: ClusterState) -> str | None:
 PREEMPTION_GRACE_S = 30.0
 
 
-def reconcile(job: JobView, state: ClusterState, now: float, *,
-              preemption_grace_s: float = PREEMPTION_GRACE_S) -> list[Action]:
+def reconcile(
+    job: JobView, state: ClusterState, now: float, *, preemption_grace_s: float = PREEMPTION_GRACE_S
+) -> list[Action]:
     """What must happen to ``job`` now. Empty when nothing does."""
     if job.terminal:
         return []
@@ -91,20 +92,39 @@ def reconcile(job: JobView, state: ClusterState, now: float, *,
     attempt = job.attempt
     nodes = _nodes_of(job)
     if job.cancel_requested:
-        return [Kill(job_id=job.job_id, attempt=attempt, node_ids=nodes,
-                     then=JobCancelled(job_id=job.job_id, attempt=attempt, at=now))]
+        return [
+            Kill(
+                job_id=job.job_id,
+                attempt=attempt,
+                node_ids=nodes,
+                then=JobCancelled(job_id=job.job_id, attempt=attempt, at=now),
+            )
+        ]
 
     if job.preempt_for is not None:
-        preempted = JobPreempted(job_id=job.job_id, attempt=attempt, for_job=job.preempt_for,
-                                 reason=job.preempt_reason, at=now)
-        return [Kill(job_id=job.job_id, attempt=attempt, node_ids=nodes, then=preempted,
-                     grace_s=preemption_grace_s, await_exits=True)]
+        preempted = JobPreempted(
+            job_id=job.job_id, attempt=attempt, for_job=job.preempt_for, reason=job.preempt_reason, at=now
+        )
+        return [
+            Kill(
+                job_id=job.job_id,
+                attempt=attempt,
+                node_ids=nodes,
+                then=preempted,
+                grace_s=preemption_grace_s,
+                await_exits=True,
+            )
+        ]
 
     failure = _first_failure(job)
     if failure is not None:
         rank, code = failure
         failed = JobFailed(
-            job_id=job.job_id, attempt=attempt, reason=f"rank {rank} exited with code {code}", exit_code=code, at=now
+            job_id=job.job_id,
+            attempt=attempt,
+            reason=f"rank {rank} exited with code {code}",
+            exit_code=code,
+            at=now,
         )
         return [Kill(job_id=job.job_id, attempt=attempt, node_ids=nodes, then=failed)]
 
@@ -117,8 +137,15 @@ def reconcile(job: JobView, state: ClusterState, now: float, *,
         return [Append(event=JobCompleted(job_id=job.job_id, attempt=attempt, at=now))]
 
     limit = job.spec.time_limit_s
-    if job.state == "running" and limit is not None and job.started_at is not None and now > job.started_at + limit:
-        failed = JobFailed(job_id=job.job_id, attempt=attempt, reason=f"time limit of {limit} s exceeded", at=now)
+    if (
+        job.state == "running"
+        and limit is not None
+        and job.started_at is not None
+        and now > job.started_at + limit
+    ):
+        failed = JobFailed(
+            job_id=job.job_id, attempt=attempt, reason=f"time limit of {limit} s exceeded", at=now
+        )
         return [Kill(job_id=job.job_id, attempt=attempt, node_ids=nodes, then=failed)]
 
     if job.state == "bound":

@@ -72,20 +72,22 @@ def job_sizes(job: PendingJob, ctx: Ctx) -> list[int]:
 def _bind(job: PendingJob, size: int, plan: Plan, ctx: Ctx, out: _Out) -> None:
     ws = ctx.ws
     free = ws.free
+    set_free = ws.set_free
+    ids = ctx.idx.ids
+    get_bits = _BITS.get
+    # one pass: take the GPUs and build the output structs (no intermediate tuples per task)
+    placements = []
+    i = 0
     for o, m in plan.tasks:
-        ws.set_free(o, free[o] & ~m)
+        set_free(o, free[o] & ~m)
+        b = get_bits(m)
+        if b is None:
+            b = bits(m)
+        placements.append(TaskPlacement(task=i, node_id=ids[o], gpus=b))
+        i += 1
     ws.add_usage(job.queue_name, plan.gpu_type, size)
     ctx.add_team_usage(job.team, size, job.cpu_milli, job.memory_mib)
-    ids = ctx.idx.ids
-    out.binds.append(
-        Bind(
-            job_id=job.id,
-            gpus=size,
-            placements=tuple(
-                TaskPlacement(task=i, node_id=ids[o], gpus=bits(m)) for i, (o, m) in enumerate(plan.tasks)
-            ),
-        )
-    )
+    out.binds.append(Bind(job_id=job.id, gpus=size, placements=tuple(placements)))
     rt = job.runtime_estimate
     if rt is not None:
         ctx.cycle_ends.append((ctx.now + rt, job.id, plan.tasks))

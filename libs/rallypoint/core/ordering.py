@@ -105,13 +105,31 @@ class DrfPriorityOrder(PriorityOrder):
 
     def order(self, jobs: Iterable[PendingJob], ctx: Ctx) -> Iterator[PendingJob]:
         groups: dict[tuple[int, str], list[PendingJob]] = {}
-        for j in jobs:
-            groups.setdefault((-aged_priority(j, ctx), j.team), []).append(j)
+        # aged_priority inlined (same arithmetic): this loop runs for every pending job
+        cfg = ctx.cfg
+        prio = ctx.prio
+        step, interval, cap = cfg.aging_step, cfg.aging_interval_s, cfg.aging_max
+        aging = step > 0 and interval > 0
+        now = ctx.now
+        # jobs in submission order first, so every group's list comes out sorted (ids are unique: the tie
+        # key is a total order, and appending in that order is the same as sorting each group)
+        for j in sorted(jobs, key=_tie):
+            p = prio.get(j.priority_class, 0)
+            if aging:
+                boost = int(max(0.0, now - j.submit_time) // interval) * step
+                if cap is not None:
+                    boost = min(boost, cap)
+                p += boost
+            key = (-p, j.team)
+            g = groups.get(key)
+            if g is None:
+                groups[key] = [j]
+            else:
+                g.append(j)
         heap: list[tuple[int, float, float, int, str, int]] = []
         members: list[list[PendingJob]] = []
         pos: list[int] = []
         for (negp, team), js in sorted(groups.items()):
-            js.sort(key=_tie)
             h = js[0]
             heap.append((negp, ctx.dominant_share(team), h.submit_time, h.arrival, h.id, len(members)))
             members.append(js)

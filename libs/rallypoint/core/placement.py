@@ -136,6 +136,17 @@ def _place_type(ws: Workspace, t: str, tasks: int, g: int, max_rank: int, first_
     idx = ws.idx
     if ws.type_free[t] < tasks * g or g > idx.max_gpus:
         return None
+    if tasks == 1 and not first_fit:
+        # fast path of the node level below for one task (most jobs): the first non-empty bucket's first
+        # node, when it has a single NVLink domain, is exactly what ``_single_node`` would return
+        bs = ws.buckets[t]
+        for c in range(g, len(bs)):
+            b = bs[c]
+            if b:
+                o = b[0]
+                if not idx.multi_dom[o]:
+                    return Plan(t, "nvlink", ((o, lowest_bits(ws.free[o], g)),))
+                break
     # node level (or one NVLink domain for a single small task)
     if tasks * g <= idx.max_gpus and max_rank >= _RANK["nvlink"]:
         o = _single_node(ws, t, g, tasks, first_fit)

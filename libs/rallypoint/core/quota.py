@@ -22,6 +22,8 @@ class QuotaBook:
         # between two usage changes the cohort's lendable GPUs and an org's total do not change
         self._avail: dict[tuple[str, str], tuple[int, int]] = {}
         self._org_total: dict[tuple[str, str], tuple[int, int]] = {}
+        # (cohort, type) -> (usage version, sum of idle lendable nominal, sum borrowed, per member parts)
+        self._cohort_sums: dict[tuple[str, str], tuple[int, int, int, dict[str, tuple[int, int]]]] = {}
         self.children: dict[str, list[str]] = {}
         self.cohorts: dict[str, list[str]] = {}
         for q in sorted(queues, key=lambda q: q.name):
@@ -123,17 +125,29 @@ class QuotaBook:
         return v
 
     def _cohort_available(self, ws: Workspace, q: Queue, c: str, gpu_type: str) -> int:
-        pool = 0
-        borrowed = 0
-        for name in self.cohorts.get(c, ()):
-            if name == q.name:
-                continue
-            qt = self.quota(name, gpu_type)
-            nominal = qt.nominal if qt is not None else 0
-            used = ws.usage.get((name, gpu_type), 0)
-            idle = max(0, nominal - used)
-            if qt is not None and qt.lending_limit is not None:
-                idle = min(idle, qt.lending_limit)
-            pool += idle
-            borrowed += max(0, used - nominal)
-        return max(0, pool - borrowed)
+        # the cohort's sums over all members are computed once per usage version and shared by every
+        # member (each member's own part is subtracted), instead of one pass per member asking
+        ck = (c, gpu_type)
+        cm = self._cohort_sums.get(ck)
+        if cm is None or cm[0] != ws.usage_version:
+            parts: dict[str, tuple[int, int]] = {}
+            pool_all = borrowed_all = 0
+            usage = ws.usage
+            for name in self.cohorts.get(c, ()):
+                qt = self.quota(name, gpu_type)
+                nominal = qt.nominal if qt is not None else 0
+                used = usage.get((name, gpu_type), 0)
+                idle = max(0, nominal - used)
+                if qt is not None and qt.lending_limit is not None:
+                    idle = min(idle, qt.lending_limit)
+                borrow = max(0, used - nominal)
+                parts[name] = (idle, borrow)
+                pool_all += idle
+                borrowed_all += borrow
+            cm = self._cohort_sums[ck] = (ws.usage_version, pool_all, borrowed_all, parts)
+        _v, pool_all, borrowed_all, parts = cm
+        own = parts.get(q.name)
+        if own is not None:
+            pool_all -= own[0]
+            borrowed_all -= own[1]
+        return max(0, pool_all - borrowed_all)

@@ -134,8 +134,9 @@ class _Feed:
 class EventLog:
     """Client of the ``RALLY`` stream. Build with ``connect`` (own connection) or ``attach`` (shared)."""
 
-    def __init__(self, nc: Client, *, stream: str = "RALLY", owns_connection: bool = False,
-                 timeout: float = 5.0) -> None:
+    def __init__(
+        self, nc: Client, *, stream: str = "RALLY", owns_connection: bool = False, timeout: float = 5.0
+    ) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream(timeout=timeout)
         self.stream = stream
@@ -143,8 +144,16 @@ class EventLog:
         self._owns_connection = owns_connection
 
     @classmethod
-    async def connect(cls, url: str | list[str], *, name: str, stream: str = "RALLY", replicas: int = 1,
-                      create: bool = True, initial_timeout: float | None = 10.0) -> Self:
+    async def connect(
+        cls,
+        url: str | list[str],
+        *,
+        name: str,
+        stream: str = "RALLY",
+        replicas: int = 1,
+        create: bool = True,
+        initial_timeout: float | None = 10.0,
+    ) -> Self:
         nc = await connect_nats(url, name=name, initial_timeout=initial_timeout)
         try:
             return await cls.attach(nc, stream=stream, replicas=replicas, create=create, owns_connection=True)
@@ -153,8 +162,15 @@ class EventLog:
             raise
 
     @classmethod
-    async def attach(cls, nc: Client, *, stream: str = "RALLY", replicas: int = 1, create: bool = True,
-                     owns_connection: bool = False) -> Self:
+    async def attach(
+        cls,
+        nc: Client,
+        *,
+        stream: str = "RALLY",
+        replicas: int = 1,
+        create: bool = True,
+        owns_connection: bool = False,
+    ) -> Self:
         """An EventLog on an existing connection (a service shares one connection for everything)."""
         log = cls(nc, stream=stream, owns_connection=owns_connection)
         if create:
@@ -192,8 +208,15 @@ class EventLog:
                 # Another process created it between our two calls; fall through and compare.
                 info = await self.js.stream_info(self.stream)
         have = info.config
-        fields = ("subjects", "num_replicas", "deny_delete", "deny_purge", "allow_direct", "allow_atomic",
-                  "duplicate_window")
+        fields = (
+            "subjects",
+            "num_replicas",
+            "deny_delete",
+            "deny_purge",
+            "allow_direct",
+            "allow_atomic",
+            "duplicate_window",
+        )
         if any(getattr(have, f) != getattr(wanted, f) for f in fields):
             _log.info("updating stream %s configuration", self.stream)
             await self.js.update_stream(wanted)
@@ -212,23 +235,43 @@ class EventLog:
 
     # -- writing -----------------------------------------------------------------------------------
 
-    async def append(self, subject: str, event: Event, *, msg_id: str, source: str,
-                     expected_last_subject_seq: int | None = None,
-                     expected_subject_filter: str | None = None) -> int:
+    async def append(
+        self,
+        subject: str,
+        event: Event,
+        *,
+        msg_id: str,
+        source: str,
+        expected_last_subject_seq: int | None = None,
+        expected_subject_filter: str | None = None,
+    ) -> int:
         """Append one event; returns its stream sequence (the original one for a duplicate)."""
-        result = await self.append_ack(subject, event, msg_id=msg_id, source=source,
-                                       expected_last_subject_seq=expected_last_subject_seq,
-                                       expected_subject_filter=expected_subject_filter)
+        result = await self.append_ack(
+            subject,
+            event,
+            msg_id=msg_id,
+            source=source,
+            expected_last_subject_seq=expected_last_subject_seq,
+            expected_subject_filter=expected_subject_filter,
+        )
         return result.seq
 
-    async def append_ack(self, subject: str, event: Event, *, msg_id: str, source: str,
-                         expected_last_subject_seq: int | None = None,
-                         expected_subject_filter: str | None = None) -> AppendResult:
+    async def append_ack(
+        self,
+        subject: str,
+        event: Event,
+        *,
+        msg_id: str,
+        source: str,
+        expected_last_subject_seq: int | None = None,
+        expected_subject_filter: str | None = None,
+    ) -> AppendResult:
         """``append`` that also says whether the event was already stored (a retried append)."""
         if expected_subject_filter is not None and expected_last_subject_seq is None:
             raise ValueError("expected_subject_filter needs expected_last_subject_seq")
-        headers = envelope_headers(event, event_id=msg_id, source=source, subject=subject,
-                                   at=_event_time(event))
+        headers = envelope_headers(
+            event, event_id=msg_id, source=source, subject=subject, at=_event_time(event)
+        )
         headers[MSG_ID] = msg_id
         if expected_last_subject_seq is not None:
             headers[EXPECTED_SUBJECT_SEQ] = str(expected_last_subject_seq)
@@ -285,11 +328,13 @@ class EventLog:
             event = decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise UndecodableEvent(seq, raw.subject or "", str(exc)) from exc
-        return Recorded(seq=seq, subject=raw.subject or "", event=event,
-                        envelope=envelope_from_headers(raw.headers))
+        return Recorded(
+            seq=seq, subject=raw.subject or "", event=event, envelope=envelope_from_headers(raw.headers)
+        )
 
-    async def _subscribe(self, from_seq: int, subjects: str,
-                         feed: _Feed) -> nats.js.JetStreamContext.PushSubscription:
+    async def _subscribe(
+        self, from_seq: int, subjects: str, feed: _Feed
+    ) -> nats.js.JetStreamContext.PushSubscription:
         # Ordered push consumer: server-side flow control, no acks, ~100k msgs/s (GUIDE §6); the
         # client recreates it on gaps and missed heartbeats, and we re-check every sequence anyway.
         return await self.js.subscribe(
@@ -304,8 +349,14 @@ class EventLog:
             pending_bytes_limit=512 * 1024 * 1024,
         )
 
-    async def replay(self, *, from_seq: int = 1, to_seq: int | None = None, subjects: str = STREAM_SUBJECTS,
-                     stall_timeout: float = 10.0) -> AsyncIterator[Recorded]:
+    async def replay(
+        self,
+        *,
+        from_seq: int = 1,
+        to_seq: int | None = None,
+        subjects: str = STREAM_SUBJECTS,
+        stall_timeout: float = 10.0,
+    ) -> AsyncIterator[Recorded]:
         """Every event in [from_seq, to_seq or the last seq recorded when called], in order, or LogGap.
 
         Over the whole stream sequences must be contiguous; with a narrower ``subjects`` filter they
@@ -345,8 +396,9 @@ class EventLog:
                     if seq > limit:
                         if stop_beyond:
                             return
-                        raise LogGap(f"replay of {subjects} jumped from {last} past its target {target} "
-                                     f"to {seq}")
+                        raise LogGap(
+                            f"replay of {subjects} jumped from {last} past its target {target} to {seq}"
+                        )
                     yield _to_recorded(msg, seq)
                     last = seq
                     if seq == target and not stop_beyond:
@@ -355,8 +407,9 @@ class EventLog:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    async def follow(self, *, from_seq: int, subjects: str = STREAM_SUBJECTS,
-                     probe_interval: float = 5.0) -> AsyncIterator[Recorded]:
+    async def follow(
+        self, *, from_seq: int, subjects: str = STREAM_SUBJECTS, probe_interval: float = 5.0
+    ) -> AsyncIterator[Recorded]:
         """Events from ``from_seq`` on, live, forever; survives reconnects and server restarts.
 
         When idle for ``probe_interval`` it asks the stream whether it has missed something (a consumer
@@ -386,8 +439,12 @@ class EventLog:
                         except LogUnavailable:
                             continue
                         if stored >= next_seq:
-                            _log.warning("follow %s: idle but the log has seq %d; resubscribing at %d",
-                                         subjects, stored, next_seq)
+                            _log.warning(
+                                "follow %s: idle but the log has seq %d; resubscribing at %d",
+                                subjects,
+                                stored,
+                                next_seq,
+                            )
                             break
                         continue
                     for msg in batch:
@@ -409,4 +466,3 @@ class EventLog:
             return await self.js.stream_info(self.stream)
         except _UNAVAILABLE as exc:
             raise LogUnavailable(f"stream {self.stream} info got no answer") from exc
-

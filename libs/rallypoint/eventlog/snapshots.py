@@ -21,8 +21,9 @@ class SnapshotStore:
         self._store = store
 
     @classmethod
-    async def open(cls, js: JetStreamContext, *, bucket: str = SNAPSHOT_BUCKET, replicas: int = 1,
-                   create: bool = True) -> SnapshotStore:
+    async def open(
+        cls, js: JetStreamContext, *, bucket: str = SNAPSHOT_BUCKET, replicas: int = 1, create: bool = True
+    ) -> SnapshotStore:
         try:
             return cls(await js.object_store(bucket))
         except nats.js.errors.BucketNotFoundError:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import msgspec
 
-from rallypoint.protocol import Heartbeat
 from rallypoint.events import Event, NodeDrained, NodeHeartbeatLost, NodeLost, NodeRecovered
+from rallypoint.protocol import Heartbeat
 from rallypoint.state import NodeView
 
 # XIDs that mean the GPU or its memory is no longer trustworthy (NVIDIA's "reset or replace" class).
@@ -57,19 +57,38 @@ def assess(
         silent = now - seen
         incarnation = f"{node.node_id}:{node.agent_instance}"
         if node.status == "up" and silent > policy.unreachable_after_s:
-            out.append(Decision(node_id=node.node_id, event=NodeHeartbeatLost(node_id=node.node_id, last_seen=seen, at=now),
-                                msg_id=f"{incarnation}:NodeHeartbeatLost:{seen:.0f}"))
+            out.append(
+                Decision(
+                    node_id=node.node_id,
+                    event=NodeHeartbeatLost(node_id=node.node_id, last_seen=seen, at=now),
+                    msg_id=f"{incarnation}:NodeHeartbeatLost:{seen:.0f}",
+                )
+            )
         elif node.status == "unreachable" and silent > policy.lost_after_s:
-            out.append(Decision(node_id=node.node_id, event=NodeLost(node_id=node.node_id, at=now,
-                                               reason=f"no heartbeat for {silent:.0f} s"),
-                                msg_id=f"{incarnation}:NodeLost:{seen:.0f}"))
+            out.append(
+                Decision(
+                    node_id=node.node_id,
+                    event=NodeLost(node_id=node.node_id, at=now, reason=f"no heartbeat for {silent:.0f} s"),
+                    msg_id=f"{incarnation}:NodeLost:{seen:.0f}",
+                )
+            )
         elif node.status == "unreachable" and silent <= policy.unreachable_after_s:
-            out.append(Decision(node_id=node.node_id, event=NodeRecovered(node_id=node.node_id, at=now),
-                                msg_id=f"{incarnation}:NodeRecovered:{seen:.0f}"))
+            out.append(
+                Decision(
+                    node_id=node.node_id,
+                    event=NodeRecovered(node_id=node.node_id, at=now),
+                    msg_id=f"{incarnation}:NodeRecovered:{seen:.0f}",
+                )
+            )
         beat = last_beats.get(node.node_id)
         if node.status == "up" and beat is not None:
             fault = _gpu_fault(beat, policy)
             if fault is not None:
-                out.append(Decision(node_id=node.node_id, event=NodeDrained(node_id=node.node_id, reason=fault, at=now),
-                                    msg_id=f"{incarnation}:NodeDrained:{fault}"))
+                out.append(
+                    Decision(
+                        node_id=node.node_id,
+                        event=NodeDrained(node_id=node.node_id, reason=fault, at=now),
+                        msg_id=f"{incarnation}:NodeDrained:{fault}",
+                    )
+                )
     return out

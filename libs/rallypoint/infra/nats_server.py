@@ -103,11 +103,15 @@ class NatsServer:
             self.port = free_port(_HOST)
         argv = [
             str(nats_server_binary()),
-            "--addr", _HOST,
-            "--port", str(self.port),
+            "--addr",
+            _HOST,
+            "--port",
+            str(self.port),
             "--jetstream",
-            "--store_dir", str(self.store_dir),
-            "--server_name", self.server_name,
+            "--store_dir",
+            str(self.store_dir),
+            "--server_name",
+            self.server_name,
         ]
         if self.monitor_port:
             argv += ["--http_port", str(self.monitor_port)]
@@ -128,8 +132,9 @@ class NatsServer:
         for attempt in range(3):
             proc = self._spawn()
             try:
-                wait_until(self._ready, proc=proc, timeout=self.start_timeout,
-                           what=f"nats-server on {self.url}")
+                wait_until(
+                    self._ready, proc=proc, timeout=self.start_timeout, what=f"nats-server on {self.url}"
+                )
                 return self
             except ServerStartError:
                 proc.stop()
@@ -144,8 +149,9 @@ class NatsServer:
         for attempt in range(3):
             proc = self._spawn()
             try:
-                await await_until(self._ready, proc=proc, timeout=self.start_timeout,
-                                  what=f"nats-server on {self.url}")
+                await await_until(
+                    self._ready, proc=proc, timeout=self.start_timeout, what=f"nats-server on {self.url}"
+                )
                 return self
             except ServerStartError:
                 proc.stop()
@@ -168,13 +174,15 @@ class NatsServer:
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     async def __aenter__(self) -> Self:
         return await self.astart()
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.astop()

@@ -60,7 +60,8 @@ def _ensure_os_user() -> pwd.struct_passwd | None:
         # Two processes may race to create it; the loser's useradd fails and the lookup below succeeds.
         subprocess.run(
             ["useradd", "--system", "--no-create-home", "--user-group", "--shell", "/usr/sbin/nologin", name],
-            check=False, capture_output=True,
+            check=False,
+            capture_output=True,
         )
         with contextlib.suppress(KeyError):
             return pwd.getpwnam(name)
@@ -70,8 +71,10 @@ def _ensure_os_user() -> pwd.struct_passwd | None:
 def _check_traversable(path: Path, account: pwd.struct_passwd) -> None:
     for parent in path.resolve().parents:
         st = parent.stat()
-        ok = bool(st.st_mode & stat.S_IXOTH) or st.st_uid == account.pw_uid or (
-            st.st_gid == account.pw_gid and bool(st.st_mode & stat.S_IXGRP)
+        ok = (
+            bool(st.st_mode & stat.S_IXOTH)
+            or st.st_uid == account.pw_uid
+            or (st.st_gid == account.pw_gid and bool(st.st_mode & stat.S_IXGRP))
         )
         if not ok:
             raise PermissionError(
@@ -142,9 +145,22 @@ class PostgresServer:
             _check_traversable(self.base_dir, self._account)
             os.chown(self.base_dir, self._account.pw_uid, self._account.pw_gid)
         result = subprocess.run(
-            [str(postgres_bin_dir() / "initdb"), "-D", str(self.pgdata), "-U", SUPERUSER, "--auth=trust",
-             "--encoding=UTF8", "--locale=C", "--no-sync", "--no-instructions"],
-            capture_output=True, text=True, check=False, **self._run_as(),  # type: ignore[call-overload]
+            [
+                str(postgres_bin_dir() / "initdb"),
+                "-D",
+                str(self.pgdata),
+                "-U",
+                SUPERUSER,
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C",
+                "--no-sync",
+                "--no-instructions",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            **self._run_as(),  # type: ignore[call-overload]
         )
         if result.returncode != 0:
             raise ServerStartError(f"initdb failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
@@ -156,11 +172,18 @@ class PostgresServer:
         if not self.port:
             self.port = free_port(_HOST)
         argv = [
-            str(postgres_bin_dir() / "postgres"), "-D", str(self.pgdata), "-p", str(self.port),
-            "-c", f"listen_addresses={_HOST}",
+            str(postgres_bin_dir() / "postgres"),
+            "-D",
+            str(self.pgdata),
+            "-p",
+            str(self.port),
+            "-c",
+            f"listen_addresses={_HOST}",
             # No Unix socket: its path length limit (~107 bytes) breaks deep temp dirs, and TCP suffices.
-            "-c", "unix_socket_directories=",
-            "-c", "max_connections=200",
+            "-c",
+            "unix_socket_directories=",
+            "-c",
+            "max_connections=200",
         ]
         if not self.durable:
             argv += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
@@ -173,8 +196,14 @@ class PostgresServer:
         # SIGINT is PostgreSQL's "fast" shutdown: SIGTERM ("smart") would wait for every client to
         # disconnect, and a test that leaks a pool would hang the teardown. On parent death SIGQUIT
         # ("immediate") stops at once; crash recovery on the next start is fine for a dev server.
-        self._proc = ManagedProcess(argv, log_path=log_path, stop_signal=signal.SIGINT,
-                                    death_signal=signal.SIGQUIT, user=user, group=group)
+        self._proc = ManagedProcess(
+            argv,
+            log_path=log_path,
+            stop_signal=signal.SIGINT,
+            death_signal=signal.SIGQUIT,
+            user=user,
+            group=group,
+        )
         return self._proc
 
     def _ready(self) -> bool:
@@ -191,16 +220,39 @@ class PostgresServer:
         if self.database == SUPERUSER:
             return
         result = subprocess.run(
-            [str(postgres_bin_dir() / "psql"), "-h", _HOST, "-p", str(self.port), "-U", SUPERUSER,
-             "-d", SUPERUSER, "-tAc", f"SELECT 1 FROM pg_database WHERE datname = '{self.database}'"],
-            capture_output=True, text=True, check=False,
+            [
+                str(postgres_bin_dir() / "psql"),
+                "-h",
+                _HOST,
+                "-p",
+                str(self.port),
+                "-U",
+                SUPERUSER,
+                "-d",
+                SUPERUSER,
+                "-tAc",
+                f"SELECT 1 FROM pg_database WHERE datname = '{self.database}'",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if result.returncode == 0 and result.stdout.strip() == "1":
             return
         created = subprocess.run(
-            [str(postgres_bin_dir() / "createdb"), "-h", _HOST, "-p", str(self.port), "-U", SUPERUSER,
-             self.database],
-            capture_output=True, text=True, check=False,
+            [
+                str(postgres_bin_dir() / "createdb"),
+                "-h",
+                _HOST,
+                "-p",
+                str(self.port),
+                "-U",
+                SUPERUSER,
+                self.database,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if created.returncode != 0:
             raise ServerStartError(f"createdb {self.database} failed:\n{created.stderr}")
@@ -209,8 +261,9 @@ class PostgresServer:
         for attempt in range(3):
             proc = self._spawn()
             try:
-                wait_until(self._ready, proc=proc, timeout=self.start_timeout,
-                           what=f"postgres on port {self.port}")
+                wait_until(
+                    self._ready, proc=proc, timeout=self.start_timeout, what=f"postgres on port {self.port}"
+                )
                 break
             except ServerStartError:
                 proc.stop()
@@ -226,8 +279,9 @@ class PostgresServer:
         for attempt in range(3):
             proc = self._spawn()
             try:
-                await await_until(self._ready, proc=proc, timeout=self.start_timeout,
-                                  what=f"postgres on port {self.port}")
+                await await_until(
+                    self._ready, proc=proc, timeout=self.start_timeout, what=f"postgres on port {self.port}"
+                )
                 break
             except ServerStartError:
                 proc.stop()
@@ -251,13 +305,15 @@ class PostgresServer:
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     async def __aenter__(self) -> Self:
         return await self.astart()
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.astop()

@@ -116,8 +116,12 @@ class ManagedProcess:
             try:
                 self.popen.wait(timeout)
             except subprocess.TimeoutExpired:
-                _log.warning("pid %s ignored signal %s for %.1fs; killing its group", self.pid,
-                             self.stop_signal, timeout)
+                _log.warning(
+                    "pid %s ignored signal %s for %.1fs; killing its group",
+                    self.pid,
+                    self.stop_signal,
+                    timeout,
+                )
         # Always sweep the group: a server's helpers (postgres backends) may linger after the leader.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)

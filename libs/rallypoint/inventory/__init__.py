@@ -37,11 +37,26 @@ def inventory_view(state: ClusterState) -> Inventory:
     rows = []
     for node_id in sorted(state.nodes):
         node = state.nodes[node_id]
-        gpus = tuple(GpuRow(index=g.index, uuid=g.uuid, nvlink_domain=g.nvlink_domain,
-                            job_id=node.allocated.get(g.index)) for g in node.gpus)
+        gpus = tuple(
+            GpuRow(
+                index=g.index, uuid=g.uuid, nvlink_domain=g.nvlink_domain, job_id=node.allocated.get(g.index)
+            )
+            for g in node.gpus
+        )
         free = len(node.gpus) - len(node.allocated) if node.schedulable else 0
-        rows.append(NodeRow(node_id=node_id, rack=node.rack, spine=node.spine, gpu_type=node.gpu_type,
-                            status=node.status, status_reason=node.status_reason, gpus_total=len(node.gpus),
-                            gpus_free=free, gpus=gpus))
-    return Inventory(seq=state.last_seq, nodes=tuple(rows), gpus_total=state.total_gpus(),
-                     gpus_free=state.free_gpus())
+        rows.append(
+            NodeRow(
+                node_id=node_id,
+                rack=node.rack,
+                spine=node.spine,
+                gpu_type=node.gpu_type,
+                status=node.status,
+                status_reason=node.status_reason,
+                gpus_total=len(node.gpus),
+                gpus_free=free,
+                gpus=gpus,
+            )
+        )
+    return Inventory(
+        seq=state.last_seq, nodes=tuple(rows), gpus_total=state.total_gpus(), gpus_free=state.free_gpus()
+    )

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from rallypoint.protocol import LaunchTask, RankSpec
 from rallypoint.events import JobSpec, TaskPlacement
+from rallypoint.protocol import LaunchTask, RankSpec
 
 # Rendezvous ports are derived, not negotiated: every party computes the same port from the job
 # attempt, and a new attempt gets a new port so a lingering old rank cannot join the new ring.
@@ -26,7 +26,10 @@ def launch_plan(
     placements: tuple[TaskPlacement, ...],
     addresses: Mapping[str, str],
 ) -> list[LaunchTask]:
-    """One ``LaunchTask`` per task, ranks numbered task-major as torchrun does (RANK = NODE_RANK * LWS + LR)."""
+    """One ``LaunchTask`` per task, ranks numbered task-major as torchrun does.
+
+    RANK = NODE_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK.
+    """
     ordered = sorted(placements, key=lambda p: p.task)
     local_world = spec.ranks_per_task
     world = local_world * len(ordered)

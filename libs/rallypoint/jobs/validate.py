@@ -270,8 +270,10 @@ def _check_topology(body: Mapping[str, Any]) -> tuple[TopologyLevel | None, Topo
             raise SpecError(field, f"{value!r} is not a topology level; one of {', '.join(TOPOLOGY_LEVELS)}")
         levels[field] = value
     required, preferred = levels["topology_required"], levels["topology_preferred"]
-    if required is not None and preferred is not None and (
-        TOPOLOGY_LEVELS.index(preferred) > TOPOLOGY_LEVELS.index(required)
+    if (
+        required is not None
+        and preferred is not None
+        and (TOPOLOGY_LEVELS.index(preferred) > TOPOLOGY_LEVELS.index(required))
     ):
         raise SpecError(
             "topology_preferred",

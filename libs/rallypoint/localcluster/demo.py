@@ -45,10 +45,25 @@ BATCH: tuple[DemoJob, ...] = (
 
 
 def _submit(api: str, job: DemoJob, probe_dir: Path) -> str:
-    command = [sys.executable, "-m", "rallypoint.localcluster.rankprobe", "--out", str(probe_dir),
-               "--sleep", str(job.sleep), "--exit", str(job.exit_code)]
-    body = {"name": job.name, "team": "demo", "gpus": job.gpus, "gpus_per_task": job.per_task,
-            "ranks_per_task": job.per_task, "command": command}
+    command = [
+        sys.executable,
+        "-m",
+        "rallypoint.localcluster.rankprobe",
+        "--out",
+        str(probe_dir),
+        "--sleep",
+        str(job.sleep),
+        "--exit",
+        str(job.exit_code),
+    ]
+    body = {
+        "name": job.name,
+        "team": "demo",
+        "gpus": job.gpus,
+        "gpus_per_task": job.per_task,
+        "ranks_per_task": job.per_task,
+        "command": command,
+    }
     status, answer = call("POST", f"{api}/v1/jobs", body, headers={"Idempotency-Key": f"demo-{job.name}"})
     if status != 202:
         raise RuntimeError(f"submitting {job.name} failed: {status} {answer}")
@@ -67,12 +82,14 @@ def _table(jobs: list[dict[str, Any]]) -> str:
 def run_demo(nodes: int, gpus_per_node: int, racks: int, *, timeout: float = 180.0) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="rally-demo-"))
     probe_dir = workdir / "ranks"
-    print(f"starting a local cluster: {nodes} nodes x {gpus_per_node} GPUs in {racks} racks (state in {workdir})")
+    shape = f"{nodes} nodes x {gpus_per_node} GPUs in {racks} racks"
+    print(f"starting a local cluster: {shape} (state in {workdir})")
     cluster = LocalCluster(workdir, nodes=nodes, gpus_per_node=gpus_per_node, racks=racks)
     started = time.monotonic()
     try:
         cluster.start()
-        print(f"cluster up in {time.monotonic() - started:.1f} s: API {cluster.api_url}, NATS {cluster.nats_url}")
+        elapsed = time.monotonic() - started
+        print(f"cluster up in {elapsed:.1f} s: API {cluster.api_url}, NATS {cluster.nats_url}")
         api = cluster.api_url
         ids = {job.name: _submit(api, job, probe_dir) for job in BATCH}
         print(f"submitted {len(ids)} jobs")
@@ -105,7 +122,9 @@ def run_demo(nodes: int, gpus_per_node: int, racks: int, *, timeout: float = 180
     finally:
         cluster.stop()
         leftovers = [n for n, p in cluster.processes.items() if p.running()]
-        print("cluster stopped" + (f"; still running: {leftovers}" if leftovers else "; no process left behind"))
+        print(
+            "cluster stopped" + (f"; still running: {leftovers}" if leftovers else "; no process left behind")
+        )
 
 
 def _summarize(views: dict[str, dict[str, Any]], total_gpus: int) -> int:
@@ -117,16 +136,24 @@ def _summarize(views: dict[str, dict[str, Any]], total_gpus: int) -> int:
     queue_times = [v["bound_at"] - v["submitted_at"] for v in views.values() if v.get("bound_at")]
     if queue_times:
         print(f"  queue time: avg {statistics.mean(queue_times):.2f} s, max {max(queue_times):.2f} s")
-    busy = sum(v["gpus"] * (v["ended_at"] - v["started_at"]) for v in views.values()
-               if v.get("started_at") and v.get("ended_at"))
+    busy = sum(
+        v["gpus"] * (v["ended_at"] - v["started_at"])
+        for v in views.values()
+        if v.get("started_at") and v.get("ended_at")
+    )
     starts = [v["submitted_at"] for v in views.values()]
     ends = [v["ended_at"] for v in views.values() if v.get("ended_at")]
     if starts and ends:
         span = max(ends) - min(starts)
-        print(f"  GPU utilization over the batch: {busy / (total_gpus * span):.1%} of {total_gpus} GPUs "
-              f"for {span:.1f} s")
-    wrong = [f"{j.name}: {views.get(j.name, {}).get('state', 'missing')} (expected {j.expect})" for j in BATCH
-             if views.get(j.name, {}).get("state") != j.expect]
+        print(
+            f"  GPU utilization over the batch: {busy / (total_gpus * span):.1%} of {total_gpus} GPUs "
+            f"for {span:.1f} s"
+        )
+    wrong = [
+        f"{j.name}: {views.get(j.name, {}).get('state', 'missing')} (expected {j.expect})"
+        for j in BATCH
+        if views.get(j.name, {}).get("state") != j.expect
+    ]
     if wrong:
         print("  unexpected outcomes: " + "; ".join(wrong), file=sys.stderr)
         return 1

@@ -8,8 +8,9 @@ import urllib.request
 from typing import Any
 
 
-def call(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None,
-         timeout: float = 10.0) -> tuple[int, Any]:
+def call(
+    method: str, url: str, body: Any = None, headers: dict[str, str] | None = None, timeout: float = 10.0
+) -> tuple[int, Any]:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method=method)
     request.add_header("Content-Type", "application/json")

@@ -13,8 +13,18 @@ import sys
 import time
 from pathlib import Path
 
-CONTRACT = ("RALLY_JOB_ID", "RALLY_ATTEMPT", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE",
-            "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
+CONTRACT = (
+    "RALLY_JOB_ID",
+    "RALLY_ATTEMPT",
+    "CUDA_VISIBLE_DEVICES",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+)
 
 
 def main(argv: list[str] | None = None) -> int:

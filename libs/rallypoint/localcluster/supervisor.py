@@ -130,22 +130,28 @@ class LocalCluster:
 
     def _agent_args(self, index: int, node_id: str) -> list[str]:
         return [
-            "--node-id", node_id,
-            "--rack", self.rack_of(index),
-            "--gpus", str(self.gpus_per_node),
-            "--backend", "sim",
-            "--address", "127.0.0.1",
-            "--work-dir", str(self.workdir / "agents" / node_id),
+            "--node-id",
+            node_id,
+            "--rack",
+            self.rack_of(index),
+            "--gpus",
+            str(self.gpus_per_node),
+            "--backend",
+            "sim",
+            "--address",
+            "127.0.0.1",
+            "--work-dir",
+            str(self.workdir / "agents" / node_id),
         ]
 
     def start_service(self, name: str, service: str, extra: Sequence[str] = ()) -> ManagedProcess:
-        argv = [sys.executable, "-m", "rallypoint.cli.serve", service, "--nats-url", self.nats_url,
-                *extra]
+        argv = [sys.executable, "-m", "rallypoint.cli.serve", service, "--nats-url", self.nats_url, *extra]
         if service != "agent" and "--instance" not in extra:
             argv += ["--instance", name]
         self._argv[name] = argv
-        proc = ManagedProcess(argv, log_path=self.workdir / "logs" / f"{name}.log", env=self.env,
-                              cwd=self.workdir)
+        proc = ManagedProcess(
+            argv, log_path=self.workdir / "logs" / f"{name}.log", env=self.env, cwd=self.workdir
+        )
         self.processes[name] = proc
         return proc
 
@@ -161,8 +167,9 @@ class LocalCluster:
         old = self.processes.get(name)
         if old is not None and old.running():
             old.stop()
-        proc = ManagedProcess(self._argv[name], log_path=self.workdir / "logs" / f"{name}.log", env=self.env,
-                              cwd=self.workdir)
+        proc = ManagedProcess(
+            self._argv[name], log_path=self.workdir / "logs" / f"{name}.log", env=self.env, cwd=self.workdir
+        )
         self.processes[name] = proc
         return proc
 
@@ -193,9 +200,13 @@ class LocalCluster:
 
     def write_info(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        info = ClusterInfo(api_url=self.api_url, nats_url=self.nats_url,
-                           postgres_dsn=self.postgres_dsn if self.with_projector else "",
-                           workdir=str(self.workdir), pid=os.getpid())
+        info = ClusterInfo(
+            api_url=self.api_url,
+            nats_url=self.nats_url,
+            postgres_dsn=self.postgres_dsn if self.with_projector else "",
+            workdir=str(self.workdir),
+            pid=os.getpid(),
+        )
         path.write_bytes(msgspec.json.format(msgspec.json.encode(info)))
 
     def stop(self) -> None:

@@ -39,8 +39,9 @@ class LogReader(Protocol):
     """The part of ``rallypoint.eventlog.EventLog`` the projector reads through."""
 
     async def last_seq(self, subject_filter: str | None = None) -> int: ...
-    def replay(self, *, from_seq: int = 1, to_seq: int | None = None,
-               subjects: str = "rally.>") -> AsyncIterator[RecordedLike]: ...
+    def replay(
+        self, *, from_seq: int = 1, to_seq: int | None = None, subjects: str = "rally.>"
+    ) -> AsyncIterator[RecordedLike]: ...
     def follow(self, *, from_seq: int, subjects: str = "rally.>") -> AsyncIterator[RecordedLike]: ...
 
 
@@ -137,8 +138,13 @@ class Projector:
                 waited = time.monotonic() - started
                 if self.retry.give_up_after is not None and waited >= self.retry.give_up_after:
                     raise
-                log.warning("%s: PostgreSQL unavailable (%s: %s); retrying in %.1fs",
-                            what, type(exc).__name__, exc, delay)
+                log.warning(
+                    "%s: PostgreSQL unavailable (%s: %s); retrying in %.1fs",
+                    what,
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
                 if self._stop is None:
                     await asyncio.sleep(delay)
                 else:
@@ -229,8 +235,9 @@ class Projector:
                     # NATS is away (follow itself rides out reconnects; sync's replay does not).
                     # The fold may be partial: sync again once the log answers.
                     self._synced = False
-                    log.warning("projection %r: event log unavailable (%s); retrying in %.1fs",
-                                self.name, exc, delay)
+                    log.warning(
+                        "projection %r: event log unavailable (%s); retrying in %.1fs", self.name, exc, delay
+                    )
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), delay)
                     delay = min(delay * 2, self.retry.maximum)

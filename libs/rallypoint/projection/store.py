@@ -67,8 +67,9 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", encoder=_encode_json, decoder=json.loads, schema="pg_catalog")
 
 
-async def connect(dsn: str, *, timeout: float = 10.0,
-                  application_name: str = APPLICATION_NAME) -> asyncpg.Connection:
+async def connect(
+    dsn: str, *, timeout: float = 10.0, application_name: str = APPLICATION_NAME
+) -> asyncpg.Connection:
     """One connection with the JSON codec the projection expects (reads return Python objects)."""
     conn: asyncpg.Connection = await asyncpg.connect(
         dsn, timeout=timeout, server_settings={"application_name": application_name}
@@ -85,8 +86,10 @@ def _upsert(table: str, columns: Sequence[str]) -> str:
     names = ", ".join(columns)
     params = ", ".join(f"${i}" for i in range(1, len(columns) + 1))
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns[1:])
-    return (f"INSERT INTO {SCHEMA}.{table} ({names}) VALUES ({params}) "
-            f"ON CONFLICT ({columns[0]}) DO UPDATE SET {updates}")
+    return (
+        f"INSERT INTO {SCHEMA}.{table} ({names}) VALUES ({params}) "
+        f"ON CONFLICT ({columns[0]}) DO UPDATE SET {updates}"
+    )
 
 
 _UPSERT_JOBS = _upsert("jobs", JOB_COLUMNS)
@@ -168,13 +171,16 @@ class Store:
                 await conn.executemany(_UPSERT_NODES, batch.nodes)
             await conn.execute(
                 f"UPDATE {SCHEMA}.projection_position SET seq = $2 WHERE name = $1",
-                self.name, batch.last_seq,
+                self.name,
+                batch.last_seq,
             )
             if snapshot is not None:
                 await conn.execute(
                     f"INSERT INTO {SCHEMA}.projection_snapshot (name, seq, state) VALUES ($1, $2, $3) "
                     "ON CONFLICT (name) DO UPDATE SET seq = EXCLUDED.seq, state = EXCLUDED.state",
-                    self.name, batch.last_seq, snapshot,
+                    self.name,
+                    batch.last_seq,
+                    snapshot,
                 )
 
     async def reset(self, *, keep_archive: bool = False) -> None:

@@ -32,29 +32,57 @@ class ServiceConfig:
 
     @classmethod
     def from_args(cls, service: str, args: argparse.Namespace) -> ServiceConfig:
-        return cls(service=service, nats_url=args.nats_url, instance=args.instance or "",
-                   log_level=args.log_level, log_format=args.log_format, replicas=args.replicas,
-                   health_port=args.health_port)
+        return cls(
+            service=service,
+            nats_url=args.nats_url,
+            instance=args.instance or "",
+            log_level=args.log_level,
+            log_format=args.log_format,
+            replicas=args.replicas,
+            health_port=args.health_port,
+        )
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options every service shares; defaults come from RALLY_* environment variables."""
     env = os.environ
-    parser.add_argument("--nats-url", default=env.get("RALLY_NATS_URL", DEFAULT_NATS_URL),
-                        help="NATS server URL(s), comma separated (env RALLY_NATS_URL)")
-    parser.add_argument("--instance", default=env.get("RALLY_INSTANCE", ""),
-                        help="instance id of this replica (env RALLY_INSTANCE; default host-pid)")
-    parser.add_argument("--log-level", default=env.get("RALLY_LOG_LEVEL", "INFO"),
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
-                        help="log level (env RALLY_LOG_LEVEL)")
-    parser.add_argument("--log-format", default=env.get("RALLY_LOG_FORMAT", "json"), choices=["json", "text"],
-                        help="log line format (env RALLY_LOG_FORMAT)")
-    parser.add_argument("--replicas", type=int, default=int(env.get("RALLY_STREAM_REPLICAS", "1")),
-                        help="replicas of the event-log stream, the same for every service "
-                             "(env RALLY_STREAM_REPLICAS; 1 locally, 3 in production)")
+    parser.add_argument(
+        "--nats-url",
+        default=env.get("RALLY_NATS_URL", DEFAULT_NATS_URL),
+        help="NATS server URL(s), comma separated (env RALLY_NATS_URL)",
+    )
+    parser.add_argument(
+        "--instance",
+        default=env.get("RALLY_INSTANCE", ""),
+        help="instance id of this replica (env RALLY_INSTANCE; default host-pid)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default=env.get("RALLY_LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
+        help="log level (env RALLY_LOG_LEVEL)",
+    )
+    parser.add_argument(
+        "--log-format",
+        default=env.get("RALLY_LOG_FORMAT", "json"),
+        choices=["json", "text"],
+        help="log line format (env RALLY_LOG_FORMAT)",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=int(env.get("RALLY_STREAM_REPLICAS", "1")),
+        help="replicas of the event-log stream, the same for every service "
+        "(env RALLY_STREAM_REPLICAS; 1 locally, 3 in production)",
+    )
     health = env.get("RALLY_HEALTH_PORT")
-    parser.add_argument("--health-port", type=int, default=int(health) if health else None,
-                        help="serve GET /healthz on this port (env RALLY_HEALTH_PORT; default: off)")
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=int(health) if health else None,
+        help="serve GET /healthz on this port (env RALLY_HEALTH_PORT; default: off)",
+    )
     return parser
 
 

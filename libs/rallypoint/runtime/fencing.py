@@ -62,7 +62,13 @@ class FencedWriter:
         return epoch
 
     async def append(self, subject: str, event: Event, msg_id: str) -> int:
-        seq = await self.log.append(subject, event, msg_id=msg_id, source=self.source,
-                                    expected_last_subject_seq=self.fence, expected_subject_filter=self.tree)
+        seq = await self.log.append(
+            subject,
+            event,
+            msg_id=msg_id,
+            source=self.source,
+            expected_last_subject_seq=self.fence,
+            expected_subject_filter=self.tree,
+        )
         self.fence = seq
         return seq

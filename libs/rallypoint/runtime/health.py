@@ -21,8 +21,12 @@ async def serve_health(ctx: ServiceContext, main_task: asyncio.Task[int | None],
             problems.append("main task ended")
         if nc is not None and not nc.is_connected:
             problems.append("NATS not connected")
-        body = {"service": ctx.config.service, "instance": ctx.config.instance,
-                "status": "unhealthy" if problems else "ok", "problems": problems}
+        body = {
+            "service": ctx.config.service,
+            "instance": ctx.config.instance,
+            "status": "unhealthy" if problems else "ok",
+            "problems": problems,
+        }
         return web.json_response(body, status=503 if problems else 200)
 
     app = web.Application()

@@ -30,9 +30,14 @@ _log = logging.getLogger(__name__)
 LEADER_BUCKET = "rally-leader"
 SAFETY_FRACTION = 0.8  # give up leadership after this share of the TTL without a successful renew
 
-_NO_ANSWER = (nats.errors.TimeoutError, TimeoutError, nats.errors.NoRespondersError,
-              nats.js.errors.NoStreamResponseError, nats.errors.ConnectionClosedError,
-              nats.errors.ConnectionReconnectingError)
+_NO_ANSWER = (
+    nats.errors.TimeoutError,
+    TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+)
 
 
 class LeaderLease:
@@ -55,13 +60,22 @@ class LeaderLease:
         self._renewer: asyncio.Task[None] | None = None
 
     @classmethod
-    async def open(cls, js: JetStreamContext, *, holder: str, key: str = "scheduler",
-                   bucket: str = LEADER_BUCKET, ttl: float = 3.0, replicas: int = 1) -> LeaderLease:
+    async def open(
+        cls,
+        js: JetStreamContext,
+        *,
+        holder: str,
+        key: str = "scheduler",
+        bucket: str = LEADER_BUCKET,
+        ttl: float = 3.0,
+        replicas: int = 1,
+    ) -> LeaderLease:
         try:
             kv = await js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:
-            kv = await js.create_key_value(KeyValueConfig(bucket=bucket, ttl=ttl, history=1,
-                                                          storage=StorageType.FILE, replicas=replicas))
+            kv = await js.create_key_value(
+                KeyValueConfig(bucket=bucket, ttl=ttl, history=1, storage=StorageType.FILE, replicas=replicas)
+            )
         status = await kv.status()
         if status.ttl and abs(status.ttl - ttl) > 1e-3:
             # The bucket's TTL wins (it is server-side); renewing on our cadence would be wrong.
@@ -80,8 +94,11 @@ class LeaderLease:
         started = time.monotonic()
         try:
             revision = await self.kv.create(self.key, self.holder.encode())
-        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError,
-                nats.js.errors.KeyDeletedError):
+        except (
+            nats.js.errors.KeyWrongLastSequenceError,
+            nats.js.errors.KeyNotFoundError,
+            nats.js.errors.KeyDeletedError,
+        ):
             # Held by someone else; or (KeyNotFound/Deleted) the key expired or was deleted while
             # nats-py's create() was retrying over a tombstone (GUIDE §6): try again next round.
             return False

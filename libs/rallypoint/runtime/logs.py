@@ -15,8 +15,11 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"m
 
 
 def _utc(created: float) -> str:
-    return _dt.datetime.fromtimestamp(created, tz=_dt.UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z")
+    return (
+        _dt.datetime.fromtimestamp(created, tz=_dt.UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
 
 
 class JsonLineFormatter(logging.Formatter):
@@ -48,16 +51,18 @@ class TextLineFormatter(logging.Formatter):
         self.prefix = f"{service}/{instance}"
 
     def format(self, record: logging.LogRecord) -> str:
-        line = (f"{_utc(record.created)} {record.levelname:<7} {self.prefix} {record.name}: "
-                f"{record.getMessage()}")
+        line = (
+            f"{_utc(record.created)} {record.levelname:<7} {self.prefix} {record.name}: {record.getMessage()}"
+        )
         if record.exc_info:
             # Keep one record on one line, so grep and log shippers never split it.
             line += " | " + self.formatException(record.exc_info).replace("\n", " | ")
         return line
 
 
-def setup_logging(service: str, instance: str, level: str = "INFO", fmt: str = "json",
-                  stream: TextIO | None = None) -> None:
+def setup_logging(
+    service: str, instance: str, level: str = "INFO", fmt: str = "json", stream: TextIO | None = None
+) -> None:
     """Replace the root handlers with one line-per-record handler on stderr (idempotent)."""
     handler = logging.StreamHandler(stream or sys.stderr)
     formatter: logging.Formatter = (

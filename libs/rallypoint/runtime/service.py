@@ -70,8 +70,9 @@ class ServiceContext:
         ``initial_timeout=None`` waits for the server forever: a service may start before NATS does.
         """
         if self._nc is None:
-            nc = await connect_nats(nats_servers(self.config.nats_url), name=self.name,
-                                    initial_timeout=initial_timeout)
+            nc = await connect_nats(
+                nats_servers(self.config.nats_url), name=self.name, initial_timeout=initial_timeout
+            )
             self.stack.push_async_callback(_drain, nc)
             self._nc = nc
         return self._nc
@@ -88,10 +89,16 @@ class ServiceContext:
     async def snapshots(self) -> SnapshotStore:
         return await SnapshotStore.open(await self.jetstream())
 
-    async def leader_lease(self, *, key: str | None = None, ttl: float = 3.0,
-                           bucket: str = LEADER_BUCKET) -> LeaderLease:
-        lease = await LeaderLease.open(await self.jetstream(), key=key or self.config.service,
-                                       holder=self.config.instance, ttl=ttl, bucket=bucket)
+    async def leader_lease(
+        self, *, key: str | None = None, ttl: float = 3.0, bucket: str = LEADER_BUCKET
+    ) -> LeaderLease:
+        lease = await LeaderLease.open(
+            await self.jetstream(),
+            key=key or self.config.service,
+            holder=self.config.instance,
+            ttl=ttl,
+            bucket=bucket,
+        )
         # Registered after the connection's drain, so it runs before it (LIFO): resign while connected.
         self.stack.push_async_callback(lease.resign)
         return lease
@@ -138,8 +145,9 @@ async def _drain(nc: Client) -> None:
 MainFn = Callable[[ServiceContext], Coroutine[Any, Any, int | None]]
 
 
-def run_service(main: MainFn, config: ServiceConfig, *, shutdown_grace: float = 10.0,
-                configure_logging: bool = True) -> int:
+def run_service(
+    main: MainFn, config: ServiceConfig, *, shutdown_grace: float = 10.0, configure_logging: bool = True
+) -> int:
     """Run ``main`` until it returns or SIGINT/SIGTERM arrives; returns the process exit code.
 
     On a signal ``ctx.stop`` is set and ``main`` has ``shutdown_grace`` seconds to return on its own
@@ -151,8 +159,9 @@ def run_service(main: MainFn, config: ServiceConfig, *, shutdown_grace: float = 
     return asyncio.run(run_service_async(main, config, shutdown_grace=shutdown_grace))
 
 
-async def run_service_async(main: MainFn, config: ServiceConfig, *, shutdown_grace: float = 10.0,
-                            stop: asyncio.Event | None = None) -> int:
+async def run_service_async(
+    main: MainFn, config: ServiceConfig, *, shutdown_grace: float = 10.0, stop: asyncio.Event | None = None
+) -> int:
     """``run_service`` inside a running loop (tests pass their own ``stop`` event)."""
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
@@ -188,8 +197,9 @@ async def run_service_async(main: MainFn, config: ServiceConfig, *, shutdown_gra
             if not main_task.done():
                 done, _ = await asyncio.wait({main_task}, timeout=shutdown_grace)
                 if not done:
-                    _log.warning("main did not return within %.1fs of the stop signal; cancelling",
-                                 shutdown_grace)
+                    _log.warning(
+                        "main did not return within %.1fs of the stop signal; cancelling", shutdown_grace
+                    )
                     main_task.cancel()
             stop_wait.cancel()
             try:

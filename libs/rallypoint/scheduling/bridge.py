@@ -143,8 +143,13 @@ def decision_writes(
             now=decisions.now,
             at=at,
         )
-        writes.append(Write(subject=subjects.bind(bind.job_id), event=event,
-                            msg_id=f"{bind.job_id}:{attempt}:GangBound:e{epoch}"))
+        writes.append(
+            Write(
+                subject=subjects.bind(bind.job_id),
+                event=event,
+                msg_id=f"{bind.job_id}:{attempt}:GangBound:e{epoch}",
+            )
+        )
     for reason in decisions.pending:
         waiting = state.jobs.get(reason.job_id)
         if waiting is None or waiting.pending_code == reason.code:
@@ -159,8 +164,13 @@ def decision_writes(
             policy_version=policy_version,
             at=at,
         )
-        writes.append(Write(subject=subjects.pending(reason.job_id), event=pending,
-                            msg_id=f"{reason.job_id}:{waiting.attempt}:JobPending:{state.last_seq}:{reason.code}"))
+        writes.append(
+            Write(
+                subject=subjects.pending(reason.job_id),
+                event=pending,
+                msg_id=f"{reason.job_id}:{waiting.attempt}:JobPending:{state.last_seq}:{reason.code}",
+            )
+        )
     return writes
 
 
@@ -189,8 +199,13 @@ def preemption_writes(
             now=decisions.now,
             at=at,
         )
-        writes.append(Write(subject=subjects.preempt(victim.job_id), event=event,
-                            msg_id=f"{victim.job_id}:{victim.attempt}:PreemptionRequested:e{epoch}"))
+        writes.append(
+            Write(
+                subject=subjects.preempt(victim.job_id),
+                event=event,
+                msg_id=f"{victim.job_id}:{victim.attempt}:PreemptionRequested:e{epoch}",
+            )
+        )
     return writes
 
 

@@ -14,15 +14,21 @@ def core_queues(config: Queues) -> tuple[tuple[Queue, ...], tuple[PriorityClass,
             name=team.name,
             cohort=team.cohort,
             weight=team.weight,
-            quotas=(Quota(nominal=team.nominal, borrowing_limit=team.borrowing_limit,
-                          lending_limit=team.lending_limit),),
+            quotas=(
+                Quota(
+                    nominal=team.nominal,
+                    borrowing_limit=team.borrowing_limit,
+                    lending_limit=team.lending_limit,
+                ),
+            ),
         )
         for team in sorted(config.teams, key=lambda t: t.name)
     )
     if config.priority_classes is None:
         return queues, DEFAULT_PRIORITY_CLASSES
-    classes = tuple(PriorityClass(name=c.name, value=c.value, preemptible=c.preemptible)
-                    for c in config.priority_classes)
+    classes = tuple(
+        PriorityClass(name=c.name, value=c.value, preemptible=c.preemptible) for c in config.priority_classes
+    )
     return queues, classes
 
 
