@@ -27,7 +27,7 @@ bench: install
 	$(BIN)/python -m rallypoint.sim.bench --traces $(TRACES)
 
 eval: install
-	$(BIN)/python -m rallypoint.sim.evaluate --traces $(TRACES) --out docs
+	$(BIN)/python -m rallypoint.sim.evaluate --traces $(TRACES) --out docs/evaluation.md
 
 lint: install
 	$(BIN)/ruff check libs services tests

@@ -71,20 +71,16 @@ def job_sizes(job: PendingJob, ctx: Ctx) -> list[int]:
 
 def _bind(job: PendingJob, size: int, plan: Plan, ctx: Ctx, out: _Out) -> None:
     ws = ctx.ws
-    free = ws.free
-    set_free = ws.set_free
+    ws.take_all(plan.tasks)
     ids = ctx.idx.ids
     get_bits = _BITS.get
-    # one pass: take the GPUs and build the output structs (no intermediate tuples per task)
+    # build the output structs directly (no intermediate tuples per task)
     placements = []
-    i = 0
-    for o, m in plan.tasks:
-        set_free(o, free[o] & ~m)
+    for i, (o, m) in enumerate(plan.tasks):
         b = get_bits(m)
         if b is None:
             b = bits(m)
         placements.append(TaskPlacement(task=i, node_id=ids[o], gpus=b))
-        i += 1
     ws.add_usage(job.queue_name, plan.gpu_type, size)
     ctx.add_team_usage(job.team, size, job.cpu_milli, job.memory_mib)
     out.binds.append(Bind(job_id=job.id, gpus=size, placements=tuple(placements)))
@@ -119,10 +115,12 @@ def _try_place(job: PendingJob, size: int, gpu_type: str | None, ctx: Ctx) -> Pl
     rt = job.runtime_estimate
     if rt is None or ctx.now + rt > ctx.held_until():
         return None
-    # memo of failed probes: the probed state (workspace + held GPUs) is the same while neither changed
+    # memo of failed probes: while no GPU was released and the holds did not change, the probed state
+    # (free + held GPUs) can only have shrunk (binds), and a gang that failed fails again (the same
+    # monotonicity as ``Ctx.place``'s memo)
     pkey = (gpu_type, job.gpus_per_task, required)
     pm = ctx._probe_memo.get(pkey)
-    if pm is not None and pm[0] == ctx.ws.version and pm[1] == ctx.hold_changes and tasks >= pm[2]:
+    if pm is not None and pm[0] == ws.release_epoch and pm[1] == ctx.hold_changes and tasks >= pm[2]:
         return None
     mark = ws.mark()
     for h in ctx.holds:
@@ -147,9 +145,9 @@ def _try_place(job: PendingJob, size: int, gpu_type: str | None, ctx: Ctx) -> Pl
                 ctx.hold_changes += 1
     if plan is None:
         best = tasks
-        if pm is not None and pm[0] == ctx.ws.version and pm[1] == ctx.hold_changes:
+        if pm is not None and pm[0] == ws.release_epoch and pm[1] == ctx.hold_changes:
             best = min(best, pm[2])
-        ctx._probe_memo[pkey] = (ctx.ws.version, ctx.hold_changes, best)
+        ctx._probe_memo[pkey] = (ws.release_epoch, ctx.hold_changes, best)
     return plan
 
 

@@ -179,7 +179,25 @@ class LasOrder:
         return self.level(job.attained_gpu_s, ctx)
 
     def order(self, jobs: Iterable[PendingJob], ctx: Ctx) -> Iterator[PendingJob]:
-        return iter(sorted(jobs, key=lambda j: (self.pending_level(j, ctx), *_tie(j))))
+        if type(self).pending_level is not LasOrder.pending_level or type(self).level is not LasOrder.level:
+            return iter(sorted(jobs, key=lambda j: (self.pending_level(j, ctx), *_tie(j))))  # a subclass
+        # pending_level inlined (same arithmetic): the key is computed for every pending job
+        ths = ctx.cfg.las_thresholds
+        f = ctx.cfg.las_starvation_factor
+        now = ctx.now
+
+        def key(j: PendingJob) -> tuple[int, float, int, str]:
+            if f > 0 and j.last_run_s > 0 and now - j.submit_time > f * j.last_run_s:
+                k = 0
+            else:
+                a = j.attained_gpu_s
+                k = 0
+                for th in ths:
+                    if a >= th:
+                        k += 1
+            return (k, j.submit_time, j.arrival, j.id)
+
+        return iter(sorted(jobs, key=key))
 
     def rank(self, job: PendingJob, ctx: Ctx) -> float:
         return -self.pending_level(job, ctx)

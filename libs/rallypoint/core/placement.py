@@ -32,12 +32,24 @@ class Plan(NamedTuple):
     tasks: tuple[tuple[int, int], ...]  # (node ordinal, GPU mask) per task, in task order
 
 
+_LOWEST: dict[int, dict[int, int]] = {}  # k -> mask -> lowest k bits (masks are node-sized: few distinct)
+
+
 def lowest_bits(mask: int, k: int) -> int:
+    tab = _LOWEST.get(k)
+    if tab is None:
+        tab = _LOWEST[k] = {}
+    hit = tab.get(mask)
+    if hit is not None:
+        return hit
     out = 0
+    m = mask
     for _ in range(k):
-        low = mask & -mask
+        low = m & -m
         out |= low
-        mask ^= low
+        m ^= low
+    if mask.bit_length() <= 64:
+        tab[mask] = out
     return out
 
 
@@ -120,7 +132,14 @@ def _rack_nodes_plan(ws: Workspace, r: int, t: str, g: int, need: int, out: list
     placed = 0
     for _c, o, cap in cands:
         k = min(cap, need - placed)
-        _fill_node(ws, o, g, k, out)
+        if multi[o]:
+            _fill_node(ws, o, g, k, out)
+        else:  # _fill_node for a single-domain node: the lowest g free GPUs, k times
+            f = free[o]
+            for _ in range(k):
+                m = lowest_bits(f, g)
+                out.append((o, m))
+                f &= ~m
         placed += k
         if placed == need:
             break
@@ -129,7 +148,12 @@ def _rack_nodes_plan(ws: Workspace, r: int, t: str, g: int, need: int, out: list
 
 def _rack_exact(ws: Workspace, r: int, t: str, g: int) -> int:
     idx = ws.idx
-    return sum(node_cap(ws, o, g) for o in idx.rack_nodes[r] if ws.sched[o] and idx.type_of[o] == t)
+    free, sched, type_of, multi = ws.free, ws.sched, idx.type_of, idx.multi_dom
+    n = 0
+    for o in idx.rack_nodes[r]:
+        if sched[o] and type_of[o] == t:
+            n += node_cap(ws, o, g) if multi[o] else free[o].bit_count() // g
+    return n
 
 
 def _place_type(ws: Workspace, t: str, tasks: int, g: int, max_rank: int, first_fit: bool) -> Plan | None:
@@ -143,9 +167,9 @@ def _place_type(ws: Workspace, t: str, tasks: int, g: int, max_rank: int, first_
         for c in range(g, len(bs)):
             b = bs[c]
             if b:
-                o = b[0]
-                if not idx.multi_dom[o]:
-                    return Plan(t, "nvlink", ((o, lowest_bits(ws.free[o], g)),))
+                o1 = b[0]
+                if not idx.multi_dom[o1]:
+                    return Plan(t, "nvlink", ((o1, lowest_bits(ws.free[o1], g)),))
                 break
     # node level (or one NVLink domain for a single small task)
     if tasks * g <= idx.max_gpus and max_rank >= _RANK["nvlink"]:
@@ -165,7 +189,13 @@ def _place_type(ws: Workspace, t: str, tasks: int, g: int, max_rank: int, first_
         if first_fit:
             racks = [(0, r) for r, c in enumerate(rcaps) if c >= tasks]
         else:
-            racks = sorted([(c, r) for r, c in enumerate(rcaps) if c >= tasks])
+            racks = [(c, r) for r, c in enumerate(rcaps) if c >= tasks]
+            # the smallest sufficient rack nearly always verifies: sort only when it does not
+            first = min(racks)
+            if _rack_exact(ws, first[1], t, g) >= tasks:
+                racks = [first]
+            else:
+                racks.sort()
         for _cap, r in racks:
             if _rack_exact(ws, r, t, g) >= tasks:
                 out = []
@@ -192,9 +222,9 @@ def _span(
     ws: Workspace, t: str, g: int, tasks: int, racks: list[int], level: str, rcaps: list[int]
 ) -> Plan | None:
     """Gang across several racks: racks with the most capacity first (fewest racks spanned)."""
-    rs = sorted((-rcaps[r], r) for r in racks if rcaps[r] > 0)
-    if sum(rcaps[r] for r in racks) < tasks:
+    if sum([rcaps[r] for r in racks]) < tasks:
         return None  # capacities are upper bounds: not enough even before the exact per-node fill
+    rs = sorted([(-rcaps[r], r) for r in racks if rcaps[r] > 0])
     out: list[tuple[int, int]] = []
     for _negcap, r in rs:
         _rack_nodes_plan(ws, r, t, g, tasks - len(out), out)

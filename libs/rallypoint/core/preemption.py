@@ -28,6 +28,7 @@ victims of the few verified domains.
 
 from __future__ import annotations
 
+from operator import mul
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
@@ -459,5 +460,5 @@ class RankPreemptor:
             else None
         )
         if hist is not None:
-            return sum(c * hist[c] for c in range(1, len(hist)))
+            return sum(map(mul, hist, range(len(hist))))  # sum of c * nodes with c free (c = 0 adds 0)
         return ws.type_free.get(gpu_type, 0)

@@ -24,6 +24,7 @@ class QuotaBook:
         self._org_total: dict[tuple[str, str], tuple[int, int]] = {}
         # (cohort, type) -> (usage version, sum of idle lendable nominal, sum borrowed, per member parts)
         self._cohort_sums: dict[tuple[str, str], tuple[int, int, int, dict[str, tuple[int, int]]]] = {}
+        self._statics: dict[tuple[str, str], tuple[Queue, int, int | None, Quota | None] | None] = {}
         self.children: dict[str, list[str]] = {}
         self.cohorts: dict[str, list[str]] = {}
         for q in sorted(queues, key=lambda q: q.name):
@@ -72,19 +73,37 @@ class QuotaBook:
             return False
         return ws.usage.get((queue, gpu_type), 0) + gpus <= self.nominal(queue, gpu_type)
 
+    def _static(self, queue: str, gpu_type: str) -> tuple[Queue, int, int | None, Quota | None] | None:
+        """What ``check`` needs that does not depend on usage: the queue, its nominal and borrowing limit,
+        and its parent's quota (memoized: check() runs for every pending job)."""
+        key = (queue, gpu_type)
+        st = self._statics.get(key)
+        if st is None and key not in self._statics:
+            q = self.queues.get(queue)
+            if q is not None:
+                qt = self.quota(queue, gpu_type)
+                pq = self.quota(q.parent, gpu_type) if q.parent is not None else None
+                st = (
+                    q,
+                    qt.nominal if qt is not None else 0,
+                    qt.borrowing_limit if qt is not None else None,
+                    pq,
+                )
+            self._statics[key] = st
+        return st
+
     def check(self, ws: Workspace, queue: str, gpu_type: str, gpus: int) -> str | None:
         """None if ``queue`` may take ``gpus`` more GPUs of ``gpu_type`` now, else why not (with numbers)."""
-        q = self.queues.get(queue)
-        if q is None:
-            return None
-        key = (queue, gpu_type)
-        used = ws.usage.get(key, 0)
-        qt = self._quota[key] if key in self._quota else self.quota(queue, gpu_type)
-        nominal = qt.nominal if qt is not None else 0
+        st = self._statics.get((queue, gpu_type))
+        if st is None:
+            st = self._static(queue, gpu_type)
+            if st is None:
+                return None
+        q, nominal, limit, pq = st
+        used = ws.usage.get((queue, gpu_type), 0)
         new = used + gpus
         if new > nominal:
             borrow = new - nominal
-            limit = qt.borrowing_limit if qt is not None else None
             if limit is not None and borrow > limit:
                 return (
                     f"queue {queue} uses {used} {gpu_type} GPUs, nominal {nominal} + borrowing limit "
@@ -96,19 +115,19 @@ class QuotaBook:
                     f"queue {queue} uses {used} of {nominal} nominal {gpu_type} GPUs; needs {gpus}; "
                     f"cohort can lend {avail}"
                 )
-        if q.parent is not None:
-            pq = self.quota(q.parent, gpu_type)
-            if pq is not None:
-                tkey = (q.parent, gpu_type)
-                tm = self._org_total.get(tkey)
-                if tm is not None and tm[0] == ws.usage_version:
-                    total = tm[1]
-                else:
-                    total = sum(ws.usage.get((c, gpu_type), 0) for c in self.children.get(q.parent, []))
-                    self._org_total[tkey] = (ws.usage_version, total)
-                cap = pq.nominal + (pq.borrowing_limit or 0)
-                if total + gpus > cap:
-                    return f"org {q.parent} uses {total} of {cap} {gpu_type} GPUs; needs {gpus} more"
+        if pq is not None:
+            parent = q.parent
+            assert parent is not None
+            tkey = (parent, gpu_type)
+            tm = self._org_total.get(tkey)
+            if tm is not None and tm[0] == ws.usage_version:
+                total = tm[1]
+            else:
+                total = sum(ws.usage.get((c, gpu_type), 0) for c in self.children.get(parent, []))
+                self._org_total[tkey] = (ws.usage_version, total)
+            cap = pq.nominal + (pq.borrowing_limit or 0)
+            if total + gpus > cap:
+                return f"org {parent} uses {total} of {cap} {gpu_type} GPUs; needs {gpus} more"
         return None
 
     def cohort_available(self, ws: Workspace, q: Queue, gpu_type: str) -> int:
@@ -141,7 +160,8 @@ class QuotaBook:
                 if qt is not None and qt.lending_limit is not None:
                     idle = min(idle, qt.lending_limit)
                 borrow = max(0, used - nominal)
-                parts[name] = (idle, borrow)
+                pi, pb = parts.get(name, (0, 0))
+                parts[name] = (pi + idle, pb + borrow)  # a name listed twice is skipped twice, as before
                 pool_all += idle
                 borrowed_all += borrow
             cm = self._cohort_sums[ck] = (ws.usage_version, pool_all, borrowed_all, parts)

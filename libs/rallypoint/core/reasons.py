@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rallypoint.core.context import Ctx, Status
+from rallypoint.core.placement import best_free_at
 from rallypoint.core.types import PendingJob
 
 __all__ = ["classify", "human"]
@@ -22,8 +23,6 @@ def human(seconds: float) -> str:
 
 def classify(job: PendingJob, size: int, ctx: Ctx) -> Status:
     """Why ``job`` (at ``size`` GPUs) cannot be placed now, most fundamental cause first."""
-    from rallypoint.core.placement import best_free_at
-
     types = ctx.idx.types if job.gpu_type is None else [job.gpu_type]
     g = job.gpus_per_task
     level = ctx.required_level(job) or "cluster"

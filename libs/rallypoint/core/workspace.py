@@ -127,6 +127,17 @@ class Workspace:
         self._scap[(t, g)] = sc
         self._tracked[t].append(g)
 
+    def take_all(self, tasks: tuple[tuple[int, int], ...]) -> None:
+        """``take`` for every (node, mask) of a plan, in order (the bind path: one call per plan)."""
+        free = self.free
+        journal = self._journal
+        for o, m in tasks:
+            old = free[o]
+            new = old & ~m
+            if new != old:
+                journal.append((0, o, old, self.release_epoch, self.version))
+                self._set(o, old, new)
+
     def take(self, o: int, mask: int) -> None:
         self.set_free(o, self.free[o] & ~mask)
 
