@@ -121,6 +121,7 @@ def hold(ctx: Ctx, job_id: str, until: float, plan: Plan, strict: bool = False) 
             held.append((o, part))
     h = Hold(job_id, until, tuple(held), strict)
     ctx.holds.append(h)
+    ctx.hold_ids.add(job_id)
     ctx.hold_changes += 1
     return h
 

@@ -13,6 +13,7 @@ same set of nodes gives the same decisions whatever order they were added in.
 from __future__ import annotations
 
 import json
+from array import array
 from bisect import bisect_left, insort
 from collections.abc import Iterable
 from pathlib import Path
@@ -206,6 +207,14 @@ class ClusterIndex:
             self.doms.append(masks)
             self.dom_size.append(max(m.bit_count() for m in masks))
             self.multi_dom.append(len(masks) > 1)
+        # racks are contiguous ordinal ranges (nodes sorted by spine, rack, id): [rack_lo[r], rack_hi[r]);
+        # a rack without multi-domain nodes has capacities exactly as its histogram says
+        self.rack_lo = [ns[0] for ns in self.rack_nodes]
+        self.rack_hi = [ns[-1] + 1 for ns in self.rack_nodes]
+        self.rack_multi = [any(self.multi_dom[o] for o in ns) for ns in self.rack_nodes]
+        # per node ordinal: its (type, rack) and (type, spine) histogram keys, built once (hot bind path)
+        self.rack_key = [(n.gpu_type, r) for n, r in zip(nodes, self.rack_of, strict=True)]
+        self.spine_key = [(n.gpu_type, sp) for n, sp in zip(nodes, self.spine_of, strict=True)]
         self.free = list(self.full)
         self.sched = [n.schedulable for n in nodes]
         self.ord_of_key: np.ndarray = np.zeros(0, np.int64)  # set by ClusterModel.index()
@@ -234,6 +243,12 @@ class ClusterIndex:
         for o in range(len(nodes)):
             if self.sched[o]:
                 self.type_free[self.type_of[o]] += self.free[o].bit_count()
+        # free GPUs per node ordinal, 0 for unschedulable nodes (a flat buffer numpy can view without a
+        # copy: the preemption walk reads the free counts of thousands of candidate domains at once)
+        self.fcount = array(
+            "H", (f.bit_count() if ok else 0 for f, ok in zip(self.free, self.sched, strict=True))
+        )
+        self.type_np = np.asarray([self.types.index(t) for t in self.type_of] or [0], np.int64)[: len(nodes)]
 
     def max_capacity(self, gpu_type: str, level: str) -> int:
         """Largest capacity (healthy or not) of one domain at ``level`` for ``gpu_type``."""
@@ -278,6 +293,7 @@ class ClusterIndex:
                 self._count(o, co, -1)
                 self._count(o, cn, +1)
                 self.type_free[self.type_of[o]] += cn - co
+                self.fcount[o] = cn
 
     def set_sched(self, o: int, flag: bool) -> None:
         if self.sched[o] == flag:
@@ -288,6 +304,7 @@ class ClusterIndex:
         self.__dict__.pop("_totals", None)
         self._count(o, c, +1 if flag else -1)
         self.type_free[self.type_of[o]] += c if flag else -c
+        self.fcount[o] = c if flag else 0
 
 
 class ClusterModel:

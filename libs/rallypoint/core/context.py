@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from rallypoint.core.config import PolicyConfig
-from rallypoint.core.placement import Plan, level_rank, place
+from rallypoint.core.placement import Plan, level_rank, lowest_bits, place
 from rallypoint.core.quota import QuotaBook
 from rallypoint.core.types import PendingJob, RunningJob, Snapshot
 from rallypoint.core.workspace import Workspace
@@ -52,6 +52,7 @@ class Ctx:
         # preemptor id -> its victims still stopping (RunningJob.preempting_for), from the snapshot
         self.stopping: dict[str, list[str]] = {}
         self.holds: list[Hold] = []
+        self.hold_ids: set[str] = set()  # every job id ever given a hold this cycle (``hold_of`` fast miss)
         self.cycle_ends: list[tuple[float, str, tuple[tuple[int, int], ...]]] = []
         self.reservations = 0
         self.preemptors = 0
@@ -143,11 +144,24 @@ class Ctx:
         """``placement.place`` plus a memo: while no GPU was released in this cycle, a gang of at least
         as many tasks of the same shape that failed before fails again (free capacity only shrinks)."""
         key = (gpu_type, gpt, required)
-        epoch = self.ws.release_epoch
+        ws = self.ws
+        epoch = ws.release_epoch
         m = self._memo.get(key)
         if m is not None and m[0] == epoch and tasks >= m[1]:
             return None
-        plan = place(self.ws, tasks, gpt, gpu_type, required, self.cfg.first_fit)
+        if tasks == 1 and gpu_type is not None and not self.cfg.first_fit:
+            # ``placement.place``'s fast path for one task of a given type (most binds), without the call
+            # chain: the first non-empty bucket's first node, when it has a single NVLink domain
+            bs = ws.buckets.get(gpu_type)
+            if bs is not None and ws.type_free[gpu_type] >= gpt and gpt <= self.idx.max_gpus:
+                for c in range(gpt, len(bs)):
+                    b = bs[c]
+                    if b:
+                        o1 = b[0]
+                        if not self.idx.multi_dom[o1]:
+                            return Plan(gpu_type, "nvlink", ((o1, lowest_bits(ws.free[o1], gpt)),))
+                        break
+        plan = place(ws, tasks, gpt, gpu_type, required, self.cfg.first_fit)
         if plan is None:
             best = tasks if m is None or m[0] != epoch else min(tasks, m[1])
             self._memo[key] = (epoch, best)
@@ -171,6 +185,8 @@ class Ctx:
         return c[1]
 
     def hold_of(self, job_id: str) -> Hold | None:
+        if job_id not in self.hold_ids:
+            return None
         for h in self.holds:
             if h.job_id == job_id:
                 return h

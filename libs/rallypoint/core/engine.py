@@ -71,19 +71,28 @@ def job_sizes(job: PendingJob, ctx: Ctx) -> list[int]:
 
 def _bind(job: PendingJob, size: int, plan: Plan, ctx: Ctx, out: _Out) -> None:
     ws = ctx.ws
-    ws.take_all(plan.tasks)
+    tasks = plan.tasks
+    ws.take_all(tasks)
     ids = ctx.idx.ids
     get_bits = _BITS.get
     # build the output structs directly (no intermediate tuples per task)
-    placements = []
-    for i, (o, m) in enumerate(plan.tasks):
+    if len(tasks) == 1:  # most binds
+        o, m = tasks[0]
         b = get_bits(m)
         if b is None:
             b = bits(m)
-        placements.append(TaskPlacement(task=i, node_id=ids[o], gpus=b))
+        placements: tuple[TaskPlacement, ...] = (TaskPlacement(task=0, node_id=ids[o], gpus=b),)
+    else:
+        pl = []
+        for i, (o, m) in enumerate(tasks):
+            b = get_bits(m)
+            if b is None:
+                b = bits(m)
+            pl.append(TaskPlacement(task=i, node_id=ids[o], gpus=b))
+        placements = tuple(pl)
     ws.add_usage(job.queue_name, plan.gpu_type, size)
     ctx.add_team_usage(job.team, size, job.cpu_milli, job.memory_mib)
-    out.binds.append(Bind(job_id=job.id, gpus=size, placements=tuple(placements)))
+    out.binds.append(Bind(job_id=job.id, gpus=size, placements=placements))
     rt = job.runtime_estimate
     if rt is not None:
         ctx.cycle_ends.append((ctx.now + rt, job.id, plan.tasks))

@@ -12,6 +12,7 @@ back).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import NamedTuple
 
 from rallypoint.core.workspace import Workspace
@@ -115,39 +116,51 @@ def _single_node(ws: Workspace, t: str, g: int, n: int, first_fit: bool) -> int 
 
 
 def _rack_nodes_plan(ws: Workspace, r: int, t: str, g: int, need: int, out: list[tuple[int, int]]) -> int:
-    """Fill up to ``need`` tasks from rack ``r``, fullest nodes first (best fit). Returns tasks placed."""
+    """Fill up to ``need`` tasks from rack ``r``, fullest nodes first (best fit). Returns tasks placed.
+
+    Candidates in (free count, ordinal) order come straight from the per-count buckets (sorted ordinals
+    of schedulable ``t`` nodes): a rack is a contiguous ordinal range, so each bucket's slice for the rack
+    is two bisections, and nodes with fewer than ``g`` free GPUs are never looked at."""
     idx = ws.idx
-    free, sched, type_of, multi = ws.free, ws.sched, idx.type_of, idx.multi_dom
-    cands: list[tuple[int, int, int]] = []
-    for o in idx.rack_nodes[r]:
-        f = free[o]
-        if not f or not sched[o] or type_of[o] != t:
-            continue
-        c = f.bit_count()
-        # single-domain node (the common case): capacity straight from the count, no per-domain split
-        cap = node_cap(ws, o, g) if multi[o] else c // g
-        if cap:
-            cands.append((c, o, cap))
-    cands.sort()
+    free, multi = ws.free, idx.multi_dom
+    lo, hi = idx.rack_lo[r], idx.rack_hi[r]
+    bs = ws.buckets[t]
     placed = 0
-    for _c, o, cap in cands:
-        k = min(cap, need - placed)
-        if multi[o]:
-            _fill_node(ws, o, g, k, out)
-        else:  # _fill_node for a single-domain node: the lowest g free GPUs, k times
-            f = free[o]
-            for _ in range(k):
-                m = lowest_bits(f, g)
-                out.append((o, m))
-                f &= ~m
-        placed += k
-        if placed == need:
-            break
+    for c in range(g, len(bs)):
+        b = bs[c]
+        if not b:
+            continue
+        i = bisect_left(b, lo)
+        j = bisect_left(b, hi, i)
+        if i == j:
+            continue
+        for o in b[i:j]:
+            if multi[o]:
+                cap = node_cap(ws, o, g)
+                if not cap:
+                    continue
+                k = min(cap, need - placed)
+                _fill_node(ws, o, g, k, out)
+            elif c == g:  # exactly one task, all the node's free GPUs (a whole free node for g = 8)
+                out.append((o, free[o]))
+                k = 1
+            else:  # _fill_node for a single-domain node: the lowest g free GPUs, k times
+                k = min(c // g, need - placed)
+                f = free[o]
+                for _ in range(k):
+                    m = lowest_bits(f, g)
+                    out.append((o, m))
+                    f &= ~m
+            placed += k
+            if placed == need:
+                return placed
     return placed
 
 
-def _rack_exact(ws: Workspace, r: int, t: str, g: int) -> int:
+def _rack_exact(ws: Workspace, r: int, t: str, g: int, rcaps: list[int]) -> int:
     idx = ws.idx
+    if not idx.rack_multi[r]:
+        return rcaps[r]  # single-domain nodes only: the incremental count is exact
     free, sched, type_of, multi = ws.free, ws.sched, idx.type_of, idx.multi_dom
     n = 0
     for o in idx.rack_nodes[r]:
@@ -189,15 +202,17 @@ def _place_type(ws: Workspace, t: str, tasks: int, g: int, max_rank: int, first_
         if first_fit:
             racks = [(0, r) for r, c in enumerate(rcaps) if c >= tasks]
         else:
-            racks = [(c, r) for r, c in enumerate(rcaps) if c >= tasks]
-            # the smallest sufficient rack nearly always verifies: sort only when it does not
-            first = min(racks)
-            if _rack_exact(ws, first[1], t, g) >= tasks:
+            # the smallest sufficient rack, min((c, r) for c >= tasks), without a Python pass over the
+            # racks: the smallest sufficient capacity value, then its first rack (list.index)
+            cmin = min([c for c in set(rcaps) if c >= tasks])
+            first = (cmin, rcaps.index(cmin))
+            # it nearly always verifies: build and sort the full list only when it does not
+            if _rack_exact(ws, first[1], t, g, rcaps) >= tasks:
                 racks = [first]
             else:
-                racks.sort()
+                racks = sorted((c, r) for r, c in enumerate(rcaps) if c >= tasks)
         for _cap, r in racks:
-            if _rack_exact(ws, r, t, g) >= tasks:
+            if _rack_exact(ws, r, t, g, rcaps) >= tasks:
                 out = []
                 _rack_nodes_plan(ws, r, t, g, tasks, out)
                 return Plan(t, "rack", tuple(out))

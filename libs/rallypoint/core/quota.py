@@ -25,6 +25,7 @@ class QuotaBook:
         # (cohort, type) -> (usage version, sum of idle lendable nominal, sum borrowed, per member parts)
         self._cohort_sums: dict[tuple[str, str], tuple[int, int, int, dict[str, tuple[int, int]]]] = {}
         self._statics: dict[tuple[str, str], tuple[Queue, int, int | None, Quota | None] | None] = {}
+        self._members: dict[tuple[str, str], list[tuple[str, tuple[str, str], int, int | None]]] = {}
         self.children: dict[str, list[str]] = {}
         self.cohorts: dict[str, list[str]] = {}
         for q in sorted(queues, key=lambda q: q.name):
@@ -94,13 +95,14 @@ class QuotaBook:
 
     def check(self, ws: Workspace, queue: str, gpu_type: str, gpus: int) -> str | None:
         """None if ``queue`` may take ``gpus`` more GPUs of ``gpu_type`` now, else why not (with numbers)."""
-        st = self._statics.get((queue, gpu_type))
+        key = (queue, gpu_type)
+        st = self._statics.get(key)
         if st is None:
             st = self._static(queue, gpu_type)
             if st is None:
                 return None
         q, nominal, limit, pq = st
-        used = ws.usage.get((queue, gpu_type), 0)
+        used = ws.usage.get(key, 0)
         new = used + gpus
         if new > nominal:
             borrow = new - nominal
@@ -152,13 +154,25 @@ class QuotaBook:
             parts: dict[str, tuple[int, int]] = {}
             pool_all = borrowed_all = 0
             usage = ws.usage
-            for name in self.cohorts.get(c, ()):
-                qt = self.quota(name, gpu_type)
-                nominal = qt.nominal if qt is not None else 0
-                used = usage.get((name, gpu_type), 0)
+            members = self._members.get(ck)
+            if members is None:  # per member: usage key, nominal, lending limit (static: once per book)
+                members = []
+                for name in self.cohorts.get(c, ()):
+                    qt = self.quota(name, gpu_type)
+                    members.append(
+                        (
+                            name,
+                            (name, gpu_type),
+                            qt.nominal if qt is not None else 0,
+                            qt.lending_limit if qt is not None else None,
+                        )
+                    )
+                self._members[ck] = members
+            for name, ukey, nominal, lend in members:
+                used = usage.get(ukey, 0)
                 idle = max(0, nominal - used)
-                if qt is not None and qt.lending_limit is not None:
-                    idle = min(idle, qt.lending_limit)
+                if lend is not None:
+                    idle = min(idle, lend)
                 borrow = max(0, used - nominal)
                 pi, pb = parts.get(name, (0, 0))
                 parts[name] = (pi + idle, pb + borrow)  # a name listed twice is skipped twice, as before

@@ -23,29 +23,31 @@ def human(seconds: float) -> str:
 
 def classify(job: PendingJob, size: int, ctx: Ctx) -> Status:
     """Why ``job`` (at ``size`` GPUs) cannot be placed now, most fundamental cause first."""
-    types = ctx.idx.types if job.gpu_type is None else [job.gpu_type]
+    gpu_type = job.gpu_type
+    types = ctx.idx.types if gpu_type is None else [gpu_type]
     g = job.gpus_per_task
     level = ctx.required_level(job) or "cluster"
-    where = "in the cluster" if level == "cluster" else f"in one {level}"
-    tname = f" {job.gpu_type}" if job.gpu_type is not None else ""
     # the capacity checks do not depend on free GPUs: once per shape and cycle
-    skey = (job.gpu_type, g, size, level)
-    if skey in ctx.static_reasons:
-        fixed = ctx.static_reasons[skey]
-    else:
-        fixed = ctx.static_reasons[skey] = _capacity_reason(job.gpu_type, types, g, size, level, ctx)
+    skey = (gpu_type, g, size, level)
+    sr = ctx.static_reasons
+    fixed = sr.get(skey)
+    if fixed is None and skey not in sr:
+        fixed = sr[skey] = _capacity_reason(gpu_type, types, g, size, level, ctx)
     if fixed is not None:
         return fixed
     tf = ctx.ws.type_free
-    free = sum(tf.get(t, 0) for t in types)
+    # (the workspace's type_free has exactly the index's types as keys)
+    free = sum(tf.values()) if gpu_type is None else tf.get(gpu_type, 0)
+    tname = f" {gpu_type}" if gpu_type is not None else ""
     if free >= size:
-        if level != "cluster":
-            best = best_free_at(ctx.ws, job.gpu_type, level)
-            return Status("Topology", f"needs {size}{tname} GPUs {where}; best {level} has {best} free")
-        return Status(
-            "Topology",
-            f"needs {size // g} tasks x {g}{tname} GPUs (one node each); {free} GPUs free but fragmented",
-        )
+        if level == "cluster":
+            return Status(
+                "Topology",
+                f"needs {size // g} tasks x {g}{tname} GPUs (one node each); {free} GPUs free but fragmented",
+            )
+        best = best_free_at(ctx.ws, gpu_type, level)
+        return Status("Topology", f"needs {size}{tname} GPUs in one {level}; best {level} has {best} free")
+    where = "in the cluster" if level == "cluster" else f"in one {level}"
     if ctx.holds:
         held = sum(m.bit_count() for h in ctx.holds for _o, m in h.tasks)
         if free + held >= size:

@@ -32,6 +32,7 @@ class Workspace:
         self.rack_hist = {k: list(v) for k, v in idx.rack_hist.items()}
         self.spine_hist = {k: list(v) for k, v in idx.spine_hist.items()}
         self.type_free = dict(idx.type_free)
+        self.fcount = idx.fcount[:]  # free GPUs per schedulable node (0 when unschedulable), a flat copy
         self.usage: dict[tuple[str, str], int] = dict(cluster.usage)
         # (kind, a, old, epoch or usage version before, free version before)
         self._journal: list[tuple[int, int, int, int, int]] = []
@@ -49,7 +50,10 @@ class Workspace:
         # incrementally for the task sizes placement has asked about this cycle, so choosing a rack is a
         # scan of one int list instead of a histogram sum per rack (an upper bound on multi-domain nodes,
         # exactly like the histogram it replaces; the chosen rack is verified exactly).
-        self._tracked: dict[str, list[int]] = {t: [] for t in idx.types}
+        # per type: (g, per-rack caps, per-spine caps) of every tracked task size, updated in ``_set``
+        self._tracked_caps: dict[str, list[tuple[int, list[int], list[int]]]] = {t: [] for t in idx.types}
+        self._rack_key = idx.rack_key
+        self._spine_key = idx.spine_key
         self._rcap: dict[tuple[str, int], list[int]] = {}
         self._scap: dict[tuple[str, int], list[int]] = {}
 
@@ -73,6 +77,7 @@ class Workspace:
         co, cn = old.bit_count(), mask.bit_count()
         if co == cn:
             return
+        self.fcount[o] = cn
         t = self._type_of[o]
         bt = self.buckets[t]
         if co:
@@ -80,22 +85,22 @@ class Workspace:
             del b[bisect_left(b, o)]
         if cn:
             insort(bt[cn], o)
-        r = self._rack_of[o]
-        sp = self._spine_of[o]
-        rh = self.rack_hist[(t, r)]
+        rh = self.rack_hist[self._rack_key[o]]
         rh[co] -= 1
         rh[cn] += 1
-        sh = self.spine_hist[(t, sp)]
+        sh = self.spine_hist[self._spine_key[o]]
         sh[co] -= 1
         sh[cn] += 1
         self.type_free[t] += cn - co
-        tracked = self._tracked[t]
+        tracked = self._tracked_caps[t]
         if tracked:
-            for g in tracked:
+            r = self._rack_of[o]
+            sp = self._spine_of[o]
+            for g, rc, sc in tracked:
                 d = cn // g - co // g
                 if d:
-                    self._rcap[(t, g)][r] += d
-                    self._scap[(t, g)][sp] += d
+                    rc[r] += d
+                    sc[sp] += d
 
     def rack_caps(self, t: str, g: int) -> list[int]:
         """Per rack index: tasks of ``g`` GPUs its schedulable ``t`` nodes can take by free counts."""
@@ -125,7 +130,7 @@ class Workspace:
                 sc[sp] = sum(n * k for n, k in zip(h, per, strict=True) if n and k)
         self._rcap[(t, g)] = rc
         self._scap[(t, g)] = sc
-        self._tracked[t].append(g)
+        self._tracked_caps[t].append((g, rc, sc))
 
     def take_all(self, tasks: tuple[tuple[int, int], ...]) -> None:
         """``take`` for every (node, mask) of a plan, in order (the bind path: one call per plan)."""
