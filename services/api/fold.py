@@ -14,8 +14,9 @@ import asyncio
 import contextlib
 import logging
 
-from rallypoint.eventlog import EventLog
+from rallypoint.eventlog import EventLog, SnapshotStore
 from rallypoint.runtime.follower import Follower
+from rallypoint.runtime.following import SNAPSHOT_NAME
 from rallypoint.state import ClusterState
 
 _log = logging.getLogger("rallypoint.api.fold")
@@ -25,8 +26,9 @@ STOP_TIMEOUT_S = 5.0
 
 
 class FoldFollower:
-    def __init__(self, log: EventLog) -> None:
+    def __init__(self, log: EventLog, snapshots: SnapshotStore | None = None) -> None:
         self.follower = Follower(log)
+        self.snapshots = snapshots
         self.caught_up = asyncio.Event()  # set once the initial replay reached the log's end
         self.following = False
         self.failures = 0
@@ -59,6 +61,12 @@ class FoldFollower:
         return self._task is not None and not self._task.done()
 
     async def _run(self) -> None:
+        if self.snapshots is not None:
+            try:
+                if await self.follower.restore(self.snapshots, SNAPSHOT_NAME):
+                    _log.info("restored state at seq %d from snapshot", self.state.last_seq)
+            except Exception as exc:  # a missing or unreadable snapshot only costs a longer replay
+                _log.warning("no snapshot (%s); replaying from the start", exc)
         while True:
             try:
                 await self.follower.catch_up()

@@ -12,6 +12,7 @@ from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, r
 from rallypoint.runtime.service import MainFn
 
 from .app import ApiConfig, build_app
+from .fold import FoldFollower
 
 SERVICE = "api"
 
@@ -38,7 +39,8 @@ def make_main(args: argparse.Namespace) -> MainFn:
         config = ApiConfig(
             source=f"rallypoint/api/{ctx.config.instance}", max_gpus_per_node=args.max_gpus_per_node
         )
-        runner = web.AppRunner(build_app(log, config=config), access_log=None)
+        follower = FoldFollower(log, await ctx.snapshots())
+        runner = web.AppRunner(build_app(log, config=config, follower=follower), access_log=None)
         await runner.setup()
         # Registered after the NATS connection, so it runs first on exit: stop HTTP, then drain NATS.
         ctx.stack.push_async_callback(runner.cleanup)

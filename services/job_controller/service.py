@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 from collections.abc import Sequence
 
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
-from rallypoint.runtime.follower import Follower
+from rallypoint.runtime.following import open_follower
 
 from .controller import JobController
 
@@ -38,10 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = ServiceConfig.from_args("job-controller", args)
 
     async def run(ctx: ServiceContext) -> int:
-        log = await ctx.event_log()
-        follower = Follower(log)
-        await follower.catch_up()
-        following = asyncio.create_task(follower.run())
+        follower = await open_follower(ctx)
+        log = follower.log
         shard, shards = args.shard
         controller = JobController(
             await ctx.nats(),
@@ -52,12 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             command_timeout=args.command_timeout,
             preemption_grace_s=args.preemption_grace,
         )
-        try:
-            await controller.run(ctx.stop)
-        finally:
-            following.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await following
+        await controller.run(ctx.stop)
         return 0
 
     return run_service(run, config)

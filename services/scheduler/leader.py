@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable
 
 from rallypoint.eventlog import AppendConflict, EventLog, LogUnavailable
-from rallypoint.events import JobRejected, subjects
+from rallypoint.events import subjects
 from rallypoint.runtime import LeaderLease
 from rallypoint.runtime.fencing import FencedWriter
 from rallypoint.runtime.follower import Follower
-from rallypoint.scheduling import SchedulingPolicy, decision_writes, jobs_that_can_never_fit
+from rallypoint.scheduling import SchedulingPolicy, admission_writes, decision_writes
 from rallypoint.state import ClusterState
 
 _log = logging.getLogger("rallypoint.scheduler")
@@ -73,19 +73,12 @@ class SchedulerLoop:
         await self.follower.wait_for(self.writer.fence)
         state = self.state
         now = self.clock()
-        writes = 0
-        for job in jobs_that_can_never_fit(state):
-            total = state.total_gpus()
-            rejected = JobRejected(
-                job_id=job.job_id,
-                field="gpus",
-                at=now,
-                reason=f"asks for {job.spec.gpus} GPUs; the cluster has {total}",
-            )
-            await self.log.append(
-                subjects.job(job.job_id), rejected, msg_id=f"{job.job_id}:0:JobRejected", source=SOURCE
-            )
-            writes += 1
+        admissions = admission_writes(state, at=now)
+        # Independent appends on distinct subjects: send them together rather than one round trip each.
+        await asyncio.gather(
+            *(self.log.append(w.subject, w.event, msg_id=w.msg_id, source=SOURCE) for w in admissions)
+        )
+        writes = len(admissions)
         if writes:
             await self.follower.wait_for(await self.log.last_seq())
         if not state.pending_jobs():

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 from collections.abc import Sequence
 
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
-from rallypoint.runtime.follower import Follower
+from rallypoint.runtime.following import open_follower
 from rallypoint.scheduling import SchedulingPolicy, load_queue_config
 
 from .leader import SchedulerLoop, lead_while_elected
@@ -31,18 +29,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     policy = SchedulingPolicy(args.policy, queues=queues, priority_classes=classes)
 
     async def run(ctx: ServiceContext) -> int:
-        log = await ctx.event_log()
-        follower = Follower(log)
-        await follower.catch_up()
-        following = asyncio.create_task(follower.run())
+        follower = await open_follower(ctx)
         lease = await ctx.leader_lease(ttl=args.lease_ttl)
-        loop = SchedulerLoop(log, follower, instance=config.instance, policy=policy, tick_s=args.tick)
-        try:
-            await lead_while_elected(loop, lease, ctx.stop)
-        finally:
-            following.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await following
+        loop = SchedulerLoop(
+            follower.log, follower, instance=config.instance, policy=policy, tick_s=args.tick
+        )
+        await lead_while_elected(loop, lease, ctx.stop)
         return 0
 
     return run_service(run, config)

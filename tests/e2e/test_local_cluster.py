@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
@@ -31,7 +32,9 @@ TERMINAL = {"completed", "failed", "cancelled", "rejected"}
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    local = LocalCluster(tmp_path_factory.mktemp("cluster"), nodes=4, gpus_per_node=8, racks=2)
+    # Frequent snapshots, so the kill -9 restarts below start from a snapshot plus the log's tail.
+    env = dict(os.environ, RALLY_SNAPSHOT_EVERY="10", RALLY_SNAPSHOT_CHECK_S="1")
+    local = LocalCluster(tmp_path_factory.mktemp("cluster"), nodes=4, gpus_per_node=8, racks=2, env=env)
     with local:
         yield local
 
@@ -234,6 +237,9 @@ def test_kill_9_of_a_service_while_jobs_run_then_restart(
         queued_meanwhile = submit(cluster, f"meanwhile-{service}", 1, 1, probes, sleep=0.2)
     cluster.restart(service)
     assert wait_state(cluster, running, TERMINAL, timeout=60)["state"] == "completed"
+    if service in ("job-controller", "api", "inventory", "health-monitor", "preemption", "checkpoint"):
+        log_text = (cluster.workdir / "logs" / f"{service}.log").read_text()
+        assert "restored state at seq" in log_text, "the restarted service started from a snapshot"
     if queued_meanwhile is not None:
         assert wait_state(cluster, queued_meanwhile, TERMINAL, timeout=60)["state"] == "completed"
     assert not cluster.dead_services()

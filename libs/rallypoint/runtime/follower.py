@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
+
 from rallypoint.eventlog import EventLog, SnapshotStore
 from rallypoint.state import ClusterState
 
@@ -39,7 +41,11 @@ class Follower:
         if found is None:
             return False
         seq, payload = found
-        state = ClusterState.decode(payload)
+        try:
+            state = ClusterState.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            # Written by another version of the fold: replaying from the start is always correct.
+            return False
         if state.last_seq != seq:
             return False
         self.state = state

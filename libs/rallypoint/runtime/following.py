@@ -1,25 +1,75 @@
-"""The common body of a stateful service: keep a Follower at the log's tip while ``work`` runs."""
+"""The common body of a stateful service: a Follower at the log's tip, started from a snapshot.
+
+Every service folds the same ``ClusterState``, so they share one snapshot object (``cluster-state``): any
+service that saves one shortens every other service's next start to "snapshot + the tail of the log".
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 from collections.abc import Awaitable, Callable
+
+from rallypoint.eventlog import EventLogError, SnapshotStore
 
 from .follower import Follower
 from .service import ServiceContext
 
+_log = logging.getLogger("rallypoint.following")
 
-async def with_follower(ctx: ServiceContext, work: Callable[[Follower], Awaitable[None]]) -> int:
-    """Catch up (from the service's snapshot if one exists), follow in the background, run ``work``."""
+SNAPSHOT_NAME = "cluster-state"
+# Save after this many new events, checked this often (env overrides for small clusters and tests).
+SNAPSHOT_EVERY_EVENTS = int(os.environ.get("RALLY_SNAPSHOT_EVERY", "10000"))
+SNAPSHOT_CHECK_S = float(os.environ.get("RALLY_SNAPSHOT_CHECK_S", "30"))
+
+
+async def open_follower(ctx: ServiceContext, *, snapshots: bool = True) -> Follower:
+    """Restore from the newest snapshot (if any), replay the tail, then follow in the background.
+
+    The follow and snapshot tasks are cancelled when the service's exit stack closes."""
     log = await ctx.event_log()
     follower = Follower(log)
+    store: SnapshotStore | None = None
+    if snapshots:
+        try:
+            store = await ctx.snapshots()
+            if await follower.restore(store, SNAPSHOT_NAME):
+                _log.info("restored state at seq %d from snapshot", follower.state.last_seq)
+        except (EventLogError, TimeoutError, OSError) as exc:
+            _log.warning("no snapshot (%s); replaying from the start", exc)
     await follower.catch_up()
-    following = asyncio.create_task(follower.run())
-    try:
-        await work(follower)
-    finally:
-        following.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await following
+    _log.info("caught up at seq %d", follower.state.last_seq)
+    tasks = [asyncio.create_task(follower.run(), name="follow")]
+    if store is not None:
+        tasks.append(asyncio.create_task(_save_periodically(follower, store), name="snapshots"))
+
+    async def stop_tasks() -> None:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, 5.0)
+
+    ctx.stack.push_async_callback(stop_tasks)
+    return follower
+
+
+async def _save_periodically(follower: Follower, store: SnapshotStore) -> None:
+    saved = follower.state.last_seq
+    while True:
+        await asyncio.sleep(SNAPSHOT_CHECK_S)
+        if follower.state.last_seq - saved < SNAPSHOT_EVERY_EVENTS:
+            continue
+        try:
+            saved = await follower.save(store, SNAPSHOT_NAME)
+            _log.info("saved snapshot at seq %d", saved)
+        except (EventLogError, TimeoutError, OSError) as exc:
+            _log.warning("snapshot not saved: %s", exc)
+
+
+async def with_follower(ctx: ServiceContext, work: Callable[[Follower], Awaitable[None]]) -> int:
+    """Run ``work`` with a live Follower (see ``open_follower``)."""
+    await work(await open_follower(ctx))
     return 0

@@ -1,12 +1,20 @@
 """Glue between the folded log state and the pure core, shared by the scheduler service and audits."""
 
-from .bridge import Write, build_snapshot, decision_writes, jobs_that_can_never_fit, preemption_writes
+from .bridge import (
+    Write,
+    admission_writes,
+    build_snapshot,
+    decision_writes,
+    jobs_that_can_never_fit,
+    preemption_writes,
+)
 from .config import core_queues, load_queue_config
 from .policy import SchedulingPolicy
 
 __all__ = [
     "SchedulingPolicy",
     "Write",
+    "admission_writes",
     "build_snapshot",
     "core_queues",
     "decision_writes",

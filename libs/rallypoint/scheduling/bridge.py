@@ -21,7 +21,15 @@ from rallypoint.core.types import (
     RunningJob,
     Snapshot,
 )
-from rallypoint.events import Event, GangBound, JobPending, PreemptionRequested, subjects
+from rallypoint.events import (
+    Event,
+    GangBound,
+    JobPending,
+    JobQueued,
+    JobRejected,
+    PreemptionRequested,
+    subjects,
+)
 from rallypoint.state import ACTIVE, ClusterState, JobView, NodeView
 
 
@@ -206,6 +214,34 @@ def preemption_writes(
                 msg_id=f"{victim.job_id}:{victim.attempt}:PreemptionRequested:e{epoch}",
             )
         )
+    return writes
+
+
+def admission_writes(state: ClusterState, *, at: float) -> list[Write]:
+    """Admit each newly submitted job into its team's queue, or reject it if it can never fit.
+
+    Written on the job's own subject (not the fenced tree): each is idempotent by message id and the
+    fold ignores a repeat, so a deposed leader that writes one late does no harm.
+    """
+    writes: list[Write] = []
+    never = {j.job_id for j in jobs_that_can_never_fit(state)}
+    total = state.total_gpus()
+    for job in state.pending_jobs():
+        if job.job_id in never:
+            event: Event = JobRejected(
+                job_id=job.job_id,
+                field="gpus",
+                at=at,
+                reason=f"asks for {job.spec.gpus} GPUs; the cluster has {total}",
+            )
+            writes.append(
+                Write(subject=subjects.job(job.job_id), event=event, msg_id=f"{job.job_id}:0:JobRejected")
+            )
+        elif job.queue is None:
+            event = JobQueued(job_id=job.job_id, queue=job.spec.team, at=at)
+            writes.append(
+                Write(subject=subjects.job(job.job_id), event=event, msg_id=f"{job.job_id}:0:JobQueued")
+            )
     return writes
 
 
