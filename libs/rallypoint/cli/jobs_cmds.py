@@ -358,7 +358,10 @@ def nodes_or_reason(job: dict[str, Any]) -> str:
     state = job["state"]
     if state == "pending":
         reason = job.get("pending_reason") or {}
-        return f"({reason.get('code') or 'None'})"
+        position = job.get("queue_position")
+        # squeue's reason column, plus where the job stands in the queue (1 = next).
+        where = f", #{position}" if position is not None else ""
+        return f"({reason.get('code') or 'None'}{where})"
     if state in {"failed", "rejected"}:
         return f"({job.get('reason') or state})"
     return hostlist(job.get("nodes") or []) or "(None)"
