@@ -24,6 +24,7 @@ test: install
 
 bench: install
 	$(BIN)/rally bench scheduler --nodes 12500 --gpus-per-node 8 --pending 5000 --json
+	$(BIN)/rally bench eventlog --json
 	$(BIN)/python -m rallypoint.sim.bench --traces $(TRACES) --policy fifo,rallypoint
 
 eval: install

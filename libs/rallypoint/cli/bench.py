@@ -1,9 +1,10 @@
-"""`rally bench scheduler`: time the pure scheduling core on a synthetic 100k-GPU cluster."""
+"""`rally bench scheduler` (the pure core on a synthetic 100k-GPU cluster) and `rally bench eventlog`."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -19,6 +20,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--policy", default="rallypoint")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.set_defaults(func=handle_scheduler, handler=handle_scheduler)
+    e = sub.add_parser("eventlog", help="append and replay rates on a real embedded NATS server")
+    e.add_argument("--events", type=int, default=5000, help="events per phase (default 5000)")
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.set_defaults(func=handle_eventlog)
+
+
+def handle_eventlog(args: argparse.Namespace) -> int:
+    from rallypoint.eventlog.bench import run_bench
+
+    if args.events < 1:
+        print("error: --events: must be at least 1", file=sys.stderr)
+        return 2
+    res = run_bench(args.events)
+    print(json.dumps(res, sort_keys=True) if args.json else "\n".join(f"{k:28} {v}" for k, v in res.items()))
+    return 0
 
 
 def handle_scheduler(args: argparse.Namespace) -> int:
