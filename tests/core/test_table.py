@@ -153,7 +153,8 @@ CASES: list[dict[str, Any]] = [
     ),
     dict(
         id="aging-lifts-a-long-waiting-job",
-        policy="rallypoint",
+        # cross-class aging is the classic order (class_las off); class_las keeps classes strict
+        policy=("rallypoint", {"class_las": False, "aging_step": 50, "aging_interval_s": 3600.0}),
         now=100 * 3600.0,
         cluster=cluster(N2, [running("r", {"s0r0n0": ALL})]),
         pending=[
@@ -259,6 +260,7 @@ CASES: list[dict[str, Any]] = [
     dict(
         id="preemption-frees-the-right-shape",
         policy="rallypoint",
+        now=1000.0,  # past the victims' start protection
         cluster=cluster(
             nodes(racks=2, per_rack=2),
             [
@@ -326,7 +328,8 @@ CASES: list[dict[str, Any]] = [
         # priority as the preemptor) stays; the rest comes from x, a lower-priority job. (It used to evict
         # both b1 and b2, leaving b 8 GPUs below its guaranteed quota.)
         id="reclaim-stops-once-the-queue-is-back-at-nominal",
-        policy="rallypoint",
+        # classic rule: a lower-priority job of a queue within its nominal may still be a priority victim
+        policy=("rallypoint", {"class_las": False}),
         now=1000.0,
         cluster=cluster(
             nodes(per_rack=3),

@@ -1,4 +1,4 @@
-"""A service starting from the shared snapshot plus the tail of the log ends in the same state as a full replay."""
+"""A service started from the shared snapshot plus the log's tail ends in the state a full replay gives."""
 
 from __future__ import annotations
 

@@ -38,6 +38,25 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     las_thresholds: tuple[float, ...] = (3250.0, 7200.0)
     #: LAS starvation guard: a job waiting longer than factor x its last run goes back to queue 0
     las_starvation_factor: float = 0.0
+    #: rallypoint ordering: inside a priority class, discretized least-attained-service levels (on
+    #: ``las_thresholds``) before DRF share; jobs of queues below their nominal quota go first (guaranteed
+    #: share before borrowing); preemption by attained service only of the same queue or of borrowers
+    class_las: bool = False
+    #: with ``class_las``: a waiting job moves up one LAS level per this many seconds waited since it last
+    #: ran (0 = never; levels never cross priority classes)
+    level_aging_s: float = 0.0
+    #: with ``class_las``: priority classes of at least this value are strictly first (each its own band);
+    #: lower classes share one band in which the LAS level comes before the class value (None: every
+    #: class is its own band)
+    strict_class_min: int | None = None
+    #: with ``class_las``: a job blocked by its queue's quota (cohort has nothing left to lend) may preempt
+    #: lower-ranked jobs of its own queue or lower-ranked borrowers, when that makes quota and GPU room
+    preempt_for_quota: bool = False
+    #: with ``class_las``: a job that started (or was last preempted) less than this long ago is no LAS
+    #: (same-class, attained-service) victim; a lower-class (priority) victim only needs
+    #: ``preemption_protection_s`` since its last preemption, and reclaim of borrowed quota ignores both
+    #: (guaranteed quota comes back at once). None: ``preemption_protection_s`` since the last preemption
+    start_protection_s: float | None = None
     #: FIFO semantics: first fit, and jobs of at most one node's GPUs must sit on one node
     first_fit: bool = False
     consolidate_small: bool = False

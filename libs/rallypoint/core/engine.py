@@ -181,7 +181,12 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
                 return None
     size = sizes[-1]
     if quota_msg is not None and all(policy.permit.check(job, t, size, ctx) is not None for t in types):
-        return Status("QuotaExceeded", quota_msg)
+        qst = Status("QuotaExceeded", quota_msg)
+        if getattr(policy.preemptor, "quota_aware", False) and job.id not in ctx.stopping:
+            # a quota-aware preemptor may make room in the queue's quota too (its own queue's lower-ranked
+            # jobs, other queues' lower-ranked borrowers); the plan is checked against the quota
+            return _preempt(job, size, policy, ctx, out) or qst
+        return qst
     victims = ctx.stopping.get(job.id)
     if victims is not None and ctx.hold_of(job.id) is not None:
         n = len(victims)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from rallypoint.core.types import PendingJob, RunningJob
 if TYPE_CHECKING:
     from rallypoint.core.cluster import RunningColumns
 
-__all__ = ["DrfPriorityOrder", "FifoOrder", "LasOrder", "Orderer", "PriorityOrder"]
+__all__ = ["ClassLasOrder", "DrfPriorityOrder", "FifoOrder", "LasOrder", "Orderer", "PriorityOrder"]
 
 
 class Orderer(Protocol):
@@ -213,3 +213,193 @@ class LasOrder:
         for th in ctx.cfg.las_thresholds:
             level += attained >= th
         return -level
+
+
+_SHARE_STEPS = 1024  # DRF shares are compared in steps of 1/1024 of the cluster (fewer heap re-pushes)
+_TIER1 = 1 << 48  # tier bit of ClassLasOrder's packed heap prefix
+_CLASS_SPAN = 2048  # class values (0..2047) inside a preemption rank
+_LEVEL_SPAN = 64  # LAS levels (0..63)
+
+
+class ClassLasOrder:
+    """Rallypoint's order: guaranteed quota, then priority band, then least attained service, then DRF.
+
+    Key per job, smallest first: (tier, -band, LAS level, -class value, team's weighted dominant share,
+    submit, arrival, id), where
+
+    - *tier* is 0 while the job fits in what its queue has left of its nominal quota (of some GPU type),
+      else 1: work inside a guaranteed share is considered before borrowing work. This is the order
+      reclaim already enforces (a queue within nominal may evict borrowers of any class); ordering the
+      same way keeps a
+      reclaim victim from being re-admitted ahead of the job it was evicted for;
+    - *band* is the class value for classes of at least ``strict_class_min`` (every class when None):
+      those are strictly first; lower classes share band 0, inside which the LAS level comes first and
+      the class breaks ties;
+    - *LAS level* is the Tiresias discretized attained-service queue (``las_thresholds`` on attained
+      GPU-seconds): short jobs go first without knowing durations (heavy-tailed workloads); a waiting job
+      moves up one level per ``level_aging_s`` waited since it last ran (no starvation inside a band);
+    - the DRF share (in steps of 1/1024) is updated as the cycle binds (progressive filling between
+      teams).
+
+    Tier and share only grow during a cycle (binds), so, as in :class:`DrfPriorityOrder`, the heap keeps
+    one entry per (band, level, class, team, queue, size) group, keyed by the group's head
+    job, with a lazy
+    re-push.
+
+    Preemption rank: (band, 63 - level, class) packed in one number. A pending job may preempt running
+    jobs of lower rank (attained service counted up to now); the preemptor restricts victims of other
+    queues to borrowers (``RankPreemptor(borrowers_only=True)``).
+    """
+
+    @staticmethod
+    def band(p: int, ctx: Ctx) -> int:
+        m = ctx.cfg.strict_class_min
+        return p if m is None or p >= m else 0
+
+    def pending_level(self, job: PendingJob, ctx: Ctx) -> int:
+        cfg = ctx.cfg
+        a = job.attained_gpu_s
+        k = 0
+        for th in cfg.las_thresholds:
+            if a >= th:
+                k += 1
+        if k and cfg.level_aging_s > 0:
+            since = job.last_preempted_at if job.last_preempted_at is not None else job.submit_time
+            k = max(0, k - int(max(0.0, ctx.now - since) // cfg.level_aging_s))
+        f = cfg.las_starvation_factor
+        if k and f > 0 and job.last_run_s > 0 and ctx.now - job.submit_time > f * job.last_run_s:
+            k = 0
+        return min(k, _LEVEL_SPAN - 1)
+
+    @staticmethod
+    def tier(queue: str, gpus: int, ctx: Ctx) -> int:
+        """0 while ``gpus`` more GPUs fit in ``queue``'s nominal quota (of some GPU type), else 1."""
+        qb = ctx.quota
+        if not qb.limited(queue):
+            return 1
+        usage = ctx.ws.usage
+        for t in ctx.idx.types:
+            if usage.get((queue, t), 0) + gpus <= qb.nominal(queue, t):
+                return 0
+        return 1
+
+    def order(self, jobs: Iterable[PendingJob], ctx: Ctx) -> Iterator[PendingJob]:
+        groups: dict[tuple[int, int, int, str, str, int], list[PendingJob]] = {}
+        prio = ctx.prio
+        cfg = ctx.cfg
+        plain = cfg.level_aging_s <= 0 and cfg.las_starvation_factor <= 0
+        ths = cfg.las_thresholds
+        m = cfg.strict_class_min
+        level = self.pending_level
+        for j in sorted(jobs, key=_tie):
+            p = prio.get(j.priority_class, 0)
+            if plain:  # pending_level inlined (this loop runs for every pending job)
+                a = j.attained_gpu_s
+                lv = 0
+                if a > 0:
+                    for th in ths:
+                        if a >= th:
+                            lv += 1
+                    lv = min(lv, _LEVEL_SPAN - 1)
+            else:
+                lv = level(j, ctx)
+            key = (-(p if m is None or p >= m else 0), lv, -p, j.team, j.queue_name, j.gpus)
+            g = groups.get(key)
+            if g is None:
+                groups[key] = [j]
+            else:
+                g.append(j)
+        # tier inlined (same arithmetic as ``tier``; it is evaluated at every pop): per queue, its usage
+        # keys and nominals, None for an unlimited queue
+        qb = ctx.quota
+        usage = ctx.ws.usage
+        noms: dict[str, list[tuple[tuple[str, str], int]] | None] = {}
+        for _nb, _lv, _np, _team, q, _size in groups:
+            if q not in noms:
+                noms[q] = [((q, t), qb.nominal(q, t)) for t in ctx.idx.types] if qb.limited(q) else None
+        share = ctx.dominant_share
+        shares = ctx._shares  # the memo behind ctx.dominant_share (read inline: this loop is hot)
+        # heap entry: (prefix, share step, submit, arrival, id, group); prefix packs (tier, -band, level,
+        # -class) into one int (cheaper tuple comparisons); a tier change sets _TIER1 in it
+        heap: list[tuple[int, int, float, int, str, int]] = []
+        members: list[list[PendingJob]] = []
+        pos: list[int] = []
+        gkeys: list[tuple[str, str, int]] = []
+        for key, js in sorted(groups.items()):
+            h = js[0]
+            nb, lv, negp, team, q, size = key
+            prefix = ((nb + _CLASS_SPAN) * _LEVEL_SPAN + lv) * 2 * _CLASS_SPAN + negp + _CLASS_SPAN
+            if self.tier(q, h.gpus, ctx):
+                prefix |= _TIER1
+            heap.append(
+                (prefix, int(share(team) * _SHARE_STEPS), h.submit_time, h.arrival, h.id, len(members))
+            )
+            members.append(js)
+            pos.append(0)
+            gkeys.append((team, q, size))
+        heapq.heapify(heap)
+        replace = heapq.heapreplace
+        while heap:
+            item = heap[0]
+            gi = item[5]
+            js = members[gi]
+            k = pos[gi]
+            j = js[k]
+            team, q, size = gkeys[gi]
+            prefix = item[0]
+            if not prefix & _TIER1:
+                nl = noms[q]
+                if nl is not None:
+                    for uk, nm in nl:
+                        if usage.get(uk, 0) + size <= nm:
+                            break
+                    else:
+                        prefix |= _TIER1
+                else:
+                    prefix |= _TIER1
+            sh = shares.get(team)
+            if sh is None:
+                sh = share(team)
+            s_now = int(sh * _SHARE_STEPS)
+            if prefix != item[0] or s_now > item[1]:
+                new = (prefix, s_now, item[2], item[3], item[4], gi)
+                replace(heap, new)
+                if heap[0] is not new:
+                    continue
+            k += 1
+            pos[gi] = k
+            if k < len(js):
+                h = js[k]
+                replace(heap, (prefix, s_now, h.submit_time, h.arrival, h.id, gi))
+            else:
+                heapq.heappop(heap)
+            yield j
+
+    @staticmethod
+    def _pack(band: Any, level: Any, p: Any) -> Any:
+        """(band, 63 - level, class) as one number (floats or arrays)."""
+        return (band * _LEVEL_SPAN + (_LEVEL_SPAN - 1 - level)) * _CLASS_SPAN + p
+
+    def rank(self, job: PendingJob, ctx: Ctx) -> float:
+        p = ctx.prio_of(job)
+        return self._pack(self.band(p, ctx), self.pending_level(job, ctx), p)
+
+    def running_level(self, job: RunningJob, ctx: Ctx) -> int:
+        attained = job.attained_gpu_s + job.gpus * max(0.0, ctx.now - job.start_time)
+        return min(_LEVEL_SPAN - 1, sum(1 for th in ctx.cfg.las_thresholds if attained >= th))
+
+    def running_rank(self, job: RunningJob, ctx: Ctx) -> float:
+        p = ctx.prio_of(job)
+        return self._pack(self.band(p, ctx), self.running_level(job, ctx), p)
+
+    def running_rank_array(self, cols: RunningColumns, ctx: Ctx) -> np.ndarray:
+        n = cols.n
+        attained = cols.attained[:n] + cols.gpus[:n] * np.maximum(0.0, ctx.now - cols.start[:n])
+        level = np.zeros(n, np.float64)
+        for th in ctx.cfg.las_thresholds:
+            level += attained >= th
+        level = np.minimum(level, _LEVEL_SPAN - 1)
+        p = class_rank_array(cols, ctx)
+        m = ctx.cfg.strict_class_min
+        band = p if m is None else np.where(p >= m, p, 0.0)
+        return np.asarray(self._pack(band, level, p), np.float64)

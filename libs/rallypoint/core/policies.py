@@ -29,7 +29,14 @@ from rallypoint.core.backfill import EasyReserver, Reserver
 from rallypoint.core.config import PolicyConfig
 from rallypoint.core.context import Ctx, Status
 from rallypoint.core.elastic import ElasticGrower, Grower
-from rallypoint.core.ordering import DrfPriorityOrder, FifoOrder, LasOrder, Orderer, PriorityOrder
+from rallypoint.core.ordering import (
+    ClassLasOrder,
+    DrfPriorityOrder,
+    FifoOrder,
+    LasOrder,
+    Orderer,
+    PriorityOrder,
+)
 from rallypoint.core.preemption import Preemptor, RankPreemptor
 from rallypoint.core.types import PendingJob
 
@@ -120,10 +127,14 @@ def _rallypoint(cfg: PolicyConfig) -> Policy:
     return Policy(
         "rallypoint",
         cfg,
-        DrfPriorityOrder(),
+        ClassLasOrder() if cfg.class_las else DrfPriorityOrder(),
         permit=QuotaPermit(),
         reserver=EasyReserver() if cfg.backfill else None,
-        preemptor=RankPreemptor() if cfg.preemption else None,
+        preemptor=(
+            RankPreemptor(borrowers_only=cfg.class_las, quota_aware=cfg.preempt_for_quota)
+            if cfg.preemption
+            else None
+        ),
         grower=ElasticGrower() if cfg.elastic else None,
     )
 
@@ -138,8 +149,11 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "preemption": True,
         "quotas": True,
         "elastic": True,
-        "aging_step": 50,
-        "aging_interval_s": 3600.0,
+        "class_las": True,
+        "las_thresholds": (3250.0, 7200.0),
+        "level_aging_s": 0.0,
+        "start_protection_s": 600.0,
+        "preempt_for_quota": False,
     },
 }
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 import numpy as np
 
 from rallypoint.core.context import Ctx
+from rallypoint.core.ordering import class_rank_array
 from rallypoint.core.placement import LEVELS, Plan, level_rank, place
 from rallypoint.core.types import PendingJob, RunningJob
 
@@ -46,7 +47,7 @@ _VERIFY_DOMAINS = 4
 
 
 class Candidate(NamedTuple):
-    kind: int  # 0 shrink, 1 reclaim, 2 priority
+    kind: int  # 0 shrink, 1 reclaim, 2 priority (lower class), 3 las (same class, more attained service)
     rank: float
     lost: float  # GPU-seconds of work lost since the last checkpoint
     job: RunningJob
@@ -56,7 +57,7 @@ class Candidate(NamedTuple):
 
     @property
     def reason(self) -> str:
-        return ("shrink", "reclaim", "priority")[self.kind]
+        return ("shrink", "reclaim", "priority", "las")[self.kind]
 
     @property
     def gpus(self) -> int:
@@ -111,12 +112,16 @@ class RunningView:
         names = cols.classes.names
         class_ok = np.array([ctx.class_preemptible.get(c, True) for c in names] or [True], np.bool_)
         protect = ctx.cfg.preemption_protection_s
-        self.evictable = (
-            cols.preemptible[:n]
-            & class_ok[cols.cls[:n]]
-            & (now - cols.last_preempted[:n] >= protect)
-            & ~cols.stopping[:n]
+        sp = ctx.cfg.start_protection_s
+        # preemptible at all (reclaim of borrowed quota may take any of these)
+        self.base = cols.preemptible[:n] & class_ok[cols.cls[:n]] & ~cols.stopping[:n]
+        self.protected = now - cols.last_preempted[:n] < protect  # preempted recently
+        # started or preempted recently: no LAS (same-class) victim yet; equal to ``protected`` without
+        # ``start_protection_s``
+        self.protected_las = (
+            self.protected if sp is None else now - np.maximum(cols.last_preempted[:n], cols.start[:n]) < sp
         )
+        self.evictable = self.base & ~self.protected
         nt = cols.nt
         self.t_job = cols.t_job[:nt]
         self.t_ord = ctx.idx.ord_of_key[cols.t_node[:nt]]
@@ -147,8 +152,22 @@ def _job_tasks(ctx: Ctx, jid: str) -> tuple[tuple[int, int], ...]:
 class RankPreemptor:
     """Shrink > reclaim > preempt strictly lower rank; ``reason_name`` names the priority kind."""
 
-    def __init__(self, reason_name: str = "priority") -> None:
+    def __init__(
+        self, reason_name: str = "priority", borrowers_only: bool = False, quota_aware: bool = False
+    ) -> None:
         self.reason_name = reason_name
+        self._quota_aware = quota_aware and borrowers_only
+        # rallypoint: a victim of another queue must be borrowing and its queue must stay at or above
+        # its nominal once the victim is gone (so no guaranteed share is taken, and the victim, whose
+        # queue still borrows, is ordered after its preemptor next cycle); reclaim ignores the start /
+        # preemption protection; priority victims of the same class (kind 3, "las") rank by attained
+        # service. Without it: the classic rule (any lower rank; reclaim may overshoot to below nominal).
+        self.borrowers_only = borrowers_only
+
+    @property
+    def quota_aware(self) -> bool:
+        """The engine may ask this preemptor to make quota room for a QuotaExceeded job."""
+        return self._quota_aware
 
     # --- candidates ------------------------------------------------------------------------------
 
@@ -208,6 +227,8 @@ class RankPreemptor:
             gone = [cols.slot[j] for j in ctx.preempted if j in cols.slot]
             if gone:
                 avail[gone] = False
+        if self.borrowers_only:
+            return self._borrower_evictions(job, size, gpu_type, rank, ctx, view, tid)
         reclaim = np.zeros(n, np.bool_)
         if ctx.quota.within_nominal(ctx.ws, job.queue_name, gpu_type, size):
             lut = np.array(
@@ -220,6 +241,45 @@ class RankPreemptor:
         p_slots = order[prio[order]]
         slots = np.concatenate((r_slots, p_slots))
         kinds = np.concatenate((np.full(len(r_slots), 1, np.int64), np.full(len(p_slots), 2, np.int64)))
+        return slots, kinds
+
+    def _borrower_evictions(
+        self, job: PendingJob, size: int, gpu_type: str, rank: float, ctx: Ctx, view: RunningView, tid: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        cols = view.cols
+        n = view.n
+        base = view.base & (cols.gtype[:n] == tid)
+        if ctx.preempted:
+            gone = [cols.slot[j] for j in ctx.preempted if j in cols.slot]
+            if gone:
+                base[gone] = False
+        gpus = cols.gpus[:n]
+        qid = cols.queue[:n]
+        # GPUs each queue borrows beyond what is already being evicted from it
+        borrow = np.array(
+            [self._remaining_borrow(ctx, q, gpu_type) for q in cols.queues.names] or [0], np.int64
+        )[qid]
+        limited = np.array([ctx.quota.limited(q) for q in cols.queues.names] or [False], np.bool_)[qid]
+        # the victim's queue stays at or above nominal without it (or has no quota at all)
+        keeps_nominal = (borrow >= gpus) | ~limited
+        own = cols.queues.ids.get(job.queue_name, -1)
+        reclaim = np.zeros(n, np.bool_)
+        within = ctx.quota.within_nominal(ctx.ws, job.queue_name, gpu_type, size)
+        if within:
+            reclaim = base & (borrow > 0)  # reclaim stops at nominal (may overshoot by one victim)
+        # another queue's victim: its queue must stay at or above nominal (no guaranteed share is taken);
+        # an own-queue victim: the queue must borrow now or the preemptor fit in nominal, else the victim
+        # would be ordered ahead of its preemptor next cycle (tier 0) and take its GPUs back
+        ok_queue = keeps_nominal | ((qid == own) & (within | (borrow > 0)))
+        lower = (view.rank < rank) & base & ~view.protected & ~reclaim & ok_queue
+        cls_v = class_rank_array(cols, ctx)
+        p_cls = ctx.prio_of(job)
+        prio = lower & (cls_v < p_cls)
+        las = lower & (cls_v >= p_cls) & ~view.protected_las
+        order = view.order
+        parts = [order[m[order]] for m in (reclaim, prio, las)]
+        slots = np.concatenate(parts)
+        kinds = np.concatenate([np.full(len(p), k, np.int64) for p, k in zip(parts, (1, 2, 3), strict=True)])
         return slots, kinds
 
     # --- planning --------------------------------------------------------------------------------
@@ -327,6 +387,10 @@ class RankPreemptor:
             )  # fmt: skip
         estimates.sort()
 
+        # rallypoint: the gang must also pass its queue's quota once the victims' usage is gone (a job of a
+        # borrowing queue may evict its own queue's lower-ranked jobs or other borrowers)
+        quota_aware = self._quota_aware and ctx.quota.limited(job.queue_name)
+        p_within = ctx.quota.within_nominal(ctx.ws, job.queue_name, gpu_type, size)
         best: PreemptionPlan | None = None
         best_key: tuple[int, int, float] | None = None
         cache: dict[int, Candidate] = {}
@@ -373,14 +437,26 @@ class RankPreemptor:
                 if i >= n_prefix and not stopped:
                     break
                 c = cand(p)
+                if self.borrowers_only and c.kind > 1:
+                    q = c.job.queue_name
+                    short = self._remaining_borrow(ctx, q, gpu_type) - taken.get(q, 0) < c.gpus
+                    if q == job.queue_name:
+                        # own queue: it must still borrow (or the preemptor fit in nominal), so the
+                        # victim is not ordered ahead of its preemptor next cycle
+                        short = (
+                            not p_within and self._remaining_borrow(ctx, q, gpu_type) - taken.get(q, 0) <= 0
+                        )
+                    if ctx.quota.limited(q) and short:
+                        stopped = True  # its queue would drop below nominal: not a victim
+                        continue
                 if c.kind == 1:
                     q = c.job.queue_name
                     if self._remaining_borrow(ctx, q, gpu_type) - taken.get(q, 0) <= 0:
                         # the queue is back at its nominal: no more reclaiming from it; a job that also
                         # ranks strictly lower may still go as a priority victim
                         stopped = True
-                        if c.rank >= rank:
-                            continue
+                        if c.rank >= rank or self.borrowers_only:
+                            continue  # (borrowers_only: its queue is at nominal, no victim of another queue)
                         c = c._replace(kind=2)
                 if kinds_of.setdefault(c.job.id, c.kind) != c.kind:
                     continue  # never both shrink and evict one job
@@ -388,6 +464,8 @@ class RankPreemptor:
                 taken[q] = taken.get(q, 0) + sum(mk.bit_count() for _o, mk in c.tasks)
                 for o, mk in c.tasks:
                     ws.give(o, mk)
+                if quota_aware:
+                    ws.add_usage(q, gpu_type, -c.gpus)  # journaled: the victim's quota use goes too
                 chosen.append(c)
                 got += g
                 # a placement check costs up to a cluster scan: check once the domain can hold the gang,
@@ -395,11 +473,16 @@ class RankPreemptor:
                 if got >= check_at and ws.type_free.get(gpu_type, 0) >= size:
                     plan = place(ws, tasks, gpt, gpu_type, required, ctx.cfg.first_fit)
                     if plan is not None:
-                        break
+                        if not quota_aware or ctx.quota.check(ws, job.queue_name, gpu_type, size) is None:
+                            break
+                        plan = None  # fits, but its queue may not take it yet: free more quota
+                        stopped = True
                     check_at = got + max(gpt, size // 8)
             if plan is not None:
                 raw_key = (max(c.kind for c in chosen), len(chosen), sum(c.lost for c in chosen))
-                plan, chosen = self._prune(plan, chosen, tasks, gpt, gpu_type, required, ctx)
+                plan, chosen = self._prune(
+                    plan, chosen, tasks, gpt, gpu_type, required, ctx, job if quota_aware else None
+                )
             else:
                 raw_key = None
             ws.rollback(mark)
@@ -422,6 +505,7 @@ class RankPreemptor:
         gpu_type: str,
         required: str | None,
         ctx: Ctx,
+        quota_job: PendingJob | None = None,
     ) -> tuple[Plan, list[Candidate]]:
         """Drop victims the gang does not need: most expensive first, put a victim's GPUs back and keep
         the removal when the gang still fits (victims were added in cost order, so the last ones often
@@ -436,15 +520,27 @@ class RankPreemptor:
                 used = {}
                 for o, mk in plan.tasks:
                     used[o] = used.get(o, 0) | mk
+            if quota_job is not None:
+                # the victim's quota use comes back too: keep the removal only if the queue still admits
+                mark = w.mark()
+                w.add_usage(c.job.queue_name, gpu_type, c.gpus)
+                if ctx.quota.check(w, quota_job.queue_name, gpu_type, tasks * gpt) is not None:
+                    w.rollback(mark)
+                    continue
+                w.rollback(mark)
             if not any(used.get(o, 0) & mk for o, mk in c.tasks):
                 # the current plan does not touch this victim's GPUs: it fits without it, no search needed
                 for o, mk in c.tasks:
                     w.take(o, mk)
+                if quota_job is not None:
+                    w.add_usage(c.job.queue_name, gpu_type, c.gpus)
                 keep.remove(c)
                 continue
             mark = w.mark()
             for o, mk in c.tasks:
                 w.take(o, mk)
+            if quota_job is not None:
+                w.add_usage(c.job.queue_name, gpu_type, c.gpus)
             p = place(w, tasks, gpt, gpu_type, required, ctx.cfg.first_fit)
             if p is None:
                 w.rollback(mark)

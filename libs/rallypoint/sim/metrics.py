@@ -12,8 +12,13 @@ Definitions (also in docs/simulator.md):
   total.
 - backlog_utilization: over instants when some job waits, allocated GPU-seconds / GPU-seconds that demand
   could fill (min(healthy GPUs, allocated + GPUs of waiting jobs)); gang shapes make 1.0 unreachable.
-- quota honoured: for each team, the share of its time with pending work during which it held at least its
-  nominal quota, or held so much that its smallest pending job would take it above nominal.
+- quota honoured: for each team, the share of its time with pending work during which it held at least
+  min(nominal, what its pending work can use of it): it holds >= nominal, or its smallest pending job would
+  take it above nominal (a team whose nominal is smaller than its smallest pending job, or whose remaining
+  nominal is, is owed nothing more). Only time with a job waiting counts, so a team whose waits all happen
+  below nominal scores 0 even if they are short: this is the strict reading of "no team below its
+  guaranteed share while it has work pending". Policies without quotas (fifo, easy-backfill, las) are
+  measured the same way against the same nominals.
 - Jain's fairness over teams of x = (GPU-seconds a team held while it had pending work) / (its entitled share
   of the cluster over that time), entitlement proportional to nominal quota (equal when no quotas).
 """
