@@ -10,7 +10,15 @@ import pytest
 from rallypoint_services.scheduler.leader import SchedulerLoop
 
 from rallypoint.eventlog import AppendConflict, EventLog
-from rallypoint.events import GangBound, GpuInfo, JobSpec, JobSubmitted, NodeRegistered, subjects
+from rallypoint.events import (
+    GangBound,
+    GpuInfo,
+    JobSpec,
+    JobSubmitted,
+    LeaderEpochStarted,
+    NodeRegistered,
+    subjects,
+)
 from rallypoint.runtime.follower import Follower
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.state import ClusterState
@@ -103,12 +111,37 @@ async def test_old_leaders_late_write_is_rejected_after_a_new_epoch(event_log: E
 
 
 async def test_two_contenders_for_one_epoch_exactly_one_wins(event_log: EventLog) -> None:
+    """Both read the same tree sequence, then both try to start epoch 1: the server accepts one."""
     await _register(event_log, "n1")
     async with _scheduler(event_log, "a") as a, _scheduler(event_log, "b") as b:
-        results = await asyncio.gather(a.start_epoch(), b.start_epoch(), return_exceptions=True)
+        tip = await event_log.last_seq(subjects.SCHEDULER_TREE)
+        a.writer.fence = b.writer.fence = tip
+        results = await asyncio.gather(
+            *(
+                loop.writer.append(
+                    subjects.EPOCH,
+                    LeaderEpochStarted(epoch=1, leader_id=loop.instance, at=1.0),
+                    f"scheduler-epoch:1:{loop.instance}",
+                )
+                for loop in (a, b)
+            ),
+            return_exceptions=True,
+        )
     winners = [r for r in results if isinstance(r, int)]
     losers = [r for r in results if isinstance(r, AppendConflict)]
     assert len(winners) == 1 and len(losers) == 1, results
+
+
+async def test_contenders_starting_epochs_never_share_one(event_log: EventLog) -> None:
+    """However they interleave, two contenders never both lead the same epoch: a later one fences."""
+    await _register(event_log, "n1")
+    async with _scheduler(event_log, "a") as a, _scheduler(event_log, "b") as b:
+        results = await asyncio.gather(a.start_epoch(), b.start_epoch(), return_exceptions=True)
+    epochs = [r for r in results if isinstance(r, int)]
+    assert all(isinstance(r, int | AppendConflict) for r in results), results
+    assert epochs and len(set(epochs)) == len(epochs)
+    state = await _replayed(event_log)
+    assert state.epoch == max(epochs)
 
 
 async def test_concurrent_leaders_never_bind_a_gpu_twice(event_log: EventLog) -> None:
