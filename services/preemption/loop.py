@@ -8,15 +8,12 @@ The job controller carries each request out (SIGTERM, checkpoint, grace, then ``
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 
-from rallypoint.eventlog import AppendConflict, EventLog, LogUnavailable
+from rallypoint.eventlog import EventLog
 from rallypoint.events import subjects
-from rallypoint.runtime import LeaderLease
 from rallypoint.runtime.fencing import FencedWriter
 from rallypoint.runtime.follower import Follower
 from rallypoint.scheduling import SchedulingPolicy, preemption_writes
@@ -65,25 +62,3 @@ class PreemptionLoop:
             _log.info("requesting preemption: %s", write.msg_id)
             await self.writer.append(write.subject, write.event, write.msg_id)
         return len(writes)
-
-    async def lead(self, still_leader: Callable[[], bool], stop: asyncio.Event, *, term: int = 0) -> None:
-        await self.writer.start_epoch(term)
-        while not stop.is_set() and still_leader():
-            await self.cycle()
-            await self.follower.next_change(self.tick_s)
-
-
-async def preempt_while_elected(loop: PreemptionLoop, lease: LeaderLease, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        term = await lease.campaign(stop)
-        if term is None or stop.is_set():
-            break
-        try:
-            await loop.lead(lambda: lease.is_leader, stop, term=term)
-        except AppendConflict as conflict:
-            _log.warning("fenced by a newer preemption leader (%s); stepping down", conflict)
-        except (LogUnavailable, TimeoutError) as exc:
-            _log.warning("lost the log while leading (%s); stepping down", exc)
-        finally:
-            with contextlib.suppress(Exception):
-                await lease.resign()

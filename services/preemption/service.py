@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.follower import Follower
 from rallypoint.runtime.following import with_follower
+from rallypoint.runtime.leadership import lead_while_elected
 from rallypoint.scheduling import SchedulingPolicy, load_queue_config
 
-from .loop import PreemptionLoop, preempt_while_elected
+from .loop import PreemptionLoop
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -31,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         async def work(follower: Follower) -> None:
             loop = PreemptionLoop(follower.log, follower, instance=config.instance, policy=policy)
-            await preempt_while_elected(loop, lease, ctx.stop)
+            await lead_while_elected(loop, lease, ctx.stop)
 
         return await with_follower(ctx, work)
 

@@ -10,14 +10,12 @@ server (``AppendConflict``) and it steps down.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 
-from rallypoint.eventlog import AppendConflict, EventLog, LogUnavailable
+from rallypoint.eventlog import EventLog
 from rallypoint.events import subjects
-from rallypoint.runtime import LeaderLease
 from rallypoint.runtime.fencing import FencedWriter
 from rallypoint.runtime.follower import Follower
 from rallypoint.scheduling import SchedulingPolicy, admission_writes, decision_writes
@@ -91,29 +89,3 @@ class SchedulerLoop:
             writes += 1
         self.cycles += 1
         return writes
-
-    async def lead(self, still_leader: Callable[[], bool], stop: asyncio.Event, *, term: int = 0) -> None:
-        """Cycle on every change (event-driven requeue) and on a slow tick, until stop or deposed."""
-        await self.start_epoch(term)
-        while not stop.is_set() and still_leader():
-            self.follower.changed.clear()
-            await self.cycle()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.follower.changed.wait(), self.tick_s)
-
-
-async def lead_while_elected(loop: SchedulerLoop, lease: LeaderLease, stop: asyncio.Event) -> None:
-    """Campaign, lead, step down on conflict or lost lease, campaign again; until stop."""
-    while not stop.is_set():
-        term = await lease.campaign(stop)
-        if term is None or stop.is_set():
-            break
-        try:
-            await loop.lead(lambda: lease.is_leader, stop, term=term)
-        except AppendConflict as conflict:
-            _log.warning("fenced by a newer leader (%s); stepping down", conflict)
-        except (LogUnavailable, TimeoutError) as exc:
-            _log.warning("lost the log while leading (%s); stepping down", exc)
-        finally:
-            with contextlib.suppress(Exception):
-                await lease.resign()

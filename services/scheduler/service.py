@@ -7,9 +7,10 @@ from collections.abc import Sequence
 
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.following import open_follower
+from rallypoint.runtime.leadership import lead_while_elected
 from rallypoint.scheduling import SchedulingPolicy, load_queue_config
 
-from .leader import SchedulerLoop, lead_while_elected
+from .leader import SchedulerLoop
 
 
 def build_parser() -> argparse.ArgumentParser:
