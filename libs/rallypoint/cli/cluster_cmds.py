@@ -18,6 +18,10 @@ def _positive(text: str) -> int:
     return value
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _up(args: argparse.Namespace) -> int:
     from rallypoint.localcluster import LocalCluster
 
@@ -31,8 +35,10 @@ def _up(args: argparse.Namespace) -> int:
         postgres_dsn=args.postgres_dsn,
         api_port=args.api_port,
     )
-    # SIGTERM ends `rally up` like Ctrl-C does: everything it started is stopped.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # Ctrl-C and SIGTERM both stop everything `rally up` started. SIGINT is installed explicitly too: a
+    # process started in the background by a script inherits SIGINT as ignored, and Python then keeps it so.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _interrupt)
     try:
         cluster.start()
         cluster.write_info(CLUSTER_FILE)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -47,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.command != "serve":
+        # Library warnings (a NATS connection closing at exit) are not for a CLI user's terminal;
+        # services configure their own structured logging.
+        logging.basicConfig(
+            level=os.environ.get("RALLY_CLI_LOG_LEVEL", "ERROR"), format="%(levelname)s %(message)s"
+        )
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:
         parser.print_help()

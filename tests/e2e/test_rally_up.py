@@ -1,0 +1,64 @@
+"""`rally up` in the foreground: it comes up, and Ctrl-C stops all of it, leaving no process behind."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rallypoint.infra import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _processes_mentioning(*needles: str) -> list[str]:
+    listing = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return [line for line in listing.splitlines() if any(n in line for n in needles) and "ps -eo" not in line]
+
+
+def test_ctrl_c_stops_every_process_rally_up_started(tmp_path: Path) -> None:
+    port = free_port()
+    up = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rallypoint.cli.main",
+            "up",
+            "--nodes",
+            "2",
+            "--racks",
+            "1",
+            "--api-port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "state"),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        info_file = tmp_path / ".rally" / "cluster.json"
+        while not info_file.exists():
+            assert up.poll() is None, up.stdout.read() if up.stdout else ""
+            assert time.monotonic() < deadline, "rally up did not come up"
+            time.sleep(0.3)
+        info = json.loads(info_file.read_text())
+        nats_port = info["nats_url"].rsplit(":", 1)[1]
+        pg_port = info["postgres_dsn"].rsplit(":", 1)[1].split("/")[0]
+        needles = (str(tmp_path), f"--port {nats_port}", f"-p {pg_port}")
+        assert _processes_mentioning(*needles), "the cluster's processes should be visible while it runs"
+    finally:
+        up.send_signal(signal.SIGINT)
+        code = up.wait(timeout=60)
+    assert code == 0
+    time.sleep(1.0)
+    assert _processes_mentioning(*needles) == []
+    assert not info_file.exists(), "rally up removes its cluster file on the way out"
