@@ -6,9 +6,7 @@ pyproject.toml cannot map two source roots with `find`, so the mapping lives her
 from setuptools import find_packages, setup
 
 library = find_packages("libs", include=["rallypoint", "rallypoint.*"])
-services = ["rallypoint_services"] + [
-    "rallypoint_services." + name for name in find_packages("services")
-]
+services = ["rallypoint_services"] + ["rallypoint_services." + name for name in find_packages("services")]
 
 setup(
     packages=library + services,

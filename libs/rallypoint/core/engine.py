@@ -90,10 +90,17 @@ def _bind(job: PendingJob, size: int, plan: Plan, ctx: Ctx, out: _Out) -> None:
                 b = bits(m)
             pl.append(TaskPlacement(task=i, node_id=ids[o], gpus=b))
         placements = tuple(pl)
-    ws.add_usage(job.queue_name, plan.gpu_type, size)
-    ctx.add_team_usage(job.team, size, job.cpu_milli, job.memory_mib)
+    q = job.queue  # job.queue_name, ctx.add_team_usage and job.runtime_estimate inlined (every bind)
+    team = job.team
+    ws.add_usage(q if q is not None else team, plan.gpu_type, size)
+    tu = ctx.team_usage
+    ug, uc, um = tu.get(team, (0, 0, 0))
+    tu[team] = (ug + size, uc + job.cpu_milli, um + job.memory_mib)
+    ctx._shares.pop(team, None)
     out.binds.append(Bind(job_id=job.id, gpus=size, placements=placements))
-    rt = job.runtime_estimate
+    rt = job.expected_runtime_s
+    if rt is None:
+        rt = job.time_limit_s
     if rt is not None:
         ctx.cycle_ends.append((ctx.now + rt, job.id, plan.tasks))
 
@@ -104,7 +111,7 @@ def _try_place(job: PendingJob, size: int, gpu_type: str | None, ctx: Ctx) -> Pl
     tasks = size // job.gpus_per_task
     required = ctx.required_level(job)
     ws = ctx.ws
-    own = ctx.hold_of(job.id) if ctx.holds else None
+    own = ctx.hold_of(job.id) if ctx.holds and job.id in ctx.hold_ids else None  # (hold_of's fast miss)
     if own is not None:
         # a preemptor whose victims are stopping: its hold is its own; on success the hold is consumed
         # (its GPUs stay given back, and the bind takes them)

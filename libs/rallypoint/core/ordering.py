@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -38,6 +39,9 @@ class Orderer(Protocol):
 
 def _tie(job: PendingJob) -> tuple[float, int, str]:
     return (job.submit_time, job.arrival, job.id)
+
+
+_tie_of = attrgetter("submit_time", "arrival", "id")  # _tie without a Python call per job
 
 
 def class_rank_array(cols: RunningColumns, ctx: Ctx) -> np.ndarray:
@@ -221,6 +225,11 @@ _CLASS_SPAN = 2048  # class values (0..2047) inside a preemption rank
 _LEVEL_SPAN = 64  # LAS levels (0..63)
 
 
+def _prefix(band: int, level: int, p: int) -> int:
+    """(-band, level, -class) packed into one int that sorts like the tuple (ClassLasOrder's heap)."""
+    return ((_CLASS_SPAN - band) * _LEVEL_SPAN + level) * 2 * _CLASS_SPAN + _CLASS_SPAN - p
+
+
 class ClassLasOrder:
     """Rallypoint's order: guaranteed quota, then priority band, then least attained service, then DRF.
 
@@ -284,39 +293,54 @@ class ClassLasOrder:
         return 1
 
     def order(self, jobs: Iterable[PendingJob], ctx: Ctx) -> Iterator[PendingJob]:
-        groups: dict[tuple[int, int, int, str, str, int], list[PendingJob]] = {}
+        # groups keyed by (packed (band, level, class) prefix, team, queue, size); the packed prefix sorts
+        # like (-band, level, -class), so the groups sort as with the unpacked key
+        groups: dict[tuple[int, str, str, int], list[PendingJob]] = {}
         prio = ctx.prio
         cfg = ctx.cfg
         plain = cfg.level_aging_s <= 0 and cfg.las_starvation_factor <= 0
         ths = cfg.las_thresholds
         m = cfg.strict_class_min
         level = self.pending_level
-        for j in sorted(jobs, key=_tie):
-            p = prio.get(j.priority_class, 0)
-            if plain:  # pending_level inlined (this loop runs for every pending job)
+        # per class (and, without aging, per attained value): the prefix, computed once instead of per job
+        bases: dict[str | None, dict[float, int]] = {}
+        for j in jobs:
+            if plain:  # pending_level inlined: a function of attained service only
+                bc = bases.get(j.priority_class)
+                if bc is None:
+                    bc = bases[j.priority_class] = {}
                 a = j.attained_gpu_s
-                lv = 0
-                if a > 0:
-                    for th in ths:
-                        if a >= th:
-                            lv += 1
-                    lv = min(lv, _LEVEL_SPAN - 1)
+                base = bc.get(a)
+                if base is None:
+                    lv = 0
+                    if a > 0:
+                        for th in ths:
+                            if a >= th:
+                                lv += 1
+                        lv = min(lv, _LEVEL_SPAN - 1)
+                    p = prio.get(j.priority_class, 0)
+                    base = bc[a] = _prefix(p if m is None or p >= m else 0, lv, p)
             else:
-                lv = level(j, ctx)
-            key = (-(p if m is None or p >= m else 0), lv, -p, j.team, j.queue_name, j.gpus)
+                p = prio.get(j.priority_class, 0)
+                base = _prefix(p if m is None or p >= m else 0, level(j, ctx), p)
+            q = j.queue
+            key = (base, j.team, q if q is not None else j.team, j.gpus)
             g = groups.get(key)
             if g is None:
                 groups[key] = [j]
             else:
                 g.append(j)
+        # each group in submission order (the tie key is a total order: sorting the small groups is the
+        # same as appending in globally sorted order, with fewer comparisons)
+        for g in groups.values():
+            if len(g) > 1:
+                g.sort(key=_tie_of)
         # tier inlined (same arithmetic as ``tier``; it is evaluated at every pop): per queue, its usage
         # keys and nominals, None for an unlimited queue
         qb = ctx.quota
         usage = ctx.ws.usage
+        types = ctx.idx.types
         noms: dict[str, list[tuple[tuple[str, str], int]] | None] = {}
-        for _nb, _lv, _np, _team, q, _size in groups:
-            if q not in noms:
-                noms[q] = [((q, t), qb.nominal(q, t)) for t in ctx.idx.types] if qb.limited(q) else None
         share = ctx.dominant_share
         shares = ctx._shares  # the memo behind ctx.dominant_share (read inline: this loop is hot)
         # heap entry: (prefix, share step, submit, arrival, id, group); prefix packs (tier, -band, level,
@@ -324,48 +348,63 @@ class ClassLasOrder:
         heap: list[tuple[int, int, float, int, str, int]] = []
         members: list[list[PendingJob]] = []
         pos: list[int] = []
-        gkeys: list[tuple[str, str, int]] = []
+        ginfo: list[tuple[str, list[tuple[tuple[str, str], int]] | None, int]] = []
         for key, js in sorted(groups.items()):
             h = js[0]
-            nb, lv, negp, team, q, size = key
-            prefix = ((nb + _CLASS_SPAN) * _LEVEL_SPAN + lv) * 2 * _CLASS_SPAN + negp + _CLASS_SPAN
-            if self.tier(q, h.gpus, ctx):
-                prefix |= _TIER1
-            heap.append(
-                (prefix, int(share(team) * _SHARE_STEPS), h.submit_time, h.arrival, h.id, len(members))
-            )
-            members.append(js)
-            pos.append(0)
-            gkeys.append((team, q, size))
-        heapq.heapify(heap)
-        replace = heapq.heapreplace
-        while heap:
-            item = heap[0]
-            gi = item[5]
-            js = members[gi]
-            k = pos[gi]
-            j = js[k]
-            team, q, size = gkeys[gi]
-            prefix = item[0]
-            if not prefix & _TIER1:
+            prefix, team, q, size = key
+            if q in noms:
                 nl = noms[q]
-                if nl is not None:
-                    for uk, nm in nl:
-                        if usage.get(uk, 0) + size <= nm:
-                            break
-                    else:
-                        prefix |= _TIER1
+            else:
+                nl = noms[q] = [((q, t), qb.nominal(q, t)) for t in types] if qb.limited(q) else None
+            # tier(q, size): 1 unless some type's nominal still has room for the group's size
+            if nl is None:
+                prefix |= _TIER1
+            else:
+                for uk, nm in nl:
+                    if usage.get(uk, 0) + size <= nm:
+                        break
                 else:
                     prefix |= _TIER1
             sh = shares.get(team)
             if sh is None:
                 sh = share(team)
+            heap.append((prefix, int(sh * _SHARE_STEPS), h.submit_time, h.arrival, h.id, len(members)))
+            members.append(js)
+            pos.append(0)
+            ginfo.append((team, nl, size))
+        if not heap:
+            return
+        heapq.heapify(heap)
+        replace = heapq.heapreplace
+        # ctx.dominant_share inlined for the memo misses (one per bind of a team): the same arithmetic on
+        # the same (per-cycle constant) totals and weights, written to the same memo
+        team_usage = ctx.team_usage
+        tg, tc, tm = ctx.totals()
+        wdiv = {team: max(ctx.weights.get(team, 1.0), 1e-9) for team, _nl, _size in ginfo}
+        while heap:
+            item = heap[0]
+            gi = item[5]
+            team, nl, size = ginfo[gi]
+            prefix = item[0]
+            if not prefix & _TIER1:  # (an unlimited queue's groups start in tier 1)
+                for uk, nm in nl or ():
+                    if usage.get(uk, 0) + size <= nm:
+                        break
+                else:
+                    prefix |= _TIER1
+            sh = shares.get(team)
+            if sh is None:
+                ug, uc, um = team_usage.get(team, (0, 0, 0))
+                sh = shares[team] = max(ug / tg, uc / tc, um / tm) / wdiv[team]
             s_now = int(sh * _SHARE_STEPS)
             if prefix != item[0] or s_now > item[1]:
                 new = (prefix, s_now, item[2], item[3], item[4], gi)
                 replace(heap, new)
                 if heap[0] is not new:
                     continue
+            js = members[gi]
+            k = pos[gi]
+            j = js[k]
             k += 1
             pos[gi] = k
             if k < len(js):

@@ -79,7 +79,8 @@ class ShapeFilter:
 
 class QuotaPermit:
     def check(self, job: PendingJob, gpu_type: str, gpus: int, ctx: Ctx) -> str | None:
-        return ctx.quota.check(ctx.ws, job.queue_name, gpu_type, gpus)
+        q = job.queue  # job.queue_name inlined (runs for every pending job)
+        return ctx.quota.check(ctx.ws, q if q is not None else job.team, gpu_type, gpus)
 
 
 class NoQuota:
