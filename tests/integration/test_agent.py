@@ -21,8 +21,8 @@ import pytest
 from rallypoint.agent import RankLauncher, SimulatedGpus
 from rallypoint.agent.node import AgentConfig, NodeAgent
 from rallypoint.agent.workdir import read_record
-from rallypoint.eventlog import EventLog, LogUnavailable
-from rallypoint.events import Event, NodeRegistered, RankExited, subjects
+from rallypoint.eventlog import EventLog
+from rallypoint.events import NodeRegistered, RankExited, subjects
 from rallypoint.infra import ManagedProcess, NatsServer
 from rallypoint.protocol import (
     Heartbeat,
@@ -253,54 +253,33 @@ async def _has(exits: Awaitable[dict[int, int]], count: int) -> bool:
     return len(await exits) >= count
 
 
-class FlakyLog(EventLog):
-    """The real log, except that the first ``failures`` appends find no server."""
-
-    def __init__(self, inner: EventLog, failures: int) -> None:
-        super().__init__(inner.nc, stream=inner.stream)
-        self.failures = failures
-        self.attempts = 0
-
-    async def append(
-        self,
-        subject: str,
-        event: Event,
-        *,
-        msg_id: str,
-        source: str,
-        expected_last_subject_seq: int | None = None,
-        expected_subject_filter: str | None = None,
-    ) -> int:
-        self.attempts += 1
-        if self.failures > 0:
-            self.failures -= 1
-            raise LogUnavailable("injected: no responders")
-        return await super().append(
-            subject,
-            event,
-            msg_id=msg_id,
-            source=source,
-            expected_last_subject_seq=expected_last_subject_seq,
-            expected_subject_filter=expected_subject_filter,
-        )
-
-
-async def test_appends_are_retried_until_the_log_answers(event_log: EventLog, tmp_path: Path) -> None:
-    # In-process agent (no CLI): the log is unavailable for the registration and the first RankExited.
-    flaky = FlakyLog(event_log, failures=2)
+async def test_appends_are_retried_until_the_log_answers(tmp_path: Path) -> None:
+    """A real outage: the agent's NATS server is down while it registers and again while a rank exits."""
+    server = await NatsServer(tmp_path / "nats").astart()
+    log = await EventLog.connect(server.url, name="agent-outage")
     launcher = RankLauncher(tmp_path / "work")
     config = AgentConfig(node_id="node-7", heartbeat_interval_s=0.1, poll_interval_s=0.05)
-    agent = NodeAgent(flaky, SimulatedGpus("node-7", 2), launcher, config)
-    await agent.start()
+    agent = NodeAgent(log, SimulatedGpus("node-7", 2), launcher, config)
     try:
-        assert flaky.attempts == 3 and agent.registered_seq == 1
-        flaky.failures = 2
+        await server.astop(remove_data=False)
+        starting = asyncio.create_task(agent.start())
+        await asyncio.sleep(1.5)
+        assert not starting.done(), "registration cannot land while the server is down"
+        await server.astart()  # same port, same store: the client reconnects
+        await asyncio.wait_for(starting, 30)
+        assert agent.registered_seq == 1
+
+        await server.astop(remove_data=False)
         job = task("job-r", [PY, "-c", "raise SystemExit(2)"], ranks=1)
         job = msgspec.structs.replace(job, node_id="node-7")
         await asyncio.to_thread(launcher.launch, job)
-        await wait_until(lambda: _has(rank_exits(event_log, "job-r"), 1), "RankExited through a flaky log")
-        assert await rank_exits(event_log, "job-r") == {0: 2}
-        assert len(await events_on(event_log, subjects.job("job-r"))) == 1
+        await asyncio.sleep(1.5)  # the rank has exited; its RankExited waits for the log
+        await server.astart()
+        await wait_until(lambda: _has(rank_exits(log, "job-r"), 1), "RankExited after the outage")
+        assert await rank_exits(log, "job-r") == {0: 2}
+        assert len(await events_on(log, subjects.job("job-r"))) == 1
         assert launcher.unreported() == []
     finally:
         await agent.close()
+        await log.close()
+        await server.astop()
