@@ -85,6 +85,7 @@ async def test_old_leaders_late_write_is_rejected_after_a_new_epoch(event_log: E
     async with _scheduler(event_log, "old") as old, _scheduler(event_log, "new") as new:
         assert await old.start_epoch() == 1
         await _submit(event_log, "j1", 8)
+        await old.follower.wait_for(await event_log.last_seq())
         assert await old.cycle() >= 1  # the old leader binds j1 while it still leads
         await old.follower.wait_for(await event_log.last_seq())
         assert old.state.jobs["j1"].state == "bound"
