@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from rallypoint.scheduling.queues import QueuesError, load_queues, queues_from_obj
 from rallypoint.sim.cluster import ClusterError, cluster_from_obj, load_cluster
-from rallypoint.sim.queues import QueuesError, load_queues, queues_from_obj
 from rallypoint.sim.workload import Job, WorkloadError, load_workload, parse_lines, write_workload
 
 

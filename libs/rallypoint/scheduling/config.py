@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rallypoint.core.types import DEFAULT_PRIORITY_CLASSES, PriorityClass, Queue, Quota
-from rallypoint.sim.queues import Queues, load_queues
+
+from .queues import Queues, load_queues
 
 
 def core_queues(config: Queues) -> tuple[tuple[Queue, ...], tuple[PriorityClass, ...]]:

@@ -4,10 +4,11 @@
 benchmarks share. Formats: ``load_workload``, ``load_cluster``, ``load_queues``.
 """
 
+from rallypoint.scheduling.queues import Queues, load_queues
+
 from .cluster import Cluster, load_cluster
 from .engine import SimError, SimOptions, SimResult, Simulator, simulate
 from .metrics import JobRecord
-from .queues import Queues, load_queues
 from .run import InputError, run_policy
 from .workload import Job, load_workload
 

@@ -20,12 +20,12 @@ to save and restore its state. ``events: [{node, at, down_for}]`` adds scripted 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import yaml
+
+from rallypoint.configfile import read_structured
 
 
 class ClusterError(ValueError):
@@ -139,22 +139,6 @@ def build_cluster(spec: ClusterFile) -> Cluster:
         if ev.at < 0 or (ev.down_for is not None and ev.down_for < 0):
             raise ClusterError("faults.events: at and down_for must be >= 0")
     return Cluster(nodes=tuple(nodes), faults=f, name=spec.name)
-
-
-def read_structured(path: str | Path, what: str) -> Any:
-    """Read a JSON or YAML file (by suffix; YAML also reads JSON) with a one-line error."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ValueError(f"cannot read {what} {p}: {e.strerror or e}") from None
-    try:
-        if p.suffix == ".json":
-            return json.loads(text)
-        return yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ValueError(f"{p}: not valid JSON/YAML: {first}") from None
 
 
 def cluster_from_obj(obj: Any, source: str = "<cluster>") -> Cluster:

@@ -34,10 +34,10 @@ import msgspec
 
 from rallypoint.core import types as ct
 from rallypoint.core.cluster import ClusterModel
+from rallypoint.scheduling.queues import Queues
 
 from .cluster import Cluster
 from .metrics import JobRecord, Recorder, summarize
-from .queues import Queues
 from .workload import Job
 
 # event kinds, in the order they are applied within one instant

@@ -9,9 +9,10 @@ from typing import Any
 
 import msgspec
 
+from rallypoint.scheduling.queues import Queues, load_queues
+
 from .cluster import Cluster, load_cluster
 from .engine import SimOptions, SimResult, Simulator, core_api
-from .queues import Queues, load_queues
 from .workload import Job, load_workload
 
 

@@ -7,8 +7,9 @@ import random
 
 import msgspec
 
+from rallypoint.scheduling.queues import Cohort, Queues, Team
+
 from .cluster import Cluster, ClusterFile, Generator, build_cluster
-from .queues import Cohort, Queues, Team
 from .workload import Job
 
 # Gang sizes and their shares, shaped like the public traces (mostly small jobs) with a tail of big gangs.

@@ -15,8 +15,8 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
+from rallypoint.scheduling.queues import Cohort, Queues, Team, queues_to_obj
 from rallypoint.sim.cluster import Cluster, ClusterFile, Faults, Generator, build_cluster, cluster_to_obj
-from rallypoint.sim.queues import Cohort, Queues, Team, queues_to_obj
 from rallypoint.sim.workload import Job, write_workload
 
 from . import load, openb, philly

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from .cluster import read_structured
+from rallypoint.configfile import read_structured
 
 
 class QueuesError(ValueError):
