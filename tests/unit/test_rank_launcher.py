@@ -41,6 +41,14 @@ while not os.path.exists(sys.argv[1]):
 sys.exit(int(open(sys.argv[1]).read()))
 """
 
+
+def release(go: Path, exit_code: int) -> None:
+    """Tell WAIT_FOR_FILE ranks to exit: written whole then renamed, so a rank never reads it half-written."""
+    partial = go.with_suffix(".partial")
+    partial.write_text(str(exit_code))
+    partial.replace(go)
+
+
 IGNORE_TERM = (
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
     "time.sleep(60)"
@@ -145,7 +153,7 @@ def test_launch_is_idempotent_across_launcher_instances(work: Path, tmp_path: Pa
     # A restarted agent receiving the resent command must not start the ranks a second time either.
     second = RankLauncher(work)
     assert second.launch(task).already_running
-    go.write_text("0")
+    release(go, 0)
     assert [e.exit_code for e in wait_exits(first, 2)] == [0, 0]
     # Exactly one wrapper ran each rank: one pid file, one start line in the log at most.
     assert len(list((work / "job-b" / "0").glob("rank-*.pid"))) == 2
@@ -180,7 +188,7 @@ def test_readoption_after_the_launcher_is_discarded(work: Path, tmp_path: Path) 
     assert running[("job-e", 2)].exit_code is None and running[("job-e", 2)].pid > 0
     # The exit that happened while nobody watched is reported by the new launcher.
     assert [(e.job_id, e.exit_code) for e in new.poll()] == [("job-f", 3)]
-    go.write_text("5")
+    release(go, 5)
     exits = wait_exits(new, 2)
     assert [(e.rank, e.exit_code) for e in exits] == [(2, 5), (3, 5)]
     for exit in exits:
