@@ -31,6 +31,9 @@ of one call before calling again.
 
 from __future__ import annotations
 
+import gc
+import threading
+
 from rallypoint.core.cluster import ClusterModel, load_cluster, nodes_from_spec
 from rallypoint.core.config import PolicyConfig
 from rallypoint.core.engine import run_cycle
@@ -82,6 +85,39 @@ __all__ = [
 ]
 
 
+# The cyclic garbage collector is paused while a cycle runs. A cycle allocates tens of thousands of
+# short-lived containers (journal entries, heap keys, output structs) that all die by reference counting
+# when it returns; with the collector on, they trigger ~30 young collections per cycle and, promoted while
+# still alive, a full collection of the whole heap (the cluster model, every pending job) every few
+# cycles: 6-10 ms per cycle on average on the benchmark, for no garbage found. The previous state is
+# restored on exit; nested or concurrent calls (threads) share one pause, and only the last one out
+# restores it.
+_gc_lock = threading.Lock()
+_gc_depth = 0
+_gc_was_enabled = False
+
+
+def _pause_gc() -> None:
+    global _gc_depth, _gc_was_enabled
+    with _gc_lock:
+        if _gc_depth == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_depth += 1
+
+
+def _resume_gc() -> None:
+    global _gc_depth
+    with _gc_lock:
+        _gc_depth -= 1
+        if _gc_depth == 0 and _gc_was_enabled:
+            gc.enable()
+
+
 def schedule(snapshot: Snapshot, policy: Policy) -> Decisions:
     """One scheduling cycle: binds, reservations, preemptions, resizes and a reason per waiting job."""
-    return run_cycle(snapshot, policy)
+    _pause_gc()
+    try:
+        return run_cycle(snapshot, policy)
+    finally:
+        _resume_gc()

@@ -212,9 +212,6 @@ class ClusterIndex:
         self.rack_lo = [ns[0] for ns in self.rack_nodes]
         self.rack_hi = [ns[-1] + 1 for ns in self.rack_nodes]
         self.rack_multi = [any(self.multi_dom[o] for o in ns) for ns in self.rack_nodes]
-        # per node ordinal: its (type, rack) and (type, spine) histogram keys, built once (hot bind path)
-        self.rack_key = [(n.gpu_type, r) for n, r in zip(nodes, self.rack_of, strict=True)]
-        self.spine_key = [(n.gpu_type, sp) for n, sp in zip(nodes, self.spine_of, strict=True)]
         self.free = list(self.full)
         self.sched = [n.schedulable for n in nodes]
         self.ord_of_key: np.ndarray = np.zeros(0, np.int64)  # set by ClusterModel.index()
@@ -239,6 +236,13 @@ class ClusterIndex:
             self.spine_capacity[sk] = self.spine_capacity.get(sk, 0) + n.gpus
             if self.sched[o]:
                 self._count(o, n.gpus, +1)
+        # per node ordinal: the position of its (type, rack) / (type, spine) histogram in rack_hist /
+        # spine_hist (insertion order, which copies keep), so the bind path indexes a list of the histograms
+        # instead of hashing a tuple key
+        rpos = {k: i for i, k in enumerate(self.rack_hist)}
+        spos = {k: i for i, k in enumerate(self.spine_hist)}
+        self.rack_slot = [rpos[(t, r)] for t, r in zip(self.type_of, self.rack_of, strict=True)]
+        self.spine_slot = [spos[(t, sp)] for t, sp in zip(self.type_of, self.spine_of, strict=True)]
         self.type_free: dict[str, int] = {t: 0 for t in self.types}
         for o in range(len(nodes)):
             if self.sched[o]:

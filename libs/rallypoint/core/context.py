@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from rallypoint.core.config import PolicyConfig
-from rallypoint.core.placement import Plan, level_rank, lowest_bits, place
+from rallypoint.core.placement import Plan, level_rank, lowest_bits, new_plan, place
 from rallypoint.core.quota import QuotaBook
 from rallypoint.core.types import PendingJob, RunningJob, Snapshot
 from rallypoint.core.workspace import Workspace
 
-__all__ = ["Ctx", "Hold", "Status"]
+__all__ = ["Ctx", "Hold", "Status", "new_status"]
 
 
 class Status(NamedTuple):
@@ -19,6 +19,15 @@ class Status(NamedTuple):
     code: str
     message: str
     earliest_start: float | None = None
+
+
+def new_status(code: str, message: str) -> Status:
+    """``Status(code, message)`` without the Python-level ``__new__`` that ``NamedTuple`` generates (a
+    waiting job's reason is rebuilt after most binds: thousands per cycle)."""
+    return _tuple_new(Status, (code, message, None))
+
+
+_tuple_new = tuple.__new__
 
 
 class Hold(NamedTuple):
@@ -37,9 +46,14 @@ class Ctx:
         self.snap = snap
         self.now = snap.now
         self.cfg = cfg
+        # without it, required_level(job) is job.topology_required (the engine skips the call then)
+        self.consolidate_small = cfg.consolidate_small
         self.cluster = snap.cluster
         self.ws = Workspace(snap.cluster)
         self.idx = self.ws.idx
+        self._first_fit = cfg.first_fit  # (read by ``place`` for every job)
+        self._max_gpus = self.idx.max_gpus
+        self._multi_dom = self.idx.multi_dom
         self.prio = {pc.name: pc.value for pc in snap.priority_classes}
         self.class_preemptible = {pc.name: pc.preemptible for pc in snap.priority_classes}
         self.quota = QuotaBook(snap.queues if cfg.quotas else ())
@@ -61,7 +75,8 @@ class Ctx:
         self._healthy: dict[tuple[str, str], int] | None = None
         self._shares: dict[str, float] = {}
         # memos keyed by job shape, stamped with the workspace state they were computed on
-        self._reasons: dict[tuple[str | None, int, int, int, str | None], tuple[tuple[int, int], Status]] = {}
+        # (shape) -> (free total or workspace version, hold changes, status)
+        self._reasons: dict[tuple[str | None, int, int, int, str | None], tuple[int, int, Status]] = {}
         self._probe_memo: dict[tuple[str | None, int, str | None], tuple[int, int, int]] = {}
         self.hold_changes = 0  # bumped whenever ``holds`` changes
         self._held_until: tuple[int, float] = (-1, 0.0)
@@ -149,19 +164,23 @@ class Ctx:
         m = self._memo.get(key)
         if m is not None and m[0] == epoch and tasks >= m[1]:
             return None
-        if tasks == 1 and gpu_type is not None and not self.cfg.first_fit:
+        if tasks == 1 and gpu_type is not None and not self._first_fit:
             # ``placement.place``'s fast path for one task of a given type (most binds), without the call
             # chain: the first non-empty bucket's first node, when it has a single NVLink domain
             bs = ws.buckets.get(gpu_type)
-            if bs is not None and ws.type_free[gpu_type] >= gpt and gpt <= self.idx.max_gpus:
+            if bs is not None and ws.type_free[gpu_type] >= gpt and gpt <= self._max_gpus:
                 for c in range(gpt, len(bs)):
                     b = bs[c]
                     if b:
                         o1 = b[0]
-                        if not self.idx.multi_dom[o1]:
-                            return Plan(gpu_type, "nvlink", ((o1, lowest_bits(ws.free[o1], gpt)),))
+                        if not self._multi_dom[o1]:
+                            f = ws.free[o1]
+                            # exactly gpt free GPUs: the task takes them all (no bit search)
+                            return new_plan(
+                                gpu_type, "nvlink", ((o1, f if c == gpt else lowest_bits(f, gpt)),)
+                            )
                         break
-        plan = place(ws, tasks, gpt, gpu_type, required, self.cfg.first_fit)
+        plan = place(ws, tasks, gpt, gpu_type, required, self._first_fit)
         if plan is None:
             best = tasks if m is None or m[0] != epoch else min(tasks, m[1])
             self._memo[key] = (epoch, best)

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 __all__ = ["run_cycle"]
 
 _BITS: dict[int, tuple[int, ...]] = {}
+# reason codes that a preemption or a reservation may help
+_WAITS_FOR_ROOM = frozenset(("Resources", "Topology", "Reservation"))
 
 
 def bits(mask: int) -> tuple[int, ...]:
@@ -70,9 +72,10 @@ def job_sizes(job: PendingJob, ctx: Ctx) -> list[int]:
 
 
 def _bind(job: PendingJob, size: int, plan: Plan, ctx: Ctx, out: _Out) -> None:
-    ws = ctx.ws
     tasks = plan.tasks
-    ws.take_all(tasks)
+    q = job.queue  # job.queue_name, ctx.add_team_usage and job.runtime_estimate inlined (every bind)
+    team = job.team
+    ctx.ws.bind(tasks, q if q is not None else team, plan.gpu_type, size)
     ids = ctx.idx.ids
     get_bits = _BITS.get
     # build the output structs directly (no intermediate tuples per task)
@@ -90,9 +93,6 @@ def _bind(job: PendingJob, size: int, plan: Plan, ctx: Ctx, out: _Out) -> None:
                 b = bits(m)
             pl.append(TaskPlacement(task=i, node_id=ids[o], gpus=b))
         placements = tuple(pl)
-    q = job.queue  # job.queue_name, ctx.add_team_usage and job.runtime_estimate inlined (every bind)
-    team = job.team
-    ws.add_usage(q if q is not None else team, plan.gpu_type, size)
     tu = ctx.team_usage
     ug, uc, um = tu.get(team, (0, 0, 0))
     tu[team] = (ug + size, uc + job.cpu_milli, um + job.memory_mib)
@@ -109,7 +109,7 @@ def _try_place(job: PendingJob, size: int, gpu_type: str | None, ctx: Ctx) -> Pl
     """Place around held GPUs; a job that ends before every (non-strict) hold's shadow time may also use
     them, and a preemptor may use its own hold."""
     tasks = size // job.gpus_per_task
-    required = ctx.required_level(job)
+    required = ctx.required_level(job) if ctx.consolidate_small else job.topology_required
     ws = ctx.ws
     own = ctx.hold_of(job.id) if ctx.holds and job.id in ctx.hold_ids else None  # (hold_of's fast miss)
     if own is not None:
@@ -128,7 +128,9 @@ def _try_place(job: PendingJob, size: int, gpu_type: str | None, ctx: Ctx) -> Pl
     plan = ctx.place(tasks, job.gpus_per_task, gpu_type, required)
     if plan is not None or not ctx.holds:
         return plan
-    rt = job.runtime_estimate
+    rt = job.expected_runtime_s  # job.runtime_estimate inlined (every waiting job gets here)
+    if rt is None:
+        rt = job.time_limit_s
     if rt is None or ctx.now + rt > ctx.held_until():
         return None
     # memo of failed probes: while no GPU was released and the holds did not change, the probed state
@@ -175,26 +177,42 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
             return st
     types = ctx.idx.types if job.gpu_type is None else [job.gpu_type]
     quota_msg: str | None = None
-    sizes = [job.gpus] if job.min_gpus is None else job_sizes(job, ctx)
-    for size in sizes:
-        for t in types:
-            msg = policy.permit.check(job, t, size, ctx)
-            if msg is not None:
-                quota_msg = quota_msg or msg
-                continue
-            plan = _try_place(job, size, t, ctx)
+    if job.min_gpus is None and len(types) == 1:
+        # one size and one GPU type (most jobs): the loop below without building its lists; a refused
+        # permit is refused for all types, as the re-check below would find (nothing changed since)
+        size = job.gpus
+        quota_msg = policy.permit.check(job, types[0], size, ctx)
+        if quota_msg is None:
+            plan = _try_place(job, size, types[0], ctx)
             if plan is not None:
                 _bind(job, size, plan, ctx, out)
                 return None
-    size = sizes[-1]
-    if quota_msg is not None and all(policy.permit.check(job, t, size, ctx) is not None for t in types):
+        quota_refused = quota_msg is not None
+    else:
+        sizes = [job.gpus] if job.min_gpus is None else job_sizes(job, ctx)
+        for size in sizes:
+            for t in types:
+                msg = policy.permit.check(job, t, size, ctx)
+                if msg is not None:
+                    quota_msg = quota_msg or msg
+                    continue
+                plan = _try_place(job, size, t, ctx)
+                if plan is not None:
+                    _bind(job, size, plan, ctx, out)
+                    return None
+        size = sizes[-1]
+        quota_refused = quota_msg is not None and all(
+            policy.permit.check(job, t, size, ctx) is not None for t in types
+        )
+    if quota_refused:
+        assert quota_msg is not None
         qst = Status("QuotaExceeded", quota_msg)
         if getattr(policy.preemptor, "quota_aware", False) and job.id not in ctx.stopping:
             # a quota-aware preemptor may make room in the queue's quota too (its own queue's lower-ranked
             # jobs, other queues' lower-ranked borrowers); the plan is checked against the quota
             return _preempt(job, size, policy, ctx, out) or qst
         return qst
-    victims = ctx.stopping.get(job.id)
+    victims = ctx.stopping.get(job.id) if ctx.stopping else None
     if victims is not None and ctx.hold_of(job.id) is not None:
         n = len(victims)
         return Status(
@@ -206,23 +224,26 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
     # waiting jobs of a few shapes share it while nothing is bound in between
     # (at cluster level only the free total matters, so the memo survives binds elsewhere)
     rkey = (job.gpu_type, job.gpus_per_task, size, job.gpus, job.topology_required)
-    lvl = ctx.required_level(job)
+    lvl = ctx.required_level(job) if ctx.consolidate_small else job.topology_required
     if lvl is None or lvl == "cluster":
         tf = ctx.ws.type_free
         free = tf.get(job.gpu_type, 0) if job.gpu_type is not None else sum(tf.values())
-        stamp = (-1 - free, ctx.hold_changes)
+        stamp = -1 - free
     else:
-        stamp = (ctx.ws.version, ctx.hold_changes)
+        stamp = ctx.ws.version
     memo = ctx._reasons.get(rkey)
-    if memo is not None and memo[0] == stamp:
-        st = memo[1]
+    if memo is not None and memo[0] == stamp and memo[1] == ctx.hold_changes:
+        st = memo[2]
     else:
         st = reasons.classify(job, size, ctx)
-        ctx._reasons[rkey] = (stamp, st)
-    if st.code in ("Resources", "Topology", "Reservation"):
-        pst = _preempt(job, size, policy, ctx, out)
-        if pst is not None:
-            return pst
+        ctx._reasons[rkey] = (stamp, ctx.hold_changes, st)
+    if st.code in _WAITS_FOR_ROOM:
+        # (_preempt's own first test, asked here: once the cycle's preemptors are used up, thousands of
+        # waiting jobs skip the call)
+        if policy.preemptor is not None and ctx.preemptors < ctx.cfg.max_preemptors_per_cycle:
+            pst = _preempt(job, size, policy, ctx, out)
+            if pst is not None:
+                return pst
         rst = _reserve(job, size, st, policy, ctx, out)
         if rst is not None:
             return rst
@@ -344,6 +365,8 @@ def run_cycle(snapshot: Snapshot, policy: Policy) -> Decisions:
     _hold_for_stopping_victims(snapshot, ctx, out)
     waiting = 0
     head: PendingJob | None = None
+    stop_at_first_block = policy.config.stop_at_first_block
+    reason = out.pending.append
     for job in policy.orderer.order(snapshot.pending, ctx):
         if head is not None:
             out.pending.append(
@@ -359,14 +382,14 @@ def run_cycle(snapshot: Snapshot, policy: Policy) -> Decisions:
         st = _attempt(job, policy, ctx, out)
         if st is None:
             continue
-        msg = st.message + f"; {waiting} job{'s' if waiting != 1 else ''} ahead"
-        out.pending.append(
+        msg = f"{st.message}; {waiting} job{'s' if waiting != 1 else ''} ahead"
+        reason(
             PendingReason(
                 job_id=job.id, code=st.code, message=msg, position=waiting, earliest_start=st.earliest_start
             )
         )
         waiting += 1
-        if policy.config.stop_at_first_block:
+        if stop_at_first_block:
             head = job
     if policy.grower is not None:
         out.resizes.extend(policy.grower.grow(ctx, out.pending))

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator
-from operator import attrgetter
+from itertools import islice
+from operator import attrgetter, eq
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -42,6 +43,7 @@ def _tie(job: PendingJob) -> tuple[float, int, str]:
 
 
 _tie_of = attrgetter("submit_time", "arrival", "id")  # _tie without a Python call per job
+_submit_of = attrgetter("submit_time")
 
 
 def class_rank_array(cols: RunningColumns, ctx: Ctx) -> np.ndarray:
@@ -225,6 +227,13 @@ _CLASS_SPAN = 2048  # class values (0..2047) inside a preemption rank
 _LEVEL_SPAN = 64  # LAS levels (0..63)
 
 
+def _widen(key: int, rbits: int, sbits: int, wide: int) -> int:
+    """A ClassLasOrder heap key re-encoded with a ``wide``-bit share step field (was ``sbits``)."""
+    r = key & ((1 << rbits) - 1)
+    s = (key >> rbits & ((1 << sbits) - 1)) - (1 << (sbits - 1))
+    return (key >> (sbits + rbits)) << (wide + rbits) | (s + (1 << (wide - 1))) << rbits | r
+
+
 def _prefix(band: int, level: int, p: int) -> int:
     """(-band, level, -class) packed into one int that sorts like the tuple (ClassLasOrder's heap)."""
     return ((_CLASS_SPAN - band) * _LEVEL_SPAN + level) * 2 * _CLASS_SPAN + _CLASS_SPAN - p
@@ -293,18 +302,49 @@ class ClassLasOrder:
         return 1
 
     def order(self, jobs: Iterable[PendingJob], ctx: Ctx) -> Iterator[PendingJob]:
-        # groups keyed by (packed (band, level, class) prefix, team, queue, size); the packed prefix sorts
-        # like (-band, level, -class), so the groups sort as with the unpacked key
-        groups: dict[tuple[int, str, str, int], list[PendingJob]] = {}
+        # Every job gets its rank in submission order (the tie key (submit, arrival, id) is a total order:
+        # ids are unique), so a heap entry is one int, (prefix, share step, rank) packed, instead of the
+        # tuple (prefix, share step, submit, arrival, id, group): it sorts the same way and int comparisons
+        # are what the heap spends its time on. The rank also names the job, its group and the group's
+        # next job.
+        # Sorting on the submit time alone is the same as sorting on the whole tie key when no two jobs share
+        # a submit time (the usual case, and a cheaper sort: float keys instead of tuples); otherwise (or
+        # with a NaN, which compares inconsistently) sort on the whole key, as before
+        jobs = jobs if isinstance(jobs, (tuple, list)) else tuple(jobs)
+        ranked = sorted(jobs, key=_submit_of)
+        n = len(ranked)
+        if not n:
+            return
+        subs = list(map(_submit_of, ranked))
+        total = sum(subs)  # NaN if some submit time is (or +inf and -inf meet: then just sort again)
+        if total != total or any(map(eq, subs, islice(subs, 1, None))):
+            ranked = sorted(jobs, key=_tie_of)
+        rbits = n.bit_length()
+        rmask = (1 << rbits) - 1
         prio = ctx.prio
         cfg = ctx.cfg
         plain = cfg.level_aging_s <= 0 and cfg.las_starvation_factor <= 0
         ths = cfg.las_thresholds
         m = cfg.strict_class_min
         level = self.pending_level
+        qb = ctx.quota
+        types = ctx.idx.types
+        # per queue: its usage keys and nominals (the tier test, inlined below), None for an unlimited queue
+        noms: dict[str, list[tuple[tuple[str, str], int]] | None] = {}
+        # Groups keyed by (packed (band, level, class) prefix, team, queue, size); the packed prefix sorts
+        # like (-band, level, -class). Per group: its last rank so far and its info; per rank: the next
+        # rank of its group (-1 after the last) and its group's info: (team, size, first type's usage key,
+        # first type's nominal, the other types' (usage key, nominal)) for the tier test at every pop
+        # (one dict lookup for the usual single GPU type).
+        groups: dict[tuple[int, str, str, int], list[Any]] = {}
+        heads: list[tuple[tuple[int, str, str, int], int]] = []
+        nxt = [-1] * n
+        info: list[tuple[str, int, tuple[str, str], int, list[tuple[tuple[str, str], int]]]] = [
+            ("", 0, ("", ""), 0, [])
+        ] * n
         # per class (and, without aging, per attained value): the prefix, computed once instead of per job
         bases: dict[str | None, dict[float, int]] = {}
-        for j in jobs:
+        for r, j in enumerate(ranked):
             if plain:  # pending_level inlined: a function of attained service only
                 bc = bases.get(j.priority_class)
                 if bc is None:
@@ -323,39 +363,33 @@ class ClassLasOrder:
             else:
                 p = prio.get(j.priority_class, 0)
                 base = _prefix(p if m is None or p >= m else 0, level(j, ctx), p)
+            team = j.team
             q = j.queue
-            key = (base, j.team, q if q is not None else j.team, j.gpus)
+            if q is None:
+                q = team
+            key = (base, team, q, j.gpus)
             g = groups.get(key)
             if g is None:
-                groups[key] = [j]
+                if q in noms:
+                    nl = noms[q]
+                else:
+                    nl = noms[q] = [((q, t), qb.nominal(q, t)) for t in types] if qb.limited(q) else None
+                if nl:
+                    g = groups[key] = [r, (team, j.gpus, nl[0][0], nl[0][1], nl[1:])]
+                else:  # unlimited queue (or no GPU type): always tier 1, its tier never tested again
+                    g = groups[key] = [r, (team, j.gpus, ("", ""), 0, [])]
+                heads.append((key, r))
             else:
-                g.append(j)
-        # each group in submission order (the tie key is a total order: sorting the small groups is the
-        # same as appending in globally sorted order, with fewer comparisons)
-        for g in groups.values():
-            if len(g) > 1:
-                g.sort(key=_tie_of)
-        # tier inlined (same arithmetic as ``tier``; it is evaluated at every pop): per queue, its usage
-        # keys and nominals, None for an unlimited queue
-        qb = ctx.quota
+                nxt[g[0]] = r
+                g[0] = r
+            info[r] = g[1]
         usage = ctx.ws.usage
-        types = ctx.idx.types
-        noms: dict[str, list[tuple[tuple[str, str], int]] | None] = {}
         share = ctx.dominant_share
         shares = ctx._shares  # the memo behind ctx.dominant_share (read inline: this loop is hot)
-        # heap entry: (prefix, share step, submit, arrival, id, group); prefix packs (tier, -band, level,
-        # -class) into one int (cheaper tuple comparisons); a tier change sets _TIER1 in it
-        heap: list[tuple[int, int, float, int, str, int]] = []
-        members: list[list[PendingJob]] = []
-        pos: list[int] = []
-        ginfo: list[tuple[str, list[tuple[tuple[str, str], int]] | None, int]] = []
-        for key, js in sorted(groups.items()):
-            h = js[0]
-            prefix, team, q, size = key
-            if q in noms:
-                nl = noms[q]
-            else:
-                nl = noms[q] = [((q, t), qb.nominal(q, t)) for t in types] if qb.limited(q) else None
+        # prefix (with the tier bit), share step and head rank of every group
+        firsts: list[tuple[int, int, int]] = []
+        for (prefix, team, q, size), r in heads:
+            nl = noms[q]
             # tier(q, size): 1 unless some type's nominal still has room for the group's size
             if nl is None:
                 prefix |= _TIER1
@@ -368,51 +402,76 @@ class ClassLasOrder:
             sh = shares.get(team)
             if sh is None:
                 sh = share(team)
-            heap.append((prefix, int(sh * _SHARE_STEPS), h.submit_time, h.arrival, h.id, len(members)))
-            members.append(js)
-            pos.append(0)
-            ginfo.append((team, nl, size))
-        if not heap:
-            return
+            firsts.append((prefix, int(sh * _SHARE_STEPS), r))
+        # Heap key of a group: prefix << pshift | (share step + soff) << rbits | rank of its next job. The
+        # step field is sbits wide, offset by soff so that any step in [-soff, soff) packs (in order); the
+        # prefix packs (tier, -band, level, -class), and a tier change sets its _TIER1 bit (tier1 below).
+        # Python ints make the packing exact for any prefix. Keys are distinct (ranks are), so the pop order
+        # depends on the keys only. A step outside the field (a share above 2**21 with the 32-bit minimum:
+        # only with absurd weights or usage) widens it: a re-encoding that keeps the order, so the heap
+        # stays a heap.
+        sbits = max(32, max(abs(s) for _p, s, _r in firsts).bit_length() + 2)
+        soff = 1 << (sbits - 1)
+        smask = (1 << sbits) - 1
+        pshift = sbits + rbits
+        tier1 = _TIER1 << pshift
+        heap = [p << pshift | (s + soff) << rbits | r for p, s, r in firsts]
         heapq.heapify(heap)
         replace = heapq.heapreplace
         # ctx.dominant_share inlined for the memo misses (one per bind of a team): the same arithmetic on
         # the same (per-cycle constant) totals and weights, written to the same memo
         team_usage = ctx.team_usage
         tg, tc, tm = ctx.totals()
-        wdiv = {team: max(ctx.weights.get(team, 1.0), 1e-9) for team, _nl, _size in ginfo}
+        weights = ctx.weights
+        wdiv = {team: max(weights.get(team, 1.0), 1e-9) for team in {gk[1] for gk, _r in heads}}
         while heap:
-            item = heap[0]
-            gi = item[5]
-            team, nl, size = ginfo[gi]
-            prefix = item[0]
-            if not prefix & _TIER1:  # (an unlimited queue's groups start in tier 1)
-                for uk, nm in nl or ():
-                    if usage.get(uk, 0) + size <= nm:
+            top = heap[0]
+            r = top & rmask
+            team, size, ukey, nom, rest = info[r]
+            # tier test as above: an unlimited queue's groups start in tier 1, and tier 1 is final
+            flip = False
+            if not top & tier1 and usage.get(ukey, 0) + size > nom:
+                for uk2, nm2 in rest:
+                    if usage.get(uk2, 0) + size <= nm2:
                         break
                 else:
-                    prefix |= _TIER1
+                    flip = True
             sh = shares.get(team)
             if sh is None:
+                # max(ug / tg, uc / tc, um / tm) / weight, without the builtin call (once per bind)
                 ug, uc, um = team_usage.get(team, (0, 0, 0))
-                sh = shares[team] = max(ug / tg, uc / tc, um / tm) / wdiv[team]
-            s_now = int(sh * _SHARE_STEPS)
-            if prefix != item[0] or s_now > item[1]:
-                new = (prefix, s_now, item[2], item[3], item[4], gi)
-                replace(heap, new)
-                if heap[0] is not new:
-                    continue
-            js = members[gi]
-            k = pos[gi]
-            j = js[k]
-            k += 1
-            pos[gi] = k
-            if k < len(js):
-                h = js[k]
-                replace(heap, (prefix, s_now, h.submit_time, h.arrival, h.id, gi))
+                sh = ug / tg
+                if uc / tc > sh:
+                    sh = uc / tc
+                if um / tm > sh:
+                    sh = um / tm
+                sh = shares[team] = sh / wdiv[team]
+            s = int(sh * _SHARE_STEPS) + soff
+            if not 0 <= s <= smask:
+                wide = max(2 * sbits, abs(s - soff).bit_length() + 2)
+                heap = [_widen(k, rbits, sbits, wide) for k in heap]
+                sbits, soff, smask, pshift = wide, 1 << (wide - 1), (1 << wide) - 1, wide + rbits
+                tier1 = _TIER1 << pshift
+                continue
+            stored = top >> rbits & smask
+            if flip or s != stored:
+                # the group's current key (without rank): prefix (tier bit set on a flip) and share step
+                cur = (top >> pshift << pshift | (tier1 if flip else 0)) + (s << rbits)
+                # stale (the tier changed, or the share grew a step, since the key was pushed): re-push;
+                # a share that shrank is not re-pushed (as with the tuple key: it only compared "grew")
+                if flip or s > stored:
+                    new = cur | r
+                    replace(heap, new)
+                    if heap[0] is not new:
+                        continue
+            else:
+                cur = top - r
+            k = nxt[r]
+            if k >= 0:
+                replace(heap, cur | k)
             else:
                 heapq.heappop(heap)
-            yield j
+            yield ranked[r]
 
     @staticmethod
     def _pack(band: Any, level: Any, p: Any) -> Any:

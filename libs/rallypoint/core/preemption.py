@@ -28,8 +28,9 @@ victims of the few verified domains.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from operator import mul
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -92,20 +93,24 @@ class RunningView:
             rank = np.fromiter((orderer.running_rank(running[j], ctx) for j in cols.ids), np.float64, count=n)
         gpus = cols.gpus[:n]
         lost = gpus * np.maximum(0.0, now - cols.since[:n])
-        order = np.lexsort((-gpus, lost, rank))
-        if n > 1:
-            # exact ties on (rank, lost, GPUs) are broken by job id, never by slot (history) order
-            r_s, l_s, g_s = rank[order], lost[order], gpus[order]
-            eq = (r_s[1:] == r_s[:-1]) & (l_s[1:] == l_s[:-1]) & (g_s[1:] == g_s[:-1])
-            if eq.any():
-                ids = cols.ids
-                starts = np.flatnonzero(eq & ~np.r_[False, eq[:-1]])
-                for a in starts.tolist():
-                    b = a + 1
-                    while b < n - 1 and eq[b]:
-                        b += 1
-                    run = sorted(order[a : b + 1].tolist(), key=lambda s: ids[s])
-                    order[a : b + 1] = run
+        ids = cols.ids
+        if n > 1 and not (np.isnan(lost).any() or np.isnan(rank).any()):
+            # cost order (rank, lost, -GPUs, job id): sorted on lost (any order among equal values), then
+            # stably on rank; runs of equal (rank, lost) are then ordered by (-GPUs, id). The same order
+            # as a three-key lexsort with id tie-breaks, with two sorts instead of three
+            order = np.argsort(lost)
+            order = order[np.argsort(rank[order], kind="stable")]
+            r_s, l_s = rank[order], lost[order]
+            _sort_runs(
+                order, (r_s[1:] == r_s[:-1]) & (l_s[1:] == l_s[:-1]), lambda s: (-int(gpus[s]), ids[s])
+            )
+        else:  # (NaN sorts last but equals nothing: keep the lexsort's exact order for it)
+            order = np.lexsort((-gpus, lost, rank))
+            if n > 1:
+                # exact ties on (rank, lost, GPUs) are broken by job id, never by slot (history) order
+                r_s, l_s, g_s = rank[order], lost[order], gpus[order]
+                eq = (r_s[1:] == r_s[:-1]) & (l_s[1:] == l_s[:-1]) & (g_s[1:] == g_s[:-1])
+                _sort_runs(order, eq, lambda s: ids[s])
         self.rank = rank
         self.lost = lost
         self.order = order
@@ -129,6 +134,19 @@ class RunningView:
 
     def min_rank(self) -> float:
         return float(self.rank.min()) if self.n else float("inf")
+
+
+def _sort_runs(order: np.ndarray, eq: np.ndarray, key: Callable[[int], Any]) -> None:
+    """Sort each run of ``order`` whose entries ``eq`` marks equal (``eq[i]``: entry i + 1 equals entry i)
+    by ``key`` of the slot, in place."""
+    if not eq.any():
+        return
+    n = len(order)
+    for a in np.flatnonzero(eq & ~np.r_[False, eq[:-1]]).tolist():
+        b = a + 1
+        while b < n - 1 and eq[b]:
+            b += 1
+        order[a : b + 1] = sorted(order[a : b + 1].tolist(), key=key)
 
 
 def running_view(ctx: Ctx, orderer: Orderer) -> RunningView:

@@ -169,11 +169,13 @@ class QuotaBook:
                     )
                 self._members[ck] = members
             for name, ukey, nominal, lend in members:
-                used = usage.get(ukey, 0)
-                idle = max(0, nominal - used)
-                if lend is not None:
-                    idle = min(idle, lend)
-                borrow = max(0, used - nominal)
+                # idle = max(0, nominal - used) capped at the lending limit, borrow = max(0, used - nominal)
+                # (conditionals rather than builtin calls: this runs per member after most binds)
+                d = nominal - usage.get(ukey, 0)
+                idle = d if d > 0 else 0
+                if lend is not None and lend < idle:
+                    idle = lend
+                borrow = -d if d < 0 else 0
                 pi, pb = parts.get(name, (0, 0))
                 parts[name] = (pi + idle, pb + borrow)  # a name listed twice is skipped twice, as before
                 pool_all += idle
@@ -184,4 +186,5 @@ class QuotaBook:
         if own is not None:
             pool_all -= own[0]
             borrowed_all -= own[1]
-        return max(0, pool_all - borrowed_all)
+        avail = pool_all - borrowed_all
+        return avail if avail > 0 else 0

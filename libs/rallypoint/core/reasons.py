@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rallypoint.core.context import Ctx, Status
+from rallypoint.core.context import Ctx, Status, new_status
 from rallypoint.core.placement import best_free_at
 from rallypoint.core.types import PendingJob
 
@@ -21,17 +21,20 @@ def human(seconds: float) -> str:
     return f"{s / 86400:.1f} d"
 
 
+_UNKNOWN = Status("", "")  # not yet in the static reasons memo (which also holds None: no static reason)
+
+
 def classify(job: PendingJob, size: int, ctx: Ctx) -> Status:
     """Why ``job`` (at ``size`` GPUs) cannot be placed now, most fundamental cause first."""
     gpu_type = job.gpu_type
-    types = ctx.idx.types if gpu_type is None else [gpu_type]
     g = job.gpus_per_task
-    level = ctx.required_level(job) or "cluster"
+    level = (ctx.required_level(job) if ctx.consolidate_small else job.topology_required) or "cluster"
     # the capacity checks do not depend on free GPUs: once per shape and cycle
     skey = (gpu_type, g, size, level)
     sr = ctx.static_reasons
-    fixed = sr.get(skey)
-    if fixed is None and skey not in sr:
+    fixed = sr.get(skey, _UNKNOWN)
+    if fixed is _UNKNOWN:
+        types = ctx.idx.types if gpu_type is None else [gpu_type]
         fixed = sr[skey] = _capacity_reason(gpu_type, types, g, size, level, ctx)
     if fixed is not None:
         return fixed
@@ -41,12 +44,14 @@ def classify(job: PendingJob, size: int, ctx: Ctx) -> Status:
     tname = f" {gpu_type}" if gpu_type is not None else ""
     if free >= size:
         if level == "cluster":
-            return Status(
+            return new_status(
                 "Topology",
                 f"needs {size // g} tasks x {g}{tname} GPUs (one node each); {free} GPUs free but fragmented",
             )
         best = best_free_at(ctx.ws, gpu_type, level)
-        return Status("Topology", f"needs {size}{tname} GPUs in one {level}; best {level} has {best} free")
+        return new_status(
+            "Topology", f"needs {size}{tname} GPUs in one {level}; best {level} has {best} free"
+        )
     where = "in the cluster" if level == "cluster" else f"in one {level}"
     if ctx.holds:
         held = sum(m.bit_count() for h in ctx.holds for _o, m in h.tasks)
@@ -57,7 +62,7 @@ def classify(job: PendingJob, size: int, ctx: Ctx) -> Status:
                 f"needs {size}{tname} GPUs; {free} free outside reservations; would delay job "
                 f"{first.job_id} (reserved, starts in ~{human(first.until - ctx.now)})",
             )
-    return Status("Resources", f"needs {size}{tname} GPUs {where}; {free} free")
+    return new_status("Resources", f"needs {size}{tname} GPUs {where}; {free} free")
 
 
 def _capacity_reason(

@@ -2,12 +2,15 @@
 
 A :class:`Workspace` copies the mutable arrays of a :class:`ClusterIndex` (free masks, per-count buckets,
 rack/spine histograms, queue usage) and journals every change so that a tentative action (a preemption
-plan, a reservation probe) can be rolled back to a mark. The ClusterModel itself is never written.
+plan, a reservation probe) can be rolled back to a mark; binds (``bind``), which the engine never makes
+inside such a transaction, are not journaled. The ClusterModel itself is never written.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+
+import numpy as np
 
 from rallypoint.core.cluster import ClusterIndex, ClusterModel
 
@@ -31,6 +34,11 @@ class Workspace:
         self._spine_of = idx.spine_of
         self.rack_hist = {k: list(v) for k, v in idx.rack_hist.items()}
         self.spine_hist = {k: list(v) for k, v in idx.spine_hist.items()}
+        # the same histogram lists in the index's slot order (``idx.rack_slot[o]`` / ``idx.spine_slot[o]``)
+        self._rack_hists = list(self.rack_hist.values())
+        self._spine_hists = list(self.spine_hist.values())
+        self._rack_slot = idx.rack_slot
+        self._spine_slot = idx.spine_slot
         self.type_free = dict(idx.type_free)
         self.fcount = idx.fcount[:]  # free GPUs per schedulable node (0 when unschedulable), a flat copy
         self.usage: dict[tuple[str, str], int] = dict(cluster.usage)
@@ -52,8 +60,6 @@ class Workspace:
         # exactly like the histogram it replaces; the chosen rack is verified exactly).
         # per type: (g, per-rack caps, per-spine caps) of every tracked task size, updated in ``_set``
         self._tracked_caps: dict[str, list[tuple[int, list[int], list[int]]]] = {t: [] for t in idx.types}
-        self._rack_key = idx.rack_key
-        self._spine_key = idx.spine_key
         self._rcap: dict[tuple[str, int], list[int]] = {}
         self._scap: dict[tuple[str, int], list[int]] = {}
 
@@ -85,10 +91,10 @@ class Workspace:
             del b[bisect_left(b, o)]
         if cn:
             insort(bt[cn], o)
-        rh = self.rack_hist[self._rack_key[o]]
+        rh = self._rack_hists[self._rack_slot[o]]
         rh[co] -= 1
         rh[cn] += 1
-        sh = self.spine_hist[self._spine_key[o]]
+        sh = self._spine_hists[self._spine_slot[o]]
         sh[co] -= 1
         sh[cn] += 1
         self.type_free[t] += cn - co
@@ -119,29 +125,39 @@ class Workspace:
 
     def _track(self, t: str, g: int) -> None:
         idx = self.idx
-        per = [c // g for c in range(len(idx.buckets[t]))]
-        rc = [0] * len(idx.racks)
-        for (tt, r), h in self.rack_hist.items():
-            if tt == t:
-                rc[r] = sum(n * k for n, k in zip(h, per, strict=True) if n and k)
-        sc = [0] * len(idx.spines)
-        for (tt, sp), h in self.spine_hist.items():
-            if tt == t:
-                sc[sp] = sum(n * k for n, k in zip(h, per, strict=True) if n and k)
+        # tasks of g GPUs per node by its free count (fcount: 0 on unschedulable nodes), nodes of other
+        # types left out, summed per rack / spine: what the rack / spine histograms give, without a Python
+        # pass over every histogram (the sums are small integers: exact in float64)
+        per = np.frombuffer(self.fcount, np.uint16) // g
+        if len(idx.types) > 1:
+            per = per * (idx.type_np == idx.types.index(t))
+        rc: list[int] = (
+            np.bincount(idx.rack_of_np, weights=per, minlength=len(idx.racks)).astype(np.int64).tolist()
+        )
+        sc: list[int] = (
+            np.bincount(idx.spine_of_np, weights=per, minlength=len(idx.spines)).astype(np.int64).tolist()
+        )
         self._rcap[(t, g)] = rc
         self._scap[(t, g)] = sc
         self._tracked_caps[t].append((g, rc, sc))
 
-    def take_all(self, tasks: tuple[tuple[int, int], ...]) -> None:
-        """``take`` for every (node, mask) of a plan, in order (the bind path: one call per plan)."""
+    def bind(self, tasks: tuple[tuple[int, int], ...], queue: str, gpu_type: str, gpus: int) -> None:
+        """A bind: ``take`` every (node, mask) of its plan, in order, and ``add_usage`` for its queue.
+
+        Not journaled: the engine binds only outside transactions (no mark is open across a bind, so
+        nothing is ever rolled back past one), and the entries of thousands of binds would only pile up.
+        The stamps change exactly as with ``take`` / ``add_usage``."""
         free = self.free
-        journal = self._journal
         for o, m in tasks:
             old = free[o]
             new = old & ~m
             if new != old:
-                journal.append((0, o, old, self.release_epoch, self.version))
                 self._set(o, old, new)
+        key = (queue, gpu_type)
+        usage = self.usage
+        usage[key] = usage.get(key, 0) + gpus
+        st = self._stamp = self._stamp + 1
+        self.usage_version = st
 
     def take(self, o: int, mask: int) -> None:
         self.set_free(o, self.free[o] & ~mask)
