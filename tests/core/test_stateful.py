@@ -182,8 +182,15 @@ class SchedulerMachine(RuleBasedStateMachine):
                 used_q = self.cluster.usage.get((q, "h100"), 0)
                 used_q += sum(b.gpus for b in d.binds if self.pending[b.job_id].queue_name == q)
                 assert used_q > self.queues[0].quotas[0].nominal
+            elif p.reason == "consolidate":
+                # a move, not an eviction: one small task of a class not above the gang's
+                assert self.policy_name == "rallypoint"
+                assert len(victim.placements) == 1 and victim.gpus < pre.gpus_per_task
+                assert PRIO[victim.priority_class] <= PRIO[pre.priority_class]
             else:
-                assert p.reason == "las" and self.policy_name == "las"
+                assert p.reason == "las" and self.policy_name in ("las", "rallypoint")
+                if self.policy_name == "rallypoint":  # same class only: attained service decides
+                    assert PRIO[victim.priority_class] == PRIO[pre.priority_class]
             assert victim.preemptible
 
     def _apply(self, d: Decisions, graceful: bool = False) -> None:

@@ -22,6 +22,13 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     preemption: bool = False
     #: a job preempted less than this long ago is not preempted again
     preemption_protection_s: float = 600.0
+    #: consolidation (KAI's "consolidate"): a gang blocked only by fragmentation may have a few small
+    #: running jobs checkpointed and re-placed elsewhere to complete its nodes
+    consolidation: bool = False
+    #: consolidation attempts per cycle (bounds the cost of a cycle)
+    max_consolidations_per_cycle: int = 4
+    #: only gangs of at most this many tasks (nodes) are consolidated for
+    consolidate_max_tasks: int = 2
     #: preemptors planned per cycle (bounds the cost of a cycle)
     max_preemptors_per_cycle: int = 4
     #: estimated delay between a preemption request and the victims' GPUs being free

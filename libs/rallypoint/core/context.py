@@ -70,6 +70,7 @@ class Ctx:
         self.cycle_ends: list[tuple[float, str, tuple[tuple[int, int], ...]]] = []
         self.reservations = 0
         self.preemptors = 0
+        self.consolidations = 0
         self._memo: dict[tuple[str | None, int, str | None], tuple[int, int]] = {}
         self._totals: tuple[int, int, int] | None = None
         self._healthy: dict[tuple[str, str], int] | None = None

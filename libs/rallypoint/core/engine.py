@@ -15,6 +15,7 @@ import numpy as np
 
 from rallypoint.core import reasons
 from rallypoint.core.backfill import hold
+from rallypoint.core.consolidation import plan_consolidation
 from rallypoint.core.context import Ctx, Status
 from rallypoint.core.placement import Plan, place
 from rallypoint.core.preemption import running_view
@@ -238,6 +239,10 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
         st = reasons.classify(job, size, ctx)
         ctx._reasons[rkey] = (stamp, ctx.hold_changes, st)
     if st.code in _WAITS_FOR_ROOM:
+        if st.code == "Topology" and ctx.cfg.consolidation:
+            cst = _consolidate(job, size, policy, ctx, out)
+            if cst is not None:
+                return cst
         # (_preempt's own first test, asked here: once the cycle's preemptors are used up, thousands of
         # waiting jobs skip the call)
         if policy.preemptor is not None and ctx.preemptors < ctx.cfg.max_preemptors_per_cycle:
@@ -248,6 +253,35 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
         if rst is not None:
             return rst
     return st
+
+
+def _consolidate(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out) -> Status | None:
+    """Allocate > consolidate > reclaim > preempt: move a few small running jobs so a gang that only
+    fragmentation blocks can start (see ``consolidation``); its slot is held like a preemptor's."""
+    if ctx.consolidations >= ctx.cfg.max_consolidations_per_cycle or job.id in ctx.stopping:
+        return None
+    types = ctx.idx.types if job.gpu_type is None else [job.gpu_type]
+    for t in types:
+        ctx.consolidations += 1
+        cp = plan_consolidation(job, size, t, ctx, running_view(ctx, policy.orderer))
+        if cp is None:
+            continue
+        until = ctx.now + ctx.cfg.preemption_grace_s
+        for vid in cp.movers:
+            out.preemptions.append(Preemption(victim_id=vid, reason="consolidate", for_job=job.id))
+            ctx.preempted[vid] = job.id
+        hold(ctx, job.id, until, cp.plan, strict=True)
+        nodes = tuple(sorted({ctx.idx.ids[o] for o, _m in cp.plan.tasks}))
+        out.reservations.append(Reservation(job_id=job.id, start_estimate=until, nodes=nodes))
+        n = len(cp.movers)
+        return Status(
+            "Consolidating",
+            f"needs {size} GPUs on {len(nodes)} node{'s' if len(nodes) != 1 else ''}; moving {n} small "
+            f"job{'s' if n != 1 else ''} ({', '.join(cp.movers)}) to other nodes; start in "
+            f"~{reasons.human(until - ctx.now)}",
+            until,
+        )
+    return None
 
 
 def _preempt(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out) -> Status | None:

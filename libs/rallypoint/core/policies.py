@@ -13,7 +13,9 @@ Built-in policies:
 - ``las``: Tiresias-style 2D least-attained-service: queues by attained GPU-seconds (thresholds 3,250 and
   7,200 GPU-s), FIFO inside a queue, preemptive across queues.
 - ``rallypoint``: priority classes + aging, DRF fair share between teams, quotas with cohort borrowing,
-  EASY backfill, topology-aware best fit, least-disruptive preemption (shrink > reclaim > priority),
+  EASY backfill, topology-aware best fit, consolidation of fragmented nodes (a few small jobs are
+  checkpointed and re-placed so a blocked gang fits), least-disruptive preemption (shrink > reclaim >
+  priority),
   elastic gangs.
 """
 
@@ -148,6 +150,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "backfill": True,
         "max_reservations": 1,
         "preemption": True,
+        "consolidation": True,
         "quotas": True,
         "elastic": True,
         "class_las": True,

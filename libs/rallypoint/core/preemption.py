@@ -293,7 +293,7 @@ class RankPreemptor:
         cls_v = class_rank_array(cols, ctx)
         p_cls = ctx.prio_of(job)
         prio = lower & (cls_v < p_cls)
-        las = lower & (cls_v >= p_cls) & ~view.protected_las
+        las = lower & (cls_v == p_cls) & ~view.protected_las
         order = view.order
         parts = [order[m[order]] for m in (reclaim, prio, las)]
         slots = np.concatenate(parts)
@@ -432,8 +432,9 @@ class RankPreemptor:
 
         for worst, n, lost, d, a, b, e in estimates[:_VERIFY_DOMAINS]:
             # candidates of this domain in walk order, with the GPUs each frees inside it: the estimate's
-            # prefix, then the rest of the domain (used only when the reclaim stop rule skipped a victim
-            # the estimate counted on)
+            # prefix, then the rest of the domain, used when the reclaim stop rule skipped a victim the
+            # estimate counted on, or when the prefix frees enough GPUs but not in the gang's shape (a
+            # count is not whole nodes: a 2 x 8-GPU gang in a rack needs two nodes emptied)
             per_dom: list[tuple[int, int]] = []
             n_prefix = 0
             for i, (p, g) in enumerate(zip(e_p[a:e].tolist(), e_g[a:e].tolist(), strict=True)):
@@ -452,8 +453,8 @@ class RankPreemptor:
             got = self._free_in(ctx, level, d, gpu_type)
             check_at = size
             for i, (p, g) in enumerate(per_dom):
-                if i >= n_prefix and not stopped:
-                    break
+                if i >= n_prefix and not stopped and got >= 2 * size:
+                    break  # past the estimate, the walk frees at most about one more gang's worth
                 c = cand(p)
                 if self.borrowers_only and c.kind > 1:
                     q = c.job.queue_name
