@@ -158,8 +158,7 @@ CASES: list[dict[str, Any]] = [
         preempts={"bjob": "reclaim"},
     ),
     dict(
-        id="quota-blocked-job-preempts-its-own-queues-served-job-when-enabled",
-        overrides={"preempt_for_quota": True},
+        id="quota-blocked-job-preempts-its-own-queues-served-job-by-default",
         now=5000.0,
         queues=[
             Queue(name="a", cohort="org", quotas=(Quota(nominal=4),)),
@@ -173,7 +172,8 @@ CASES: list[dict[str, Any]] = [
         preempts={"a-hog": "las"},
     ),
     dict(
-        id="quota-blocked-job-waits-without-preempt-for-quota",
+        id="quota-blocked-job-waits-with-preempt-for-quota-off",
+        overrides={"preempt_for_quota": False},
         now=5000.0,
         queues=[
             Queue(name="a", cohort="org", quotas=(Quota(nominal=4),)),

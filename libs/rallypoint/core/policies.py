@@ -157,7 +157,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "las_thresholds": (3250.0, 7200.0),
         "level_aging_s": 0.0,
         "start_protection_s": 600.0,
-        "preempt_for_quota": False,
+        "preempt_for_quota": True,
     },
 }
 
