@@ -117,6 +117,20 @@ CASES: list[dict[str, Any]] = [
         pending=[pending("j", 4)],
         waits={"j": "Topology"},
     ),
+    *[
+        dict(
+            id=f"required-nvlink-passes-over-a-best-fit-node-with-smaller-domains-{pol}",
+            policy=pol,
+            # the best fit (6 free) has two 4-GPU domains; only the other node holds 6 GPUs in one domain
+            cluster=cluster(
+                nodes(per_rack=1, nvlink=((0, 1, 2, 3), (4, 5, 6, 7))) + nodes(per_rack=1, prefix="b"),
+                [running("x", {"s0r0n0": (0, 1)})],
+            ),
+            pending=[pending("j", 6, topology_required="nvlink")],
+            binds={"j": {"bs0r0n0": (0, 1, 2, 3, 4, 5)}},
+        )
+        for pol in ("fifo", "easy-backfill", "las", "rallypoint")
+    ],
     dict(
         id="gang-too-large",
         policy="rallypoint",

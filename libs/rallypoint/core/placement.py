@@ -124,6 +124,25 @@ def _single_node(ws: Workspace, t: str, g: int, n: int, first_fit: bool) -> int 
     return best
 
 
+def _nvlink_node(ws: Workspace, t: str, g: int, first_fit: bool) -> int | None:
+    """Node (ordinal) of type ``t`` with ``g`` free GPUs inside one NVLink domain: best fit (fewest free
+    GPUs on the node) or first fit (lowest ordinal)."""
+    bs = ws.buckets[t]
+    idx = ws.idx
+    multi, dom_size = idx.multi_dom, idx.dom_size
+    best: int | None = None
+    for c in range(g, len(bs)):
+        for o in bs[c]:
+            if best is not None and o >= best:
+                break
+            if not multi[o] or (g <= dom_size[o] and node_cap(ws, o, g) >= 1):
+                if not first_fit:
+                    return o
+                best = o
+                break
+    return best
+
+
 def _rack_nodes_plan(ws: Workspace, r: int, t: str, g: int, need: int, out: list[tuple[int, int]]) -> int:
     """Fill up to ``need`` tasks from rack ``r``, fullest nodes first (best fit). Returns tasks placed.
 
@@ -198,7 +217,12 @@ def _place_type(ws: Workspace, t: str, tasks: int, g: int, max_rank: int, first_
         o = _single_node(ws, t, g, tasks, first_fit)
         if o is not None:
             level = "nvlink" if tasks == 1 and g <= idx.dom_size[o] else "node"
-            if _RANK[level] <= max_rank:
+            if _RANK[level] > max_rank and tasks == 1:
+                # one NVLink domain required and the best-fit node's domains are smaller than the task:
+                # another node's may not be (mixed NVLink layouts)
+                o = _nvlink_node(ws, t, g, first_fit)
+                level = "nvlink"
+            if o is not None and _RANK[level] <= max_rank:
                 out: list[tuple[int, int]] = []
                 _fill_node(ws, o, g, tasks, out)
                 return new_plan(t, level, tuple(out))
