@@ -54,7 +54,7 @@ class PreemptionLoop:
         if not state.pending_jobs():
             return 0
         now = self.clock()
-        decisions = self.policy.decide(state, now)
+        decisions = self.policy.decide_live(state, now)
         writes = preemption_writes(
             decisions, state, epoch=self.writer.epoch, policy_version=self.policy.version, at=now
         )

@@ -81,7 +81,7 @@ class SchedulerLoop:
             await self.follower.wait_for(await self.log.last_seq())
         if not state.pending_jobs():
             return writes
-        decisions = self.policy.decide(state, now)
+        decisions = self.policy.decide_live(state, now)
         for write in decision_writes(
             decisions, state, epoch=self.epoch, policy_version=self.policy.version, at=now
         ):

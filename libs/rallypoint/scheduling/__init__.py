@@ -9,9 +9,11 @@ from .bridge import (
     preemption_writes,
 )
 from .config import core_queues, load_queue_config
+from .model_sync import ModelSync
 from .policy import SchedulingPolicy
 
 __all__ = [
+    "ModelSync",
     "SchedulingPolicy",
     "Write",
     "admission_writes",

@@ -13,6 +13,7 @@ from rallypoint.core.types import DEFAULT_PRIORITY_CLASSES, Decisions, PriorityC
 from rallypoint.state import ClusterState
 
 from .bridge import build_snapshot
+from .model_sync import ModelSync
 
 
 class SchedulingPolicy:
@@ -36,7 +37,17 @@ class SchedulingPolicy:
         config = msgspec.json.encode([self.queues, self.priority_classes])
         digest = hashlib.sha256(config).hexdigest()[:12]
         self.version = f"{name}@{rallypoint.__version__}+{digest}"
+        self.model_sync = ModelSync()
 
     def decide(self, state: ClusterState, now: float) -> Decisions:
+        """Decide on a model built from scratch: for a fold at any sequence (the audit), no memory kept."""
         snapshot = build_snapshot(state, now, queues=self.queues, priority_classes=self.priority_classes)
+        return schedule(snapshot, self.policy)
+
+    def decide_live(self, state: ClusterState, now: float) -> Decisions:
+        """The same decisions as ``decide``, on a model kept in step with ``state`` across calls: for the
+        services, which decide on one growing fold every cycle and cannot afford a rebuild each time."""
+        snapshot = self.model_sync.snapshot(
+            state, now, queues=self.queues, priority_classes=self.priority_classes
+        )
         return schedule(snapshot, self.policy)
