@@ -17,7 +17,8 @@ from .model_sync import ModelSync
 
 
 class SchedulingPolicy:
-    """The core's policy ``name`` plus the queue configuration; ``version`` names both exactly.
+    """The core's policy ``name`` plus the queue configuration; ``version`` names both exactly (and the
+    policy's configuration, defaults included).
 
     The version goes into every decision event, so an audit knows which code and which configuration
     produced a bind, and can refuse to compare decisions made under a different one.
@@ -34,7 +35,9 @@ class SchedulingPolicy:
         self.policy = policy_by_name(name)
         self.queues = tuple(queues)
         self.priority_classes = tuple(priority_classes)
-        config = msgspec.json.encode([self.queues, self.priority_classes])
+        # the policy's knobs too: a changed default (e.g. a new preemption rule) changes the decisions, so
+        # an audit must not compare them with decisions logged under the old ones
+        config = msgspec.json.encode([self.queues, self.priority_classes, self.policy.config])
         digest = hashlib.sha256(config).hexdigest()[:12]
         self.version = f"{name}@{rallypoint.__version__}+{digest}"
         self.model_sync = ModelSync()
