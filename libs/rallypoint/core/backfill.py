@@ -22,7 +22,8 @@ __all__ = ["EasyReserver", "Reserver", "earliest_slot"]
 
 class Reserver(Protocol):
     def reserve(self, job: PendingJob, size: int, gpu_type: str | None, ctx: Ctx) -> Hold | None:
-        """Find and hold the earliest slot; None when no slot is known (unknown runtimes)."""
+        """Find and hold the earliest slot; None when no slot is known (unknown runtimes). A job with
+        ``gpu_types`` (then ``gpu_type`` is None) may only use those (``Ctx.job_types``)."""
         ...
 
 
@@ -44,8 +45,18 @@ def _releases(ctx: Ctx) -> Iterator[tuple[float, tuple[tuple[int, int], ...]]]:
 
 
 def earliest_slot(
-    ctx: Ctx, tasks: int, gpt: int, gpu_type: str | None, required: str | None
+    ctx: Ctx,
+    tasks: int,
+    gpt: int,
+    gpu_type: str | None,
+    required: str | None,
+    alts: list[str] | None = None,
 ) -> tuple[float, Plan] | None:
+    """The earliest (release time, plan) for the gang, or None. ``alts``: the allowed GPU types of a job
+    that lists several, in its order of preference: the slot is the earliest time at which it fits on
+    any of them, placed on the first one (in that order) where the gang fits at that time."""
+    if alts is not None and not alts:
+        return None
     ws = ctx.ws
     base = ws.mark()
     it = _releases(ctx)
@@ -54,7 +65,7 @@ def earliest_slot(
     marks: list[int] = []
     applied = 0
     first_fit = ctx.cfg.first_fit
-    types = ctx.idx.types if gpu_type is None else [gpu_type]
+    types = (ctx.idx.types if gpu_type is None else [gpu_type]) if alts is None else alts
     need = tasks * gpt
 
     def go_to(k: int) -> None:
@@ -71,6 +82,13 @@ def earliest_slot(
 
     def fits() -> Plan | None:
         if sum(ws.type_free.get(t, 0) for t in types) < need:
+            return None
+        if alts is not None:
+            for t in alts:
+                if ws.type_free.get(t, 0) >= need:
+                    p = place(ws, tasks, gpt, t, required, first_fit)
+                    if p is not None:
+                        return p
             return None
         return place(ws, tasks, gpt, gpu_type, required, first_fit)
 
@@ -101,6 +119,20 @@ def earliest_slot(
             hi = mid
         else:
             lo = mid
+    if alts is not None and hi > 0:
+        # several allowed types: every release at the slot's time counts, so that a tie between types
+        # goes to the job's preferred one (not to whichever job's release came first)
+        t_end = ends[hi - 1]
+        while True:
+            if hi == len(rel):
+                nxt = next(it, None)
+                if nxt is None:
+                    break
+                ends.append(nxt[0])
+                rel.append(nxt[1])
+            if ends[hi] != t_end:
+                break
+            hi += 1
     go_to(hi)
     plan = fits()
     ws.rollback(base)
@@ -133,8 +165,9 @@ class EasyReserver:
         if ctx.reservations >= ctx.cfg.max_reservations:
             return None
         ctx.reservations += 1
+        alts = ctx.job_types(job) if job.gpu_types is not None else None
         slot = earliest_slot(
-            ctx, size // job.gpus_per_task, job.gpus_per_task, gpu_type, ctx.required_level(job)
+            ctx, size // job.gpus_per_task, job.gpus_per_task, gpu_type, ctx.required_level(job), alts
         )
         if slot is None:
             return None

@@ -77,14 +77,32 @@ class Ctx:
         self._shares: dict[str, float] = {}
         # memos keyed by job shape, stamped with the workspace state they were computed on
         # (shape) -> (free total or workspace version, hold changes, status)
-        self._reasons: dict[tuple[str | None, int, int, int, str | None], tuple[int, int, Status]] = {}
+        # (a job allowing several GPU types is keyed by its gpu_types tuple)
+        self._reasons: dict[
+            tuple[str | tuple[str, ...] | None, int, int, int, str | None], tuple[int, int, Status]
+        ] = {}
         self._probe_memo: dict[tuple[str | None, int, str | None], tuple[int, int, int]] = {}
         self.hold_changes = 0  # bumped whenever ``holds`` changes
         self._held_until: tuple[int, float] = (-1, 0.0)
-        self.static_reasons: dict[tuple[str | None, int, int, str], Status | None] = {}
+        self.static_reasons: dict[tuple[str | tuple[str, ...] | None, int, int, str], Status | None] = {}
         self.cache: dict[str, object] = {}  # per-cycle memo for plug-ins (e.g. preemption rows)
 
     # --- small lookups ---------------------------------------------------------------------------
+
+    def job_types(self, job: PendingJob) -> list[str]:
+        """The GPU types ``job`` may bind on, in the order to try them: its ``gpu_types`` that the cluster
+        has (in the job's order, first occurrence), else ``[gpu_type]`` (even when the cluster lacks it:
+        the capacity check says so), else every type of the cluster."""
+        alts = job.gpu_types
+        if alts is None:
+            g = job.gpu_type
+            return self.idx.types if g is None else [g]
+        have = self.idx.type_capacity
+        out: list[str] = []
+        for t in alts:
+            if t in have and t not in out:
+                out.append(t)
+        return out
 
     def prio_of(self, job: PendingJob | RunningJob) -> int:
         return self.prio.get(job.priority_class, 0)

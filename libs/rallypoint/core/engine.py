@@ -176,7 +176,11 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
         st = f.check(job, ctx)
         if st is not None:
             return st
-    types = ctx.idx.types if job.gpu_type is None else [job.gpu_type]
+    alts = job.gpu_types
+    if alts is None:  # (ctx.job_types inlined for the usual job)
+        types = ctx.idx.types if job.gpu_type is None else [job.gpu_type]
+    else:
+        types = ctx.job_types(job)  # its allowed types the cluster has, in its order of preference
     quota_msg: str | None = None
     if job.min_gpus is None and len(types) == 1:
         # one size and one GPU type (most jobs): the loop below without building its lists; a refused
@@ -224,11 +228,14 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
     # a reason depends only on the job's shape and the workspace's free GPUs and holds: thousands of
     # waiting jobs of a few shapes share it while nothing is bound in between
     # (at cluster level only the free total matters, so the memo survives binds elsewhere)
-    rkey = (job.gpu_type, job.gpus_per_task, size, job.gpus, job.topology_required)
+    rkey = (job.gpu_type if alts is None else alts, job.gpus_per_task, size, job.gpus, job.topology_required)
     lvl = ctx.required_level(job) if ctx.consolidate_small else job.topology_required
     if lvl is None or lvl == "cluster":
         tf = ctx.ws.type_free
-        free = tf.get(job.gpu_type, 0) if job.gpu_type is not None else sum(tf.values())
+        if alts is not None:
+            free = sum(tf.get(t, 0) for t in types)
+        else:
+            free = tf.get(job.gpu_type, 0) if job.gpu_type is not None else sum(tf.values())
         stamp = -1 - free
     else:
         stamp = ctx.ws.version
@@ -260,8 +267,7 @@ def _consolidate(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out
     fragmentation blocks can start (see ``consolidation``); its slot is held like a preemptor's."""
     if ctx.consolidations >= ctx.cfg.max_consolidations_per_cycle or job.id in ctx.stopping:
         return None
-    types = ctx.idx.types if job.gpu_type is None else [job.gpu_type]
-    for t in types:
+    for t in ctx.job_types(job):
         ctx.consolidations += 1
         cp = plan_consolidation(job, size, t, ctx, running_view(ctx, policy.orderer))
         if cp is None:
@@ -289,8 +295,7 @@ def _preempt(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out) ->
     if pre is None or ctx.preemptors >= ctx.cfg.max_preemptors_per_cycle:
         return None
     rank = policy.orderer.rank(job, ctx)
-    types = ctx.idx.types if job.gpu_type is None else [job.gpu_type]
-    for t in types:
+    for t in ctx.job_types(job):
         if not ctx.quota.within_nominal(ctx.ws, job.queue_name, t, size) and (
             running_view(ctx, policy.orderer).min_rank() >= rank
         ):
@@ -341,7 +346,7 @@ def _reserve(job: PendingJob, size: int, st: Status, policy: Policy, ctx: Ctx, o
     r = policy.reserver
     if r is None:
         return None
-    h = r.reserve(job, size, job.gpu_type, ctx)
+    h = r.reserve(job, size, job.gpu_type, ctx)  # (a job with gpu_types: the reserver reads them)
     if h is None:
         return None
     nodes = tuple(sorted({ctx.idx.ids[o] for o, _m in h.tasks}))
@@ -378,11 +383,16 @@ def _hold_for_stopping_victims(snapshot: Snapshot, ctx: Ctx, out: _Out) -> None:
             for n, m in ctx.cluster.job_masks[vid]:
                 ws.give(ord_of[n], m)
         plan = None
+        # a job with several allowed types tries them in its order (gpu_type None: every type at once)
+        tries: list[str | None] = [job.gpu_type] if job.gpu_types is None else list(ctx.job_types(job))
         for size in job_sizes(job, ctx):
-            plan = place(
-                ws, size // job.gpus_per_task, job.gpus_per_task, job.gpu_type, ctx.required_level(job),
-                ctx.cfg.first_fit,
-            )  # fmt: skip
+            for t in tries:
+                plan = place(
+                    ws, size // job.gpus_per_task, job.gpus_per_task, t, ctx.required_level(job),
+                    ctx.cfg.first_fit,
+                )  # fmt: skip
+                if plan is not None:
+                    break
             if plan is not None:
                 break
         ws.rollback(mark)

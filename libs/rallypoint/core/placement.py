@@ -312,9 +312,11 @@ def apply(ws: Workspace, plan: Plan) -> None:
         ws.take(o, m)
 
 
-def best_free_at(ws: Workspace, gpu_type: str | None, level: str) -> int:
-    """Most free GPUs inside one domain of ``level`` (for pending-reason messages)."""
-    types = ws.idx.types if gpu_type is None else [gpu_type]
+def best_free_at(ws: Workspace, gpu_type: str | None, level: str, types: list[str] | None = None) -> int:
+    """Most free GPUs inside one domain of ``level`` (for pending-reason messages): of ``gpu_type`` (None:
+    any type), or of any of ``types`` when given (a job allowing several types)."""
+    if types is None:
+        types = ws.idx.types if gpu_type is None else [gpu_type]
     best = 0
     if level in ("node", "nvlink"):
         for t in types:

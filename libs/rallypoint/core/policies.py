@@ -69,13 +69,23 @@ class Permit(Protocol):
 
 
 class ShapeFilter:
-    """Rejects malformed gangs: sizes that are not a whole number of tasks."""
+    """Rejects malformed gangs: sizes that are not a whole number of tasks (``GangTooLarge``), and a GPU
+    type request that names both ``gpu_type`` and ``gpu_types`` or an empty ``gpu_types`` (``Invalid``)."""
 
     def check(self, job: PendingJob, ctx: Ctx) -> Status | None:
         if job.gpus_per_task <= 0 or job.gpus <= 0 or job.gpus % job.gpus_per_task:
             return Status(
                 "GangTooLarge", f"{job.gpus} GPUs is not a whole number of {job.gpus_per_task}-GPU tasks"
             )
+        alts = job.gpu_types
+        if alts is not None:
+            if job.gpu_type is not None:
+                return Status(
+                    "Invalid",
+                    f"names both gpu_type {job.gpu_type} and gpu_types {'|'.join(alts)}; set one of them",
+                )
+            if not alts:
+                return Status("Invalid", "gpu_types is empty; leave it unset to allow any GPU type")
         return None
 
 

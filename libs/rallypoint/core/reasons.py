@@ -26,6 +26,9 @@ _UNKNOWN = Status("", "")  # not yet in the static reasons memo (which also hold
 
 def classify(job: PendingJob, size: int, ctx: Ctx) -> Status:
     """Why ``job`` (at ``size`` GPUs) cannot be placed now, most fundamental cause first."""
+    alts = job.gpu_types
+    if alts is not None:
+        return _classify_alts(job, alts, size, ctx)
     gpu_type = job.gpu_type
     g = job.gpus_per_task
     level = (ctx.required_level(job) if ctx.consolidate_small else job.topology_required) or "cluster"
@@ -34,21 +37,62 @@ def classify(job: PendingJob, size: int, ctx: Ctx) -> Status:
     sr = ctx.static_reasons
     fixed = sr.get(skey, _UNKNOWN)
     if fixed is _UNKNOWN:
-        types = ctx.idx.types if gpu_type is None else [gpu_type]
-        fixed = sr[skey] = _capacity_reason(gpu_type, types, g, size, level, ctx)
+        if gpu_type is not None and gpu_type not in ctx.idx.type_capacity:
+            fixed = Status("GangTooLarge", f"no node has GPU type {gpu_type}")
+        else:
+            types = ctx.idx.types if gpu_type is None else [gpu_type]
+            fixed = _capacity_reason(gpu_type, types, g, size, level, ctx)
+        sr[skey] = fixed
     if fixed is not None:
         return fixed
     tf = ctx.ws.type_free
     # (the workspace's type_free has exactly the index's types as keys)
     free = sum(tf.values()) if gpu_type is None else tf.get(gpu_type, 0)
     tname = f" {gpu_type}" if gpu_type is not None else ""
+    return _free_reason(free, tname, gpu_type, None, g, size, level, ctx)
+
+
+def _classify_alts(job: PendingJob, alts: tuple[str, ...], size: int, ctx: Ctx) -> Status:
+    """``classify`` for a job that allows several GPU types: capacities are the best of its types the
+    cluster has, free GPUs the sum over them; messages name the types as the job lists them ("A|B")."""
+    g = job.gpus_per_task
+    level = (ctx.required_level(job) if ctx.consolidate_small else job.topology_required) or "cluster"
+    name = "|".join(alts)
+    types = ctx.job_types(job)
+    skey = (alts, g, size, level)
+    sr = ctx.static_reasons
+    fixed = sr.get(skey, _UNKNOWN)
+    if fixed is _UNKNOWN:
+        if not types:
+            fixed = Status("GangTooLarge", f"no node has GPU type {name}")
+        else:
+            fixed = _capacity_reason(name, types, g, size, level, ctx)
+        sr[skey] = fixed
+    if fixed is not None:
+        return fixed
+    tf = ctx.ws.type_free
+    free = sum(tf.get(t, 0) for t in types)
+    return _free_reason(free, f" {name}", None, types, g, size, level, ctx)
+
+
+def _free_reason(
+    free: int,
+    tname: str,
+    gpu_type: str | None,
+    types: list[str] | None,
+    g: int,
+    size: int,
+    level: str,
+    ctx: Ctx,
+) -> Status:
+    """The part of ``classify`` that depends on free GPUs and holds (``types``: a multi-type job's)."""
     if free >= size:
         if level == "cluster":
             return new_status(
                 "Topology",
                 f"needs {size // g} tasks x {g}{tname} GPUs (one node each); {free} GPUs free but fragmented",
             )
-        best = best_free_at(ctx.ws, gpu_type, level)
+        best = best_free_at(ctx.ws, gpu_type, level, types)
         return new_status(
             "Topology", f"needs {size}{tname} GPUs in one {level}; best {level} has {best} free"
         )
@@ -66,13 +110,13 @@ def classify(job: PendingJob, size: int, ctx: Ctx) -> Status:
 
 
 def _capacity_reason(
-    gpu_type: str | None, types: list[str], g: int, size: int, level: str, ctx: Ctx
+    name: str | None, types: list[str], g: int, size: int, level: str, ctx: Ctx
 ) -> Status | None:
-    """GangTooLarge / NodeUnhealthy, or None when the shape fits the healthy cluster."""
+    """GangTooLarge / NodeUnhealthy, or None when the shape fits the healthy cluster. ``types`` (all known
+    to the cluster) are the candidates, ``name`` how messages call them (the job's type, "A|B", or None
+    for any type)."""
     where = "in the cluster" if level == "cluster" else f"in one {level}"
-    tname = f" {gpu_type}" if gpu_type is not None else ""
-    if gpu_type is not None and gpu_type not in ctx.idx.type_capacity:
-        return Status("GangTooLarge", f"no node has GPU type {gpu_type}")
+    tname = f" {name}" if name is not None else ""
     node_max = max((ctx.total_capacity(t, "node") for t in types), default=0)
     if g > node_max:
         return Status("GangTooLarge", f"a task needs {g} GPUs; largest node has {node_max}")

@@ -121,6 +121,11 @@ class PendingJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     ``expected_runtime_s`` is a runtime learned from the same user's and job name's history; backfill
     uses it before ``time_limit_s``. Elastic gangs set ``min_gpus``/``max_gpus``/``gpu_step``; ``gpus`` is
     then the preferred size (usually max).
+
+    ``gpu_type`` names the one GPU model the job needs (None: any). ``gpu_types`` instead lists several
+    allowed models in the job's order of preference (the openb "V100M16|V100M32"): the whole gang binds on
+    one of them, the first in that order where it fits now; types the cluster lacks are ignored. Set at
+    most one of the two (a job with both, or with an empty ``gpu_types``, waits with code ``Invalid``).
     """
 
     id: str
@@ -134,6 +139,7 @@ class PendingJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     time_limit_s: float | None = None
     expected_runtime_s: float | None = None
     gpu_type: str | None = None
+    gpu_types: tuple[str, ...] | None = None
     topology_required: TopologyLevel | None = None
     topology_preferred: TopologyLevel | None = None
     min_gpus: int | None = None
@@ -240,6 +246,7 @@ ReasonCode = Literal[
     "Reservation",  # fits now, but would delay a reserved head job (EASY backfill refused)
     "NodeUnhealthy",  # would fit if unhealthy / drained nodes were back
     "GangTooLarge",  # can never fit this cluster (or the required level) even when empty
+    "Invalid",  # malformed request that no cluster state can satisfy (e.g. both gpu_type and gpu_types)
     "Preempting",  # victims were asked to stop; binds once they have released their GPUs
     "Reserved",  # this job holds the reservation; earliest start given
 ]

@@ -210,10 +210,6 @@ class Simulator:
         self.node_gpus = {n.id: n.gpus for n in cluster.nodes}
         self.node_rack = {n.id: n.rack for n in cluster.nodes}
         self.node_type = {n.id: n.gpu_type for n in cluster.nodes}
-        cap: Counter[str] = Counter()
-        for n in cluster.nodes:
-            cap[n.gpu_type] += n.gpus
-        self.type_capacity = cap
         self.jobs: dict[str, _SimJob] = {}
         order = sorted(range(len(jobs)), key=lambda i: (jobs[i].submit, i))
         for seq, i in enumerate(order):
@@ -266,6 +262,7 @@ class Simulator:
         j = sj.job
         done = j.duration - sj.remaining
         tl = None if j.time_limit is None else max(1.0, j.time_limit - done) + sj.overhead_due
+        types = j.gpu_types
         return ct.PendingJob(
             id=j.id,
             team=j.team,
@@ -275,7 +272,9 @@ class Simulator:
             submit_time=j.submit,
             arrival=sj.seq,
             time_limit_s=tl,
-            gpu_type=self._core_gpu_type(j),
+            # one allowed type ("A"): gpu_type; several ("A|B"): gpu_types, in the workload's order
+            gpu_type=types[0] if len(types) == 1 else None,
+            gpu_types=types if len(types) > 1 else None,
             min_gpus=j.min_gpus,
             max_gpus=j.max_gpus,
             gpu_step=j.gpu_step,
@@ -283,15 +282,6 @@ class Simulator:
             last_preempted_at=sj.last_preempted,
             last_run_s=sj.run_time,
         )
-
-    def _core_gpu_type(self, j: Job) -> str | None:
-        """The core takes one GPU type per job. A job allowing several ("A|B") is narrowed to the allowed
-        type the cluster has most GPUs of: stricter than asked, never violating it (see
-        docs/sim-needs-from-core.md)."""
-        types = j.gpu_types
-        if len(types) <= 1:
-            return types[0] if types else None
-        return max(types, key=lambda t: (self.type_capacity.get(t, 0), t))
 
     def _enqueue(self, sj: _SimJob, now: float) -> None:
         sj.pending = self._make_pending(sj, now)
@@ -500,7 +490,7 @@ class Simulator:
         # A gang the core says can never fit this cluster is rejected, as the scheduler service does
         # (JobRejected); left in the queue it would block a strict-order policy forever.
         for pr in d.pending:
-            if pr.code == "GangTooLarge" and pr.job_id in self.pending:
+            if pr.code in ("GangTooLarge", "Invalid") and pr.job_id in self.pending:
                 sj = self.pending[pr.job_id]
                 self._dequeue(sj)
                 self.rejected.append(pr.job_id)

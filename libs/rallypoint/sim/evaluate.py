@@ -268,9 +268,10 @@ def render(
         L.append("## 3. openb: heterogeneous GPU types\n")
         L.append(
             "Alibaba openb (1,213 GPU nodes, 6,212 GPUs of 7 models), whole-GPU pods of `gpuspec20` (pods "
-            "with GPU-type constraints) at their recorded arrival times. A pod allowing several models is "
-            "narrowed to the allowed model the cluster has most of (the core takes one type; see "
-            "docs/sim-needs-from-core.md). Nothing queues at this load: the check is the type constraint.\n"
+            "with GPU-type constraints) at their recorded arrival times. A pod allowing several models "
+            '(`gpu_spec` "A|B") is passed to the core with all of them (`PendingJob.gpu_types`, in the '
+            "trace's order) and binds on the first one with room. Nothing queues at this load: the check is "
+            "the type constraint.\n"
         )
     for run in openb:
         info = run["info"]

@@ -5,7 +5,8 @@ Fields (seconds everywhere):
 ``id`` (str), ``submit``, ``gpus`` (total), ``gpus_per_task`` (default ``min(gpus, 8)``), ``duration`` (what
 the job runs with its full allocation), ``time_limit`` (the user's estimate, optional), ``team``, ``priority``
 (a priority class name, optional), ``min_gpus`` / ``max_gpus`` / ``gpu_step`` (elastic, optional),
-``checkpoint_interval`` (optional), ``gpu_type`` (optional; ``"A|B"`` allows either model).
+``checkpoint_interval`` (optional), ``gpu_type`` (optional; ``"A|B"`` allows either model, preferring them in
+that order: the core gets ``PendingJob.gpu_types``).
 
 Line order is meaningful: jobs submitted in the same second keep file order (the golden peers do too), so the
 loader keeps a ``seq`` per job and never re-sorts by anything but ``(submit, seq)``.
