@@ -30,7 +30,7 @@ import numpy as np
 from rallypoint.core.context import Ctx
 from rallypoint.core.ordering import class_rank_array
 from rallypoint.core.placement import Plan, place
-from rallypoint.core.preemption import RunningView, _job_tasks
+from rallypoint.core.preemption import RunningView, drop_chosen, job_tasks
 from rallypoint.core.types import PendingJob
 
 __all__ = ["ConsolidationPlan", "plan_consolidation"]
@@ -62,10 +62,7 @@ def _movable(job: PendingJob, gpt: int, gpu_type: str, ctx: Ctx, view: RunningVi
         & (cols.gpus[:n] < gpt)
         & (class_rank_array(cols, ctx) <= ctx.prio_of(job))
     )
-    if ctx.preempted:
-        gone = [cols.slot[j] for j in ctx.preempted if j in cols.slot]
-        if gone:
-            ok[gone] = False
+    drop_chosen(ok, ctx, view)
     return ok
 
 
@@ -124,7 +121,7 @@ def plan_consolidation(
     mark = ws.mark()
     try:
         for s in movers:
-            for o, m in _job_tasks(ctx, cols.ids[s]):
+            for o, m in job_tasks(ctx, cols.ids[s]):
                 ws.give(o, m)
         plan = place(ws, tasks, gpt, gpu_type, ctx.required_level(job), ctx.cfg.first_fit)
         if plan is None:
@@ -135,7 +132,7 @@ def plan_consolidation(
         # a mover whose GPUs the plan does not touch stays where it is
         kept = []
         for s in movers:
-            jt = _job_tasks(ctx, cols.ids[s])
+            jt = job_tasks(ctx, cols.ids[s])
             if any(used.get(o, 0) & m for o, m in jt):
                 kept.append(s)
             else:

@@ -262,6 +262,15 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
     return st
 
 
+def _announce(
+    job_id: str, start: float | None, tasks: tuple[tuple[int, int], ...], ctx: Ctx, out: _Out
+) -> tuple[str, ...]:
+    """Record the slot held for ``job_id`` as a ``Reservation`` (its nodes, sorted); returns the nodes."""
+    nodes = tuple(sorted({ctx.idx.ids[o] for o, _m in tasks}))
+    out.reservations.append(Reservation(job_id=job_id, start_estimate=start, nodes=nodes))
+    return nodes
+
+
 def _consolidate(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out) -> Status | None:
     """Allocate > consolidate > reclaim > preempt: move a few small running jobs so a gang that only
     fragmentation blocks can start (see ``consolidation``); its slot is held like a preemptor's."""
@@ -277,8 +286,7 @@ def _consolidate(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out
             out.preemptions.append(Preemption(victim_id=vid, reason="consolidate", for_job=job.id))
             ctx.preempted[vid] = job.id
         hold(ctx, job.id, until, cp.plan, strict=True)
-        nodes = tuple(sorted({ctx.idx.ids[o] for o, _m in cp.plan.tasks}))
-        out.reservations.append(Reservation(job_id=job.id, start_estimate=until, nodes=nodes))
+        nodes = _announce(job.id, until, cp.plan.tasks, ctx, out)
         n = len(cp.movers)
         return Status(
             "Consolidating",
@@ -330,8 +338,7 @@ def _preempt(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out) ->
             )
         # strict: the GPUs the victims free are promised to this job alone (no backfill onto them)
         hold(ctx, job.id, until, pp.plan, strict=True)
-        nodes = tuple(sorted({ctx.idx.ids[o] for o, _m in pp.plan.tasks}))
-        out.reservations.append(Reservation(job_id=job.id, start_estimate=until, nodes=nodes))
+        _announce(job.id, until, pp.plan.tasks, ctx, out)
         n = len(pp.victims)
         return Status(
             "Preempting",
@@ -349,8 +356,7 @@ def _reserve(job: PendingJob, size: int, st: Status, policy: Policy, ctx: Ctx, o
     h = r.reserve(job, size, job.gpu_type, ctx)  # (a job with gpu_types: the reserver reads them)
     if h is None:
         return None
-    nodes = tuple(sorted({ctx.idx.ids[o] for o, _m in h.tasks}))
-    out.reservations.append(Reservation(job_id=job.id, start_estimate=h.until, nodes=nodes))
+    _announce(job.id, h.until, h.tasks, ctx, out)
     return Status(
         st.code, st.message + f"; reserved, earliest start in ~{reasons.human(h.until - ctx.now)}", h.until
     )
@@ -399,8 +405,7 @@ def _hold_for_stopping_victims(snapshot: Snapshot, ctx: Ctx, out: _Out) -> None:
         if plan is None:
             continue  # its victims no longer make room: it is treated like any other waiting job
         hold(ctx, pid, until, plan, strict=True)
-        nodes = tuple(sorted({ctx.idx.ids[o] for o, _m in plan.tasks}))
-        out.reservations.append(Reservation(job_id=pid, start_estimate=None, nodes=nodes))
+        _announce(pid, None, plan.tasks, ctx, out)
 
 
 def run_cycle(snapshot: Snapshot, policy: Policy) -> Decisions:

@@ -42,7 +42,16 @@ from rallypoint.core.types import PendingJob, RunningJob
 if TYPE_CHECKING:
     from rallypoint.core.ordering import Orderer
 
-__all__ = ["Candidate", "PreemptionPlan", "Preemptor", "RankPreemptor", "RunningView", "running_view"]
+__all__ = [
+    "Candidate",
+    "PreemptionPlan",
+    "Preemptor",
+    "RankPreemptor",
+    "RunningView",
+    "drop_chosen",
+    "job_tasks",
+    "running_view",
+]
 
 _VERIFY_DOMAINS = 4
 
@@ -162,9 +171,20 @@ class Preemptor(Protocol):
     ) -> PreemptionPlan | None: ...
 
 
-def _job_tasks(ctx: Ctx, jid: str) -> tuple[tuple[int, int], ...]:
+def job_tasks(ctx: Ctx, jid: str) -> tuple[tuple[int, int], ...]:
+    """(node ordinal, GPU mask) of every task of running job ``jid``."""
     ord_of = ctx.idx.ord_of
     return tuple((ord_of[n], m) for n, m in ctx.cluster.job_masks[jid])
+
+
+def drop_chosen(mask: np.ndarray, ctx: Ctx, view: RunningView) -> None:
+    """Clear, in a per-slot mask of ``view``, the running jobs already chosen as victims or movers this
+    cycle (or still stopping for an earlier preemptor)."""
+    if ctx.preempted:
+        slot = view.cols.slot
+        gone = [slot[j] for j in ctx.preempted if j in slot]
+        if gone:
+            mask[gone] = False
 
 
 class RankPreemptor:
@@ -208,7 +228,7 @@ class RankPreemptor:
                 continue
             rj = ctx.cluster.running[jid]
             assert rj.min_gpus is not None
-            masks = _job_tasks(ctx, jid)
+            masks = job_tasks(ctx, jid)
             step = rj.gpu_step or rj.gpus_per_task or (rj.gpus // max(1, len(rj.placements)))
             gpt = rj.gpus_per_task or max(1, rj.gpus // max(1, len(rj.placements)))
             chunks = (rj.gpus - rj.min_gpus) // step
@@ -241,10 +261,7 @@ class RankPreemptor:
         if tid is None or n == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         avail = view.evictable & (cols.gtype[:n] == tid)
-        if ctx.preempted:
-            gone = [cols.slot[j] for j in ctx.preempted if j in cols.slot]
-            if gone:
-                avail[gone] = False
+        drop_chosen(avail, ctx, view)
         if self.borrowers_only:
             return self._borrower_evictions(job, size, gpu_type, rank, ctx, view, tid)
         reclaim = np.zeros(n, np.bool_)
@@ -267,10 +284,7 @@ class RankPreemptor:
         cols = view.cols
         n = view.n
         base = view.base & (cols.gtype[:n] == tid)
-        if ctx.preempted:
-            gone = [cols.slot[j] for j in ctx.preempted if j in cols.slot]
-            if gone:
-                base[gone] = False
+        drop_chosen(base, ctx, view)
         gpus = cols.gpus[:n]
         qid = cols.queue[:n]
         # GPUs each queue borrows beyond what is already being evicted from it
@@ -425,7 +439,7 @@ class RankPreemptor:
                     jid = cols.ids[s]
                     c = Candidate(
                         int(kinds[p - ns]), float(view.rank[s]), float(view.lost[s]), running[jid],
-                        _job_tasks(ctx, jid), (),
+                        job_tasks(ctx, jid), (),
                     )  # fmt: skip
                 cache[p] = c
             return c
