@@ -97,8 +97,9 @@ CASES: list[dict[str, Any]] = [
         preempts={},
     ),
     dict(
-        id="movers-must-fit-elsewhere",
-        # 8 free GPUs but the mover of 6 cannot go anywhere once the gang takes a whole node
+        id="the-mover-losing-least-work-is-chosen",
+        # either node can be completed by one mover that fits on the other; b (2 GPUs) loses less work
+        # since its checkpoint than a (6 GPUs)
         cluster=cluster(
             N2,
             [
@@ -108,8 +109,25 @@ CASES: list[dict[str, Any]] = [
         ),
         pending=[pending("big", 8)],
         waits={"big": "Consolidating"},
-        preempts={"b": "consolidate"},  # b (2 GPUs) moves into n0's 2 free GPUs; a (6) could not
+        preempts={"b": "consolidate"},
         held={"big": {"s0r0n1"}},
+    ),
+    dict(
+        id="no-move-when-a-mover-would-fit-nowhere-else",
+        # 8 GPUs free (2 + 2 + 4) but completing any node leaves its mover (6, 6 or 4 GPUs) no node
+        # with room; (preemption off: else the long-running jobs are LAS victims)
+        overrides={"preemption": False},
+        cluster=cluster(
+            nodes(racks=1, per_rack=3),
+            [
+                running("a", {"s0r0n0": (0, 1, 2, 3, 4, 5)}),
+                running("b", {"s0r0n1": (0, 1, 2, 3, 4, 5)}),
+                running("c", {"s0r0n2": LO}),
+            ],
+        ),
+        pending=[pending("big", 8)],
+        waits={"big": "Topology"},
+        preempts={},
     ),
     dict(
         id="switched-off-by-configuration",
