@@ -46,7 +46,7 @@ CASES: list[dict[str, Any]] = [
     ),
     dict(
         id="level-aging-moves-a-long-waiting-job-up-inside-its-class",
-        overrides={"level_aging_s": 3600.0},
+        overrides={"level_aging_s": 3600.0, "level_by_estimate": False},
         now=2 * 3600.0 + 10,
         cluster=cluster(N2, [running("r", {"s0r0n0": ALL})]),
         pending=[

@@ -73,13 +73,14 @@ class RunningColumns:
         self.queue = np.zeros(cap, np.int32)
         self.stopping = np.zeros(cap, np.bool_)  # preempting_for is set
         self.elastic = np.zeros(cap, np.bool_)  # min_gpus set and above it (shrink candidate)
+        self.exp_end = np.zeros(cap, np.float64)  # expected_end, NaN when unknown
         self.t_job = np.zeros(cap, np.int64)  # task row -> job slot
         self.t_node = np.zeros(cap, np.int64)  # task row -> stable node key
         self.t_gpus = np.zeros(cap, np.int64)
 
     _JOB_COLS = (
         "gpus", "since", "start", "attained", "cls", "preemptible", "last_preempted", "gtype", "queue",
-        "stopping", "elastic",
+        "stopping", "elastic", "exp_end",
     )  # fmt: skip
     _TASK_COLS = ("t_job", "t_node", "t_gpus")
 
@@ -103,6 +104,7 @@ class RunningColumns:
         self.queue[s] = self.queues(job.queue_name)
         self.stopping[s] = job.preempting_for is not None
         self.elastic[s] = job.min_gpus is not None and job.gpus > job.min_gpus
+        self.exp_end[s] = job.expected_end if job.expected_end is not None else np.nan
 
     def add(self, job: RunningJob, gtype: str, tasks: list[tuple[int, int]]) -> None:
         """``tasks``: (node key, GPU count) per task, in task order."""

@@ -49,6 +49,13 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     #: ``las_thresholds``) before DRF share; jobs of queues below their nominal quota go first (guaranteed
     #: share before borrowing); preemption by attained service only of the same queue or of borrowers
     class_las: bool = False
+    #: with ``class_las``: the LAS level measures expected remaining work instead of attained service:
+    #: GPUs x the runtime still estimated (learned runtime, else time limit) when the job has an estimate
+    #: and has not outrun it, else its attained GPU-seconds (with no estimate a job is expected to run
+    #: about as long again as it has: the heavy-tail reasoning behind LAS). Level 0 below
+    #: ``estimate_level_gpu_s``, then one level per doubling; ``las_thresholds`` are not used
+    level_by_estimate: bool = False
+    estimate_level_gpu_s: float = 600.0
     #: with ``class_las``: a waiting job moves up one LAS level per this many seconds waited since it last
     #: ran (0 = never; levels never cross priority classes)
     level_aging_s: float = 0.0

@@ -7,6 +7,7 @@ of ``Snapshot.pending``.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from operator import attrgetter, eq
@@ -227,6 +228,30 @@ _CLASS_SPAN = 2048  # class values (0..2047) inside a preemption rank
 _LEVEL_SPAN = 64  # LAS levels (0..63)
 
 
+def estimate_level(rem_gpu_s: float, unit: float) -> int:
+    """Level of ``rem_gpu_s`` expected remaining GPU-seconds: 0 below ``unit``, then one per doubling.
+
+    ``math.frexp`` gives the binary exponent exactly (a ``log2`` could round across a level boundary), so
+    the level is bit-for-bit the same on every platform, and equal to :func:`estimate_levels`."""
+    r = rem_gpu_s / unit
+    if not r >= 1.0:  # (NaN: no estimate, level 0)
+        return 0
+    return min(math.frexp(r)[1], _LEVEL_SPAN - 1)
+
+
+def estimate_levels(rem_gpu_s: np.ndarray, unit: float) -> np.ndarray:
+    """:func:`estimate_level` of every entry."""
+    r = rem_gpu_s / unit
+    with np.errstate(invalid="ignore"):
+        return np.where(r >= 1.0, np.minimum(np.frexp(r)[1], _LEVEL_SPAN - 1), 0).astype(np.float64)
+
+
+def _pending_remaining(job: PendingJob) -> float:
+    """Expected remaining GPU-seconds of a waiting job (``PolicyConfig.level_by_estimate``)."""
+    est = job.expected_runtime_s if job.expected_runtime_s is not None else job.time_limit_s
+    return job.gpus * est if est is not None else job.attained_gpu_s
+
+
 def _widen(key: int, rbits: int, sbits: int, wide: int) -> int:
     """A ClassLasOrder heap key re-encoded with a ``wide``-bit share step field (was ``sbits``)."""
     r = key & ((1 << rbits) - 1)
@@ -254,8 +279,12 @@ class ClassLasOrder:
       those are strictly first; lower classes share band 0, inside which the LAS level comes first and
       the class breaks ties;
     - *LAS level* is the Tiresias discretized attained-service queue (``las_thresholds`` on attained
-      GPU-seconds): short jobs go first without knowing durations (heavy-tailed workloads); a waiting job
-      moves up one level per ``level_aging_s`` waited since it last ran (no starvation inside a band);
+      GPU-seconds): short jobs go first without knowing durations (heavy-tailed workloads). With
+      ``level_by_estimate`` (rallypoint's default) it is instead a log2 step of expected *remaining*
+      GPU-seconds (GPUs x runtime estimate left; attained service when there is no estimate, or once it
+      is outrun): shortest remaining work first where users give time limits, LAS where they do not.
+      A waiting job moves up one level per ``level_aging_s`` waited since it last ran (no starvation
+      inside a band);
     - the DRF share (in steps of 1/1024) is updated as the cycle binds (progressive filling between
       teams).
 
@@ -276,11 +305,14 @@ class ClassLasOrder:
 
     def pending_level(self, job: PendingJob, ctx: Ctx) -> int:
         cfg = ctx.cfg
-        a = job.attained_gpu_s
-        k = 0
-        for th in cfg.las_thresholds:
-            if a >= th:
-                k += 1
+        if cfg.level_by_estimate:
+            k = estimate_level(_pending_remaining(job), cfg.estimate_level_gpu_s)
+        else:
+            a = job.attained_gpu_s
+            k = 0
+            for th in cfg.las_thresholds:
+                if a >= th:
+                    k += 1
         if k and cfg.level_aging_s > 0:
             since = job.last_preempted_at if job.last_preempted_at is not None else job.submit_time
             k = max(0, k - int(max(0.0, ctx.now - since) // cfg.level_aging_s))
@@ -323,7 +355,7 @@ class ClassLasOrder:
         rmask = (1 << rbits) - 1
         prio = ctx.prio
         cfg = ctx.cfg
-        plain = cfg.level_aging_s <= 0 and cfg.las_starvation_factor <= 0
+        plain = cfg.level_aging_s <= 0 and cfg.las_starvation_factor <= 0 and not cfg.level_by_estimate
         ths = cfg.las_thresholds
         m = cfg.strict_class_min
         level = self.pending_level
@@ -484,7 +516,13 @@ class ClassLasOrder:
 
     def running_level(self, job: RunningJob, ctx: Ctx) -> int:
         attained = job.attained_gpu_s + job.gpus * max(0.0, ctx.now - job.start_time)
-        return min(_LEVEL_SPAN - 1, sum(1 for th in ctx.cfg.las_thresholds if attained >= th))
+        cfg = ctx.cfg
+        if cfg.level_by_estimate:
+            end = job.expected_end
+            # an estimate outrun is no estimate: the job is then expected to run as long again as it has
+            rem = job.gpus * (end - ctx.now) if end is not None and end > ctx.now else attained
+            return estimate_level(rem, cfg.estimate_level_gpu_s)
+        return min(_LEVEL_SPAN - 1, sum(1 for th in cfg.las_thresholds if attained >= th))
 
     def running_rank(self, job: RunningJob, ctx: Ctx) -> float:
         p = ctx.prio_of(job)
@@ -493,10 +531,19 @@ class ClassLasOrder:
     def running_rank_array(self, cols: RunningColumns, ctx: Ctx) -> np.ndarray:
         n = cols.n
         attained = cols.attained[:n] + cols.gpus[:n] * np.maximum(0.0, ctx.now - cols.start[:n])
-        level = np.zeros(n, np.float64)
-        for th in ctx.cfg.las_thresholds:
-            level += attained >= th
-        level = np.minimum(level, _LEVEL_SPAN - 1)
+        cfg = ctx.cfg
+        if cfg.level_by_estimate:
+            end = cols.exp_end[:n]
+            with np.errstate(invalid="ignore"):
+                live = end > ctx.now  # (NaN: no estimate)
+            level = estimate_levels(
+                np.where(live, cols.gpus[:n] * (end - ctx.now), attained), cfg.estimate_level_gpu_s
+            )
+        else:
+            level = np.zeros(n, np.float64)
+            for th in cfg.las_thresholds:
+                level += attained >= th
+            level = np.minimum(level, _LEVEL_SPAN - 1)
         p = class_rank_array(cols, ctx)
         m = ctx.cfg.strict_class_min
         band = p if m is None else np.where(p >= m, p, 0.0)

@@ -165,6 +165,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "elastic": True,
         "class_las": True,
         "las_thresholds": (3250.0, 7200.0),
+        "level_by_estimate": True,
         "level_aging_s": 0.0,
         "start_protection_s": 600.0,
         "preempt_for_quota": True,
