@@ -15,6 +15,11 @@ from rallypoint.core.ordering import ClassLasOrder, estimate_level, estimate_lev
 
 from .builders import ALL, cluster, nodes, pending, running
 
+
+def _tie(j: Any) -> tuple[float, int, str]:
+    return (j.submit_time, j.arrival, j.id)
+
+
 N2 = nodes(racks=1, per_rack=2)  # 16 GPUs
 UNIT = 600.0
 
@@ -173,3 +178,37 @@ def test_order_and_preemption_by_expected_work(case: dict[str, Any]) -> None:
         assert {b.job_id for b in d_las.binds} != binds or {p.victim_id for p in d_las.preemptions} != {
             p.victim_id for p in d.preemptions
         }
+
+
+def test_the_orders_inlined_levels_equal_pending_level() -> None:
+    """``ClassLasOrder.order`` computes levels inline (hot loop); on an empty cluster without quotas (every
+    share 0, every job tier 1) its order is the sort by (-band, pending_level, -class, submit, arrival,
+    id)."""
+    rng = np.random.default_rng(11)
+    classes = ("training-high", "training-standard", "best-effort")
+    jobs = []
+    for i in range(400):
+        kind = int(rng.integers(0, 4))
+        jobs.append(
+            pending(
+                f"j{i}",
+                int(rng.choice([1, 2, 4, 8, 16])),
+                submit=float(rng.integers(0, 50)),  # repeated submit times: the whole tie key decides
+                arrival=i,
+                priority_class=classes[int(rng.integers(0, 3))],
+                attained_gpu_s=float(rng.choice([0.0, 599.0, 600.0, 5000.0, 1e6])),
+                time_limit_s=None if kind == 0 else float(rng.choice([60.0, 600.0, 3600.0, 86400.0])),
+                expected_runtime_s=float(rng.uniform(1, 1e5)) if kind == 3 else None,
+            )
+        )
+    c = cluster(nodes(racks=1, per_rack=4))
+    for overrides in ({}, {"strict_class_min": 800}):
+        ctx = Ctx(Snapshot(now=100.0, cluster=c), policy_by_name("rallypoint", overrides).config)
+        order = ClassLasOrder()
+
+        keyed = []
+        for j in jobs:
+            p = ctx.prio_of(j)
+            keyed.append(((-order.band(p, ctx), order.pending_level(j, ctx), -p, *_tie(j)), j.id))
+        expected = [jid for _k, jid in sorted(keyed)]
+        assert [j.id for j in order.order(jobs, ctx)] == expected, overrides

@@ -355,7 +355,11 @@ class ClassLasOrder:
         rmask = (1 << rbits) - 1
         prio = ctx.prio
         cfg = ctx.cfg
-        plain = cfg.level_aging_s <= 0 and cfg.las_starvation_factor <= 0 and not cfg.level_by_estimate
+        unaged = cfg.level_aging_s <= 0 and cfg.las_starvation_factor <= 0
+        by_estimate = unaged and cfg.level_by_estimate
+        plain = unaged and not cfg.level_by_estimate
+        unit = cfg.estimate_level_gpu_s
+        frexp = math.frexp
         ths = cfg.las_thresholds
         m = cfg.strict_class_min
         level = self.pending_level
@@ -374,7 +378,8 @@ class ClassLasOrder:
         info: list[tuple[str, int, tuple[str, str], int, list[tuple[tuple[str, str], int]]]] = [
             ("", 0, ("", ""), 0, [])
         ] * n
-        # per class (and, without aging, per attained value): the prefix, computed once instead of per job
+        # per class (and, without aging, per attained value or per expected remaining work): the prefix,
+        # computed once instead of per job
         bases: dict[str | None, dict[float, int]] = {}
         for r, j in enumerate(ranked):
             if plain:  # pending_level inlined: a function of attained service only
@@ -392,6 +397,20 @@ class ClassLasOrder:
                         lv = min(lv, _LEVEL_SPAN - 1)
                     p = prio.get(j.priority_class, 0)
                     base = bc[a] = _prefix(p if m is None or p >= m else 0, lv, p)
+            elif by_estimate:  # pending_level inlined: a function of the expected remaining work only
+                bc = bases.get(j.priority_class)
+                if bc is None:
+                    bc = bases[j.priority_class] = {}
+                est = j.expected_runtime_s
+                if est is None:
+                    est = j.time_limit_s
+                rem = j.gpus * est if est is not None else j.attained_gpu_s
+                base = bc.get(rem)
+                if base is None:
+                    ratio = rem / unit
+                    lv = min(frexp(ratio)[1], _LEVEL_SPAN - 1) if ratio >= 1.0 else 0  # estimate_level
+                    p = prio.get(j.priority_class, 0)
+                    base = bc[rem] = _prefix(p if m is None or p >= m else 0, lv, p)
             else:
                 p = prio.get(j.priority_class, 0)
                 base = _prefix(p if m is None or p >= m else 0, level(j, ctx), p)

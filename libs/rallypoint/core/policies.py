@@ -12,7 +12,8 @@ Built-in policies:
   blocked head job (runtime from learned history, else time limit).
 - ``las``: Tiresias-style 2D least-attained-service: queues by attained GPU-seconds (thresholds 3,250 and
   7,200 GPU-s), FIFO inside a queue, preemptive across queues.
-- ``rallypoint``: priority classes + aging, DRF fair share between teams, quotas with cohort borrowing,
+- ``rallypoint``: priority classes, then least expected remaining work (GPUs x time limit left; attained
+  service without one), DRF fair share between teams, quotas with cohort borrowing,
   EASY backfill, topology-aware best fit, consolidation of fragmented nodes (a few small jobs are
   checkpointed and re-placed so a blocked gang fits), least-disruptive preemption (shrink > reclaim >
   priority),
