@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -212,3 +213,8 @@ def test_the_orders_inlined_levels_equal_pending_level() -> None:
             keyed.append(((-order.band(p, ctx), order.pending_level(j, ctx), -p, *_tie(j)), j.id))
         expected = [jid for _k, jid in sorted(keyed)]
         assert [j.id for j in order.order(jobs, ctx)] == expected, overrides
+
+
+def test_a_level_unit_that_is_not_positive_is_refused() -> None:
+    with pytest.raises(msgspec.ValidationError, match="estimate_level_gpu_s"):
+        policy_by_name("rallypoint", {"estimate_level_gpu_s": 0})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 __all__ = ["PolicyConfig"]
@@ -55,7 +57,7 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     #: about as long again as it has: the heavy-tail reasoning behind LAS). Level 0 below
     #: ``estimate_level_gpu_s``, then one level per doubling; ``las_thresholds`` are not used
     level_by_estimate: bool = False
-    estimate_level_gpu_s: float = 600.0
+    estimate_level_gpu_s: Annotated[float, msgspec.Meta(gt=0)] = 600.0
     #: with ``class_las``: a waiting job moves up one LAS level per this many seconds waited since it last
     #: ran (0 = never; levels never cross priority classes)
     level_aging_s: float = 0.0
