@@ -248,7 +248,7 @@ def estimate_levels(rem_gpu_s: np.ndarray, unit: float) -> np.ndarray:
 
 def _pending_remaining(job: PendingJob) -> float:
     """Expected remaining GPU-seconds of a waiting job (``PolicyConfig.level_by_estimate``)."""
-    est = job.expected_runtime_s if job.expected_runtime_s is not None else job.time_limit_s
+    est = job.runtime_estimate
     return job.gpus * est if est is not None else job.attained_gpu_s
 
 
@@ -397,7 +397,7 @@ class ClassLasOrder:
                         lv = min(lv, _LEVEL_SPAN - 1)
                     p = prio.get(j.priority_class, 0)
                     base = bc[a] = _prefix(p if m is None or p >= m else 0, lv, p)
-            elif by_estimate:  # pending_level inlined: a function of the expected remaining work only
+            elif by_estimate:  # pending_level and job.runtime_estimate inlined (remaining work only)
                 bc = bases.get(j.priority_class)
                 if bc is None:
                     bc = bases[j.priority_class] = {}
