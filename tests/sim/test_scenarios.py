@@ -134,3 +134,20 @@ def test_every_policy_finishes_every_job(policy: str) -> None:
     for r in res.records:
         assert r.end - r.submit >= r.duration
         assert r.run_time >= r.duration - 1e-6
+
+
+def test_a_preemptor_starts_at_the_instant_its_victim_stops() -> None:
+    # "low" holds the node; "high" (a higher class) arrives at 100: one core call stops low, the next, at
+    # the same instant, binds high on the freed GPUs, as the live scheduler does on the victim's stop.
+    jobs = [J("low", 0, 8, 1000, priority="best-effort"), J("high", 100, 8, 50, priority="training-high")]
+    out = sim(jobs, ONE_NODE, "rallypoint")["by"]
+    assert (out["high"].start, out["high"].end) == (100, 150)
+    assert out["low"].preemptions == 1
+
+
+def test_a_cut_chain_of_cycles_follows_up_instead_of_waiting_for_an_unrelated_event() -> None:
+    # With one core call per instant the preemptor cannot be bound at 100; it must not wait for the next
+    # periodic tick (160) or low's end, but start in the follow-up cycle one second later.
+    jobs = [J("low", 0, 8, 1000, priority="best-effort"), J("high", 100, 8, 50, priority="training-high")]
+    out = sim(jobs, ONE_NODE, "rallypoint", max_cycles_per_instant=1)["by"]
+    assert (out["high"].start, out["high"].end) == (101, 151)

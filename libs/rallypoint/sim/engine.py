@@ -71,7 +71,12 @@ class SimOptions:
     # A bind onto GPUs that are already taken is a core bug. strict: stop with SimError. Otherwise the bind is
     # dropped (the job stays pending, counted in ``bind_conflicts``) and the core runs again at once.
     strict: bool = False
-    max_cycles_per_instant: int = 4
+    # After a cycle that stopped victims the core runs again at the same instant (the live scheduler cycles
+    # on every change: the victims' GPUs are free as soon as they stop). Chains (consolidation moving jobs
+    # whose movers then need room) are cut after this many cycles; the rest follows ``follow_up_s`` later,
+    # so a stopped job never waits for an unrelated event to be re-placed.
+    max_cycles_per_instant: int = 32
+    follow_up_s: float = 1.0
 
 
 class _SimJob:
@@ -547,19 +552,24 @@ class Simulator:
                 elif kind == REPAIR:
                     dirty |= self._on_repair(key, now, version == 1)
                 elif kind == TICK:
-                    self._tick_at = None
+                    if self._tick_at == now:
+                        self._tick_at = None
                     dirty = True
+            follow_up = False
             if dirty and (self.pending or self._has_elastic_running()):
                 for _ in range(self.opts.max_cycles_per_instant):
                     # Run again at the same instant only when victims were just stopped: their GPUs are
                     # free now, and the core binds preemptors only once the GPUs are released.
                     if not self._cycle(now) or not self.pending:
                         break
+                else:
+                    follow_up = True
+                    self._push(now + self.opts.follow_up_s, TICK, "")
             self._record(now)
             # Done when every job finished; or stuck: nothing runs, nothing is left to arrive and every node
             # is up, so no later event (only more failures) can make a waiting job fit.
             if len(self.records) + len(self.rejected) == len(self.jobs) or (
-                not self.running and not self.unsubmitted and not self.down and self.pending
+                not self.running and not self.unsubmitted and not self.down and self.pending and not follow_up
             ):
                 break
             if self.tick and self.pending and self.running and self._tick_at is None:
