@@ -27,6 +27,8 @@ from .metrics import JobRecord
 from .run import compare_table, run_policy
 
 POLICIES = ("fifo", "easy-backfill", "las", "rallypoint")
+# The whole weeks of the open Philly list that ../shared/traces/README.md describes (all VCs).
+WEEKS = ("2017-10-02", "2017-10-09", "2017-10-16", "2017-10-23")
 TOP = "training-high"
 
 
@@ -209,6 +211,35 @@ def openb_runs(traces: Path, policies: Sequence[str], log: Any) -> list[dict[str
     return out
 
 
+def _philly_overview(philly: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One row per week and load: avg JCT of the baselines and of rallypoint, and the criteria it meets."""
+    L = [
+        "| week | load | GPUs | avg JCT s: fifo | las | rallypoint | vs fifo | vs las | criteria met |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in philly:
+        s = run["summaries"]
+
+        def jct(p: str, s: Mapping[str, Any] = s) -> str:
+            return f"{s[p]['jct']['avg']:,.0f}" if p in s else "-"
+
+        ratio = {
+            base: f"{s['rallypoint']['jct']['avg'] / s[base]['jct']['avg']:.3f}x"
+            if {"rallypoint", base} <= set(s)
+            else "-"
+            for base in ("fifo", "las")
+        }
+        checks = run["checks"]
+        failed = ", ".join(name for name, ok, _ in checks if not ok)
+        met = f"{sum(ok for _, ok, _ in checks)}/{len(checks)}" + (f" (not: {failed})" if failed else "")
+        L.append(
+            f"| {run['week']} | {run['load']:g} | {run['info']['gpus']} | {jct('fifo')} | {jct('las')} | "
+            f"{jct('rallypoint')} | {ratio['fifo']} | {ratio['las']} | {met if checks else '-'} |"
+        )
+    L.append("")
+    return L
+
+
 def render(
     golden: Sequence[Mapping[str, Any]],
     philly: Sequence[Mapping[str, Any]],
@@ -239,6 +270,7 @@ def render(
         )
     L.append("\n## 2. Philly weeks at offered load 0.9 and 1.1\n")
     L.append(
+        "Weeks: every whole week of the open Philly list (Monday to Monday, all VCs), each on its own. "
         "Cluster: the smallest whole number of 8-GPU nodes (racks of 8) whose offered load (GPU-hours "
         "submitted / GPU-hours of the week) is at most the target. Quotas: each VC's nominal share in "
         "proportion to its real size (`philly_vc.csv`), one cohort so idle quota can be borrowed. "
@@ -246,6 +278,8 @@ def render(
         "30% best-effort); time limits rounded up to a Slurm-like ladder; checkpoints every 30 min. "
         "JCT and queueing delay in seconds; queueing delay counts all time not running.\n"
     )
+    if philly:
+        L.extend(_philly_overview(philly))
     for run in philly:
         info = run["info"]
         L.append(f"### {run['tag']}\n")
@@ -292,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--traces", type=Path, default=cv.default_traces_dir())
     ap.add_argument("--out", type=Path, default=cv.repo_root() / "docs" / "evaluation.md")
     ap.add_argument("--img", type=Path, default=None, help="plot directory (default: docs/img beside --out)")
-    ap.add_argument("--weeks", default="2017-10-09", help="comma list of week starts (7 days each)")
+    ap.add_argument("--weeks", default=",".join(WEEKS), help="comma list of week starts (7 days each)")
     ap.add_argument("--loads", default="0.9,1.1")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--skip-openb", action="store_true")

@@ -1,0 +1,44 @@
+"""The overview table of docs/evaluation.md: one row per Philly week and load, criteria from the summaries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rallypoint.sim.evaluate import _checks, _philly_overview
+
+
+def summary(jct: float, top_p99: float, backlog: float = 0.97, quota: float = 1.0) -> dict[str, Any]:
+    return {
+        "jct": {"avg": jct},
+        "per_class": {"training-high": {"queue": {"p99": top_p99}}},
+        "backlog_utilization": backlog,
+        "quota_honoured": {"min": quota},
+    }
+
+
+def run(week: str, load: float, rp: float, las: float, quota: float = 1.0) -> dict[str, Any]:
+    s = {"fifo": summary(20_000, 5_000), "las": summary(las, 900), "rallypoint": summary(rp, 0, quota=quota)}
+    return {"week": week, "load": load, "info": {"gpus": 512}, "summaries": s, "checks": _checks(s)}
+
+
+def test_a_row_per_week_and_load_with_ratios_and_the_criteria_missed() -> None:
+    lines = _philly_overview(
+        [run("2017-10-02", 0.9, 8_000, 8_100), run("2017-10-09", 1.1, 9_000, 8_800, 0.5)]
+    )
+    assert lines[2] == ("| 2017-10-02 | 0.9 | 512 | 20,000 | 8,100 | 8,000 | 0.400x | 0.988x | 5/5 |")
+    assert lines[3] == (
+        "| 2017-10-09 | 1.1 | 512 | 20,000 | 8,800 | 9,000 | 0.450x | 1.023x | 3/5 (not: avg JCT <= las, "
+        "no team below guaranteed share while pending) |"
+    )
+
+
+def test_the_criteria_follow_the_figures() -> None:
+    s = {"fifo": summary(10_000, 1_000), "las": summary(4_000, 50), "rallypoint": summary(5_001, 101, 0.94)}
+    met = {name: ok for name, ok, _ in _checks(s)}
+    assert met == {
+        "avg JCT <= 0.5 x fifo": False,
+        "avg JCT <= las": False,
+        "training-high p99 queue <= fifo/10": False,
+        "utilization under backlog >= 95% of fillable": False,
+        "no team below guaranteed share while pending": True,
+    }
