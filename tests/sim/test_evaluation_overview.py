@@ -18,17 +18,24 @@ def summary(jct: float, top_p99: float, backlog: float = 0.97, quota: float = 1.
 
 def run(week: str, load: float, rp: float, las: float, quota: float = 1.0) -> dict[str, Any]:
     s = {"fifo": summary(20_000, 5_000), "las": summary(las, 900), "rallypoint": summary(rp, 0, quota=quota)}
-    return {"week": week, "load": load, "info": {"gpus": 512}, "summaries": s, "checks": _checks(s)}
+    return {
+        "week": week,
+        "load": load,
+        "info": {"gpus": 512},
+        "floor": 6_500.0,
+        "summaries": s,
+        "checks": _checks(s),
+    }
 
 
 def test_a_row_per_week_and_load_with_ratios_and_the_criteria_missed() -> None:
     lines = _philly_overview(
         [run("2017-10-02", 0.9, 8_000, 8_100), run("2017-10-09", 1.1, 9_000, 8_800, 0.5)]
     )
-    assert lines[2] == ("| 2017-10-02 | 0.9 | 512 | 20,000 | 8,100 | 8,000 | 0.400x | 0.988x | 5/5 |")
+    assert lines[2] == "| 2017-10-02 | 0.9 | 512 | 6,500 | 20,000 | 8,100 | 8,000 | 0.400x | 0.988x | 5/5 |"
     assert lines[3] == (
-        "| 2017-10-09 | 1.1 | 512 | 20,000 | 8,800 | 9,000 | 0.450x | 1.023x | 3/5 (not: avg JCT <= las, "
-        "no team below guaranteed share while pending) |"
+        "| 2017-10-09 | 1.1 | 512 | 6,500 | 20,000 | 8,800 | 9,000 | 0.450x | 1.023x "
+        "| 3/5 (not: avg JCT <= las, no team below guaranteed share while pending) |"
     )
 
 
