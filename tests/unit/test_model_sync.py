@@ -387,6 +387,7 @@ def test_the_signatures_hold_every_field_the_bridge_reads() -> None:
         "ranks_exited": {0: 1},
         "preempt_reason": "x",
         "preemptions": 9,
+        "run_s": 9.0,
         "last_seq": 999,
     }
     node_others: dict[str, object] = {
@@ -402,7 +403,9 @@ def test_the_signatures_hold_every_field_the_bridge_reads() -> None:
         "placements": (),
         "preempt_for": "x",
     }
-    pending_others = {k: v for k, v in job_others.items() if k != "submitted_seq"} | pending_only
+    pending_others = {
+        k: v for k, v in job_others.items() if k not in ("submitted_seq", "run_s")
+    } | pending_only
     cases: list[tuple[msgspec.Struct, dict[str, object], tuple[str, ...], Callable[[Any], object]]] = [
         (job, job_others, RUNNING_FIELDS, running_of),
         (node, node_others, NODE_FIELDS, node_of),

@@ -10,6 +10,7 @@ from rallypoint.events import (
     JobCancelRequested,
     JobCompleted,
     JobFailed,
+    JobPreempted,
     JobSpec,
     JobStarted,
     JobSubmitted,
@@ -21,6 +22,7 @@ from rallypoint.events import (
     decode,
     encode,
 )
+from rallypoint.scheduling.bridge import pending_of, running_of
 from rallypoint.state import ClusterState
 
 
@@ -146,3 +148,34 @@ def test_hash_is_equal_for_equal_histories_and_survives_a_snapshot_round_trip() 
 def test_events_for_unknown_jobs_are_counted_not_fatal() -> None:
     state = fold(JobStarted(job_id="ghost", attempt=1, at=1.0))
     assert state.orphans == 1
+
+
+def test_preempted_attempts_add_up_their_service_and_the_bridge_hands_it_to_the_core() -> None:
+    # Attempt 1: 16 GPUs from 4 to 104 (100 s); attempt 2: 8 GPUs from 200 to 250 (50 s); attempt 3 runs.
+    state = fold(
+        node("n1"),
+        node("n2"),
+        submit("j1", 16),
+        bound("j1", ("n1", EIGHT), ("n2", EIGHT)),
+        JobStarted(job_id="j1", attempt=1, at=4.0),
+        JobPreempted(job_id="j1", attempt=1, for_job="x", reason="priority", at=104.0),
+        bound("j1", ("n1", EIGHT), attempt=2),
+        JobStarted(job_id="j1", attempt=2, at=200.0),
+        JobPreempted(job_id="j1", attempt=2, for_job="x", reason="las", at=250.0),
+    )
+    job = state.jobs["j1"]
+    assert (job.state, job.run_s, job.attained_gpu_s) == ("pending", 150.0, 16 * 100.0 + 8 * 50.0)
+    pending = pending_of(job)
+    assert (pending.attained_gpu_s, pending.last_run_s) == (2000.0, 150.0)
+    state.apply(20, bound("j1", ("n2", EIGHT), attempt=3))
+    assert running_of(state.jobs["j1"]).attained_gpu_s == 2000.0
+
+
+def test_a_preemption_before_the_start_adds_no_service() -> None:
+    state = fold(
+        node("n1"),
+        submit("j1", 8),
+        bound("j1", ("n1", EIGHT)),
+        JobPreempted(job_id="j1", attempt=1, for_job="x", reason="priority", at=50.0),
+    )
+    assert (state.jobs["j1"].run_s, state.jobs["j1"].attained_gpu_s) == (0.0, 0.0)

@@ -77,6 +77,7 @@ def running_of(job: JobView) -> RunningJob:
         submit_time=job.submitted_at,
         last_preempted_at=job.last_preempted_at,
         preempting_for=job.preempt_for,
+        attained_gpu_s=job.attained_gpu_s,
     )
 
 
@@ -99,6 +100,8 @@ def pending_of(job: JobView) -> PendingJob:
         gpu_step=spec.gpu_step,
         name=spec.name,
         last_preempted_at=job.last_preempted_at,
+        attained_gpu_s=job.attained_gpu_s,
+        last_run_s=job.run_s,
     )
 
 

@@ -104,6 +104,10 @@ class JobView(msgspec.Struct, kw_only=True):
     preempt_reason: str = ""
     preemptions: int = 0
     last_preempted_at: float | None = None
+    # Service of the attempts that ended in a preemption (the core's LAS levels and estimates read them):
+    # seconds run and GPU-seconds held, from each attempt's start to its preemption.
+    run_s: float = 0.0
+    attained_gpu_s: float = 0.0
     last_seq: int = 0
 
     @property
@@ -387,6 +391,10 @@ def _on_preempted(state: ClusterState, seq: int, e: JobPreempted) -> None:
     if job is None or job.state not in ACTIVE or job.attempt != e.attempt:
         return
     _release(state, job)
+    if job.started_at is not None:
+        ran = max(0.0, e.at - job.started_at)
+        job.run_s += ran
+        job.attained_gpu_s += ran * sum(len(p.gpus) for p in job.placements)
     # Back in the queue at its original place; the next bind is attempt + 1.
     job.state = "pending"
     job.placements = ()
