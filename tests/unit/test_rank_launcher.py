@@ -83,7 +83,7 @@ def wait_exits(launcher: RankLauncher, count: int, timeout: float = 10.0) -> lis
     return sorted(exits, key=lambda e: e.rank)
 
 
-def wait_for(check: object, timeout: float = 5.0) -> None:
+def wait_for(check: object, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():  # type: ignore[operator]
         assert time.monotonic() < deadline, "condition not met in time"
@@ -179,7 +179,8 @@ def test_readoption_after_the_launcher_is_discarded(work: Path, tmp_path: Path) 
     old.launch(make_task("job-e", [PY, "-c", WAIT_FOR_FILE, str(go)]))
     quick = make_task("job-f", [PY, "-c", "raise SystemExit(3)"], ranks=1)
     old.launch(quick)
-    wait_for(lambda: (work / "job-e" / "0" / "rank-3.pid").exists())
+    # every rank the new launcher is asked about must have been started (each wrapper writes its own pid)
+    wait_for(lambda: all((work / "job-e" / "0" / f"rank-{r}.pid").exists() for r in (2, 3)))
     wait_for(lambda: (work / "job-f" / "0" / "rank-1.exit").exists())
     old.forget_processes()  # the agent "crashes": no poll, no reaping, no reports
 
