@@ -188,6 +188,7 @@ INVALID: list[tuple[str, Any, int, str]] = [
     ("unknown field", spec(gpu_count=4), 422, "gpu_count"),
     ("wrong type", spec(gpus="16"), 422, "gpus"),
     ("missing command", {"name": "x", "team": "nlp", "gpus": 8}, 422, "command"),
+    ("one type and several", spec(gpu_type="H100", gpu_types=["A100"]), 422, "gpu_types"),
     ("not an object", [1, 2], 422, "body"),
     ("bad json", b'{"name": "x", gpus: }', 400, "body"),
     ("empty body", b"", 400, "body"),

@@ -115,6 +115,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     )
     submit.add_argument("--gpu-type", help="only nodes with this GPU type")
     submit.add_argument(
+        "--gpu-types", help="comma list of acceptable GPU types, most preferred first (not with --gpu-type)"
+    )
+    submit.add_argument(
         "--topology",
         choices=TOPOLOGY_LEVELS,
         dest="topology_required",
@@ -196,6 +199,7 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
         "priority": args.priority,
         "time_limit_s": args.time_limit,
         "gpu_type": args.gpu_type,
+        "gpu_types": args.gpu_types.split(",") if args.gpu_types else None,
         "topology_required": args.topology_required,
         "topology_preferred": args.topology_preferred,
         "checkpoint_dir": args.checkpoint_dir,

@@ -43,6 +43,8 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     env: dict[str, str] = {}
     time_limit_s: int | None = None
     gpu_type: str | None = None
+    #: several acceptable GPU types, most preferred first (a gang binds on one type); not with gpu_type
+    gpu_types: tuple[str, ...] | None = None
     topology_required: TopologyLevel | None = None
     topology_preferred: TopologyLevel | None = None
     min_gpus: int | None = None

@@ -22,6 +22,7 @@ from rallypoint.events.subjects import TOKEN_PATTERN
 
 DEFAULT_MAX_GPUS_PER_NODE = 8
 MAX_RETRIES_LIMIT = 100
+MAX_GPU_TYPES = 16
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 
 PRIORITY_CLASSES: tuple[str, ...] = (
@@ -126,6 +127,7 @@ def validate_spec(body: object, *, max_gpus_per_node: int = DEFAULT_MAX_GPUS_PER
     if time_limit_s is not None and time_limit_s <= 0:
         raise SpecError("time_limit_s", f"must be > 0 seconds, got {time_limit_s}")
     gpu_type = _non_empty_optional(body, "gpu_type")
+    gpu_types = _check_gpu_types(body, gpu_type)
     checkpoint_dir = _non_empty_optional(body, "checkpoint_dir")
     topology_required, topology_preferred = _check_topology(body)
     min_gpus, max_gpus, gpu_step = _check_elastic(body, gpus, gpus_per_task)
@@ -146,6 +148,7 @@ def validate_spec(body: object, *, max_gpus_per_node: int = DEFAULT_MAX_GPUS_PER
         env=env,
         time_limit_s=time_limit_s,
         gpu_type=gpu_type,
+        gpu_types=gpu_types,
         topology_required=topology_required,
         topology_preferred=topology_preferred,
         min_gpus=min_gpus,
@@ -260,6 +263,26 @@ def _non_empty_optional(body: Mapping[str, Any], field: str) -> str | None:
     if value is not None and not value:
         raise SpecError(field, "must not be empty (omit it instead)")
     return value
+
+
+def _check_gpu_types(body: Mapping[str, Any], gpu_type: str | None) -> tuple[str, ...] | None:
+    value = body.get("gpu_types")
+    if value is None:
+        return None
+    if gpu_type is not None:
+        raise SpecError("gpu_types", "give gpu_type (one type) or gpu_types (several), not both")
+    if not isinstance(value, list | tuple):
+        raise SpecError("gpu_types", f"must be an array of strings, got {_type_name(value)}")
+    if not value:
+        raise SpecError("gpu_types", "must not be empty (omit it instead)")
+    if len(value) > MAX_GPU_TYPES:
+        raise SpecError("gpu_types", f"at most {MAX_GPU_TYPES} types, got {len(value)}")
+    for i, t in enumerate(value):
+        if not isinstance(t, str) or not t:
+            raise SpecError("gpu_types", f"item {i} must be a non-empty string, got {t!r}")
+    if len(set(value)) != len(value):
+        raise SpecError("gpu_types", "lists a type more than once")
+    return tuple(value)
 
 
 def _check_topology(body: Mapping[str, Any]) -> tuple[TopologyLevel | None, TopologyLevel | None]:

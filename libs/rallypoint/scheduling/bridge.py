@@ -93,6 +93,7 @@ def pending_of(job: JobView) -> PendingJob:
         arrival=job.submitted_seq,
         time_limit_s=float(spec.time_limit_s) if spec.time_limit_s is not None else None,
         gpu_type=spec.gpu_type,
+        gpu_types=spec.gpu_types,
         topology_required=spec.topology_required,
         topology_preferred=spec.topology_preferred,
         min_gpus=spec.min_gpus,
