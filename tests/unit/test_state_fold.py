@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import msgspec
+import pytest
+
 from rallypoint.events import (
     Event,
     GangBound,
@@ -23,7 +26,7 @@ from rallypoint.events import (
     encode,
 )
 from rallypoint.scheduling.bridge import pending_of, running_of
-from rallypoint.state import ClusterState
+from rallypoint.state import ClusterState, cluster
 
 
 def node(node_id: str, rack: str = "r0", gpus: int = 8) -> NodeRegistered:
@@ -179,3 +182,13 @@ def test_a_preemption_before_the_start_adds_no_service() -> None:
         JobPreempted(job_id="j1", attempt=1, for_job="x", reason="priority", at=50.0),
     )
     assert (state.jobs["j1"].run_s, state.jobs["j1"].attained_gpu_s) == (0.0, 0.0)
+
+
+def test_a_snapshot_of_another_fold_version_is_refused_not_read_with_defaults() -> None:
+    state = fold(node("n1"), submit("j1", 8))
+    assert ClusterState.decode(state.encode()) == state
+    older = msgspec.msgpack.encode(state)  # how version 1 wrote its snapshots: the bare state
+    other = msgspec.msgpack.encode([cluster.FOLD_VERSION + 1, state])
+    for payload in (older, other):
+        with pytest.raises(msgspec.ValidationError):
+            ClusterState.decode(payload)

@@ -120,6 +120,11 @@ class JobView(msgspec.Struct, kw_only=True):
         return self.state in TERMINAL
 
 
+#: The meaning of the fold: bump it whenever a handler or a field changes what the same log folds into, so
+#: snapshots of another version are replayed over instead of restored (2: service of preempted attempts).
+FOLD_VERSION = 2
+
+
 class ClusterState(msgspec.Struct, kw_only=True):
     nodes: dict[str, NodeView] = {}
     jobs: dict[str, JobView] = {}
@@ -172,11 +177,25 @@ class ClusterState(msgspec.Struct, kw_only=True):
         return hashlib.sha256(msgspec.json.encode(canonical, order="deterministic")).hexdigest()
 
     def encode(self) -> bytes:
-        return msgspec.msgpack.encode(self)
+        return msgspec.msgpack.encode(_Snapshot(FOLD_VERSION, self))
 
     @classmethod
     def decode(cls, data: bytes) -> ClusterState:
-        return msgspec.msgpack.decode(data, type=cls)
+        """A snapshot written by ``encode`` of this fold version; anything else raises ValidationError
+        (or DecodeError), and the caller replays the log from the start instead."""
+        snapshot = msgspec.msgpack.decode(data, type=_Snapshot)
+        if snapshot.fold_version != FOLD_VERSION:
+            raise msgspec.ValidationError(
+                f"snapshot of fold version {snapshot.fold_version}; this fold is version {FOLD_VERSION}"
+            )
+        return snapshot.state
+
+
+class _Snapshot(msgspec.Struct, array_like=True):
+    # Version first, in an array: an older snapshot (a bare map) or another version is refused, never
+    # read with new fields at their defaults, which would differ silently from a replay of the same log.
+    fold_version: int
+    state: ClusterState
 
 
 # --- handlers ---------------------------------------------------------------------------------
