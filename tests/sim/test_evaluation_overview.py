@@ -49,3 +49,12 @@ def test_the_criteria_follow_the_figures() -> None:
         "utilization under backlog >= 95% of fillable": False,
         "no team below guaranteed share while pending": True,
     }
+
+
+def test_a_half_fifo_line_below_the_no_wait_floor_is_marked_unreachable() -> None:
+    light = run("2017-10-23", 0.9, 19_900, 19_950)
+    light["floor"] = 19_800.0  # fifo (20,000) hardly queues: no policy can halve its avg JCT
+    [row] = _philly_overview([light])[2:3]
+    assert "avg JCT <= 0.5 x fifo (unreachable: no-wait floor is 0.990x fifo)" in row
+    [contended] = _philly_overview([run("2017-10-09", 0.9, 12_000, 13_000)])[2:3]
+    assert "(not: avg JCT <= 0.5 x fifo) |" in contended  # floor 6,500 = 0.325x fifo: reachable
