@@ -25,7 +25,18 @@ CASES: list[dict[str, Any]] = [
         waits={"served": "Resources"},
     ),
     dict(
-        id="higher-class-strictly-first-whatever-its-attained-service",
+        id="strict-class-first-whatever-its-attained-service",
+        cluster=cluster(N2, [running("r", {"s0r0n0": ALL})]),
+        pending=[
+            pending("fresh-std", 8, submit=1),
+            pending("served-high", 8, submit=2, attained_gpu_s=50000.0, priority_class="training-high"),
+        ],
+        binds={"served-high"},
+        waits={"fresh-std": "Resources"},
+    ),
+    dict(
+        id="every-class-strict-when-strict-class-min-is-none",
+        overrides={"strict_class_min": None},
         cluster=cluster(N2, [running("r", {"s0r0n0": ALL})]),
         pending=[
             pending("fresh-be", 8, submit=1, priority_class="best-effort"),
@@ -33,6 +44,62 @@ CASES: list[dict[str, Any]] = [
         ],
         binds={"served-std"},
         waits={"fresh-be": "Resources"},
+    ),
+    dict(
+        id="below-the-strict-classes-less-work-left-goes-first",
+        cluster=cluster(N2, [running("r", {"s0r0n0": ALL})]),
+        pending=[
+            pending("fresh-be", 8, submit=2, priority_class="best-effort"),
+            pending("served-std", 8, submit=1, attained_gpu_s=50000.0),
+        ],
+        binds={"fresh-be"},
+        waits={"served-std": "Resources"},
+    ),
+    dict(
+        id="below-the-strict-classes-the-class-breaks-a-tie-of-levels",
+        cluster=cluster(N2, [running("r", {"s0r0n0": ALL})]),
+        pending=[
+            pending("be", 8, submit=1, priority_class="best-effort"),
+            pending("std", 8, submit=2),
+        ],
+        binds={"std"},
+        waits={"be": "Resources"},
+    ),
+    dict(
+        id="a-lower-class-never-evicts-a-higher-one-even-with-less-work-left",
+        now=50000.0,
+        cluster=cluster(N2, [running("std-hog", {"s0r0n0": ALL, "s0r0n1": ALL})]),
+        pending=[pending("fresh-be", 8, submit=49990.0, priority_class="best-effort")],
+        waits={"fresh-be": "Resources"},
+        preempts={},
+    ),
+    dict(
+        id="a-higher-class-evicts-a-lower-one-that-has-more-work-left",
+        now=50000.0,
+        cluster=cluster(
+            N2, [running("be-hog", {"s0r0n0": ALL, "s0r0n1": ALL}, priority_class="best-effort")]
+        ),
+        pending=[pending("fresh-std", 8, submit=49990.0)],
+        waits={"fresh-std": "Preempting"},
+        preempts={"be-hog": "priority"},
+    ),
+    dict(
+        id="a-higher-class-does-not-evict-a-lower-one-with-less-work-left",
+        now=50000.0,
+        cluster=cluster(
+            N2,
+            [
+                running(
+                    "be-short",
+                    {"s0r0n0": ALL, "s0r0n1": ALL},
+                    priority_class="best-effort",
+                    start_time=49000.0,
+                )
+            ],
+        ),
+        pending=[pending("served-std", 8, submit=100.0, attained_gpu_s=900000.0)],
+        waits={"served-std": "Resources"},
+        preempts={},
     ),
     dict(
         id="guaranteed-quota-before-borrowing-even-of-a-higher-class",

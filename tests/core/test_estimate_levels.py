@@ -119,13 +119,22 @@ CASES: list[dict[str, Any]] = [
         binds={"unknown-served"},
     ),
     dict(
-        id="higher-class-still-strictly-first",
+        id="a-strict-class-still-first",
         cluster=cluster(N2, [running("r", {"s0r0n0": ALL})]),
         pending=[
-            pending("short-be", 8, submit=1, time_limit_s=60.0, priority_class="best-effort"),
-            pending("long-std", 8, submit=2, time_limit_s=7 * 86400.0),
+            pending("short-std", 8, submit=1, time_limit_s=60.0),
+            pending("long-high", 8, submit=2, time_limit_s=7 * 86400.0, priority_class="training-high"),
         ],
-        binds={"long-std"},
+        binds={"long-high"},
+    ),
+    dict(
+        id="below-the-strict-classes-the-shorter-job-first",
+        cluster=cluster(N2, [running("r", {"s0r0n0": ALL})]),
+        pending=[
+            pending("short-be", 8, submit=2, time_limit_s=60.0, priority_class="best-effort"),
+            pending("long-std", 8, submit=1, time_limit_s=7 * 86400.0),
+        ],
+        binds={"short-be"},
     ),
     dict(
         # equal attained service would make them equal LAS victims; the one with the most work left goes,

@@ -63,7 +63,7 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     level_aging_s: float = 0.0
     #: with ``class_las``: priority classes of at least this value are strictly first (each its own band);
     #: lower classes share one band in which the LAS level comes before the class value (None: every
-    #: class is its own band)
+    #: class is its own band; rallypoint's default is 800: production and training-high are strict)
     strict_class_min: int | None = None
     #: with ``class_las``: a job blocked by its queue's quota (cohort has nothing left to lend) may preempt
     #: lower-ranked jobs of its own queue or lower-ranked borrowers, when that makes quota and GPU room

@@ -12,8 +12,9 @@ Built-in policies:
   blocked head job (runtime from learned history, else time limit).
 - ``las``: Tiresias-style 2D least-attained-service: queues by attained GPU-seconds (thresholds 3,250 and
   7,200 GPU-s), FIFO inside a queue, preemptive across queues.
-- ``rallypoint``: priority classes, then least expected remaining work (GPUs x time limit left; attained
-  service without one), DRF fair share between teams, quotas with cohort borrowing,
+- ``rallypoint``: strict priority classes from ``training-high`` (800) up; below them least expected
+  remaining work (GPUs x time limit left; attained service without one) first and the class second (a lower
+  class never evicts a higher one), DRF fair share between teams, quotas with cohort borrowing,
   EASY backfill, topology-aware best fit, consolidation of fragmented nodes (a few small jobs are
   checkpointed and re-placed so a blocked gang fits), least-disruptive preemption (shrink > reclaim >
   priority),
@@ -168,6 +169,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "las_thresholds": (3250.0, 7200.0),
         "level_by_estimate": True,
         "level_aging_s": 0.0,
+        "strict_class_min": 800,
         "start_protection_s": 600.0,
         "preempt_for_quota": True,
     },
