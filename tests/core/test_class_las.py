@@ -11,6 +11,7 @@ from rallypoint.core import Queue, Quota, Snapshot, policy_by_name, schedule
 from .builders import ALL, cluster, nodes, pending, running
 
 N2 = nodes(racks=1, per_rack=2)  # s0r0n0, s0r0n1: 16 GPUs
+N3 = nodes(racks=1, per_rack=3)  # s0r0n0 .. s0r0n2: 24 GPUs
 COHORT = [
     Queue(name="a", cohort="org", quotas=(Quota(nominal=8),)),
     Queue(name="b", cohort="org", quotas=(Quota(nominal=8),)),
@@ -214,6 +215,27 @@ CASES: list[dict[str, Any]] = [
         # c is within nominal: b's borrowed GPUs come back (reclaim), exactly one job's worth
         waits={"fresh": "Preempting"},
         preempts={"b1": "reclaim"},
+    ),
+    dict(
+        # b borrows 16 GPUs: both borrowed jobs come back for a's 2-node gang (counting a victim twice in
+        # the stop rule once stopped the walk after the first, leaving a below its nominal)
+        id="reclaim-takes-back-every-borrowed-gpu-the-gang-needs",
+        now=5000.0,
+        queues=[
+            Queue(name="a", cohort="org", quotas=(Quota(nominal=16),)),
+            Queue(name="b", cohort="org", quotas=(Quota(nominal=8),)),
+        ],
+        cluster=cluster(
+            N3,
+            [
+                running("b0", {"s0r0n0": ALL}, team="b", start_time=100.0),
+                running("b1", {"s0r0n1": ALL}, team="b", start_time=200.0),
+                running("b2", {"s0r0n2": ALL}, team="b", start_time=300.0),
+            ],
+        ),
+        pending=[pending("a-gang", 16, gpt=8, submit=4990.0, team="a")],
+        waits={"a-gang": "Preempting"},
+        preempts={"b0": "reclaim", "b1": "reclaim"},  # the most attained service first
     ),
     dict(
         id="reclaim-ignores-start-protection",

@@ -251,6 +251,13 @@ class RankPreemptor:
         used = ctx.ws.usage.get((queue, gpu_type), 0) - ctx.evicted.get((queue, gpu_type), 0)
         return used - ctx.quota.nominal(queue, gpu_type)
 
+    def _left(self, ctx: Ctx, queue: str, gpu_type: str, taken: dict[str, int], quota_aware: bool) -> int:
+        """GPUs ``queue`` still borrows once a plan's victims so far (``taken``) are gone. With
+        ``quota_aware`` the workspace usage already went down by them: counting them again stopped
+        reclaim halfway, leaving the reclaiming queue below its nominal."""
+        rb = self._remaining_borrow(ctx, queue, gpu_type)
+        return rb if quota_aware else rb - taken.get(queue, 0)
+
     def _evictions(
         self, job: PendingJob, size: int, gpu_type: str, rank: float, ctx: Ctx, view: RunningView
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -472,19 +479,17 @@ class RankPreemptor:
                 c = cand(p)
                 if self.borrowers_only and c.kind > 1:
                     q = c.job.queue_name
-                    short = self._remaining_borrow(ctx, q, gpu_type) - taken.get(q, 0) < c.gpus
+                    short = self._left(ctx, q, gpu_type, taken, quota_aware) < c.gpus
                     if q == job.queue_name:
                         # own queue: it must still borrow (or the preemptor fit in nominal), so the
                         # victim is not ordered ahead of its preemptor next cycle
-                        short = (
-                            not p_within and self._remaining_borrow(ctx, q, gpu_type) - taken.get(q, 0) <= 0
-                        )
+                        short = not p_within and self._left(ctx, q, gpu_type, taken, quota_aware) <= 0
                     if ctx.quota.limited(q) and short:
                         stopped = True  # its queue would drop below nominal: not a victim
                         continue
                 if c.kind == 1:
                     q = c.job.queue_name
-                    if self._remaining_borrow(ctx, q, gpu_type) - taken.get(q, 0) <= 0:
+                    if self._left(ctx, q, gpu_type, taken, quota_aware) <= 0:
                         # the queue is back at its nominal: no more reclaiming from it; a job that also
                         # ranks strictly lower may still go as a priority victim
                         stopped = True
