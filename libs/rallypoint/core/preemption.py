@@ -479,11 +479,10 @@ class RankPreemptor:
                 c = cand(p)
                 if self.borrowers_only and c.kind > 1:
                     q = c.job.queue_name
-                    short = self._left(ctx, q, gpu_type, taken, quota_aware) < c.gpus
-                    if q == job.queue_name:
-                        # own queue: it must still borrow (or the preemptor fit in nominal), so the
-                        # victim is not ordered ahead of its preemptor next cycle
-                        short = not p_within and self._left(ctx, q, gpu_type, taken, quota_aware) <= 0
+                    left = self._left(ctx, q, gpu_type, taken, quota_aware)
+                    # own queue: it must still borrow (or the preemptor fit in nominal), so the victim is
+                    # not ordered ahead of its preemptor next cycle
+                    short = (not p_within and left <= 0) if q == job.queue_name else left < c.gpus
                     if ctx.quota.limited(q) and short:
                         stopped = True  # its queue would drop below nominal: not a victim
                         continue
