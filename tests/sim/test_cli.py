@@ -1,24 +1,18 @@
-"""``rally sim`` and ``rally trace convert`` through their argparse entry points."""
+"""``rally sim`` and ``rally trace convert`` through the ``rally`` console script's entry point."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
 
-from rallypoint.cli import sim, trace
+from rallypoint.cli.main import main
 
 
 def rally(*argv: str) -> int:
-    p = argparse.ArgumentParser(prog="rally")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    sim.add_parser(sub)
-    trace.add_parser(sub)
-    a = p.parse_args(list(argv))
-    code: int = a.handler(a)
-    return code
+    """The console script's own entry point, so a command wired wrongly there fails here too."""
+    return main(list(argv))
 
 
 @pytest.fixture

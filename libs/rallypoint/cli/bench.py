@@ -19,7 +19,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--seed", type=int, default=1)
     s.add_argument("--policy", default="rallypoint")
     s.add_argument("--json", action="store_true", help="print one JSON object")
-    s.set_defaults(func=handle_scheduler, handler=handle_scheduler)
+    s.set_defaults(func=handle_scheduler)
     e = sub.add_parser("eventlog", help="append and replay rates on a real embedded NATS server")
     e.add_argument("--events", type=int, default=5000, help="events per phase (default 5000)")
     e.add_argument("--json", action="store_true", help="print one JSON object")

@@ -40,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="re-run the core every TICK s while jobs wait (default: 0 for fifo/easy-backfill, 60)",
     )
     p.add_argument("--until", type=float, default=None, help="stop the clock at this trace time (s)")
-    p.set_defaults(handler=handle)
+    p.set_defaults(func=handle)
 
 
 def _err(msg: str) -> int:

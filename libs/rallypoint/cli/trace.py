@@ -50,7 +50,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     c.add_argument("--pods", help="openb: pod list CSV (default alibaba-openb/openb_pod_list_default.csv)")
     c.add_argument("--seed", type=int, default=0)
-    c.set_defaults(handler=handle_convert)
+    c.set_defaults(func=handle_convert)
 
 
 def _err(msg: str) -> int:
