@@ -32,10 +32,12 @@ def test_a_row_per_week_and_load_with_ratios_and_the_criteria_missed() -> None:
     lines = _philly_overview(
         [run("2017-10-02", 0.9, 8_000, 8_100), run("2017-10-09", 1.1, 9_000, 8_800, 0.5)]
     )
-    assert lines[2] == "| 2017-10-02 | 0.9 | 512 | 6,500 | 20,000 | 8,100 | 8,000 | 0.400x | 0.988x | 5/5 |"
+    assert lines[2] == (
+        "| 2017-10-02 | 0.9 | 512 | 6,500 | 20,000 | 8,100 | 8,000 | 0.400x | 0.988x | 5/5 | - |"
+    )
     assert lines[3] == (
         "| 2017-10-09 | 1.1 | 512 | 6,500 | 20,000 | 8,800 | 9,000 | 0.450x | 1.023x "
-        "| 3/5 (not: avg JCT <= las, no team below guaranteed share while pending) |"
+        "| 3/5 (not: avg JCT <= las, no team below guaranteed share while pending) | - |"
     )
 
 
@@ -58,3 +60,22 @@ def test_a_half_fifo_line_below_the_no_wait_floor_is_marked_unreachable() -> Non
     assert "avg JCT <= 0.5 x fifo (unreachable: no-wait floor is 0.990x fifo)" in row
     [contended] = _philly_overview([run("2017-10-09", 0.9, 12_000, 13_000)])[2:3]
     assert "(not: avg JCT <= 0.5 x fifo) |" in contended  # floor 6,500 = 0.325x fifo: reachable
+
+
+def test_misses_of_las_are_split_by_what_the_quotas_off_run_shows() -> None:
+    priced = run("2017-10-09", 1.1, 9_000, 8_800)
+    priced["without_quotas"] = summary(8_200, 0, quota=0.0)
+    unexplained = run("2017-10-16", 0.9, 10_600, 10_500)
+    unexplained["without_quotas"] = summary(10_550, 0, quota=0.2)
+    ahead = run("2017-10-02", 0.9, 8_000, 8_100)
+    ahead["without_quotas"] = summary(7_900, 0, quota=0.0)
+    lines = _philly_overview([priced, unexplained, ahead])
+    assert lines[2].endswith("| 8,200 (0.000) |")
+    assert lines[4].endswith("| 7,900 (0.000) |")
+    text = lines[-2]
+    assert (
+        "explains (rallypoint without quotas is not behind las): 2017-10-09 / 1.1 (9,000 with quotas, "
+        "8,200 without, las 8,800; quota min without: 0.000)." in text
+    )
+    assert text.endswith("Misses of `<= las` not explained by the guarantee: 2017-10-16 / 0.9.")
+    assert "2017-10-02" not in text  # met: not a miss
