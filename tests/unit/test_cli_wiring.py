@@ -44,3 +44,16 @@ def test_trace_convert_writes_its_files_through_main(tmp_path: Path) -> None:
     out = tmp_path / "golden64"
     assert main(["trace", "convert", "golden", "--gpus", "64", "--out", str(out)]) == 0
     assert {p.name for p in out.iterdir()} >= {"workload.jsonl", "cluster.yaml"}
+
+
+def test_building_the_parser_leaves_the_simulator_and_numpy_unimported() -> None:
+    """`rally serve agent` on a GPU node builds the same parser: the heavy modules load in handlers."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from rallypoint.cli.main import build_parser; build_parser(); "
+        "print(sorted(m for m in ('numpy', 'rallypoint.sim.engine', 'rallypoint.core') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -7,8 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-from rallypoint.sim.engine import SimError, SimOptions
-
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -49,6 +47,7 @@ def _err(msg: str) -> int:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from rallypoint.sim.engine import SimError, SimOptions
     from rallypoint.sim.run import (
         InputError,
         compare_table,
