@@ -282,7 +282,7 @@ def _philly_overview(philly: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def _guarantee_cost(philly: Sequence[Mapping[str, Any]]) -> list[str]:
     """Which `<= las` misses are the price of the guaranteed share: rows where rallypoint is behind las
-    with quotas on and ahead of it with quotas off (same policy otherwise)."""
+    with quotas on and not behind it with quotas off (same policy otherwise)."""
     priced, other = [], []
     for run in philly:
         s, w = run["summaries"], run.get("without_quotas")
