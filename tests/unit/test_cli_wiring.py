@@ -13,30 +13,25 @@ from pathlib import Path
 from rallypoint.cli.main import build_parser, main
 
 
-def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+def _leaves(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """(command words, parser) of every command that takes no further subcommand."""
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not subs:
-        yield path
+        yield path, parser
         return
     for action in subs:
         for name, child in action.choices.items():
             yield from _leaves(child, (*path, name))
 
 
-def _leaf_parser(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> argparse.ArgumentParser:
-    for name in path:
-        (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        parser = action.choices[name]
-    return parser
-
-
 def test_every_leaf_command_has_a_handler() -> None:
-    root = build_parser()
-    leaves = list(_leaves(root))
+    leaves = dict(_leaves(build_parser()))
     # the commands the README and docs promise are all there
     for expected in [("sim",), ("trace", "convert"), ("bench", "scheduler"), ("submit",), ("replay",)]:
-        assert expected in leaves, leaves
-    missing = [" ".join(p) for p in leaves if not callable(_leaf_parser(root, p).get_default("func"))]
+        assert expected in leaves, list(leaves)
+    missing = [" ".join(p) for p, parser in leaves.items() if not callable(parser.get_default("func"))]
     assert missing == []
 
 
