@@ -33,11 +33,11 @@ def test_a_row_per_week_and_load_with_ratios_and_the_criteria_missed() -> None:
         [run("2017-10-02", 0.9, 8_000, 8_100), run("2017-10-09", 1.1, 9_000, 8_800, 0.5)]
     )
     assert lines[2] == (
-        "| 2017-10-02 | 0.9 | 512 | 6,500 | 20,000 | 8,100 | 8,000 | 0.400x | 0.988x | 5/5 | - |"
+        "| 2017-10-02 | 0.9 | 512 | 6,500 | 20,000 | 8,100 | 8,000 | 0.400x | 0.988x | 5/5 | - | - |"
     )
     assert lines[3] == (
         "| 2017-10-09 | 1.1 | 512 | 6,500 | 20,000 | 8,800 | 9,000 | 0.450x | 1.023x "
-        "| 3/5 (not: avg JCT <= las, no team below guaranteed share while pending) | - |"
+        "| 3/5 (not: avg JCT <= las, no team below guaranteed share while pending) | - | - |"
     )
 
 
@@ -70,8 +70,8 @@ def test_misses_of_las_are_split_by_what_the_quotas_off_run_shows() -> None:
     ahead = run("2017-10-02", 0.9, 8_000, 8_100)
     ahead["without_quotas"] = summary(7_900, 0, quota=0.0)
     lines = _philly_overview([priced, unexplained, ahead])
-    assert lines[2].endswith("| 8,200 (0.000) |")
-    assert lines[4].endswith("| 7,900 (0.000) |")
+    assert lines[2].endswith("| 8,200 (0.000) | - |")
+    assert lines[4].endswith("| 7,900 (0.000) | - |")
     text = lines[-2]
     assert (
         "explains (rallypoint without quotas is not behind las): 2017-10-09 / 1.1 (9,000 with quotas, "
@@ -79,3 +79,29 @@ def test_misses_of_las_are_split_by_what_the_quotas_off_run_shows() -> None:
     )
     assert text.endswith("Misses of `<= las` not explained by the guarantee: 2017-10-16 / 0.9.")
     assert "2017-10-02" not in text  # met: not a miss
+
+
+def test_misses_are_split_by_whether_the_fluid_reference_reaches_las_keeping_the_guarantee() -> None:
+    beyond = run("2017-10-16", 0.9, 10_600, 10_500)
+    beyond["fluid"] = {"kept": 10_560.4, "off": 10_480.0}
+    within = run("2017-10-09", 1.1, 9_000, 8_800)
+    within["fluid"] = {"kept": 8_700.0, "off": 8_000.0}
+    met = run("2017-10-02", 0.9, 8_000, 8_100)
+    met["fluid"] = {"kept": 7_990.0, "off": 7_900.0}
+    lines = _philly_overview([beyond, within, met])
+    assert lines[2].endswith("| 10,560 / 10,480 |")
+    text = lines[-2]
+    assert text.startswith("The fluid reference (`rallypoint.sim.fluid`) is an idealized scheduler")
+    assert (
+        "Misses of `<= las` where even it, keeping the guarantee, is behind las (fluid vs las avg JCT): "
+        "2017-10-16 / 0.9 (10,560 vs 10,500)." in text
+    )
+    assert text.endswith(
+        "Misses where it keeps the guarantee and is not behind las: 2017-10-09 / 1.1 (8,700 vs 8,800)."
+    )
+    assert "2017-10-02" not in text
+
+
+def test_without_fluid_figures_there_is_no_fluid_paragraph() -> None:
+    lines = _philly_overview([run("2017-10-09", 1.1, 9_000, 8_800)])
+    assert not any(line.startswith("The fluid reference") for line in lines)
