@@ -12,7 +12,8 @@ With ``nominal`` it also keeps each team's guaranteed share the way ``metrics.Re
 first, in rank order, each team's jobs are admitted while the team stays within its nominal; only then
 does the rest of the pool go to every remaining job in rank order. After the first pass a team either
 has nothing waiting or holds enough that its smallest waiting job would take it above its nominal, which
-is the "honoured" condition, at every instant.
+is the "honoured" condition, at every instant (when the nominals add up to at most ``gpus``, as the
+converters' quota splits do).
 
 It is a reference point, not a proven lower bound: greedy ranking is not optimal for gangs on many GPUs.
 It answers a narrower question that `make eval` asks of each row: could a policy that keeps the
@@ -73,10 +74,12 @@ def fluid_reference(jobs: Sequence[Job], gpus: int, nominal: Mapping[str, int] |
         # least remaining GPU-seconds first; arrival order breaks ties
         active.sort(key=lambda k: (left[k] * width[k], k))
         chosen = _admit(active, width, team, noms, gpus)
-        step = min((left[k] for k in chosen), default=math.inf)
+        # land exactly on the next arrival (t + (s - t) can round below s and spin an extra step)
+        t_next = t + min((left[k] for k in chosen), default=math.inf)
         if nxt < n:
-            step = min(step, submit[nxt] - t)
-        t += step
+            t_next = min(t_next, submit[nxt])
+        step = t_next - t
+        t = t_next
         still: list[int] = []
         for k in active:
             if k in chosen:
@@ -86,8 +89,9 @@ def fluid_reference(jobs: Sequence[Job], gpus: int, nominal: Mapping[str, int] |
                     continue
             still.append(k)
         active = still
-    jct = {jobs[order[i]].id: end[i] - submit[i] for i in range(n)}
-    return FluidResult(avg_jct=sum(jct.values()) / n if n else 0.0, jct=jct)
+    spans = [end[i] - submit[i] for i in range(n)]
+    jct = {jobs[order[i]].id: spans[i] for i in range(n)}
+    return FluidResult(avg_jct=sum(spans) / n if n else 0.0, jct=jct)
 
 
 def _admit(
