@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from rallypoint.sim.fluid import fluid_reference
@@ -54,3 +56,18 @@ def test_idle_time_between_arrivals_is_skipped() -> None:
 def test_a_job_wider_than_the_pool_is_refused() -> None:
     with pytest.raises(ValueError, match="more than 4 GPUs"):
         fluid_reference([J("a", 0, 8, 10)], gpus=4)
+
+
+def test_a_team_that_owns_the_whole_pool_is_untouched_by_the_others() -> None:
+    # team x's nominal is every GPU: its jobs go first, so other teams' load cannot change x's JCTs
+    rng = random.Random(7)
+    x = [
+        J(f"x{i}", rng.uniform(0, 500), rng.choice((1, 2, 4, 8)), rng.uniform(1, 300), "x") for i in range(40)
+    ]
+    y = [J(f"y{i}", rng.uniform(0, 500), rng.choice((1, 2, 4)), rng.uniform(1, 300), "y") for i in range(60)]
+    alone = fluid_reference(x, gpus=8).jct
+    shared = fluid_reference(x + y, gpus=8, nominal={"x": 8, "y": 0}).jct
+    assert {k: shared[k] for k in alone} == pytest.approx(alone)
+    # without the guarantee y's shorter jobs do get ahead of some of x's
+    free = fluid_reference(x + y, gpus=8).jct
+    assert sum(free[k] for k in alone) > sum(alone.values())
