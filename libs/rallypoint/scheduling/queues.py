@@ -66,6 +66,10 @@ class Queues(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     def nominal(self, name: str) -> int:
         return self.team(name).nominal
 
+    def nominals(self) -> dict[str, int]:
+        """Team name -> nominal GPUs, for every configured team."""
+        return {t.name: t.nominal for t in self.teams}
+
     def class_of(self, name: str | None) -> str:
         return name or self.default_priority
 

@@ -241,7 +241,7 @@ class Simulator:
         tick = self.opts.tick
         self.tick = tick if tick is not None else (0.0 if policy in ("fifo", "easy-backfill") else 60.0)
         self._tick_at: float | None = None
-        nominal = {t.name: t.nominal for t in queues.teams} if queues else {}
+        nominal = queues.nominals() if queues else {}
         horizon = max((j.submit for j in jobs), default=0.0) + max((j.duration for j in jobs), default=1.0)
         self.rec = Recorder(total_gpus=cluster.total_gpus, nominal=nominal, horizon=horizon)
 

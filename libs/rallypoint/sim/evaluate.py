@@ -156,7 +156,7 @@ def _fluid(conv: cv.Converted) -> dict[str, float]:
     """The fluid reference (sim/fluid.py) on this input: avg JCT of the idealized scheduler with the
     guaranteed share kept and without it."""
     gpus = int(conv.info["gpus"])
-    nominal = {t.name: t.nominal for t in conv.queues.teams} if conv.queues else {}
+    nominal = conv.queues.nominals() if conv.queues else {}
     return {
         "kept": fluid_reference(conv.jobs, gpus, nominal).avg_jct,
         "off": fluid_reference(conv.jobs, gpus).avg_jct,
@@ -195,11 +195,7 @@ def philly_runs(
                 print(f"  {tag} fluid reference: {time.perf_counter() - t:.1f} s", file=log, flush=True)
             imgs = _plot_compare(results, tag, img)
             if "rallypoint" in results and conv.queues:
-                imgs.append(
-                    _team_plot(
-                        results["rallypoint"], {t.name: t.nominal for t in conv.queues.teams}, tag, img
-                    )
-                )
+                imgs.append(_team_plot(results["rallypoint"], conv.queues.nominals(), tag, img))
             out.append(
                 {
                     "tag": tag,

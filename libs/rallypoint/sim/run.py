@@ -72,7 +72,7 @@ def write_outputs(
     if report:
         from .report import write_report
 
-        nominal = {t.name: t.nominal for t in queues.teams} if queues else {}
+        nominal = queues.nominals() if queues else {}
         write_report(Path(report), res.summary, res.records, res.recorder, nominal)
 
 
