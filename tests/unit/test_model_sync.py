@@ -39,7 +39,7 @@ from rallypoint.events import (
 from rallypoint.scheduling import ModelSync, SchedulingPolicy, build_snapshot
 from rallypoint.scheduling.bridge import node_of, pending_of, running_of
 from rallypoint.scheduling.model_sync import NODE_FIELDS, PENDING_FIELDS, RUNNING_FIELDS
-from rallypoint.state import ClusterState, NodeView
+from rallypoint.state import CheckpointView, ClusterState, NodeView
 
 POLICIES = {name: policy_by_name(name) for name in ("fifo", "easy-backfill", "las", "rallypoint")}
 QUEUES = (
@@ -388,6 +388,26 @@ def test_the_signatures_hold_every_field_the_bridge_reads() -> None:
         "preempt_reason": "x",
         "preemptions": 9,
         "run_s": 9.0,
+        "user_failures": 2,
+        "infra_failures": 3,
+        "retry_at": 7.0,
+        "failed_nodes": ("x",),
+        "interrupted_at": 4.0,
+        "lost_gpu_s": 11.0,
+        "resume_step": 5,
+        "attempt_reasons": ["x"],
+        "checkpoints": [
+            CheckpointView(
+                step=1,
+                attempt=1,
+                path="x",
+                manifest_sha256="x",
+                bytes=1,
+                shards=1,
+                save_s=1.0,
+                committed_at=1.0,
+            )
+        ],
         "last_seq": 999,
     }
     node_others: dict[str, object] = {
@@ -398,6 +418,7 @@ def test_the_signatures_hold_every_field_the_bridge_reads() -> None:
         "allocated": {0: "other"},
     }
     pending_only: dict[str, object] = {
+        "last_checkpoint_at": 1.0,
         "bound_at": 1.0,
         "started_at": 1.0,
         "placements": (),

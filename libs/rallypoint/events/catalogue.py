@@ -97,10 +97,15 @@ class JobQueued(_Event, tag="JobQueued.v1", frozen=True, kw_only=True):
 
 
 class JobStarted(_Event, tag="JobStarted.v1", frozen=True, kw_only=True):
-    """Every rank of the attempt was launched by its node agent."""
+    """Every rank of the attempt was launched by its node agent.
+
+    ``resume_step``: the step of the latest complete checkpoint the ranks were told to resume from
+    (None: a fresh start).
+    """
 
     job_id: str
     attempt: int
+    resume_step: int | None = None
     at: float
 
 
@@ -128,12 +133,54 @@ class JobFailed(_Event, tag="JobFailed.v1", frozen=True, kw_only=True):
 
 
 class JobPreempted(_Event, tag="JobPreempted.v1", frozen=True, kw_only=True):
-    """The attempt was stopped (gracefully, checkpoint first) to free GPUs; the job waits again."""
+    """The attempt was stopped (gracefully, checkpoint first) to free GPUs; the job waits again.
+
+    ``lost_gpu_s``: GPUs x seconds since the attempt's last committed checkpoint (or its start), the
+    work the next attempt must redo; ``checkpoint_step`` is the step it will resume from.
+    """
 
     job_id: str
     attempt: int
     for_job: str
     reason: str
+    lost_gpu_s: float = 0.0
+    checkpoint_step: int | None = None
+    at: float
+
+
+FailureCause = Literal["user", "infra"]
+
+
+class JobAttemptFailed(_Event, tag="JobAttemptFailed.v1", frozen=True, kw_only=True):
+    """An attempt failed and the job will run again: every GPU is released and the job waits in the
+    queue at its original place, not before ``retry_at`` (exponential backoff for user failures).
+
+    ``cause``: ``user`` (a rank exited non-zero; counts against ``max_retries``) or ``infra`` (a node
+    under the gang failed and no in-place repair was possible; counts against the infrastructure cap).
+    """
+
+    job_id: str
+    attempt: int
+    cause: FailureCause
+    reason: str
+    exit_code: int | None = None
+    retry_at: float
+    lost_gpu_s: float = 0.0
+    checkpoint_step: int | None = None
+    at: float
+
+
+class JobInterrupted(_Event, tag="JobInterrupted.v1", frozen=True, kw_only=True):
+    """A node under a running gang failed (lost, drained, agent gone): every rank was stopped, the
+    failed nodes' GPUs are released and the healthy nodes keep theirs while the scheduler finds a
+    replacement (``GangRepaired``) or gives up (``JobRequeued``)."""
+
+    job_id: str
+    attempt: int
+    failed_nodes: tuple[str, ...]
+    reason: str
+    lost_gpu_s: float = 0.0
+    checkpoint_step: int | None = None
     at: float
 
 
@@ -146,6 +193,49 @@ class JobCancelRequested(_Event, tag="JobCancelRequested.v1", frozen=True, kw_on
 class JobCancelled(_Event, tag="JobCancelled.v1", frozen=True, kw_only=True):
     job_id: str
     attempt: int | None = None
+    at: float
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checkpoints — subject rally.ckpt.<job_id>
+# ---------------------------------------------------------------------------------------------------
+
+
+class CheckpointCommitted(_Event, tag="CheckpointCommitted.v1", frozen=True, kw_only=True):
+    """Every shard of every rank of ``step`` is durable and its manifest is committed.
+
+    Reported by the training client to its node agent, which appends this. ``path`` is the step's folder
+    (the manifest is ``path/manifest.json``); ``manifest_sha256`` is the digest of the manifest's bytes.
+    """
+
+    job_id: str
+    attempt: int
+    step: int
+    path: str
+    manifest_sha256: str
+    bytes: int
+    shards: int
+    save_s: float
+    node_id: str
+    at: float
+
+
+class CheckpointVerified(_Event, tag="CheckpointVerified.v1", frozen=True, kw_only=True):
+    """The checkpoint service re-read the step's manifest and every shard: ``ok`` or why not."""
+
+    job_id: str
+    step: int
+    ok: bool
+    error: str = ""
+    at: float
+
+
+class CheckpointDeleted(_Event, tag="CheckpointDeleted.v1", frozen=True, kw_only=True):
+    """Retention removed the step's files (never the newest complete checkpoint)."""
+
+    job_id: str
+    step: int
+    reason: str
     at: float
 
 
@@ -251,6 +341,44 @@ class PreemptionRequested(_Event, tag="PreemptionRequested.v1", frozen=True, kw_
     at: float
 
 
+class NodeSwap(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Task ``task`` of a repaired gang moved from ``from_node`` (failed) to ``to_node``."""
+
+    task: int
+    from_node: str
+    to_node: str
+
+
+class GangRepaired(_Event, tag="GangRepaired.v1", frozen=True, kw_only=True):
+    """An interrupted gang is whole again as ``attempt``: the healthy nodes kept their GPUs, ``swaps``
+    name the replacement nodes, and ``placements`` is the whole new gang (fewer tasks when an elastic gang
+    shrank to its healthy part instead, ``shrunk``)."""
+
+    job_id: str
+    attempt: int
+    epoch: int
+    placements: tuple[TaskPlacement, ...]
+    swaps: tuple[NodeSwap, ...] = ()
+    shrunk: bool = False
+    computed_at_seq: int
+    policy_version: str
+    now: float
+    at: float
+
+
+class JobRequeued(_Event, tag="JobRequeued.v1", frozen=True, kw_only=True):
+    """No replacement for an interrupted gang in time: its healthy nodes' GPUs are released and it waits
+    again at its original queue position."""
+
+    job_id: str
+    attempt: int
+    reason: str
+    epoch: int
+    computed_at_seq: int
+    now: float
+    at: float
+
+
 JobEvent = (
     JobSubmitted
     | JobRejected
@@ -260,12 +388,17 @@ JobEvent = (
     | JobCompleted
     | JobFailed
     | JobPreempted
+    | JobAttemptFailed
+    | JobInterrupted
     | JobCancelRequested
     | JobCancelled
 )
+CheckpointEvent = CheckpointCommitted | CheckpointVerified | CheckpointDeleted
 NodeEvent = NodeRegistered | NodeHeartbeatLost | NodeDrained | NodeLost | NodeRecovered
-SchedulerEvent = LeaderEpochStarted | GangBound | JobPending | PreemptionRequested
-Event = JobEvent | NodeEvent | SchedulerEvent
+SchedulerEvent = (
+    LeaderEpochStarted | GangBound | JobPending | PreemptionRequested | GangRepaired | JobRequeued
+)
+Event = JobEvent | CheckpointEvent | NodeEvent | SchedulerEvent
 
 ALL_EVENT_TYPES: tuple[type[_Event], ...] = (
     JobSubmitted,
@@ -276,8 +409,13 @@ ALL_EVENT_TYPES: tuple[type[_Event], ...] = (
     JobCompleted,
     JobFailed,
     JobPreempted,
+    JobAttemptFailed,
+    JobInterrupted,
     JobCancelRequested,
     JobCancelled,
+    CheckpointCommitted,
+    CheckpointVerified,
+    CheckpointDeleted,
     NodeRegistered,
     NodeHeartbeatLost,
     NodeDrained,
@@ -287,4 +425,6 @@ ALL_EVENT_TYPES: tuple[type[_Event], ...] = (
     GangBound,
     JobPending,
     PreemptionRequested,
+    GangRepaired,
+    JobRequeued,
 )

@@ -30,12 +30,24 @@ def job(job_id: str) -> str:
     return f"rally.job.{_token(job_id)}"
 
 
+CHECKPOINTS = "rally.ckpt.>"
+
+
+def checkpoint(job_id: str) -> str:
+    return f"rally.ckpt.{_token(job_id)}"
+
+
 def node(node_id: str) -> str:
     return f"rally.node.{_token(node_id)}"
 
 
 def bind(job_id: str) -> str:
     return f"rally.sched.bind.{_token(job_id)}"
+
+
+def repair(job_id: str) -> str:
+    """Repairs and requeues of an interrupted gang: scheduler decisions, on the fenced tree."""
+    return f"rally.sched.repair.{_token(job_id)}"
 
 
 def pending(job_id: str) -> str:

@@ -75,10 +75,19 @@ def running_of(job: JobView) -> RunningJob:
         gpu_step=job.spec.gpu_step,
         gpus_per_task=job.spec.gpus_per_task,
         submit_time=job.submitted_at,
+        last_checkpoint=_checkpoint_since(job.last_checkpoint_at, start),
         last_preempted_at=job.last_preempted_at,
         preempting_for=job.preempt_for,
         attained_gpu_s=job.attained_gpu_s,
     )
+
+
+def _checkpoint_since(checkpoint_at: float | None, start: float) -> float | None:
+    """The core counts a victim's lost work from its last checkpoint; one older than this attempt's start
+    saves nothing of this attempt."""
+    if checkpoint_at is None or checkpoint_at <= start:
+        return None
+    return checkpoint_at
 
 
 def pending_of(job: JobView) -> PendingJob:
@@ -119,7 +128,7 @@ def build_snapshot(
     return Snapshot(
         now=now,
         cluster=model,
-        pending=tuple(pending_of(j) for j in state.pending_jobs()),
+        pending=tuple(pending_of(j) for j in state.ready_jobs(now)),
         queues=tuple(queues),
         priority_classes=tuple(priority_classes),
     )

@@ -1,5 +1,25 @@
 """Pure folds over the event log."""
 
-from .cluster import ACTIVE, TERMINAL, ClusterState, JobState, JobView, NodeStatus, NodeView
+from .cluster import (
+    ACTIVE,
+    LAUNCHED,
+    TERMINAL,
+    CheckpointView,
+    ClusterState,
+    JobState,
+    JobView,
+    NodeStatus,
+    NodeView,
+)
 
-__all__ = ["ACTIVE", "TERMINAL", "ClusterState", "JobState", "JobView", "NodeStatus", "NodeView"]
+__all__ = [
+    "ACTIVE",
+    "LAUNCHED",
+    "TERMINAL",
+    "CheckpointView",
+    "ClusterState",
+    "JobState",
+    "JobView",
+    "NodeStatus",
+    "NodeView",
+]

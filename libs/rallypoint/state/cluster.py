@@ -21,17 +21,24 @@ from typing import Any, Literal
 import msgspec
 
 from rallypoint.events import (
+    CheckpointCommitted,
+    CheckpointDeleted,
+    CheckpointVerified,
     Event,
     GangBound,
+    GangRepaired,
     GpuInfo,
+    JobAttemptFailed,
     JobCancelled,
     JobCancelRequested,
     JobCompleted,
     JobFailed,
+    JobInterrupted,
     JobPending,
     JobPreempted,
     JobQueued,
     JobRejected,
+    JobRequeued,
     JobSpec,
     JobStarted,
     JobSubmitted,
@@ -46,11 +53,16 @@ from rallypoint.events import (
     TaskPlacement,
 )
 
-JobState = Literal["pending", "bound", "running", "completed", "failed", "cancelled", "rejected"]
+JobState = Literal["pending", "bound", "running", "repairing", "completed", "failed", "cancelled", "rejected"]
 NodeStatus = Literal["up", "unreachable", "drained", "lost"]
+CheckpointStatus = Literal["committed", "verified", "corrupt", "deleted"]
 
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled", "rejected"})
-ACTIVE: frozenset[str] = frozenset({"bound", "running"})
+#: States that hold GPUs. A ``repairing`` gang holds its healthy nodes' GPUs while it waits for a
+#: replacement node; no rank of it runs.
+ACTIVE: frozenset[str] = frozenset({"bound", "running", "repairing"})
+#: States whose ranks may be running (launched or being launched).
+LAUNCHED: frozenset[str] = frozenset({"bound", "running"})
 
 
 class NodeView(msgspec.Struct, kw_only=True):
@@ -81,6 +93,26 @@ class NodeView(msgspec.Struct, kw_only=True):
         return tuple(g.index for g in self.gpus if g.index not in self.allocated)
 
 
+class CheckpointView(msgspec.Struct, kw_only=True):
+    """One committed checkpoint step of a job, as the log tells it."""
+
+    step: int
+    attempt: int
+    path: str
+    manifest_sha256: str
+    bytes: int
+    shards: int
+    save_s: float
+    committed_at: float
+    status: CheckpointStatus = "committed"
+    error: str = ""
+
+    @property
+    def complete(self) -> bool:
+        """Usable for a resume: committed (and not found corrupt or deleted since)."""
+        return self.status in ("committed", "verified")
+
+
 class JobView(msgspec.Struct, kw_only=True):
     job_id: str
     spec: JobSpec
@@ -108,12 +140,39 @@ class JobView(msgspec.Struct, kw_only=True):
     # seconds run and GPU-seconds held, from each attempt's start to its preemption.
     run_s: float = 0.0
     attained_gpu_s: float = 0.0
+    # Recovery: failures retried so far by cause, when a user-failure retry may bind again, the nodes an
+    # interrupted gang lost (and since when it waits for a replacement), work lost in GPU-seconds.
+    user_failures: int = 0
+    infra_failures: int = 0
+    retry_at: float | None = None
+    failed_nodes: tuple[str, ...] = ()
+    interrupted_at: float | None = None
+    lost_gpu_s: float = 0.0
+    resume_step: int | None = None
+    attempt_reasons: list[str] = []
+    # Committed checkpoints by step, oldest first; the commit time of the newest complete one (the core
+    # counts a victim's lost work from it).
+    checkpoints: list[CheckpointView] = []
+    last_checkpoint_at: float | None = None
     last_seq: int = 0
 
     @property
     def world_size(self) -> int:
-        tasks = self.spec.gpus // self.spec.gpus_per_task
+        """Ranks of the current attempt: its bound tasks (an elastic or repaired gang may differ from the
+        spec's size), else the spec's."""
+        tasks = len(self.placements) if self.placements else self.spec.gpus // self.spec.gpus_per_task
         return tasks * self.spec.ranks_per_task
+
+    @property
+    def bound_gpus(self) -> int:
+        return sum(len(p.gpus) for p in self.placements)
+
+    def latest_checkpoint(self) -> CheckpointView | None:
+        """The newest complete checkpoint: what every restart resumes from."""
+        for checkpoint in reversed(self.checkpoints):
+            if checkpoint.complete:
+                return checkpoint
+        return None
 
     @property
     def terminal(self) -> bool:
@@ -121,8 +180,9 @@ class JobView(msgspec.Struct, kw_only=True):
 
 
 #: The meaning of the fold: bump it whenever a handler or a field changes what the same log folds into, so
-#: snapshots of another version are replayed over instead of restored (2: service of preempted attempts).
-FOLD_VERSION = 2
+#: snapshots of another version are replayed over instead of restored (2: service of preempted attempts;
+#: 3: retries, in-place repair and checkpoints).
+FOLD_VERSION = 3
 
 
 class ClusterState(msgspec.Struct, kw_only=True):
@@ -157,6 +217,16 @@ class ClusterState(msgspec.Struct, kw_only=True):
     def pending_jobs(self) -> list[JobView]:
         """Jobs waiting for a bind, in arrival order (the log's order)."""
         waiting = [j for j in self.jobs.values() if j.state == "pending" and not j.cancel_requested]
+        waiting.sort(key=lambda j: j.submitted_seq)
+        return waiting
+
+    def ready_jobs(self, now: float) -> list[JobView]:
+        """Pending jobs the scheduler may bind at ``now``: a retried job waits out its backoff first."""
+        return [j for j in self.pending_jobs() if j.retry_at is None or j.retry_at <= now]
+
+    def repairing_jobs(self) -> list[JobView]:
+        """Interrupted gangs waiting for a replacement node, in arrival order."""
+        waiting = [j for j in self.jobs.values() if j.state == "repairing" and not j.cancel_requested]
         waiting.sort(key=lambda j: j.submitted_seq)
         return waiting
 
@@ -293,6 +363,7 @@ def _on_bound(state: ClusterState, seq: int, e: GangBound) -> None:
     job.pending_message = ""
     job.ranks_exited = {}
     job.preempt_for = None
+    job.retry_at = None
 
 
 def _on_started(state: ClusterState, seq: int, e: JobStarted) -> None:
@@ -300,17 +371,18 @@ def _on_started(state: ClusterState, seq: int, e: JobStarted) -> None:
     if job is not None and job.state == "bound" and job.attempt == e.attempt:
         job.state = "running"
         job.started_at = e.at
+        job.resume_step = e.resume_step
 
 
 def _on_rank_exited(state: ClusterState, seq: int, e: RankExited) -> None:
     job = _job(state, e.job_id, seq)
-    if job is not None and job.state in ACTIVE and job.attempt == e.attempt:
+    if job is not None and job.state in LAUNCHED and job.attempt == e.attempt:
         job.ranks_exited[e.rank] = e.exit_code
 
 
 def _on_completed(state: ClusterState, seq: int, e: JobCompleted) -> None:
     job = _job(state, e.job_id, seq)
-    if job is not None and job.state in ACTIVE and job.attempt == e.attempt:
+    if job is not None and job.state in LAUNCHED and job.attempt == e.attempt:
         _finish(state, job, "completed", e.at)
         job.exit_code = 0
 
@@ -409,19 +481,179 @@ def _on_preempted(state: ClusterState, seq: int, e: JobPreempted) -> None:
     job = _job(state, e.job_id, seq)
     if job is None or job.state not in ACTIVE or job.attempt != e.attempt:
         return
-    _release(state, job)
+    _requeue(state, job, e.at)
+    job.preemptions += 1
+    job.last_preempted_at = e.at
+    job.lost_gpu_s += e.lost_gpu_s
+
+
+def _account_service(job: JobView, at: float) -> None:
+    """Add the ending attempt's run to the job's service (the core's LAS levels and estimates read it)."""
     if job.started_at is not None:
-        ran = max(0.0, e.at - job.started_at)
+        ran = max(0.0, at - job.started_at)
         job.run_s += ran
-        job.attained_gpu_s += ran * sum(len(p.gpus) for p in job.placements)
-    # Back in the queue at its original place; the next bind is attempt + 1.
+        job.attained_gpu_s += ran * job.bound_gpus
+
+
+def _requeue(state: ClusterState, job: JobView, at: float) -> None:
+    """Release every GPU and put the job back in the queue at its original place (next bind: attempt + 1)."""
+    _release(state, job)
+    _account_service(job, at)
     job.state = "pending"
     job.placements = ()
     job.bound_at = job.bound_seq = job.started_at = None
     job.ranks_exited = {}
     job.preempt_for = None
-    job.preemptions += 1
-    job.last_preempted_at = e.at
+    job.failed_nodes = ()
+    job.interrupted_at = None
+
+
+def _on_attempt_failed(state: ClusterState, seq: int, e: JobAttemptFailed) -> None:
+    job = _job(state, e.job_id, seq)
+    if job is None or job.state not in ACTIVE or job.attempt != e.attempt:
+        return
+    _requeue(state, job, e.at)
+    if e.cause == "user":
+        job.user_failures += 1
+    else:
+        job.infra_failures += 1
+    job.retry_at = e.retry_at
+    job.lost_gpu_s += e.lost_gpu_s
+    job.reason = e.reason
+    job.attempt_reasons.append(f"attempt {e.attempt}: {e.reason}")
+
+
+def _on_interrupted(state: ClusterState, seq: int, e: JobInterrupted) -> None:
+    job = _job(state, e.job_id, seq)
+    if job is None or job.state not in LAUNCHED or job.attempt != e.attempt:
+        return
+    failed = set(e.failed_nodes)
+    kept = tuple(p for p in job.placements if p.node_id not in failed)
+    for placement in job.placements:
+        node = state.nodes.get(placement.node_id)
+        if node is None or placement.node_id not in failed:
+            continue
+        for gpu in placement.gpus:
+            if node.allocated.get(gpu) == job.job_id:
+                del node.allocated[gpu]
+    _account_service(job, e.at)
+    job.state = "repairing"
+    job.placements = kept
+    job.started_at = None
+    job.ranks_exited = {}
+    job.failed_nodes = tuple(sorted(failed))
+    job.interrupted_at = e.at
+    job.infra_failures += 1
+    job.lost_gpu_s += e.lost_gpu_s
+    job.reason = e.reason
+    job.attempt_reasons.append(f"attempt {e.attempt}: {e.reason}")
+
+
+def _repair_is_valid(state: ClusterState, job: JobView, e: GangRepaired) -> bool:
+    if job.state != "repairing" or job.cancel_requested or e.attempt != job.attempt + 1 or not e.placements:
+        return False
+    held = {(p.node_id, g) for p in job.placements for g in p.gpus}
+    seen: set[tuple[str, int]] = set()
+    for placement in e.placements:
+        node = state.nodes.get(placement.node_id)
+        if node is None:
+            return False
+        indices = {g.index for g in node.gpus}
+        for gpu in placement.gpus:
+            key = (placement.node_id, gpu)
+            if key in seen or gpu not in indices:
+                return False
+            seen.add(key)
+            if key in held:
+                continue  # a GPU the gang kept through the failure
+            if not node.schedulable or gpu in node.allocated:
+                return False
+    return True
+
+
+def _on_repaired(state: ClusterState, seq: int, e: GangRepaired) -> None:
+    job = _job(state, e.job_id, seq)
+    if job is None:
+        return
+    if not _repair_is_valid(state, job, e):
+        state.ignored_binds += 1
+        return
+    _release(state, job)
+    for placement in e.placements:
+        node = state.nodes[placement.node_id]
+        for gpu in placement.gpus:
+            node.allocated[gpu] = job.job_id
+    job.state = "bound"
+    job.attempt = e.attempt
+    job.placements = e.placements
+    job.bound_at = e.at
+    job.bound_seq = seq
+    job.ranks_exited = {}
+    job.failed_nodes = ()
+    job.interrupted_at = None
+
+
+def _on_requeued(state: ClusterState, seq: int, e: JobRequeued) -> None:
+    job = _job(state, e.job_id, seq)
+    if job is None or job.state != "repairing" or job.attempt != e.attempt:
+        return
+    _requeue(state, job, e.at)
+    job.reason = e.reason
+
+
+def _checkpoint(state: ClusterState, job_id: str, step: int, seq: int) -> CheckpointView | None:
+    job = state.jobs.get(job_id)
+    if job is None:
+        state.orphans += 1
+        return None
+    for checkpoint in job.checkpoints:
+        if checkpoint.step == step:
+            return checkpoint
+    return None
+
+
+def _on_checkpoint_committed(state: ClusterState, seq: int, e: CheckpointCommitted) -> None:
+    job = state.jobs.get(e.job_id)
+    if job is None:
+        state.orphans += 1
+        return
+    if _checkpoint(state, e.job_id, e.step, seq) is not None:
+        return  # a repeat (the agent retried the append): the first record stands
+    view = CheckpointView(
+        step=e.step,
+        attempt=e.attempt,
+        path=e.path,
+        manifest_sha256=e.manifest_sha256,
+        bytes=e.bytes,
+        shards=e.shards,
+        save_s=e.save_s,
+        committed_at=e.at,
+    )
+    job.checkpoints.append(view)
+    job.checkpoints.sort(key=lambda c: c.step)
+    _refresh_last_checkpoint(job)
+
+
+def _refresh_last_checkpoint(job: JobView) -> None:
+    latest = job.latest_checkpoint()
+    job.last_checkpoint_at = latest.committed_at if latest is not None else None
+
+
+def _on_checkpoint_verified(state: ClusterState, seq: int, e: CheckpointVerified) -> None:
+    checkpoint = _checkpoint(state, e.job_id, e.step, seq)
+    if checkpoint is None or checkpoint.status == "deleted":
+        return
+    checkpoint.status = "verified" if e.ok else "corrupt"
+    checkpoint.error = e.error
+    _refresh_last_checkpoint(state.jobs[e.job_id])
+
+
+def _on_checkpoint_deleted(state: ClusterState, seq: int, e: CheckpointDeleted) -> None:
+    checkpoint = _checkpoint(state, e.job_id, e.step, seq)
+    if checkpoint is not None:
+        checkpoint.status = "deleted"
+        checkpoint.error = e.reason
+        _refresh_last_checkpoint(state.jobs[e.job_id])
 
 
 _HANDLERS: dict[type, Callable[[ClusterState, int, Any], None]] = {
@@ -444,4 +676,11 @@ _HANDLERS: dict[type, Callable[[ClusterState, int, Any], None]] = {
     LeaderEpochStarted: _on_epoch,
     PreemptionRequested: _on_preemption_requested,
     JobPreempted: _on_preempted,
+    JobAttemptFailed: _on_attempt_failed,
+    JobInterrupted: _on_interrupted,
+    GangRepaired: _on_repaired,
+    JobRequeued: _on_requeued,
+    CheckpointCommitted: _on_checkpoint_committed,
+    CheckpointVerified: _on_checkpoint_verified,
+    CheckpointDeleted: _on_checkpoint_deleted,
 }
