@@ -17,10 +17,20 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from rallypoint.control import Action, Append, Kill, Launch, owned_by, reconcile
+from rallypoint.control import (
+    Action,
+    Append,
+    Kill,
+    Launch,
+    RecoveryConfig,
+    owned_by,
+    reconcile,
+    stale_attempts,
+    with_lost_work,
+)
 from rallypoint.eventlog import EventLog, EventLogError
 from rallypoint.events import Event, subjects
-from rallypoint.protocol import KillReply, KillTask, LaunchReply, LaunchTask
+from rallypoint.protocol import KillReply, KillTask, LaunchReply, LaunchTask, StatusReply
 from rallypoint.runtime.follower import Follower
 
 _log = logging.getLogger("rallypoint.job_controller")
@@ -41,6 +51,7 @@ class JobController:
         command_timeout: float = 5.0,
         tick_s: float = 1.0,
         preemption_grace_s: float = 30.0,
+        recovery: RecoveryConfig | None = None,
     ) -> None:
         self.nc = nc
         self.log = log
@@ -51,15 +62,19 @@ class JobController:
         self.command_timeout = command_timeout
         self.tick_s = tick_s
         self.preemption_grace_s = preemption_grace_s
+        self.recovery = recovery if recovery is not None else RecoveryConfig()
         self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._node_status: dict[str, str] = {}
+        self._sweeps: set[asyncio.Task[None]] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             self.follower.changed.clear()
             self.reconcile_all()
+            self.sweep_recovered_nodes()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.follower.changed.wait(), self.tick_s)
-        for task in list(self._inflight.values()):
+        for task in [*self._inflight.values(), *self._sweeps]:
             task.cancel()
 
     def reconcile_all(self) -> None:
@@ -70,7 +85,9 @@ class JobController:
                 continue
             if not owned_by(job.job_id, self.shard, self.shards):
                 continue
-            actions = reconcile(job, state, now, preemption_grace_s=self.preemption_grace_s)
+            actions = reconcile(
+                job, state, now, preemption_grace_s=self.preemption_grace_s, recovery=self.recovery
+            )
             if actions:
                 task = asyncio.create_task(self._execute(job.job_id, actions))
                 self._inflight[job.job_id] = task
@@ -90,10 +107,13 @@ class JobController:
                         await self._append(job_id, action.then)
                 elif isinstance(action, Kill):
                     await self._kill(action)
-                    if action.await_exits:
-                        await self._until_ranks_exited(job_id, action.attempt, action.grace_s + 10.0)
+                    if action.await_ranks:
+                        await self._until_ranks_exited(
+                            job_id, action.attempt, action.await_ranks, action.grace_s + 10.0
+                        )
                     if action.then is not None:
-                        await self._append(job_id, action.then)
+                        job = self.follower.state.jobs[job_id]
+                        await self._append(job_id, with_lost_work(action.then, job, self.clock()))
                 elif isinstance(action, Append):
                     await self._append(job_id, action.event)
         except EventLogError as exc:
@@ -102,12 +122,14 @@ class JobController:
         except Exception:
             _log.exception("job %s: unexpected error; will retry", job_id)
 
-    async def _until_ranks_exited(self, job_id: str, attempt: int, timeout: float) -> None:
-        """Wait for every rank's RankExited; past ``timeout`` the ranks are presumed gone (lost node)."""
+    async def _until_ranks_exited(
+        self, job_id: str, attempt: int, ranks: tuple[int, ...], timeout: float
+    ) -> None:
+        """Wait for these ranks' RankExited; past ``timeout`` they are presumed gone (a lost node)."""
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             job = self.follower.state.jobs[job_id]
-            if job.attempt != attempt or job.terminal or len(job.ranks_exited) >= job.world_size:
+            if job.attempt != attempt or job.terminal or all(r in job.ranks_exited for r in ranks):
                 return
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
@@ -164,3 +186,30 @@ class JobController:
                 _log.warning("kill of %s on %s failed: %s", action.job_id, node_id, reply.error)
 
         await asyncio.gather(*(one(n) for n in action.node_ids))
+
+    # -- nodes that answer again ------------------------------------------------------------------
+
+    def sweep_recovered_nodes(self) -> None:
+        """Kill the ranks a node that came back still runs for attempts the log has moved on from."""
+        for node_id, node in self.follower.state.nodes.items():
+            before = self._node_status.get(node_id)
+            self._node_status[node_id] = node.status
+            if before is None or before == "up" or node.status != "up":
+                continue
+            if not owned_by(node_id, self.shard, self.shards):
+                continue
+            task = asyncio.create_task(self._sweep(node_id))
+            self._sweeps.add(task)
+            task.add_done_callback(self._sweeps.discard)
+
+    async def _sweep(self, node_id: str) -> None:
+        data = await self._request(
+            subjects.agent_command(node_id, "status"), StatusReply(node_id=node_id, agent_instance="")
+        )
+        if data is None:
+            _log.warning("node %s is back but did not answer a status request", node_id)
+            return
+        reply = msgspec.json.decode(data, type=StatusReply)
+        for job_id, attempt in stale_attempts(self.follower.state, node_id, reply.ranks):
+            _log.warning("node %s is back and still runs %s attempt %d: killing it", node_id, job_id, attempt)
+            await self._kill(Kill(job_id=job_id, attempt=attempt, node_ids=(node_id,), then=None))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from rallypoint.control import RecoveryConfig
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.following import open_follower
 
@@ -21,6 +22,36 @@ def _shard(text: str) -> tuple[int, int]:
     return index, count
 
 
+def _add_recovery_args(parser: argparse.ArgumentParser) -> None:
+    defaults = RecoveryConfig()
+    parser.add_argument(
+        "--checkpoint-root",
+        default=defaults.checkpoint_root,
+        help="shared folder holding one checkpoint folder per job (RALLY_CHECKPOINT_DIR = ROOT/<job id>)",
+    )
+    parser.add_argument(
+        "--retry-backoff",
+        type=float,
+        default=defaults.retry_backoff_s,
+        help="seconds before the first retry of a failed attempt; doubles with each failure",
+    )
+    parser.add_argument(
+        "--max-backoff", type=float, default=defaults.max_backoff_s, help="longest retry backoff, seconds"
+    )
+    parser.add_argument(
+        "--max-infra-retries",
+        type=int,
+        default=defaults.max_infra_retries,
+        help="infrastructure failures one job survives before it fails (they never use max_retries)",
+    )
+    parser.add_argument(
+        "--failure-grace",
+        type=float,
+        default=defaults.failure_grace_s,
+        help="seconds the surviving ranks of a failed attempt get between SIGTERM and SIGKILL",
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rally serve job-controller", description=__doc__)
     add_common_args(parser)
@@ -32,8 +63,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=30.0,
         help="seconds a preempted rank gets after SIGTERM to checkpoint (default 30)",
     )
+    _add_recovery_args(parser)
     args = parser.parse_args(argv)
     config = ServiceConfig.from_args("job-controller", args)
+    recovery = RecoveryConfig(
+        checkpoint_root=args.checkpoint_root,
+        retry_backoff_s=args.retry_backoff,
+        max_backoff_s=args.max_backoff,
+        max_infra_retries=args.max_infra_retries,
+        failure_grace_s=args.failure_grace,
+    )
 
     async def run(ctx: ServiceContext) -> int:
         follower = await open_follower(ctx)
@@ -47,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             shards=shards,
             command_timeout=args.command_timeout,
             preemption_grace_s=args.preemption_grace,
+            recovery=recovery,
         )
         await controller.run(ctx.stop)
         return 0

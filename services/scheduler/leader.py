@@ -19,6 +19,7 @@ from rallypoint.events import subjects
 from rallypoint.runtime.fencing import FencedWriter
 from rallypoint.runtime.follower import Follower
 from rallypoint.scheduling import SchedulingPolicy, admission_writes, decision_writes
+from rallypoint.scheduling.repair import REPAIR_WAIT_S, repair_writes
 from rallypoint.state import ClusterState
 
 _log = logging.getLogger("rallypoint.scheduler")
@@ -36,6 +37,7 @@ class SchedulerLoop:
         policy: SchedulingPolicy,
         clock: Callable[[], float] = time.time,
         tick_s: float = 1.0,
+        repair_wait_s: float = REPAIR_WAIT_S,
     ) -> None:
         self.log = log
         self.follower = follower
@@ -43,6 +45,7 @@ class SchedulerLoop:
         self.policy = policy
         self.clock = clock
         self.tick_s = tick_s
+        self.repair_wait_s = repair_wait_s
         self.writer = FencedWriter(
             log,
             follower,
@@ -71,12 +74,13 @@ class SchedulerLoop:
         await self.follower.wait_for(self.writer.fence)
         state = self.state
         now = self.clock()
+        writes = await self._repair(state, now)
         admissions = admission_writes(state, at=now)
         # Independent appends on distinct subjects: send them together rather than one round trip each.
         await asyncio.gather(
             *(self.log.append(w.subject, w.event, msg_id=w.msg_id, source=SOURCE) for w in admissions)
         )
-        writes = len(admissions)
+        writes += len(admissions)
         if writes:
             await self.follower.wait_for(await self.log.last_seq())
         if not state.pending_jobs():
@@ -89,3 +93,23 @@ class SchedulerLoop:
             writes += 1
         self.cycles += 1
         return writes
+
+    async def _repair(self, state: ClusterState, now: float) -> int:
+        """Interrupted gangs first: they hold GPUs already, and their replacement must not go to new work."""
+        if not state.repairing_jobs():
+            return 0
+        model = self.policy.model_sync.sync(state)
+        repairs = repair_writes(
+            state,
+            model,
+            now,
+            epoch=self.epoch,
+            policy_version=self.policy.version,
+            at=now,
+            repair_wait_s=self.repair_wait_s,
+        )
+        for write in repairs:
+            await self.writer.append(write.subject, write.event, write.msg_id)
+        if repairs:
+            await self.follower.wait_for(self.writer.fence)
+        return len(repairs)

@@ -9,6 +9,7 @@ from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, r
 from rallypoint.runtime.following import open_follower
 from rallypoint.runtime.leadership import lead_while_elected
 from rallypoint.scheduling import SchedulingPolicy, load_queue_config
+from rallypoint.scheduling.repair import REPAIR_WAIT_S
 
 from .leader import SchedulerLoop
 
@@ -20,6 +21,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--queues", default=None, help="queue and quota configuration (JSON or YAML)")
     parser.add_argument("--lease-ttl", type=float, default=3.0, help="leader lease TTL in seconds")
     parser.add_argument("--tick", type=float, default=1.0, help="seconds between cycles when nothing happens")
+    parser.add_argument(
+        "--repair-wait",
+        type=float,
+        default=REPAIR_WAIT_S,
+        help="seconds an interrupted gang keeps its healthy nodes while no replacement node is free "
+        f"(then an elastic gang shrinks, any other is requeued; default {REPAIR_WAIT_S:.0f})",
+    )
     return parser
 
 
@@ -33,7 +41,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         follower = await open_follower(ctx)
         lease = await ctx.leader_lease(ttl=args.lease_ttl)
         loop = SchedulerLoop(
-            follower.log, follower, instance=config.instance, policy=policy, tick_s=args.tick
+            follower.log,
+            follower,
+            instance=config.instance,
+            policy=policy,
+            tick_s=args.tick,
+            repair_wait_s=args.repair_wait,
         )
         await lead_while_elected(loop, lease, ctx.stop)
         return 0

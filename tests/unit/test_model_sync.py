@@ -392,6 +392,7 @@ def test_the_signatures_hold_every_field_the_bridge_reads() -> None:
         "infra_failures": 3,
         "retry_at": 7.0,
         "failed_nodes": ("x",),
+        "missing_tasks": (3,),
         "interrupted_at": 4.0,
         "lost_gpu_s": 11.0,
         "resume_step": 5,

@@ -4,6 +4,15 @@ Level-triggered, like a Kubernetes controller: ``reconcile(job, state, now)`` lo
 a job *is* and returns what must happen to make the world match. Nothing is remembered between calls,
 so a controller that was killed and restarted simply reconciles again; every action is idempotent
 (agents dedupe launches by job/attempt/rank, appends carry a Nats-Msg-Id and the fold ignores repeats).
+
+Failures are classified before they are acted on (``rallypoint.control.recovery``):
+- **infrastructure** (a node under the gang lost or drained, a rank lost with its agent): the healthy
+  nodes keep their GPUs and the scheduler swaps in a replacement (``JobInterrupted``); it never uses up
+  the user's ``max_retries``, only its own cap;
+- **user** (a rank exited non-zero on a healthy node): retried up to ``max_retries`` with exponential
+  backoff (``JobAttemptFailed``), then ``JobFailed`` naming every attempt;
+- **time limit** and **cancel** end the job.
+Every restart resumes from the job's latest complete checkpoint (``RALLY_RESUME_STEP``).
 """
 
 from __future__ import annotations
@@ -13,10 +22,36 @@ from collections.abc import Mapping
 
 import msgspec
 
-from rallypoint.events import Event, JobCancelled, JobCompleted, JobFailed, JobPreempted, JobStarted, subjects
-from rallypoint.jobs.launch import launch_plan
+from rallypoint.events import (
+    Event,
+    JobAttemptFailed,
+    JobCancelled,
+    JobCompleted,
+    JobFailed,
+    JobInterrupted,
+    JobPreempted,
+    JobStarted,
+    subjects,
+)
+from rallypoint.jobs.launch import checkpoint_env, launch_plan
 from rallypoint.protocol import LaunchTask
-from rallypoint.state import ClusterState, JobView
+from rallypoint.state import LAUNCHED, ClusterState, JobView
+
+from .recovery import RecoveryConfig, classify_failure, failure_events
+
+__all__ = [
+    "PREEMPTION_GRACE_S",
+    "Action",
+    "Append",
+    "Kill",
+    "Launch",
+    "RecoveryConfig",
+    "msg_id_for",
+    "owned_by",
+    "reconcile",
+    "subject_for",
+    "with_lost_work",
+]
 
 
 class Launch(msgspec.Struct, frozen=True, kw_only=True):
@@ -29,8 +64,9 @@ class Launch(msgspec.Struct, frozen=True, kw_only=True):
 class Kill(msgspec.Struct, frozen=True, kw_only=True):
     """Stop every rank of (job, attempt) on these nodes, then append ``then`` (if any).
 
-    ``await_exits``: append ``then`` only once every rank has reported its exit (or the grace period
-    and a margin have passed), so GPUs are never handed to the next job while old ranks still hold them.
+    ``await_ranks``: append ``then`` only once each of these ranks has reported its exit (or the grace
+    period and a margin have passed), so GPUs are never handed on while old ranks still hold them, and a
+    checkpoint written in the grace period is in the log before the lost work is counted.
     """
 
     job_id: str
@@ -38,7 +74,7 @@ class Kill(msgspec.Struct, frozen=True, kw_only=True):
     node_ids: tuple[str, ...]
     then: Event | None
     grace_s: float = 5.0
-    await_exits: bool = False
+    await_ranks: tuple[int, ...] = ()
 
 
 class Append(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,17 +97,18 @@ def _nodes_of(job: JobView) -> tuple[str, ...]:
     return tuple(sorted({p.node_id for p in job.placements}))
 
 
-def _first_failure(job: JobView) -> tuple[int, int] | None:
-    failures = sorted((rank, code) for rank, code in job.ranks_exited.items() if code != 0)
-    return failures[0] if failures else None
-
-
-def _lost_node(job: JobView, state: ClusterState) -> str | None:
-    for node_id in _nodes_of(job):
-        node = state.nodes.get(node_id)
-        if node is None or node.status == "lost":
-            return node_id
-    return None
+def ranks_on(job: JobView, node_ids: tuple[str, ...]) -> tuple[int, ...]:
+    """The rank numbers the job's current attempt runs on ``node_ids`` (task-major, as launched)."""
+    per_task = job.spec.ranks_per_task
+    wanted = set(node_ids)
+    return tuple(
+        sorted(
+            p.task * per_task + local
+            for p in job.placements
+            if p.node_id in wanted
+            for local in range(per_task)
+        )
+    )
 
 
 # Preempted ranks get this long after SIGTERM to write a checkpoint before SIGKILL.
@@ -79,63 +116,72 @@ PREEMPTION_GRACE_S = 30.0
 
 
 def reconcile(
-    job: JobView, state: ClusterState, now: float, *, preemption_grace_s: float = PREEMPTION_GRACE_S
+    job: JobView,
+    state: ClusterState,
+    now: float,
+    *,
+    preemption_grace_s: float = PREEMPTION_GRACE_S,
+    recovery: RecoveryConfig | None = None,
 ) -> list[Action]:
     """What must happen to ``job`` now. Empty when nothing does."""
+    config = recovery if recovery is not None else RecoveryConfig()
     if job.terminal:
         return []
     if job.state == "pending":
         if job.cancel_requested:
             return [Append(event=JobCancelled(job_id=job.job_id, attempt=None, at=now))]
         return []
-
-    attempt = job.attempt
-    nodes = _nodes_of(job)
     if job.cancel_requested:
-        return [
-            Kill(
-                job_id=job.job_id,
-                attempt=attempt,
-                node_ids=nodes,
-                then=JobCancelled(job_id=job.job_id, attempt=attempt, at=now),
-            )
-        ]
-
+        return [_kill_then(job, JobCancelled(job_id=job.job_id, attempt=job.attempt, at=now))]
     if job.preempt_for is not None:
-        preempted = JobPreempted(
-            job_id=job.job_id, attempt=attempt, for_job=job.preempt_for, reason=job.preempt_reason, at=now
-        )
+        return [_preempt(job, now, preemption_grace_s)]
+    if job.state == "repairing":
+        return []  # the scheduler swaps in a replacement node or requeues the gang
+    return _reconcile_launched(job, state, now, config)
+
+
+def _kill_then(job: JobView, then: Event, *, grace_s: float = 5.0, awaited: bool = False) -> Kill:
+    nodes = _nodes_of(job)
+    waits = ranks_on(job, nodes) if awaited and job.state in LAUNCHED else ()
+    return Kill(
+        job_id=job.job_id, attempt=job.attempt, node_ids=nodes, then=then, grace_s=grace_s, await_ranks=waits
+    )
+
+
+def _preempt(job: JobView, now: float, grace_s: float) -> Kill:
+    preempted = JobPreempted(
+        job_id=job.job_id,
+        attempt=job.attempt,
+        for_job=job.preempt_for or "",
+        reason=job.preempt_reason,
+        at=now,
+    )
+    return _kill_then(job, preempted, grace_s=grace_s, awaited=True)
+
+
+def _reconcile_launched(
+    job: JobView, state: ClusterState, now: float, config: RecoveryConfig
+) -> list[Action]:
+    failure = classify_failure(job, state)
+    if failure == "wait":
+        return []  # a node of the gang is silent: do not blame the user before the node is judged
+    if failure is not None:
+        then, failed_nodes = failure_events(job, failure, now, config)
+        healthy = tuple(n for n in _nodes_of(job) if n not in failed_nodes)
+        # every rank stops (the healthy ones relaunch with a fresh rendezvous); wait only for the ranks
+        # that can still report: a lost node's ranks never will
         return [
             Kill(
                 job_id=job.job_id,
-                attempt=attempt,
-                node_ids=nodes,
-                then=preempted,
-                grace_s=preemption_grace_s,
-                await_exits=True,
+                attempt=job.attempt,
+                node_ids=_nodes_of(job),
+                then=then,
+                grace_s=config.failure_grace_s,
+                await_ranks=ranks_on(job, healthy),
             )
         ]
-
-    failure = _first_failure(job)
-    if failure is not None:
-        rank, code = failure
-        failed = JobFailed(
-            job_id=job.job_id,
-            attempt=attempt,
-            reason=f"rank {rank} exited with code {code}",
-            exit_code=code,
-            at=now,
-        )
-        return [Kill(job_id=job.job_id, attempt=attempt, node_ids=nodes, then=failed)]
-
-    lost = _lost_node(job, state)
-    if lost is not None:
-        failed = JobFailed(job_id=job.job_id, attempt=attempt, reason=f"node {lost} was lost", at=now)
-        return [Kill(job_id=job.job_id, attempt=attempt, node_ids=nodes, then=failed)]
-
     if len(job.ranks_exited) >= job.world_size:
-        return [Append(event=JobCompleted(job_id=job.job_id, attempt=attempt, at=now))]
-
+        return [Append(event=JobCompleted(job_id=job.job_id, attempt=job.attempt, at=now))]
     limit = job.spec.time_limit_s
     if (
         job.state == "running"
@@ -144,19 +190,47 @@ def reconcile(
         and now > job.started_at + limit
     ):
         failed = JobFailed(
-            job_id=job.job_id, attempt=attempt, reason=f"time limit of {limit} s exceeded", at=now
+            job_id=job.job_id, attempt=job.attempt, reason=f"time limit of {limit} s exceeded", at=now
         )
-        return [Kill(job_id=job.job_id, attempt=attempt, node_ids=nodes, then=failed)]
-
+        return [_kill_then(job, failed)]
     if job.state == "bound":
-        addresses = _addresses(state, nodes)
-        tasks = launch_plan(job.job_id, attempt, job.spec, job.placements, addresses)
-        return [Launch(tasks=tuple(tasks), then=JobStarted(job_id=job.job_id, attempt=attempt, at=now))]
+        return [_launch(job, state, now, config)]
     return []
+
+
+def _launch(job: JobView, state: ClusterState, now: float, config: RecoveryConfig) -> Launch:
+    nodes = _nodes_of(job)
+    latest = job.latest_checkpoint()
+    env = checkpoint_env(job.job_id, job.spec, config.checkpoint_root, latest)
+    tasks = launch_plan(
+        job.job_id, job.attempt, job.spec, job.placements, _addresses(state, nodes), extra_env=env
+    )
+    started = JobStarted(
+        job_id=job.job_id,
+        attempt=job.attempt,
+        resume_step=latest.step if latest is not None else None,
+        at=now,
+    )
+    return Launch(tasks=tuple(tasks), then=started)
 
 
 def _addresses(state: ClusterState, node_ids: tuple[str, ...]) -> Mapping[str, str]:
     return {n: state.nodes[n].address for n in node_ids if n in state.nodes}
+
+
+def with_lost_work(event: Event, job: JobView, at: float) -> Event:
+    """``event`` with the work its attempt loses, counted at ``at`` (once every rank has stopped, so a
+    checkpoint written in the grace period counts): GPUs held x seconds since the attempt's newest
+    complete checkpoint or, when it has none, since it started. Other events pass unchanged."""
+    if not isinstance(event, JobPreempted | JobAttemptFailed | JobInterrupted):
+        return event
+    latest = job.latest_checkpoint()
+    since = job.started_at
+    if since is not None and job.last_checkpoint_at is not None:
+        since = max(since, job.last_checkpoint_at)
+    lost = 0.0 if since is None else max(0.0, at - since) * job.bound_gpus
+    step = latest.step if latest is not None else None
+    return msgspec.structs.replace(event, lost_gpu_s=round(lost, 3), checkpoint_step=step, at=at)
 
 
 def owned_by(job_id: str, shard: int, shards: int) -> bool:

@@ -72,7 +72,9 @@ def assess(
                     msg_id=f"{incarnation}:NodeLost:{seen:.0f}",
                 )
             )
-        elif node.status == "unreachable" and silent <= policy.unreachable_after_s:
+        elif node.status in ("unreachable", "lost") and silent <= policy.unreachable_after_s:
+            # A lost node whose agent answers again returns to service by itself; the job controller
+            # kills whatever ranks it still runs for attempts that moved on.
             out.append(
                 Decision(
                     node_id=node.node_id,

@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 import hashlib
+import posixpath
 from collections.abc import Mapping
+from typing import Protocol
 
 from rallypoint.events import JobSpec, TaskPlacement
 from rallypoint.protocol import LaunchTask, RankSpec
+
+
+class CheckpointRef(Protocol):
+    """What a launch needs to know of the checkpoint to resume from (``state.CheckpointView``)."""
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def path(self) -> str: ...
+
 
 # Rendezvous ports are derived, not negotiated: every party computes the same port from the job
 # attempt, and a new attempt gets a new port so a lingering old rank cannot join the new ring.
@@ -25,10 +38,13 @@ def launch_plan(
     spec: JobSpec,
     placements: tuple[TaskPlacement, ...],
     addresses: Mapping[str, str],
+    *,
+    extra_env: Mapping[str, str] | None = None,
 ) -> list[LaunchTask]:
     """One ``LaunchTask`` per task, ranks numbered task-major as torchrun does.
 
-    RANK = NODE_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK.
+    RANK = NODE_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK. ``extra_env`` (Rallypoint's own variables, such as
+    the checkpoint contract) is laid over the job's ``env``.
     """
     ordered = sorted(placements, key=lambda p: p.task)
     local_world = spec.ranks_per_task
@@ -59,7 +75,7 @@ def launch_plan(
                 master_port=port,
                 ranks=ranks,
                 command=spec.command,
-                env=dict(spec.env),
+                env={**spec.env, **(extra_env or {})},
             )
         )
     return tasks
@@ -82,4 +98,29 @@ def rank_environment(task: LaunchTask, rank: RankSpec) -> dict[str, str]:
             "NODE_RANK": str(task.node_rank),
         }
     )
+    return env
+
+
+def checkpoint_dir_for(job_id: str, spec: JobSpec, root: str | None) -> str | None:
+    """The job's checkpoint folder: the one it asked for, else ``root/<job id>``; the same on every rank
+    and every attempt. None when neither exists (the job cannot checkpoint)."""
+    if spec.checkpoint_dir:
+        return spec.checkpoint_dir
+    if root:
+        return posixpath.join(root, job_id)
+    return None
+
+
+def checkpoint_env(
+    job_id: str, spec: JobSpec, root: str | None, latest: CheckpointRef | None
+) -> dict[str, str]:
+    """``RALLY_CHECKPOINT_DIR`` and, when the log knows a complete checkpoint, what to resume from
+    (the training client still verifies it and falls back to an older one if it must)."""
+    env: dict[str, str] = {}
+    folder = checkpoint_dir_for(job_id, spec, root)
+    if folder is not None:
+        env["RALLY_CHECKPOINT_DIR"] = folder
+    if latest is not None:
+        env["RALLY_RESUME_STEP"] = str(latest.step)
+        env["RALLY_RESUME_PATH"] = latest.path
     return env

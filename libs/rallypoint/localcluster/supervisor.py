@@ -36,6 +36,15 @@ SINGLETONS: tuple[str, ...] = (
 )
 SCHEDULERS = ("scheduler-1", "scheduler-2")
 
+# The local cluster reacts faster than the production defaults, so a hung node's gang is back on a
+# replacement within seconds: silent 3 s -> unreachable, 8 s -> lost (detection within 10 s); a failed
+# attempt retried after 1 s, doubling.
+LOCAL_SERVICE_ARGS: dict[str, tuple[str, ...]] = {
+    "health-monitor": ("--unreachable-after", "3", "--lost-after", "8"),
+    "job-controller": ("--retry-backoff", "1", "--max-backoff", "30"),
+    "scheduler": ("--repair-wait", "30"),
+}
+
 
 class ClusterInfo(msgspec.Struct, kw_only=True):
     """What `rally up` writes to .rally/cluster.json so other commands find the cluster."""
@@ -60,6 +69,7 @@ class LocalCluster:
         api_port: int | None = None,
         with_projector: bool = True,
         env: dict[str, str] | None = None,
+        service_args: dict[str, Sequence[str]] | None = None,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1 or racks < 1:
             raise ValueError("nodes, gpus per node and racks must all be at least 1")
@@ -72,6 +82,8 @@ class LocalCluster:
         self.api_port = api_port or free_port()
         self.with_projector = with_projector
         self.env = dict(os.environ if env is None else env)
+        # per service (not instance) name: extra flags, laid over LOCAL_SERVICE_ARGS
+        self.service_args: dict[str, Sequence[str]] = {**LOCAL_SERVICE_ARGS, **(service_args or {})}
         self.nats: NatsServer | None = None
         self.postgres: PostgresServer | None = None
         self.processes: dict[str, ManagedProcess] = {}
@@ -101,6 +113,11 @@ class LocalCluster:
 
     def node_ids(self) -> list[str]:
         return [f"node-{i + 1}" for i in range(self.nodes)]
+
+    @property
+    def checkpoint_root(self) -> Path:
+        """Where the jobs' checkpoints live: the local stand-in for a shared filesystem."""
+        return self.workdir / "checkpoints"
 
     def rack_of(self, index: int) -> str:
         # Contiguous blocks, as racks are cabled: nodes 1-2 in rack-1, 3-4 in rack-2 for 4 nodes / 2 racks.
@@ -145,7 +162,12 @@ class LocalCluster:
         ]
 
     def start_service(self, name: str, service: str, extra: Sequence[str] = ()) -> ManagedProcess:
-        argv = [sys.executable, "-m", "rallypoint.cli.serve", service, "--nats-url", self.nats_url, *extra]
+        own = list(self.service_args.get(service, ()))
+        if service == "job-controller":
+            own += ["--checkpoint-root", str(self.checkpoint_root)]
+        argv = [
+            sys.executable, "-m", "rallypoint.cli.serve", service, "--nats-url", self.nats_url, *own, *extra
+        ]  # fmt: skip
         if service != "agent" and "--instance" not in extra:
             argv += ["--instance", name]
         self._argv[name] = argv

@@ -146,6 +146,7 @@ class JobView(msgspec.Struct, kw_only=True):
     infra_failures: int = 0
     retry_at: float | None = None
     failed_nodes: tuple[str, ...] = ()
+    missing_tasks: tuple[int, ...] = ()
     interrupted_at: float | None = None
     lost_gpu_s: float = 0.0
     resume_step: int | None = None
@@ -505,6 +506,7 @@ def _requeue(state: ClusterState, job: JobView, at: float) -> None:
     job.ranks_exited = {}
     job.preempt_for = None
     job.failed_nodes = ()
+    job.missing_tasks = ()
     job.interrupted_at = None
 
 
@@ -538,6 +540,7 @@ def _on_interrupted(state: ClusterState, seq: int, e: JobInterrupted) -> None:
                 del node.allocated[gpu]
     _account_service(job, e.at)
     job.state = "repairing"
+    job.missing_tasks = tuple(sorted(p.task for p in job.placements if p.node_id in failed))
     job.placements = kept
     job.started_at = None
     job.ranks_exited = {}
@@ -590,6 +593,7 @@ def _on_repaired(state: ClusterState, seq: int, e: GangRepaired) -> None:
     job.bound_seq = seq
     job.ranks_exited = {}
     job.failed_nodes = ()
+    job.missing_tasks = ()
     job.interrupted_at = None
 
 

@@ -1,0 +1,149 @@
+"""What a failed attempt means, and what the log records about it. Pure.
+
+Torchrun's restarts, Slurm's requeue and Kubernetes' Job backoff in one place: a failure is classified
+from the fold (infrastructure or user), then turned into the one event that says what happens next.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from rallypoint.events import Event, JobAttemptFailed, JobFailed, JobInterrupted
+from rallypoint.state import ClusterState, JobView
+
+#: The exit code an agent records for a rank whose wrapper vanished (``rallypoint.agent.workdir.EXIT_LOST``):
+#: the outcome is unknown, so it is the infrastructure's failure, not the user's.
+RANK_LOST = -1
+
+
+class RecoveryConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """How the job controller recovers failed attempts.
+
+    ``retry_backoff_s`` doubles with every user failure (10, 20, 40 s ...) up to ``max_backoff_s``;
+    ``max_infra_retries`` bounds how often one job may be interrupted by the infrastructure, so a job
+    that kills its nodes cannot loop forever; ``failure_grace_s`` is the SIGTERM -> SIGKILL time of the
+    surviving ranks of a failed attempt; ``checkpoint_root`` holds one folder per job (a shared
+    filesystem in production) unless the job names its own ``checkpoint_dir``.
+    """
+
+    checkpoint_root: str | None = None
+    retry_backoff_s: float = 10.0
+    max_backoff_s: float = 300.0
+    max_infra_retries: int = 10
+    failure_grace_s: float = 5.0
+
+
+class UserFailure(msgspec.Struct, frozen=True, kw_only=True):
+    rank: int
+    exit_code: int
+
+
+class InfraFailure(msgspec.Struct, frozen=True, kw_only=True):
+    failed_nodes: tuple[str, ...]
+    reason: str
+
+
+Failure = UserFailure | InfraFailure
+
+
+def _node_of_rank(job: JobView, rank: int) -> str | None:
+    task = rank // job.spec.ranks_per_task
+    for placement in job.placements:
+        if placement.task == task:
+            return placement.node_id
+    return None
+
+
+def _failed_nodes(job: JobView, state: ClusterState) -> list[tuple[str, str]]:
+    """(node, why) for each node under the gang that can no longer run it, in node order."""
+    out: list[tuple[str, str]] = []
+    for node_id in sorted({p.node_id for p in job.placements}):
+        node = state.nodes.get(node_id)
+        if node is None:
+            out.append((node_id, f"node {node_id} is unknown"))
+        elif node.status == "lost":
+            out.append((node_id, f"node {node_id} was lost ({node.status_reason})"))
+        elif node.status == "drained":
+            out.append((node_id, f"node {node_id} was drained ({node.status_reason})"))
+    return out
+
+
+def classify_failure(job: JobView, state: ClusterState) -> Failure | Literal["wait"] | None:
+    """The failure of ``job``'s current attempt, ``"wait"`` while it cannot be told yet, or None."""
+    bad = _failed_nodes(job, state)
+    if bad:
+        return InfraFailure(failed_nodes=tuple(n for n, _ in bad), reason="; ".join(why for _, why in bad))
+    lost = sorted(rank for rank, code in job.ranks_exited.items() if code == RANK_LOST)
+    if lost:
+        where = _node_of_rank(job, lost[0])
+        return InfraFailure(failed_nodes=(), reason=f"rank {lost[0]} was lost with its agent on node {where}")
+    failures = sorted((rank, code) for rank, code in job.ranks_exited.items() if code != 0)
+    if not failures:
+        return None
+    if any(state.nodes[n].status != "up" for n in {p.node_id for p in job.placements} if n in state.nodes):
+        # A rank dies when a peer's node does (the collective times out): the silent node is the likely
+        # cause. Judge once the health monitor has called it lost or it answers again.
+        return "wait"
+    rank, code = failures[0]
+    return UserFailure(rank=rank, exit_code=code)
+
+
+def backoff_s(failures_so_far: int, config: RecoveryConfig) -> float:
+    return float(min(config.max_backoff_s, config.retry_backoff_s * 2**failures_so_far))
+
+
+def failure_events(
+    job: JobView, failure: Failure, now: float, config: RecoveryConfig
+) -> tuple[Event, tuple[str, ...]]:
+    """The event that records ``failure`` (appended once the surviving ranks stopped), and the nodes that
+    failed (the others keep the gang's GPUs)."""
+    if isinstance(failure, InfraFailure):
+        return _infra_event(job, failure, now, config), failure.failed_nodes
+    return _user_event(job, failure, now, config), ()
+
+
+def _infra_event(job: JobView, failure: InfraFailure, now: float, config: RecoveryConfig) -> Event:
+    if job.infra_failures >= config.max_infra_retries:
+        reason = f"{failure.reason}; gave up after {job.infra_failures} earlier infrastructure failures"
+        return JobFailed(job_id=job.job_id, attempt=job.attempt, reason=reason, at=now)
+    survivors = {p.node_id for p in job.placements} - set(failure.failed_nodes)
+    if not survivors:
+        # nothing to keep: back to the queue at once, at the job's original place
+        return JobAttemptFailed(
+            job_id=job.job_id, attempt=job.attempt, cause="infra", reason=failure.reason, retry_at=now, at=now
+        )
+    return JobInterrupted(
+        job_id=job.job_id,
+        attempt=job.attempt,
+        failed_nodes=failure.failed_nodes,
+        reason=failure.reason,
+        at=now,
+    )
+
+
+def _user_event(job: JobView, failure: UserFailure, now: float, config: RecoveryConfig) -> Event:
+    what = f"rank {failure.rank} exited with code {failure.exit_code}"
+    if job.user_failures < job.spec.max_retries:
+        return JobAttemptFailed(
+            job_id=job.job_id,
+            attempt=job.attempt,
+            cause="user",
+            reason=what,
+            exit_code=failure.exit_code,
+            retry_at=now + backoff_s(job.user_failures, config),
+            at=now,
+        )
+    if not job.attempt_reasons:
+        return JobFailed(
+            job_id=job.job_id, attempt=job.attempt, reason=what, exit_code=failure.exit_code, at=now
+        )
+    history = [*job.attempt_reasons, f"attempt {job.attempt}: {what}"]
+    reason = (
+        f"{what} on attempt {job.attempt}; {job.user_failures + 1} failed attempts "
+        f"(max_retries {job.spec.max_retries}): " + "; ".join(history)
+    )
+    return JobFailed(
+        job_id=job.job_id, attempt=job.attempt, reason=reason, exit_code=failure.exit_code, at=now
+    )
