@@ -161,10 +161,31 @@ _SCHEMAS: dict[str, Any] = {
             "preemptions": {"type": "integer", "description": "Times this job was preempted and requeued."},
             "last_preempted_at": _NULLABLE_NUM,
             "preempting_for": {**_NULLABLE_STR, "description": "Job this one is being stopped for."},
+            "recovery": _ref("Recovery"),
             "submitted_seq": {"type": "integer"},
             "last_seq": {"type": "integer"},
             "spec": _ref("JobSpec"),
             "links": {"type": "object"},
+        },
+    },
+    "Recovery": {
+        "type": "object",
+        "description": "Failed attempts so far and what they cost; every restart resumes from the latest "
+        "complete checkpoint.",
+        "properties": {
+            "user_failures": {"type": "integer", "description": "Attempts ended by a rank exiting non-zero."},
+            "infra_failures": {
+                "type": "integer",
+                "description": "Attempts ended by a failed node or agent; these never use max_retries.",
+            },
+            "max_retries": {"type": "integer"},
+            "retry_at": {**_NULLABLE_NUM, "description": "A retried job is not bound before this time."},
+            "failed_nodes": {"type": "array", "items": {"type": "string"}},
+            "interrupted_at": {**_NULLABLE_NUM, "description": "Since when a repairing gang waits."},
+            "lost_gpu_s": {"type": "number", "description": "GPU-seconds of work redone after failures."},
+            "resume_step": {**_NULLABLE_INT, "description": "Step the current attempt resumed from."},
+            "latest_checkpoint_step": _NULLABLE_INT,
+            "attempts": {"type": "array", "items": {"type": "string"}, "description": "Why each ended."},
         },
     },
     "JobList": {
@@ -204,6 +225,39 @@ _SCHEMAS: dict[str, Any] = {
             "nodes": {"type": "array", "items": _ref("Node")},
             "count": {"type": "integer"},
             "seq": {"type": "integer"},
+        },
+    },
+    "Checkpoint": {
+        "type": "object",
+        "properties": {
+            "step": {"type": "integer"},
+            "attempt": {"type": "integer", "description": "The job attempt that saved it."},
+            "path": {"type": "string", "description": "The step's folder; its manifest is manifest.json."},
+            "bytes": {"type": "integer"},
+            "shards": {"type": "integer"},
+            "save_s": {"type": "number", "description": "Seconds the save took."},
+            "committed_at": {"type": "number", "description": "Unix seconds."},
+            "manifest_sha256": {"type": "string"},
+            "status": {
+                "type": "string",
+                "enum": ["committed", "verified", "corrupt", "deleted"],
+                "description": "committed: awaiting the checkpoint service's verification.",
+            },
+            "error": {**_NULLABLE_STR, "description": "Why it is corrupt, or why it was deleted."},
+        },
+    },
+    "CheckpointList": {
+        "type": "object",
+        "properties": {
+            "job_id": {"type": "string"},
+            "checkpoints": {"type": "array", "items": _ref("Checkpoint"), "description": "Oldest step first."},
+            "latest_complete": {
+                **_NULLABLE_INT,
+                "description": "Step of the newest complete (committed or verified) checkpoint: what a "
+                "restart resumes from.",
+            },
+            "links": {"type": "object"},
+            "seq": {"type": "integer", "description": "Last stream sequence folded."},
         },
     },
     "State": {
@@ -333,6 +387,17 @@ def openapi_document() -> dict[str, Any]:
                         "404": _problem("Unknown job."),
                         "409": _problem("The job already finished."),
                         "503": _problem("The event log did not acknowledge."),
+                    },
+                },
+            },
+            "/v1/jobs/{job_id}/checkpoints": {
+                "parameters": [_JOB_ID],
+                "get": {
+                    "operationId": "listJobCheckpoints",
+                    "summary": "A job's checkpoints and the latest complete one",
+                    "responses": {
+                        "200": _json("The checkpoints, oldest step first.", _ref("CheckpointList")),
+                        "404": _problem("Unknown job."),
                     },
                 },
             },

@@ -63,10 +63,28 @@ def render_job(job: JobView, positions: dict[str, int]) -> dict[str, Any]:
         "preemptions": job.preemptions,
         "last_preempted_at": job.last_preempted_at,
         "preempting_for": job.preempt_for,
+        "recovery": render_recovery(job),
         "submitted_seq": job.submitted_seq,
         "last_seq": job.last_seq,
         "spec": msgspec.to_builtins(spec),
         "links": job_links(job.job_id),
+    }
+
+
+def render_recovery(job: JobView) -> dict[str, Any]:
+    """What failures cost the job so far, and what it resumes from."""
+    latest = job.latest_checkpoint()
+    return {
+        "user_failures": job.user_failures,
+        "infra_failures": job.infra_failures,
+        "max_retries": job.spec.max_retries,
+        "retry_at": job.retry_at,
+        "failed_nodes": list(job.failed_nodes),
+        "interrupted_at": job.interrupted_at,
+        "lost_gpu_s": job.lost_gpu_s,
+        "resume_step": job.resume_step,
+        "latest_checkpoint_step": latest.step if latest is not None else None,
+        "attempts": list(job.attempt_reasons),
     }
 
 
@@ -87,4 +105,29 @@ def render_node(node: NodeView) -> dict[str, Any]:
         },
         "jobs": sorted(set(node.allocated.values())),
         "registered_at": node.registered_at,
+    }
+
+
+def render_checkpoints(job: JobView) -> dict[str, Any]:
+    """The job's checkpoints, oldest step first, and the one a restart resumes from (the fold says which)."""
+    latest = job.latest_checkpoint()
+    return {
+        "job_id": job.job_id,
+        "checkpoints": [
+            {
+                "step": c.step,
+                "attempt": c.attempt,
+                "path": c.path,
+                "bytes": c.bytes,
+                "shards": c.shards,
+                "save_s": c.save_s,
+                "committed_at": c.committed_at,
+                "manifest_sha256": c.manifest_sha256,
+                "status": c.status,
+                "error": c.error or None,
+            }
+            for c in job.checkpoints
+        ],
+        "latest_complete": latest.step if latest is not None else None,
+        "links": {"job": f"/v1/jobs/{job.job_id}"},
     }

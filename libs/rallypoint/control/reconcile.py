@@ -169,12 +169,14 @@ def _reconcile_launched(
         then, failed_nodes = failure_events(job, failure, now, config)
         healthy = tuple(n for n in _nodes_of(job) if n not in failed_nodes)
         # every rank stops (the healthy ones relaunch with a fresh rendezvous); wait only for the ranks
-        # that can still report: a lost node's ranks never will
+        # that can still report. A lost node's agent cannot answer (a kill would only wait out its
+        # timeout): its ranks are killed when it comes back, before it is used again.
+        reachable = tuple(n for n in _nodes_of(job) if n in state.nodes and state.nodes[n].status != "lost")
         return [
             Kill(
                 job_id=job.job_id,
                 attempt=job.attempt,
-                node_ids=_nodes_of(job),
+                node_ids=reachable,
                 then=then,
                 grace_s=config.failure_grace_s,
                 await_ranks=ranks_on(job, healthy),
