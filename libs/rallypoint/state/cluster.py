@@ -52,6 +52,7 @@ from rallypoint.events import (
     RankExited,
     TaskPlacement,
 )
+from rallypoint.events.codec import Quarantined, QuarantineLog
 
 JobState = Literal["pending", "bound", "running", "repairing", "completed", "failed", "cancelled", "rejected"]
 NodeStatus = Literal["up", "unreachable", "drained", "lost"]
@@ -182,8 +183,8 @@ class JobView(msgspec.Struct, kw_only=True):
 
 #: The meaning of the fold: bump it whenever a handler or a field changes what the same log folds into, so
 #: snapshots of another version are replayed over instead of restored (2: service of preempted attempts;
-#: 3: retries, in-place repair and checkpoints).
-FOLD_VERSION = 3
+#: 3: retries, in-place repair and checkpoints; 4: quarantined messages).
+FOLD_VERSION = 4
 
 
 class ClusterState(msgspec.Struct, kw_only=True):
@@ -195,6 +196,9 @@ class ClusterState(msgspec.Struct, kw_only=True):
     last_seq: int = 0
     ignored_binds: int = 0
     orphans: int = 0
+    # Messages no fold of this version can apply (undecodable, unknown or newer event types): skipped and
+    # kept here, so every fold of one log skips the same ones and the hash covers them.
+    quarantine: QuarantineLog = msgspec.field(default_factory=QuarantineLog)
 
     @property
     def epoch(self) -> int:
@@ -212,6 +216,15 @@ class ClusterState(msgspec.Struct, kw_only=True):
         if handler is not None:
             handler(self, seq, event)
         self.last_seq = max(self.last_seq, seq)
+
+    def apply_stored(self, seq: int, item: Event | Quarantined) -> None:
+        """Fold what the log stores at ``seq``: an event, or a message this version cannot read, which is
+        skipped the same way by every fold and kept in ``quarantine``."""
+        if isinstance(item, Quarantined):
+            self.quarantine.add(item)
+            self.last_seq = max(self.last_seq, seq)
+        else:
+            self.apply(seq, item)
 
     # -- queries ------------------------------------------------------------------------------
 
