@@ -36,7 +36,7 @@ from .fold import FoldFollower
 from .metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
 from .openapi import openapi_document
 from .problems import PROBLEM_JSON, invalid_spec, not_found, problem, unavailable, unparseable
-from .views import job_links, queue_positions, render_job, render_node
+from .views import job_links, queue_positions, render_checkpoints, render_job, render_node
 
 _log = logging.getLogger("rallypoint.api")
 
@@ -288,6 +288,15 @@ class Handlers:
             }
         )
 
+    async def get_checkpoints(self, request: web.Request) -> web.Response:
+        """The job's checkpoints as the log tells them; ``latest_complete`` is what a restart resumes from."""
+        if (not_ready := await self._ready()) is not None:
+            return not_ready
+        job_id, job = self._lookup(request)
+        if job is None:
+            return not_found("job", job_id)
+        return json_response({**render_checkpoints(job), "seq": self.state.last_seq})
+
     async def cancel_job(self, request: web.Request) -> web.Response:
         if (not_ready := await self._ready()) is not None:
             return not_ready
@@ -425,6 +434,7 @@ def build_app(
     app.router.add_get("/v1/jobs", handlers.list_jobs)
     app.router.add_get("/v1/jobs/{job_id}", handlers.get_job)
     app.router.add_delete("/v1/jobs/{job_id}", handlers.cancel_job)
+    app.router.add_get("/v1/jobs/{job_id}/checkpoints", handlers.get_checkpoints)
     app.router.add_get("/v1/nodes", handlers.list_nodes)
     app.router.add_get("/v1/state", handlers.get_state)
     app.router.add_get("/v1/openapi.json", handlers.openapi)

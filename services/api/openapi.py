@@ -250,7 +250,11 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object",
         "properties": {
             "job_id": {"type": "string"},
-            "checkpoints": {"type": "array", "items": _ref("Checkpoint"), "description": "Oldest step first."},
+            "checkpoints": {
+                "type": "array",
+                "items": _ref("Checkpoint"),
+                "description": "Oldest step first.",
+            },
             "latest_complete": {
                 **_NULLABLE_INT,
                 "description": "Step of the newest complete (committed or verified) checkpoint: what a "

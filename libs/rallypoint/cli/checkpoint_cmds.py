@@ -1,0 +1,88 @@
+"""`rally checkpoints JOB`: a job's checkpoints as the log tells them, and the one a restart resumes from.
+
+Exit codes as the other job commands: 0 ok; 2 the request was refused (an unknown job) or could not be
+made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.parse
+from collections.abc import Sequence
+from typing import Any
+
+from .client import ApiClient, ApiError, ApiUnreachable, resolve_api_url
+from .jobs_cmds import EXIT_ERROR, EXIT_OK, _api_arg, format_table
+
+LATEST_MARK = "*"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "checkpoints",
+        help="list a job's checkpoints and its latest complete one",
+        description="List a job's checkpoints, oldest step first. The latest complete one (what a "
+        f"restart resumes from) is marked {LATEST_MARK}.",
+    )
+    parser.add_argument("job_id", metavar="JOB")
+    parser.add_argument("--json", action="store_true", help="print the API's JSON")
+    _api_arg(parser)
+    parser.set_defaults(func=cmd_checkpoints)
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    client = ApiClient(resolve_api_url(args.api_url))
+    path = f"/v1/jobs/{urllib.parse.quote(args.job_id, safe='')}/checkpoints"
+    try:
+        body: dict[str, Any] = client.request("GET", path).body
+    except ApiError as err:
+        if err.status == 404:
+            print(f"error: no job {args.job_id!r} (list jobs with `rally jobs --all`)", file=sys.stderr)
+        else:
+            print(err.line(), file=sys.stderr)
+        return EXIT_ERROR
+    except ApiUnreachable as err:
+        print(err.line(), file=sys.stderr)
+        return EXIT_ERROR
+    if args.json:
+        print(json.dumps(body, indent=2))
+    else:
+        print(format_checkpoints(body["checkpoints"], body.get("latest_complete")))
+    return EXIT_OK
+
+
+def format_checkpoints(checkpoints: Sequence[dict[str, Any]], latest: int | None) -> str:
+    headers = ("", "STEP", "ATTEMPT", "STATUS", "SIZE", "SHARDS", "SAVE", "COMMITTED", "ERROR")
+    rows = [
+        (
+            LATEST_MARK if c["step"] == latest else "",
+            c["step"],
+            c["attempt"],
+            str(c["status"]).upper(),
+            format_size(int(c["bytes"])),
+            c["shards"],
+            f"{float(c['save_s']):.1f}s",
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(c["committed_at"]))),
+            c.get("error") or "",
+        )
+        for c in checkpoints
+    ]
+    footer = (
+        f"{LATEST_MARK} latest complete: step {latest} (a restart resumes from it)"
+        if latest is not None
+        else "no complete checkpoint: a restart starts from the beginning"
+    )
+    return f"{format_table(headers, rows)}\n{footer}"
+
+
+def format_size(size: int) -> str:
+    """Binary units, one decimal: ``512 B``, ``1.5 KiB``, ``3.0 GiB``."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
