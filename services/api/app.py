@@ -30,9 +30,10 @@ from rallypoint.jobs import (
     new_job_id,
     validate_spec,
 )
+from rallypoint.jobs.validate import check_json_depth
 from rallypoint.state import ClusterState, JobState, JobView
 
-from .fold import FoldFollower
+from .fold import FoldFollower, quarantine_metrics
 from .metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
 from .openapi import openapi_document
 from .problems import PROBLEM_JSON, invalid_spec, not_found, problem, unavailable, unparseable
@@ -88,7 +89,12 @@ class Handlers:
     async def submit(self, request: web.Request) -> web.Response:
         raw = await request.read()
         try:
+            # Depth first: a decoder recursing into 3,000 nested arrays fails with RecursionError (a 500).
+            check_json_depth(raw)
             decoded = msgspec.json.decode(raw) if raw else None
+        except SpecError as err:
+            self.submissions["invalid"] += 1
+            return unparseable(f"body is not acceptable JSON: {err.detail}")
         except msgspec.DecodeError as exc:
             self.submissions["invalid"] += 1
             return unparseable(f"body is not valid JSON: {exc}")
@@ -156,6 +162,9 @@ class Handlers:
 
         await self.follower.wait_for_seq(result.seq, self.config.fold_wait_s)
         job = self.state.jobs.get(job_id)
+        if job is None:
+            # Never a 202 for a job this instance's own GET would answer 404 for.
+            return self._not_visible(job_id, result.seq)
         # A retry whose first attempt landed comes back as a duplicate; a concurrent twin shows up in the
         # fold with another submission time. Either way this request created nothing.
         replayed = result.duplicate or (job is not None and job.submitted_at != submitted_at)
@@ -163,6 +172,26 @@ class Handlers:
             return self._replayed(job, spec, key)
         self.submissions["replayed" if replayed else "accepted"] += 1
         return self._accepted(job_id, result.seq, job, replayed=replayed)
+
+    def _not_visible(self, job_id: str, seq: int) -> web.Response:
+        self.submissions["unavailable"] += 1
+        _log.error(
+            "job %s appended at seq %d but not in this API's fold (at seq %d)",
+            job_id,
+            seq,
+            self.state.last_seq,
+        )
+        return problem(
+            503,
+            "Submission not visible yet",
+            f"job {job_id} was appended at seq {seq} but this API's view of the log has not reached it "
+            f"(at seq {self.state.last_seq}); GET /v1/jobs/{job_id} shortly, or retry with the same "
+            "Idempotency-Key",
+            slug="not-visible",
+            headers={"Retry-After": "2", "Location": f"/v1/jobs/{job_id}"},
+            job_id=job_id,
+            seq=seq,
+        )
 
     def _validate(self, payload: object) -> JobSpec:
         nodes = self.state.nodes
@@ -349,15 +378,20 @@ class Handlers:
 
     async def healthz(self, request: web.Request) -> web.Response:
         ok = self.follower.running and self.follower.caught_up.is_set()
+        degraded = self.follower.degraded()
+        status = ("degraded" if degraded else "ok") if ok else "starting" if self.follower.running else "down"
+        # Degraded is still 200: it serves (restarting would not help), but says it is out of date.
         body = {
-            "status": "ok" if ok else "starting" if self.follower.running else "down",
+            "status": status,
             "seq": self.state.last_seq,
             "following": self.follower.following,
+            "degraded": degraded,
         }
         return json_response(body, status=200 if ok else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
         text = render_metrics(self.state, self.submissions, following=self.follower.following)
+        text += quarantine_metrics(self.state)
         return web.Response(text=text, content_type=PROMETHEUS_CONTENT_TYPE)
 
     async def openapi(self, request: web.Request) -> web.Response:

@@ -6,6 +6,8 @@ has reached a sequence they just appended, so a client that gets 202 and immedia
 finds it. ``caught_up`` tells requests whether the initial replay is done (answers from half a log
 would be wrong). If following fails (server restart, gap) the loop resumes from the last folded
 sequence: the fold is a pure function of the log, so continuing from where it stopped is correct.
+A message the fold cannot read is quarantined like in every other service (``Follower``): it never
+stops the fold, and a newer event version among them makes the API report itself degraded.
 """
 
 from __future__ import annotations
@@ -13,14 +15,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import get_args
 
 from rallypoint.eventlog import EventLog, SnapshotStore
+from rallypoint.events.codec import QuarantineReason
 from rallypoint.runtime.follower import Follower
 from rallypoint.runtime.following import SNAPSHOT_NAME
 from rallypoint.state import ClusterState
 
 _log = logging.getLogger("rallypoint.api.fold")
 
+QUARANTINE_REASONS: tuple[str, ...] = get_args(QuarantineReason)
 RETRY_DELAY_S = 1.0
 STOP_TIMEOUT_S = 5.0
 
@@ -55,6 +60,10 @@ class FoldFollower:
                 return
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    def degraded(self) -> list[str]:
+        """Newer event versions in the log than this instance reads: it serves, but not all of the truth."""
+        return self.follower.degraded()
 
     @property
     def running(self) -> bool:
@@ -108,3 +117,15 @@ class FoldFollower:
             return True
         except TimeoutError:
             return False
+
+
+def quarantine_metrics(state: ClusterState) -> str:
+    """Prometheus lines for the messages the fold quarantined, by reason (zeros included)."""
+    lines = [
+        "# HELP rally_events_quarantined_total Log messages the fold skipped: undecodable, unknown or newer.",
+        "# TYPE rally_events_quarantined_total counter",
+    ]
+    for reason in QUARANTINE_REASONS:
+        count = state.quarantine.by_reason.get(reason, 0)
+        lines.append(f'rally_events_quarantined_total{{reason="{reason}"}} {count}')
+    return "\n".join(lines) + "\n"

@@ -3,7 +3,8 @@
 Every ``GangBound`` and ``PreemptionRequested`` records the sequence its snapshot was folded up to
 (``computed_at_seq``), the ``now`` it used and the policy version. Folding the log to that sequence and
 running the same policy at the same ``now`` must give the same decision: that is what makes a
-decision auditable. Pure: the caller supplies the recorded events, in log order.
+decision auditable. Pure: the caller supplies the recorded events, in log order. A message no fold of
+this version can read (``Quarantined``) is skipped as every service skipped it, and listed in the report.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterable
 import msgspec
 
 from rallypoint.events import Event, GangBound, PreemptionRequested
+from rallypoint.events.codec import Quarantined
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.state import ClusterState
 
@@ -36,6 +38,7 @@ class AuditReport(msgspec.Struct, kw_only=True):
     mismatches: list[Mismatch] = []
     final_seq: int = 0
     final_hash: str = ""
+    quarantined: list[int] = []  # sequences of the messages the fold skipped
 
     @property
     def ok(self) -> bool:
@@ -46,7 +49,9 @@ def _placements(event: GangBound) -> str:
     return msgspec.json.encode(sorted(event.placements, key=lambda p: p.task)).decode()
 
 
-def verify_decisions(records: Iterable[tuple[int, Event]], policy: SchedulingPolicy) -> AuditReport:
+def verify_decisions(
+    records: Iterable[tuple[int, Event | Quarantined]], policy: SchedulingPolicy
+) -> AuditReport:
     """``records`` are (seq, event) in log order; every decision made under ``policy`` is recomputed."""
     history = list(records)
     # Which snapshots are needed: decisions grouped by the (seq, now) of the cycle that made them.
@@ -64,7 +69,9 @@ def verify_decisions(records: Iterable[tuple[int, Event]], policy: SchedulingPol
     if 0 in cycles:
         _check(state, cycles.pop(0), policy, report)
     for seq, event in history:
-        state.apply(seq, event)
+        state.apply_stored(seq, event)
+        if isinstance(event, Quarantined):
+            report.quarantined.append(seq)
         if seq in cycles:
             _check(state, cycles.pop(seq), policy, report)
     report.final_seq = state.last_seq

@@ -1,4 +1,9 @@
-"""`rally replay`: rebuild the cluster state from the log and print its hash (the audit's starting point)."""
+"""`rally replay`: rebuild the cluster state from the log and print its hash (the audit's starting point).
+
+A message the fold cannot read is skipped exactly as every service skips it (``ClusterState.apply_stored``)
+and listed: the summary and the audit print the quarantined sequences, an export writes a quarantine
+record in its place, and a history read back quarantines any event this version does not know.
+"""
 
 from __future__ import annotations
 
@@ -11,26 +16,30 @@ import msgspec
 
 from rallypoint.cli.clusterinfo import default_nats_url
 from rallypoint.events import Event
+from rallypoint.events.codec import Quarantined, decode_stored
 from rallypoint.state import ClusterState
+
+#: (seq, what the log stores there) in log order: an event, or a message this version cannot read.
+History = list[tuple[int, Event | Quarantined]]
 
 
 async def replay_state(nats_url: str, to_seq: int | None) -> dict[str, object]:
-    from rallypoint.eventlog import EventLog
+    from rallypoint.eventlog import EventLog, stored
 
     log = await EventLog.connect(nats_url, name="rally-replay", create=False)
     try:
         state = ClusterState()
-        async for rec in log.replay(to_seq=to_seq):
-            state.apply(rec.seq, rec.event)
+        async for rec in log.replay(to_seq=to_seq, quarantine=True):
+            state.apply_stored(rec.seq, stored(rec))
     finally:
         await log.close()
     return summarize(state)
 
 
-def fold(history: list[tuple[int, Event]]) -> ClusterState:
+def fold(history: History) -> ClusterState:
     state = ClusterState()
-    for seq, event in history:
-        state.apply(seq, event)
+    for seq, item in history:
+        state.apply_stored(seq, item)
     return state
 
 
@@ -45,15 +54,30 @@ def summarize(state: ClusterState) -> dict[str, object]:
         "nodes": len(state.nodes),
         "epoch": state.epoch,
         "ignored_binds": state.ignored_binds,
+        "quarantined_total": state.quarantine.total,
+        "quarantined": msgspec.to_builtins(state.quarantine.records),
     }
 
 
-async def read_history(nats_url: str, to_seq: int | None) -> list[tuple[int, Event]]:
-    from rallypoint.eventlog import EventLog
+def quarantine_lines(summary: dict[str, object]) -> list[str]:
+    """What a human reads about the messages the fold skipped (nothing when there are none)."""
+    total = summary["quarantined_total"]
+    records = msgspec.convert(summary["quarantined"], list[Quarantined])
+    if not isinstance(total, int) or not total:
+        return []
+    lines = [f"quarantined {total} message(s) no fold of this version can read, skipped by every service:"]
+    lines += [f"  {r.describe()}" for r in records]
+    if total > len(records):
+        lines.append(f"  ... and {total - len(records)} more")
+    return lines
+
+
+async def read_history(nats_url: str, to_seq: int | None) -> History:
+    from rallypoint.eventlog import EventLog, stored
 
     log = await EventLog.connect(nats_url, name="rally-audit", create=False)
     try:
-        return [(rec.seq, rec.event) async for rec in log.replay(to_seq=to_seq)]
+        return [(rec.seq, stored(rec)) async for rec in log.replay(to_seq=to_seq, quarantine=True)]
     finally:
         await log.close()
 
@@ -75,29 +99,47 @@ def _verify(args: argparse.Namespace) -> int:
         )
         for m in report.mismatches:
             print(f"  seq {m.seq} {m.kind} {m.job_id}: recorded {m.recorded}, recomputed {m.recomputed}")
+        if report.quarantined:
+            print(
+                f"quarantined (skipped by the fold, as by every service): seq {_seq_list(report.quarantined)}"
+            )
     return 0 if report.ok else 1
 
 
-def export_history(history: list[tuple[int, Event]], path: str) -> int:
-    """JSON Lines, one recorded event a line: {"seq", "event"} (the event as stored, tag included)."""
+def _seq_list(seqs: list[int]) -> str:
+    return ", ".join(map(str, seqs))
+
+
+def export_history(history: History, path: str) -> int:
+    """JSON Lines, one stored message a line, in log order: {"seq", "event"} (the event as stored, tag
+    included), or {"seq", "quarantined"} (the quarantine record) for a message this version cannot read."""
     with open(path, "wb") as out:
-        for seq, event in history:
-            out.write(msgspec.json.encode({"seq": seq, "event": event}) + b"\n")
+        for seq, item in history:
+            key = "quarantined" if isinstance(item, Quarantined) else "event"
+            out.write(msgspec.json.encode({"seq": seq, key: item}) + b"\n")
     return len(history)
 
 
-def load_history(path: str) -> list[tuple[int, Event]]:
+def load_history(path: str) -> History:
+    """An exported history; an event this version cannot read (a newer export) comes back quarantined."""
     decoder = msgspec.json.Decoder(_ExportedRecord)
     with open(path, "rb") as source:
-        return [(rec.seq, rec.event) for rec in (decoder.decode(line) for line in source if line.strip())]
+        return [_exported_item(decoder.decode(line)) for line in source if line.strip()]
 
 
 class _ExportedRecord(msgspec.Struct, frozen=True):
     seq: int
-    event: Event
+    event: msgspec.Raw = msgspec.Raw()  # decoded afterwards, so a line this version cannot read is kept
+    quarantined: Quarantined | None = None
 
 
-def _history(args: argparse.Namespace) -> list[tuple[int, Event]]:
+def _exported_item(rec: _ExportedRecord) -> tuple[int, Event | Quarantined]:
+    if rec.quarantined is not None:
+        return rec.seq, rec.quarantined
+    return rec.seq, decode_stored(bytes(rec.event), seq=rec.seq, subject="")
+
+
+def _history(args: argparse.Namespace) -> History:
     if args.history:
         history = load_history(args.history)
         return [(seq, e) for seq, e in history if args.to is None or seq <= args.to]
@@ -114,8 +156,12 @@ def _run(args: argparse.Namespace) -> int:
         if args.verify_decisions:
             return _verify(args)
         if args.export:
-            count = export_history(_history(args), args.export)
+            history = _history(args)
+            count = export_history(history, args.export)
             print(f"exported {count} events to {args.export}")
+            skipped = [seq for seq, item in history if isinstance(item, Quarantined)]
+            if skipped:
+                print(f"quarantine records written for seq {_seq_list(skipped)}")
             return 0
         summary = (
             summarize(fold(_history(args)))
@@ -131,6 +177,8 @@ def _run(args: argparse.Namespace) -> int:
         jobs = ", ".join(f"{k} {v}" for k, v in summary["jobs"].items()) or "none"  # type: ignore[attr-defined]
         print(f"seq {summary['seq']}  hash {summary['hash']}")
         print(f"nodes {summary['nodes']}  jobs: {jobs}  leader epoch {summary['epoch']}")
+        for line in quarantine_lines(summary):
+            print(line)
     return 0
 
 

@@ -12,7 +12,7 @@ from .errors import (
     LogUnavailable,
     UndecodableEvent,
 )
-from .log import AppendResult, EventLog, Recorded
+from .log import AppendResult, EventLog, Recorded, stored
 from .snapshots import SNAPSHOT_BUCKET, SnapshotStore
 
 __all__ = [
@@ -30,4 +30,5 @@ __all__ = [
     "SnapshotStore",
     "UndecodableEvent",
     "connect_nats",
+    "stored",
 ]

@@ -11,6 +11,9 @@ See docs/architecture.md ("The log", "eventlog") for the contract. Design notes:
   retry is reported as a duplicate success instead of a conflict.
 - ``replay`` trusts nothing it does not check: it records the target sequence first, checks every
   sequence it receives, and raises ``LogGap`` rather than returning a short history.
+- A stored message this version cannot decode raises ``UndecodableEvent`` by default. Folds pass
+  ``quarantine=True`` instead and get a ``Quarantined`` record in its place (logged as an ERROR naming
+  its sequence), so that no message can stop a service: see ``rallypoint.events.codec``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 from nats.js.client import JetStreamContext
 
 from rallypoint.events import Event, decode, encode, envelope_from_headers, envelope_headers
+from rallypoint.events.codec import Quarantined, decode_stored
 from rallypoint.events.subjects import STREAM_SUBJECTS
 
 from .connection import connect_nats
@@ -77,12 +81,19 @@ def _event_time(event: Event) -> float:
     return float(at) if at is not None else time.time()
 
 
-def _to_recorded(msg: Msg, seq: int) -> Recorded:
-    try:
-        event = decode(msg.data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise UndecodableEvent(seq, msg.subject, str(exc)) from exc
-    return Recorded(seq=seq, subject=msg.subject, event=event, envelope=envelope_from_headers(msg.headers))
+def stored(item: Recorded | Quarantined) -> Event | Quarantined:
+    """What a fold applies for one stored message (``ClusterState.apply_stored``)."""
+    return item if isinstance(item, Quarantined) else item.event
+
+
+def _to_recorded(msg: Msg, seq: int, quarantine: bool) -> Recorded | Quarantined:
+    item = decode_stored(msg.data, seq=seq, subject=msg.subject)
+    if isinstance(item, Quarantined):
+        if not quarantine:
+            raise UndecodableEvent(seq, msg.subject, f"{item.reason}: {item.error}")
+        _log.error("quarantined the message at %s", item.describe(), extra={"seq": seq})
+        return item
+    return Recorded(seq=seq, subject=msg.subject, event=item, envelope=envelope_from_headers(msg.headers))
 
 
 def _stream_seq(msg: Msg) -> int:
@@ -356,11 +367,13 @@ class EventLog:
         to_seq: int | None = None,
         subjects: str = STREAM_SUBJECTS,
         stall_timeout: float = 10.0,
-    ) -> AsyncIterator[Recorded]:
+        quarantine: bool = False,
+    ) -> AsyncIterator[Recorded | Quarantined]:
         """Every event in [from_seq, to_seq or the last seq recorded when called], in order, or LogGap.
 
         Over the whole stream sequences must be contiguous; with a narrower ``subjects`` filter they
-        jump, and the replay must still reach the last sequence stored on that filter.
+        jump, and the replay must still reach the last sequence stored on that filter. A message that
+        cannot be decoded raises ``UndecodableEvent``, or with ``quarantine`` comes as a ``Quarantined``.
         """
         whole = subjects == STREAM_SUBJECTS
         info = await self._stream_info()
@@ -399,7 +412,7 @@ class EventLog:
                         raise LogGap(
                             f"replay of {subjects} jumped from {last} past its target {target} to {seq}"
                         )
-                    yield _to_recorded(msg, seq)
+                    yield _to_recorded(msg, seq, quarantine)
                     last = seq
                     if seq == target and not stop_beyond:
                         return
@@ -408,12 +421,18 @@ class EventLog:
                 await sub.unsubscribe()
 
     async def follow(
-        self, *, from_seq: int, subjects: str = STREAM_SUBJECTS, probe_interval: float = 5.0
-    ) -> AsyncIterator[Recorded]:
+        self,
+        *,
+        from_seq: int,
+        subjects: str = STREAM_SUBJECTS,
+        probe_interval: float = 5.0,
+        quarantine: bool = False,
+    ) -> AsyncIterator[Recorded | Quarantined]:
         """Events from ``from_seq`` on, live, forever; survives reconnects and server restarts.
 
         When idle for ``probe_interval`` it asks the stream whether it has missed something (a consumer
         lost with a restarted server, a silent skip) and resubscribes from the next sequence if so.
+        Undecodable messages are handled as in ``replay``.
         """
         whole = subjects == STREAM_SUBJECTS
         next_seq = max(1, from_seq)
@@ -455,7 +474,7 @@ class EventLog:
                             _log.warning("follow: expected seq %d, got %d; resubscribing", next_seq, seq)
                             resubscribe = True
                             break
-                        yield _to_recorded(msg, seq)
+                        yield _to_recorded(msg, seq, quarantine)
                         next_seq = seq + 1
             finally:
                 with contextlib.suppress(Exception):

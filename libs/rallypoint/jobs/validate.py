@@ -5,6 +5,9 @@ raises ``SpecError`` naming the first offending field, so the API can answer a p
 points at it and the CLI can print ``error: <field>: <detail>``. Nothing invalid is ever appended to
 the log: the scheduler and every fold may assume a ``JobSpec`` in a ``JobSubmitted`` is coherent.
 
+Every number and size a submission may carry is bounded (the "Limits" section of docs/api.md): what
+passes here fits a NATS message, a PostgreSQL column and an exec() of the ranks.
+
 Job ids are derived here too, because they become NATS subject tokens (``rally.job.<id>``) and an id
 derived from (team, Idempotency-Key) is what makes a retried submission land on the existing job.
 """
@@ -15,7 +18,10 @@ import hashlib
 import re
 import secrets
 from collections.abc import Mapping
+from itertools import accumulate
 from typing import Any, cast, get_args
+
+import msgspec
 
 from rallypoint.events import JobSpec, TopologyLevel
 from rallypoint.events.subjects import TOKEN_PATTERN
@@ -24,6 +30,36 @@ DEFAULT_MAX_GPUS_PER_NODE = 8
 MAX_RETRIES_LIMIT = 100
 MAX_GPU_TYPES = 16
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
+
+# --- limits (docs/api.md, "Limits"; the OpenAPI schema states the same numbers) ----------------------
+#: Nesting of arrays and objects in a request body: a spec needs 3; JSON decoders recurse per level.
+MAX_JSON_DEPTH = 32
+#: Any GPU count (gpus, gpus_per_task, min_gpus, ...): ten times the largest cluster we plan for.
+MAX_GPUS = 1_000_000
+MAX_TIME_LIMIT_S = 365 * 24 * 3600  # one year
+#: One command argument or environment value, in UTF-8 bytes. Linux refuses any single exec string over
+#: 128 KiB (MAX_ARG_STRLEN) with "Argument list too long", after the job was already scheduled.
+MAX_ARG_BYTES = 32 * 1024
+MAX_COMMAND_ITEMS = 4096
+MAX_ENV_VARS = 256
+MAX_ENV_NAME_LENGTH = 256
+#: The whole command, and the whole env, as JSON: together they keep a JobSubmitted well under NATS's
+#: 1 MiB message limit and the ranks' exec well under Linux's 2 MiB ARG_MAX.
+MAX_COMMAND_BYTES = 256 * 1024
+MAX_ENV_BYTES = 256 * 1024
+#: gpu_type, each of gpu_types, checkpoint_dir (PATH_MAX).
+MAX_TEXT_LENGTH = 4096
+
+# Upper bounds of the integer fields that have no other one (max_retries has its own range).
+_MAXIMUM: dict[str, tuple[int, str]] = {
+    "gpus": (MAX_GPUS, " GPUs"),
+    "gpus_per_task": (MAX_GPUS, " GPUs"),
+    "ranks_per_task": (MAX_GPUS, ""),
+    "min_gpus": (MAX_GPUS, " GPUs"),
+    "max_gpus": (MAX_GPUS, " GPUs"),
+    "gpu_step": (MAX_GPUS, " GPUs"),
+    "time_limit_s": (MAX_TIME_LIMIT_S, " seconds (one year)"),
+}
 
 PRIORITY_CLASSES: tuple[str, ...] = (
     "production",
@@ -82,6 +118,9 @@ def _int(body: Mapping[str, Any], field: str) -> int | None:
     # bool is an int subclass in Python; JSON true must not pass as 1 GPU.
     if isinstance(value, bool) or not isinstance(value, int):
         raise SpecError(field, f"must be an integer, got {_type_name(value)}")
+    maximum, unit = _MAXIMUM.get(field, (None, ""))
+    if maximum is not None and value > maximum:
+        raise SpecError(field, f"must be <= {maximum}{unit}, got {value}")
     return value
 
 
@@ -225,12 +264,31 @@ def _check_command(body: Mapping[str, Any]) -> tuple[str, ...]:
         raise SpecError("command", f"must be an array of strings, got {_type_name(command)}")
     if not command:
         raise SpecError("command", "must not be empty")
+    if len(command) > MAX_COMMAND_ITEMS:
+        raise SpecError("command", f"at most {MAX_COMMAND_ITEMS} elements, got {len(command)}")
     for i, arg in enumerate(command):
         if not isinstance(arg, str):
             raise SpecError("command", f"element {i} must be a string, got {_type_name(arg)}")
+        _check_exec_string("command", f"element {i}", arg)
     if not command[0]:
         raise SpecError("command", "the program (element 0) must not be empty")
+    _check_total("command", command, MAX_COMMAND_BYTES)
     return tuple(command)
+
+
+def _check_exec_string(field: str, what: str, value: str) -> None:
+    """A string that ends up in a rank's exec(): no NUL, not longer than one exec string may be."""
+    if "\x00" in value:
+        raise SpecError(field, f"{what} contains a NUL character")
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_ARG_BYTES:
+        raise SpecError(field, f"{what} is {size} bytes; at most {MAX_ARG_BYTES}")
+
+
+def _check_total(field: str, value: object, limit: int) -> None:
+    size = len(msgspec.json.encode(value))
+    if size > limit:
+        raise SpecError(field, f"is {size} bytes as JSON; at most {limit}")
 
 
 def _check_priority(body: Mapping[str, Any]) -> str:
@@ -250,11 +308,18 @@ def _check_env(body: Mapping[str, Any]) -> dict[str, str]:
         return {}
     if not isinstance(env, Mapping):
         raise SpecError("env", f"must be an object of strings, got {_type_name(env)}")
+    if len(env) > MAX_ENV_VARS:
+        raise SpecError("env", f"at most {MAX_ENV_VARS} variables, got {len(env)}")
     for key, value in env.items():
-        if not isinstance(key, str) or not ENV_NAME_PATTERN.match(key):
-            raise SpecError("env", f"{key!r} is not a valid environment variable name")
+        if not isinstance(key, str) or len(key) > MAX_ENV_NAME_LENGTH or not ENV_NAME_PATTERN.match(key):
+            shown = key if not isinstance(key, str) or len(key) <= 64 else f"{key[:64]}..."
+            raise SpecError(
+                "env", f"{shown!r} is not a valid environment variable name (at most {MAX_ENV_NAME_LENGTH})"
+            )
         if not isinstance(value, str):
             raise SpecError("env", f"value of {key} must be a string, got {_type_name(value)}")
+        _check_exec_string("env", f"value of {key}", value)
+    _check_total("env", env, MAX_ENV_BYTES)
     return dict(env)
 
 
@@ -262,6 +327,8 @@ def _non_empty_optional(body: Mapping[str, Any], field: str) -> str | None:
     value = _str(body, field)
     if value is not None and not value:
         raise SpecError(field, "must not be empty (omit it instead)")
+    if value is not None and len(value) > MAX_TEXT_LENGTH:
+        raise SpecError(field, f"at most {MAX_TEXT_LENGTH} characters, got {len(value)}")
     return value
 
 
@@ -278,8 +345,12 @@ def _check_gpu_types(body: Mapping[str, Any], gpu_type: str | None) -> tuple[str
     if len(value) > MAX_GPU_TYPES:
         raise SpecError("gpu_types", f"at most {MAX_GPU_TYPES} types, got {len(value)}")
     for i, t in enumerate(value):
-        if not isinstance(t, str) or not t:
-            raise SpecError("gpu_types", f"item {i} must be a non-empty string, got {t!r}")
+        if not isinstance(t, str) or not t or len(t) > MAX_TEXT_LENGTH:
+            shown = t if not isinstance(t, str) or len(t) <= 64 else f"{t[:64]}..."
+            raise SpecError(
+                "gpu_types",
+                f"item {i} must be a non-empty string of at most {MAX_TEXT_LENGTH}, got {shown!r}",
+            )
     if len(set(value)) != len(value):
         raise SpecError("gpu_types", "lists a type more than once")
     return tuple(value)
@@ -342,6 +413,27 @@ def _check_elastic(
     if (hi - lo) % step:
         raise SpecError("max_gpus", f"{hi} is not reachable from min_gpus={lo} in steps of {step}")
     return lo, hi, step
+
+
+# --- the request body, before it is decoded ---------------------------------------------------------
+
+# A JSON string literal (escapes included), so that brackets inside strings are not counted.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_DEPTH_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def json_depth(raw: bytes) -> int:
+    """Deepest nesting of arrays and objects in a JSON text, found without decoding it."""
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
+
+
+def check_json_depth(raw: bytes, limit: int = MAX_JSON_DEPTH) -> None:
+    """Refuse a body nested deeper than ``limit`` before any decoder recurses into it."""
+    depth = json_depth(raw)
+    if depth > limit:
+        raise SpecError("body", f"JSON nested {depth} levels deep; at most {limit}")
 
 
 def check_fits_cluster(spec: JobSpec, total_gpus: int, max_gpus_per_node: int) -> None:

@@ -11,6 +11,10 @@ How a restart stays exactly-once in effect (the log delivers at least once):
    connection died during COMMIT we cannot know whether it landed, so the position is read first: at
    the batch's last sequence it did land; at the old position it did not (retry); anything else means
    another writer moved it, and the projector re-synchronises from step 1.
+
+A message the fold cannot read is quarantined (``rallypoint.events.codec``): the fold keeps it, the
+archive gets a row of type ``quarantined`` for it, and it is written in a transaction of its own, so the
+projection never stops on it and stays equal to every other fold of the log.
 """
 
 from __future__ import annotations
@@ -19,17 +23,21 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any, Protocol, TypeVar
+from collections.abc import AsyncIterator, Callable
+from functools import partial
+from typing import Any, Literal, Protocol, TypeVar
 
 import msgspec
 
 from rallypoint.eventlog import LogUnavailable
+from rallypoint.events.codec import Quarantined
 
-from .rows import Batch, ReadModel, RecordedLike
+from .rows import Batch, EventRow, ReadModel, RecordedLike
 from .store import DEFAULT_NAME, TRANSIENT_ERRORS, PositionMoved, Store
 
 log = logging.getLogger("rallypoint.projection")
+
+Stored = RecordedLike | Quarantined  # what the log holds at one sequence, as the projector reads it
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -40,9 +48,16 @@ class LogReader(Protocol):
 
     async def last_seq(self, subject_filter: str | None = None) -> int: ...
     def replay(
-        self, *, from_seq: int = 1, to_seq: int | None = None, subjects: str = "rally.>"
-    ) -> AsyncIterator[RecordedLike]: ...
-    def follow(self, *, from_seq: int, subjects: str = "rally.>") -> AsyncIterator[RecordedLike]: ...
+        self,
+        *,
+        from_seq: int = 1,
+        to_seq: int | None = None,
+        subjects: str = "rally.>",
+        quarantine: Literal[True],
+    ) -> AsyncIterator[Stored]: ...
+    def follow(
+        self, *, from_seq: int, subjects: str = "rally.>", quarantine: Literal[True]
+    ) -> AsyncIterator[Stored]: ...
 
 
 class ProjectionError(Exception):
@@ -70,7 +85,7 @@ class _Failed:
         self.error = error
 
 
-_Item = RecordedLike | _End | _Failed
+_Item = Stored | _End | _Failed
 
 
 class Projector:
@@ -177,8 +192,11 @@ class Projector:
                 log.warning("ignoring unreadable snapshot at seq %d: %s", snapshot[0], exc)
                 model = ReadModel()
         if model.position < position:
-            async for rec in self.log.replay(from_seq=model.position + 1, to_seq=position):
-                model.apply(rec.seq, rec.event)
+            async for rec in self.log.replay(from_seq=model.position + 1, to_seq=position, quarantine=True):
+                if isinstance(rec, Quarantined):
+                    model.state.apply_stored(rec.seq, rec)
+                else:
+                    model.apply(rec.seq, rec.event)
         if model.position != position:
             raise ProjectionError(
                 f"projection {self.name!r} is at seq {position} but the log folds only to "
@@ -210,7 +228,8 @@ class Projector:
         target = to_seq if to_seq is not None else await self.log.last_seq()
         while self.position < target:
             try:
-                await self._consume(self.log.replay(from_seq=self.position + 1, to_seq=target), None)
+                source = self.log.replay(from_seq=self.position + 1, to_seq=target, quarantine=True)
+                await self._consume(source, None)
             except PositionMoved as exc:
                 await self._resync(exc)
         return self.position
@@ -228,7 +247,7 @@ class Projector:
                 try:
                     if not self._synced:
                         await self.sync()
-                    await self._consume(self.log.follow(from_seq=self.position + 1), stop)
+                    await self._consume(self.log.follow(from_seq=self.position + 1, quarantine=True), stop)
                 except PositionMoved as exc:
                     await self._resync(exc)
                 except LogUnavailable as exc:
@@ -253,7 +272,7 @@ class Projector:
         log.warning("%s; re-synchronising from the stored position", exc)
         await self.sync()
 
-    async def _consume(self, source: AsyncIterator[RecordedLike], stop: asyncio.Event | None) -> None:
+    async def _consume(self, source: AsyncIterator[Stored], stop: asyncio.Event | None) -> None:
         # A pump task owns the source iterator: cancelling a pending __anext__ from the batching side
         # would close an async generator mid-read, so the batcher only ever waits on a queue.
         queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=self.batch_size * 4)
@@ -294,13 +313,13 @@ class Projector:
         queue: asyncio.Queue[_Item],
         getter: asyncio.Task[_Item] | None,
         stop_task: asyncio.Task[bool] | None,
-    ) -> tuple[list[RecordedLike], bool, asyncio.Task[_Item] | None]:
+    ) -> tuple[list[Stored], bool, asyncio.Task[_Item] | None]:
         """Up to ``batch_size`` records, waiting at most ``batch_wait`` after the first one.
 
         The pending ``queue.get()`` task survives a timeout and is reused by the next call: cancelling
         it could drop a record it had already taken off the queue.
         """
-        records: list[RecordedLike] = []
+        records: list[Stored] = []
         deadline: float | None = None
         loop = asyncio.get_running_loop()
         while len(records) < self.batch_size:
@@ -332,10 +351,31 @@ class Projector:
                 deadline = loop.time() + self.batch_wait
         return records, False, getter
 
-    async def _apply(self, records: list[RecordedLike]) -> None:
+    async def _apply(self, records: list[Stored]) -> None:
+        """Commit a batch in log order: each run of events in one transaction, a quarantined message alone."""
+        run: list[RecordedLike] = []
+        for item in records:
+            if isinstance(item, Quarantined):
+                if run:
+                    await self._commit(partial(self.model.fold, run))
+                    run = []
+                await self._commit(partial(self._fold_quarantined, item))
+            else:
+                run.append(item)
+        if run:
+            await self._commit(partial(self.model.fold, run))
+
+    def _fold_quarantined(self, item: Quarantined) -> Batch | None:
+        if item.seq <= self.model.position:
+            return None  # a redelivery
+        self.model.state.apply_stored(item.seq, item)
+        return Batch(first_seq=item.seq, last_seq=item.seq, events=[_quarantine_row(item)], jobs=[], nodes=[])
+
+    async def _commit(self, fold: Callable[[], Batch | None]) -> None:
+        """Fold (``fold`` moves ``self.model``) and write the batch it returns, fenced on the position."""
         before = self.model.position
         try:
-            batch = self.model.fold(records)
+            batch = fold()
             if batch is None:
                 return  # every record was a redelivery at or below the position
             snapshot = None
@@ -384,6 +424,14 @@ async def _cancel_until_done(task: asyncio.Task[None]) -> None:
         await asyncio.wait({task}, timeout=0.5)
     if not task.cancelled() and task.exception() is not None:
         log.debug("pump ended with %r", task.exception())
+
+
+_json = msgspec.json.Encoder()
+
+
+def _quarantine_row(item: Quarantined) -> EventRow:
+    """The archive row of a quarantined message: its place in the log and why it was skipped."""
+    return (item.seq, item.subject, "quarantined", None, _json.encode(item).decode(), "{}")
 
 
 class _Step(Protocol[T_co]):

@@ -6,12 +6,16 @@ import asyncio
 
 import msgspec
 
-from rallypoint.eventlog import EventLog, SnapshotStore
+from rallypoint.eventlog import EventLog, SnapshotStore, stored
 from rallypoint.state import ClusterState
 
 
 class Follower:
-    """Keeps a ClusterState folded up to the log's tip; wakes waiters on every event."""
+    """Keeps a ClusterState folded up to the log's tip; wakes waiters on every event.
+
+    A message this version cannot read is quarantined (kept in the state, logged), never a reason to
+    stop: a service that stopped folding would stall without a word while its peers went on.
+    """
 
     def __init__(self, log: EventLog) -> None:
         self.log = log
@@ -20,15 +24,19 @@ class Follower:
         self._advanced = asyncio.Condition()
 
     async def catch_up(self) -> None:
-        async for rec in self.log.replay(from_seq=self.state.last_seq + 1):
-            self.state.apply(rec.seq, rec.event)
+        async for rec in self.log.replay(from_seq=self.state.last_seq + 1, quarantine=True):
+            self.state.apply_stored(rec.seq, stored(rec))
 
     async def run(self) -> None:
-        async for rec in self.log.follow(from_seq=self.state.last_seq + 1):
-            self.state.apply(rec.seq, rec.event)
+        async for rec in self.log.follow(from_seq=self.state.last_seq + 1, quarantine=True):
+            self.state.apply_stored(rec.seq, stored(rec))
             self.changed.set()
             async with self._advanced:
                 self._advanced.notify_all()
+
+    def degraded(self) -> list[str]:
+        """Why this service cannot fully follow the log: newer versions of events it must understand."""
+        return self.state.quarantine.newer_versions()
 
     async def wait_for(self, seq: int, timeout: float = 10.0) -> None:
         """Until the fold has applied ``seq`` (our own append, say)."""

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from rallypoint.eventlog import EventLogError, SnapshotStore
 
 from .follower import Follower
+from .health import add_health_check
 from .service import ServiceContext
 
 _log = logging.getLogger("rallypoint.following")
@@ -28,7 +29,9 @@ SNAPSHOT_CHECK_S = float(os.environ.get("RALLY_SNAPSHOT_CHECK_S", "30"))
 async def open_follower(ctx: ServiceContext, *, snapshots: bool = True) -> Follower:
     """Restore from the newest snapshot (if any), replay the tail, then follow in the background.
 
-    The follow and snapshot tasks are cancelled when the service's exit stack closes."""
+    The follow and snapshot tasks are cancelled when the service's exit stack closes. Health reports the
+    service degraded while the log holds newer event versions than it reads, and unhealthy if following
+    stops (never silently: the reason is logged)."""
     log = await ctx.event_log()
     follower = Follower(log)
     store: SnapshotStore | None = None
@@ -41,7 +44,11 @@ async def open_follower(ctx: ServiceContext, *, snapshots: bool = True) -> Follo
             _log.warning("no snapshot (%s); replaying from the start", exc)
     await follower.catch_up()
     _log.info("caught up at seq %d", follower.state.last_seq)
-    tasks = [asyncio.create_task(follower.run(), name="follow")]
+    follow = asyncio.create_task(follower.run(), name="follow")
+    follow.add_done_callback(lambda task: _follow_ended(task, follower))
+    add_health_check(ctx, follower.degraded, degraded=True)
+    add_health_check(ctx, lambda: ["following the log stopped"] if follow.done() else [], degraded=False)
+    tasks = [follow]
     if store is not None:
         tasks.append(asyncio.create_task(_save_periodically(follower, store), name="snapshots"))
 
@@ -54,6 +61,18 @@ async def open_follower(ctx: ServiceContext, *, snapshots: bool = True) -> Follo
 
     ctx.stack.push_async_callback(stop_tasks)
     return follower
+
+
+def _follow_ended(task: asyncio.Task[None], follower: Follower) -> None:
+    if task.cancelled():
+        return
+    # Every service acts on this fold: one that stops following must say so, or it stalls unseen.
+    _log.error(
+        "following the log stopped at seq %d: %r",
+        follower.state.last_seq,
+        task.exception(),
+        extra={"seq": follower.state.last_seq},
+    )
 
 
 async def _save_periodically(follower: Follower, store: SnapshotStore) -> None:

@@ -1,36 +1,74 @@
-"""GET /healthz for services without an HTTP API of their own, for Kubernetes and compose probes."""
+"""GET /healthz for services without an HTTP API of their own, for Kubernetes and compose probes.
+
+Three answers: ``ok`` (200); ``degraded`` (200: the service runs and follows the log but meets something it
+cannot understand, such as a newer version of an event during a rolling upgrade; restarting it would not
+help, upgrading it does); ``unhealthy`` (503: restart it). ``/readyz`` is 503 unless the status is ``ok``,
+for deployments that want a degraded instance out of rotation.
+
+Parts of a service add what they know with ``add_health_check`` (the log follower does).
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 if TYPE_CHECKING:
     from .service import ServiceContext
 
+#: Returns the reasons for its concern now; an empty list when all is well.
+HealthCheck = Callable[[], list[str]]
+
+# ServiceContext -> (checks that make it unhealthy, checks that make it degraded). Weak: a context lives
+# as long as its service and nothing here may keep it alive.
+_checks: weakref.WeakKeyDictionary[ServiceContext, tuple[list[HealthCheck], list[HealthCheck]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def add_health_check(ctx: ServiceContext, check: HealthCheck, *, degraded: bool) -> None:
+    """Have ``/healthz`` ask ``check``: its reasons make the service degraded, or else unhealthy."""
+    unhealthy, degrading = _checks.setdefault(ctx, ([], []))
+    (degrading if degraded else unhealthy).append(check)
+
+
+def health_report(ctx: ServiceContext, main_task: asyncio.Task[int | None]) -> dict[str, Any]:
+    """The /healthz body: status, problems (unhealthy) and degraded reasons."""
+    unhealthy, degrading = _checks.get(ctx, ([], []))
+    problems = [reason for check in unhealthy for reason in check()]
+    if main_task.done():
+        problems.append("main task ended")
+    nc = ctx.nats_client
+    if nc is not None and not nc.is_connected:
+        problems.append("NATS not connected")
+    degraded = [reason for check in degrading for reason in check()]
+    return {
+        "service": ctx.config.service,
+        "instance": ctx.config.instance,
+        "status": "unhealthy" if problems else "degraded" if degraded else "ok",
+        "problems": problems,
+        "degraded": degraded,
+    }
+
 
 async def serve_health(ctx: ServiceContext, main_task: asyncio.Task[int | None], port: int) -> None:
     """Healthy while the service's main task runs and its NATS connection (if opened) is connected."""
 
     async def healthz(_request: web.Request) -> web.Response:
-        nc = ctx.nats_client
-        problems = []
-        if main_task.done():
-            problems.append("main task ended")
-        if nc is not None and not nc.is_connected:
-            problems.append("NATS not connected")
-        body = {
-            "service": ctx.config.service,
-            "instance": ctx.config.instance,
-            "status": "unhealthy" if problems else "ok",
-            "problems": problems,
-        }
-        return web.json_response(body, status=503 if problems else 200)
+        body = health_report(ctx, main_task)
+        return web.json_response(body, status=503 if body["status"] == "unhealthy" else 200)
+
+    async def readyz(_request: web.Request) -> web.Response:
+        body = health_report(ctx, main_task)
+        return web.json_response(body, status=200 if body["status"] == "ok" else 503)
 
     app = web.Application()
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "0.0.0.0", port)
