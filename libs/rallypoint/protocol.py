@@ -62,6 +62,10 @@ class RankStatus(msgspec.Struct, frozen=True, kw_only=True):
     rank: int
     pid: int
     exit_code: int | None = None
+    # the rank's latest progress report (training client): step reached, seconds per step, when
+    step: int | None = None
+    step_time_s: float | None = None
+    progress_at: float | None = None
 
 
 class StatusReply(msgspec.Struct, frozen=True, kw_only=True):

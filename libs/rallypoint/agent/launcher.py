@@ -174,6 +174,8 @@ class RankLauncher:
                 # and CUDA_VISIBLE_DEVICES) numbers them in PCI bus order. Make CUDA agree.
                 env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
                 env.update(rank_environment(task, spec))
+                # the training client appends checkpoint commits and step progress here (reports.py)
+                env["RALLY_REPORT_FILE"] = str(record.file("report"))
                 self._spawn(record, task.command, env)
                 started.append(spec.rank)
         return LaunchOutcome(started=tuple(started), already=tuple(already))
@@ -241,6 +243,16 @@ class RankLauncher:
                 )
                 for r in sorted(self._ranks.values(), key=lambda r: r.key)
             )
+
+    def report_files(self) -> list[tuple[str, int, int, Path]]:
+        """(job, attempt, rank, report file) of every rank whose reports may still hold news: running, or
+        exited with the exit not yet in the log (its last lines are read before its exit is reported)."""
+        with self._lock:
+            return [
+                (r.job_id, r.attempt, r.rank, r.file("report"))
+                for r in self._ranks.values()
+                if r.exit is None or not r.reported
+            ]
 
     def busy_gpus(self) -> set[int]:
         """GPU indices held by ranks that have not exited (for the simulated backend's utilization)."""

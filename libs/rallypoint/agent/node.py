@@ -28,19 +28,34 @@ from nats.aio.subscription import Subscription
 
 from rallypoint.agent.backend import GpuBackend, gpu_infos
 from rallypoint.agent.launcher import RankExit, RankLauncher
+from rallypoint.agent.reports import ReportTail
 from rallypoint.agent.sim_backend import SimulatedGpus
 from rallypoint.eventlog import AppendConflict, EventLog
-from rallypoint.events import NodeRegistered, RankExited, subjects
+from rallypoint.events import CheckpointCommitted, NodeRegistered, RankExited, subjects
 from rallypoint.protocol import (
     Heartbeat,
     KillReply,
     KillTask,
     LaunchReply,
     LaunchTask,
+    RankStatus,
     StatusReply,
 )
 
 _log = logging.getLogger(__name__)
+
+# The fields of a checkpoint report line that CheckpointCommitted carries (the agent adds node_id).
+CHECKPOINT_FIELDS = (
+    "job_id",
+    "attempt",
+    "step",
+    "path",
+    "manifest_sha256",
+    "bytes",
+    "shards",
+    "save_s",
+    "at",
+)
 _json = msgspec.json.Encoder()
 
 
@@ -95,6 +110,7 @@ class NodeAgent:
         self._subs: list[Subscription] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._reports: asyncio.Queue[RankExit] = asyncio.Queue()
+        self._tail = ReportTail()
         self.registered_seq: int | None = None
         self.heartbeats_sent = 0
 
@@ -195,8 +211,23 @@ class NodeAgent:
         )
         return seq
 
+    async def report_checkpoint(self, line: dict[str, object]) -> int | None:
+        """Append CheckpointCommitted for a rank's commit line; a malformed line is skipped, not fatal."""
+        try:
+            event = msgspec.convert(
+                {k: line.get(k) for k in CHECKPOINT_FIELDS} | {"node_id": self.node_id}, CheckpointCommitted
+            )
+        except msgspec.ValidationError as exc:
+            _log.warning("skipping a checkpoint report that does not fit CheckpointCommitted: %s", exc)
+            return None
+        seq = await self._append_until_stored(
+            subjects.checkpoint(event.job_id), event, f"{event.job_id}:ckpt:{event.step}"
+        )
+        _log.info("%s committed checkpoint step %d (seq %d)", event.job_id, event.step, seq)
+        return seq
+
     async def _append_until_stored(
-        self, subject: str, event: NodeRegistered | RankExited, msg_id: str
+        self, subject: str, event: NodeRegistered | RankExited | CheckpointCommitted, msg_id: str
     ) -> int:
         delay = 0.1
         while True:
@@ -230,7 +261,7 @@ class NodeAgent:
             self.backend.set_busy(range(len(self.backend.inventory())), False)
             self.backend.set_busy(busy, True)
         gpus = await asyncio.to_thread(self.backend.sample)
-        ranks = tuple(r for r in self.launcher.status() if r.exit_code is None)
+        ranks = tuple(self._with_progress(r) for r in self.launcher.status() if r.exit_code is None)
         beat = Heartbeat(
             node_id=self.node_id,
             agent_instance=self.config.instance,
@@ -243,14 +274,31 @@ class NodeAgent:
         self.heartbeats_sent += 1
         return beat
 
+    def _with_progress(self, rank: RankStatus) -> RankStatus:
+        line = self._tail.progress.get((rank.job_id, rank.attempt, rank.rank))
+        if line is None:
+            return rank
+        return msgspec.structs.replace(
+            rank, step=line.get("step"), step_time_s=line.get("step_time_s"), progress_at=line.get("at")
+        )
+
     async def _watch_loop(self) -> None:
         while True:
             try:
-                for exit in await asyncio.to_thread(self.launcher.poll):
+                exits = await asyncio.to_thread(self.launcher.poll)
+                # A rank writes its commit line before it exits: reading the reports after the poll, and
+                # appending them before the exits go out, puts every commit in the log before its exit.
+                await self._read_reports()
+                for exit in exits:
                     self._reports.put_nowait(exit)
             except Exception:
                 _log.exception("polling ranks failed")
             await asyncio.sleep(self.config.poll_interval_s)
+
+    async def _read_reports(self) -> None:
+        for _job, _attempt, _rank, path in self.launcher.report_files():
+            for line in await asyncio.to_thread(self._tail.read, path):
+                await self.report_checkpoint(line)
 
     async def _report_loop(self) -> None:
         while True:

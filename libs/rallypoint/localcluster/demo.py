@@ -1,7 +1,9 @@
 """`rally demo`: a local cluster, a mixed batch of jobs, live progress, a summary, a clean exit.
 
 The batch: a 16-GPU gang over 2 nodes, a job that fails, several 1-4 GPU jobs, one job cancelled
-while it runs. The demo exits 0 only when every job ended the way it should and nothing is left running.
+while it runs. Then a node hangs under a running 16-GPU gang, which resumes on a replacement node from
+its last checkpoint (``demo_recovery``). The demo exits 0 only when every job ended the way it should
+and nothing is left running.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .demo_recovery import run_recovery_act
 from .http import call
 from .supervisor import LocalCluster
 
@@ -118,7 +121,12 @@ def run_demo(nodes: int, gpus_per_node: int, racks: int, *, timeout: float = 180
                 print(f"error: services died: {', '.join(dead)}", file=sys.stderr)
                 return 1
             time.sleep(0.5)
-        return _summarize(views, nodes * gpus_per_node)
+        outcome = _summarize(views, nodes * gpus_per_node)
+        resilient = run_recovery_act(cluster)
+        if resilient.get("state") != "completed":
+            print(f"  unexpected outcome of the recovery act: {resilient.get('state')}", file=sys.stderr)
+            return 1
+        return outcome
     finally:
         cluster.stop()
         leftovers = [n for n, p in cluster.processes.items() if p.running()]

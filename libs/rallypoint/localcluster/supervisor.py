@@ -195,6 +195,15 @@ class LocalCluster:
         self.processes[name] = proc
         return proc
 
+    def freeze_node(self, node_id: str, sig: int = signal.SIGSTOP) -> None:
+        """Hang a node as a wedged machine does (SIGSTOP its agent and every rank it runs), or thaw it
+        (SIGCONT). For tests, benchmarks and the demo: nothing answers, nothing exits, nothing is killed."""
+        os.kill(self.processes[f"agent-{node_id}"].pid, sig)
+        for pid_file in sorted((self.workdir / "agents" / node_id).glob("*/*/rank-*.pid")):
+            record = workdir.read_record(pid_file) or {}
+            for pid_key, start_key in (("pid", "pid_start"), ("wrapper_pid", "wrapper_start")):
+                workdir.signal_group(record.get(pid_key), record.get(start_key), signal.Signals(sig))
+
     def dead_services(self) -> list[str]:
         return sorted(name for name, proc in self.processes.items() if not proc.running())
 

@@ -1,0 +1,285 @@
+"""End to end: jobs survive failures on a real local cluster (6 agents x 8 GPUs in 2 racks of 3).
+
+- a rank exiting non-zero is retried ``max_retries`` times with backoff, then fails naming the attempts;
+  a job that exits 0 on its second attempt ends completed;
+- a node under a running 2-node gang hangs (its agent and ranks frozen): the gang keeps its healthy node,
+  a replacement in the same rack is swapped in, the ranks resume from the last complete checkpoint and
+  the final state equals an uninterrupted run's bit for bit; the node answers again, its stale ranks are
+  killed and it returns to service;
+- preempting a checkpointing job writes a checkpoint before its ranks stop; the requeued job resumes
+  from it and the lost work recorded is the time since that checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rallypoint.agent import workdir
+from rallypoint.eventlog import EventLog
+from rallypoint.events import (
+    CheckpointCommitted,
+    Event,
+    GangBound,
+    GangRepaired,
+    JobCompleted,
+    JobInterrupted,
+    JobPreempted,
+    JobStarted,
+    RankExited,
+)
+from rallypoint.localcluster import LocalCluster
+from rallypoint.localcluster.http import call
+from rallypoint.state import ClusterState
+
+pytestmark = pytest.mark.slow
+
+TERMINAL = {"completed", "failed", "cancelled", "rejected"}
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_numpy.py"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    local = LocalCluster(tmp_path_factory.mktemp("recovery"), nodes=6, gpus_per_node=8, racks=2)
+    with local:
+        yield local
+
+
+def submit(cluster: LocalCluster, name: str, command: list[str], **fields: Any) -> str:
+    body = {
+        "name": name,
+        "team": "e2e",
+        "gpus": 1,
+        "gpus_per_task": 1,
+        "ranks_per_task": 1,
+        "command": command,
+    }
+    body.update(fields)
+    status, answer = call("POST", f"{cluster.api_url}/v1/jobs", body)
+    assert status == 202, answer
+    return str(answer["job_id"])
+
+
+def job(cluster: LocalCluster, job_id: str) -> dict[str, Any]:
+    status, view = call("GET", f"{cluster.api_url}/v1/jobs/{job_id}")
+    assert status == 200, view
+    return dict(view)
+
+
+def wait_for(cluster: LocalCluster, job_id: str, states: set[str], timeout: float = 90.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    view: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        with contextlib.suppress(AssertionError, OSError):
+            view = job(cluster, job_id)
+        if view.get("state") in states:
+            return view
+        time.sleep(0.2)
+    raise AssertionError(f"{job_id} never reached {states}; last seen {view}")
+
+
+def history(cluster: LocalCluster) -> list[tuple[int, Event]]:
+    async def read() -> list[tuple[int, Event]]:
+        log = await EventLog.connect(cluster.nats_url, name="e2e-recovery", create=False)
+        try:
+            return [(rec.seq, rec.event) async for rec in log.replay()]
+        finally:
+            await log.close()
+
+    return asyncio.run(read())
+
+
+def of_job(events: list[tuple[int, Event]], job_id: str) -> list[Event]:
+    return [e for _, e in events if getattr(e, "job_id", None) == job_id]
+
+
+# --- retries -----------------------------------------------------------------------------------------
+
+
+def test_a_failing_rank_is_retried_max_retries_times_with_backoff_then_fails_naming_the_attempts(
+    cluster: LocalCluster,
+) -> None:
+    job_id = submit(cluster, "always-fails", ["sh", "-c", "exit 7"], max_retries=3)
+    view = wait_for(cluster, job_id, TERMINAL, timeout=120)
+    assert view["state"] == "failed" and view["exit_code"] == 7
+    assert view["recovery"]["user_failures"] == 3 and view["attempt"] == 4
+    for attempt in range(1, 5):
+        assert f"attempt {attempt}: rank 0 exited with code 7" in view["reason"]
+    starts = [e.at for e in of_job(history(cluster), job_id) if isinstance(e, JobStarted)]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    # the local cluster's backoff is 1 s, doubling: each retry waits at least as long as it says
+    assert len(gaps) == 3 and all(gap >= want for gap, want in zip(gaps, (1.0, 2.0, 4.0), strict=True)), gaps
+
+
+def test_a_job_that_exits_0_on_its_second_attempt_ends_completed(cluster: LocalCluster) -> None:
+    job_id = submit(cluster, "flaky", ["sh", "-c", 'test "$RALLY_ATTEMPT" -ge 2'], max_retries=2)
+    view = wait_for(cluster, job_id, TERMINAL, timeout=60)
+    assert (view["state"], view["attempt"], view["recovery"]["user_failures"]) == ("completed", 2, 1)
+
+
+# --- a hung node under a running gang ------------------------------------------------------------------
+
+
+def train_command(steps: int, step_time: float, every: int) -> list[str]:
+    return [
+        sys.executable,
+        str(EXAMPLE),
+        "--steps",
+        str(steps),
+        "--step-time",
+        str(step_time),
+        "--ckpt-every",
+        str(every),
+    ]
+
+
+def uninterrupted(tmp: Path, world: int, steps: int, every: int) -> dict[int, str]:
+    """The example run straight through, without Rallypoint: each rank's final state digest."""
+    procs = []
+    for rank in range(world):
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK="0",
+            RALLY_JOB_ID="baseline",
+            RALLY_ATTEMPT="1",
+            RALLY_CHECKPOINT_DIR=str(tmp),
+        )
+        procs.append(subprocess.Popen(train_command(steps, 0.0, every), env=env))
+    assert [p.wait(120) for p in procs] == [0] * world
+    return final_digests(tmp, world)
+
+
+def final_digests(folder: Path, world: int) -> dict[int, str]:
+    return {r: (folder / f"final-rank-{r}.sha256").read_text().strip() for r in range(world)}
+
+
+def live_rank_pids(cluster: LocalCluster, node_id: str, job_id: str, attempt: int) -> list[int]:
+    alive = []
+    for pid_file in sorted((cluster.workdir / "agents" / node_id / job_id / str(attempt)).glob("rank-*.pid")):
+        record = workdir.read_record(pid_file) or {}
+        if workdir.same_process(record.get("pid"), record.get("pid_start")):
+            alive.append(int(record["pid"]))
+    return alive
+
+
+def test_a_hung_node_is_replaced_in_its_rack_and_the_gang_resumes_to_the_uninterrupted_result(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    steps, every = 60, 5
+    job_id = submit(
+        cluster,
+        "gang",
+        train_command(steps, 0.25, every),
+        gpus=16,
+        gpus_per_task=8,
+        ranks_per_task=1,
+    )
+    view = wait_for(cluster, job_id, {"running"})
+    first, second = view["nodes"]
+    checkpoints = cluster.checkpoint_root / job_id
+    deadline = time.monotonic() + 60
+    while not any(checkpoints.glob("step-*/manifest.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    hung = second
+    cluster.freeze_node(hung, signal.SIGSTOP)
+    frozen_at = time.time()
+    try:
+        done = wait_for(cluster, job_id, TERMINAL, timeout=120)
+    finally:
+        cluster.freeze_node(hung, signal.SIGCONT)
+    assert done["state"] == "completed", done
+    events = history(cluster)
+    mine = of_job(events, job_id)
+    [interrupted] = [e for e in mine if isinstance(e, JobInterrupted)]
+    [repaired] = [e for e in mine if isinstance(e, GangRepaired)]
+    assert interrupted.failed_nodes == (hung,) and interrupted.at - frozen_at <= 20
+    [swap] = repaired.swaps
+    assert swap.from_node == hung and swap.to_node not in (first, second)
+    racks = {n["node_id"]: n["rack"] for n in call("GET", f"{cluster.api_url}/v1/nodes")[1]["nodes"]}
+    assert racks[swap.to_node] == racks[first], "a free node in the survivor's rack is preferred"
+    resumed = [e for e in mine if isinstance(e, JobStarted) and e.attempt == 2]
+    assert resumed and resumed[0].resume_step is not None and resumed[0].resume_step >= every
+    assert_never_released(events, job_id, first)
+    assert final_digests(checkpoints, 2) == uninterrupted(tmp_path / "baseline", 2, steps, every)
+    assert done["recovery"]["user_failures"] == 0 and done["recovery"]["infra_failures"] == 1
+
+    # the hung node answers again: back in service, and the ranks it still ran for attempt 1 are killed
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        nodes = {n["node_id"]: n for n in call("GET", f"{cluster.api_url}/v1/nodes")[1]["nodes"]}
+        if nodes[hung]["status"] == "up" and not live_rank_pids(cluster, hung, job_id, 1):
+            break
+        time.sleep(0.5)
+    assert nodes[hung]["status"] == "up"
+    assert live_rank_pids(cluster, hung, job_id, 1) == []
+
+
+def assert_never_released(events: list[tuple[int, Event]], job_id: str, node_id: str) -> None:
+    """From the first bind to completion, the survivor's GPUs belong to the job at every sequence."""
+    state = ClusterState()
+    holding = False
+    for seq, event in events:
+        state.apply(seq, event)
+        if isinstance(event, GangBound) and event.job_id == job_id:
+            holding = True
+        if isinstance(event, JobCompleted) and event.job_id == job_id:
+            return
+        if holding:
+            assert job_id in state.nodes[node_id].allocated.values(), f"released at seq {seq} ({event})"
+    raise AssertionError("the job never completed in the log")
+
+
+# --- checkpoint-aware preemption ------------------------------------------------------------------------
+
+
+def test_a_preempted_job_checkpoints_before_its_ranks_stop_and_resumes_from_it(cluster: LocalCluster) -> None:
+    steps, every = 2000, 100000  # checkpoints only when told to stop
+    fillers = [
+        submit(
+            cluster,
+            f"filler-{i}",
+            train_command(steps, 0.05, every),
+            gpus=8,
+            gpus_per_task=8,
+            priority="best-effort",
+        )
+        for i in range(6)
+    ]
+    for filler in fillers:
+        wait_for(cluster, filler, {"running"})
+    time.sleep(2.0)
+    urgent = submit(
+        cluster, "urgent", ["sh", "-c", "sleep 1"], gpus=8, gpus_per_task=8, priority="production"
+    )
+    assert wait_for(cluster, urgent, TERMINAL)["state"] == "completed"
+    events = history(cluster)
+    [victim] = [f for f in fillers if any(isinstance(e, JobPreempted) for e in of_job(events, f))]
+    mine = of_job(events, victim)
+    kinds = [type(e).__name__ for e in mine]
+    commit = next(e for e in mine if isinstance(e, CheckpointCommitted) and e.attempt == 1)
+    exit_index = next(i for i, e in enumerate(mine) if isinstance(e, RankExited) and e.attempt == 1)
+    assert mine.index(commit) < exit_index, kinds
+    [preempted] = [e for e in mine if isinstance(e, JobPreempted)]
+    assert preempted.checkpoint_step == commit.step
+    assert preempted.lost_gpu_s == pytest.approx(8 * (preempted.at - commit.at), abs=0.01)
+    assert preempted.lost_gpu_s < 8 * 5.0, "only the seconds since the checkpoint are lost"
+    view = wait_for(cluster, victim, {"running", "completed"})
+    restarted = [e for e in of_job(history(cluster), victim) if isinstance(e, JobStarted) and e.attempt == 2]
+    assert restarted and restarted[0].resume_step == commit.step, view
+    for filler in fillers:
+        call("DELETE", f"{cluster.api_url}/v1/jobs/{filler}")
+    for filler in fillers:
+        wait_for(cluster, filler, TERMINAL, timeout=60)
