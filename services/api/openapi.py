@@ -10,6 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 from rallypoint.jobs import PRIORITY_CLASSES, TOPOLOGY_LEVELS
+from rallypoint.jobs.validate import (
+    MAX_ARG_BYTES,
+    MAX_COMMAND_BYTES,
+    MAX_COMMAND_ITEMS,
+    MAX_ENV_BYTES,
+    MAX_ENV_NAME_LENGTH,
+    MAX_ENV_VARS,
+    MAX_GPUS,
+    MAX_JSON_DEPTH,
+    MAX_TEXT_LENGTH,
+    MAX_TIME_LIMIT_S,
+)
 
 _JOB_STATES = ["pending", "bound", "running", "completed", "failed", "cancelled", "rejected"]
 
@@ -33,6 +45,15 @@ _NULLABLE_INT = {"type": ["integer", "null"]}
 _NULLABLE_NUM = {"type": ["number", "null"]}
 _NULLABLE_STR = {"type": ["string", "null"]}
 _TOPOLOGY = {"type": ["string", "null"], "enum": [*TOPOLOGY_LEVELS, None]}
+# Limits (docs/api.md, "Limits"): the validator enforces the same numbers, and byte limits in UTF-8.
+_GPU_COUNT = {"minimum": 1, "maximum": MAX_GPUS}
+_NULLABLE_GPUS = {**_NULLABLE_INT, **_GPU_COUNT}
+_NULLABLE_TEXT = {**_NULLABLE_STR, "maxLength": MAX_TEXT_LENGTH}
+_EXEC_STRING = {
+    "type": "string",
+    "maxLength": MAX_ARG_BYTES,
+    "description": f"At most {MAX_ARG_BYTES} UTF-8 bytes; no NUL.",
+}
 
 _SCHEMAS: dict[str, Any] = {
     "JobSpec": {
@@ -42,44 +63,57 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "name": {"type": "string", "pattern": r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"},
             "team": {"type": "string", "pattern": r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$"},
-            "gpus": {"type": "integer", "minimum": 1, "description": "Size of the gang: all or nothing."},
+            "gpus": {"type": "integer", **_GPU_COUNT, "description": "Size of the gang: all or nothing."},
             "gpus_per_task": {
                 "type": "integer",
-                "minimum": 1,
+                **_GPU_COUNT,
                 "description": "GPUs of one task (one node). Default min(gpus, GPUs per node); "
                 "must divide gpus.",
             },
             "ranks_per_task": {
                 "type": "integer",
-                "minimum": 1,
+                **_GPU_COUNT,
                 "description": "Processes per task. Default gpus_per_task; must divide it.",
             },
-            "command": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+            "command": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": MAX_COMMAND_ITEMS,
+                "items": _EXEC_STRING,
+                "description": f"At most {MAX_COMMAND_BYTES} bytes as JSON in all.",
+            },
             "priority": {"type": "string", "enum": list(PRIORITY_CLASSES), "default": "training-standard"},
             "env": {
                 "type": "object",
-                "additionalProperties": {"type": "string"},
-                "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+                "maxProperties": MAX_ENV_VARS,
+                "additionalProperties": _EXEC_STRING,
+                "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$", "maxLength": MAX_ENV_NAME_LENGTH},
+                "description": f"At most {MAX_ENV_BYTES} bytes as JSON in all.",
             },
-            "time_limit_s": {"type": ["integer", "null"], "exclusiveMinimum": 0},
-            "gpu_type": _NULLABLE_STR,
+            "time_limit_s": {
+                "type": ["integer", "null"],
+                "exclusiveMinimum": 0,
+                "maximum": MAX_TIME_LIMIT_S,
+                "description": "Seconds; at most one year.",
+            },
+            "gpu_type": _NULLABLE_TEXT,
             "gpu_types": {
                 "type": ["array", "null"],
                 "minItems": 1,
                 "maxItems": 16,
                 "uniqueItems": True,
-                "items": {"type": "string", "minLength": 1},
+                "items": {"type": "string", "minLength": 1, "maxLength": MAX_TEXT_LENGTH},
                 "description": "Several acceptable GPU types, most preferred first; not with gpu_type.",
             },
             "topology_required": _TOPOLOGY,
             "topology_preferred": {**_TOPOLOGY, "description": "No wider than topology_required."},
-            "min_gpus": {**_NULLABLE_INT, "description": "Elastic jobs: smallest size (default gpus)."},
-            "max_gpus": {**_NULLABLE_INT, "description": "Elastic jobs: largest size (default gpus)."},
+            "min_gpus": {**_NULLABLE_GPUS, "description": "Elastic jobs: smallest size (default gpus)."},
+            "max_gpus": {**_NULLABLE_GPUS, "description": "Elastic jobs: largest size (default gpus)."},
             "gpu_step": {
-                **_NULLABLE_INT,
+                **_NULLABLE_GPUS,
                 "description": "Elastic jobs: size step, a multiple of gpus_per_task.",
             },
-            "checkpoint_dir": _NULLABLE_STR,
+            "checkpoint_dir": _NULLABLE_TEXT,
             "max_retries": {"type": "integer", "minimum": 0, "maximum": 100, "default": 0},
         },
     },
@@ -341,13 +375,16 @@ def openapi_document() -> dict[str, Any]:
                             _ref("Accepted"),
                             _REPLAYED,
                         ),
-                        "400": _problem("Body is not JSON."),
+                        "400": _problem(f"Body is not JSON, or nested deeper than {MAX_JSON_DEPTH} levels."),
                         "415": _problem("CloudEvents batch mode."),
                         "422": _problem(
                             "Invalid spec, larger than the cluster, or a reused key with "
                             "another spec; nothing was appended."
                         ),
-                        "503": _problem("The event log did not acknowledge; retry with the same key."),
+                        "503": _problem(
+                            "The event log did not acknowledge, or this instance cannot see the appended job "
+                            "yet; retry with the same key."
+                        ),
                     },
                 },
                 "get": {
@@ -431,7 +468,10 @@ def openapi_document() -> dict[str, Any]:
                     "operationId": "health",
                     "summary": "200 once the log is replayed",
                     "responses": {
-                        "200": {"description": "Serving."},
+                        "200": {
+                            "description": "Serving: `status` ok, or degraded (with `degraded` reasons) when "
+                            "the log holds newer event versions than this instance reads."
+                        },
                         "503": {"description": "Still replaying, or not following."},
                     },
                 }
