@@ -1,1 +1,1 @@
-"""Checkpoint service: manifests, verification and GC (filled in by a later issue)."""
+"""Checkpoint service: verification and retention of the jobs' sharded checkpoints."""

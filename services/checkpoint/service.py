@@ -1,6 +1,9 @@
-"""`rally serve checkpoint`: follows the log and keeps the shared state.
+"""`rally serve checkpoint`: verifies committed checkpoints and applies the retention policy.
 
-Its decisions (manifests, verification, garbage collection) arrive with a later issue.
+Every committed step is re-read (manifest and every shard) and recorded ``CheckpointVerified``; corrupt
+steps and steps older than the newest ``--keep`` complete ones are removed and recorded
+``CheckpointDeleted``, never the newest complete one. Decisions: ``rallypoint.checkpoints``.
+Run one replica: a second one repeats the file work, though the log dedupes its events.
 """
 
 from __future__ import annotations
@@ -9,24 +12,54 @@ import argparse
 import logging
 from collections.abc import Sequence
 
+from rallypoint.checkpoints import DEFAULT_KEEP, RetentionPolicy
+from rallypoint.ckpt import verify_checkpoint
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
-from rallypoint.runtime.follower import Follower
-from rallypoint.runtime.following import with_follower
+from rallypoint.runtime.following import open_follower
+
+from .actions import CheckpointActions
+from .keeper import CheckpointKeeper
 
 _log = logging.getLogger("rallypoint.checkpoint")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1 (the newest complete checkpoint is always kept)")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rally serve checkpoint", description=__doc__)
     add_common_args(parser)
+    parser.add_argument(
+        "--keep",
+        type=_positive,
+        default=DEFAULT_KEEP,
+        help=f"complete checkpoints kept per job, the newest ones (default {DEFAULT_KEEP})",
+    )
+    parser.add_argument(
+        "--max-parallel", type=_positive, default=2, help="checkpoints verified at once (default 2)"
+    )
+    parser.add_argument("--tick", type=float, default=5.0, help="seconds between retries of failed work")
+    parser.add_argument("--sweep", type=float, default=60.0, help="seconds between full passes over all jobs")
     args = parser.parse_args(argv)
     config = ServiceConfig.from_args("checkpoint", args)
 
     async def run(ctx: ServiceContext) -> int:
-        async def idle(follower: Follower) -> None:
-            _log.info("following the log from seq %d", follower.state.last_seq)
-            await ctx.stop.wait()
-
-        return await with_follower(ctx, idle)
+        follower = await open_follower(ctx)
+        _log.info("verifying commits; keeping the newest %d complete checkpoints per job", args.keep)
+        actions = CheckpointActions(follower.log, follower, verify_checkpoint, max_parallel=args.max_parallel)
+        keeper = CheckpointKeeper(
+            follower.log,
+            follower,
+            actions,
+            policy=RetentionPolicy(keep=args.keep),
+            tick_s=args.tick,
+            sweep_s=args.sweep,
+        )
+        await keeper.run(ctx.stop)
+        return 0
 
     return run_service(run, config)

@@ -22,6 +22,7 @@ from rallypoint.checkpoints import (
     deleted_event,
     deleted_msg_id,
     is_step_folder,
+    keep_files_because,
     mismatch,
     plan_checkpoints,
     plan_jobs,
@@ -92,6 +93,10 @@ def given_job(history: str) -> JobView:
     return given_state((JOB, history)).jobs[JOB]
 
 
+def delete(step: int, reason: str, at: str | None = None) -> Delete:
+    return Delete(job_id=JOB, step=step, path=at or path(step), manifest_sha256=sha(step), reason=reason)
+
+
 # (history, keep, steps verified, {deleted step: reason prefix})
 CASES = [
     ("", 3, [], {}),
@@ -141,13 +146,8 @@ def test_a_deletion_says_why() -> None:
     plan = plan_checkpoints(given_job("v1 v2 x3"), RetentionPolicy(keep=1))
 
     assert plan.delete == (
-        Delete(job_id=JOB, step=3, path=path(3), reason="corrupt: shard 3 of step 3: sha256 mismatch"),
-        Delete(
-            job_id=JOB,
-            step=1,
-            path=path(1),
-            reason="retention: older than the newest 1 complete checkpoints",
-        ),
+        delete(3, "corrupt: shard 3 of step 3: sha256 mismatch"),
+        delete(1, "retention: older than the newest 1 complete checkpoints"),
     )
 
 
@@ -241,12 +241,34 @@ def test_verification_verdicts(outcome: Outcome, error: str) -> None:
 
 
 def test_deleted_event_and_message_ids() -> None:
-    task = Delete(job_id=JOB, step=1, path=path(1), reason="retention: x")
+    task = DELETE
 
     assert deleted_event(task, 7.0) == CheckpointDeleted(job_id=JOB, step=1, reason="retention: x", at=7.0)
-    assert "files left in place" in deleted_event(task, 7.0, removed=False).reason
+    assert deleted_event(task, 7.0, left_because="why").reason == "retention: x; files left in place: why"
     assert verified_msg_id(JOB, 1) == "j-1:ckpt:1:verified"
     assert deleted_msg_id(JOB, 1) == "j-1:ckpt:1:deleted"
+
+
+DELETE = delete(1, "retention: x")
+
+
+@pytest.mark.parametrize(
+    ("candidate", "manifest", "why"),
+    [
+        (path(1), sha(1), ""),  # the committed checkpoint's folder
+        (path(1), None, ""),  # its manifest is gone already (a half-finished earlier removal)
+        (path(1), sha(9), "its manifest was rewritten after the commit"),  # a later save of step 1
+        (path(2), sha(1), f"{path(2)} is not the folder of step 1"),
+        ("/ckpt/j-1", None, "/ckpt/j-1 is not the folder of step 1"),
+        ("/", None, "/ is not the folder of step 1"),
+    ],
+)
+def test_files_are_removed_only_from_the_committed_step_folder(
+    candidate: str, manifest: str | None, why: str
+) -> None:
+    task = delete(1, "retention: x", at=candidate)
+
+    assert keep_files_because(task, manifest) == why
 
 
 @pytest.mark.parametrize(

@@ -59,6 +59,7 @@ class Delete(msgspec.Struct, frozen=True, kw_only=True):
     job_id: str
     step: int
     path: str
+    manifest_sha256: str  # the committed manifest: a folder holding another one is not this checkpoint
     reason: str
 
 
@@ -122,4 +123,10 @@ def _verify(job_id: str, checkpoint: CheckpointView) -> Verify:
 
 
 def _delete(job_id: str, checkpoint: CheckpointView, reason: str) -> Delete:
-    return Delete(job_id=job_id, step=checkpoint.step, path=checkpoint.path, reason=reason)
+    return Delete(
+        job_id=job_id,
+        step=checkpoint.step,
+        path=checkpoint.path,
+        manifest_sha256=checkpoint.manifest_sha256,
+        reason=reason,
+    )

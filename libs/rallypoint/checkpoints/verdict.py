@@ -60,19 +60,29 @@ def verified_event(task: Verify, outcome: VerifyOutcome, at: float) -> Checkpoin
     return CheckpointVerified(job_id=task.job_id, step=task.step, ok=not error, error=error, at=at)
 
 
-def deleted_event(task: Delete, at: float, *, removed: bool = True) -> CheckpointDeleted:
-    reason = (
-        task.reason if removed else f"{task.reason}; files left in place: {task.path} is not a step folder"
-    )
+def deleted_event(task: Delete, at: float, *, left_because: str = "") -> CheckpointDeleted:
+    """The deletion as recorded; ``left_because`` says why the files were not removed (see below)."""
+    reason = f"{task.reason}; files left in place: {left_because}" if left_because else task.reason
     return CheckpointDeleted(job_id=task.job_id, step=task.step, reason=reason, at=at)
 
 
-def is_step_folder(path: str, step: int) -> bool:
-    """Whether ``path`` names the folder of ``step``: the service removes nothing else.
+def keep_files_because(task: Delete, manifest_sha256: str | None) -> str:
+    """Why the folder at ``task.path`` must not be removed ("" when it may be).
 
-    The path comes from an event the node agent appended; a wrong one (``/``, a job's whole checkpoint
-    directory) must never reach ``rmtree``.
+    ``manifest_sha256`` is the digest of the folder's manifest now (None: there is none). The path comes
+    from an event the node agent appended: a wrong one (``/``, a job's whole checkpoint folder) must never
+    reach ``rmtree``. And a folder whose manifest is no longer the committed one holds a later save of
+    the same step (a retried attempt re-saving it), which is not this checkpoint's to delete.
     """
+    if not is_step_folder(task.path, task.step):
+        return f"{task.path} is not the folder of step {task.step}"
+    if manifest_sha256 is not None and manifest_sha256 != task.manifest_sha256:
+        return "its manifest was rewritten after the commit"
+    return ""
+
+
+def is_step_folder(path: str, step: int) -> bool:
+    """Whether ``path`` is an absolute path naming the folder of ``step`` (``.../step-<12 digits>``)."""
     pure = PurePath(path)
     match = _STEP_FOLDER.match(pure.name)
     return pure.is_absolute() and match is not None and int(match.group(1)) == step

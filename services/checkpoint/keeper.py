@@ -1,0 +1,151 @@
+"""The checkpoint service's loop: plan the jobs whose checkpoints changed, carry the plans out.
+
+Level-triggered: a plan is recomputed from the folded state every time, so a restart (or a lost
+action) needs no memory, only another pass. What *is* remembered is which jobs to look at: at 12,500
+nodes there are thousands of jobs, and re-planning all of them on every event would make the service's
+cost grow with the cluster instead of with the checkpoints. So:
+
+- at start, every job is planned once (the log may hold work a previous instance left);
+- then a second, server-filtered follow of ``rally.ckpt.>`` marks the job of each checkpoint event dirty
+  once the fold has applied it (our own appends included: a verification may free older steps);
+- a job whose work failed is retried on the next tick, and every ``sweep_s`` all jobs are planned again,
+  the level-triggered backstop for anything the above could miss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from rallypoint.checkpoints import RetentionPolicy, plan_jobs
+from rallypoint.eventlog import EventLog, Recorded
+from rallypoint.events import CheckpointEvent, subjects
+from rallypoint.runtime.follower import Follower
+
+from .actions import CheckpointActions
+
+_log = logging.getLogger("rallypoint.checkpoint")
+
+RESTART_DELAY_S = 1.0
+
+
+class CheckpointKeeper:
+    def __init__(
+        self,
+        log: EventLog,
+        follower: Follower,
+        actions: CheckpointActions,
+        *,
+        policy: RetentionPolicy,
+        tick_s: float = 5.0,
+        sweep_s: float = 60.0,
+    ) -> None:
+        self.log = log
+        self.follower = follower
+        self.actions = actions
+        self.policy = policy
+        self.tick_s = tick_s
+        self.sweep_s = sweep_s
+        self.passes = 0  # plans computed, for tests and logs: proportional to changes, not to jobs
+        self._dirty: set[str] = set()
+        self._retry: set[str] = set()
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._wake = asyncio.Event()
+
+    def mark(self, job_ids: Iterable[str]) -> None:
+        self._dirty.update(job_ids)
+        self._wake.set()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing dirty, in flight or waiting for a retry."""
+        return not (self._dirty or self._inflight or self._retry)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        watcher = asyncio.create_task(self._watch(self.follower.state.last_seq + 1), name="ckpt-watch")
+        self.mark(self.follower.state.jobs)
+        next_tick = next_sweep = time.monotonic()
+        try:
+            while not stop.is_set():
+                now = time.monotonic()
+                if now >= next_tick:
+                    self.mark(self._retry)
+                    self._retry.clear()
+                    next_tick = now + self.tick_s
+                if now >= next_sweep:
+                    self.mark(self.follower.state.jobs)
+                    next_sweep = now + self.sweep_s
+                self._wake.clear()
+                self.reconcile()
+                await _first_of(self._wake, stop, timeout=max(0.0, min(next_tick, next_sweep) - now))
+        finally:
+            watcher.cancel()
+            for task in [watcher, *self._inflight.values()]:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    def reconcile(self) -> None:
+        """Plan the dirty jobs that have no work in flight; start each non-empty plan."""
+        ready = {job_id for job_id in self._dirty if job_id not in self._inflight}
+        self._dirty -= ready
+        self.passes += len(ready)
+        for plan in plan_jobs(self.follower.state, ready, self.policy):
+            task = asyncio.create_task(self.actions.carry_out(plan), name=f"ckpt-{plan.job_id}")
+            self._inflight[plan.job_id] = task
+            task.add_done_callback(self._finished(plan.job_id))
+
+    def _finished(self, job_id: str) -> Callable[[asyncio.Task[None]], None]:
+        def done(task: asyncio.Task[None]) -> None:
+            self._inflight.pop(job_id, None)
+            if task.cancelled():
+                return
+            exc = task.exception()
+            if exc is None:
+                self.mark([job_id])  # the fold has the outcomes: plan again for any follow-up work
+                return
+            _log.warning(
+                "job %s: checkpoint work failed (%s: %s); will retry", job_id, type(exc).__name__, exc
+            )
+            self._retry.add(job_id)
+
+        return done
+
+    async def _watch(self, from_seq: int) -> None:
+        """Mark the job of every checkpoint event dirty, once the fold has applied the event."""
+        next_seq = from_seq
+        while True:
+            try:
+                # quarantine=True: what the fold skips as unreadable, this follow skips too.
+                follow = self.log.follow(from_seq=next_seq, subjects=subjects.CHECKPOINTS, quarantine=True)
+                async for item in follow:
+                    await self._folded(item.seq)
+                    if isinstance(item, Recorded) and isinstance(item.event, CheckpointEvent):
+                        self.mark([item.event.job_id])
+                    next_seq = item.seq + 1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # The periodic sweep covers what is missed meanwhile; resume where we stopped.
+                _log.warning("following checkpoint events failed at seq %d: %s; retrying", next_seq, exc)
+                await asyncio.sleep(RESTART_DELAY_S)
+
+    async def _folded(self, seq: int) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await self.follower.wait_for(seq, timeout=30.0)
+                return
+            _log.warning("the fold has not reached seq %d after 30 s; still waiting", seq)
+
+
+async def _first_of(wake: asyncio.Event, stop: asyncio.Event, *, timeout: float) -> None:
+    """Until ``wake`` or ``stop`` is set, or ``timeout`` passes."""
+    waiters = {asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stop.wait())}
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
