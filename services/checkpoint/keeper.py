@@ -66,8 +66,7 @@ class CheckpointKeeper:
 
     async def run(self, stop: asyncio.Event) -> None:
         watcher = asyncio.create_task(self._watch(self.follower.state.last_seq + 1), name="ckpt-watch")
-        self.mark(self.follower.state.jobs)
-        next_tick = next_sweep = time.monotonic()
+        next_tick = next_sweep = time.monotonic()  # the first pass is a sweep: every job once
         try:
             while not stop.is_set():
                 now = time.monotonic()
