@@ -183,8 +183,9 @@ class JobView(msgspec.Struct, kw_only=True):
 
 #: The meaning of the fold: bump it whenever a handler or a field changes what the same log folds into, so
 #: snapshots of another version are replayed over instead of restored (2: service of preempted attempts;
-#: 3: retries, in-place repair and checkpoints; 4: quarantined messages).
-FOLD_VERSION = 4
+#: 3: retries, in-place repair and checkpoints; 4: quarantined messages; 5: a later attempt's commit of a
+#: step replaces the earlier record).
+FOLD_VERSION = 5
 
 
 class ClusterState(msgspec.Struct, kw_only=True):
@@ -634,8 +635,13 @@ def _on_checkpoint_committed(state: ClusterState, seq: int, e: CheckpointCommitt
     if job is None:
         state.orphans += 1
         return
-    if _checkpoint(state, e.job_id, e.step, seq) is not None:
-        return  # a repeat (the agent retried the append): the first record stands
+    existing = _checkpoint(state, e.job_id, e.step, seq)
+    if existing is not None:
+        if e.attempt <= existing.attempt:
+            return  # a repeat (the agent retried the append): the first record stands
+        # a later attempt saved this step again (it resumed from an older one): its files replaced the
+        # earlier ones, so its record does too
+        job.checkpoints.remove(existing)
     view = CheckpointView(
         step=e.step,
         attempt=e.attempt,

@@ -311,6 +311,20 @@ def test_lost_work_counts_from_the_newest_complete_checkpoint_and_the_restart_re
     assert world.state.jobs["j1"].lost_gpu_s == 480.0
 
 
+def test_a_later_attempt_saving_a_step_again_replaces_its_record() -> None:
+    world = running_gang().given(
+        committed(100, at=40.0),
+        CheckpointVerified(job_id="j1", step=100, ok=False, error="bad shard", at=41.0),
+    )
+    assert world.state.jobs["j1"].latest_checkpoint() is None
+    world.given(committed(100, at=45.0))  # the same attempt again: a retried append, the first record stands
+    assert world.state.jobs["j1"].checkpoints[0].status == "corrupt"
+    world.given(committed(100, at=90.0, attempt=2))
+    [record] = world.state.jobs["j1"].checkpoints
+    assert (record.attempt, record.status, record.committed_at) == (2, "committed", 90.0)
+    assert world.state.jobs["j1"].last_checkpoint_at == 90.0
+
+
 def test_completion_follows_the_bound_ranks_not_the_spec() -> None:
     world = running_gang(min_gpus=8).given(exited(0, 0))
     assert world.reconcile("j1", 30.0) == []
