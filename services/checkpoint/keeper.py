@@ -6,7 +6,8 @@ nodes there are thousands of jobs, and re-planning all of them on every event wo
 cost grow with the cluster instead of with the checkpoints. So:
 
 - at start, every job is planned once (the log may hold work a previous instance left);
-- then a second, server-filtered follow of ``rally.ckpt.>`` marks the job of each checkpoint event dirty
+- then server-filtered follows of the checkpoint subjects (``rally.ckpt.>``, ours, and the agents'
+  ``rally.agent.*.ckpt.*``; ``subjects.CHECKPOINT_FILTERS``) mark the job of each checkpoint event dirty
   once the fold has applied it (our own appends included: a verification may free older steps);
 - a job whose work failed is retried on the next tick, and every ``sweep_s`` all jobs are planned again,
   the level-triggered backstop for anything the above could miss.
@@ -65,7 +66,11 @@ class CheckpointKeeper:
         return not (self._dirty or self._inflight or self._retry)
 
     async def run(self, stop: asyncio.Event) -> None:
-        watcher = asyncio.create_task(self._watch(self.follower.state.last_seq + 1), name="ckpt-watch")
+        start = self.follower.state.last_seq + 1
+        watchers = [
+            asyncio.create_task(self._watch(start, subject_filter), name=f"ckpt-watch-{subject_filter}")
+            for subject_filter in subjects.CHECKPOINT_FILTERS
+        ]
         next_tick = next_sweep = time.monotonic()  # the first pass is a sweep: every job once
         try:
             while not stop.is_set():
@@ -81,8 +86,7 @@ class CheckpointKeeper:
                 self.reconcile()
                 await _first_of(self._wake, stop, timeout=max(0.0, min(next_tick, next_sweep) - now))
         finally:
-            watcher.cancel()
-            for task in [watcher, *self._inflight.values()]:
+            for task in [*watchers, *self._inflight.values()]:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
@@ -113,13 +117,13 @@ class CheckpointKeeper:
 
         return done
 
-    async def _watch(self, from_seq: int) -> None:
-        """Mark the job of every checkpoint event dirty, once the fold has applied the event."""
+    async def _watch(self, from_seq: int, subject_filter: str) -> None:
+        """Mark the job of every checkpoint event on ``subject_filter`` dirty, once the fold applied it."""
         next_seq = from_seq
         while True:
             try:
                 # quarantine=True: what the fold skips as unreadable, this follow skips too.
-                follow = self.log.follow(from_seq=next_seq, subjects=subjects.CHECKPOINTS, quarantine=True)
+                follow = self.log.follow(from_seq=next_seq, subjects=subject_filter, quarantine=True)
                 async for item in follow:
                     await self._folded(item.seq)
                     if isinstance(item, Recorded) and isinstance(item.event, CheckpointEvent):
@@ -129,7 +133,7 @@ class CheckpointKeeper:
                 raise
             except Exception as exc:
                 # The periodic sweep covers what is missed meanwhile; resume where we stopped.
-                _log.warning("following checkpoint events failed at seq %d: %s; retrying", next_seq, exc)
+                _log.warning("following %s failed at seq %d: %s; retrying", subject_filter, next_seq, exc)
                 await asyncio.sleep(RESTART_DELAY_S)
 
     async def _folded(self, seq: int) -> None:

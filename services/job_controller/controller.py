@@ -142,7 +142,7 @@ class JobController:
     async def _append(self, job_id: str, event: Event) -> None:
         job = self.follower.state.jobs[job_id]
         seq = await self.log.append(
-            subjects.job(job_id),
+            subjects.for_event(event),
             event,
             source=SOURCE,
             msg_id=f"{job_id}:{job.attempt}:{type(event).__name__}",

@@ -120,7 +120,7 @@ async def events_on(log: EventLog, subject: str) -> list[object]:
 
 
 async def rank_exits(log: EventLog, job_id: str) -> dict[int, int]:
-    events = await events_on(log, subjects.job(job_id))
+    events = await events_on(log, subjects.agent_job(NODE, job_id))
     return {e.rank: e.exit_code for e in events if isinstance(e, RankExited)}
 
 
@@ -181,7 +181,7 @@ async def test_agent_registers_heartbeats_launches_reports_and_kills(
     assert reply.ok and reply.started == (0, 1) and not reply.already_running
     await wait_until(lambda: _has(rank_exits(event_log, "job-1"), 2), "RankExited for job-1")
     assert await rank_exits(event_log, "job-1") == {0: 0, 1: 1}
-    job_events = await events_on(event_log, subjects.job("job-1"))
+    job_events = await events_on(event_log, subjects.agent_job(NODE, "job-1"))
     assert all(isinstance(e, RankExited) and e.node_id == NODE for e in job_events)
 
     # A resent launch is answered, not re-run.
@@ -277,7 +277,7 @@ async def test_appends_are_retried_until_the_log_answers(tmp_path: Path) -> None
         await server.astart()
         await wait_until(lambda: _has(rank_exits(log, "job-r"), 1), "RankExited after the outage")
         assert await rank_exits(log, "job-r") == {0: 2}
-        assert len(await events_on(log, subjects.job("job-r"))) == 1
+        assert len(await events_on(log, subjects.agent_job(NODE, "job-r"))) == 1
         assert launcher.unreported() == []
     finally:
         await agent.close()

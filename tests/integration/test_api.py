@@ -346,7 +346,7 @@ async def test_cancel_appends_cancel_requested(client: Client, event_log: EventL
 
     # The controller finishes it; a cancel of a finished job is a conflict.
     seq = await event_log.append(
-        subjects.job(job_id),
+        subjects.job_control(job_id),
         JobCancelled(job_id=job_id, at=3.0),
         msg_id=f"{job_id}:0:JobCancelled",
         source="test",

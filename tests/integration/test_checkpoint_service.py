@@ -123,7 +123,7 @@ async def commit(log: EventLog, line: dict[str, Any], **override: Any) -> None:
     fields = {k: line[k] for k in CHECKPOINT_FIELDS} | {"node_id": "n0"} | override
     event = msgspec.convert(fields, CheckpointCommitted)
     msg_id = f"{event.job_id}:ckpt:{event.step}"
-    await log.append(subjects.checkpoint(event.job_id), event, msg_id=msg_id, source="test")
+    await log.append(subjects.for_event(event), event, msg_id=msg_id, source="test")
 
 
 def flip_a_byte(root: Path, step: int) -> None:

@@ -49,8 +49,7 @@ def committed(step: int) -> CheckpointCommitted:
 
 
 async def append(log: EventLog, event: CheckpointEvent | JobSubmitted, msg_id: str) -> int:
-    subject = subjects.job(JOB) if isinstance(event, JobSubmitted) else subjects.checkpoint(JOB)
-    return await log.append(subject, event, msg_id=msg_id, source="test")
+    return await log.append(subjects.for_event(event), event, msg_id=msg_id, source="test")
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from rallypoint.eventlog import (
 )
 from rallypoint.events import (
     GangBound,
+    JobCancelRequested,
     JobQueued,
     JobSpec,
     JobSubmitted,
@@ -117,8 +118,8 @@ async def test_concurrent_writers_expecting_the_same_seq_exactly_one_wins(event_
         try:
             return await event_log.append(
                 "rally.job.c",
-                JobQueued(job_id="c", queue=f"q{i}", at=1.0),
-                msg_id=f"c:0:JobQueued:{i}",
+                JobCancelRequested(job_id="c", at=1.0, requested_by=f"w{i}"),
+                msg_id=f"c:0:JobCancelRequested:{i}",
                 source=f"w{i}",
                 expected_last_subject_seq=base,
             )
@@ -161,7 +162,7 @@ async def test_the_stream_refuses_delete_and_purge(event_log: EventLog) -> None:
 
 async def test_replay_to_seq_and_with_a_subject_filter(event_log: EventLog) -> None:
     for i in range(6):
-        subject = subjects.job("x") if i % 2 == 0 else subjects.job("y")
+        subject = subjects.admission("x") if i % 2 == 0 else subjects.admission("y")
         await event_log.append(
             subject,
             JobQueued(job_id="x" if i % 2 == 0 else "y", queue="q", at=float(i)),
@@ -170,8 +171,8 @@ async def test_replay_to_seq_and_with_a_subject_filter(event_log: EventLog) -> N
         )
     assert await seqs(event_log.replay(to_seq=4)) == [1, 2, 3, 4]
     assert await seqs(event_log.replay(from_seq=3, to_seq=5)) == [3, 4, 5]
-    assert await seqs(event_log.replay(subjects="rally.job.y")) == [2, 4, 6]
-    assert await seqs(event_log.replay(subjects="rally.job.x", to_seq=4)) == [1, 3]
+    assert await seqs(event_log.replay(subjects="rally.queue.y")) == [2, 4, 6]
+    assert await seqs(event_log.replay(subjects="rally.queue.x", to_seq=4)) == [1, 3]
     assert await seqs(event_log.replay(subjects="rally.node.>")) == []
     assert await seqs(event_log.replay(from_seq=7)) == []
     with pytest.raises(LogGap):

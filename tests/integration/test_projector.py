@@ -176,7 +176,7 @@ async def append_lifecycle(w: Writer) -> None:
     await w.put(subjects.EPOCH, LeaderEpochStarted(epoch=1, leader_id="sched-0", at=T0 + 1))
     # train-1: a 16-GPU gang over both nodes, runs to completion.
     await w.put(job("train-1"), JobSubmitted(job_id="train-1", spec=spec("llama", 16), submitted_at=T0 + 2))
-    await w.put(job("train-1"), JobQueued(job_id="train-1", queue="nlp", at=T0 + 2.5))
+    await w.put(subjects.admission("train-1"), JobQueued(job_id="train-1", queue="nlp", at=T0 + 2.5))
     await w.put(
         subjects.pending("train-1"),
         JobPending(
@@ -192,7 +192,7 @@ async def append_lifecycle(w: Writer) -> None:
         sched("train-1"),
         bind("train-1", 1, [("node-a", tuple(range(8))), ("node-b", tuple(range(8)))], T0 + 3.25),
     )
-    await w.put(job("train-1"), JobStarted(job_id="train-1", attempt=1, at=T0 + 4.125))
+    await w.put(subjects.job_control("train-1"), JobStarted(job_id="train-1", attempt=1, at=T0 + 4.125))
     # A stale second bind for the same job: the fold ignores it, the row must not change.
     await w.put(sched("train-1"), bind("train-1", 1, [("node-a", (0,))], T0 + 4.2))
     # eval-2 arrives while the cluster is full and waits with a reason.
@@ -213,7 +213,7 @@ async def append_lifecycle(w: Writer) -> None:
     )
     for rank in range(16):
         await w.put(
-            job("train-1"),
+            subjects.agent_job("node-a" if rank < 8 else "node-b", "train-1"),
             RankExited(
                 job_id="train-1",
                 attempt=1,
@@ -223,27 +223,27 @@ async def append_lifecycle(w: Writer) -> None:
                 at=T0 + 100 + rank / 100,
             ),
         )
-    await w.put(job("train-1"), JobCompleted(job_id="train-1", attempt=1, at=T0 + 101))
+    await w.put(subjects.job_control("train-1"), JobCompleted(job_id="train-1", attempt=1, at=T0 + 101))
     # eval-2 now fits on node-b, starts, and is cancelled by its owner.
     await w.put(sched("eval-2"), bind("eval-2", 1, [("node-b", (0, 1, 2, 3))], T0 + 102))
-    await w.put(job("eval-2"), JobStarted(job_id="eval-2", attempt=1, at=T0 + 103))
+    await w.put(subjects.job_control("eval-2"), JobStarted(job_id="eval-2", attempt=1, at=T0 + 103))
     await w.put(job("eval-2"), JobCancelRequested(job_id="eval-2", at=T0 + 150, requested_by="alice"))
-    await w.put(job("eval-2"), JobCancelled(job_id="eval-2", attempt=1, at=T0 + 151))
+    await w.put(subjects.job_control("eval-2"), JobCancelled(job_id="eval-2", attempt=1, at=T0 + 151))
     # bad-3 is rejected; ft-4 fails with an exit code; node-b is flaky and then drained.
     await w.put(job("bad-3"), JobSubmitted(job_id="bad-3", spec=spec("bad", 12), submitted_at=T0 + 160))
     await w.put(
-        job("bad-3"),
+        subjects.admission("bad-3"),
         JobRejected(
             job_id="bad-3", reason="gpus must be a multiple of gpus_per_task", field="gpus", at=T0 + 160.5
         ),
     )
     await w.put(job("ft-4"), JobSubmitted(job_id="ft-4", spec=spec("finetune", 8), submitted_at=T0 + 170))
     await w.put(sched("ft-4"), bind("ft-4", 1, [("node-a", tuple(range(8)))], T0 + 171))
-    await w.put(job("ft-4"), JobStarted(job_id="ft-4", attempt=1, at=T0 + 172))
+    await w.put(subjects.job_control("ft-4"), JobStarted(job_id="ft-4", attempt=1, at=T0 + 172))
     await w.put(subjects.node("node-b"), NodeHeartbeatLost(node_id="node-b", last_seen=T0 + 175, at=T0 + 180))
     await w.put(subjects.node("node-b"), NodeRecovered(node_id="node-b", at=T0 + 185))
     await w.put(
-        job("ft-4"),
+        subjects.job_control("ft-4"),
         JobFailed(job_id="ft-4", attempt=1, reason="rank 3 exited 137", exit_code=137, at=T0 + 190),
     )
     await w.put(subjects.node("node-b"), NodeDrained(node_id="node-b", reason="xid 79", at=T0 + 200))
@@ -253,7 +253,7 @@ async def append_lifecycle(w: Writer) -> None:
         JobSubmitted(job_id="pre-5", spec=spec("sweep", 8, priority="batch"), submitted_at=T0 + 210),
     )
     await w.put(sched("pre-5"), bind("pre-5", 1, [("node-a", tuple(range(8)))], T0 + 211))
-    await w.put(job("pre-5"), JobStarted(job_id="pre-5", attempt=1, at=T0 + 212))
+    await w.put(subjects.job_control("pre-5"), JobStarted(job_id="pre-5", attempt=1, at=T0 + 212))
     await w.put(
         subjects.preempt("pre-5"),
         PreemptionRequested(
@@ -269,14 +269,14 @@ async def append_lifecycle(w: Writer) -> None:
         ),
     )
     await w.put(
-        job("pre-5"),
+        subjects.job_control("pre-5"),
         JobPreempted(job_id="pre-5", attempt=1, for_job="train-1", reason="priority", at=T0 + 230),
     )
     await w.put(sched("pre-5"), bind("pre-5", 1, [("node-a", tuple(range(8)))], T0 + 240, attempt=2))
-    await w.put(job("pre-5"), JobStarted(job_id="pre-5", attempt=2, at=T0 + 241))
-    await w.put(job("pre-5"), JobCompleted(job_id="pre-5", attempt=2, at=T0 + 300))
+    await w.put(subjects.job_control("pre-5"), JobStarted(job_id="pre-5", attempt=2, at=T0 + 241))
+    await w.put(subjects.job_control("pre-5"), JobCompleted(job_id="pre-5", attempt=2, at=T0 + 300))
     # An event for a job nobody submitted: an orphan the fold counts and the views ignore.
-    await w.put(job("ghost"), JobStarted(job_id="ghost", attempt=1, at=T0 + 201))
+    await w.put(subjects.job_control("ghost"), JobStarted(job_id="ghost", attempt=1, at=T0 + 201))
 
 
 async def append_rounds(w: Writer, rounds: int, *, start: int = 0) -> None:
@@ -300,8 +300,8 @@ async def append_rounds(w: Writer, rounds: int, *, start: int = 0) -> None:
         await w.many(
             [(subjects.bind(j), bind(j, 1, [slot], at + 1)) for j, slot in zip(ids, slots, strict=True)]
         )
-        await w.many([(subjects.job(j), JobStarted(job_id=j, attempt=1, at=at + 2)) for j in ids])
-        await w.many([(subjects.job(j), JobCompleted(job_id=j, attempt=1, at=at + 3)) for j in ids])
+        await w.many([(subjects.job_control(j), JobStarted(job_id=j, attempt=1, at=at + 2)) for j in ids])
+        await w.many([(subjects.job_control(j), JobCompleted(job_id=j, attempt=1, at=at + 3)) for j in ids])
 
 
 async def fold_log(log: EventLog) -> tuple[ClusterState, ReadModel]:

@@ -95,7 +95,9 @@ async def test_old_leaders_late_write_is_rejected_after_a_new_epoch(event_log: E
         await _submit(event_log, "j2", 8)
         await old.follower.wait_for(await event_log.last_seq())
         # The old leader wakes up with a stale view of the tree: the server refuses its write.
-        await event_log.append(subjects.job("j1"), _completed("j1"), msg_id="j1:1:done", source="test")
+        await event_log.append(
+            subjects.job_control("j1"), _completed("j1"), msg_id="j1:1:done", source="test"
+        )
         await old.follower.wait_for(await event_log.last_seq())
         with pytest.raises(AppendConflict) as refused:
             await old.cycle()

@@ -15,7 +15,7 @@ import pytest
 
 from rallypoint.audit import verify_decisions
 from rallypoint.cli.replay import export_history, fold, load_history, quarantine_lines, summarize
-from rallypoint.events import JobQueued, JobSpec, JobSubmitted, encode
+from rallypoint.events import JobQueued, JobSpec, JobSubmitted, encode, subjects
 from rallypoint.events.codec import (
     KEPT_QUARANTINE_RECORDS,
     MAX_QUARANTINE_TEXT,
@@ -81,7 +81,7 @@ def test_what_cannot_be_read_is_quarantined_with_its_reason(
 
 def test_a_good_event_decodes_as_before() -> None:
     event = submitted("j-1")
-    assert decode_stored(encode(event), seq=1, subject=SUBJECT) == event
+    assert decode_stored(encode(event), seq=1, subject=subjects.job("j-1")) == event
 
 
 def test_a_hostile_tag_or_error_cannot_grow_the_state() -> None:

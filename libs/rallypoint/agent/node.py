@@ -198,7 +198,7 @@ class NodeAgent:
             at=exit.at,
         )
         seq = await self._append_until_stored(
-            subjects.job(exit.job_id), event, f"{exit.job_id}:{exit.attempt}:RankExited:{exit.rank}"
+            subjects.for_event(event), event, f"{exit.job_id}:{exit.attempt}:RankExited:{exit.rank}"
         )
         await asyncio.to_thread(self.launcher.mark_reported, exit)
         _log.info(
@@ -221,7 +221,7 @@ class NodeAgent:
             _log.warning("skipping a checkpoint report that does not fit CheckpointCommitted: %s", exc)
             return None
         seq = await self._append_until_stored(
-            subjects.checkpoint(event.job_id), event, f"{event.job_id}:ckpt:{event.step}"
+            subjects.for_event(event), event, f"{event.job_id}:ckpt:{event.step}"
         )
         _log.info("%s committed checkpoint step %d (seq %d)", event.job_id, event.step, seq)
         return seq

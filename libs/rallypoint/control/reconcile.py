@@ -90,7 +90,8 @@ def msg_id_for(job: JobView, event: Event) -> str:
 
 
 def subject_for(job: JobView) -> str:
-    return subjects.job(job.job_id)
+    """The job controller's own branch: the API, which writes ``rally.job.<id>``, cannot forge these."""
+    return subjects.job_control(job.job_id)
 
 
 def _nodes_of(job: JobView) -> tuple[str, ...]:

@@ -70,7 +70,8 @@ class TaskPlacement(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 
 # ---------------------------------------------------------------------------------------------------
-# Job lifecycle — subject rally.job.<job_id>
+# Job lifecycle — rally.job.<job_id> (API), rally.queue.<job_id> (scheduler), rally.ctl.job.<job_id> (job
+# controller), rally.agent.<node_id>.job.<job_id> (agents); subjects.for_event gives each event its subject
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -197,7 +198,7 @@ class JobCancelled(_Event, tag="JobCancelled.v1", frozen=True, kw_only=True):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Checkpoints — subject rally.ckpt.<job_id>
+# Checkpoints — rally.agent.<node_id>.ckpt.<job_id> (commits, agents), rally.ckpt.<job_id> (checkpoint svc)
 # ---------------------------------------------------------------------------------------------------
 
 

@@ -7,7 +7,9 @@ lets one stored message stop a fold:
 - anything else becomes a ``Quarantined`` record (``decode_stored``) saying why it cannot be folded:
   not JSON / not an event (``undecodable``), a type nobody defined (``unknown-type``), a newer version
   of an event this code knows (``newer-version``, what a rolling upgrade writes), or a known type whose
-  body does not match it (``invalid``). Every fold keeps these in its state (``QuarantineLog``), so every
+  body does not match it (``invalid``), or an event stored on a subject its type and ids do not give
+  (``misplaced``: written by someone the permissions should have stopped; ``subjects.admissible``). Every
+  fold keeps these in its state (``QuarantineLog``), so every
   service and every replay skip the same messages and still agree on the state hash.
 """
 
@@ -20,6 +22,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from . import subjects
 from .catalogue import ALL_EVENT_TYPES, Event
 
 _encoder = msgspec.json.Encoder()
@@ -28,7 +31,7 @@ _decoder = msgspec.json.Decoder(Event)
 SPEC_VERSION = "1.0"
 CONTENT_TYPE = "application/json"
 
-QuarantineReason = Literal["undecodable", "unknown-type", "newer-version", "invalid"]
+QuarantineReason = Literal["undecodable", "unknown-type", "newer-version", "invalid", "misplaced"]
 
 #: A quarantine record keeps at most this much of the offending type tag and error text: a hostile
 #: message must not be able to grow every service's state by its own size.
@@ -131,13 +134,37 @@ def decode(data: bytes) -> Event:
 
 
 def decode_stored(data: bytes, *, seq: int, subject: str) -> Event | Quarantined:
-    """``decode`` for a fold: what cannot be read comes back as a ``Quarantined`` record, never raises."""
+    """``decode`` for a fold: what cannot be read comes back as a ``Quarantined`` record, never raises.
+
+    An event on a subject it may not use is quarantined too (``misplaced``), so no fold applies what a
+    writer without the right to it appended. ``subject=""`` means "not known" (an exported history keeps
+    only what the live fold kept): not checked.
+    """
     try:
-        return decode(data)
+        event = decode(data)
     except UnreadableEvent as exc:
         return Quarantined(
             seq=seq, subject=subject, event_type=exc.event_type, reason=exc.reason, error=exc.detail
         )
+    if subject and not subjects.admissible(subject, event):
+        return _misplaced(event, seq=seq, subject=subject)
+    return event
+
+
+def _misplaced(event: Event, *, seq: int, subject: str) -> Quarantined:
+    tag = event_type(event)
+    try:
+        belongs = f"it belongs on {subjects.for_event(event)}"
+    except ValueError as exc:
+        belongs = f"its ids form no subject ({exc})"
+    error = f"not admissible on this subject; {belongs}"
+    return Quarantined(
+        seq=seq,
+        subject=subject[:MAX_QUARANTINE_TEXT],
+        event_type=tag,
+        reason="misplaced",
+        error=error[:MAX_QUARANTINE_TEXT],
+    )
 
 
 class _TagOnly(msgspec.Struct):

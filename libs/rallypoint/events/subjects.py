@@ -2,11 +2,23 @@
 
 Everything in the log lives under ``rally.`` (the stream's only subject filter). Heartbeats, agent
 commands and queries use other prefixes on purpose: they are not facts and never enter the log.
+
+Each subject branch has exactly one writer, so that NATS permissions (``rallypoint.security``) decide who
+may write which event: the API writes ``rally.job.<id>``, the scheduler ``rally.sched.>`` and
+``rally.queue.<id>``, the job controller ``rally.ctl.job.<id>``, the health monitor and a node's own agent
+``rally.node.<id>``, a node agent ``rally.agent.<its node>.>``, the checkpoint service ``rally.ckpt.<id>``,
+the preemption service ``rally.preempt.>``. ``for_event`` gives the one subject an event may be stored on;
+the codec quarantines an event found anywhere else (``admissible``), so a write that slipped past the
+permissions still cannot change any fold.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
+
+from . import catalogue as ev
 
 STREAM_SUBJECTS = "rally.>"
 JOBS = "rally.job.>"
@@ -27,14 +39,45 @@ def _token(value: str) -> str:
 
 
 def job(job_id: str) -> str:
+    """The API's subject for a job: JobSubmitted, JobCancelRequested."""
     return f"rally.job.{_token(job_id)}"
+
+
+def job_control(job_id: str) -> str:
+    """The job controller's subject for a job: starts, attempts, ends (never the API's to write)."""
+    return f"rally.ctl.job.{_token(job_id)}"
+
+
+def admission(job_id: str) -> str:
+    """The scheduler's JobQueued / JobRejected: outside the fenced tree (``bridge.admission_writes``)."""
+    return f"rally.queue.{_token(job_id)}"
 
 
 CHECKPOINTS = "rally.ckpt.>"
 
 
 def checkpoint(job_id: str) -> str:
+    """The checkpoint service's verifications and deletions of a job's checkpoints."""
     return f"rally.ckpt.{_token(job_id)}"
+
+
+def agent_tree(node_id: str) -> str:
+    """Everything a node agent writes besides NodeRegistered: NATS lets only that node's user write here."""
+    return f"rally.agent.{_token(node_id)}.>"
+
+
+def agent_job(node_id: str, job_id: str) -> str:
+    """A node agent's RankExited for a job's ranks on that node."""
+    return f"rally.agent.{_token(node_id)}.job.{_token(job_id)}"
+
+
+def agent_checkpoint(node_id: str, job_id: str) -> str:
+    """A node agent's CheckpointCommitted for a job whose rank 0 runs on that node."""
+    return f"rally.agent.{_token(node_id)}.ckpt.{_token(job_id)}"
+
+
+#: Every checkpoint event: the agents' commits and the checkpoint service's verifications and deletions.
+CHECKPOINT_FILTERS = (CHECKPOINTS, "rally.agent.*.ckpt.*")
 
 
 def node(node_id: str) -> str:
@@ -58,6 +101,16 @@ def preempt(job_id: str) -> str:
     return f"rally.preempt.request.{_token(job_id)}"
 
 
+#: Single-writer role -> the subject its new leaders append LeaderEpochStarted to.
+EPOCH_SUBJECTS = {"scheduler": EPOCH, "preemption": PREEMPTION_EPOCH}
+
+
+def epoch(role: str) -> str:
+    if role not in EPOCH_SUBJECTS:
+        raise ValueError(f"no single-writer role {role!r}")
+    return EPOCH_SUBJECTS[role]
+
+
 def heartbeat(node_id: str) -> str:
     return f"hb.{_token(node_id)}"
 
@@ -72,3 +125,53 @@ def agent_command(node_id: str, verb: str) -> str:
 
 def query(service: str, what: str) -> str:
     return f"q.{_token(service)}.{_token(what)}"
+
+
+# --- where each event belongs ------------------------------------------------------------------
+
+_JOB_CONTROL = (
+    ev.JobStarted,
+    ev.JobCompleted,
+    ev.JobFailed,
+    ev.JobPreempted,
+    ev.JobAttemptFailed,
+    ev.JobInterrupted,
+    ev.JobCancelled,
+)
+_NODE_STATE = (ev.NodeRegistered, ev.NodeHeartbeatLost, ev.NodeDrained, ev.NodeLost, ev.NodeRecovered)
+
+_SUBJECT_OF: dict[type, Callable[[Any], str]] = {
+    ev.JobSubmitted: lambda e: job(e.job_id),
+    ev.JobCancelRequested: lambda e: job(e.job_id),
+    ev.JobQueued: lambda e: admission(e.job_id),
+    ev.JobRejected: lambda e: admission(e.job_id),
+    **{t: (lambda e: job_control(e.job_id)) for t in _JOB_CONTROL},
+    ev.RankExited: lambda e: agent_job(e.node_id, e.job_id),
+    ev.CheckpointCommitted: lambda e: agent_checkpoint(e.node_id, e.job_id),
+    ev.CheckpointVerified: lambda e: checkpoint(e.job_id),
+    ev.CheckpointDeleted: lambda e: checkpoint(e.job_id),
+    **{t: (lambda e: node(e.node_id)) for t in _NODE_STATE},
+    ev.LeaderEpochStarted: lambda e: epoch(e.role),
+    ev.GangBound: lambda e: bind(e.job_id),
+    ev.JobPending: lambda e: pending(e.job_id),
+    ev.GangRepaired: lambda e: repair(e.job_id),
+    ev.JobRequeued: lambda e: repair(e.job_id),
+    ev.PreemptionRequested: lambda e: preempt(e.job_id),
+}
+
+
+def for_event(event: ev.Event) -> str:
+    """The one subject ``event`` may be stored on (ValueError when its ids cannot form one).
+
+    It names the aggregate and, for what a node agent reports, the agent's node: so the writer's NATS
+    permissions decide whether it may speak for that job or node at all.
+    """
+    return _SUBJECT_OF[type(event)](event)
+
+
+def admissible(subject: str, event: ev.Event) -> bool:
+    """True when ``event`` is stored where its type and ids say it belongs."""
+    try:
+        return subject == for_event(event)
+    except ValueError:
+        return False

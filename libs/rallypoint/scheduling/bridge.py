@@ -233,8 +233,8 @@ def preemption_writes(
 def admission_writes(state: ClusterState, *, at: float) -> list[Write]:
     """Admit each newly submitted job into its team's queue, or reject it if it can never fit.
 
-    Written on the job's own subject (not the fenced tree): each is idempotent by message id and the
-    fold ignores a repeat, so a deposed leader that writes one late does no harm.
+    Written on the scheduler's admission subject ``rally.queue.<id>``, not the fenced tree: each is idempotent
+    by message id and the fold ignores a repeat, so a deposed leader that writes one late does no harm.
     """
     writes: list[Write] = []
     never = {j.job_id for j in jobs_that_can_never_fit(state)}
@@ -248,12 +248,14 @@ def admission_writes(state: ClusterState, *, at: float) -> list[Write]:
                 reason=f"asks for {job.spec.gpus} GPUs; the cluster has {total}",
             )
             writes.append(
-                Write(subject=subjects.job(job.job_id), event=event, msg_id=f"{job.job_id}:0:JobRejected")
+                Write(
+                    subject=subjects.admission(job.job_id), event=event, msg_id=f"{job.job_id}:0:JobRejected"
+                )
             )
         elif job.queue is None:
             event = JobQueued(job_id=job.job_id, queue=job.spec.team, at=at)
             writes.append(
-                Write(subject=subjects.job(job.job_id), event=event, msg_id=f"{job.job_id}:0:JobQueued")
+                Write(subject=subjects.admission(job.job_id), event=event, msg_id=f"{job.job_id}:0:JobQueued")
             )
     return writes
 

@@ -184,8 +184,9 @@ class JobView(msgspec.Struct, kw_only=True):
 #: The meaning of the fold: bump it whenever a handler or a field changes what the same log folds into, so
 #: snapshots of another version are replayed over instead of restored (2: service of preempted attempts;
 #: 3: retries, in-place repair and checkpoints; 4: quarantined messages; 5: a later attempt's commit of a
-#: step replaces the earlier record).
-FOLD_VERSION = 5
+#: step replaces the earlier record; 6: events on a subject their type may not use are quarantined as
+#: misplaced, see ``events.subjects.admissible``).
+FOLD_VERSION = 6
 
 
 class ClusterState(msgspec.Struct, kw_only=True):

@@ -1,0 +1,128 @@
+"""Every event has one subject it may be stored on; anywhere else the codec quarantines it as misplaced.
+
+NATS permissions decide who may publish on which subject (rallypoint.security); these rules tie each
+event type to a subject, so together they decide who may write which event. A forged event that lands
+anyway (an old server config, a test server without permissions) changes no fold, and every fold skips it
+the same way, so state hashes still agree.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rallypoint.events import (
+    ALL_EVENT_TYPES,
+    CheckpointCommitted,
+    Event,
+    JobCompleted,
+    JobSpec,
+    JobStarted,
+    JobSubmitted,
+    LeaderEpochStarted,
+    NodeLost,
+    RankExited,
+    encode,
+    subjects,
+)
+from rallypoint.events.codec import Quarantined, decode_stored
+from rallypoint.state import ClusterState
+
+SPEC = JobSpec(name="p", team="nlp", gpus=8, gpus_per_task=8, ranks_per_task=1, command=("true",))
+
+
+def submitted(job_id: str = "j1") -> JobSubmitted:
+    return JobSubmitted(job_id=job_id, spec=SPEC, submitted_at=1.0)
+
+
+def rank_exit(node_id: str = "n1", job_id: str = "j1") -> RankExited:
+    return RankExited(job_id=job_id, attempt=1, rank=0, node_id=node_id, exit_code=0, at=2.0)
+
+
+def commit(node_id: str = "n1") -> CheckpointCommitted:
+    return CheckpointCommitted(
+        job_id="j1",
+        attempt=1,
+        step=10,
+        path="/c/10",
+        manifest_sha256="0" * 64,
+        bytes=1,
+        shards=1,
+        save_s=0.1,
+        node_id=node_id,
+        at=3.0,
+    )
+
+
+def test_every_event_type_has_a_subject() -> None:
+    assert set(subjects._SUBJECT_OF) == set(ALL_EVENT_TYPES)
+
+
+@pytest.mark.parametrize(
+    ("event", "subject"),
+    [
+        (submitted(), "rally.job.j1"),
+        (JobStarted(job_id="j1", attempt=1, at=1.0), "rally.ctl.job.j1"),
+        (JobCompleted(job_id="j1", attempt=1, at=1.0), "rally.ctl.job.j1"),
+        (rank_exit(), "rally.agent.n1.job.j1"),
+        (commit(), "rally.agent.n1.ckpt.j1"),
+        (NodeLost(node_id="n1", reason="x", at=1.0), "rally.node.n1"),
+        (LeaderEpochStarted(epoch=1, leader_id="a", at=1.0), "rally.sched.epoch"),
+        (LeaderEpochStarted(epoch=1, leader_id="a", role="preemption", at=1.0), "rally.preempt.epoch"),
+    ],
+)
+def test_the_subject_of_an_event(event: Event, subject: str) -> None:
+    assert subjects.for_event(event) == subject
+    assert decode_stored(encode(event), seq=1, subject=subject) == event
+
+
+@pytest.mark.parametrize(
+    ("event", "subject"),
+    [
+        # the API's subject cannot carry what the job controller decides
+        (JobCompleted(job_id="j1", attempt=1, at=1.0), "rally.job.j1"),
+        # nor another job's subject
+        (submitted("j1"), "rally.job.j2"),
+        # an agent speaks only for its own node: not on another node's subject ...
+        (rank_exit("n2"), "rally.agent.n1.job.j1"),
+        # ... nor in its own subject tree with another node's id
+        (commit("n2"), "rally.agent.n1.ckpt.j1"),
+        (NodeLost(node_id="n2", reason="x", at=1.0), "rally.agent.n1.job.j1"),
+        # the old subjects of agent events
+        (rank_exit(), "rally.job.j1"),
+        (commit(), "rally.ckpt.j1"),
+        # an epoch of a role nobody fences
+        (LeaderEpochStarted(epoch=1, leader_id="a", role="rogue", at=1.0), "rally.sched.epoch"),
+        # ids that form no subject
+        (rank_exit("n1.job.x"), "rally.agent.n1.job.x.job.j1"),
+    ],
+)
+def test_an_event_elsewhere_is_quarantined_as_misplaced(event: Event, subject: str) -> None:
+    record = decode_stored(encode(event), seq=5, subject=subject)
+    assert isinstance(record, Quarantined)
+    assert (record.seq, record.subject, record.reason) == (5, subject, "misplaced")
+
+
+def test_an_unknown_subject_is_not_checked() -> None:
+    # An exported history stores events without subjects; what the live fold quarantined it keeps as such.
+    event = JobCompleted(job_id="j1", attempt=1, at=1.0)
+    assert decode_stored(encode(event), seq=1, subject="") == event
+
+
+def test_a_forged_completion_changes_no_fold_and_every_fold_agrees() -> None:
+    """The API (rally.job.>) forges JobCompleted: every fold skips it the same way and counts it."""
+    stored = [
+        ("rally.job.j1", submitted()),
+        ("rally.job.j1", JobCompleted(job_id="j1", attempt=1, at=2.0)),
+    ]
+
+    def fold() -> ClusterState:
+        state = ClusterState()
+        for seq, (subject, event) in enumerate(stored, start=1):
+            state.apply_stored(seq, decode_stored(encode(event), seq=seq, subject=subject))
+        return state
+
+    one, two = fold(), fold()
+    assert one.jobs["j1"].state == "pending"
+    assert one.quarantine.by_reason == {"misplaced": 1}
+    assert one.last_seq == 2
+    assert one.hash() == two.hash()
