@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha256sum | cut -c1-12)
 TRACES ?= ../shared/traces
 
-.PHONY: install demo test bench eval lint schemas clean
+.PHONY: install demo test bench eval lint schemas nats-config clean
 
 $(STAMP): pyproject.toml setup.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ lint: install
 
 schemas: install
 	$(BIN)/rally schemas --out schemas
+
+# deploy/nats/accounts.conf and the k8s ConfigMap's accounts.conf, from rallypoint.security.permissions
+nats-config: install
+	$(BIN)/rally nats config
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .rally

@@ -119,8 +119,8 @@ async def events_on(log: EventLog, subject: str) -> list[object]:
     return [rec.event async for rec in log.replay(subjects=subject)]
 
 
-async def rank_exits(log: EventLog, job_id: str) -> dict[int, int]:
-    events = await events_on(log, subjects.agent_job(NODE, job_id))
+async def rank_exits(log: EventLog, job_id: str, node_id: str = NODE) -> dict[int, int]:
+    events = await events_on(log, subjects.agent_job(node_id, job_id))
     return {e.rank: e.exit_code for e in events if isinstance(e, RankExited)}
 
 
@@ -275,9 +275,9 @@ async def test_appends_are_retried_until_the_log_answers(tmp_path: Path) -> None
         await asyncio.to_thread(launcher.launch, job)
         await asyncio.sleep(1.5)  # the rank has exited; its RankExited waits for the log
         await server.astart()
-        await wait_until(lambda: _has(rank_exits(log, "job-r"), 1), "RankExited after the outage")
-        assert await rank_exits(log, "job-r") == {0: 2}
-        assert len(await events_on(log, subjects.agent_job(NODE, "job-r"))) == 1
+        await wait_until(lambda: _has(rank_exits(log, "job-r", "node-7"), 1), "RankExited after the outage")
+        assert await rank_exits(log, "job-r", "node-7") == {0: 2}
+        assert len(await events_on(log, subjects.agent_job("node-7", "job-r"))) == 1
         assert launcher.unreported() == []
     finally:
         await agent.close()

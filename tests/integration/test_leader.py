@@ -13,6 +13,7 @@ import time
 import nats
 import pytest
 
+from rallypoint.eventlog import EventLog
 from rallypoint.infra import NatsServer
 from rallypoint.runtime import LeaderLease, ServiceConfig, ServiceContext, run_service_async
 
@@ -148,7 +149,10 @@ def test_service_process_exits_cleanly_on_sigterm(nats_server: NatsServer) -> No
     assert any("SIGTERM" in r["msg"] for r in records)
 
 
-async def test_a_service_with_a_health_port_answers_healthz(nats_server: NatsServer) -> None:
+async def test_a_service_with_a_health_port_answers_healthz(
+    nats_server: NatsServer, event_log: EventLog
+) -> None:
+    # event_log: the stream exists, as the admin's setup makes it (services never create it)
     import aiohttp
 
     from rallypoint.infra import free_port

@@ -22,6 +22,10 @@ from typing import Any
 import pytest
 import yaml
 
+from rallypoint.security import SERVICE_ROLES
+from rallypoint.security.deployfiles import COMPOSE_NODES, K8S_NODES, drifted, read_nodes
+from rallypoint.security.natsconf import render_accounts
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 NATS_DIR = ROOT / "deploy" / "nats"
@@ -29,17 +33,7 @@ K8S_DIR = ROOT / "deploy" / "k8s"
 DOCKERFILE = ROOT / "Dockerfile"
 
 # Every `rally serve` service; the agent is the node agent (DaemonSet / one container per simulated node).
-SERVICES = (
-    "api",
-    "inventory",
-    "health-monitor",
-    "scheduler",
-    "preemption",
-    "checkpoint",
-    "job-controller",
-    "projector",
-    "agent",
-)
+SERVICES = (*SERVICE_ROLES, "agent")
 K8S_REPLICAS = {
     "api": 2,
     "inventory": 1,
@@ -52,6 +46,15 @@ K8S_REPLICAS = {
 }
 NATS_HOSTS = ("nats-1", "nats-2", "nats-3")
 ROLES = (*SERVICES, "admin")
+# Each node agent is its own NATS user; compose runs the agents of deploy/nats/agent-nodes.txt.
+COMPOSE_AGENT_NODES = ("sim-node-1", "sim-node-2")
+AGENT = "agent-sim-node-1"
+OTHER_AGENT = "agent-sim-node-2"
+
+
+def user_of(role: str) -> str:
+    """The NATS user a role's rows below are checked for (the agent: one node's own user)."""
+    return AGENT if role == "agent" else role
 
 
 # --------------------------------------------------------------------------- a small NATS conf parser
@@ -219,7 +222,7 @@ def test_accounts_one_user_per_role_with_env_passwords(
 ) -> None:
     assert accounts["accounts"]["RALLY"]["jetstream"] == "enabled"
     assert accounts["system_account"] in accounts["accounts"]
-    assert set(users) == set(ROLES)
+    assert set(users) == {user_of(r) for r in ROLES} | {OTHER_AGENT}
     all_users = [u for acc in accounts["accounts"].values() for u in acc.get("users", [])]
     for user in all_users:
         # Never a literal password in the repository: an environment reference the server resolves.
@@ -238,6 +241,11 @@ ALL_SERVICES_COMMON = [
     ("pub", "$JS.API.STREAM.DELETE.KV_rally-leader", False),
     ("pub", "$JS.API.STREAM.PURGE.RALLY", False),
     ("pub", "$JS.API.STREAM.MSG.DELETE.RALLY", False),
+    # the stream is set up by admin alone: no service may create or reconfigure it (max_msgs=1 ...)
+    ("pub", "$JS.API.STREAM.CREATE.RALLY", False),
+    ("pub", "$JS.API.STREAM.UPDATE.RALLY", False),
+    ("pub", "$JS.API.STREAM.CREATE.KV_rally-leader", False),
+    ("pub", "$JS.API.CONSUMER.DELETE.RALLY.someone", False),
     ("pub", "_INBOX.someone.else", False),
     ("sub", "_INBOX.abc.def", True),
     ("sub", "rally.job.j1", False),  # the log is read through consumers, never by plain subscription
@@ -247,6 +255,9 @@ ALL_SERVICES_COMMON = [
 MATRIX = (
     [
         ("api", "pub", "rally.job.j1", True),
+        ("api", "pub", "rally.ctl.job.j1", False),  # JobCompleted & co. are the job controller's
+        ("api", "pub", "rally.queue.j1", False),
+        ("api", "pub", "rally.agent.sim-node-1.job.j1", False),
         ("api", "pub", "q.inventory.nodes", True),
         ("api", "pub", "rally.node.n1", False),
         ("api", "pub", "rally.sched.bind.j1", False),
@@ -259,11 +270,13 @@ MATRIX = (
         ("health-monitor", "pub", "rally.job.j1", False),
         ("scheduler", "pub", "rally.sched.epoch", True),
         ("scheduler", "pub", "rally.sched.bind.j1", True),
-        ("scheduler", "pub", "rally.job.j1", True),
+        ("scheduler", "pub", "rally.job.j1", False),
+        ("scheduler", "pub", "rally.queue.j1", True),
         ("scheduler", "pub", "$KV.rally-leader.scheduler", True),
         ("scheduler", "pub", "rally.node.n1", False),
         ("scheduler", "pub", "cmd.agent.n1.launch", False),
-        ("job-controller", "pub", "rally.job.j1", True),
+        ("job-controller", "pub", "rally.job.j1", False),
+        ("job-controller", "pub", "rally.ctl.job.j1", True),
         ("job-controller", "pub", "cmd.agent.n1.launch", True),
         ("job-controller", "pub", "rally.sched.epoch", False),
         ("job-controller", "pub", "$KV.rally-leader.scheduler", False),
@@ -277,28 +290,40 @@ MATRIX = (
         ("preemption", "pub", "rally.sched.epoch", False),
         ("scheduler", "pub", "rally.preempt.epoch", False),
         ("checkpoint", "pub", "rally.job.j1", False),
-        ("agent", "pub", "hb.n1", True),
-        ("agent", "pub", "rally.node.n1", True),
-        ("agent", "pub", "rally.job.j1", True),
-        ("agent", "sub", "cmd.agent.n1.launch", True),
-        ("agent", "pub", "rally.sched.epoch", False),
-        ("agent", "pub", "cmd.agent.n2.launch", False),
-        ("agent", "pub", "q.inventory.nodes", False),
-        ("agent", "sub", "hb.n2", False),
+        ("checkpoint", "pub", "rally.ckpt.j1", True),
+        ("checkpoint", "pub", "rally.agent.sim-node-1.ckpt.j1", False),
+        # an agent speaks only for its own node
+        (AGENT, "pub", "hb.sim-node-1", True),
+        (AGENT, "pub", "hb.sim-node-2", False),
+        (AGENT, "pub", "rally.node.sim-node-1", True),
+        (AGENT, "pub", "rally.node.sim-node-2", False),
+        (AGENT, "pub", "rally.agent.sim-node-1.job.j1", True),
+        (AGENT, "pub", "rally.agent.sim-node-1.ckpt.j1", True),
+        (AGENT, "pub", "rally.agent.sim-node-2.job.j1", False),
+        (OTHER_AGENT, "pub", "rally.agent.sim-node-2.job.j1", True),
+        (AGENT, "pub", "rally.job.j1", False),
+        (AGENT, "pub", "rally.ctl.job.j1", False),
+        (AGENT, "pub", "rally.ckpt.j1", False),
+        (AGENT, "sub", "cmd.agent.sim-node-1.launch", True),
+        (AGENT, "sub", "cmd.agent.sim-node-2.launch", False),
+        (AGENT, "pub", "rally.sched.epoch", False),
+        (AGENT, "pub", "cmd.agent.sim-node-2.launch", False),
+        (AGENT, "pub", "q.inventory.nodes", False),
+        (AGENT, "sub", "hb.sim-node-2", False),
         ("admin", "pub", "rally.sched.epoch", True),
         ("admin", "pub", "$JS.API.STREAM.DELETE.RALLY", True),
     ]
     + [
-        (role, direction, subject, allowed)
+        (user_of(role), direction, subject, allowed)
         for role in SERVICES
         for direction, subject, allowed in ALL_SERVICES_COMMON
     ]
     + [
         # snapshots: every service folding the log keeps one in the object store rally-snapshots
-        (role, "pub", "$O.rally-snapshots.C.abc", role not in ("projector", "agent"))
+        (user_of(role), "pub", "$O.rally-snapshots.C.abc", role not in ("projector", "agent"))
         for role in SERVICES
     ]
-    + [(role, "pub", "rally.sched.epoch", False) for role in SERVICES if role != "scheduler"]
+    + [(user_of(role), "pub", "rally.sched.epoch", False) for role in SERVICES if role != "scheduler"]
 )
 
 
@@ -313,7 +338,7 @@ def test_permission_matrix(
 
 def test_responders_may_answer_requests_without_publishing_on_inbox(users: dict[str, dict[str, Any]]) -> None:
     for role in SERVICES:
-        perms = users[role]["permissions"]
+        perms = users[user_of(role)]["permissions"]
         serves = [s for s in _as_list(perms["subscribe"]["allow"]) if s != "_INBOX.>"]
         if serves:  # it answers requests on these subjects
             assert perms.get("allow_responses") == "true", role
@@ -348,9 +373,13 @@ def test_nats_confs_form_a_jetstream_cluster(nats_confs: dict[str, dict[str, Any
 
 
 def _nats_env() -> dict[str, str]:
+    """A password for every user of the compose and the Kubernetes configs (their agents differ)."""
+    from rallypoint.security.natsconf import SYSTEM_USER, password_variable, users
+
     env = dict(os.environ)
-    for role in (*ROLES, "sys"):
-        env[f"RALLY_NATS_{role.upper().replace('-', '_')}_PASSWORD"] = f"test-{role}-password"
+    nodes = [*read_nodes(ROOT / COMPOSE_NODES), *read_nodes(ROOT / K8S_NODES)]
+    for user in (*users(nodes), SYSTEM_USER):
+        env[password_variable(user)] = f"test-{user}-password"
     env["POD_NAME"] = "nats-0"
     return env
 
@@ -383,7 +412,7 @@ def test_nats_server_accepts_config(conf: str, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     # and it refuses to start without the passwords rather than fall back to anything
     env = _nats_env()
-    del env["RALLY_NATS_AGENT_PASSWORD"]
+    del env["RALLY_NATS_API_PASSWORD"]
     result = subprocess.run(
         [str(binary), "-t", "-c", str(path)], env=env, capture_output=True, text=True, timeout=30
     )
@@ -564,8 +593,23 @@ def test_services_reach_all_three_nats_servers_as_their_own_user(
             hosts = [re.match(r"nats://([^:@]+):[^@]+@([^:]+):4222$", s) for s in servers]
             assert all(hosts), url
             assert sorted(m.group(2) for m in hosts if m) == sorted(NATS_HOSTS), name
-            assert {m.group(1) for m in hosts if m} == {service}, f"{name} connects as user {service}"
-            assert service in users
+            user = f"agent-{_arg(spec['command'], '--node-id')}" if service == "agent" else service
+            assert {m.group(1) for m in hosts if m} == {user}, f"{name} connects as user {user}"
+            assert user in users
+
+
+def test_compose_agents_are_the_configs_agents(compose: dict[str, Any]) -> None:
+    nodes = {_arg(spec["command"], "--node-id") for spec in _rally_containers(compose, "agent").values()}
+    assert nodes == set(read_nodes(ROOT / COMPOSE_NODES)) == set(COMPOSE_AGENT_NODES)
+
+
+def test_the_stream_is_set_up_by_admin_before_any_service(compose: dict[str, Any]) -> None:
+    setup = compose["services"]["nats-setup"]
+    assert setup["command"][:2] == ["nats", "setup"] and _arg(setup["command"], "--replicas") == "3"
+    assert all(s.startswith("nats://admin:") for s in _arg(setup["command"], "--nats-url").split(","))  # type: ignore[union-attr]
+    for service in SERVICES:
+        for name, spec in _rally_containers(compose, service).items():
+            assert spec["depends_on"]["nats-setup"]["condition"] == "service_completed_successfully", name
 
 
 def test_published_ports(compose: dict[str, Any]) -> None:
@@ -736,7 +780,19 @@ def test_agent_is_a_gpu_daemonset(k8s: list[dict[str, Any]]) -> None:
     if gpus:
         assert int(gpus) == int(_arg(command, "--gpus") or -1), "--gpus matches the GPUs it is given"
     assert not agent.get("securityContext", {}).get("privileged", False)
-    assert not any("hostPath" in v for v in spec.get("volumes", []))
+    # Only the node's own NATS password comes from the host, read-only.
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec.get("volumes", []) if "hostPath" in v}
+    assert host_paths == {"nats-credentials": "/etc/rallypoint/nats"}
+    mount = next(m for m in agent["volumeMounts"] if m["name"] == "nats-credentials")
+    assert mount["readOnly"] is True
+    assert env["RALLY_NATS_USER"]["value"] == f"agent-$({node_id_var})", "each node its own NATS user"
+    assert env["RALLY_NATS_PASSWORD_FILE"]["value"].startswith(mount["mountPath"] + "/")
+    assert "@" not in env["RALLY_NATS_URL"]["value"], "no shared agent password in the URL"
+
+
+def test_generated_nats_configs_match_the_permission_matrix() -> None:
+    """deploy/nats/accounts.conf and the k8s ConfigMap are `rally nats config` output, unedited."""
+    assert drifted(ROOT) == [], "run `rally nats config` (make nats-config)"
 
 
 def test_nats_statefulset(k8s: list[dict[str, Any]]) -> None:
@@ -747,8 +803,8 @@ def test_nats_statefulset(k8s: list[dict[str, Any]]) -> None:
     assert service["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
     assert sts["spec"]["volumeClaimTemplates"]
     config_map = next(d for d in _of_kind(k8s, "ConfigMap") if d["metadata"]["name"] == "nats-config")
-    assert config_map["data"]["accounts.conf"] == (NATS_DIR / "accounts.conf").read_text(), (
-        "the k8s accounts.conf drifted from deploy/nats/accounts.conf"
+    assert config_map["data"]["accounts.conf"] == render_accounts(read_nodes(ROOT / K8S_NODES)), (
+        "the k8s accounts.conf drifted from the permission matrix"
     )
     ns, svc = sts["metadata"]["namespace"], sts["spec"]["serviceName"]
     pods = {f"{sts['metadata']['name']}-{i}.{svc}.{ns}.svc.cluster.local" for i in range(3)}

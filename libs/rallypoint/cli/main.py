@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "rallypoint.cli.replay",
     "rallypoint.cli.schemas",
     "rallypoint.cli.projector_cmds",
+    "rallypoint.cli.nats_cmds",
     "rallypoint.cli.bench",
     "rallypoint.cli.sim",
     "rallypoint.cli.trace",

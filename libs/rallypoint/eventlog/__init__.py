@@ -1,7 +1,7 @@
 """JetStream client of the event log: stream setup, conditional append, gapless replay, follow,
 snapshots. See docs/architecture.md for the contract."""
 
-from .connection import connect_nats
+from .connection import NatsCredentials, connect_nats
 from .errors import (
     CONCURRENT_WRITE,
     CONFLICT_CODES,
@@ -26,6 +26,7 @@ __all__ = [
     "EventLogError",
     "LogGap",
     "LogUnavailable",
+    "NatsCredentials",
     "Recorded",
     "SnapshotStore",
     "UndecodableEvent",

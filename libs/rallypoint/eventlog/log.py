@@ -38,7 +38,7 @@ from rallypoint.events import Event, decode, encode, envelope_from_headers, enve
 from rallypoint.events.codec import Quarantined, decode_stored
 from rallypoint.events.subjects import STREAM_SUBJECTS
 
-from .connection import connect_nats
+from .connection import NatsCredentials, connect_nats
 from .errors import CONFLICT_CODES, AppendConflict, LogGap, LogUnavailable, UndecodableEvent
 
 _log = logging.getLogger(__name__)
@@ -164,8 +164,9 @@ class EventLog:
         replicas: int = 1,
         create: bool = True,
         initial_timeout: float | None = 10.0,
+        credentials: NatsCredentials | None = None,
     ) -> Self:
-        nc = await connect_nats(url, name=name, initial_timeout=initial_timeout)
+        nc = await connect_nats(url, name=name, initial_timeout=initial_timeout, credentials=credentials)
         try:
             return await cls.attach(nc, stream=stream, replicas=replicas, create=create, owns_connection=True)
         except BaseException:

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from types import TracebackType
 from typing import Self
+from urllib.parse import quote
 
 from .ports import free_port, port_open
 from .process import ManagedProcess, ServerStartError, await_until, wait_until
@@ -51,6 +52,11 @@ class NatsServer:
     ``data_dir`` holds the JetStream store and the server log (``nats-server.log``); when omitted a
     temporary directory is created and removed on ``stop()``. With ``port=None`` a free port is picked
     (and re-picked if another process grabbed it first).
+
+    ``accounts``: config text with the accounts and users (``rallypoint.security.natsconf``), written
+    owner-only into ``data_dir`` and loaded with ``-c``; without it the server lets anyone do anything.
+    ``cluster_name`` / ``cluster_port`` / ``routes``: a member of a JetStream cluster on loopback (pass the
+    other members' ``route_url``; every member needs a fixed ``cluster_port``, known before any starts).
     """
 
     def __init__(
@@ -62,6 +68,10 @@ class NatsServer:
         server_name: str = "rally-dev",
         extra_args: tuple[str, ...] = (),
         start_timeout: float = 15.0,
+        accounts: str | None = None,
+        cluster_name: str | None = None,
+        cluster_port: int | None = None,
+        routes: tuple[str, ...] = (),
     ) -> None:
         self._own_dir = data_dir is None
         self.data_dir = (
@@ -73,11 +83,25 @@ class NatsServer:
         self.server_name = server_name
         self.extra_args = extra_args
         self.start_timeout = start_timeout
+        self.accounts = accounts
+        self.cluster_name = cluster_name
+        self.cluster_port = cluster_port
+        self.routes = routes
         self._proc: ManagedProcess | None = None
 
     @property
     def url(self) -> str:
         return f"nats://{_HOST}:{self.port}"
+
+    @property
+    def route_url(self) -> str:
+        if not self.cluster_port:
+            raise RuntimeError("not a cluster member: no cluster_port")
+        return f"nats-route://{_HOST}:{self.cluster_port}"
+
+    def url_for(self, user: str, password: str) -> str:
+        """This server's URL carrying a user's credentials (for tools and tests; services get them apart)."""
+        return f"nats://{quote(user, safe='')}:{quote(password, safe='')}@{_HOST}:{self.port}"
 
     @property
     def monitor_url(self) -> str | None:
@@ -115,6 +139,7 @@ class NatsServer:
         ]
         if self.monitor_port:
             argv += ["--http_port", str(self.monitor_port)]
+        argv += self._cluster_args() + self._config_args()
         argv += list(self.extra_args)
         # SIGTERM is nats-server's graceful shutdown (it flushes the JetStream store); on parent death
         # SIGKILL is fine: the store recovers from its own write-ahead files on the next start.
@@ -122,6 +147,24 @@ class NatsServer:
             argv, log_path=self.data_dir / "nats-server.log", stop_signal=signal.SIGTERM
         )
         return self._proc
+
+    def _cluster_args(self) -> list[str]:
+        if not self.cluster_name:
+            return []
+        if not self.cluster_port:
+            raise ValueError("a cluster member needs a fixed cluster_port")
+        args = ["--cluster_name", self.cluster_name, "--cluster", f"nats://{_HOST}:{self.cluster_port}"]
+        return args + (["--routes", ",".join(self.routes)] if self.routes else [])
+
+    def _config_args(self) -> list[str]:
+        if self.accounts is None:
+            return []
+        path = self.data_dir / "accounts.conf"
+        # Owner-only before anything is written: the local config carries the passwords themselves.
+        path.touch(mode=0o600, exist_ok=True)
+        path.chmod(0o600)
+        path.write_text(self.accounts)
+        return ["--config", str(path)]
 
     def _ready(self) -> bool:
         # nats-server enables JetStream before its accept loop starts, so an accepting port means

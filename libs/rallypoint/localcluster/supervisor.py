@@ -7,6 +7,8 @@ interrupted `rally up` leaves nothing behind.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -22,6 +24,9 @@ import msgspec
 
 from rallypoint.agent import workdir
 from rallypoint.infra import ManagedProcess, NatsServer, PostgresServer, free_port
+from rallypoint.security import ADMIN, agent_user
+from rallypoint.security.credentials import LocalCredentials
+from rallypoint.security.natsconf import literal, render_accounts
 
 _log = logging.getLogger("rallypoint.localcluster")
 
@@ -88,11 +93,26 @@ class LocalCluster:
         self.postgres: PostgresServer | None = None
         self.processes: dict[str, ManagedProcess] = {}
         self._argv: dict[str, list[str]] = {}
+        self._env: dict[str, dict[str, str]] = {}
+        # Our own server enforces the production permission matrix; each service connects as its own user.
+        self.credentials: LocalCredentials | None = (
+            LocalCredentials.generate(self.node_ids()) if nats_url is None else None
+        )
 
     # -- addresses --------------------------------------------------------------------------------
 
     @property
     def nats_url(self) -> str:
+        """The URL tools and tests use: on our own server, as the admin user (credentials in the URL)."""
+        if self._nats_url is not None:
+            return self._nats_url
+        if self.nats is None or self.credentials is None:
+            raise RuntimeError("NATS is not started")
+        return self.nats.url_for(ADMIN, self.credentials.passwords[ADMIN])
+
+    @property
+    def _service_nats_url(self) -> str:
+        # Services get the bare URL and their own user in their environment (never on a command line).
         if self._nats_url is not None:
             return self._nats_url
         if self.nats is None:
@@ -128,7 +148,12 @@ class LocalCluster:
     def start(self, *, timeout: float = 60.0) -> None:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         if self._nats_url is None:
-            self.nats = NatsServer(self.workdir / "nats", server_name="rally-local").start()
+            assert self.credentials is not None
+            accounts = render_accounts(self.node_ids(), password=literal(self.credentials.passwords))
+            self.nats = NatsServer(
+                self.workdir / "nats", server_name="rally-local", accounts=accounts
+            ).start()
+        self._setup_log()
         if self.with_projector and self._postgres_dsn is None:
             # PostgreSQL is only a projection of the log (rebuildable), so its data lives in a throwaway
             # temp dir: that one is traversable by the unprivileged user postgres must run as under root.
@@ -144,6 +169,28 @@ class LocalCluster:
         for index, node_id in enumerate(self.node_ids()):
             self.start_service(f"agent-{node_id}", "agent", self._agent_args(index, node_id))
         self.wait_ready(timeout=timeout)
+
+    def _setup_log(self) -> None:
+        """The admin identity creates the stream and buckets; services may not (and fail without them)."""
+        from rallypoint.eventlog import connect_nats
+        from rallypoint.eventlog.setup import setup_log
+
+        async def setup() -> None:
+            nc = await connect_nats(self.nats_url, name="rally-local-setup")
+            try:
+                await setup_log(nc)
+            finally:
+                await nc.close()
+
+        # In a thread: start() may run inside an event loop (an async test), where asyncio.run cannot.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, setup()).result()
+
+    def _nats_env(self, name: str, service: str) -> dict[str, str]:
+        if self.credentials is None:
+            return self.env
+        user = agent_user(name.removeprefix("agent-")) if service == "agent" else service
+        return {**self.env, **self.credentials.env_for(user)}
 
     def _agent_args(self, index: int, node_id: str) -> list[str]:
         return [
@@ -166,13 +213,15 @@ class LocalCluster:
         if service == "job-controller":
             own += ["--checkpoint-root", str(self.checkpoint_root)]
         argv = [
-            sys.executable, "-m", "rallypoint.cli.serve", service, "--nats-url", self.nats_url, *own, *extra
+            sys.executable, "-m", "rallypoint.cli.serve", service, "--nats-url", self._service_nats_url,
+            *own, *extra,
         ]  # fmt: skip
         if service != "agent" and "--instance" not in extra:
             argv += ["--instance", name]
         self._argv[name] = argv
+        self._env[name] = self._nats_env(name, service)
         proc = ManagedProcess(
-            argv, log_path=self.workdir / "logs" / f"{name}.log", env=self.env, cwd=self.workdir
+            argv, log_path=self.workdir / "logs" / f"{name}.log", env=self._env[name], cwd=self.workdir
         )
         self.processes[name] = proc
         return proc
@@ -190,7 +239,10 @@ class LocalCluster:
         if old is not None and old.running():
             old.stop()
         proc = ManagedProcess(
-            self._argv[name], log_path=self.workdir / "logs" / f"{name}.log", env=self.env, cwd=self.workdir
+            self._argv[name],
+            log_path=self.workdir / "logs" / f"{name}.log",
+            env=self._env[name],
+            cwd=self.workdir,
         )
         self.processes[name] = proc
         return proc
@@ -231,6 +283,9 @@ class LocalCluster:
 
     def write_info(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        # Owner-only: the NATS URL carries the admin password of this local cluster.
+        path.touch(mode=0o600, exist_ok=True)
+        path.chmod(0o600)
         info = ClusterInfo(
             api_url=self.api_url,
             nats_url=self.nats_url,

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from rallypoint.eventlog.connection import NatsCredentials
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
@@ -25,6 +27,8 @@ class ServiceConfig:
     # Every service must agree on this: creating/updating the stream with another count would flip it.
     replicas: int = 1
     health_port: int | None = None  # serve GET /healthz here (Kubernetes and compose probes)
+    # The service's own NATS user (None: whatever the URL carries); its password never on argv.
+    nats_credentials: NatsCredentials | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.instance:
@@ -40,6 +44,7 @@ class ServiceConfig:
             log_format=args.log_format,
             replicas=args.replicas,
             health_port=args.health_port,
+            nats_credentials=credentials_from_args(args),
         )
 
 
@@ -76,6 +81,17 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="replicas of the event-log stream, the same for every service "
         "(env RALLY_STREAM_REPLICAS; 1 locally, 3 in production)",
     )
+    parser.add_argument(
+        "--nats-user",
+        default=env.get("RALLY_NATS_USER", ""),
+        help="NATS user of this service when the URL carries none (env RALLY_NATS_USER); "
+        "its password comes from env RALLY_NATS_PASSWORD or --nats-password-file",
+    )
+    parser.add_argument(
+        "--nats-password-file",
+        default=env.get("RALLY_NATS_PASSWORD_FILE", ""),
+        help="file holding the NATS user's password, e.g. a mounted secret (env RALLY_NATS_PASSWORD_FILE)",
+    )
     health = env.get("RALLY_HEALTH_PORT")
     parser.add_argument(
         "--health-port",
@@ -84,6 +100,16 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="serve GET /healthz on this port (env RALLY_HEALTH_PORT; default: off)",
     )
     return parser
+
+
+def credentials_from_args(args: argparse.Namespace) -> NatsCredentials | None:
+    """``--nats-user`` with its password (env RALLY_NATS_PASSWORD or ``--nats-password-file``)."""
+    user = getattr(args, "nats_user", "")
+    if not user:
+        return None
+    return NatsCredentials.load(
+        user, os.environ.get("RALLY_NATS_PASSWORD"), getattr(args, "nats_password_file", "") or None
+    )
 
 
 def nats_servers(url: str) -> list[str]:

@@ -71,7 +71,10 @@ class ServiceContext:
         """
         if self._nc is None:
             nc = await connect_nats(
-                nats_servers(self.config.nats_url), name=self.name, initial_timeout=initial_timeout
+                nats_servers(self.config.nats_url),
+                name=self.name,
+                initial_timeout=initial_timeout,
+                credentials=self.config.nats_credentials,
             )
             self.stack.push_async_callback(_drain, nc)
             self._nc = nc
@@ -80,7 +83,9 @@ class ServiceContext:
     async def jetstream(self) -> JetStreamContext:
         return (await self.nats()).jetstream()
 
-    async def event_log(self, *, create: bool = True, replicas: int | None = None) -> EventLog:
+    async def event_log(self, *, create: bool = False, replicas: int | None = None) -> EventLog:
+        """The log, on the service's connection. Services never create or reconfigure the stream (the admin
+        identity sets it up: ``rally nats setup``; their NATS users may not), so a missing one fails here."""
         if self._event_log is None:
             count = self.config.replicas if replicas is None else replicas
             self._event_log = await EventLog.attach(await self.nats(), create=create, replicas=count)

@@ -1,0 +1,36 @@
+"""Setting the log up: what the admin identity creates before any service starts (``rally nats setup``).
+
+Services may not create, update, delete or purge streams (``rallypoint.security.permissions``): they find
+the stream and buckets made here, and a service that finds no stream fails at start, loudly.
+"""
+
+from __future__ import annotations
+
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js.api import KeyValueConfig, StorageType
+
+from rallypoint.security.permissions import LEADER_BUCKET
+
+from .log import EventLog
+from .snapshots import SnapshotStore
+
+#: The leader lease's TTL in the bucket; services asking for another one use the bucket's (runtime.leader).
+LEASE_TTL_S = 3.0
+
+
+async def setup_log(nc: Client, *, replicas: int = 1, lease_ttl: float = LEASE_TTL_S) -> EventLog:
+    """Create (or bring to our configuration) the ``RALLY`` stream, the leader-lease bucket and the
+    snapshot store, with ``replicas`` replicas each. Idempotent; needs a user allowed to create streams."""
+    log = await EventLog.attach(nc, replicas=replicas, create=True)
+    js = nc.jetstream()
+    try:
+        await js.key_value(LEADER_BUCKET)
+    except nats.js.errors.BucketNotFoundError:
+        await js.create_key_value(
+            KeyValueConfig(
+                bucket=LEADER_BUCKET, ttl=lease_ttl, history=1, storage=StorageType.FILE, replicas=replicas
+            )
+        )
+    await SnapshotStore.open(js, replicas=replicas, create=True)
+    return log

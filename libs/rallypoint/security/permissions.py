@@ -1,0 +1,169 @@
+"""Who may publish and subscribe to what on NATS: the one permission matrix (pure data).
+
+Every identity gets exactly the subjects its role writes (``rallypoint.events.subjects`` names them and
+ties each event type to one subject) plus the JetStream API calls it makes, and nothing else:
+
+- reading the log: stream info, ephemeral ordered consumers (their filter rides in the create subject),
+  message get / direct get, flow-control replies; never a stream create, update, delete or purge, never a
+  message delete, never a consumer delete. Only ``admin`` sets the streams up (``rallypoint.security.setup``);
+- the leader lease (KV ``rally-leader``): the scheduler and the preemption service, each only its own key;
+- snapshots (object store ``rally-snapshots``): the services that fold the log. Replacing an object purges
+  its old chunks, so they may purge that bucket's stream, never ``RALLY``;
+- request/reply: everyone subscribes to ``_INBOX.>`` (replies) and answers only through
+  ``allow_responses`` (no publish on ``_INBOX.>``).
+
+A node agent is one identity per node (``agent_user``), and speaks only for that node: heartbeats on
+``hb.<node>``, ``NodeRegistered`` on ``rally.node.<node>``, its other events under ``rally.agent.<node>.>``,
+its commands on ``cmd.agent.<node>.>``. The deploy configs are generated from this module
+(``rallypoint.security.natsconf``; ``rally nats config``), and a test fails when they drift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rallypoint.events import subjects
+
+STREAM = "RALLY"
+LEADER_BUCKET = "rally-leader"
+SNAPSHOT_BUCKET = "rally-snapshots"
+
+ADMIN = "admin"
+AGENT = "agent"
+
+
+@dataclass(frozen=True, slots=True)
+class Permissions:
+    """One identity's NATS permissions: subjects it may publish and subscribe to (NATS wildcards)."""
+
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    allow_responses: bool
+    writes: str  # one line: which events it appends, for the config's comment and the docs
+
+
+def _js_api(call: str) -> str:
+    return f"$JS.API.{call}"
+
+
+def read_stream(stream: str) -> tuple[str, ...]:
+    """What reading a stream takes: info, ordered consumers, message gets, flow-control replies."""
+    return (
+        _js_api(f"STREAM.INFO.{stream}"),
+        _js_api(f"CONSUMER.CREATE.{stream}"),
+        _js_api(f"CONSUMER.CREATE.{stream}.>"),
+        _js_api(f"STREAM.MSG.GET.{stream}"),
+        _js_api(f"DIRECT.GET.{stream}"),
+        _js_api(f"DIRECT.GET.{stream}.>"),
+        f"$JS.FC.{stream}.>",
+    )
+
+
+def leader_lease(key: str) -> tuple[str, ...]:
+    """The leader lease ``key`` in KV ``rally-leader``: read the bucket, write only that key."""
+    return (*read_stream(f"KV_{LEADER_BUCKET}"), f"$KV.{LEADER_BUCKET}.{key}")
+
+
+def snapshots() -> tuple[str, ...]:
+    """Load and save snapshots; a save purges the replaced object's chunks (that bucket only)."""
+    bucket_stream = f"OBJ_{SNAPSHOT_BUCKET}"
+    return (*read_stream(bucket_stream), f"$O.{SNAPSHOT_BUCKET}.>", _js_api(f"STREAM.PURGE.{bucket_stream}"))
+
+
+INBOX = "_INBOX.>"
+LOG = read_stream(STREAM)
+
+
+def _service(
+    *, writes: str, publish: tuple[str, ...] = (), serves: bool = True, snapshot: bool = True
+) -> Permissions:
+    role_subjects = (*publish, *LOG, *(snapshots() if snapshot else ()))
+    return Permissions(publish=role_subjects, subscribe=(INBOX,), allow_responses=serves, writes=writes)
+
+
+def _queries(role: str) -> tuple[str, ...]:
+    return (f"q.{role}.>",)
+
+
+def _with_subscriptions(perms: Permissions, *extra: str) -> Permissions:
+    return Permissions(
+        publish=perms.publish,
+        subscribe=(*perms.subscribe, *extra),
+        allow_responses=perms.allow_responses,
+        writes=perms.writes,
+    )
+
+
+def _matrix() -> dict[str, Permissions]:
+    one = "*"  # one subject token: a job or node id
+    roles = {
+        ADMIN: Permissions(
+            publish=(">",), subscribe=(">",), allow_responses=False, writes="everything: sets up the streams"
+        ),
+        "api": _service(
+            writes="JobSubmitted, JobCancelRequested",
+            publish=(f"rally.job.{one}", "q.>"),
+            serves=False,
+        ),
+        "inventory": _service(writes="nothing (answers q.inventory.nodes)"),
+        "health-monitor": _service(
+            writes="NodeHeartbeatLost, NodeDrained, NodeLost, NodeRecovered",
+            publish=(f"rally.node.{one}",),
+        ),
+        "scheduler": _service(
+            writes="LeaderEpochStarted, GangBound, JobPending, GangRepaired, JobRequeued, JobQueued, "
+            "JobRejected",
+            publish=(subjects.SCHEDULER_TREE, f"rally.queue.{one}", *leader_lease("scheduler")),
+        ),
+        "preemption": _service(
+            writes="LeaderEpochStarted(role=preemption), PreemptionRequested",
+            publish=(subjects.PREEMPTION_TREE, *leader_lease("preemption")),
+        ),
+        "checkpoint": _service(
+            writes="CheckpointVerified, CheckpointDeleted", publish=(f"rally.ckpt.{one}",)
+        ),
+        "job-controller": _service(
+            writes="JobStarted, JobCompleted, JobFailed, JobAttemptFailed, JobInterrupted, JobCancelled, "
+            "JobPreempted; commands the agents",
+            publish=(f"rally.ctl.job.{one}", "cmd.agent.>"),
+        ),
+        "projector": _service(writes="nothing (PostgreSQL read models)", snapshot=False),
+    }
+    subscriptions = {role: _queries(role) for role in roles if role not in (ADMIN, "api")}
+    subscriptions["health-monitor"] = (subjects.HEARTBEATS, *subscriptions["health-monitor"])
+    for role, extra in subscriptions.items():
+        roles[role] = _with_subscriptions(roles[role], *extra)
+    return roles
+
+
+MATRIX: dict[str, Permissions] = _matrix()
+#: Every identity but the per-node agents, in the order the configs list them.
+ROLES: tuple[str, ...] = tuple(MATRIX)
+SERVICE_ROLES: tuple[str, ...] = tuple(role for role in MATRIX if role != ADMIN)
+
+
+def permissions(role: str) -> Permissions:
+    """The permissions of a service role or ``admin`` (KeyError for anything else)."""
+    return MATRIX[role]
+
+
+def agent_user(node_id: str) -> str:
+    """The NATS user of one node's agent."""
+    if not subjects.TOKEN_PATTERN.match(node_id):
+        raise ValueError(f"not a valid node id: {node_id!r}")
+    return f"{AGENT}-{node_id}"
+
+
+def agent_permissions(node_id: str) -> Permissions:
+    """A node agent: heartbeats, NodeRegistered, RankExited and CheckpointCommitted for its node only."""
+    return Permissions(
+        publish=(
+            subjects.heartbeat(node_id),
+            subjects.node(node_id),
+            subjects.agent_tree(node_id),
+            *LOG,
+        ),
+        subscribe=(INBOX, f"cmd.agent.{node_id}.>"),
+        allow_responses=True,
+        writes="NodeRegistered, RankExited, CheckpointCommitted for its own node; heartbeats",
+    )
