@@ -65,9 +65,15 @@ def leader_lease(key: str) -> tuple[str, ...]:
 
 
 def snapshots() -> tuple[str, ...]:
-    """Load and save snapshots; a save purges the replaced object's chunks (that bucket only)."""
+    """Load and save snapshots; a save purges the replaced object's chunks (that bucket only). nats-py's
+    object get looks its stream up by subject (``STREAM.NAMES``: stream names only)."""
     bucket_stream = f"OBJ_{SNAPSHOT_BUCKET}"
-    return (*read_stream(bucket_stream), f"$O.{SNAPSHOT_BUCKET}.>", _js_api(f"STREAM.PURGE.{bucket_stream}"))
+    return (
+        *read_stream(bucket_stream),
+        _js_api("STREAM.NAMES"),
+        f"$O.{SNAPSHOT_BUCKET}.>",
+        _js_api(f"STREAM.PURGE.{bucket_stream}"),
+    )
 
 
 INBOX = "_INBOX.>"
