@@ -47,6 +47,9 @@ MSG_ID = "Nats-Msg-Id"
 EXPECTED_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 EXPECTED_SUBJECT_FILTER = "Nats-Expected-Last-Subject-Sequence-Subject"
 DUPLICATE_WINDOW_S = 120.0
+#: JetStream answers that mean "not decided yet" (10158: a message with this Nats-Msg-Id is in process;
+#: seen on 2.15.1 after a quorum loss, tests/integration/test_quorum.py).
+PENDING_CODES = frozenset({10158})
 
 # Errors that mean "the log did not answer", as opposed to "the log said no".
 _UNAVAILABLE = (
@@ -297,6 +300,10 @@ class EventLog:
                 if seq is not None:
                     return AppendResult(seq, True)
                 raise AppendConflict(int(exc.err_code or 0), exc.description or "") from exc
+            if exc.err_code in PENDING_CODES:
+                # The server still holds an earlier attempt of this message (proposed while the stream had
+                # no quorum, committed once it has): nothing is known yet, so the caller retries (503).
+                raise LogUnavailable(f"append to {subject}: {exc.description}") from exc
             raise
         except _UNAVAILABLE as exc:
             raise LogUnavailable(f"append to {subject} got no answer: {type(exc).__name__}") from exc
