@@ -40,6 +40,11 @@ def test_a_complete_step_verifies(tmp_path: Path) -> None:
     assert result.manifest_sha256 == hashlib.sha256(raw).hexdigest()
 
 
+def folder_for_shard(folder: Path) -> None:
+    (folder / "rank-00000.bin").unlink()
+    (folder / "rank-00000.bin").mkdir()
+
+
 def flip(folder: Path) -> None:
     (folder / "rank-00001.bin").write_bytes(b"rank one's bytes, a few MORE")
 
@@ -54,7 +59,7 @@ BROKEN: list[tuple[str, Callable[[Path], Any], str]] = [
     ("missing marker", lambda f: (f / "rank-00001.done").unlink(), "rank 1 has no rank-00001.done"),
     (
         "shard is a folder",
-        lambda f: ((f / "rank-00000.bin").unlink(), (f / "rank-00000.bin").mkdir()),
+        folder_for_shard,
         "missing",
     ),
 ]

@@ -2,37 +2,51 @@
 
 Every rank calls ``save(step, state)`` at the same steps. The state is copied off the training path at
 once (the loop only waits for that copy) and written by a background thread: the rank's shard, then its
-durable ``.done`` record. Rank 0 commits the step by writing its manifest once every rank's record of
+durable ``.done`` marker. Rank 0 commits the step by writing its manifest once every rank's marker of
 this attempt is there. ``load_latest()`` returns the newest step that verifies, falling back to older
 complete ones. SIGTERM (preemption, drain) sets ``should_stop``: the loop saves at the next step
-boundary, waits for the commit and exits 0 within the grace period.
+boundary, waits for the commit and exits 0 within the grace period. docs/training-client.md.
 """
 
 from __future__ import annotations
 
-import io
+import hashlib
 import json
+import logging
 import os
 import signal
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, NamedTuple, Protocol
 
-from .manifest import (
-    FORMAT,
-    MANIFEST,
-    list_steps,
-    read_json,
-    sha256_file,
-    shard_name,
-    step_dir,
-    verify_checkpoint,
-    write_atomic,
-)
+from .commit import await_markers, build_manifest, write_manifest, write_marker
+from .files import fsync_dir
+from .manifest import list_steps, shard_name, step_dir, verify_checkpoint
+from .numpy_state import SUFFIX, NumpyCodec, State, read_state
+from .report import Reporter
 
-State = dict[str, Any]
+_log = logging.getLogger("rallypoint.ckpt")
+
+
+class ShardCodec(Protocol):
+    """How a rank's state becomes files in the step folder."""
+
+    def copy(self, state: Any) -> Any:
+        """A private copy, taken on the training path (must not share memory the loop will change)."""
+
+    def write(self, folder: Path, rank: int, state: Any) -> list[str]:
+        """Write the copy into ``folder`` durably (fsynced, renamed); the names of the files written."""
+
+
+class Loaded(NamedTuple):
+    step: int
+    state: State
 
 
 class Checkpointer:
@@ -49,192 +63,203 @@ class Checkpointer:
         report_file: str | Path | None = None,
         resume_step: int | None = None,
         commit_timeout_s: float = 300.0,
+        max_in_flight: int = 2,
+        codec: ShardCodec | None = None,
     ) -> None:
+        if not 0 <= rank < world_size or max_in_flight < 1:
+            raise ValueError(
+                f"need 0 <= rank < world_size and max_in_flight >= 1 (rank {rank}, {world_size})"
+            )
         self.directory = Path(directory)
-        self.rank = rank
-        self.world_size = world_size
-        self.job_id = job_id
-        self.attempt = attempt
-        self.report_file = Path(report_file) if report_file else None
+        self.rank, self.world_size, self.job_id, self.attempt = rank, world_size, job_id, attempt
         self.resume_step = resume_step
         self.commit_timeout_s = commit_timeout_s
-        # two workers: a second save may start while the first still writes or waits for its commit
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rally-ckpt")
+        self.max_in_flight = max_in_flight
+        self.codec: ShardCodec = codec or NumpyCodec()
+        self.reporter = Reporter(report_file, job_id=job_id, attempt=attempt, rank=rank)
+        # One writer thread: writes happen in save() order, the same on every rank (a collective writer
+        # such as DCP needs that). Commits wait on their own threads, so step N+1 commits even while
+        # step N still waits for a slow rank.
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rally-ckpt-write")
+        self._committer = ThreadPoolExecutor(
+            max_workers=max_in_flight, thread_name_prefix="rally-ckpt-commit"
+        )
         self._inflight: list[Future[int | None]] = []
-        self._report_lock = threading.Lock()
-        self._last_step_report = 0.0
         self._stop = threading.Event()
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> Checkpointer:
-        """The contract the node agent gives every rank (see docs/training-client.md)."""
-        env = dict(os.environ if environ is None else environ)
-        resume = env.get("RALLY_RESUME_STEP")
-        return cls(
-            env.get("RALLY_CHECKPOINT_DIR", "checkpoints"),
-            rank=int(env.get("RANK", "0")),
-            world_size=int(env.get("WORLD_SIZE", "1")),
-            job_id=env.get("RALLY_JOB_ID", ""),
-            attempt=int(env.get("RALLY_ATTEMPT", "0")),
-            report_file=env.get("RALLY_REPORT_FILE") or None,
-            resume_step=int(resume) if resume else None,
-        )
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Checkpointer:
+        """The contract the node agent gives every rank (docs/training-client.md)."""
+        env = os.environ if environ is None else environ
+        resume = env.get("RALLY_RESUME_STEP", "").strip()
+        fields: dict[str, Any] = {
+            "rank": int(env.get("RANK", "0")),
+            "world_size": int(env.get("WORLD_SIZE", "1")),
+            "job_id": env.get("RALLY_JOB_ID", ""),
+            "attempt": int(env.get("RALLY_ATTEMPT", "0")),
+            "report_file": env.get("RALLY_REPORT_FILE") or None,
+            "resume_step": int(resume) if resume.isdigit() else None,
+        }
+        return cls(env.get("RALLY_CHECKPOINT_DIR", "checkpoints"), **(fields | overrides))
 
     # -- stopping -----------------------------------------------------------------------------------
 
     @property
     def should_stop(self) -> bool:
-        """SIGTERM arrived: save at the next step boundary, ``wait()``, exit 0."""
+        """SIGTERM arrived: save at the next step boundary, ``close()``, exit 0."""
         return self._stop.is_set()
 
-    def install_sigterm_handler(self) -> None:
-        signal.signal(signal.SIGTERM, lambda _signum, _frame: self._stop.set())
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def install_sigterm_handler(self) -> Any:
+        """SIGTERM sets ``should_stop`` instead of killing the process; returns the previous handler."""
+        return signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    @contextmanager
+    def sigterm(self) -> Iterator[Checkpointer]:
+        """``install_sigterm_handler`` for the block, the previous handler restored after it."""
+        previous = self.install_sigterm_handler()
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _on_sigterm(self, _signum: int, _frame: FrameType | None) -> None:
+        # Only a flag: the state is consistent at a step boundary, not wherever the signal landed.
+        self._stop.set()
 
     # -- saving -------------------------------------------------------------------------------------
 
-    def save(self, step: int, state: State) -> Future[int | None]:
-        """Copy ``state`` now and write it in the background; the future gives the step once committed
-        (rank 0) or once this rank's shard is durable (other ranks), None if the commit timed out."""
+    def save(self, step: int, state: Any, *, metadata: dict[str, Any] | None = None) -> Future[int | None]:
+        """Copy ``state`` now and write it in the background. The future gives the step once committed
+        (rank 0) or once this rank's part is durable (other ranks); None if the commit timed out.
+        Blocks first while ``max_in_flight`` saves are still in flight (bounded memory for copies)."""
         started = time.time()
-        copied = _copy(state)
-        future = self._pool.submit(self._write, step, copied, started)
-        self._inflight = [f for f in self._inflight if not f.done()] + [future]
+        if metadata is not None:
+            json.dumps(metadata)  # not JSON: fail here, in the loop, not in the committer
+        self._make_room()
+        copied = self.codec.copy(state)
+        written = self._writer.submit(self._write, step, copied)
+        future: Future[int | None] = written
+        if self.rank == 0:
+            future = self._committer.submit(self._commit, step, written, metadata, started)
+        future.add_done_callback(_log_failure)
+        self._inflight.append(future)
         return future
 
-    def wait(self) -> list[int | None]:
-        """Until every save in flight is durable (and committed, on rank 0)."""
-        results = [f.result() for f in self._inflight]
-        self._inflight = []
-        return results
+    def wait(self, timeout: float | None = None) -> list[int | None]:
+        """Until every save in flight is durable (and committed, on rank 0); re-raises a failed save."""
+        pending, self._inflight = self._inflight, []
+        return [future.result(timeout) for future in pending]
 
     def close(self) -> None:
-        self.wait()
-        self._pool.shutdown(wait=True)
+        try:
+            self.wait()
+        finally:
+            self._writer.shutdown(wait=True)
+            self._committer.shutdown(wait=True)
 
-    def _write(self, step: int, state: State, started: float) -> int | None:
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _make_room(self) -> None:
+        while sum(not f.done() for f in self._inflight) >= self.max_in_flight:
+            wait_futures([f for f in self._inflight if not f.done()], return_when=FIRST_COMPLETED)
+
+    def _write(self, step: int, state: Any) -> int | None:
         folder = step_dir(self.directory, step)
-        folder.mkdir(parents=True, exist_ok=True)
-        name = shard_name(self.rank, "npz")
-        write_atomic(folder / name, _encode(state))
-        record = {"attempt": self.attempt, "rank": self.rank, "file": name}
-        record |= {"bytes": (folder / name).stat().st_size, "sha256": sha256_file(folder / name)}
-        write_atomic(folder / shard_name(self.rank, "done"), json.dumps(record).encode())
-        if self.rank != 0:
-            return step
-        return self._commit(step, folder, started)
+        if not folder.is_dir():
+            folder.mkdir(parents=True, exist_ok=True)
+            fsync_dir(folder.parent)  # the step folder's own name must survive a crash too
+        files = self.codec.write(folder, self.rank, state)
+        write_marker(folder, rank=self.rank, step=step, attempt=self.attempt, files=files)
+        return step
 
-    def _commit(self, step: int, folder: Path, started: float) -> int | None:
-        records = self._await_records(folder)
-        if records is None:
-            return None
-        manifest = {
-            "format": FORMAT,
-            "job_id": self.job_id,
-            "step": step,
-            "attempt": self.attempt,
-            "world_size": self.world_size,
-            "created_at": time.time(),
-            "shards": [{k: r[k] for k in ("rank", "file", "bytes", "sha256")} for r in records],
-        }
-        raw = json.dumps(manifest, sort_keys=True).encode()
-        write_atomic(folder / MANIFEST, raw)
-        result = verify_checkpoint(folder)
-        self._report(
-            kind="checkpoint",
+    def _commit(
+        self, step: int, written: Future[int | None], metadata: dict[str, Any] | None, started: float
+    ) -> int | None:
+        written.result()
+        folder = step_dir(self.directory, step)
+        markers = await_markers(
+            folder,
+            world_size=self.world_size,
             step=step,
-            path=str(folder.resolve()),
-            manifest_sha256=result.manifest_sha256,
-            bytes=result.bytes,
-            shards=result.shards,
-            save_s=round(time.time() - started, 6),
+            attempt=self.attempt,
+            timeout_s=self.commit_timeout_s,
+        )
+        if markers is None:
+            _log.warning(
+                "step %d not committed: not every rank's shard was durable within %ss",
+                step,
+                self.commit_timeout_s,
+            )
+            return None
+        manifest = build_manifest(
+            job_id=self.job_id,
+            step=step,
+            attempt=self.attempt,
+            markers=markers,
+            metadata=metadata,
+            created_at=time.time(),
+        )
+        raw = write_manifest(folder, manifest)
+        self.reporter.checkpoint(
+            step=step,
+            path=folder,
+            manifest_sha256=hashlib.sha256(raw).hexdigest(),
+            size=sum(shard["bytes"] for shard in manifest["shards"]),
+            shards=len(manifest["shards"]),
+            save_s=time.time() - started,
         )
         return step
 
-    def _await_records(self, folder: Path) -> list[dict[str, Any]] | None:
-        """Every rank's durable record of this attempt, or None past the commit timeout."""
-        deadline = time.monotonic() + self.commit_timeout_s
-        while True:
-            records = [read_json(folder / shard_name(r, "done")) for r in range(self.world_size)]
-            if all(r is not None and r.get("attempt") == self.attempt for r in records):
-                return [r for r in records if r is not None]
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.02)
-
     # -- loading ------------------------------------------------------------------------------------
 
-    def load_latest(self) -> tuple[int, State] | None:
-        """(step, this rank's state) of the newest checkpoint that verifies, or None."""
-        for step in reversed(list_steps(self.directory)):
-            folder = step_dir(self.directory, step)
-            if not verify_checkpoint(folder).ok:
-                continue  # a missing or corrupt shard: fall back to the previous complete step
-            try:
-                return step, _decode((folder / shard_name(self.rank, "npz")).read_bytes())
-            except (OSError, ValueError):
-                continue
+    def latest_step(self) -> int | None:
+        """The step to resume from: the newest committed step whose shards all verify, or None.
+
+        With ``resume_step`` (``RALLY_RESUME_STEP``, the latest complete step the scheduler's log knows)
+        that step is tried first and only older ones after it: every rank gets the same hint, so all
+        ranks pick the same step, and the log's lost-work accounting holds. It is still verified.
+        """
+        for step in self._candidates():
+            result = verify_checkpoint(step_dir(self.directory, step))
+            if result.ok:
+                return step
+            _log.warning("checkpoint step %d does not verify (%s): trying an older one", step, result.error)
         return None
+
+    def _candidates(self) -> list[int]:
+        steps = list_steps(self.directory)[::-1]
+        hint = self.resume_step
+        if hint is None:
+            return steps
+        return ([hint] if hint in steps else []) + [step for step in steps if step < hint]
+
+    def load(self, step: int, rank: int | None = None) -> State:
+        """``rank``'s state (this rank's by default) saved at ``step``. Does not verify: see latest_step."""
+        rank = self.rank if rank is None else rank
+        return read_state(step_dir(self.directory, step) / shard_name(rank, SUFFIX))
+
+    def load_latest(self, rank: int | None = None) -> Loaded | None:
+        """(step, state) of the newest checkpoint that verifies (``latest_step``), or None."""
+        step = self.latest_step()
+        if step is None:
+            return None
+        return Loaded(step, self.load(step, rank))
 
     # -- reporting to the node agent ------------------------------------------------------------------
 
     def report_step(self, step: int, step_time_s: float) -> None:
-        """Progress for the node agent (rate-limited to one line a second): stragglers show up here."""
-        now = time.monotonic()
-        if now - self._last_step_report < 1.0:
-            return
-        self._last_step_report = now
-        self._report(kind="step", step=step, step_time_s=round(step_time_s, 6))
-
-    def _report(self, **fields: Any) -> None:
-        if self.report_file is None:
-            return
-        line = {
-            "job_id": self.job_id,
-            "attempt": self.attempt,
-            "rank": self.rank,
-            **fields,
-            "at": time.time(),
-        }
-        data = (json.dumps(line, sort_keys=True) + "\n").encode()
-        with self._report_lock, open(self.report_file, "ab") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        """Progress for the node agent (at most one line a second): stragglers show up there."""
+        self.reporter.step(step, step_time_s)
 
 
-def _copy(state: State) -> State:
-    """Off the training path: arrays copied (the loop may change them in place right after)."""
-    import numpy as np
-
-    return {
-        k: (np.array(v, copy=True) if not isinstance(v, bytes | str | int | float) else v)
-        for k, v in state.items()
-    }
-
-
-def _encode(state: State) -> bytes:
-    import numpy as np
-
-    plain = {k: v for k, v in state.items() if isinstance(v, str | int | float)}
-    entries: dict[str, Any] = {"__plain__": np.frombuffer(json.dumps(plain).encode(), dtype=np.uint8)}
-    for key, value in state.items():
-        if isinstance(value, bytes):
-            entries[f"b/{key}"] = np.frombuffer(value, dtype=np.uint8)
-        elif not isinstance(value, str | int | float):
-            entries[f"a/{key}"] = value
-    buffer = io.BytesIO()
-    np.savez(buffer, **entries)
-    return buffer.getvalue()
-
-
-def _decode(data: bytes) -> State:
-    import numpy as np
-
-    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-        state: State = json.loads(npz["__plain__"].tobytes())
-        for key in npz.files:
-            if key.startswith("a/"):
-                state[key[2:]] = npz[key]
-            elif key.startswith("b/"):
-                state[key[2:]] = npz[key].tobytes()
-    return state
+def _log_failure(future: Future[Any]) -> None:
+    # The loop sees a failed save only at wait(); the log says so at once.
+    if not future.cancelled() and future.exception() is not None:
+        _log.error("a checkpoint save failed", exc_info=future.exception())
