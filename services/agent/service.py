@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import socket
+from functools import partial
 from pathlib import Path
 
 from rallypoint.agent.backend import GpuBackend
@@ -94,7 +95,9 @@ async def agent_main(ctx: ServiceContext, args: argparse.Namespace) -> int:
         return 2
     ctx.stack.callback(backend.close)
     work_dir = Path(args.work_dir or Path(".rally") / "agent" / args.node_id)
-    launcher = await asyncio.to_thread(RankLauncher, work_dir)
+    # This process spawns nothing but rank wrappers, and in its container it is PID 1, the parent of
+    # every orphan: reap those too (issue 15: defunct processes piling up under the agent).
+    launcher = await asyncio.to_thread(partial(RankLauncher, work_dir, reap_orphans=True))
     # Waits for the NATS server if it is not up yet: a node agent may boot before it.
     log = await ctx.event_log()
     config = AgentConfig(

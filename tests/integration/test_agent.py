@@ -18,11 +18,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from rallypoint.agent import RankLauncher, SimulatedGpus
+from rallypoint.agent import EXIT_LOST, RankLauncher, SimulatedGpus
 from rallypoint.agent.node import AgentConfig, NodeAgent
+from rallypoint.agent.reaper import zombie_children
 from rallypoint.agent.workdir import read_record
-from rallypoint.eventlog import EventLog
-from rallypoint.events import NodeRegistered, RankExited, subjects
+from rallypoint.eventlog import EventLog, Recorded
+from rallypoint.events import CheckpointCommitted, NodeRegistered, RankExited, subjects
 from rallypoint.infra import ManagedProcess, NatsServer
 from rallypoint.protocol import (
     Heartbeat,
@@ -38,12 +39,23 @@ PY = sys.executable
 NODE = "node-1"
 
 
+# Makes the process a child subreaper, then execs the rest of its arguments: the agent then adopts
+# orphans the way it does as PID 1 of its container (the attribute survives exec).
+AS_SUBREAPER = (
+    "import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
 class Agent:
     """One agent process; ``stop()`` is SIGTERM, ``crash()`` SIGKILL."""
 
-    def __init__(self, url: str, work_dir: Path, log_path: Path, *extra: str) -> None:
+    def __init__(
+        self, url: str, work_dir: Path, log_path: Path, *extra: str, subreaper: bool = False
+    ) -> None:
         argv = [
             PY,
+            *(("-c", AS_SUBREAPER) if subreaper else ()),
             "-m",
             "rallypoint_services.agent",
             "--nats-url",
@@ -89,8 +101,9 @@ async def agent_env(
     started: list[Agent] = []
     work_dir = tmp_path / "work"
 
-    def start(*extra: str) -> Agent:
-        agent = Agent(nats_server.url, work_dir, tmp_path / f"agent-{len(started)}.log", *extra)
+    def start(*extra: str, subreaper: bool = False) -> Agent:
+        log_path = tmp_path / f"agent-{len(started)}.log"
+        agent = Agent(nats_server.url, work_dir, log_path, *extra, subreaper=subreaper)
         started.append(agent)
         return agent
 
@@ -116,7 +129,7 @@ async def wait_until(check: Callable[[], Awaitable[bool]], what: str, timeout: f
 async def events_on(log: EventLog, subject: str) -> list[object]:
     if await log.last_seq(subject) == 0:
         return []
-    return [rec.event async for rec in log.replay(subjects=subject)]
+    return [rec.event async for rec in log.replay(subjects=subject) if isinstance(rec, Recorded)]
 
 
 async def rank_exits(log: EventLog, job_id: str, node_id: str = NODE) -> dict[int, int]:
@@ -283,3 +296,163 @@ async def test_appends_are_retried_until_the_log_answers(tmp_path: Path) -> None
         await agent.close()
         await log.close()
         await server.astop()
+
+
+# -- checkpoint and progress reports (RALLY_REPORT_FILE) ----------------------------------------------
+
+# Rank r reports steps 1-3, commits step 100(r+1)+10, writes half of the commit of +20 and waits for
+# "go"; then completes it, reports step 4 and commits +30. On SIGTERM (preemption) it commits +99 and
+# exits 0. Steps differ per rank so every rank's commits can be ordered against its own exit.
+REPORTING_RANK = r"""
+import json, os, signal, sys, time
+folder = sys.argv[1]
+rank = int(os.environ["RANK"])
+ident = {"job_id": os.environ["RALLY_JOB_ID"], "attempt": int(os.environ["RALLY_ATTEMPT"]), "rank": rank}
+
+def write(data):
+    with open(os.environ["RALLY_REPORT_FILE"], "ab") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+def line(kind, **fields):
+    return (json.dumps({"kind": kind, **ident, **fields, "at": time.time()}) + "\n").encode()
+
+def commit(step):
+    return line("checkpoint", step=step, path=f"/ckpt/{ident['job_id']}/step-{step}",
+                manifest_sha256="ab" * 32, bytes=1000 + step, shards=2, save_s=0.01)
+
+def mark(name):
+    open(os.path.join(folder, f"{name}-{rank}"), "w").close()
+
+def preempted(signum, frame):
+    write(commit(100 * (rank + 1) + 99))
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, preempted)
+for step in (1, 2, 3):
+    write(line("step", step=step, step_time_s=0.5 + rank))
+write(commit(100 * (rank + 1) + 10))
+half = commit(100 * (rank + 1) + 20)
+write(half[:40])
+mark("partial")
+while not os.path.exists(os.path.join(folder, "go")):
+    time.sleep(0.02)
+write(half[40:])
+write(line("step", step=4, step_time_s=0.25))
+write(commit(100 * (rank + 1) + 30))
+mark("written")
+while True:
+    time.sleep(0.05)
+"""
+
+
+async def stored(log: EventLog) -> list[Recorded]:
+    return [rec async for rec in log.replay() if isinstance(rec, Recorded)]
+
+
+async def commits(log: EventLog, job_id: str) -> list[int]:
+    """Steps of the job's CheckpointCommitted events, in log order (duplicates included)."""
+    return [
+        r.event.step
+        for r in await stored(log)
+        if isinstance(r.event, CheckpointCommitted) and r.event.job_id == job_id
+    ]
+
+
+async def has_commits(log: EventLog, job_id: str, steps: set[int]) -> bool:
+    return set(await commits(log, job_id)) >= steps
+
+
+async def files_exist(*paths: Path) -> bool:
+    return all(p.exists() for p in paths)
+
+
+async def progress_of(log: EventLog, job_id: str) -> dict[int, tuple[int | None, float | None]]:
+    beat = await first_heartbeat(log)
+    return {r.rank: (r.step, r.step_time_s) for r in beat.ranks if r.job_id == job_id and r.progress_at}
+
+
+async def test_checkpoint_reports_are_appended_once_each_and_before_the_rank_exit(
+    event_log: EventLog, agent_env: Callable[..., Agent], tmp_path: Path
+) -> None:
+    # A short duplicate window, so an append repeated after an agent restart would show as a second
+    # message: only the saved read offsets can keep each commit single.
+    config = (await event_log.js.stream_info(event_log.stream)).config
+    config.duplicate_window = 0.5
+    await event_log.js.update_stream(config)
+    first = agent_env()
+    await first_heartbeat(event_log)
+    assert (await launch(event_log, task("job-c", [PY, "-c", REPORTING_RANK, str(tmp_path)]))).ok
+
+    await wait_until(lambda: has_commits(event_log, "job-c", {110, 210}), "the first commits")
+    await wait_until(lambda: files_exist(tmp_path / "partial-0", tmp_path / "partial-1"), "half lines")
+
+    async def progress_shown() -> bool:
+        return await progress_of(event_log, "job-c") == {0: (3, 0.5), 1: (3, 1.5)}
+
+    await wait_until(progress_shown, "step progress in a heartbeat")
+    await asyncio.sleep(0.6)  # a few polls: a half-written line is not consumed, nor skipped
+    assert sorted(await commits(event_log, "job-c")) == [110, 210]
+
+    await first.crash()
+    (tmp_path / "go").write_text("")  # the ranks finish the half line and commit again, unwatched
+    await wait_until(lambda: files_exist(tmp_path / "written-0", tmp_path / "written-1"), "commits")
+    agent_env()
+    await wait_until(lambda: has_commits(event_log, "job-c", {120, 130, 220, 230}), "commits after restart")
+
+    async def progress_after_restart() -> bool:
+        return await progress_of(event_log, "job-c") == {0: (4, 0.25), 1: (4, 0.25)}
+
+    await wait_until(progress_after_restart, "the restarted agent's heartbeat with step 4")
+
+    # Preemption: SIGTERM -> each rank commits, then exits 0; its commit must precede its exit.
+    kill = KillTask(job_id="job-c", attempt=0, grace_s=10)
+    assert msgspec.json.decode(await request(event_log, "kill", kill), type=KillReply).signalled == 2
+    await wait_until(lambda: _has(rank_exits(event_log, "job-c"), 2), "both RankExited")
+    assert await rank_exits(event_log, "job-c") == {0: 0, 1: 0}
+    records = await stored(event_log)
+    seq_of_commit = {r.event.step: r.seq for r in records if isinstance(r.event, CheckpointCommitted)}
+    seq_of_exit = {r.event.rank: r.seq for r in records if isinstance(r.event, RankExited)}
+    assert seq_of_commit[199] < seq_of_exit[0] and seq_of_commit[299] < seq_of_exit[1]
+    steps = await commits(event_log, "job-c")
+    assert sorted(steps) == [110, 120, 130, 199, 210, 220, 230, 299]  # each exactly once
+    committed = next(r for r in records if isinstance(r.event, CheckpointCommitted) and r.event.step == 120)
+    assert committed.subject == subjects.agent_checkpoint(NODE, "job-c")
+    assert isinstance(committed.event, CheckpointCommitted)
+    assert (committed.event.path, committed.event.bytes, committed.event.node_id) == (
+        "/ckpt/job-c/step-120",
+        1120,
+        NODE,
+    )
+
+
+async def test_the_agent_leaves_no_zombie(
+    event_log: EventLog, agent_env: Callable[..., Agent], tmp_path: Path
+) -> None:
+    """Short ranks, and a rank whose wrapper is SIGKILLed under an agent that adopts orphans (as PID 1
+    of its container does): every child of the agent is reaped."""
+    agent = agent_env(subreaper=True)
+    await first_heartbeat(event_log)
+    for j in range(10):
+        assert (await launch(event_log, task(f"short-{j}", ["true"], ranks=4))).ok
+    sleeper = task("job-lost", [PY, "-c", "import time; time.sleep(60)"], ranks=1)
+    assert (await launch(event_log, sleeper)).ok
+    pid_file = tmp_path / "work" / "job-lost" / "0" / "rank-0.pid"
+    await wait_until(lambda: files_exist(pid_file), "the sleeper's wrapper")
+    record = read_record(pid_file)
+    assert record is not None
+    os.kill(record["wrapper_pid"], signal.SIGKILL)  # its rank dies (parent-death signal), orphaned
+
+    async def all_short_exits() -> bool:
+        exited = [r.event for r in await stored(event_log) if isinstance(r.event, RankExited)]
+        return sum(e.job_id.startswith("short-") and e.exit_code == 0 for e in exited) == 40
+
+    await wait_until(all_short_exits, "40 short ranks reported", 30.0)
+    await wait_until(lambda: _has(rank_exits(event_log, "job-lost"), 1), "the lost rank")
+    assert await rank_exits(event_log, "job-lost") == {0: EXIT_LOST}
+
+    async def no_zombie() -> bool:
+        return not zombie_children(agent.proc.pid)
+
+    await wait_until(no_zombie, "every child of the agent reaped", 15.0)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rallypoint.agent import EXIT_LOST, RankExit, RankLauncher
+from rallypoint.agent.reaper import zombie_children
 from rallypoint.agent.workdir import read_record
 from rallypoint.protocol import LaunchTask, RankSpec
 
@@ -25,7 +26,7 @@ DUMP_ENV = """
 import json, os, sys
 keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR",
         "MASTER_PORT", "NODE_RANK", "RALLY_JOB_ID", "RALLY_ATTEMPT", "USER_VAR", "INHERITED",
-        "CUDA_DEVICE_ORDER"]
+        "CUDA_DEVICE_ORDER", "RALLY_REPORT_FILE"]
 out = os.path.join(sys.argv[1], f"env-{os.environ['RANK']}.json")
 with open(out, "w") as f:
     json.dump({k: os.environ.get(k) for k in keys}, f)
@@ -134,8 +135,10 @@ def test_ranks_get_the_contract_environment_logs_and_exit_codes(
         "USER_VAR": "x",
         "INHERITED": "from-agent",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "RALLY_REPORT_FILE": str(work.absolute() / "job-a" / "0" / "rank-2.report"),
     }
     assert env3["RANK"] == "3" and env3["LOCAL_RANK"] == "1" and env3["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert env3["RALLY_REPORT_FILE"] == str(work.absolute() / "job-a" / "0" / "rank-3.report")
     log = launcher.log_path("job-a", 0, 3)
     assert log == work / "job-a" / "0" / "rank-3.log"
     assert "hello from rank 3" in log.read_text()
@@ -266,3 +269,84 @@ def test_unsafe_job_ids_are_refused(work: Path) -> None:
     launcher = RankLauncher(work)
     with pytest.raises(ValueError):
         launcher.launch(make_task("../escape", [PY, "-c", "pass"], ranks=1))
+
+
+# -- reaping (issue 15: defunct processes piling up under the agent) ----------------------------------
+
+
+def run_short_ranks(launcher: RankLauncher, jobs: int, ranks: int, wave: int = 10) -> list[RankExit]:
+    """``jobs`` tasks of ``ranks`` ranks that exit at once, ``wave`` tasks at a time (2 shared cores),
+    polled quickly the way an agent does: each exit file is seen just as its wrapper is exiting."""
+    exits: list[RankExit] = []
+    for first in range(0, jobs, wave):
+        batch = range(first, min(first + wave, jobs))
+        for j in batch:
+            launcher.launch(make_task(f"short-{j}", ["true"], ranks=ranks))
+        exits += wait_exits(launcher, len(batch) * ranks, timeout=60.0)
+        for exit in exits[-len(batch) * ranks :]:
+            launcher.mark_reported(exit)
+    return exits
+
+
+def test_hundreds_of_short_ranks_leave_no_zombie(work: Path) -> None:
+    before = zombie_children()  # another test's leftovers are not this one's to count
+    launcher = RankLauncher(work)
+    exits = run_short_ranks(launcher, jobs=75, ranks=4)
+    assert len(exits) == 300 and {e.exit_code for e in exits} == {0}
+    # A wrapper writes its exit file just before it exits: the poll after that one reaps it.
+    wait_for(lambda: launcher.poll() == [] and launcher.unreaped() == 0, timeout=10.0)
+    assert zombie_children() - before == set()
+
+
+def test_wrappers_of_a_discarded_launcher_are_reaped_by_the_next(work: Path, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    before = zombie_children()
+    old = RankLauncher(work)
+    old.launch(make_task("job-z", [PY, "-c", WAIT_FOR_FILE, str(go)], ranks=3))
+    old.launch(make_task("job-y", ["true"], ranks=3))
+    wait_for(lambda: all((work / "job-z" / "0" / f"rank-{r}.pid").exists() for r in (3, 4, 5)))
+    wait_for(lambda: len(list((work / "job-y" / "0").glob("rank-*.exit"))) == 3)
+    old.forget_processes()  # an in-process agent restart: the wrappers are our children, unhandled
+    new = RankLauncher(work)
+    release(go, 0)
+    assert len(wait_exits(new, 6)) == 6
+    wait_for(lambda: new.poll() == [] and new.unreaped() == 0, timeout=10.0)
+    assert zombie_children() - before == set()
+
+
+# The rank starts a helper through a child that exits at once, so the helper is orphaned: it must be
+# re-parented to the wrapper (a subreaper) and reaped by it when it dies, while the rank still runs.
+ORPHAN_MAKER = """
+import os, sys, time
+out, go = sys.argv[1], sys.argv[2]
+if os.fork() == 0:
+    if os.fork() == 0:
+        time.sleep(0.3)
+        with open(out + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(out + ".tmp", out)
+        time.sleep(0.5)
+        os._exit(0)
+    os._exit(0)
+os.wait()
+while not os.path.exists(go):
+    time.sleep(0.02)
+"""
+
+
+def test_the_wrapper_reaps_what_its_rank_orphaned(work: Path, tmp_path: Path) -> None:
+    helper_pid_file, go = tmp_path / "helper.pid", tmp_path / "go"
+    launcher = RankLauncher(work)
+    launcher.launch(make_task("job-o", [PY, "-c", ORPHAN_MAKER, str(helper_pid_file), str(go)], ranks=1))
+    wait_for(helper_pid_file.exists)
+    helper = int(helper_pid_file.read_text())
+    record = read_record(work / "job-o" / "0" / "rank-1.pid")
+    assert record is not None
+    stat = Path(f"/proc/{helper}/stat").read_text().rsplit(")", 1)[1].split()
+    assert int(stat[1]) == record["wrapper_pid"]  # adopted by the wrapper, not by PID 1
+    # gone entirely (reaped), not a zombie, while the rank and its wrapper still run
+    wait_for(lambda: not Path(f"/proc/{helper}").exists(), timeout=10.0)
+    assert zombie_children(record["wrapper_pid"]) == set()
+    assert launcher.poll() == []
+    release(go, 0)
+    assert [e.exit_code for e in wait_exits(launcher, 1)] == [0]

@@ -8,13 +8,21 @@ that happened while nobody was watching. The agent drives it:
 - ``kill(job, attempt, grace_s)``  SIGTERM to each rank's process group, SIGKILL once the grace is over;
 - ``poll()``  called every ~0.1-0.5 s: reaps, escalates kills, returns exits not yet handed out;
 - ``mark_reported(exit)``  after RankExited is safely in the log, so a restart does not report it again;
-- ``status()``  every rank this node knows about.
+- ``status()``  every rank this node knows about;
+- ``report_sources()``  the ranks' report files the agent should tail (``reports``).
+
+Reaping: exit codes come from the exit files the wrappers write, never from wait statuses, so reaping
+is only about leaving no zombie. Every wrapper ``Popen`` stays in ``_children`` until ``poll()`` has
+seen it gone (a wrapper writes its exit file a moment *before* it exits, so one look at exit time is
+not enough); wrappers spawned by an earlier launcher in this process are reaped by pid; with
+``reap_orphans`` (the agent process, PID 1 in its container) re-parented orphans are reaped too.
 
 Methods are thread-safe (one lock) so the asyncio agent can run them in worker threads: they fsync.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -28,12 +36,21 @@ from pathlib import Path
 import msgspec
 
 from rallypoint.agent import workdir
+from rallypoint.agent.reaper import OrphanReaper, reap_child
+from rallypoint.agent.reports import ReportSource
 from rallypoint.jobs.launch import rank_environment
 from rallypoint.protocol import LaunchTask, RankStatus
+
+_log = logging.getLogger(__name__)
 
 # A claim without a pid file is a wrapper still starting (Python starts in well under a second); after
 # this long with no wrapper alive to show for it, the rank is declared lost instead of waited on forever.
 STARTUP_GRACE_S = 10.0
+# A rank's report file is still tailed this long after its exit was reported: a helper process it left
+# behind may append a last line (which then lands after the RankExited, but is not lost).
+REPORT_LINGER_S = 30.0
+# Finding orphans means reading every /proc/<pid>/stat of the host: not on every poll.
+ORPHAN_SWEEP_INTERVAL_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +112,7 @@ class RankLauncher:
         python: str = sys.executable,
         clock: Callable[[], float] = time.time,
         base_env: dict[str, str] | None = None,
+        reap_orphans: bool = False,
     ) -> None:
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -102,6 +120,12 @@ class RankLauncher:
         self._clock = clock
         self._base_env = base_env
         self._ranks: dict[tuple[str, int, int], _Rank] = {}
+        # wrapper pid -> handle, kept until the wrapper is reaped (a rank's record keeps its own too)
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        # wrapper pid -> start time: our children by an earlier launcher in this process, no handle
+        self._strays: dict[int, int | None] = {}
+        self._orphans = OrphanReaper() if reap_orphans else None
+        self._next_sweep = 0.0
         self._lock = threading.Lock()
         self.adopt()
 
@@ -175,7 +199,7 @@ class RankLauncher:
                 env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
                 env.update(rank_environment(task, spec))
                 # the training client appends checkpoint commits and step progress here (reports.py)
-                env["RALLY_REPORT_FILE"] = str(record.file("report"))
+                env["RALLY_REPORT_FILE"] = str(record.file("report").absolute())
                 self._spawn(record, task.command, env)
                 started.append(spec.rank)
         return LaunchOutcome(started=tuple(started), already=tuple(already))
@@ -207,12 +231,10 @@ class RankLauncher:
         fresh: list[RankExit] = []
         now = self._clock()
         with self._lock:
+            self._reap()
             for record in self._ranks.values():
                 if record.exit is None:
-                    self._check(record, now)
-                    if record.exit is None and record.kill_deadline is not None:
-                        self._refresh_pids(record)
-                        self._enforce_kill(record, now)
+                    self._watch(record, now)
                 if record.exit is not None and not record.handed_out and not record.reported:
                     record.handed_out = True
                     fresh.append(record.exit)
@@ -244,14 +266,15 @@ class RankLauncher:
                 for r in sorted(self._ranks.values(), key=lambda r: r.key)
             )
 
-    def report_files(self) -> list[tuple[str, int, int, Path]]:
-        """(job, attempt, rank, report file) of every rank whose reports may still hold news: running, or
-        exited with the exit not yet in the log (its last lines are read before its exit is reported)."""
+    def report_sources(self) -> list[ReportSource]:
+        """The report files that may still hold news: of ranks running, exited but not reported yet
+        (their last lines go in before their exit), or exited within ``REPORT_LINGER_S``."""
+        now = self._clock()
         with self._lock:
             return [
-                (r.job_id, r.attempt, r.rank, r.file("report"))
-                for r in self._ranks.values()
-                if r.exit is None or not r.reported
+                ReportSource(r.job_id, r.attempt, r.rank, r.file("report"), r.file("report-offset"))
+                for r in sorted(self._ranks.values(), key=lambda r: r.key)
+                if r.exit is None or not r.reported or now - r.exit.at < REPORT_LINGER_S
             ]
 
     def busy_gpus(self) -> set[int]:
@@ -267,6 +290,12 @@ class RankLauncher:
         with self._lock:
             for record in self._ranks.values():
                 record.popen = None
+            self._children.clear()
+
+    def unreaped(self) -> int:
+        """Wrappers spawned or adopted by this launcher that have not been reaped yet."""
+        with self._lock:
+            return len(self._children) + len(self._strays)
 
     # -- internals (lock held) ----------------------------------------------------------------------
 
@@ -294,8 +323,20 @@ class RankLauncher:
                 start_new_session=True,
                 close_fds=True,
             )
+        self._children[record.popen.pid] = record.popen
         record.wrapper_pid = record.popen.pid
         record.wrapper_start = workdir.process_start_time(record.popen.pid)
+
+    def _reap(self) -> None:
+        for pid, popen in list(self._children.items()):
+            if popen.poll() is not None:
+                del self._children[pid]
+        for pid, start in list(self._strays.items()):
+            if reap_child(pid, start):
+                del self._strays[pid]
+        if self._orphans is not None and time.monotonic() >= self._next_sweep:
+            self._next_sweep = time.monotonic() + ORPHAN_SWEEP_INTERVAL_S
+            self._orphans.sweep(owned=self._children.keys() | self._strays.keys())
 
     def _read_task(self, directory: Path) -> LaunchTask | None:
         try:
@@ -324,6 +365,10 @@ class RankLauncher:
         record.wrapper_start = pids.get("wrapper_start")
         record.pid = pids.get("pid")
         record.pid_start = pids.get("pid_start")
+        if record.popen is None and record.wrapper_pid:
+            # Spawned by an earlier launcher: if that was in this process, the wrapper is our child and
+            # nobody else will reap it (``reap_child`` lets go of it at once if it is not ours).
+            self._strays[record.wrapper_pid] = record.wrapper_start
 
     def _read_exit(self, record: _Rank) -> bool:
         data = workdir.read_record(record.file("exit"))
@@ -340,14 +385,22 @@ class RankLauncher:
 
     def _wrapper_alive(self, record: _Rank) -> bool:
         if record.popen is not None:
-            # Our own child: poll() also reaps it, so it does not linger as a zombie.
             return record.popen.poll() is None
         return workdir.same_process(record.wrapper_pid, record.wrapper_start)
 
+    def _watch(self, record: _Rank, now: float) -> None:
+        try:
+            self._check(record, now)
+            if record.exit is None and record.kill_deadline is not None:
+                self._refresh_pids(record)
+                self._enforce_kill(record, now)
+        except OSError as exc:
+            # One rank's unwritable file (disk full) must not cost the exits already handed out in
+            # this pass: they would never come out of poll() again in this process.
+            _log.warning("watching rank %d of %s failed: %s", record.rank, record.job_id, exc)
+
     def _check(self, record: _Rank, now: float) -> None:
         if self._read_exit(record):
-            if record.popen is not None:
-                record.popen.poll()  # reap the finished wrapper
             return
         self._refresh_pids(record)
         if self._wrapper_alive(record):

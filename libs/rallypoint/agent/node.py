@@ -1,7 +1,14 @@
 """The node agent: registers its node, heartbeats, serves launch/kill/status, and reports rank exits.
 
-What it writes to the log is only what it alone knows: ``NodeRegistered`` (its hardware) and
-``RankExited`` (how each rank ended). Everything else it does is answering commands.
+What it writes to the log is only what it alone knows: ``NodeRegistered`` (its hardware),
+``RankExited`` (how each rank ended) and ``CheckpointCommitted`` (what its ranks reported through
+their report files, see ``reports``). Everything else it does is answering commands.
+
+Order: a rank's ``CheckpointCommitted`` is in the log before its ``RankExited`` (a preempted rank
+saves, commits and exits 0; whoever accounts lost work after the exits must already see the commit).
+Each watch pass polls the exits first, then reads the report files and appends their commits, and
+only then queues the exits: a rank writes its line before it exits, so the line is on disk by the time
+its exit is seen.
 
 Guarantee: a ``RankExited`` is never lost. The wrapper writes the exit code to disk before anyone is
 told; the agent appends it with a deterministic ``Nats-Msg-Id`` (``<job>:<attempt>:RankExited:<rank>``),
@@ -28,7 +35,8 @@ from nats.aio.subscription import Subscription
 
 from rallypoint.agent.backend import GpuBackend, gpu_infos
 from rallypoint.agent.launcher import RankExit, RankLauncher
-from rallypoint.agent.reports import ReportTail
+from rallypoint.agent.reports import CHECKPOINT_FIELDS as CHECKPOINT_FIELDS
+from rallypoint.agent.reports import ReportBatch, ReportSource, ReportTail
 from rallypoint.agent.sim_backend import SimulatedGpus
 from rallypoint.eventlog import AppendConflict, EventLog
 from rallypoint.events import CheckpointCommitted, NodeRegistered, RankExited, subjects
@@ -44,18 +52,10 @@ from rallypoint.protocol import (
 
 _log = logging.getLogger(__name__)
 
-# The fields of a checkpoint report line that CheckpointCommitted carries (the agent adds node_id).
-CHECKPOINT_FIELDS = (
-    "job_id",
-    "attempt",
-    "step",
-    "path",
-    "manifest_sha256",
-    "bytes",
-    "shards",
-    "save_s",
-    "at",
-)
+# A rank whose report file cannot be read has its exit held back this long (the commit it may hold
+# must go first), then reported anyway: an exit is never held hostage by an unreadable file.
+EXIT_HOLD_S = 5.0
+_RankKey = tuple[str, int, int]
 _json = msgspec.json.Encoder()
 
 
@@ -110,7 +110,8 @@ class NodeAgent:
         self._subs: list[Subscription] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._reports: asyncio.Queue[RankExit] = asyncio.Queue()
-        self._tail = ReportTail()
+        self._tail = ReportTail(config.node_id, clock=clock)
+        self._held: dict[_RankKey, tuple[RankExit, float]] = {}
         self.registered_seq: int | None = None
         self.heartbeats_sent = 0
 
@@ -211,15 +212,8 @@ class NodeAgent:
         )
         return seq
 
-    async def report_checkpoint(self, line: dict[str, object]) -> int | None:
-        """Append CheckpointCommitted for a rank's commit line; a malformed line is skipped, not fatal."""
-        try:
-            event = msgspec.convert(
-                {k: line.get(k) for k in CHECKPOINT_FIELDS} | {"node_id": self.node_id}, CheckpointCommitted
-            )
-        except msgspec.ValidationError as exc:
-            _log.warning("skipping a checkpoint report that does not fit CheckpointCommitted: %s", exc)
-            return None
+    async def report_checkpoint(self, event: CheckpointCommitted) -> int:
+        """Append a rank's reported commit, retrying until it is stored (one message id per step)."""
         seq = await self._append_until_stored(
             subjects.for_event(event), event, f"{event.job_id}:ckpt:{event.step}"
         )
@@ -275,30 +269,62 @@ class NodeAgent:
         return beat
 
     def _with_progress(self, rank: RankStatus) -> RankStatus:
-        line = self._tail.progress.get((rank.job_id, rank.attempt, rank.rank))
-        if line is None:
+        progress = self._tail.progress.get((rank.job_id, rank.attempt, rank.rank))
+        if progress is None:
             return rank
         return msgspec.structs.replace(
-            rank, step=line.get("step"), step_time_s=line.get("step_time_s"), progress_at=line.get("at")
+            rank, step=progress.step, step_time_s=progress.step_time_s, progress_at=progress.at
         )
 
     async def _watch_loop(self) -> None:
         while True:
             try:
-                exits = await asyncio.to_thread(self.launcher.poll)
-                # A rank writes its commit line before it exits: reading the reports after the poll, and
-                # appending them before the exits go out, puts every commit in the log before its exit.
-                await self._read_reports()
-                for exit in exits:
-                    self._reports.put_nowait(exit)
+                await self.watch_once()
             except Exception:
                 _log.exception("polling ranks failed")
             await asyncio.sleep(self.config.poll_interval_s)
 
-    async def _read_reports(self) -> None:
-        for _job, _attempt, _rank, path in self.launcher.report_files():
-            for line in await asyncio.to_thread(self._tail.read, path):
-                await self.report_checkpoint(line)
+    async def watch_once(self) -> None:
+        """One pass: reap and collect exits, append the reports' new commits, then queue the exits."""
+        now = time.monotonic()
+        for exit in await asyncio.to_thread(self.launcher.poll):
+            self._held[(exit.job_id, exit.attempt, exit.rank)] = (exit, now)
+        unread = await self.read_reports()
+        for key, (exit, since) in list(self._held.items()):
+            if key in unread and now - since < EXIT_HOLD_S:
+                continue
+            del self._held[key]
+            self._reports.put_nowait(exit)
+
+    async def read_reports(self) -> set[_RankKey]:
+        """Append the commits reported since the last pass; the ranks whose file could not be read."""
+        sources = await asyncio.to_thread(self.launcher.report_sources)
+        batches, unread = await asyncio.to_thread(self._read_all, sources)
+        for batch in batches:
+            for event in batch.commits:
+                await self.report_checkpoint(event)
+        await asyncio.to_thread(self._advance_all, batches)
+        return unread
+
+    def _read_all(self, sources: list[ReportSource]) -> tuple[list[ReportBatch], set[_RankKey]]:
+        self._tail.retain(sources)
+        batches: list[ReportBatch] = []
+        unread: set[_RankKey] = set()
+        for source in sources:
+            try:
+                batches.append(self._tail.read(source))
+            except OSError as exc:
+                _log.warning("cannot read %s: %s", source.path, exc)
+                unread.add(source.key)
+        return batches, unread
+
+    def _advance_all(self, batches: list[ReportBatch]) -> None:
+        for batch in batches:
+            try:
+                self._tail.advance(batch)
+            except OSError as exc:
+                # The commits are in the log; a restart re-reads them and re-appends with the same ids.
+                _log.warning("cannot save the read offset of %s: %s", batch.source.path, exc)
 
     async def _report_loop(self) -> None:
         while True:

@@ -9,6 +9,12 @@ One wrapper per rank, started by the agent in a session of its own so the rank s
 3. records both pids with their kernel start times in ``rank-<r>.pid``;
 4. waits, and writes the exit code once, atomically, to ``rank-<r>.exit`` (see ``workdir`` for codes).
 
+The wrapper is a child subreaper: a process the rank started and then abandoned (a double-forked
+helper, the children of a shell that exited) is re-parented to the wrapper rather than to PID 1 -
+which in the agent's container is the agent - and the wrapper reaps it while it waits for the rank.
+Such helpers still running when the rank exits are left alone (they move up to PID 1 when the wrapper
+exits).
+
 Signals sent to the wrapper itself (SIGTERM, SIGINT, SIGHUP) are forwarded to the rank's group, so
 stopping the wrapper stops the rank and still records how it ended.
 
@@ -32,11 +38,41 @@ from types import FrameType
 from rallypoint.agent import workdir
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _libc() -> ctypes.CDLL | None:
+    return ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _become_subreaper() -> None:
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _wait_rank(child: subprocess.Popen[bytes]) -> int:
+    """Wait for the rank, reaping adopted orphans meanwhile; the rank's ``returncode``.
+
+    ``waitpid(-1)`` is safe here: every child of the wrapper is the rank or an orphan of it.
+    """
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == child.pid:
+            child.returncode = os.waitstatus_to_exitcode(status)
+            _reap_exited()
+            return child.returncode
+
+
+def _reap_exited() -> None:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
 
 
 def _pdeathsig(parent_pid: int) -> Callable[[], None]:
     # Loaded before fork: loading a library in the child between fork and exec is not safe.
-    libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+    libc = _libc()
 
     def preexec() -> None:
         if libc is not None:
@@ -77,6 +113,7 @@ def run(directory: Path, rank: int, command: list[str]) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
+    _become_subreaper()
 
     try:
         child = subprocess.Popen(
@@ -112,7 +149,7 @@ def run(directory: Path, rank: int, command: list[str]) -> int:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)
 
-    returncode = child.wait()
+    returncode = _wait_rank(child)
     _finish(directory, rank, workdir.exit_code_of(returncode))
     return 0
 

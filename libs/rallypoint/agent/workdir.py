@@ -10,6 +10,8 @@ Layout, one directory per (job, attempt)::
         rank-<r>.kill      a kill was requested: grace and request time (survives an agent restart)
         rank-<r>.exit      how the rank ended: {"exit_code", "at"}; written once, never replaced
         rank-<r>.reported  RankExited for this rank is in the log; nothing left to do
+        rank-<r>.report    the rank's own reports (RALLY_REPORT_FILE): JSON lines, appended by the rank
+        rank-<r>.report-offset  how far the agent has read and appended them (see ``reports``)
 
 Exit codes: a rank that exits normally reports its own code (0-255); a rank ended by signal N reports
 ``128 + N`` (the shell convention: SIGTERM -> 143, SIGKILL -> 137), so "non-zero means failure" holds for
@@ -101,25 +103,32 @@ def read_record(path: Path) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, kernel start time) of a process from ``/proc/<pid>/stat``; None if gone.
+
+    Zombies are included (state ``Z``): their entry stays until their parent reaps them.
+    """
+    if pid <= 0:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after the last ")".
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0], int(fields[1]), int(fields[19])
+
+
 def process_start_time(pid: int) -> int | None:
     """Kernel start time (clock ticks since boot) of a live, non-zombie process; None if gone.
 
     A pid alone is not an identity: after a reboot or a long uptime the number is reused. Every pid we
     record comes with its start time, and we only signal or trust a process whose start time matches.
     """
-    if pid <= 0:
+    stat = proc_stat(pid)
+    if stat is None or stat[0] in ("Z", "X"):
         return None
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: split after the last ")".
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
+    return stat[2]
 
 
 def same_process(pid: int | None, start_time: int | None) -> bool:
