@@ -1,10 +1,13 @@
 """A deterministic multi-rank training loop on numpy, checkpointing through ``rallypoint.ckpt``.
 
-Each rank owns a parameter shard updated from (step, rank) alone, so a run killed and resumed from its
-checkpoints ends bit for bit where an uninterrupted run does. At the end each rank writes the sha256 of
-its final parameters to ``$RALLY_CHECKPOINT_DIR/final-rank-<RANK>.sha256``.
+Each rank owns a parameter shard updated from (weights, step, rank) alone, never from the wall clock,
+so a run killed and resumed from its checkpoints ends bit for bit where an uninterrupted run does. The
+ranks do not talk to each other; the checkpoint folder is their only meeting point. At the end each
+rank writes the sha256 of its final parameters to ``$RALLY_CHECKPOINT_DIR/final-rank-<RANK>.sha256``.
 
-    python examples/train_numpy.py --steps 100 --step-time 0.1 --ckpt-every 10
+    RANK=0 WORLD_SIZE=1 RALLY_CHECKPOINT_DIR=/tmp/ck python examples/train_numpy.py --steps 100
+
+SIGTERM (preemption, drain): the rank saves at the next step boundary, waits for the commit, exits 0.
 """
 
 from __future__ import annotations
@@ -25,24 +28,31 @@ def update(weights: np.ndarray, step: int, rank: int) -> np.ndarray:
     return weights - 0.01 * gradient
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+def initial(size: int, rank: int) -> np.ndarray:
+    return np.linspace(0.0, 1.0, size) + rank
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--step-time", type=float, default=0.1, help="seconds of 'compute' per step")
     parser.add_argument("--ckpt-every", type=int, default=10)
     parser.add_argument("--size", type=int, default=4096, help="parameters per rank")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     ckpt = Checkpointer.from_env()
     ckpt.install_sigterm_handler()
     resumed = ckpt.load_latest()
-    if resumed is not None:
-        start, state = resumed
-        weights = state["weights"]
+    start, weights = (
+        (resumed.step, resumed.state["weights"]) if resumed else (0, initial(args.size, ckpt.rank))
+    )
+    if resumed:
         print(f"rank {ckpt.rank}: resumed from step {start}", flush=True)
-    else:
-        start = 0
-        weights = np.linspace(0.0, 1.0, args.size) + ckpt.rank
     for step in range(start, args.steps):
         began = time.monotonic()
         weights = update(weights, step, ckpt.rank)
@@ -50,13 +60,14 @@ def main(argv: list[str] | None = None) -> int:
         done = step + 1
         ckpt.report_step(done, time.monotonic() - began)
         if done % args.ckpt_every == 0 or ckpt.should_stop:
-            ckpt.save(done, {"weights": weights, "step": done})
+            ckpt.save(done, {"weights": weights, "step": done})  # copies now, writes in the background
         if ckpt.should_stop:
-            ckpt.close()
+            ckpt.close()  # the commit, within the grace period
             print(f"rank {ckpt.rank}: stopped at step {done} after a checkpoint", flush=True)
             return 0
     ckpt.close()
     digest = hashlib.sha256(weights.tobytes()).hexdigest()
+    ckpt.directory.mkdir(parents=True, exist_ok=True)
     (ckpt.directory / f"final-rank-{ckpt.rank}.sha256").write_text(digest + "\n")
     print(f"rank {ckpt.rank}: done, final state {digest[:16]}", flush=True)
     return 0
