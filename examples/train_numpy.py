@@ -18,6 +18,7 @@ import sys
 import time
 
 import numpy as np
+from loop_args import loop_parser  # beside this file
 
 from rallypoint.ckpt import Checkpointer
 
@@ -33,12 +34,7 @@ def initial(size: int, rank: int) -> np.ndarray:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--step-time", type=float, default=0.1, help="seconds of 'compute' per step")
-    parser.add_argument("--ckpt-every", type=int, default=10)
+    parser = loop_parser(__doc__, steps=100, step_time=0.1, ckpt_every=10)
     parser.add_argument("--size", type=int, default=4096, help="parameters per rank")
     return parser.parse_args(argv)
 

@@ -25,6 +25,11 @@ def sha256_file(path: Path) -> str:
 
 def fsync_dir(path: Path) -> None:
     """Make a rename in ``path`` durable (on Linux the new name lives in the directory's own blocks)."""
+    fsync_path(path)
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or folder by name (one written by code we do not control, e.g. DCP)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
