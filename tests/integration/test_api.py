@@ -24,6 +24,7 @@ from rallypoint.events import (
     JobCancelled,
     JobCancelRequested,
     JobSubmitted,
+    LeaderEpochStarted,
     NodeRegistered,
     TaskPlacement,
     subjects,
@@ -296,6 +297,10 @@ async def test_bound_job_shows_allocation_and_nodes(client: Client, event_log: E
     placements = (
         TaskPlacement(task=0, node_id="n0", gpus=tuple(range(8))),
         TaskPlacement(task=1, node_id="n1", gpus=tuple(range(8))),
+    )
+    # the fold counts only the current scheduler epoch's binds
+    await event_log.append(
+        subjects.EPOCH, LeaderEpochStarted(epoch=1, leader_id="s", at=1.0), msg_id="epoch:1", source="test"
     )
     seq = await event_log.append(
         subjects.bind(job_id),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from test_state_fold import led_state
+
 from rallypoint.core import policy_by_name, schedule
 from rallypoint.events import GangBound, GpuInfo, JobSpec, JobSubmitted, NodeRegistered
 from rallypoint.scheduling import build_snapshot
@@ -34,7 +36,7 @@ def submit(job_id: str, **types: Any) -> JobSubmitted:
 
 
 def test_a_job_accepting_two_types_binds_on_one_of_them_and_counts_against_that_type() -> None:
-    state = ClusterState()
+    state = led_state()
     events = [node("a", "A100"), node("h", "H100"), node("l", "L40"), submit("j", gpu_types=("L40", "H100"))]
     for seq, e in enumerate(events, start=1):
         state.apply(seq, e)

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_state_fold import led_state
 
 from rallypoint.core import policy_by_name, schedule
 from rallypoint.core.types import Queue, Quota
@@ -55,7 +56,7 @@ class World:
     """A fold fed one event at a time, with the helpers a scenario needs to write valid events."""
 
     def __init__(self) -> None:
-        self.state = ClusterState()
+        self.state = led_state()
         self.seq = 0
         self.now = 100.0
         self.jobs = 0

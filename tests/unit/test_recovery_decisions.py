@@ -7,7 +7,7 @@ these actions / events. Every case folds through the wire format, as the service
 from __future__ import annotations
 
 import pytest
-from test_state_fold import EIGHT, bound, node
+from test_state_fold import EIGHT, bound, led_state, node
 
 from rallypoint.control import Append, Kill, Launch, RecoveryConfig, reconcile, stale_attempts, with_lost_work
 from rallypoint.core.cluster import ClusterModel
@@ -36,7 +36,6 @@ from rallypoint.events import (
 from rallypoint.protocol import RankStatus
 from rallypoint.scheduling.bridge import node_of, running_of
 from rallypoint.scheduling.repair import repair_writes
-from rallypoint.state import ClusterState
 
 CONFIG = RecoveryConfig(
     checkpoint_root="/ckpt", retry_backoff_s=10.0, max_backoff_s=300.0, max_infra_retries=2
@@ -62,7 +61,7 @@ class World:
     """A fold with a sequence counter: ``given(...)`` appends events through the wire format."""
 
     def __init__(self, *events: Event) -> None:
-        self.state = ClusterState()
+        self.state = led_state()
         self.seq = 0
         self.given(*events)
 

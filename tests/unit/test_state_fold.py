@@ -66,8 +66,24 @@ def bound(job_id: str, *tasks: tuple[str, tuple[int, ...]], attempt: int = 1) ->
     )
 
 
-def fold(*events: Event) -> ClusterState:
+#: Leaders in epoch 1 of both fenced trees: the fold counts only the current epoch's decisions.
+LEADERS = (
+    LeaderEpochStarted(epoch=1, leader_id="sched", at=0.0),
+    LeaderEpochStarted(epoch=1, leader_id="preempt", role="preemption", at=0.0),
+)
+
+
+def led_state() -> ClusterState:
+    """An empty fold whose scheduler and preemption leaders started epoch 1 (folded before seq 1, so a
+    scenario's sequence numbers stay as written)."""
     state = ClusterState()
+    for event in LEADERS:
+        state.apply(0, event)
+    return state
+
+
+def fold(*events: Event) -> ClusterState:
+    state = led_state()
     for seq, event in enumerate(events, start=1):
         # Round-trip through the wire format: the fold must work on what the log actually stores.
         state.apply(seq, decode(encode(event)))
@@ -155,10 +171,13 @@ def test_events_for_unknown_jobs_are_counted_not_fatal() -> None:
 
 def test_preempted_attempts_add_up_their_service_and_the_bridge_hands_it_to_the_core() -> None:
     # Attempt 1: 16 GPUs from 4 to 104 (100 s); attempt 2: 8 GPUs from 200 to 250 (50 s); attempt 3 runs.
+    # The job is elastic (8..16 GPUs): a bind of another size than the spec's would be refused.
+    submitted = submit("j1", 16)
+    elastic = msgspec.structs.replace(submitted, spec=msgspec.structs.replace(submitted.spec, min_gpus=8))
     state = fold(
         node("n1"),
         node("n2"),
-        submit("j1", 16),
+        elastic,
         bound("j1", ("n1", EIGHT), ("n2", EIGHT)),
         JobStarted(job_id="j1", attempt=1, at=4.0),
         JobPreempted(job_id="j1", attempt=1, for_job="x", reason="priority", at=104.0),

@@ -1,10 +1,19 @@
-"""Recompute recorded decisions from the log and check them bit for bit.
+"""Recompute recorded decisions from the log and check them bit for bit, and check who made them.
 
 Every ``GangBound`` and ``PreemptionRequested`` records the sequence its snapshot was folded up to
 (``computed_at_seq``), the ``now`` it used and the policy version. Folding the log to that sequence and
 running the same policy at the same ``now`` must give the same decision: that is what makes a
 decision auditable. Pure: the caller supplies the recorded events, in log order. A message no fold of
 this version can read (``Quarantined``) is skipped as every service skipped it, and listed in the report.
+
+Every decision of a fenced writer (binds, repairs, requeues, pending reasons, preemption requests) is also
+judged as the fold judges it (``state.decision_refusal``) at the moment it was appended: one that does not
+carry its leader's current epoch (a deposed leader's, or forged), names an unknown job, or could never
+have been right (GPUs that are not free, a gang that breaks the job's spec) is ``refused`` and fails the
+audit. One ``overtaken`` (right when computed, but the job or a node changed before it was appended, a
+race no fencing prevents) is listed and does not fail it: its recomputation still checks the decision.
+A decision made under another policy version cannot be recomputed with this one: it fails the audit
+unless the caller allows other policies (a log that spans a policy change).
 """
 
 from __future__ import annotations
@@ -17,9 +26,11 @@ import msgspec
 from rallypoint.events import Event, GangBound, PreemptionRequested
 from rallypoint.events.codec import Quarantined
 from rallypoint.scheduling import SchedulingPolicy
-from rallypoint.state import ClusterState
+from rallypoint.state import ClusterState, Decision, decision_refusal
 
-Decision = GangBound | PreemptionRequested
+Recomputable = GangBound | PreemptionRequested
+#: (seq, now) -> the decisions made in the cycle that folded the log to seq and ran at now.
+Cycles = dict[int, dict[float, list[tuple[int, Recomputable]]]]
 
 
 class Mismatch(msgspec.Struct, frozen=True, kw_only=True):
@@ -30,19 +41,35 @@ class Mismatch(msgspec.Struct, frozen=True, kw_only=True):
     recomputed: str
 
 
+class Refused(msgspec.Struct, frozen=True, kw_only=True):
+    """A decision the fold did not apply: ``refusal`` is ``epoch``, ``unknown-job``, ``invalid`` or
+    ``overtaken`` (see ``state.Refusal``)."""
+
+    seq: int
+    job_id: str
+    kind: str
+    refusal: str
+    why: str
+
+
 class AuditReport(msgspec.Struct, kw_only=True):
     policy_version: str
-    decisions: int = 0
+    decisions: int = 0  # binds and preemption requests: the decisions a policy recomputes
     verified: int = 0
     other_policy: int = 0
+    other_policy_seqs: list[int] = []
+    allow_other_policies: bool = False
     mismatches: list[Mismatch] = []
+    refused: list[Refused] = []  # not their leader's, unknown job or invalid: the audit fails
+    overtaken: list[Refused] = []  # listed only
     final_seq: int = 0
     final_hash: str = ""
     quarantined: list[int] = []  # sequences of the messages the fold skipped
 
     @property
     def ok(self) -> bool:
-        return not self.mismatches
+        unverifiable = self.other_policy and not self.allow_other_policies
+        return not self.mismatches and not self.refused and not unverifiable
 
 
 def _placements(event: GangBound) -> str:
@@ -50,40 +77,78 @@ def _placements(event: GangBound) -> str:
 
 
 def verify_decisions(
-    records: Iterable[tuple[int, Event | Quarantined]], policy: SchedulingPolicy
+    records: Iterable[tuple[int, Event | Quarantined]],
+    policy: SchedulingPolicy,
+    *,
+    allow_other_policies: bool = False,
 ) -> AuditReport:
-    """``records`` are (seq, event) in log order; every decision made under ``policy`` is recomputed."""
+    """``records`` are (seq, event) in log order; every decision made under ``policy`` is recomputed and
+    every fenced decision judged as the fold judged it."""
     history = list(records)
-    # Which snapshots are needed: decisions grouped by the (seq, now) of the cycle that made them.
-    cycles: dict[int, dict[float, list[tuple[int, Decision]]]] = defaultdict(lambda: defaultdict(list))
-    report = AuditReport(policy_version=policy.version)
-    for seq, event in history:
-        if isinstance(event, GangBound | PreemptionRequested):
-            report.decisions += 1
-            if event.policy_version != policy.version:
-                report.other_policy += 1
-                continue
-            cycles[event.computed_at_seq][event.now].append((seq, event))
-
+    report = AuditReport(policy_version=policy.version, allow_other_policies=allow_other_policies)
+    cycles = _cycles(history, policy, report)
+    outcomes: dict[int, Mismatch | None] = {}
     state = ClusterState()
     if 0 in cycles:
-        _check(state, cycles.pop(0), policy, report)
-    for seq, event in history:
-        state.apply_stored(seq, event)
-        if isinstance(event, Quarantined):
+        _check(state, cycles.pop(0), policy, outcomes)
+    for seq, item in history:
+        if isinstance(item, Decision):
+            _judge(state, seq, item, report)
+        state.apply_stored(seq, item)
+        if isinstance(item, Quarantined):
             report.quarantined.append(seq)
         if seq in cycles:
-            _check(state, cycles.pop(seq), policy, report)
+            _check(state, cycles.pop(seq), policy, outcomes)
+    _tally(outcomes, report)
     report.final_seq = state.last_seq
     report.final_hash = state.hash()
     return report
 
 
+def _cycles(
+    history: list[tuple[int, Event | Quarantined]], policy: SchedulingPolicy, report: AuditReport
+) -> Cycles:
+    """Which snapshots are needed: decisions grouped by the (seq, now) of the cycle that made them."""
+    cycles: Cycles = defaultdict(lambda: defaultdict(list))
+    for seq, event in history:
+        if isinstance(event, GangBound | PreemptionRequested):
+            report.decisions += 1
+            if event.policy_version != policy.version:
+                report.other_policy += 1
+                report.other_policy_seqs.append(seq)
+                continue
+            cycles[event.computed_at_seq][event.now].append((seq, event))
+    return cycles
+
+
+def _judge(state: ClusterState, seq: int, event: Decision, report: AuditReport) -> None:
+    """Would the fold apply ``event`` here? (Asked before it is applied, as the fold asks.)"""
+    refusal = decision_refusal(state, event)
+    if refusal is None:
+        return
+    refused = Refused(
+        seq=seq, job_id=event.job_id, kind=type(event).__name__, refusal=refusal.kind, why=refusal.why
+    )
+    (report.overtaken if refusal.kind == "overtaken" else report.refused).append(refused)
+
+
+def _tally(outcomes: dict[int, Mismatch | None], report: AuditReport) -> None:
+    """A refused decision is reported as refused, not again as a mismatch (nor as verified)."""
+    refused = {r.seq for r in report.refused}
+    for seq, mismatch in sorted(outcomes.items()):
+        if seq in refused:
+            continue
+        if mismatch is None:
+            report.verified += 1
+        else:
+            report.mismatches.append(mismatch)
+
+
 def _check(
     state: ClusterState,
-    by_now: dict[float, list[tuple[int, Decision]]],
+    by_now: dict[float, list[tuple[int, Recomputable]]],
     policy: SchedulingPolicy,
-    report: AuditReport,
+    outcomes: dict[int, Mismatch | None],
 ) -> None:
     for now, decisions in sorted(by_now.items()):
         recomputed = policy.decide(state, now)
@@ -105,9 +170,9 @@ def _check(
                 )
                 want = "preempted"
                 kind = "PreemptionRequested"
-            if got == want:
-                report.verified += 1
-            else:
-                report.mismatches.append(
-                    Mismatch(seq=seq, job_id=event.job_id, kind=kind, recorded=want, recomputed=got)
-                )
+            same = got == want
+            outcomes[seq] = (
+                None
+                if same
+                else Mismatch(seq=seq, job_id=event.job_id, kind=kind, recorded=want, recomputed=got)
+            )

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -18,6 +19,9 @@ from rallypoint.cli.clusterinfo import default_nats_url
 from rallypoint.events import Event
 from rallypoint.events.codec import Quarantined, decode_stored
 from rallypoint.state import ClusterState
+
+if TYPE_CHECKING:
+    from rallypoint.audit import AuditReport
 
 #: (seq, what the log stores there) in log order: an event, or a message this version cannot read.
 History = list[tuple[int, Event | Quarantined]]
@@ -54,6 +58,7 @@ def summarize(state: ClusterState) -> dict[str, object]:
         "nodes": len(state.nodes),
         "epoch": state.epoch,
         "ignored_binds": state.ignored_binds,
+        "stale_decisions": state.stale_decisions,
         "quarantined_total": state.quarantine.total,
         "quarantined": msgspec.to_builtins(state.quarantine.records),
     }
@@ -88,22 +93,45 @@ def _verify(args: argparse.Namespace) -> int:
 
     queues, classes = load_queue_config(args.queues)
     policy = SchedulingPolicy(args.policy, queues=queues, priority_classes=classes)
-    report = verify_decisions(_history(args), policy)
+    report = verify_decisions(_history(args), policy, allow_other_policies=args.allow_other_policies)
     if args.json:
         print(msgspec.json.encode(report).decode())
     else:
-        print(f"seq {report.final_seq}  hash {report.final_hash}")
-        print(
-            f"policy {report.policy_version}: {report.decisions} decisions, {report.verified} recomputed "
-            f"identically, {len(report.mismatches)} differ, {report.other_policy} made under another policy"
-        )
-        for m in report.mismatches:
-            print(f"  seq {m.seq} {m.kind} {m.job_id}: recorded {m.recorded}, recomputed {m.recomputed}")
-        if report.quarantined:
-            print(
-                f"quarantined (skipped by the fold, as by every service): seq {_seq_list(report.quarantined)}"
-            )
+        for line in audit_lines(report):
+            print(line)
     return 0 if report.ok else 1
+
+
+def audit_lines(report: AuditReport) -> list[str]:
+    """What a human reads of an audit: totals, then every decision that fails it, then what is listed only."""
+    lines = [
+        f"seq {report.final_seq}  hash {report.final_hash}",
+        f"policy {report.policy_version}: {report.decisions} decisions, {report.verified} recomputed "
+        f"identically, {len(report.mismatches)} differ, {report.other_policy} made under another policy, "
+        f"{len(report.refused)} refused by the fold",
+    ]
+    lines += [
+        f"  seq {m.seq} {m.kind} {m.job_id}: recorded {m.recorded}, recomputed {m.recomputed}"
+        for m in report.mismatches
+    ]
+    if report.refused:
+        lines.append(
+            "refused (not their leader's current epoch, unknown job or invalid; they changed nothing):"
+        )
+        lines += [f"  seq {r.seq} {r.kind} {r.job_id}: {r.refusal}: {r.why}" for r in report.refused]
+    if report.other_policy:
+        allowed = "accepted" if report.allow_other_policies else "unverifiable here (--allow-other-policies)"
+        lines.append(f"made under another policy, {allowed}: seq {_seq_list(report.other_policy_seqs)}")
+    if report.overtaken:
+        lines.append(
+            "overtaken (the job or a node changed between the decision and its append; not applied):"
+        )
+        lines += [f"  seq {r.seq} {r.kind} {r.job_id}: {r.why}" for r in report.overtaken]
+    if report.quarantined:
+        lines.append(
+            f"quarantined (skipped by the fold, as by every service): seq {_seq_list(report.quarantined)}"
+        )
+    return lines
 
 
 def _seq_list(seqs: list[int]) -> str:
@@ -202,7 +230,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--verify-decisions",
         action="store_true",
-        help="recompute every recorded bind and preemption from the log; exit 1 if any differs",
+        help="recompute every recorded bind and preemption from the log and judge every fenced decision "
+        "as the fold does; exit 1 if any differs, was refused (not its leader's epoch, invalid) or was "
+        "made under another policy",
+    )
+    parser.add_argument(
+        "--allow-other-policies",
+        action="store_true",
+        help="with --verify-decisions: decisions made under another policy version are listed, not a failure",
     )
     parser.add_argument(
         "--policy", default="rallypoint", help="policy the scheduler ran (for --verify-decisions)"

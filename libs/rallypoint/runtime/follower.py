@@ -22,17 +22,25 @@ class Follower:
         self.state = ClusterState()
         self.changed = asyncio.Event()
         self._advanced = asyncio.Condition()
+        self._waiters = 0  # tasks in wait_for / next_change: the replay wakes them only when there are any
 
     async def catch_up(self) -> None:
+        """Fold up to the log's last sequence (as of the call); wakes ``wait_for`` waiters as it goes, so a
+        wait for a sequence this replay applies ends when it is applied, not at its timeout."""
         async for rec in self.log.replay(from_seq=self.state.last_seq + 1, quarantine=True):
             self.state.apply_stored(rec.seq, stored(rec))
+            if self._waiters:
+                await self._wake()
 
     async def run(self) -> None:
         async for rec in self.log.follow(from_seq=self.state.last_seq + 1, quarantine=True):
             self.state.apply_stored(rec.seq, stored(rec))
             self.changed.set()
-            async with self._advanced:
-                self._advanced.notify_all()
+            await self._wake()
+
+    async def _wake(self) -> None:
+        async with self._advanced:
+            self._advanced.notify_all()
 
     def degraded(self) -> list[str]:
         """Why this service cannot fully follow the log: newer versions of events it must understand."""
@@ -40,8 +48,12 @@ class Follower:
 
     async def wait_for(self, seq: int, timeout: float = 10.0) -> None:
         """Until the fold has applied ``seq`` (our own append, say)."""
-        async with self._advanced:
-            await asyncio.wait_for(self._advanced.wait_for(lambda: self.state.last_seq >= seq), timeout)
+        self._waiters += 1
+        try:
+            async with self._advanced:
+                await asyncio.wait_for(self._advanced.wait_for(lambda: self.state.last_seq >= seq), timeout)
+        finally:
+            self._waiters -= 1
 
     async def restore(self, store: SnapshotStore, name: str) -> bool:
         """Start from the newest snapshot, if any; the tail of the log is replayed after it."""
@@ -65,9 +77,13 @@ class Follower:
 
     async def next_change(self, timeout: float) -> bool:
         """Wait for the next applied event (True) or the timeout (False). Safe for many waiters."""
-        async with self._advanced:
-            try:
-                await asyncio.wait_for(self._advanced.wait(), timeout)
-            except TimeoutError:
-                return False
+        self._waiters += 1
+        try:
+            async with self._advanced:
+                try:
+                    await asyncio.wait_for(self._advanced.wait(), timeout)
+                except TimeoutError:
+                    return False
+        finally:
+            self._waiters -= 1
         return True

@@ -2,24 +2,34 @@
 
 from .cluster import (
     ACTIVE,
+    DECISION_ROLES,
+    FOLD_VERSION,
     LAUNCHED,
     TERMINAL,
     CheckpointView,
     ClusterState,
+    Decision,
     JobState,
     JobView,
     NodeStatus,
     NodeView,
+    Refusal,
+    decision_refusal,
 )
 
 __all__ = [
     "ACTIVE",
+    "DECISION_ROLES",
+    "FOLD_VERSION",
     "LAUNCHED",
     "TERMINAL",
     "CheckpointView",
     "ClusterState",
+    "Decision",
     "JobState",
     "JobView",
     "NodeStatus",
     "NodeView",
+    "Refusal",
+    "decision_refusal",
 ]

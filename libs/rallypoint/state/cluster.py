@@ -5,8 +5,14 @@ same log always folds into the same state, and ``hash()`` proves it. Mutation (r
 new copies) keeps a fold over millions of events cheap; the struct encodes to bytes for snapshots.
 
 Rules that make concurrent writers safe to fold:
-- a ``GangBound`` is applied only when the job is still pending and every GPU it names is free; otherwise
-  it is recorded in ``ignored_binds`` and changes nothing (a stale decision can never double-book a GPU);
+- only the current epoch's decisions count: a scheduler decision (``GangBound``, ``GangRepaired``,
+  ``JobRequeued``, ``JobPending``) applies only when its ``epoch`` is the scheduler's current epoch in the
+  fold, a ``PreemptionRequested`` only with the preemption leader's; any other (a stale leader's, or a
+  forgery: epoch 0 before any leader) is counted in ``stale_decisions`` and changes nothing;
+- a ``GangBound`` is applied only when the job is still pending, every GPU it names is free and the gang
+  keeps the job's spec (its GPU type, tasks of ``gpus_per_task`` GPUs, the size or the elastic range);
+  otherwise it is recorded in ``ignored_binds`` and changes nothing (a stale decision can never double-book
+  a GPU); ``decision_refusal`` says why, the same way for the fold and the audit;
 - terminal states are final: later events for a finished job change nothing;
 - events for unknown jobs or nodes are counted in ``orphans`` rather than raising, because a partial
   replay (``--to SEQ``) or a log written by a newer version must still fold.
@@ -54,6 +60,7 @@ from rallypoint.events import (
 )
 from rallypoint.events.codec import Quarantined, QuarantineLog
 
+RefusalKind = Literal["epoch", "unknown-job", "invalid", "overtaken"]
 JobState = Literal["pending", "bound", "running", "repairing", "completed", "failed", "cancelled", "rejected"]
 NodeStatus = Literal["up", "unreachable", "drained", "lost"]
 CheckpointStatus = Literal["committed", "verified", "corrupt", "deleted"]
@@ -185,8 +192,9 @@ class JobView(msgspec.Struct, kw_only=True):
 #: snapshots of another version are replayed over instead of restored (2: service of preempted attempts;
 #: 3: retries, in-place repair and checkpoints; 4: quarantined messages; 5: a later attempt's commit of a
 #: step replaces the earlier record; 6: events on a subject their type may not use are quarantined as
-#: misplaced, see ``events.subjects.admissible``).
-FOLD_VERSION = 6
+#: misplaced, see ``events.subjects.admissible``; 7: only the current epoch's decisions count, and a bind or
+#: repair must keep the job's spec, see ``decision_refusal``).
+FOLD_VERSION = 7
 
 
 class ClusterState(msgspec.Struct, kw_only=True):
@@ -197,6 +205,8 @@ class ClusterState(msgspec.Struct, kw_only=True):
     leaders: dict[str, str] = {}
     last_seq: int = 0
     ignored_binds: int = 0
+    # Decisions whose epoch is not their leader's current one: a deposed leader's, or forged.
+    stale_decisions: int = 0
     orphans: int = 0
     # Messages no fold of this version can apply (undecodable, unknown or newer event types): skipped and
     # kept here, so every fold of one log skips the same ones and the hash covers them.
@@ -336,35 +346,15 @@ def _on_queued(state: ClusterState, seq: int, e: JobQueued) -> None:
 
 
 def _on_pending(state: ClusterState, seq: int, e: JobPending) -> None:
-    job = _job(state, e.job_id, seq)
-    if job is not None and job.state == "pending":
+    job = _decided(state, seq, e)
+    if job is not None:
         job.pending_code = e.code
         job.pending_message = e.message
 
 
-def _bind_is_valid(state: ClusterState, job: JobView, e: GangBound) -> bool:
-    if job.state != "pending" or job.cancel_requested or not e.placements:
-        return False
-    seen: set[tuple[str, int]] = set()
-    for placement in e.placements:
-        node = state.nodes.get(placement.node_id)
-        if node is None or not node.schedulable:
-            return False
-        indices = {g.index for g in node.gpus}
-        for gpu in placement.gpus:
-            key = (placement.node_id, gpu)
-            if gpu not in indices or gpu in node.allocated or key in seen:
-                return False
-            seen.add(key)
-    return True
-
-
 def _on_bound(state: ClusterState, seq: int, e: GangBound) -> None:
-    job = _job(state, e.job_id, seq)
+    job = _decided(state, seq, e)
     if job is None:
-        return
-    if not _bind_is_valid(state, job, e):
-        state.ignored_binds += 1
         return
     for placement in e.placements:
         node = state.nodes[placement.node_id]
@@ -487,8 +477,8 @@ def _on_epoch(state: ClusterState, seq: int, e: LeaderEpochStarted) -> None:
 
 
 def _on_preemption_requested(state: ClusterState, seq: int, e: PreemptionRequested) -> None:
-    job = _job(state, e.job_id, seq)
-    if job is not None and job.state in ACTIVE and job.attempt == e.attempt and job.preempt_for is None:
+    job = _decided(state, seq, e)
+    if job is not None:
         job.preempt_for = e.for_job
         job.preempt_reason = e.reason
 
@@ -567,34 +557,9 @@ def _on_interrupted(state: ClusterState, seq: int, e: JobInterrupted) -> None:
     job.attempt_reasons.append(f"attempt {e.attempt}: {e.reason}")
 
 
-def _repair_is_valid(state: ClusterState, job: JobView, e: GangRepaired) -> bool:
-    if job.state != "repairing" or job.cancel_requested or e.attempt != job.attempt + 1 or not e.placements:
-        return False
-    held = {(p.node_id, g) for p in job.placements for g in p.gpus}
-    seen: set[tuple[str, int]] = set()
-    for placement in e.placements:
-        node = state.nodes.get(placement.node_id)
-        if node is None:
-            return False
-        indices = {g.index for g in node.gpus}
-        for gpu in placement.gpus:
-            key = (placement.node_id, gpu)
-            if key in seen or gpu not in indices:
-                return False
-            seen.add(key)
-            if key in held:
-                continue  # a GPU the gang kept through the failure
-            if not node.schedulable or gpu in node.allocated:
-                return False
-    return True
-
-
 def _on_repaired(state: ClusterState, seq: int, e: GangRepaired) -> None:
-    job = _job(state, e.job_id, seq)
+    job = _decided(state, seq, e)
     if job is None:
-        return
-    if not _repair_is_valid(state, job, e):
-        state.ignored_binds += 1
         return
     _release(state, job)
     for placement in e.placements:
@@ -613,11 +578,146 @@ def _on_repaired(state: ClusterState, seq: int, e: GangRepaired) -> None:
 
 
 def _on_requeued(state: ClusterState, seq: int, e: JobRequeued) -> None:
-    job = _job(state, e.job_id, seq)
-    if job is None or job.state != "repairing" or job.attempt != e.attempt:
+    job = _decided(state, seq, e)
+    if job is None:
         return
     _requeue(state, job, e.at)
     job.reason = e.reason
+
+
+# --- decisions: which ones count ----------------------------------------------------------------
+
+Decision = GangBound | GangRepaired | JobRequeued | JobPending | PreemptionRequested
+
+#: The single-writer role (``LeaderEpochStarted.role``) whose leader makes each kind of decision.
+DECISION_ROLES: dict[type, str] = {
+    GangBound: "scheduler",
+    GangRepaired: "scheduler",
+    JobRequeued: "scheduler",
+    JobPending: "scheduler",
+    PreemptionRequested: "preemption",
+}
+
+
+class Refusal(msgspec.Struct, frozen=True):
+    """Why the fold does not apply a decision. ``epoch``: not the current leader's (stale or forged);
+    ``unknown-job``; ``invalid``: it could never have been right (a GPU that is not free or does not exist,
+    a gang that breaks the job's spec); ``overtaken``: right when computed, but the job or a node changed
+    before it was appended (a cancel, a node lost), which no fencing prevents."""
+
+    kind: RefusalKind
+    why: str
+
+
+def decision_refusal(state: ClusterState, e: Decision) -> Refusal | None:
+    """Why ``e`` would not be applied to ``state`` now, or None when it would. Pure; the fold and the audit
+    (``rally replay --verify-decisions``) both ask it, so they never disagree."""
+    role = DECISION_ROLES[type(e)]
+    current = state.epochs.get(role, 0)
+    if current == 0 or e.epoch != current:
+        leader = f"the {role} leader's epoch is {current}" if current else f"no {role} leader has started"
+        return Refusal("epoch", f"epoch {e.epoch}, but {leader}")
+    job = state.jobs.get(e.job_id)
+    if job is None:
+        return Refusal("unknown-job", f"no job {e.job_id}")
+    if isinstance(e, GangBound):
+        return _bind_refusal(state, job, e)
+    if isinstance(e, GangRepaired):
+        return _repair_refusal(state, job, e)
+    if isinstance(e, JobRequeued):
+        ok = job.state == "repairing" and job.attempt == e.attempt
+        return None if ok else Refusal("overtaken", f"job {job.state} at attempt {job.attempt}")
+    if isinstance(e, JobPending):
+        return None if job.state == "pending" else Refusal("overtaken", f"job {job.state}")
+    ok = job.state in ACTIVE and job.attempt == e.attempt and job.preempt_for is None
+    return None if ok else Refusal("overtaken", f"job {job.state} at attempt {job.attempt}")
+
+
+def _decided(state: ClusterState, seq: int, e: Decision) -> JobView | None:
+    """The job a decision applies to, or None when the fold refuses it: a refused decision changes nothing
+    but its counter (an unknown job counts as an orphan, like any event's)."""
+    refusal = decision_refusal(state, e)
+    if refusal is None:
+        return _job(state, e.job_id, seq)
+    if refusal.kind == "epoch":
+        state.stale_decisions += 1
+    elif refusal.kind == "unknown-job":
+        state.orphans += 1
+    elif isinstance(e, GangBound | GangRepaired):
+        state.ignored_binds += 1
+    return None
+
+
+def _bind_refusal(state: ClusterState, job: JobView, e: GangBound) -> Refusal | None:
+    if job.state != "pending" or job.cancel_requested:
+        return Refusal("overtaken", "job cancelled" if job.cancel_requested else f"job {job.state}")
+    if e.attempt != job.attempt + 1:
+        return Refusal("invalid", f"attempt {e.attempt} after attempt {job.attempt}")
+    return _placement_refusal(state, job, e.placements, held=frozenset())
+
+
+def _repair_refusal(state: ClusterState, job: JobView, e: GangRepaired) -> Refusal | None:
+    if job.state != "repairing" or job.cancel_requested:
+        return Refusal("overtaken", "job cancelled" if job.cancel_requested else f"job {job.state}")
+    if e.attempt != job.attempt + 1:
+        return Refusal("invalid", f"attempt {e.attempt} after attempt {job.attempt}")
+    held = frozenset((p.node_id, g) for p in job.placements for g in p.gpus)
+    return _placement_refusal(state, job, e.placements, held=held)
+
+
+def _placement_refusal(
+    state: ClusterState,
+    job: JobView,
+    placements: tuple[TaskPlacement, ...],
+    *,
+    held: frozenset[tuple[str, int]],
+) -> Refusal | None:
+    """Every GPU named exists, once, and is free (or ``held``: kept by the gang through a failure) on a node
+    that is up; and the gang keeps the job's spec."""
+    if not placements:
+        return Refusal("invalid", "no placements")
+    seen: set[tuple[str, int]] = set()
+    for placement in placements:
+        node = state.nodes.get(placement.node_id)
+        if node is None:
+            return Refusal("invalid", f"no node {placement.node_id}")
+        indices = {g.index for g in node.gpus}
+        for gpu in placement.gpus:
+            key = (placement.node_id, gpu)
+            if gpu not in indices or key in seen:
+                return Refusal("invalid", f"GPU {gpu} of {node.node_id} does not exist or is named twice")
+            seen.add(key)
+            if key in held:
+                continue  # a GPU the gang kept through the failure
+            if not node.schedulable:
+                return Refusal("overtaken", f"node {node.node_id} is {node.status}")
+            if gpu in node.allocated:
+                return Refusal("invalid", f"GPU {gpu} of {node.node_id} is held by {node.allocated[gpu]}")
+    return _spec_refusal(state, job.spec, placements)
+
+
+def _spec_refusal(
+    state: ClusterState, spec: JobSpec, placements: tuple[TaskPlacement, ...]
+) -> Refusal | None:
+    """A gang binds on one GPU type the job accepts, as tasks 0..n-1 of ``gpus_per_task`` GPUs each, with
+    the spec's GPU count or (elastic) one in its min..max range."""
+    types = sorted({state.nodes[p.node_id].gpu_type for p in placements})
+    allowed = spec.gpu_types or ((spec.gpu_type,) if spec.gpu_type is not None else None)
+    if len(types) != 1 or (allowed is not None and types[0] not in allowed):
+        wanted = ", ".join(allowed) if allowed is not None else "one type"
+        return Refusal("invalid", f"GPU type {', '.join(types)} on a job that needs {wanted}")
+    if sorted(p.task for p in placements) != list(range(len(placements))):
+        return Refusal("invalid", "tasks are not numbered 0..n-1 once each")
+    for placement in placements:
+        if len(placement.gpus) != spec.gpus_per_task:
+            count = len(placement.gpus)
+            return Refusal("invalid", f"task {placement.task} has {count} GPUs, not {spec.gpus_per_task}")
+    total = len(placements) * spec.gpus_per_task
+    low = spec.gpus if spec.min_gpus is None else spec.min_gpus
+    high = spec.gpus if spec.max_gpus is None else spec.max_gpus
+    if not low <= total <= high:
+        return Refusal("invalid", f"{total} GPUs, the job takes {low}..{high}")
+    return None
 
 
 def _checkpoint(state: ClusterState, job_id: str, step: int, seq: int) -> CheckpointView | None:
