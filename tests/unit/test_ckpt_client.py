@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from rallypoint.ckpt import MANIFEST, Checkpointer, list_steps, step_dir, verify_checkpoint
+from rallypoint.ckpt.bench import bench_blocking
 from rallypoint.ckpt.numpy_state import NumpyCodec
 
 
@@ -34,6 +35,7 @@ class GatedCodec(NumpyCodec):
     """Writes only once its gate opens: a slow disk, under the test's control."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.gate = threading.Event()
 
     def write(self, folder: Path, rank: int, state: Any) -> list[str]:
@@ -56,6 +58,25 @@ def test_a_state_round_trips_and_is_copied_at_save(root: Path) -> None:
     assert loaded is not None and loaded.step == 3
     assert loaded.state["w"].tolist() == list(range(10)) and loaded.state["w"].dtype == np.float32
     assert {k: v for k, v in loaded.state.items() if k != "w"} == {k: v for k, v in state.items() if k != "w"}
+
+
+def test_reused_copy_buffers_never_mix_two_saves(root: Path) -> None:
+    weights = np.zeros(1000)
+    with Checkpointer(root, codec=NumpyCodec(max_in_flight=2)) as ckpt:
+        for step in range(1, 7):
+            weights[:] = step  # changed in place, as a training loop does
+            ckpt.save(step, {"w": weights})
+    for step in range(1, 7):
+        assert set(Checkpointer(root).load(step)["w"].tolist()) == {step}
+
+
+def test_the_benchmark_returns_its_documented_numbers(tmp_path: Path) -> None:
+    result = bench_blocking(size_mb=1, trials=2, directory=tmp_path)
+    assert {"async_block_ms_p50", "sync_block_ms_p50", "ratio"} <= set(result)
+    assert result["ratio"] == pytest.approx(
+        result["async_block_ms_p50"] / result["sync_block_ms_p50"], rel=0.01
+    )
+    assert list(tmp_path.iterdir()) == []  # it cleans up after itself
 
 
 @pytest.mark.parametrize("bad", [{"o": object()}, {"o": np.array([object()])}, {1: 2}, {"s": {1, 2}}])

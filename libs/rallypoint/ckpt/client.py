@@ -75,7 +75,7 @@ class Checkpointer:
         self.resume_step = resume_step
         self.commit_timeout_s = commit_timeout_s
         self.max_in_flight = max_in_flight
-        self.codec: ShardCodec = codec or NumpyCodec()
+        self.codec: ShardCodec = codec or NumpyCodec(max_in_flight)
         self.reporter = Reporter(report_file, job_id=job_id, attempt=attempt, rank=rank)
         # One writer thread: writes happen in save() order, the same on every rank (a collective writer
         # such as DCP needs that). Commits wait on their own threads, so step N+1 commits even while
