@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +209,23 @@ def test_the_resume_hint_is_tried_first_and_still_verified(root: Path) -> None:
     unknown = Checkpointer.from_env({"RALLY_CHECKPOINT_DIR": str(root), "RALLY_RESUME_STEP": "25"})
     assert unknown.latest_step() == 10
     assert Checkpointer(root).latest_step() == 30
+
+
+def test_the_sigterm_block_sets_the_flag_and_restores_the_handler(root: Path) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    ckpt = Checkpointer(root)
+    with ckpt.sigterm():
+        os.kill(os.getpid(), signal.SIGTERM)  # handled: the process goes on
+        wait_for(lambda: ckpt.should_stop)
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def wait_for(condition: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        time.sleep(0.01)
+    raise AssertionError("timed out")
 
 
 def test_from_env_reads_the_rank_contract(tmp_path: Path) -> None:

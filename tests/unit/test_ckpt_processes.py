@@ -142,3 +142,11 @@ def test_sigterm_saves_commits_and_exits_0(tmp_path: Path) -> None:
     finish(start_ranks(root, 1, 2, "--steps", str(stopped + 3), "--step-time", "0"))
     finish(start_ranks(tmp_path / "straight", 1, 1, "--steps", str(stopped + 3), "--step-time", "0"))
     assert digests(root, 1) == digests(tmp_path / "straight", 1)
+
+
+def test_importing_the_client_loads_no_third_party_module() -> None:
+    probe = (
+        "import sys, rallypoint.ckpt; print(sorted({'numpy', 'torch', 'msgspec', 'nats'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
