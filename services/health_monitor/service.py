@@ -1,4 +1,9 @@
-"""`rally serve health-monitor`: heartbeats in; node lost, recovered and drained events out."""
+"""`rally serve health-monitor`: heartbeats in; node lost, recovered and drained events out.
+
+Silence is evidence only while this monitor hears the bus (``rallypoint.health.liveness``): it holds every
+silence verdict while disconnected or when most nodes fall silent at once, and gives every node a full
+timeout after it hears again. /healthz says ``degraded`` while verdicts are held.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +15,68 @@ import time
 from collections.abc import Sequence
 
 import msgspec
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from rallypoint.eventlog import EventLogError
 from rallypoint.events import subjects
-from rallypoint.health import HealthPolicy, assess
+from rallypoint.health import Assessment, HealthPolicy, Hearing, assess
 from rallypoint.protocol import Heartbeat
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.follower import Follower
 from rallypoint.runtime.following import with_follower
+from rallypoint.runtime.health import add_health_check
 
 _log = logging.getLogger("rallypoint.health_monitor")
 SOURCE = "rallypoint/health-monitor"
+#: While verdicts are held, say so again this often (an operator must not miss a long hold).
+HOLD_REMINDER_S = 10.0
+
+
+class Ears:
+    """What this monitor knows of its own link: connected or not, and since when it hears without a break
+    (its start, its last reconnect, the end of its last hold). Logs every change loudly."""
+
+    def __init__(self, nc: Client, now: float) -> None:
+        self.nc = nc
+        self.since = now
+        self.held = ""
+        self._reconnects = self._reconnect_count()
+        self._reminded = now
+
+    def _reconnect_count(self) -> int:
+        return int(self.nc.stats.get("reconnects", 0))
+
+    def hearing(self, now: float) -> Hearing:
+        reconnects = self._reconnect_count()
+        if reconnects != self._reconnects:
+            self._reconnects = reconnects
+            self.since = now
+            _log.warning("reconnected to NATS: every node gets a full timeout from now before any verdict")
+        return Hearing(connected=self.nc.is_connected, since=self.since)
+
+    def heard(self, assessment: Assessment, now: float) -> None:
+        """Record the hold (or its end) an assessment reports; while one lasts, remind every few seconds."""
+        remind = now - self._reminded >= HOLD_REMINDER_S
+        if assessment.held and (not self.held or remind):
+            _log.error("holding every node verdict: %s", assessment.held)
+            self._reminded = now
+        elif self.held and not assessment.held:
+            self.since = now
+            _log.warning("verdicts resume; every node gets a full timeout from now (was: %s)", self.held)
+        mass = assessment.mass
+        if mass is not None and not assessment.held and remind:
+            _log.error(
+                "%d of %d nodes silent for %.0f s, past the hold limit: believing them",
+                mass.quiet,
+                mass.watched,
+                now - mass.first,
+            )
+            self._reminded = now
+        self.held = assessment.held
+
+    def health(self) -> list[str]:
+        return [f"node verdicts held: {self.held}"] if self.held else []
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,12 +87,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--lost-after", type=float, default=30.0, help="seconds of silence: lost")
     parser.add_argument("--max-temperature", type=float, default=90.0, help="GPU temperature that drains, C")
+    parser.add_argument(
+        "--mass-silence-fraction",
+        type=float,
+        default=0.5,
+        help="more than this fraction of the nodes silent at once: suspect this monitor, hold verdicts",
+    )
     args = parser.parse_args(argv)
     config = ServiceConfig.from_args("health-monitor", args)
     policy = HealthPolicy(
         unreachable_after_s=args.unreachable_after,
         lost_after_s=args.lost_after,
         max_temperature_c=args.max_temperature,
+        mass_silence_fraction=args.mass_silence_fraction,
     )
 
     async def run(ctx: ServiceContext) -> int:
@@ -45,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         last_seen: dict[str, float] = {}
         last_beats: dict[str, Heartbeat] = {}
         decoder = msgspec.json.Decoder(Heartbeat)
-        watching_since = time.time()
+        ears = Ears(nc, time.time())
+        add_health_check(ctx, ears.health, degraded=True)
 
         async def on_heartbeat(msg: Msg) -> None:
             try:
@@ -58,30 +121,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         async def watch(follower: Follower) -> None:
             await nc.subscribe(subjects.HEARTBEATS, cb=on_heartbeat)
-            log = follower.log
             while not ctx.stopping:
-                decisions = assess(
-                    list(follower.state.nodes.values()),
-                    last_beats,
-                    last_seen,
-                    time.time(),
-                    policy,
-                    watching_since=watching_since,
-                )
-                for decision in decisions:
-                    try:
-                        seq = await log.append(
-                            subjects.node(decision.node_id),
-                            decision.event,
-                            msg_id=decision.msg_id,
-                            source=SOURCE,
-                        )
-                        await follower.wait_for(seq)
-                    except (EventLogError, TimeoutError) as exc:
-                        _log.warning("could not record %s: %s", type(decision.event).__name__, exc)
+                now = time.time()
+                nodes = list(follower.state.nodes.values())
+                assessment = assess(nodes, last_beats, last_seen, now, policy, hearing=ears.hearing(now))
+                ears.heard(assessment, now)
+                await _record(follower, assessment)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ctx.stop.wait(), 1.0)
 
         return await with_follower(ctx, watch)
 
     return run_service(run, config)
+
+
+async def _record(follower: Follower, assessment: Assessment) -> None:
+    for decision in assessment.decisions:
+        try:
+            seq = await follower.log.append(
+                subjects.node(decision.node_id), decision.event, msg_id=decision.msg_id, source=SOURCE
+            )
+            await follower.wait_for(seq)
+        except (EventLogError, TimeoutError) as exc:
+            _log.warning("could not record %s: %s", type(decision.event).__name__, exc)

@@ -1,7 +1,24 @@
 """The health monitor's decisions: heartbeats and GPU samples in, the few node events that matter out.
 
-Pure: the shell passes the folded node views, the last heartbeat seen per node and ``now``. Heartbeats
-themselves never enter the log (2,500/s of samples would drown it); only state changes do.
+Pure: the shell passes the folded node views, the last heartbeat seen per node, what it knows of its own
+link to the bus (``Hearing``) and ``now``. Heartbeats themselves never enter the log (2,500/s of samples
+would drown it); only state changes do.
+
+An outage is not a massacre. Silence proves something only when the monitor can hear, so:
+
+1. **Deaf: no verdict.** While the monitor is not connected to NATS it decides nothing.
+2. **Grace after hearing again.** ``Hearing.since`` is when the monitor last (re)gained the bus: its start,
+   its last reconnect, the end of a mass silence. Every node's silence counts from then at the earliest,
+   so each gets a full unreachable/lost timeout before a verdict (its agent may reconnect later than we do).
+3. **Mass silence: suspect the observer.** A node silent for ``quiet_after_s`` (half the unreachable
+   timeout by default, so the rule fires before the first verdict could) is *quiet*. When more than
+   ``mass_silence_fraction`` of the watched nodes (up or unreachable), and at least
+   ``mass_silence_min_nodes``, went quiet within ``mass_silence_window_s`` of each other, the likelier
+   cause is the monitor's own link (a partition, a stalled server, its own subscription gone silent: the
+   100 % case), not that many machines died in the same seconds: every silence verdict is held, loudly.
+   Verdicts that rest on what *was* heard (a node answering again, a GPU fault) still go through. A mass
+   silence that lasts ``mass_silence_max_hold_s`` (10 lost timeouts by default) while the monitor is
+   connected is believed: a rack that lost power stays dead, and its gangs must be replaced eventually.
 """
 
 from __future__ import annotations
@@ -20,12 +37,55 @@ class HealthPolicy(msgspec.Struct, frozen=True, kw_only=True):
     unreachable_after_s: float = 5.0
     lost_after_s: float = 30.0
     max_temperature_c: float = 90.0
+    #: Silent this long: quiet (counted for the mass-silence rule); None: half of ``unreachable_after_s``.
+    quiet_after_s: float | None = None
+    mass_silence_fraction: float = 0.5
+    mass_silence_min_nodes: int = 2
+    mass_silence_window_s: float = 10.0
+    #: None: ten times ``lost_after_s``.
+    mass_silence_max_hold_s: float | None = None
+
+    @property
+    def quiet_s(self) -> float:
+        return self.unreachable_after_s / 2 if self.quiet_after_s is None else self.quiet_after_s
+
+    @property
+    def max_hold_s(self) -> float:
+        return (
+            10 * self.lost_after_s if self.mass_silence_max_hold_s is None else self.mass_silence_max_hold_s
+        )
+
+
+class Hearing(msgspec.Struct, frozen=True, kw_only=True):
+    """What the monitor knows of its own link to the bus."""
+
+    connected: bool = True
+    #: Since when it has heard the bus without a break: its start, its last reconnect, the end of a hold.
+    since: float
+
+
+class MassSilence(msgspec.Struct, frozen=True, kw_only=True):
+    """``quiet`` of ``watched`` nodes went quiet between ``first`` and ``last`` (their last heartbeats)."""
+
+    quiet: int
+    watched: int
+    first: float
+    last: float
+    node_ids: tuple[str, ...]
 
 
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
     node_id: str
     event: Event
     msg_id: str
+
+
+class Assessment(msgspec.Struct, frozen=True, kw_only=True):
+    """The events to append now, and why silence verdicts are held (empty when they are not)."""
+
+    decisions: tuple[Decision, ...] = ()
+    held: str = ""
+    mass: MassSilence | None = None
 
 
 def _gpu_fault(beat: Heartbeat, policy: HealthPolicy) -> str | None:
@@ -39,6 +99,44 @@ def _gpu_fault(beat: Heartbeat, policy: HealthPolicy) -> str | None:
     return None
 
 
+def silence_started(node: NodeView, last_seen: dict[str, float], hearing: Hearing) -> float:
+    """When the node's silence counts from: its last heartbeat (its registration if never heard), but never
+    before the monitor could hear (the grace after a start or a reconnect)."""
+    return max(last_seen.get(node.node_id, node.registered_at), hearing.since)
+
+
+def mass_silence(
+    nodes: list[NodeView], last_seen: dict[str, float], now: float, policy: HealthPolicy, hearing: Hearing
+) -> MassSilence | None:
+    """The largest group of watched nodes that went quiet within the window of each other, when it is
+    large enough to suspect the observer rather than the nodes (None otherwise)."""
+    watched = [n for n in nodes if n.status in ("up", "unreachable")]
+    quiet = sorted(
+        (start, n.node_id)
+        for n in watched
+        if now - (start := silence_started(n, last_seen, hearing)) > policy.quiet_s
+    )
+    best: tuple[int, int] = (0, 0)  # [i, j) of the largest run inside one window
+    i = 0
+    for j in range(len(quiet)):
+        while quiet[j][0] - quiet[i][0] > policy.mass_silence_window_s:
+            i += 1
+        if j + 1 - i > best[1] - best[0]:
+            best = (i, j + 1)
+    group = quiet[best[0] : best[1]]
+    if len(group) < policy.mass_silence_min_nodes or len(group) <= policy.mass_silence_fraction * len(
+        watched
+    ):
+        return None
+    return MassSilence(
+        quiet=len(group),
+        watched=len(watched),
+        first=group[0][0],
+        last=group[-1][0],
+        node_ids=tuple(sorted(node_id for _, node_id in group)),
+    )
+
+
 def assess(
     nodes: list[NodeView],
     last_beats: dict[str, Heartbeat],
@@ -46,51 +144,81 @@ def assess(
     now: float,
     policy: HealthPolicy,
     *,
-    watching_since: float,
-) -> list[Decision]:
-    """Events to append now. ``last_seen`` is when this monitor last heard each node (its own clock);
-    ``watching_since`` is when it started listening, so a freshly restarted monitor gives every node a
-    full timeout before calling it silent."""
+    hearing: Hearing,
+) -> Assessment:
+    """Events to append now. ``last_seen`` is when this monitor last heard each node (its own clock)."""
+    if not hearing.connected:
+        return Assessment(held="this monitor is not connected to NATS: silence proves nothing")
+    mass = mass_silence(nodes, last_seen, now, policy, hearing)
+    held = ""
+    if mass is not None:
+        lasted = now - mass.first
+        if lasted <= policy.max_hold_s:
+            held = (
+                f"{mass.quiet} of {mass.watched} nodes went silent within {mass.last - mass.first:.1f} s of "
+                f"each other ({', '.join(mass.node_ids)}): suspecting this monitor's link, not the nodes"
+            )
     out: list[Decision] = []
     for node in sorted(nodes, key=lambda n: n.node_id):
-        seen = last_seen.get(node.node_id, max(node.registered_at, watching_since))
-        silent = now - seen
-        incarnation = f"{node.node_id}:{node.agent_instance}"
-        if node.status == "up" and silent > policy.unreachable_after_s:
+        out += _node_decisions(node, last_beats, last_seen, now, policy, hearing, hold_silence=bool(held))
+    return Assessment(decisions=tuple(out), held=held, mass=mass)
+
+
+def _node_decisions(
+    node: NodeView,
+    last_beats: dict[str, Heartbeat],
+    last_seen: dict[str, float],
+    now: float,
+    policy: HealthPolicy,
+    hearing: Hearing,
+    *,
+    hold_silence: bool,
+) -> list[Decision]:
+    out: list[Decision] = []
+    seen = silence_started(node, last_seen, hearing)
+    silent = now - seen
+    incarnation = f"{node.node_id}:{node.agent_instance}"
+    heard = last_seen.get(node.node_id)
+    if node.status == "up" and silent > policy.unreachable_after_s and not hold_silence:
+        out.append(
+            Decision(
+                node_id=node.node_id,
+                event=NodeHeartbeatLost(node_id=node.node_id, last_seen=seen, at=now),
+                msg_id=f"{incarnation}:NodeHeartbeatLost:{seen:.0f}",
+            )
+        )
+    elif node.status == "unreachable" and silent > policy.lost_after_s and not hold_silence:
+        out.append(
+            Decision(
+                node_id=node.node_id,
+                event=NodeLost(node_id=node.node_id, at=now, reason=f"no heartbeat for {silent:.0f} s"),
+                msg_id=f"{incarnation}:NodeLost:{seen:.0f}",
+            )
+        )
+    elif (
+        node.status in ("unreachable", "lost")
+        and heard is not None
+        and now - heard <= policy.unreachable_after_s
+    ):
+        # A lost node whose agent answers again returns to service by itself; the job controller kills
+        # whatever ranks it still runs for attempts that moved on. Only a heartbeat heard counts: a grace
+        # period is no evidence that a node is back.
+        out.append(
+            Decision(
+                node_id=node.node_id,
+                event=NodeRecovered(node_id=node.node_id, at=now),
+                msg_id=f"{incarnation}:NodeRecovered:{heard:.0f}",
+            )
+        )
+    beat = last_beats.get(node.node_id)
+    if node.status == "up" and beat is not None:
+        fault = _gpu_fault(beat, policy)
+        if fault is not None:
             out.append(
                 Decision(
                     node_id=node.node_id,
-                    event=NodeHeartbeatLost(node_id=node.node_id, last_seen=seen, at=now),
-                    msg_id=f"{incarnation}:NodeHeartbeatLost:{seen:.0f}",
+                    event=NodeDrained(node_id=node.node_id, reason=fault, at=now),
+                    msg_id=f"{incarnation}:NodeDrained:{fault}",
                 )
             )
-        elif node.status == "unreachable" and silent > policy.lost_after_s:
-            out.append(
-                Decision(
-                    node_id=node.node_id,
-                    event=NodeLost(node_id=node.node_id, at=now, reason=f"no heartbeat for {silent:.0f} s"),
-                    msg_id=f"{incarnation}:NodeLost:{seen:.0f}",
-                )
-            )
-        elif node.status in ("unreachable", "lost") and silent <= policy.unreachable_after_s:
-            # A lost node whose agent answers again returns to service by itself; the job controller
-            # kills whatever ranks it still runs for attempts that moved on.
-            out.append(
-                Decision(
-                    node_id=node.node_id,
-                    event=NodeRecovered(node_id=node.node_id, at=now),
-                    msg_id=f"{incarnation}:NodeRecovered:{seen:.0f}",
-                )
-            )
-        beat = last_beats.get(node.node_id)
-        if node.status == "up" and beat is not None:
-            fault = _gpu_fault(beat, policy)
-            if fault is not None:
-                out.append(
-                    Decision(
-                        node_id=node.node_id,
-                        event=NodeDrained(node_id=node.node_id, reason=fault, at=now),
-                        msg_id=f"{incarnation}:NodeDrained:{fault}",
-                    )
-                )
     return out
