@@ -49,10 +49,9 @@ def _up(args: argparse.Namespace) -> int:
             print(f"  SQL   {cluster.postgres_dsn}")
         print(f"  logs  {workdir.resolve() / 'logs'}\nCtrl-C stops everything.")
         while True:
-            dead = cluster.dead_services()
-            for name in dead:
-                print(f"service {name} exited; restarting it", file=sys.stderr)
-                cluster.restart(name)
+            # nats-server and PostgreSQL too: a dead one comes back on its port and data, never defunct
+            for name in cluster.supervise():
+                print(f"{name} exited; restarted it", file=sys.stderr)
             time.sleep(1.0)
     except KeyboardInterrupt:
         print("\nstopping...")

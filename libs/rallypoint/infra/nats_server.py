@@ -15,7 +15,7 @@ from typing import Self
 from urllib.parse import quote
 
 from .ports import free_port, port_open
-from .process import ManagedProcess, ServerStartError, await_until, wait_until
+from .process import ManagedProcess, ServerStartError, await_until, respawn, wait_until
 
 _HOST = "127.0.0.1"
 
@@ -186,6 +186,23 @@ class NatsServer:
                     raise
                 self.port = 0
         raise AssertionError("unreachable")
+
+    def restart(self) -> Self:
+        """Start again after a crash (or a stop), on the same port and JetStream store: clients reconnect
+        to the URL they know and find every stream as it was. The dead process is reaped first, so a
+        supervisor never leaves it defunct."""
+        self._proc = respawn(
+            self._proc,
+            self._spawn_anew,
+            self._ready,
+            timeout=self.start_timeout,
+            what=f"nats-server on {self.url}",
+        )
+        return self
+
+    def _spawn_anew(self) -> ManagedProcess:
+        self._proc = None  # respawn reaped the old one; _spawn refuses to start over a running process
+        return self._spawn()
 
     async def astart(self) -> Self:
         """Start without blocking the event loop (spawned on the loop's thread; see process.py)."""

@@ -29,7 +29,7 @@ from types import TracebackType
 from typing import Self
 
 from .ports import free_port, port_open
-from .process import ManagedProcess, ServerStartError, await_until, wait_until
+from .process import ManagedProcess, ServerStartError, await_until, respawn, wait_until
 
 _HOST = "127.0.0.1"
 SUPERUSER = "postgres"
@@ -272,6 +272,22 @@ class PostgresServer:
                 self.port = 0
         self._create_database()
         return self
+
+    def restart(self) -> Self:
+        """Start again after a crash, on the same port and data directory (PostgreSQL recovers from its
+        write-ahead log); the dead postmaster and any backend it left are reaped first."""
+        self._proc = respawn(
+            self._proc,
+            self._spawn_anew,
+            self._ready,
+            timeout=self.start_timeout,
+            what=f"postgres on port {self.port}",
+        )
+        return self
+
+    def _spawn_anew(self) -> ManagedProcess:
+        self._proc = None  # respawn reaped the old one; _spawn refuses to start over a running process
+        return self._spawn()
 
     async def astart(self) -> Self:
         """Start without blocking the event loop (spawned on the loop's thread; see process.py)."""

@@ -153,6 +153,27 @@ def wait_until(check: Callable[[], bool], *, proc: ManagedProcess, timeout: floa
         time.sleep(0.02)
 
 
+def respawn(
+    old: ManagedProcess | None,
+    spawn: Callable[[], ManagedProcess],
+    ready: Callable[[], bool],
+    *,
+    timeout: float,
+    what: str,
+) -> ManagedProcess:
+    """Reap ``old`` (dead or alive: its whole group goes, so nothing is left defunct), spawn a new one and
+    wait until it is ready. For servers restarted on their own port and data by a supervisor."""
+    if old is not None:
+        old.stop(timeout=5.0)
+    proc = spawn()
+    try:
+        wait_until(ready, proc=proc, timeout=timeout, what=what)
+    except ServerStartError:
+        proc.stop()
+        raise
+    return proc
+
+
 class ServerStartError(RuntimeError):
     """A server process did not come up; the message carries the tail of its log."""
 

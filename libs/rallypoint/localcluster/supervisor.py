@@ -2,7 +2,9 @@
 
 Used by `rally up`, `rally demo` and the end-to-end tests, so what a newcomer runs is what the tests
 prove. Each child is a :class:`ManagedProcess`: its own process group and a parent-death signal, so an
-interrupted `rally up` leaves nothing behind.
+interrupted `rally up` leaves nothing behind. ``supervise()`` restarts whatever died, the servers included
+(nats-server and PostgreSQL on their own port and data: the services reconnect by themselves), and every
+service but the API serves ``/healthz`` and ``/readyz`` on a port of its own (``health_ports``).
 """
 
 from __future__ import annotations
@@ -19,14 +21,17 @@ import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from rallypoint.agent import workdir
-from rallypoint.infra import ManagedProcess, NatsServer, PostgresServer, free_port
+from rallypoint.infra import ManagedProcess, NatsServer, PostgresServer, ServerStartError, free_port
 from rallypoint.security import ADMIN, agent_user
 from rallypoint.security.credentials import LocalCredentials
 from rallypoint.security.natsconf import literal, render_accounts
+
+from .http import call
 
 _log = logging.getLogger("rallypoint.localcluster")
 
@@ -49,6 +54,19 @@ LOCAL_SERVICE_ARGS: dict[str, tuple[str, ...]] = {
     "job-controller": ("--retry-backoff", "1", "--max-backoff", "30"),
     "scheduler": ("--repair-wait", "30"),
 }
+
+
+def _revive(name: str, server: NatsServer | PostgresServer) -> bool:
+    """Restart ``server`` if it died; True if it did and is back."""
+    if server.running():
+        return False
+    _log.warning("%s (pid %s) died; restarting it on port %d", name, server.pid, server.port)
+    try:
+        server.restart()
+    except ServerStartError as exc:
+        _log.error("%s did not come back (tried again next time): %s", name, exc)
+        return False
+    return True
 
 
 class ClusterInfo(msgspec.Struct, kw_only=True):
@@ -92,6 +110,7 @@ class LocalCluster:
         self.nats: NatsServer | None = None
         self.postgres: PostgresServer | None = None
         self.processes: dict[str, ManagedProcess] = {}
+        self.health_ports: dict[str, int] = {}
         self._argv: dict[str, list[str]] = {}
         self._env: dict[str, dict[str, str]] = {}
         # Our own server enforces the production permission matrix; each service connects as its own user.
@@ -218,6 +237,9 @@ class LocalCluster:
         ]  # fmt: skip
         if service != "agent" and "--instance" not in extra:
             argv += ["--instance", name]
+        if service != "api":  # the API answers /healthz on its own HTTP port
+            self.health_ports[name] = self.health_ports.get(name) or free_port()
+            argv += ["--health-port", str(self.health_ports[name])]
         self._argv[name] = argv
         self._env[name] = self._nats_env(name, service)
         proc = ManagedProcess(
@@ -258,6 +280,28 @@ class LocalCluster:
 
     def dead_services(self) -> list[str]:
         return sorted(name for name, proc in self.processes.items() if not proc.running())
+
+    def supervise(self) -> list[str]:
+        """Restart whatever died, servers first (on their own port and data, so every client reconnects to
+        the address it knows), then the services; returns what was restarted. A server that fails to come
+        back is tried again on the next call. Call it from a long-lived thread (the parent-death signal of
+        a child is tied to the thread that spawned it)."""
+        servers: list[tuple[str, NatsServer | PostgresServer | None]] = [
+            ("nats-server", self.nats),
+            ("postgres", self.postgres),
+        ]
+        restarted = [name for name, server in servers if server is not None and _revive(name, server)]
+        for name in self.dead_services():
+            self.restart(name)
+            restarted.append(name)
+        return restarted
+
+    def health(self, name: str, path: str = "/readyz") -> tuple[int, Any]:
+        """A service's health answer (status code, body); (0, {}) when it does not answer."""
+        try:
+            return call("GET", f"http://127.0.0.1:{self.health_ports[name]}{path}", timeout=2.0)
+        except OSError:
+            return 0, {}
 
     def wait_ready(self, *, timeout: float) -> None:
         """Until the API answers and every node agent has registered."""

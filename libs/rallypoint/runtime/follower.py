@@ -23,6 +23,7 @@ class Follower:
         self.changed = asyncio.Event()
         self._advanced = asyncio.Condition()
         self._waiters = 0  # tasks in wait_for / next_change: the replay wakes them only when there are any
+        self.stream_seq: int | None = None  # the stream's last sequence when last probed (health reports)
 
     async def catch_up(self) -> None:
         """Fold up to the log's last sequence (as of the call); wakes ``wait_for`` waiters as it goes, so a
@@ -41,6 +42,14 @@ class Follower:
     async def _wake(self) -> None:
         async with self._advanced:
             self._advanced.notify_all()
+
+    async def probe_stream(self) -> None:
+        """Record the stream's last sequence, to report how far this fold lags it."""
+        self.stream_seq = await self.log.last_seq()
+
+    def position(self) -> tuple[int, int | None]:
+        """(the sequence this fold has applied, the stream's last sequence when last probed)"""
+        return self.state.last_seq, self.stream_seq
 
     def degraded(self) -> list[str]:
         """Why this service cannot fully follow the log: newer versions of events it must understand."""

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from rallypoint.eventlog import EventLogError, SnapshotStore
 
 from .follower import Follower
-from .health import add_health_check
+from .health import add_health_check, set_fold_position
 from .service import ServiceContext
 
 _log = logging.getLogger("rallypoint.following")
@@ -24,6 +24,8 @@ SNAPSHOT_NAME = "cluster-state"
 # Save after this many new events, checked this often (env overrides for small clusters and tests).
 SNAPSHOT_EVERY_EVENTS = int(os.environ.get("RALLY_SNAPSHOT_EVERY", "10000"))
 SNAPSHOT_CHECK_S = float(os.environ.get("RALLY_SNAPSHOT_CHECK_S", "30"))
+#: How often the stream's last sequence is read for the fold's lag in /healthz.
+PROBE_S = 2.0
 
 
 async def open_follower(ctx: ServiceContext, *, snapshots: bool = True) -> Follower:
@@ -48,7 +50,8 @@ async def open_follower(ctx: ServiceContext, *, snapshots: bool = True) -> Follo
     follow.add_done_callback(lambda task: _follow_ended(task, follower))
     add_health_check(ctx, follower.degraded, degraded=True)
     add_health_check(ctx, lambda: ["following the log stopped"] if follow.done() else [], degraded=False)
-    tasks = [follow]
+    set_fold_position(ctx, follower.position)
+    tasks = [follow, asyncio.create_task(_probe_periodically(follower), name="probe")]
     if store is not None:
         tasks.append(asyncio.create_task(_save_periodically(follower, store), name="snapshots"))
 
@@ -73,6 +76,14 @@ def _follow_ended(task: asyncio.Task[None], follower: Follower) -> None:
         task.exception(),
         extra={"seq": follower.state.last_seq},
     )
+
+
+async def _probe_periodically(follower: Follower) -> None:
+    while True:
+        # An unreachable log leaves the last known value: the health report says it is not connected.
+        with contextlib.suppress(EventLogError, TimeoutError, OSError):
+            await follower.probe_stream()
+        await asyncio.sleep(PROBE_S)
 
 
 async def _save_periodically(follower: Follower, store: SnapshotStore) -> None:

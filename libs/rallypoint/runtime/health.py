@@ -6,6 +6,13 @@ help, upgrading it does); ``unhealthy`` (503: restart it). ``/readyz`` is 503 un
 for deployments that want a degraded instance out of rotation.
 
 Parts of a service add what they know with ``add_health_check`` (the log follower does).
+
+Every answer also says where the service stands with the log (``log``): whether it reaches it (NATS
+connected) and, for a service that folds it, the sequence its fold has applied, the stream's last sequence
+(probed every few seconds) and the lag between them. A service that lost its NATS connection is
+``degraded`` (not ready), not ``unhealthy``: the client reconnects by itself and a restart would not bring
+the server back (a restart storm would only hit it harder when it returns); a closed connection is
+unhealthy.
 """
 
 from __future__ import annotations
@@ -22,12 +29,34 @@ if TYPE_CHECKING:
 
 #: Returns the reasons for its concern now; an empty list when all is well.
 HealthCheck = Callable[[], list[str]]
+#: Where a service's fold stands: (the sequence it has applied, the stream's last sequence or None).
+FoldPosition = Callable[[], tuple[int, int | None]]
 
 # ServiceContext -> (checks that make it unhealthy, checks that make it degraded). Weak: a context lives
 # as long as its service and nothing here may keep it alive.
 _checks: weakref.WeakKeyDictionary[ServiceContext, tuple[list[HealthCheck], list[HealthCheck]]] = (
     weakref.WeakKeyDictionary()
 )
+
+
+_positions: weakref.WeakKeyDictionary[ServiceContext, FoldPosition] = weakref.WeakKeyDictionary()
+
+
+def set_fold_position(ctx: ServiceContext, position: FoldPosition) -> None:
+    """Have ``/healthz`` report how far the service's fold lags the log."""
+    _positions[ctx] = position
+
+
+def log_report(ctx: ServiceContext) -> dict[str, Any]:
+    """Whether the service reaches the log, and how far behind its fold is (when it folds one)."""
+    nc = ctx.nats_client
+    report: dict[str, Any] = {"connected": nc is not None and nc.is_connected}
+    position = _positions.get(ctx)
+    if position is not None:
+        fold_seq, stream_seq = position()
+        lag = None if stream_seq is None else max(0, stream_seq - fold_seq)
+        report.update(fold_seq=fold_seq, stream_seq=stream_seq, lag=lag)
+    return report
 
 
 def add_health_check(ctx: ServiceContext, check: HealthCheck, *, degraded: bool) -> None:
@@ -42,16 +71,19 @@ def health_report(ctx: ServiceContext, main_task: asyncio.Task[int | None]) -> d
     problems = [reason for check in unhealthy for reason in check()]
     if main_task.done():
         problems.append("main task ended")
-    nc = ctx.nats_client
-    if nc is not None and not nc.is_connected:
-        problems.append("NATS not connected")
     degraded = [reason for check in degrading for reason in check()]
+    nc = ctx.nats_client
+    if nc is not None and nc.is_closed:
+        problems.append("NATS connection closed")
+    elif nc is not None and not nc.is_connected:
+        degraded.append("NATS not connected (reconnecting): the log is out of reach")
     return {
         "service": ctx.config.service,
         "instance": ctx.config.instance,
         "status": "unhealthy" if problems else "degraded" if degraded else "ok",
         "problems": problems,
         "degraded": degraded,
+        "log": log_report(ctx),
     }
 
 
