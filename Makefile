@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha256sum | cut -c1-12)
 TRACES ?= ../shared/traces
 
-.PHONY: install demo test bench eval lint schemas nats-config clean
+.PHONY: install demo test chaos bench eval lint schemas nats-config clean
 
 $(STAMP): pyproject.toml setup.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,12 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# A long seeded chaos run on a local cluster with a summary table (make chaos SEED=7 STEPS=60 reruns one);
+# make test runs a short one (tests/chaos/test_chaos_short.py).
+STEPS ?= 40
+chaos: install
+	$(BIN)/python -m tests.chaos.monkey --steps $(STEPS) $(if $(SEED),--seed $(SEED))
 
 bench: install
 	$(BIN)/rally bench scheduler --nodes 12500 --gpus-per-node 8 --pending 5000 --json

@@ -144,6 +144,7 @@ def test_a_40_s_nats_stall_under_running_jobs_fails_no_job_and_loses_no_node(clu
         if "holding every node verdict" in line or "reconnected" in line
     ]
     print("health monitor:\n" + "\n".join(said[:6]))
+    assert any("holding every node verdict" in line for line in said)
     assert any("reconnected to NATS" in line for line in said)
     assert cluster.dead_services() == []
 
