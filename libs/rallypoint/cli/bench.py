@@ -24,6 +24,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--events", type=int, default=5000, help="events per phase (default 5000)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=handle_eventlog)
+    r = sub.add_parser("recovery", help="node failure -> all ranks running again, on a local cluster")
+    r.add_argument("--trials", type=int, default=10, help="hung-node trials (default 10)")
+    r.add_argument("--json", action="store_true", help="print one JSON object")
+    r.set_defaults(func=handle_recovery)
+
+
+def handle_recovery(args: argparse.Namespace) -> int:
+    from rallypoint.ckpt.bench import bench_blocking
+    from rallypoint.localcluster.recoverybench import run_bench
+
+    if args.trials < 1:
+        print("error: --trials: must be at least 1", file=sys.stderr)
+        return 2
+    res = {"node_failure": run_bench(args.trials), "checkpoint_save": bench_blocking()}
+    print(json.dumps(res, sort_keys=True) if args.json else json.dumps(res, indent=2, sort_keys=True))
+    return 0
 
 
 def handle_eventlog(args: argparse.Namespace) -> int:

@@ -20,12 +20,12 @@ from .supervisor import LocalCluster
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "train_numpy.py"
 
 
-def _view(api: str, job_id: str) -> dict[str, Any]:
+def job_view(api: str, job_id: str) -> dict[str, Any]:
     status, view = call("GET", f"{api}/v1/jobs/{job_id}")
     return dict(view) if status == 200 else {}
 
 
-def _until(check: Any, timeout: float) -> Any:
+def wait_until(check: Any, timeout: float) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
@@ -35,7 +35,7 @@ def _until(check: Any, timeout: float) -> Any:
     return None
 
 
-def _node_status(api: str, node_id: str) -> str:
+def node_status(api: str, node_id: str) -> str:
     _, body = call("GET", f"{api}/v1/nodes")
     return next((str(n["status"]) for n in body.get("nodes", []) if n["node_id"] == node_id), "?")
 
@@ -50,19 +50,19 @@ def run_recovery_act(cluster: LocalCluster, *, timeout: float = 150.0) -> dict[s
         raise RuntimeError(f"submitting resilient-16 failed: {status} {answer}")
     job_id = str(answer["job_id"])
     print(f"\nrecovery: resilient-16 ({job_id}) trains on 16 GPUs, checkpointing every 10 steps")
-    view = _until(lambda: (v := _view(api, job_id)).get("state") == "running" and v, 60) or {}
-    first_checkpoint = _until(
+    view = wait_until(lambda: (v := job_view(api, job_id)).get("state") == "running" and v, 60) or {}
+    first_checkpoint = wait_until(
         lambda: any((cluster.checkpoint_root / job_id).glob("step-*/manifest.json")), 60
     )
     if not view or not first_checkpoint:
-        return _view(api, job_id)
+        return job_view(api, job_id)
     hung = view["nodes"][-1]
     print(f"recovery: {view['nodes']} run it; {hung} now hangs (agent and ranks frozen)")
     cluster.freeze_node(hung, signal.SIGSTOP)
     frozen = time.monotonic()
     try:
-        repaired = _until(
-            lambda: (v := _view(api, job_id)).get("attempt", 1) >= 2 and v["state"] == "running" and v,
+        repaired = wait_until(
+            lambda: (v := job_view(api, job_id)).get("attempt", 1) >= 2 and v["state"] == "running" and v,
             timeout,
         )
         if repaired:
@@ -73,12 +73,14 @@ def run_recovery_act(cluster: LocalCluster, *, timeout: float = 150.0) -> dict[s
                 f"{recovery['resume_step']}; {recovery['lost_gpu_s']:.0f} GPU-seconds of work lost"
             )
         done = (
-            _until(lambda: (v := _view(api, job_id)).get("state") in ("completed", "failed") and v, timeout)
+            wait_until(
+                lambda: (v := job_view(api, job_id)).get("state") in ("completed", "failed") and v, timeout
+            )
             or {}
         )
     finally:
         cluster.freeze_node(hung, signal.SIGCONT)
-    back = _until(lambda: _node_status(api, hung) == "up", 60)
+    back = wait_until(lambda: node_status(api, hung) == "up", 60)
     where = "is back in service" if back else "did not come back"
     print(f"recovery: resilient-16 {done.get('state', 'unfinished')}; {hung} {where}")
     return done if back else {**done, "state": "node-not-back"}
