@@ -3,7 +3,8 @@
 Each trial submits a 2-node gang running the repository's deterministic training example, waits until it
 has committed a checkpoint, hangs one of its nodes (agent and ranks frozen, as a wedged machine) and
 times, from the freeze:
-- detection: the log records the gang's interruption (``JobInterrupted``);
+- detection: the log records the hung node as lost (``NodeLost``), the verdict every recovery waits for;
+- interruption: the gang's ranks on the healthy node stopped and its failure recorded (``JobInterrupted``);
 - recovery: every rank of the repaired attempt is launched again (``JobStarted`` of the next attempt),
   resuming from the last complete checkpoint.
 The node is thawed, the job cancelled and the node back in service before the next trial.
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rallypoint.eventlog import EventLog, Recorded
-from rallypoint.events import Event, JobInterrupted, JobStarted
+from rallypoint.events import Event, JobInterrupted, JobStarted, NodeLost
 
 from .demo_recovery import job_view, node_status, wait_until
 from .http import call
@@ -43,7 +44,8 @@ def _events_of(cluster: LocalCluster, job_id: str) -> list[Event]:
             return [
                 r.event
                 async for r in log.replay(quarantine=True)
-                if isinstance(r, Recorded) and getattr(r.event, "job_id", None) == job_id
+                if isinstance(r, Recorded)
+                and job_id in (getattr(r.event, "job_id", None), getattr(r.event, "node_id", None))
             ]
         finally:
             await log.close()
@@ -66,8 +68,8 @@ def _node_status(cluster: LocalCluster, node_id: str) -> str:
     return node_status(cluster.api_url, node_id)
 
 
-def one_trial(cluster: LocalCluster, trial: int) -> tuple[float, float]:
-    """(detection s, recovery s) of one hung node under a running 2-node gang."""
+def one_trial(cluster: LocalCluster, trial: int) -> tuple[float, float, float]:
+    """(detection s, interruption s, recovery s) of one hung node under a running 2-node gang."""
     command = [sys.executable, str(EXAMPLE), "--steps", "100000", "--step-time", "0.1", "--ckpt-every", "10"]
     body = {"name": f"bench-{trial}", "team": "bench", "gpus": 16, "gpus_per_task": 8, "ranks_per_task": 1}
     status, answer = call("POST", f"{cluster.api_url}/v1/jobs", {**body, "command": command})
@@ -90,30 +92,35 @@ def one_trial(cluster: LocalCluster, trial: int) -> tuple[float, float]:
         )
     finally:
         cluster.freeze_node(hung, signal.SIGCONT)
-    events = _events_of(cluster, job_id)
+    events = _events_of(cluster, job_id) + _events_of(cluster, hung)
+    lost = next(e for e in events if isinstance(e, NodeLost) and e.at >= frozen_at)
     interrupted = next(e for e in events if isinstance(e, JobInterrupted))
     restarted = next(e for e in events if isinstance(e, JobStarted) and e.attempt == 2)
     call("DELETE", f"{cluster.api_url}/v1/jobs/{job_id}")
     _wait(lambda: _job(cluster, job_id).get("state") == "cancelled", 60, "the cancel")
     _wait(lambda: _node_status(cluster, hung) == "up", 60, f"{hung} to return")
-    return interrupted.at - frozen_at, restarted.at - frozen_at
+    return lost.at - frozen_at, interrupted.at - frozen_at, restarted.at - frozen_at
 
 
 def run_bench(trials: int = 10, nodes: int = 6) -> dict[str, Any]:
     detection: list[float] = []
+    interruption: list[float] = []
     recovery: list[float] = []
     with (
         tempfile.TemporaryDirectory(prefix="rally-bench-recovery-") as folder,
         LocalCluster(Path(folder), nodes=nodes, gpus_per_node=8, racks=2, with_projector=False) as cluster,
     ):
         for trial in range(trials):
-            found, back = one_trial(cluster, trial)
+            found, stopped, back = one_trial(cluster, trial)
             detection.append(found)
+            interruption.append(stopped)
             recovery.append(back)
     return {
         "trials": trials,
         "detection_s_p50": _percentile(detection, 0.5),
         "detection_s_p95": _percentile(detection, 0.95),
+        "interrupted_s_p50": _percentile(interruption, 0.5),
+        "interrupted_s_p95": _percentile(interruption, 0.95),
         "recovery_s_p50": _percentile(recovery, 0.5),
         "recovery_s_p95": _percentile(recovery, 0.95),
         "recovery_s_mean": round(statistics.fmean(recovery), 3),
