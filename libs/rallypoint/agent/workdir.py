@@ -32,6 +32,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from rallypoint.ckpt.files import fsync_dir
+
 EXIT_LOST = -1
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
@@ -55,14 +57,6 @@ def rank_file(directory: Path, rank: int, kind: str) -> Path:
 def exit_code_of(returncode: int) -> int:
     """``subprocess`` returncode (negative for signals) -> the code we report (128 + signal)."""
     return 128 - returncode if returncode < 0 else returncode
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_atomic(path: Path, record: dict[str, Any], *, exclusive: bool = False) -> bool:
@@ -91,7 +85,7 @@ def write_atomic(path: Path, record: dict[str, Any], *, exclusive: bool = False)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return True
 
 

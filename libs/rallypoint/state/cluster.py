@@ -352,10 +352,8 @@ def _on_pending(state: ClusterState, seq: int, e: JobPending) -> None:
         job.pending_message = e.message
 
 
-def _on_bound(state: ClusterState, seq: int, e: GangBound) -> None:
-    job = _decided(state, seq, e)
-    if job is None:
-        return
+def _take(state: ClusterState, job: JobView, e: GangBound | GangRepaired, seq: int) -> None:
+    """The job holds exactly the decision's GPUs, bound as the decision's attempt."""
     for placement in e.placements:
         node = state.nodes[placement.node_id]
         for gpu in placement.gpus:
@@ -365,6 +363,13 @@ def _on_bound(state: ClusterState, seq: int, e: GangBound) -> None:
     job.placements = e.placements
     job.bound_at = e.at
     job.bound_seq = seq
+
+
+def _on_bound(state: ClusterState, seq: int, e: GangBound) -> None:
+    job = _decided(state, seq, e)
+    if job is None:
+        return
+    _take(state, job, e, seq)
     job.pending_code = ""
     job.pending_message = ""
     job.ranks_exited = {}
@@ -562,15 +567,7 @@ def _on_repaired(state: ClusterState, seq: int, e: GangRepaired) -> None:
     if job is None:
         return
     _release(state, job)
-    for placement in e.placements:
-        node = state.nodes[placement.node_id]
-        for gpu in placement.gpus:
-            node.allocated[gpu] = job.job_id
-    job.state = "bound"
-    job.attempt = e.attempt
-    job.placements = e.placements
-    job.bound_at = e.at
-    job.bound_seq = seq
+    _take(state, job, e, seq)
     job.ranks_exited = {}
     job.failed_nodes = ()
     job.missing_tasks = ()
