@@ -4,12 +4,12 @@ No decision is made here: ``rallypoint.scheduling`` turns the folded state into 
 decides, and this loop only appends what it returns. Safety does not rest on the lease: every write
 is conditional on the last sequence of the ``rally.sched.>`` tree, and a new leader bumps that tree
 with ``LeaderEpochStarted`` first, so a paused or partitioned old leader's next write is refused by the
-server (``AppendConflict``) and it steps down.
+server (``AppendConflict``) and it steps down. A cycle's writes go out as fenced atomic batches
+(``FencedWriter.append_many``), so a deposed leader loses a whole batch, never half of one.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -18,7 +18,7 @@ from rallypoint.eventlog import EventLog
 from rallypoint.events import subjects
 from rallypoint.runtime.fencing import FencedWriter
 from rallypoint.runtime.follower import Follower
-from rallypoint.scheduling import SchedulingPolicy, admission_writes, decision_writes
+from rallypoint.scheduling import SchedulingPolicy, Write, admission_writes, decision_writes
 from rallypoint.scheduling.repair import REPAIR_WAIT_S, repair_writes
 from rallypoint.state import ClusterState
 
@@ -70,36 +70,34 @@ class SchedulerLoop:
         return await self.writer.start_epoch(term)
 
     async def cycle(self) -> int:
-        """One scheduling cycle; returns the number of appends it made."""
+        """One scheduling cycle; returns the number of events it appended.
+
+        Two fenced writes at most, each a few atomic batches: first the repairs and admissions, which the
+        decisions must see folded (a repaired gang holds GPUs, a rejected job waits for nothing), then the
+        decisions, all computed on one fold and written in the order ``decision_writes`` gives. The fold is
+        awaited once before each computation, never between the writes of one step."""
         await self.follower.wait_for(self.writer.fence)
         state = self.state
         now = self.clock()
-        writes = await self._repair(state, now)
-        admissions = admission_writes(state, at=now)
-        # Independent appends on distinct subjects: send them together rather than one round trip each.
-        await asyncio.gather(
-            *(self.log.append(w.subject, w.event, msg_id=w.msg_id, source=SOURCE) for w in admissions)
-        )
-        writes += len(admissions)
-        if writes:
-            await self.follower.wait_for(await self.log.last_seq())
+        first = [*self._repairs(state, now), *admission_writes(state, at=now)]
+        if first:
+            await self.follower.wait_for(await self.writer.append_many(first))
         if not state.pending_jobs():
-            return writes
+            return len(first)
         decisions = self.policy.decide_live(state, now)
-        for write in decision_writes(
+        writes = decision_writes(
             decisions, state, epoch=self.epoch, policy_version=self.policy.version, at=now
-        ):
-            await self.writer.append(write.subject, write.event, write.msg_id)
-            writes += 1
+        )
+        await self.writer.append_many(writes)
         self.cycles += 1
-        return writes
+        return len(first) + len(writes)
 
-    async def _repair(self, state: ClusterState, now: float) -> int:
+    def _repairs(self, state: ClusterState, now: float) -> list[Write]:
         """Interrupted gangs first: they hold GPUs already, and their replacement must not go to new work."""
         if not state.repairing_jobs():
-            return 0
+            return []
         model = self.policy.model_sync.sync(state)
-        repairs = repair_writes(
+        return repair_writes(
             state,
             model,
             now,
@@ -108,8 +106,3 @@ class SchedulerLoop:
             at=now,
             repair_wait_s=self.repair_wait_s,
         )
-        for write in repairs:
-            await self.writer.append(write.subject, write.event, write.msg_id)
-        if repairs:
-            await self.follower.wait_for(self.writer.fence)
-        return len(repairs)

@@ -5,6 +5,7 @@ from .connection import NatsCredentials, connect_nats
 from .errors import (
     CONCURRENT_WRITE,
     CONFLICT_CODES,
+    DUPLICATE_IN_BATCH,
     WRONG_LAST_SEQUENCE,
     AppendConflict,
     EventLogError,
@@ -12,16 +13,31 @@ from .errors import (
     LogUnavailable,
     UndecodableEvent,
 )
-from .log import AppendResult, EventLog, Recorded, stored
+from .log import (
+    MAX_BATCH,
+    Append,
+    AppendResult,
+    BatchResult,
+    Entry,
+    EventLog,
+    Recorded,
+    stored,
+    subject_matches,
+)
 from .snapshots import SNAPSHOT_BUCKET, SnapshotStore
 
 __all__ = [
     "CONCURRENT_WRITE",
     "CONFLICT_CODES",
+    "DUPLICATE_IN_BATCH",
+    "MAX_BATCH",
     "SNAPSHOT_BUCKET",
     "WRONG_LAST_SEQUENCE",
+    "Append",
     "AppendConflict",
     "AppendResult",
+    "BatchResult",
+    "Entry",
     "EventLog",
     "EventLogError",
     "LogGap",
@@ -32,4 +48,5 @@ __all__ = [
     "UndecodableEvent",
     "connect_nats",
     "stored",
+    "subject_matches",
 ]

@@ -6,6 +6,10 @@ from __future__ import annotations
 WRONG_LAST_SEQUENCE = 10071  # Nats-Expected-Last-Subject-Sequence did not match
 CONCURRENT_WRITE = 10164  # another write to the same subject was in flight (clustered/concurrent)
 CONFLICT_CODES = frozenset({WRONG_LAST_SEQUENCE, CONCURRENT_WRITE})
+# An atomic batch holding a Nats-Msg-Id the stream already stores is refused whole (checked on 2.15.1
+# before the expected sequences): a retry of a batch that landed, or a writer deciding on a stale fold.
+DUPLICATE_IN_BATCH = 10201
+BATCH_CONFLICT_CODES = CONFLICT_CODES | {DUPLICATE_IN_BATCH}
 
 
 class EventLogError(Exception):

@@ -11,6 +11,10 @@ See docs/architecture.md ("The log", "eventlog") for the contract. Design notes:
   retry is reported as a duplicate success instead of a conflict.
 - ``replay`` trusts nothing it does not check: it records the target sequence first, checks every
   sequence it receives, and raises ``LogGap`` rather than returning a short history.
+- ``append_batch`` stores up to ``MAX_BATCH`` events all or nothing (JetStream atomic batch publish,
+  ADR-50; the stream has ``allow_atomic``). The messages are pipelined without waiting, the commit is
+  one request, and the expected sequence rides on the first message: the server checks it against the
+  stream as it was before the batch, so one stale fence refuses the whole batch.
 - A stored message this version cannot decode raises ``UndecodableEvent`` by default. Folds pass
   ``quarantine=True`` instead and get a ``Quarantined`` record in its place (logged as an ERROR naming
   its sequence), so that no message can stop a service: see ``rallypoint.events.codec``.
@@ -23,15 +27,16 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import NamedTuple, Self
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import NamedTuple, Protocol, Self
 
 import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
+from nats.js.api import ConsumerConfig, DeliverPolicy, RawStreamMsg, StorageType, StreamConfig
 from nats.js.client import JetStreamContext
 
 from rallypoint.events import Event, decode, encode, envelope_from_headers, envelope_headers
@@ -39,7 +44,14 @@ from rallypoint.events.codec import Quarantined, decode_stored
 from rallypoint.events.subjects import STREAM_SUBJECTS
 
 from .connection import NatsCredentials, connect_nats
-from .errors import CONFLICT_CODES, AppendConflict, LogGap, LogUnavailable, UndecodableEvent
+from .errors import (
+    BATCH_CONFLICT_CODES,
+    CONFLICT_CODES,
+    AppendConflict,
+    LogGap,
+    LogUnavailable,
+    UndecodableEvent,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -47,6 +59,11 @@ MSG_ID = "Nats-Msg-Id"
 EXPECTED_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 EXPECTED_SUBJECT_FILTER = "Nats-Expected-Last-Subject-Sequence-Subject"
 DUPLICATE_WINDOW_S = 120.0
+BATCH_ID = "Nats-Batch-Id"
+BATCH_SEQUENCE = "Nats-Batch-Sequence"
+BATCH_COMMIT = "Nats-Batch-Commit"
+#: nats-server's limit on the messages of one atomic batch (ADR-50; 1,001 is refused with 10199 on 2.15.1).
+MAX_BATCH = 1000
 #: JetStream answers that mean "not decided yet" (10158: a message with this Nats-Msg-Id is in process;
 #: seen on 2.15.1 after a quorum loss, tests/integration/test_quorum.py).
 PENDING_CODES = frozenset({10158})
@@ -75,6 +92,61 @@ class Recorded(msgspec.Struct, frozen=True):
 class AppendResult(NamedTuple):
     seq: int
     duplicate: bool  # True when this append was recognised as a retry of one already stored
+
+
+class Entry(Protocol):
+    """One event to append: what ``append_batch`` takes (``Append``, or any struct with these fields)."""
+
+    @property
+    def subject(self) -> str: ...
+    @property
+    def event(self) -> Event: ...
+    @property
+    def msg_id(self) -> str: ...
+
+
+class Append(NamedTuple):
+    subject: str
+    event: Event
+    msg_id: str
+
+
+class BatchResult(NamedTuple):
+    """Where an atomic batch landed: its events hold the contiguous sequences first_seq..last_seq."""
+
+    first_seq: int
+    last_seq: int
+    duplicate: bool  # True when the batch was recognised as a retry of one already stored
+
+
+class _ApiError(msgspec.Struct):
+    code: int = 0
+    err_code: int = 0
+    description: str = ""
+
+
+class _BatchAck(msgspec.Struct):
+    """The server's answer to a batch commit: the last event's sequence, or why the batch was refused."""
+
+    seq: int = 0
+    error: _ApiError | None = None
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: ``*`` is one token, a final ``>`` one or more."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or (token != "*" and token != have[i]):
+            return False
+    return len(have) == len(want)
+
+
+def _is_stored(raw: RawStreamMsg, entry: Entry) -> bool:
+    """Whether a stored message is ``entry``: its message id and its encoded event."""
+    headers = raw.headers or {}
+    return headers.get(MSG_ID) == entry.msg_id and raw.data == encode(entry.event)
 
 
 def _event_time(event: Event) -> float:
@@ -308,6 +380,97 @@ class EventLog:
         except _UNAVAILABLE as exc:
             raise LogUnavailable(f"append to {subject} got no answer: {type(exc).__name__}") from exc
         return AppendResult(ack.seq, bool(ack.duplicate))
+
+    async def append_batch(
+        self,
+        entries: Sequence[Entry],
+        *,
+        source: str,
+        expected_last_subject_seq: int | None = None,
+        expected_subject_filter: str | None = None,
+    ) -> BatchResult:
+        """Append ``entries`` (1..MAX_BATCH) in order, all or none, guarded like ``append``.
+
+        Outcomes as for ``append``: the sequences; ``AppendConflict`` when the guard failed or a
+        message id is already stored by a batch that is not this one's earlier attempt; or
+        ``LogUnavailable`` (nothing is known: the batch may have landed; a retry with the same
+        message ids is recognised as a duplicate).
+        """
+        if not 0 < len(entries) <= MAX_BATCH:
+            raise ValueError(f"an atomic batch holds 1..{MAX_BATCH} events, not {len(entries)}")
+        if expected_subject_filter is not None and expected_last_subject_seq is None:
+            raise ValueError("expected_subject_filter needs expected_last_subject_seq")
+        guard: dict[str, str] = {}
+        if expected_last_subject_seq is not None:
+            guard[EXPECTED_SUBJECT_SEQ] = str(expected_last_subject_seq)
+        if expected_subject_filter is not None:
+            guard[EXPECTED_SUBJECT_FILTER] = expected_subject_filter
+        try:
+            ack = await self._publish_batch(entries, source, guard)
+        except _UNAVAILABLE as exc:
+            raise LogUnavailable(f"batch of {len(entries)} got no answer: {type(exc).__name__}") from exc
+        if ack.error is None:
+            return BatchResult(ack.seq - len(entries) + 1, ack.seq, False)
+        return await self._batch_refused(entries, ack.error)
+
+    async def _publish_batch(self, entries: Sequence[Entry], source: str, guard: dict[str, str]) -> _BatchAck:
+        """Publish the batch without waiting for answers, then commit it with one request."""
+        batch_id = uuid.uuid4().hex
+        last = len(entries)
+        for n, entry in enumerate(entries, 1):
+            headers = envelope_headers(
+                entry.event,
+                event_id=entry.msg_id,
+                source=source,
+                subject=entry.subject,
+                at=_event_time(entry.event),
+            )
+            headers[MSG_ID] = entry.msg_id
+            headers[BATCH_ID] = batch_id
+            headers[BATCH_SEQUENCE] = str(n)
+            if n == 1:
+                headers.update(guard)
+            data = encode(entry.event)
+            if n < last:
+                await self.nc.publish(entry.subject, data, headers=headers)
+                continue
+            headers[BATCH_COMMIT] = "1"
+            reply = await self.nc.request(entry.subject, data, headers=headers, timeout=self.timeout)
+            return msgspec.json.decode(reply.data, type=_BatchAck)
+        raise AssertionError("unreachable: entries is not empty")
+
+    async def _batch_refused(self, entries: Sequence[Entry], error: _ApiError) -> BatchResult:
+        """Map a refused batch to an outcome: an earlier attempt of it landed, a conflict, or unknown."""
+        code, description = error.err_code, error.description
+        if code in BATCH_CONFLICT_CODES:
+            landed = await self._landed(entries)
+            if landed is not None:
+                return BatchResult(landed - len(entries) + 1, landed, True)
+            raise AppendConflict(code, description)
+        if code in PENDING_CODES:
+            raise LogUnavailable(f"batch of {len(entries)}: {description}")
+        raise nats.js.errors.APIError(
+            code=error.code or None,
+            err_code=code or None,
+            description=description,
+            stream=self.stream,
+        )
+
+    async def _landed(self, entries: Sequence[Entry]) -> int | None:
+        """The last sequence of an earlier attempt of this very batch, if one is stored; else None.
+
+        A batch lands whole on contiguous sequences, so its first and last events are checked, by
+        message id and by content: another writer's batch may reuse an id (two leaders' identical
+        ``JobPending``) with other content (its epoch), and must not pass for ours."""
+        tail, head = entries[-1], entries[0]
+        try:
+            last = await self.js.get_msg(self.stream, subject=tail.subject)
+            if last.seq is None or not _is_stored(last, tail):
+                return None
+            first = await self.js.get_msg(self.stream, seq=last.seq - len(entries) + 1)
+        except (nats.js.errors.NotFoundError, *_UNAVAILABLE):
+            return None
+        return int(last.seq) if _is_stored(first, head) else None
 
     async def _stored_as_last(self, subject_filter: str, msg_id: str) -> int | None:
         """Seq of the last message on the filter if it carries ``msg_id`` (our earlier attempt landed)."""

@@ -4,15 +4,20 @@ A newly elected leader appends ``LeaderEpochStarted`` on the tree's epoch subjec
 tree's last sequence, so the next write of any older leader (which still expects the old sequence) is
 refused by the server with 10071 and surfaces as ``AppendConflict``: safety comes from the log, not the
 lease. The scheduler fences ``rally.sched.>``, the preemption service ``rally.preempt.>``.
+
+``append_many`` writes a whole cycle's output as atomic batches (at most ``MAX_BATCH`` events each),
+every batch fenced on the tree's last sequence after the one before: a deposed leader loses its whole
+batch, never a part of it, and the writer does not wait for its fold between the writes of one cycle.
+Events off the tree (the scheduler's admissions) may ride along; they are fenced the same way.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from rallypoint.eventlog import EventLog
+from rallypoint.eventlog import MAX_BATCH, Entry, EventLog, subject_matches
 from rallypoint.events import Event, LeaderEpochStarted
 
 from .follower import Follower
@@ -72,3 +77,28 @@ class FencedWriter:
         )
         self.fence = seq
         return seq
+
+    async def append_many(self, writes: Sequence[Entry]) -> int:
+        """Append ``writes`` in order, fenced, as few atomic batches; the last sequence written (0: none).
+
+        ``AppendConflict`` (a newer leader) refuses a whole batch: the batches before it stay, as each
+        single append before a refused one stays today."""
+        last = 0
+        for start in range(0, len(writes), MAX_BATCH):
+            batch = writes[start : start + MAX_BATCH]
+            result = await self.log.append_batch(
+                batch,
+                source=self.source,
+                expected_last_subject_seq=self.fence,
+                expected_subject_filter=self.tree,
+            )
+            self.fence = self._fence_after(batch, result.first_seq)
+            last = result.last_seq
+        return last
+
+    def _fence_after(self, batch: Sequence[Entry], first_seq: int) -> int:
+        """The tree's last sequence once ``batch`` is stored at first_seq..: its last event on the tree."""
+        for i in range(len(batch) - 1, -1, -1):
+            if subject_matches(self.tree, batch[i].subject):
+                return first_seq + i
+        return self.fence

@@ -1,0 +1,194 @@
+"""Atomic batch appends against a real nats-server: all or nothing, fenced on the first message, split
+at the server's batch limit, a retried batch recognised, a deposed writer's whole batch refused."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from nats.js.api import StreamConfig
+
+from rallypoint.eventlog import (
+    MAX_BATCH,
+    Append,
+    AppendConflict,
+    EventLog,
+    Recorded,
+    subject_matches,
+)
+from rallypoint.events import (
+    GangBound,
+    JobQueued,
+    JobSpec,
+    JobSubmitted,
+    LeaderEpochStarted,
+    TaskPlacement,
+    subjects,
+)
+from rallypoint.runtime.fencing import FencedWriter
+from rallypoint.runtime.follower import Follower
+
+SPEC = JobSpec(name="t", team="nlp", gpus=1, gpus_per_task=1, ranks_per_task=1, command=("true",))
+TREE = subjects.SCHEDULER_TREE
+
+
+def _bound(job_id: str) -> GangBound:
+    return GangBound(
+        job_id=job_id,
+        attempt=1,
+        epoch=1,
+        placements=(TaskPlacement(task=0, node_id="n1", gpus=(0,)),),
+        computed_at_seq=1,
+        policy_version="test",
+        now=1.0,
+        at=2.0,
+    )
+
+
+def _binds(prefix: str, n: int) -> list[Append]:
+    return [
+        Append(subjects.bind(f"{prefix}{i}"), _bound(f"{prefix}{i}"), f"{prefix}{i}:bind") for i in range(n)
+    ]
+
+
+def _queued(job_id: str) -> Append:
+    return Append(
+        subjects.admission(job_id), JobQueued(job_id=job_id, queue="nlp", at=1.0), f"{job_id}:queued"
+    )
+
+
+def _writer(log: EventLog, fence: int) -> FencedWriter:
+    writer = FencedWriter(
+        log,
+        Follower(log),
+        role="scheduler",
+        tree=TREE,
+        epoch_subject=subjects.EPOCH,
+        instance="t",
+        source="test",
+    )
+    writer.fence = fence
+    return writer
+
+
+async def _stored(log: EventLog) -> list[tuple[int, str, str]]:
+    return [
+        (r.seq, r.subject, r.envelope.get("id", "")) async for r in log.replay() if isinstance(r, Recorded)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "subject", "matches"),
+    [
+        ("rally.sched.>", "rally.sched.bind.j1", True),
+        ("rally.sched.>", "rally.sched", False),
+        ("rally.sched.>", "rally.queue.j1", False),
+        ("rally.*.bind", "rally.sched.bind", True),
+        ("rally.*.bind", "rally.sched.bind.j1", False),
+        ("rally.sched.epoch", "rally.sched.epoch", True),
+    ],
+)
+def test_subject_matches(pattern: str, subject: str, matches: bool) -> None:
+    assert subject_matches(pattern, subject) is matches
+
+
+async def test_a_batch_lands_in_order_on_contiguous_sequences(event_log: EventLog) -> None:
+    await event_log.append(
+        subjects.job("x"), JobSubmitted(job_id="x", spec=SPEC, submitted_at=1.0), msg_id="x", source="t"
+    )
+    batch = [_queued("a"), *_binds("b", 3)]
+    result = await event_log.append_batch(
+        batch, source="test", expected_last_subject_seq=0, expected_subject_filter=TREE
+    )
+    assert (result.first_seq, result.last_seq, result.duplicate) == (2, 5, False)
+    stored = await _stored(event_log)
+    assert [(s, subj) for s, subj, _ in stored[1:]] == [(2 + i, e.subject) for i, e in enumerate(batch)]
+    # Each event keeps its own message id (deduplication) and CloudEvents envelope.
+    assert [msg_id for _, _, msg_id in stored[1:]] == [e.msg_id for e in batch]
+
+
+async def test_a_stale_fence_refuses_the_whole_batch(event_log: EventLog) -> None:
+    await event_log.append_batch(
+        _binds("a", 2), source="test", expected_last_subject_seq=0, expected_subject_filter=TREE
+    )
+    with pytest.raises(AppendConflict) as refused:
+        # The fence rides on the first message only; the server checks it before storing any of the batch.
+        await event_log.append_batch(
+            [_queued("q"), *_binds("b", 2)],
+            source="test",
+            expected_last_subject_seq=0,
+            expected_subject_filter=TREE,
+        )
+    assert refused.value.code == 10071
+    assert await event_log.last_seq() == 2
+
+
+async def test_a_retried_batch_that_landed_is_a_duplicate(event_log: EventLog) -> None:
+    batch = _binds("a", 3)
+    first = await event_log.append_batch(
+        batch, source="test", expected_last_subject_seq=0, expected_subject_filter=TREE
+    )
+    # Same message ids, same (now stale) fence: the server refuses it (10201, a stored id), and the log
+    # recognises its own earlier attempt.
+    again = await event_log.append_batch(
+        batch, source="test", expected_last_subject_seq=0, expected_subject_filter=TREE
+    )
+    assert again == (first.first_seq, first.last_seq, True)
+    assert await event_log.last_seq() == 3
+
+
+async def test_a_batch_holding_someone_elses_id_is_a_conflict(event_log: EventLog) -> None:
+    await event_log.append_batch(_binds("a", 1), source="test")
+    with pytest.raises(AppendConflict) as refused:
+        await event_log.append_batch([*_binds("a", 1), *_binds("b", 1)], source="test")
+    assert refused.value.code == 10201
+    assert await event_log.last_seq() == 1
+
+
+async def test_batch_size_is_checked_before_sending(event_log: EventLog) -> None:
+    with pytest.raises(ValueError):
+        await event_log.append_batch(_binds("a", MAX_BATCH + 1), source="test")
+    with pytest.raises(ValueError):
+        await event_log.append_batch([], source="test")
+
+
+async def test_append_many_splits_at_the_limit_and_chains_the_fence(event_log: EventLog) -> None:
+    writer = _writer(event_log, 0)
+    writes = [*_binds("a", MAX_BATCH + 10), _queued("q")]
+    last = await writer.append_many(writes)
+    assert last == len(writes) == await event_log.last_seq()
+    assert writer.fence == len(writes) - 1  # the last event on the tree, not the admission after it
+    # A batch with nothing on the tree leaves the fence where it was, and is fenced all the same.
+    assert await writer.append_many([_queued("r")]) == len(writes) + 1
+    assert writer.fence == len(writes) - 1
+    assert await writer.append_many([]) == 0
+
+
+async def test_a_deposed_writer_loses_its_whole_batch(event_log: EventLog) -> None:
+    old = _writer(event_log, 0)
+    await old.append_many(_binds("a", 2))
+    new = _writer(event_log, old.fence)
+    await new.append(subjects.EPOCH, LeaderEpochStarted(epoch=2, leader_id="new", at=1.0), "epoch:2")
+    before = await event_log.last_seq()
+    with pytest.raises(AppendConflict):
+        await old.append_many([_queued("q"), *_binds("b", 5)])
+    assert await event_log.last_seq() == before
+
+
+async def test_ensure_stream_turns_atomic_batches_on(event_log: EventLog) -> None:
+    config = event_log.stream_config()
+    config.allow_atomic = False
+    await event_log.js.update_stream(StreamConfig.from_response(config.as_dict()))
+    assert not (await event_log.js.stream_info(event_log.stream)).config.allow_atomic
+    await event_log.ensure_stream()
+    assert (await event_log.js.stream_info(event_log.stream)).config.allow_atomic
+    await event_log.append_batch(_binds("a", 2), source="test")
+
+
+async def test_a_reused_id_with_other_content_is_not_our_batch(event_log: EventLog) -> None:
+    """Two leaders may give one decision the same id; the other leader's stored batch is not ours."""
+    await event_log.append_batch(_binds("a", 2), source="test")
+    theirs = [Append(w.subject, msgspec.structs.replace(w.event, epoch=2), w.msg_id) for w in _binds("a", 2)]
+    with pytest.raises(AppendConflict):
+        await event_log.append_batch(
+            theirs, source="test", expected_last_subject_seq=0, expected_subject_filter=TREE
+        )
