@@ -16,8 +16,14 @@ def test_the_eventlog_bench_runs_and_replays_everything_it_wrote() -> None:
         check=True,
     )
     figures = json.loads(result.stdout)
-    # 40 sequential + 40 concurrent + 10 fenced appends, all replayed.
-    assert figures["events_replayed"] == 90
+    # 40 sequential + 40 concurrent + 10 fenced appends + 40 in fenced batches, all replayed.
+    assert figures["events_replayed"] == 130
     assert all(
-        figures[k] > 0 for k in ("append_sequential_per_s", "append_fenced_per_s", "replay_and_fold_per_s")
+        figures[k] > 0
+        for k in (
+            "append_sequential_per_s",
+            "append_fenced_per_s",
+            "append_fenced_batch_per_s",
+            "replay_and_fold_per_s",
+        )
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 
@@ -24,6 +25,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--events", type=int, default=5000, help="events per phase (default 5000)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=handle_eventlog)
+    b = sub.add_parser("binds", help="binds/s written by the live scheduler loop on a real NATS server")
+    b.add_argument("--nodes", type=int, default=12500)
+    b.add_argument("--gpus-per-node", type=int, default=8)
+    b.add_argument("--pending", type=int, default=20000, help="one-node gangs, alternately 1 and 8 GPUs")
+    b.add_argument(
+        "--admit-in-cycle",
+        action="store_true",
+        help="leave the jobs unadmitted: the cycles write JobQueued too",
+    )
+    b.add_argument("--json", action="store_true", help="print one JSON object")
+    b.set_defaults(func=handle_binds)
     r = sub.add_parser("recovery", help="node failure -> all ranks running again, on a local cluster")
     r.add_argument("--trials", type=int, default=10, help="hung-node trials (default 10)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
@@ -39,6 +51,22 @@ def handle_recovery(args: argparse.Namespace) -> int:
         return 2
     res = {"node_failure": run_bench(args.trials), "checkpoint_save": bench_blocking()}
     print(json.dumps(res, sort_keys=True) if args.json else json.dumps(res, indent=2, sort_keys=True))
+    return 0
+
+
+def handle_binds(args: argparse.Namespace) -> int:
+    # The loop under test is the scheduler service's own: imported by name, as `rally serve` does.
+    bench = importlib.import_module("rallypoint_services.scheduler.bench")
+    if min(args.nodes, args.gpus_per_node, args.pending) < 1:
+        print("error: --nodes, --gpus-per-node and --pending must be at least 1", file=sys.stderr)
+        return 2
+    res = bench.run_bench(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        pending=args.pending,
+        admit_in_cycle=args.admit_in_cycle,
+    )
+    print(json.dumps(res, sort_keys=True) if args.json else "\n".join(f"{k:20} {v}" for k, v in res.items()))
     return 0
 
 

@@ -2,7 +2,9 @@
 
 Measures what the services live on: sequential appends (the API's per-request path), appends in flight
 together (the agents' and controllers' bursts), fenced appends on the scheduler's tree (each waits for the
-previous one's sequence), and a gapless replay of the whole stream into the shared fold.
+previous one's sequence), fenced atomic batches (the scheduler's cycle: up to ``MAX_BATCH`` events all
+or nothing, each batch fenced on the previous one's last sequence), and a gapless replay of the whole
+stream into the shared fold.
 """
 
 from __future__ import annotations
@@ -13,17 +15,47 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rallypoint.events import JobSpec, JobSubmitted, LeaderEpochStarted, subjects
+from rallypoint.events import GangBound, JobSpec, JobSubmitted, LeaderEpochStarted, TaskPlacement, subjects
 from rallypoint.infra import NatsServer
 from rallypoint.state import ClusterState
 
-from .log import EventLog, stored
+from .log import MAX_BATCH, Append, EventLog, stored
 
 _SPEC = JobSpec(name="b", team="bench", gpus=1, gpus_per_task=1, ranks_per_task=1, command=("true",))
 
 
 def _submitted(i: int) -> JobSubmitted:
     return JobSubmitted(job_id=f"j{i}", spec=_SPEC, submitted_at=float(i))
+
+
+def _bound(i: int) -> GangBound:
+    placement = TaskPlacement(task=0, node_id=f"n{i}", gpus=tuple(range(8)))
+    return GangBound(
+        job_id=f"j{i}",
+        attempt=1,
+        epoch=1,
+        placements=(placement,),
+        computed_at_seq=1,
+        policy_version="bench",
+        now=0.0,
+        at=0.0,
+    )
+
+
+async def _append_fenced_batches(log: EventLog, events: int, fence: int) -> None:
+    """``events`` binds on the scheduler's tree as fenced atomic batches, as ``FencedWriter.append_many``."""
+    for chunk in range(0, events, MAX_BATCH):
+        batch = [
+            Append(subjects.bind(f"j{i}"), _bound(i), f"j{i}:1:GangBound")
+            for i in range(chunk, min(chunk + MAX_BATCH, events))
+        ]
+        result = await log.append_batch(
+            batch,
+            source="bench",
+            expected_last_subject_seq=fence,
+            expected_subject_filter=subjects.SCHEDULER_TREE,
+        )
+        fence = result.last_seq
 
 
 async def _measure(url: str, events: int) -> dict[str, Any]:
@@ -64,6 +96,10 @@ async def _measure(url: str, events: int) -> dict[str, Any]:
             )
         fenced = fenced_count / (time.perf_counter() - start)
 
+        start = time.perf_counter()
+        await _append_fenced_batches(log, events, fence)
+        batched = events / (time.perf_counter() - start)
+
         total = await log.last_seq()
         state = ClusterState()
         start = time.perf_counter()
@@ -76,6 +112,7 @@ async def _measure(url: str, events: int) -> dict[str, Any]:
             "append_sequential_per_s": round(sequential),
             "append_500_in_flight_per_s": round(concurrent),
             "append_fenced_per_s": round(fenced),
+            "append_fenced_batch_per_s": round(batched),
             "replay_and_fold_per_s": round(replay),
         }
     finally:
