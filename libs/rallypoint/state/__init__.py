@@ -16,6 +16,7 @@ from .cluster import (
     Refusal,
     decision_refusal,
 )
+from .indexes import Touched
 
 __all__ = [
     "ACTIVE",
@@ -31,5 +32,6 @@ __all__ = [
     "NodeStatus",
     "NodeView",
     "Refusal",
+    "Touched",
     "decision_refusal",
 ]

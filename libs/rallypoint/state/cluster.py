@@ -60,6 +60,8 @@ from rallypoint.events import (
 )
 from rallypoint.events.codec import Quarantined, QuarantineLog
 
+from .indexes import NOTHING, PENDING, REPAIRING, StateIndex, Touched
+
 RefusalKind = Literal["epoch", "unknown-job", "invalid", "overtaken"]
 JobState = Literal["pending", "bound", "running", "repairing", "completed", "failed", "cancelled", "rejected"]
 NodeStatus = Literal["up", "unreachable", "drained", "lost"]
@@ -197,7 +199,16 @@ class JobView(msgspec.Struct, kw_only=True):
 FOLD_VERSION = 7
 
 
-class ClusterState(msgspec.Struct, kw_only=True):
+# A job's placements, and whether it holds their GPUs: an event changed node allocations iff it changed these.
+_Holding = tuple[tuple[TaskPlacement, ...], bool]
+_HOLDS_NOTHING: _Holding = ((), False)
+_NO_NODES: frozenset[str] = frozenset()
+
+
+class ClusterState(msgspec.Struct, kw_only=True, dict=True):
+    """The fold. ``dict=True`` lets an instance hold its reader index (``StateIndex``) beside the fields:
+    encode, to_builtins and so the hash see only the fields."""
+
     nodes: dict[str, NodeView] = {}
     jobs: dict[str, JobView] = {}
     # Per single-writer role ("scheduler", "preemption"): the newest epoch and who started it.
@@ -222,50 +233,98 @@ class ClusterState(msgspec.Struct, kw_only=True):
 
     # -- folding ------------------------------------------------------------------------------
 
-    def apply(self, seq: int, event: Event) -> None:
-        """Fold one event recorded at stream sequence ``seq``."""
+    def apply(self, seq: int, event: Event) -> Touched:
+        """Fold one event recorded at stream sequence ``seq``; returns what it may have changed."""
         handler = _HANDLERS.get(type(event))
+        touched = NOTHING
         if handler is not None:
+            job_id: str | None = getattr(event, "job_id", None)
+            job = self.jobs.get(job_id) if job_id is not None else None
+            before = (job.placements, job.state in ACTIVE) if job is not None else _HOLDS_NOTHING
             handler(self, seq, event)
+            touched = self._touched(job_id, getattr(event, "node_id", None), before)
+            self._refresh(touched)
         self.last_seq = max(self.last_seq, seq)
+        return touched
 
-    def apply_stored(self, seq: int, item: Event | Quarantined) -> None:
+    def apply_stored(self, seq: int, item: Event | Quarantined) -> Touched:
         """Fold what the log stores at ``seq``: an event, or a message this version cannot read, which is
         skipped the same way by every fold and kept in ``quarantine``."""
         if isinstance(item, Quarantined):
             self.quarantine.add(item)
             self.last_seq = max(self.last_seq, seq)
-        else:
-            self.apply(seq, item)
+            return NOTHING
+        return self.apply(seq, item)
+
+    def _touched(self, job_id: str | None, node_id: str | None, before: _Holding) -> Touched:
+        """The event's job, its node, and the nodes of the job's placements before and after when the
+        event bound or released GPUs on them (it changed the placements, or whether they are held)."""
+        job = self.jobs.get(job_id) if job_id is not None else None
+        after = (job.placements, job.state in ACTIVE) if job is not None else _HOLDS_NOTHING
+        if before[0] is after[0] and before[1] == after[1]:
+            return Touched(job_id=job_id, node_ids=_NO_NODES if node_id is None else frozenset((node_id,)))
+        nodes = {p.node_id for p in before[0]}
+        nodes.update(p.node_id for p in after[0])
+        if node_id is not None:
+            nodes.add(node_id)
+        return Touched(job_id=job_id, node_ids=frozenset(nodes))
+
+    def _index(self) -> StateIndex:
+        """The reader index, built from the jobs and nodes on first use (after a decode or a copy too)."""
+        index: StateIndex | None = self.__dict__.get("_reader_index")
+        if index is None:
+            index = self.__dict__["_reader_index"] = StateIndex(self.jobs, self.nodes)
+        return index
+
+    def reindex(self) -> None:
+        """Drop the reader index (rebuilt on next use): for a state whose views were edited by hand,
+        not through ``apply``."""
+        self.__dict__.pop("_reader_index", None)
+
+    def _refresh(self, touched: Touched) -> None:
+        index = self._index()
+        if touched.job_id is not None:
+            index.refresh_job(touched.job_id, self.jobs.get(touched.job_id))
+        for node_id in touched.node_ids:
+            index.refresh_node(node_id, self.nodes.get(node_id))
 
     # -- queries ------------------------------------------------------------------------------
 
     def pending_jobs(self) -> list[JobView]:
-        """Jobs waiting for a bind, in arrival order (the log's order)."""
-        waiting = [j for j in self.jobs.values() if j.state == "pending" and not j.cancel_requested]
-        waiting.sort(key=lambda j: j.submitted_seq)
-        return waiting
+        """Jobs waiting for a bind (not being cancelled), in arrival order (the log's order)."""
+        return list(self._index().jobs_of(PENDING))
 
     def ready_jobs(self, now: float) -> list[JobView]:
         """Pending jobs the scheduler may bind at ``now``: a retried job waits out its backoff first."""
-        return [j for j in self.pending_jobs() if j.retry_at is None or j.retry_at <= now]
+        index = self._index()
+        pending = index.jobs_of(PENDING)
+        latest_retry = index.latest_retry()
+        if latest_retry is None or latest_retry <= now:
+            return list(pending)
+        return [j for j in pending if j.retry_at is None or j.retry_at <= now]
 
     def repairing_jobs(self) -> list[JobView]:
-        """Interrupted gangs waiting for a replacement node, in arrival order."""
-        waiting = [j for j in self.jobs.values() if j.state == "repairing" and not j.cancel_requested]
-        waiting.sort(key=lambda j: j.submitted_seq)
-        return waiting
+        """Interrupted gangs waiting for a replacement node (not being cancelled), in arrival order."""
+        return list(self._index().jobs_of(REPAIRING))
 
     def active_jobs(self) -> list[JobView]:
+        """Jobs holding GPUs (bound, running, repairing), in arrival order. A scan, on purpose: its one
+        reader (the scheduler's full snapshot rebuild) reads every active job anyway, and a test checks
+        that a rebuild sees a double bind made by editing a view by hand, which no index can notice."""
         active = [j for j in self.jobs.values() if j.state in ACTIVE]
         active.sort(key=lambda j: j.submitted_seq)
         return active
 
     def total_gpus(self, *, schedulable_only: bool = False) -> int:
-        return sum(n.gpu_count for n in self.nodes.values() if n.schedulable or not schedulable_only)
+        index = self._index()
+        return index.schedulable if schedulable_only else index.total
 
     def free_gpus(self) -> int:
-        return sum(len(n.gpus) - len(n.allocated) for n in self.nodes.values() if n.schedulable)
+        return self._index().free
+
+    def largest_node_gpus(self) -> int | None:
+        """GPUs of the largest node (schedulable or not), or None before any node registered."""
+        return self._index().largest_node()
 
     def hash(self) -> str:
         """sha256 over a canonical encoding: equal histories give equal hashes, on any machine."""

@@ -1,0 +1,167 @@
+"""What the fold's readers ask for on every request, kept up to date as events arrive.
+
+The API validates each submission against the cluster's GPU total and its largest node, the scheduler and
+the API list pending jobs in arrival order: answering those by scanning every node or every job made each
+request cost grow with the cluster. ``StateIndex`` keeps them current instead: ``ClusterState.apply``
+tells it which job and which nodes an event may have changed, and only those are looked at again.
+
+It is a cache, not state: it lives outside ``ClusterState``'s serialized fields (in the instance's
+``__dict__``), so the hash, the snapshots and the fold version never see it, and a state restored from a
+snapshot (or copied) builds it afresh from its jobs and nodes on first use.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import Counter
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import msgspec
+
+if TYPE_CHECKING:
+    from .cluster import JobView, NodeView
+
+# Job classes a reader lists in arrival order (bits of one mask per job).
+PENDING = 1  # waiting for a bind, not being cancelled
+REPAIRING = 2  # an interrupted gang waiting for a replacement node, not being cancelled
+_CLASSES = (PENDING, REPAIRING)
+
+
+class Touched(msgspec.Struct, frozen=True, gc=False):
+    """What one applied event may have changed: its job, and the nodes whose view it may have changed (its
+    own node, and the nodes of its job's placements before and after, since a bind or a release changes
+    their allocations)."""
+
+    job_id: str | None
+    node_ids: frozenset[str]
+
+
+NOTHING = Touched(job_id=None, node_ids=frozenset())
+
+
+def job_classes(job: JobView) -> int:
+    """The reader classes ``job`` belongs to, as a mask of PENDING and REPAIRING."""
+    if job.cancel_requested:
+        return 0
+    if job.state == "pending":
+        return PENDING
+    return REPAIRING if job.state == "repairing" else 0
+
+
+def node_share(node: NodeView) -> tuple[int, int, int]:
+    """One node's part of the totals: (GPUs, GPUs if schedulable, free GPUs if schedulable)."""
+    count = node.gpu_count
+    if not node.schedulable:
+        return count, 0, 0
+    return count, count, count - len(node.allocated)
+
+
+# (submitted_seq, first-seen ordinal): the ordinal keeps jobs of equal submitted_seq (only in a hand-built
+# state) in the jobs dict's order, exactly as the stable sort the readers used to run.
+_Key = tuple[int, int]
+
+
+_UNFILED: tuple[int, _Key | None] = (0, None)
+
+
+class _Ordered:
+    """One class's jobs in arrival order: sorted keys, and the views at the same positions (the answer a
+    reader copies, so a read costs a list copy, not a walk)."""
+
+    def __init__(self) -> None:
+        self.keys: list[_Key] = []
+        self.views: list[JobView] = []
+
+    def add(self, key: _Key, job: JobView) -> None:
+        at = bisect.bisect_left(self.keys, key)
+        self.keys.insert(at, key)
+        self.views.insert(at, job)
+
+    def remove(self, key: _Key) -> None:
+        at = bisect.bisect_left(self.keys, key)
+        del self.keys[at]
+        del self.views[at]
+
+
+class StateIndex:
+    """Per-class job lists ordered by arrival, and node totals, for one ClusterState.
+
+    It follows what ``ClusterState.apply`` changes (the fold mutates its views in place and never
+    replaces one); a state edited by hand must drop it (``ClusterState.reindex``).
+    """
+
+    def __init__(self, jobs: Mapping[str, JobView], nodes: Mapping[str, NodeView]) -> None:
+        self._ordinals = itertools.count()
+        self._jobs: dict[str, tuple[int, _Key]] = {}  # job id -> (class mask, its key in the lists)
+        self._ordered: dict[int, _Ordered] = {bit: _Ordered() for bit in _CLASSES}
+        # Pending jobs waiting out a retry backoff (few): "ready at now" is every pending job once now is
+        # past the latest of theirs.
+        self._retrying: dict[str, float] = {}
+        self._shares: dict[str, tuple[int, int, int]] = {}
+        self._sizes: Counter[int] = Counter()  # GPUs per node -> how many nodes have that many
+        self.total = self.schedulable = self.free = 0
+        for job in jobs.values():
+            self.refresh_job(job.job_id, job)
+        for node_id, node in nodes.items():
+            self.refresh_node(node_id, node)
+
+    # -- jobs ---------------------------------------------------------------------------------------
+
+    def refresh_job(self, job_id: str, job: JobView | None) -> None:
+        """Re-file ``job_id`` after an event that may have changed it (None: no such job)."""
+        old_mask, key = self._jobs.get(job_id, _UNFILED)
+        new_mask = job_classes(job) if job is not None else 0
+        if new_mask & PENDING and job is not None and job.retry_at is not None:
+            self._retrying[job_id] = job.retry_at
+        elif old_mask & PENDING:
+            self._retrying.pop(job_id, None)
+        if old_mask == new_mask:
+            return
+        if key is None:
+            if job is None:
+                return
+            key = (job.submitted_seq, next(self._ordinals))
+        self._jobs[job_id] = (new_mask, key)
+        for bit in _CLASSES:
+            if old_mask & bit and not new_mask & bit:
+                self._ordered[bit].remove(key)
+            elif new_mask & bit and not old_mask & bit and job is not None:
+                self._ordered[bit].add(key, job)
+
+    def jobs_of(self, bit: int) -> list[JobView]:
+        """The jobs of class ``bit`` in arrival order (``submitted_seq``). Do not mutate: copy it."""
+        return self._ordered[bit].views
+
+    def latest_retry(self) -> float | None:
+        """The latest ``retry_at`` of a pending job (None: none waits out a backoff)."""
+        return max(self._retrying.values(), default=None)
+
+    # -- nodes --------------------------------------------------------------------------------------
+
+    def refresh_node(self, node_id: str, node: NodeView | None) -> None:
+        """Replace ``node_id``'s part of the totals with its current one."""
+        share = node_share(node) if node is not None else None
+        old = self._shares.get(node_id)
+        if share == old:
+            return  # most events (a start, an exit) change no node
+        if old is not None:
+            self._add(old, -1)
+            del self._shares[node_id]
+        if share is not None:
+            self._shares[node_id] = share
+            self._add(share, 1)
+
+    def _add(self, share: tuple[int, int, int], sign: int) -> None:
+        count, schedulable, free = share
+        self.total += sign * count
+        self.schedulable += sign * schedulable
+        self.free += sign * free
+        self._sizes[count] += sign
+        if not self._sizes[count]:
+            del self._sizes[count]
+
+    def largest_node(self) -> int | None:
+        """GPUs of the largest node, or None when no node is known. Few distinct sizes: cheap."""
+        return max(self._sizes, default=None)
