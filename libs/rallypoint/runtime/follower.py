@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 
 import msgspec
 
-from rallypoint.eventlog import EventLog, SnapshotStore, stored
+from rallypoint.eventlog import EventLog, Recorded, SnapshotStore, stored
+from rallypoint.events.codec import Quarantined
 from rallypoint.state import ClusterState
+
+from .changes import Changes, ChangeSet
+
+__all__ = ["ChangeSet", "Changes", "Follower"]
 
 
 class Follower:
-    """Keeps a ClusterState folded up to the log's tip; wakes waiters on every event.
+    """Keeps a ClusterState folded up to the log's tip; keeps a change feed per consumer (``changes``);
+    wakes a waiter only when what it waits for has happened.
 
     A message this version cannot read is quarantined (kept in the state, logged), never a reason to
     stop: a service that stopped folding would stall without a word while its peers went on.
@@ -21,27 +29,57 @@ class Follower:
         self.log = log
         self.state = ClusterState()
         self.changed = asyncio.Event()
-        self._advanced = asyncio.Condition()
-        self._waiters = 0  # tasks in wait_for / next_change: the replay wakes them only when there are any
+        # ``wait_for`` waiters by the sequence they wait for (smallest first): an applied event resolves
+        # only those it satisfied, instead of waking every waiter to re-check (notify_all) on every event.
+        self._seq_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._abandoned = 0  # entries of timed-out waiters still in the heap
+        self._tiebreak = itertools.count()
+        self._change_waiters: list[asyncio.Future[None]] = []  # ``next_change``: any applied event
+        self._change_sets: list[ChangeSet] = []
         self.stream_seq: int | None = None  # the stream's last sequence when last probed (health reports)
+
+    def changes(self) -> ChangeSet:
+        """A change feed of its own for one consumer: the jobs and nodes each event applied from now on
+        touched, accumulated until the consumer takes them. Its first take says ``everything``."""
+        change_set = ChangeSet()
+        self._change_sets.append(change_set)
+        return change_set
+
+    def _fold(self, rec: Recorded | Quarantined) -> None:
+        touched = self.state.apply_stored(rec.seq, stored(rec))
+        for change_set in self._change_sets:
+            change_set.add(touched)
+        self._wake()
 
     async def catch_up(self) -> None:
         """Fold up to the log's last sequence (as of the call); wakes ``wait_for`` waiters as it goes, so a
         wait for a sequence this replay applies ends when it is applied, not at its timeout."""
         async for rec in self.log.replay(from_seq=self.state.last_seq + 1, quarantine=True):
-            self.state.apply_stored(rec.seq, stored(rec))
-            if self._waiters:
-                await self._wake()
+            self._fold(rec)
 
     async def run(self) -> None:
         async for rec in self.log.follow(from_seq=self.state.last_seq + 1, quarantine=True):
-            self.state.apply_stored(rec.seq, stored(rec))
+            self._fold(rec)
             self.changed.set()
-            await self._wake()
 
-    async def _wake(self) -> None:
-        async with self._advanced:
-            self._advanced.notify_all()
+    def _wake(self) -> None:
+        """Resolve the waiters whose condition now holds: every ``next_change``, and the ``wait_for``s of
+        sequences up to the fold's."""
+        if self._change_waiters:
+            waiters, self._change_waiters = self._change_waiters, []
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+        self._wake_seq_waiters()
+
+    def _wake_seq_waiters(self) -> None:
+        heap, last = self._seq_waiters, self.state.last_seq
+        while heap and heap[0][0] <= last:
+            future = heapq.heappop(heap)[2]
+            if future.done():
+                self._abandoned -= 1
+            else:
+                future.set_result(None)
 
     async def probe_stream(self) -> None:
         """Record the stream's last sequence, to report how far this fold lags it."""
@@ -56,13 +94,25 @@ class Follower:
         return self.state.quarantine.newer_versions()
 
     async def wait_for(self, seq: int, timeout: float = 10.0) -> None:
-        """Until the fold has applied ``seq`` (our own append, say)."""
-        self._waiters += 1
+        """Until the fold has applied ``seq`` (our own append, say); TimeoutError after ``timeout``."""
+        if self.state.last_seq >= seq:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._seq_waiters, (seq, next(self._tiebreak), future))
         try:
-            async with self._advanced:
-                await asyncio.wait_for(self._advanced.wait_for(lambda: self.state.last_seq >= seq), timeout)
+            await asyncio.wait_for(future, timeout)
         finally:
-            self._waiters -= 1
+            if not future.done() or future.cancelled():
+                self._abandon()
+
+    def _abandon(self) -> None:
+        """A waiter gave up: its entry stays in the heap until its sequence comes or, when such entries
+        are most of the heap (waits for sequences far ahead that never came), a prune drops them all."""
+        self._abandoned += 1
+        if self._abandoned > 64 and self._abandoned * 2 > len(self._seq_waiters):
+            self._seq_waiters = [entry for entry in self._seq_waiters if not entry[2].done()]
+            heapq.heapify(self._seq_waiters)
+            self._abandoned = 0
 
     async def restore(self, store: SnapshotStore, name: str) -> bool:
         """Start from the newest snapshot, if any; the tail of the log is replayed after it."""
@@ -78,6 +128,9 @@ class Follower:
         if state.last_seq != seq:
             return False
         self.state = state
+        for change_set in self._change_sets:
+            change_set.invalidate()  # what they hold describes the state just replaced
+        self._wake_seq_waiters()
         return True
 
     async def save(self, store: SnapshotStore, name: str) -> int:
@@ -86,13 +139,12 @@ class Follower:
 
     async def next_change(self, timeout: float) -> bool:
         """Wait for the next applied event (True) or the timeout (False). Safe for many waiters."""
-        self._waiters += 1
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if len(self._change_waiters) > 64:  # timed-out waits pile up while no event comes
+            self._change_waiters = [waiter for waiter in self._change_waiters if not waiter.done()]
+        self._change_waiters.append(future)
         try:
-            async with self._advanced:
-                try:
-                    await asyncio.wait_for(self._advanced.wait(), timeout)
-                except TimeoutError:
-                    return False
-        finally:
-            self._waiters -= 1
+            await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            return False
         return True
