@@ -1,4 +1,4 @@
-"""`rally bench scheduler` (the pure core on a synthetic 100k-GPU cluster) and `rally bench eventlog`."""
+"""`rally bench scheduler` (the pure core, synthetic 100k-GPU cluster), `eventlog`, `recovery`, `cluster`."""
 
 from __future__ import annotations
 
@@ -40,6 +40,40 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--trials", type=int, default=10, help="hung-node trials (default 10)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=handle_recovery)
+    c = sub.add_parser("cluster", help="the live services against N simulated nodes (fleet processes)")
+    c.add_argument("--nodes", type=int, default=12500)
+    c.add_argument("--gpus-per-node", type=int, default=8)
+    c.add_argument("--jobs", type=int, default=1000, help="HTTP submissions (and raw publishes) to time")
+    c.add_argument("--burst", type=int, default=2500, help="one-node gangs in the burst (at most nodes/4)")
+    c.add_argument("--silence", type=int, default=2500, help="nodes silenced at once (at most nodes/5)")
+    c.add_argument("--fleets", type=int, default=4, help="processes serving the simulated nodes")
+    c.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds, as the agent's default")
+    c.add_argument("--zombie-jobs", type=int, default=500, help="short real jobs on 2 real agents (0: skip)")
+    c.add_argument("--phase-timeout", type=float, default=120.0, help="seconds each phase may wait")
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.set_defaults(func=handle_cluster)
+
+
+def handle_cluster(args: argparse.Namespace) -> int:
+    from rallypoint.localcluster.clusterbench import BenchConfig, run_bench
+
+    if args.nodes < 4 or args.jobs < 1 or args.fleets < 1:
+        print("error: --nodes must be at least 4, --jobs and --fleets at least 1", file=sys.stderr)
+        return 2
+    cfg = BenchConfig(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        jobs=args.jobs,
+        burst=args.burst,
+        silence=args.silence,
+        fleets=args.fleets,
+        heartbeat_interval_s=args.heartbeat_interval,
+        zombie_jobs=args.zombie_jobs,
+        phase_timeout_s=args.phase_timeout,
+    )
+    res = run_bench(cfg)
+    print(json.dumps(res, sort_keys=True) if args.json else json.dumps(res, indent=2, sort_keys=True))
+    return 0
 
 
 def handle_recovery(args: argparse.Namespace) -> int:

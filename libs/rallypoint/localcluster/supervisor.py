@@ -93,6 +93,7 @@ class LocalCluster:
         with_projector: bool = True,
         env: dict[str, str] | None = None,
         service_args: dict[str, Sequence[str]] | None = None,
+        with_agents: bool = True,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1 or racks < 1:
             raise ValueError("nodes, gpus per node and racks must all be at least 1")
@@ -104,6 +105,9 @@ class LocalCluster:
         self._postgres_dsn = postgres_dsn
         self.api_port = api_port or free_port()
         self.with_projector = with_projector
+        # False: no agent process per node; whoever starts the cluster serves the nodes (the scale
+        # harness's fleet) and waits for their registration itself.
+        self.with_agents = with_agents
         self.env = dict(os.environ if env is None else env)
         # per service (not instance) name: extra flags, laid over LOCAL_SERVICE_ARGS
         self.service_args: dict[str, Sequence[str]] = {**LOCAL_SERVICE_ARGS, **(service_args or {})}
@@ -115,7 +119,7 @@ class LocalCluster:
         self._env: dict[str, dict[str, str]] = {}
         # Our own server enforces the production permission matrix; each service connects as its own user.
         self.credentials: LocalCredentials | None = (
-            LocalCredentials.generate(self.node_ids()) if nats_url is None else None
+            LocalCredentials.generate(self.agent_nodes()) if nats_url is None else None
         )
 
     # -- addresses --------------------------------------------------------------------------------
@@ -153,6 +157,10 @@ class LocalCluster:
     def node_ids(self) -> list[str]:
         return [f"node-{i + 1}" for i in range(self.nodes)]
 
+    def agent_nodes(self) -> list[str]:
+        """The nodes served by an agent process of this cluster (none ``with_agents=False``)."""
+        return self.node_ids() if self.with_agents else []
+
     @property
     def checkpoint_root(self) -> Path:
         """Where the jobs' checkpoints live: the local stand-in for a shared filesystem."""
@@ -168,7 +176,7 @@ class LocalCluster:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         if self._nats_url is None:
             assert self.credentials is not None
-            accounts = render_accounts(self.node_ids(), password=literal(self.credentials.passwords))
+            accounts = render_accounts(self.agent_nodes(), password=literal(self.credentials.passwords))
             self.nats = NatsServer(
                 self.workdir / "nats", server_name="rally-local", accounts=accounts
             ).start()
@@ -185,7 +193,7 @@ class LocalCluster:
             self.start_service(name, name, extra)
         for instance in SCHEDULERS:
             self.start_service(instance, "scheduler", ["--instance", instance])
-        for index, node_id in enumerate(self.node_ids()):
+        for index, node_id in enumerate(self.agent_nodes()):
             self.start_service(f"agent-{node_id}", "agent", self._agent_args(index, node_id))
         self.wait_ready(timeout=timeout)
 
@@ -306,7 +314,7 @@ class LocalCluster:
     def wait_ready(self, *, timeout: float) -> None:
         """Until the API answers and every node agent has registered."""
         deadline = time.monotonic() + timeout
-        expected = set(self.node_ids())
+        expected = set(self.agent_nodes())
         last_error = ""
         while time.monotonic() < deadline:
             dead = self.dead_services()
@@ -356,7 +364,7 @@ class LocalCluster:
     def _kill_leftover_ranks(self) -> None:
         """Ranks outlive their agent by design (an agent restart must not kill training); a cluster
         shutdown must not leave them running, so sweep the process groups the agents recorded."""
-        for node_id in self.node_ids():
+        for node_id in self.agent_nodes():
             for pid_file in sorted((self.workdir / "agents" / node_id).glob("*/*/rank-*.pid")):
                 record = workdir.read_record(pid_file)
                 if record is None or pid_file.with_suffix(".exit").exists():

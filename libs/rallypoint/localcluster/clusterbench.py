@@ -1,0 +1,253 @@
+"""`rally bench cluster`: the real services against N simulated nodes, each figure beside its reference.
+
+A local cluster (nats-server with the production permissions, every service its own process, two
+schedulers) runs without agent processes; a few fleet processes (``rallypoint.agent.fleet``) serve all
+N nodes instead: registration, heartbeats, commands and rank exits as real agents send them, ranks
+virtual. In order, on the running cluster:
+
+1. submissions: ``--jobs`` HTTP submissions, 16 in flight, beside as many raw acked JetStream publishes
+   at the same concurrency on the same server (``raw_publish_per_s``); then submit -> running;
+2. a burst of one-node gangs appended to the log at once: binds written per second (``binds_per_s``,
+   first to last ``GangBound`` stored) and the live cycle (``cycle_ms_live``: a cycle's start, the
+   ``at`` its decisions carry, to its first decision stored: snapshot, admissions and the core's
+   decision, read from the log so no service needs instrumenting);
+3. mass silence: ``--silence`` nodes stop heartbeating at once; when each was flagged
+   (``NodeHeartbeatLost``, then ``NodeLost``) against the monitor's thresholds;
+4. failover: the scheduler leader is killed (-9) until the next leader's epoch is stored;
+and the peak RSS of every process throughout. Then, with that cluster stopped (the core benches want the
+CPU to themselves): zombies on a small cluster of real agents after ``--zombie-jobs`` short real jobs,
+``rally bench scheduler`` at the same size (``cycle_ms_core``) and ``rally bench eventlog``'s fenced /
+batched append rate (``append_per_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rallypoint.eventlog import EventLog, connect_nats
+
+from .fleetprocs import FleetSet, RssSampler, start_fleets
+from .loadgen import append_burst, latency_summary, percentile, raw_publish, spec_body, submit_http
+from .logwatch import LogWatch
+from .supervisor import LOCAL_SERVICE_ARGS, LocalCluster
+from .zombies import zombie_run
+
+CONCURRENCY = 16
+NODES_PER_RACK = 32  # as `rally bench scheduler` cables its synthetic cluster
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    nodes: int = 12_500
+    gpus_per_node: int = 8
+    jobs: int = 1000
+    burst: int = 2500
+    silence: int = 2500
+    fleets: int = 4
+    heartbeat_interval_s: float = 1.0
+    zombie_jobs: int = 500
+    #: per phase: how long to wait for what it waits on before reporting what happened so far
+    phase_timeout_s: float = 120.0
+
+
+def _flag(name: str) -> float:
+    args = LOCAL_SERVICE_ARGS["health-monitor"]
+    return float(args[args.index(name) + 1])
+
+
+def _rounded(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+async def _wait_caught_up(cluster: LocalCluster, log: EventLog, timeout: float) -> None:
+    """Until every service's fold has applied the log as it is now (the registrations)."""
+    target = await log.last_seq()
+    deadline = time.monotonic() + timeout
+
+    def behind() -> list[str]:
+        late = []
+        for name in cluster.health_ports:
+            if name.startswith("fleet-"):
+                continue
+            _, body = cluster.health(name, "/healthz")
+            seq = (body.get("log") or {}).get("fold_seq") if isinstance(body, dict) else None
+            if seq is not None and seq < target:
+                late.append(name)
+        try:
+            with urllib.request.urlopen(f"{cluster.api_url}/healthz", timeout=5) as response:
+                if json.loads(response.read()).get("seq", 0) < target:
+                    late.append("api")
+        except OSError:
+            late.append("api")
+        return late
+
+    while late := await asyncio.to_thread(behind):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"services still folding the registrations after {timeout:.0f} s: {late}")
+        await asyncio.sleep(1.0)
+
+
+async def _submissions(cluster: LocalCluster, watch: LogWatch, cfg: BenchConfig) -> dict[str, Any]:
+    raw = await raw_publish(watch.nc, cfg.jobs, concurrency=CONCURRENCY)
+    body = spec_body("bench-http", 1, 10)
+    accepted, took, failed = await submit_http(
+        cluster.api_url, cfg.jobs, concurrency=CONCURRENCY, body=body, prefix="http", time_limit_s=60
+    )
+    ids = [s.job_id for s in accepted]
+    await watch.wait(lambda: all(j in watch.started for j in ids), cfg.phase_timeout_s)
+    to_running = [watch.started[s.job_id] - s.sent_at for s in accepted if s.job_id in watch.started]
+    return {
+        "submissions": len(accepted),
+        "submissions_failed": failed,
+        "submissions_per_s": round(len(accepted) / took, 1) if took > 0 else None,
+        "raw_publish_per_s": round(raw, 1),
+        **latency_summary([s.latency_s for s in accepted], "submit_latency_s"),
+        "submitted_running": len(to_running),
+        **latency_summary(to_running, "submit_to_running_s"),
+    }
+
+
+async def _burst(log: EventLog, watch: LogWatch, cfg: BenchConfig, count: int) -> dict[str, Any]:
+    start = time.time()
+    ids = await append_burst(log, count, gpus=cfg.gpus_per_node, seconds=5, prefix="burst")
+    appended = time.time() - start
+    await watch.wait(lambda: all(j in watch.bound for j in ids), cfg.phase_timeout_s)
+    binds = sorted(watch.bound[j] for j in ids if j in watch.bound)
+    span = watch.binds_span(ids)
+    await watch.wait(lambda: all(j in watch.completed for j in ids), cfg.phase_timeout_s)
+    until = binds[-1] if binds else time.time()
+    cycles = watch.cycle_ms(start, until)
+    whole = watch.cycle_ms(start, until, from_start=True)
+    to_running = [watch.started[j] - start for j in ids if j in watch.started]
+    return {
+        "burst": count,
+        "burst_append_s": round(appended, 3),
+        "burst_bound": len(binds),
+        "binds_per_s": round(len(binds) / span, 1) if span else None,
+        "binds_span_s": _rounded(span),
+        "burst_all_bound_s": _rounded(binds[-1] - start if binds else None),
+        "cycle_ms_live": percentile(cycles, 0.5),
+        "cycle_ms_live_max": _rounded(max(cycles) if cycles else None, 1),
+        "cycle_ms_live_from_start": percentile(whole, 0.5),
+        "cycles_live": len(cycles),
+        "burst_running": len(to_running),
+        **latency_summary(to_running, "burst_to_running_s"),
+        "burst_completed": sum(j in watch.completed for j in ids),
+    }
+
+
+async def _silence(fleets: FleetSet, watch: LogWatch, cfg: BenchConfig) -> dict[str, Any]:
+    nodes = fleets.silenced
+    unreachable, lost_after = _flag("--unreachable-after"), _flag("--lost-after")
+    start = time.time()
+    fleets.silence()
+    await watch.wait(lambda: all(n in watch.heartbeat_lost for n in nodes), unreachable + cfg.phase_timeout_s)
+    await watch.wait(lambda: all(n in watch.lost for n in nodes), lost_after + cfg.phase_timeout_s)
+    fleets.resume()
+    flagged = [watch.heartbeat_lost[n] - start for n in nodes if n in watch.heartbeat_lost]
+    lost = [watch.lost[n] - start for n in nodes if n in watch.lost]
+    return {
+        "silence_nodes": len(nodes),
+        "silence_flagged": len(flagged),
+        "silence_threshold_s": unreachable,
+        "silence_flagged_min_s": _rounded(min(flagged) if flagged else None),
+        "silence_flagged_max_s": _rounded(max(flagged) if flagged else None),
+        "silence_lost": len(lost),
+        "silence_lost_threshold_s": lost_after,
+        "silence_lost_max_s": _rounded(max(lost) if lost else None),
+    }
+
+
+async def _failover(cluster: LocalCluster, watch: LogWatch, cfg: BenchConfig) -> dict[str, Any]:
+    if not watch.epochs:
+        return {"failover_s": None}
+    leader = watch.epochs[-1][1]
+    start = time.time()
+    await asyncio.to_thread(cluster.kill, leader)
+    await watch.wait(lambda: watch.epochs[-1][0] > start, cfg.phase_timeout_s)
+    after = watch.epochs[-1]
+    cluster.restart(leader)  # back as a standby, as the supervisor of `rally up` would
+    return {
+        "failover_killed": leader,
+        "failover_new_leader": after[1] if after[0] > start else None,
+        "failover_s": _rounded(after[0] - start) if after[0] > start else None,
+    }
+
+
+async def _drive(cluster: LocalCluster, fleets: FleetSet, cfg: BenchConfig) -> dict[str, Any]:
+    nc = await connect_nats(cluster.nats_url, name="bench-cluster")
+    watch = LogWatch(nc)
+    try:
+        log = await EventLog.attach(nc, create=False)
+        await watch.start(1)
+        started = time.monotonic()
+        await _wait_caught_up(cluster, log, timeout=300)
+        out: dict[str, Any] = {"ready_s": round(time.monotonic() - started, 1)}
+        out |= await _submissions(cluster, watch, cfg)
+        out |= await _burst(log, watch, cfg, min(cfg.burst, cluster.nodes // 4 or 1))
+        out |= await _silence(fleets, watch, cfg)
+        out |= await _failover(cluster, watch, cfg)
+        silenced = set(fleets.silenced)
+        out["false_alarms"] = sum(n not in silenced for n in watch.heartbeat_lost)
+        out["log_events"] = watch.last_seq
+        return out
+    finally:
+        await watch.stop()
+        await nc.close()
+
+
+def _live(cfg: BenchConfig) -> dict[str, Any]:
+    racks = max(1, cfg.nodes // NODES_PER_RACK)
+    with tempfile.TemporaryDirectory(prefix="rally-bench-cluster-") as folder:
+        cluster = LocalCluster(
+            Path(folder), nodes=cfg.nodes, gpus_per_node=cfg.gpus_per_node, racks=racks, with_agents=False
+        )
+        with cluster:
+            began = time.monotonic()
+            silence = min(cfg.silence, cfg.nodes // 5)
+            fleets = start_fleets(
+                cluster, fleets=cfg.fleets, silence=silence, heartbeat_interval_s=cfg.heartbeat_interval_s
+            )
+            sampler = RssSampler(cluster)
+            sampler.start()
+            try:
+                fleets.wait_ready(timeout=300)
+                out: dict[str, Any] = {"fleets_up_s": round(time.monotonic() - began, 1)}
+                out |= asyncio.run(_drive(cluster, fleets, cfg))
+            finally:
+                out_rss = sampler.stop()
+            out["rss_mb"] = out_rss
+            return out
+
+
+def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+    from rallypoint.core.bench import run_bench as core_bench
+    from rallypoint.eventlog.bench import run_bench as eventlog_bench
+
+    started = time.monotonic()
+    out: dict[str, Any] = {
+        "nodes": cfg.nodes,
+        "gpus_per_node": cfg.gpus_per_node,
+        "fleets": min(cfg.fleets, cfg.nodes),
+        "heartbeats_per_s": round(cfg.nodes / cfg.heartbeat_interval_s),
+        "concurrency": CONCURRENCY,
+    }
+    out |= _live(cfg)
+    out |= zombie_run(cfg.zombie_jobs, timeout=cfg.phase_timeout_s * 3)
+    pending = max(1, min(cfg.burst, cfg.nodes // 4))
+    core = core_bench(nodes=cfg.nodes, gpus_per_node=cfg.gpus_per_node, pending=pending, seed=1, cycles=5)
+    out["cycle_ms_core"] = core["cycle_ms"]["p50"]
+    log_rates = eventlog_bench(2000)
+    out["eventlog"] = log_rates
+    out["append_per_s"] = max(
+        v for k, v in log_rates.items() if k.startswith("append_") and ("fenced" in k or "batch" in k)
+    )
+    out["bench_s"] = round(time.monotonic() - started, 1)
+    return out

@@ -1,0 +1,146 @@
+"""The scale harness's view of the log: every event with the time the server stored it.
+
+Services stamp an event's ``at`` when they decide, not when the decision lands; what a user or the next
+service sees is the stored time, so the harness reads it from the JetStream delivery (the reply subject
+carries the stream sequence and the store timestamp in nanoseconds) and indexes what it measures:
+first ``JobStarted`` / ``GangBound`` / ``JobCompleted`` per job, first ``NodeHeartbeatLost`` / ``NodeLost``
+per node, the scheduler's epochs, and per scheduling cycle (its decisions share ``at``, the cycle's start)
+the first decision's store time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from rallypoint.events import (
+    GangBound,
+    JobCompleted,
+    JobPending,
+    JobStarted,
+    LeaderEpochStarted,
+    NodeHeartbeatLost,
+    NodeLost,
+)
+from rallypoint.events.codec import decode
+
+STREAM = "RALLY"
+
+
+@dataclass
+class LogWatch:
+    """A live ordered consumer over the whole log, from ``from_seq``, indexing stored times."""
+
+    nc: Client
+    started: dict[str, float] = field(default_factory=dict)
+    bound: dict[str, float] = field(default_factory=dict)
+    #: job -> the log position its GangBound was computed from
+    bound_from: dict[str, int] = field(default_factory=dict)
+    completed: dict[str, float] = field(default_factory=dict)
+    heartbeat_lost: dict[str, float] = field(default_factory=dict)
+    lost: dict[str, float] = field(default_factory=dict)
+    #: (stored time, leader id, epoch) of every scheduler LeaderEpochStarted
+    epochs: list[tuple[float, str, int]] = field(default_factory=list)
+    #: a cycle's start (its decisions' ``at``) -> (store time of its first decision, the log position it
+    #: was computed from)
+    cycles: dict[float, tuple[float, int]] = field(default_factory=dict)
+    #: stream sequence -> store time, of every event seen
+    stored_at: dict[int, float] = field(default_factory=dict)
+    events: int = 0
+    last_seq: int = 0
+    _sub: object | None = None
+
+    async def start(self, from_seq: int = 1) -> None:
+        js = self.nc.jetstream()
+        self._sub = await js.subscribe(
+            "rally.>",
+            stream=STREAM,
+            cb=self._on_msg,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            config=ConsumerConfig(opt_start_seq=max(1, from_seq)),
+            idle_heartbeat=2.0,
+            pending_msgs_limit=-1,
+            pending_bytes_limit=512 * 1024 * 1024,
+        )
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()  # type: ignore[attr-defined]
+            self._sub = None
+
+    async def _on_msg(self, msg: Msg) -> None:
+        tokens = (msg.reply or "").split(".")
+        if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
+            seq, stored = int(tokens[5]), int(tokens[7]) / 1e9
+        elif len(tokens) >= 11:  # $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>...
+            seq, stored = int(tokens[7]), int(tokens[9]) / 1e9
+        else:
+            return
+        if seq <= self.last_seq:
+            return  # redelivered after an ordered-consumer reset
+        self.last_seq = seq
+        self.stored_at[seq] = stored
+        self.events += 1
+        try:
+            event = decode(msg.data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return
+        self._index(event, stored)
+
+    def _index(self, event: object, stored: float) -> None:
+        if isinstance(event, JobStarted):
+            self.started.setdefault(event.job_id, stored)
+        elif isinstance(event, GangBound):
+            self.bound.setdefault(event.job_id, stored)
+            self.bound_from.setdefault(event.job_id, event.computed_at_seq)
+            self.cycles.setdefault(event.at, (stored, event.computed_at_seq))
+        elif isinstance(event, JobPending):
+            self.cycles.setdefault(event.at, (stored, event.computed_at_seq))
+        elif isinstance(event, JobCompleted):
+            self.completed.setdefault(event.job_id, stored)
+        elif isinstance(event, NodeHeartbeatLost):
+            self.heartbeat_lost.setdefault(event.node_id, stored)
+        elif isinstance(event, NodeLost):
+            self.lost.setdefault(event.node_id, stored)
+        elif isinstance(event, LeaderEpochStarted) and event.role == "scheduler":
+            self.epochs.append((stored, event.leader_id, event.epoch))
+
+    async def wait(self, done: Callable[[], bool], timeout: float) -> bool:
+        """Until ``done()`` holds (True) or ``timeout`` seconds pass (False)."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.2)
+        return True
+
+    def binds_span(self, job_ids: list[str]) -> float | None:
+        """Seconds from the moment the first of these binds could be decided (the store time of the
+        position it was computed from) to the last one stored; None when none is bound. Robust to binds
+        written as one atomic batch, which share one store time."""
+        bound = [j for j in job_ids if j in self.bound]
+        if not bound:
+            return None
+        first = min(self.bound_from[j] for j in bound)
+        begin = min(self.stored_at.get(first, self.bound[bound[0]]), *(self.bound[j] for j in bound))
+        return max(self.bound[j] for j in bound) - begin
+
+    def cycle_ms(self, since: float, until: float, *, from_start: bool = False) -> list[float]:
+        """For cycles started in [since, until], in ms: from the moment the state they decided on was in
+        the log (the store time of ``computed_at_seq``; never before the cycle's start) to their first
+        decision stored: the cycle's snapshot and decision, without the admissions and fold waits
+        before it. ``from_start``: from the cycle's start, everything included."""
+        out = []
+        for at, (stored, computed_at) in self.cycles.items():
+            if since <= at <= until:
+                begin = at if from_start else max(at, self.stored_at.get(computed_at, at))
+                out.append((stored - begin) * 1000)
+        return out

@@ -1,0 +1,57 @@
+"""End to end: `rally bench cluster` at a tiny size prints every figure the scale issue asks for, sanely.
+
+40 simulated nodes in 2 fleet processes, 40 HTTP submissions, a burst of 8 one-node gangs, 8 nodes
+silenced, the leader killed, 10 short real jobs on 2 real agents for the zombie count.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+FIELDS = (
+    "submissions_per_s",
+    "raw_publish_per_s",
+    "binds_per_s",
+    "append_per_s",
+    "cycle_ms_live",
+    "cycle_ms_core",
+    "silence_flagged_max_s",
+    "silence_threshold_s",
+    "zombies",
+    "submit_latency_s_p50",
+    "submit_to_running_s_p50",
+    "failover_s",
+    "rss_mb",
+)
+
+
+def test_the_cluster_bench_reports_every_figure() -> None:
+    argv = [
+        sys.executable, "-m", "rallypoint.cli.main", "bench", "cluster", "--nodes", "40", "--jobs", "40",
+        "--burst", "8", "--silence", "8", "--fleets", "2", "--zombie-jobs", "10", "--phase-timeout", "30",
+        "--json",
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=170, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    res = json.loads(done.stdout.strip().splitlines()[-1])
+    missing = [f for f in FIELDS if res.get(f) is None]
+    assert not missing, f"missing or null: {missing} in {res}"
+    assert res["submissions"] == 40 and res["submitted_running"] == 40
+    assert res["submissions_per_s"] > 0 and res["raw_publish_per_s"] > 0
+    assert res["burst_bound"] == 8 and res["binds_per_s"] > 0
+    assert 0 < res["cycle_ms_live"] < 10_000 and 0 < res["cycle_ms_core"] < 10_000
+    # every silenced node flagged, none too early, none of the others
+    assert res["silence_flagged"] == res["silence_nodes"] == 8
+    # counted from the silencing signal; a node's last heartbeat was up to one interval (1 s) before it
+    assert res["silence_threshold_s"] - 1 <= res["silence_flagged_max_s"] < res["silence_threshold_s"] + 10
+    assert res["false_alarms"] == 0
+    assert 0 < res["failover_s"] < 30
+    assert res["zombies"] == 0 and res["zombie_jobs_completed"] == 10
+    services = {"api", "scheduler-1", "health-monitor", "job-controller", "nats-server", "fleet-1"}
+    assert services <= set(res["rss_mb"]) and all(mb > 0 for mb in res["rss_mb"].values())
