@@ -10,6 +10,7 @@ from .reconcile import (
     owned_by,
     reconcile,
     subject_for,
+    wake_at,
     with_lost_work,
 )
 from .stale import stale_attempts
@@ -25,5 +26,6 @@ __all__ = [
     "reconcile",
     "stale_attempts",
     "subject_for",
+    "wake_at",
     "with_lost_work",
 ]

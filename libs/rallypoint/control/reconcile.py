@@ -50,6 +50,7 @@ __all__ = [
     "owned_by",
     "reconcile",
     "subject_for",
+    "wake_at",
     "with_lost_work",
 ]
 
@@ -139,6 +140,21 @@ def reconcile(
     if job.state == "repairing":
         return []  # the scheduler swaps in a replacement node or requeues the gang
     return _reconcile_launched(job, state, now, config)
+
+
+def wake_at(job: JobView) -> float | None:
+    """When ``reconcile(job, ...)`` may start asking for something without any event about the job or its
+    nodes (None: never). A controller that reconciles only what changed must look again then.
+
+    Only the time limit depends on the clock: every other rule reads the job and its nodes, which only
+    events change (a silent node's verdict, a cancel, a preemption, exits), and the waits that do take
+    time (the preemption grace, a kill's wait for its ranks, a retry's backoff, a repair's wait for a
+    node) are kept by the controller's own action or by the scheduler, not by this function.
+    """
+    limit = job.spec.time_limit_s
+    if job.state != "running" or limit is None or job.started_at is None:
+        return None
+    return job.started_at + limit
 
 
 def _kill_then(job: JobView, then: Event, *, grace_s: float = 5.0, awaited: bool = False) -> Kill:

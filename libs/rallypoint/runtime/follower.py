@@ -9,6 +9,7 @@ import itertools
 import msgspec
 
 from rallypoint.eventlog import EventLog, Recorded, SnapshotStore, stored
+from rallypoint.events import Event
 from rallypoint.events.codec import Quarantined
 from rallypoint.state import ClusterState
 
@@ -46,7 +47,12 @@ class Follower:
         return change_set
 
     def _fold(self, rec: Recorded | Quarantined) -> None:
-        touched = self.state.apply_stored(rec.seq, stored(rec))
+        self.apply(rec.seq, stored(rec))
+
+    def apply(self, seq: int, item: Event | Quarantined) -> None:
+        """Fold what the log stores at ``seq`` into the state and the change feeds, and wake who waited
+        for it (the follow and the replay call it; a test may call it to drive a consumer)."""
+        touched = self.state.apply_stored(seq, item)
         for change_set in self._change_sets:
             change_set.add(touched)
         self._wake()
