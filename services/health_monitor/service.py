@@ -20,7 +20,7 @@ from nats.aio.msg import Msg
 
 from rallypoint.eventlog import EventLogError
 from rallypoint.events import subjects
-from rallypoint.health import Assessment, HealthPolicy, Hearing, assess
+from rallypoint.health import Assessment, Decision, HealthPolicy, Hearing, assess
 from rallypoint.protocol import Heartbeat
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.follower import Follower
@@ -31,6 +31,8 @@ _log = logging.getLogger("rallypoint.health_monitor")
 SOURCE = "rallypoint/health-monitor"
 #: While verdicts are held, say so again this often (an operator must not miss a long hold).
 HOLD_REMINDER_S = 10.0
+#: Decisions of one assessment appended at once: enough to hide the round trip, bounded for the server.
+APPENDS_IN_FLIGHT = 512
 
 
 class Ears:
@@ -136,11 +138,37 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _record(follower: Follower, assessment: Assessment) -> None:
+    """Append one assessment's decisions together and wait for the fold once.
+
+    Decisions about different nodes are independent (each has its own subject and message id), so they go
+    out pipelined, at most ``APPENDS_IN_FLIGHT`` nodes at once, instead of one round trip and one fold
+    wait each: 2,500 nodes falling silent together are flagged together, not one after another over
+    20 s. One node's decisions keep their order. A decision that failed is decided again by the next
+    assessment (the fold has not moved) and appended with the same message id.
+    """
+    by_node: dict[str, list[Decision]] = {}
     for decision in assessment.decisions:
+        by_node.setdefault(decision.node_id, []).append(decision)
+    gate = asyncio.Semaphore(APPENDS_IN_FLIGHT)
+
+    async def append(decisions: list[Decision]) -> int:
+        seq = 0
+        async with gate:
+            for d in decisions:
+                try:
+                    seq = await follower.log.append(
+                        subjects.node(d.node_id), d.event, msg_id=d.msg_id, source=SOURCE
+                    )
+                except (EventLogError, TimeoutError) as exc:
+                    _log.warning("could not record %s: %s", type(d.event).__name__, exc)
+                    break  # the rest of this node's decisions wait for the next assessment
+        return seq
+
+    stored = await asyncio.gather(*(append(group) for group in by_node.values()))
+    if any(stored):
         try:
-            seq = await follower.log.append(
-                subjects.node(decision.node_id), decision.event, msg_id=decision.msg_id, source=SOURCE
+            await follower.wait_for(max(stored))
+        except TimeoutError as exc:
+            _log.warning(
+                "the fold did not reach our %d decisions in time: %s", len(assessment.decisions), exc
             )
-            await follower.wait_for(seq)
-        except (EventLogError, TimeoutError) as exc:
-            _log.warning("could not record %s: %s", type(decision.event).__name__, exc)
