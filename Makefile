@@ -32,6 +32,7 @@ bench: install
 	$(BIN)/rally bench scheduler --nodes 12500 --gpus-per-node 8 --pending 5000 --json
 	$(BIN)/rally bench eventlog --json
 	$(BIN)/rally bench recovery --trials 10 --json
+	$(BIN)/rally bench cluster --nodes 500 --json
 	$(BIN)/python -m rallypoint.sim.bench --traces $(TRACES) --policy fifo,rallypoint
 
 eval: install
