@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import tempfile
 import time
 import urllib.request
@@ -188,11 +189,16 @@ async def _drive(cluster: LocalCluster, fleets: FleetSet, cfg: BenchConfig) -> d
         log = await EventLog.attach(nc, create=False)
         await watch.start(1)
         started = time.monotonic()
+        _phase("waiting for every service to fold the registrations")
         await _wait_caught_up(cluster, log, timeout=300)
         out: dict[str, Any] = {"ready_s": round(time.monotonic() - started, 1)}
+        _phase("submissions")
         out |= await _submissions(cluster, watch, cfg)
+        _phase("burst")
         out |= await _burst(log, watch, cfg, min(cfg.burst, cluster.nodes // 4 or 1))
+        _phase("mass silence")
         out |= await _silence(fleets, watch, cfg)
+        _phase("leader kill")
         out |= await _failover(cluster, watch, cfg)
         silenced = set(fleets.silenced)
         out["false_alarms"] = sum(n not in silenced for n in watch.heartbeat_lost)
@@ -239,8 +245,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "heartbeats_per_s": round(cfg.nodes / cfg.heartbeat_interval_s),
         "concurrency": CONCURRENCY,
     }
+    _phase(f"starting a cluster of {cfg.nodes} simulated nodes")
     out |= _live(cfg)
+    _phase("zombies")
     out |= zombie_run(cfg.zombie_jobs, timeout=cfg.phase_timeout_s * 3)
+    _phase("core scheduler and event log benches")
     pending = max(1, min(cfg.burst, cfg.nodes // 4))
     core = core_bench(nodes=cfg.nodes, gpus_per_node=cfg.gpus_per_node, pending=pending, seed=1, cycles=5)
     out["cycle_ms_core"] = core["cycle_ms"]["p50"]
@@ -249,5 +258,25 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     out["append_per_s"] = max(
         v for k, v in log_rates.items() if k.startswith("append_") and ("fenced" in k or "batch" in k)
     )
+    out |= _ratios(out)
     out["bench_s"] = round(time.monotonic() - started, 1)
     return out
+
+
+def _ratios(out: dict[str, Any]) -> dict[str, float | None]:
+    """Each live figure over its same-run reference (the issue's done-when ratios)."""
+
+    def ratio(num: str, den: str) -> float | None:
+        a, b = out.get(num), out.get(den)
+        return round(a / b, 3) if a is not None and b else None
+
+    return {
+        "submissions_over_raw": ratio("submissions_per_s", "raw_publish_per_s"),
+        "binds_over_append": ratio("binds_per_s", "append_per_s"),
+        "cycle_live_over_core": ratio("cycle_ms_live", "cycle_ms_core"),
+    }
+
+
+def _phase(name: str) -> None:
+    """Progress on stderr: a full-size run takes minutes."""
+    print(f"{time.strftime('%H:%M:%S')} bench cluster: {name}", file=sys.stderr, flush=True)
