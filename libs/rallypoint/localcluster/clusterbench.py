@@ -7,17 +7,18 @@ virtual. In order, on the running cluster:
 
 1. submissions: ``--jobs`` HTTP submissions, 16 in flight, beside as many raw acked JetStream publishes
    at the same concurrency on the same server (``raw_publish_per_s``); then submit -> running;
-2. a burst of one-node gangs appended to the log at once: binds written per second (``binds_per_s``,
-   first to last ``GangBound`` stored) and the live cycle (``cycle_ms_live``: a cycle's start, the
-   ``at`` its decisions carry, to its first decision stored: snapshot, admissions and the core's
-   decision, read from the log so no service needs instrumenting);
+2. a burst of one-node gangs appended to the log at once: binds written per second (``binds_per_s``:
+   from the moment the first bind could be decided to the last one stored) and the live cycle
+   (``cycle_ms_live``: from the store time of the log position a cycle decided on to its first decision
+   stored; ``cycle_ms_live_from_start`` from the cycle's start, admissions and fold waits included),
+   all read from the log's store times so no service needs instrumenting;
 3. mass silence: ``--silence`` nodes stop heartbeating at once; when each was flagged
-   (``NodeHeartbeatLost``, then ``NodeLost``) against the monitor's thresholds;
+   (``NodeHeartbeatLost``, then ``NodeLost``), counted from the silencing, against the thresholds;
 4. failover: the scheduler leader is killed (-9) until the next leader's epoch is stored;
-and the peak RSS of every process throughout. Then, with that cluster stopped (the core benches want the
-CPU to themselves): zombies on a small cluster of real agents after ``--zombie-jobs`` short real jobs,
-``rally bench scheduler`` at the same size (``cycle_ms_core``) and ``rally bench eventlog``'s fenced /
-batched append rate (``append_per_s``).
+with the peak RSS of every process throughout, and the warnings each logged. Then, with that cluster
+stopped (the core benches want the CPU to themselves): zombies on a small cluster of real agents after
+``--zombie-jobs`` short real jobs, ``rally bench scheduler`` at the same size (``cycle_ms_core``) and
+``rally bench eventlog``'s best fenced / batched append rate (``append_per_s``).
 """
 
 from __future__ import annotations
@@ -230,7 +231,19 @@ def _live(cfg: BenchConfig) -> dict[str, Any]:
             finally:
                 out_rss = sampler.stop()
             out["rss_mb"] = out_rss
+            out["warnings_logged"] = _warnings(cluster)
             return out
+
+
+def _warnings(cluster: LocalCluster) -> dict[str, int]:
+    """Warning and error lines each process logged (timeouts, retries, refusals), where there were any."""
+    counts = {}
+    for path in sorted((cluster.workdir / "logs").glob("*.log")):
+        with path.open("rb") as lines:
+            n = sum(b'"level":"WARNING"' in line or b'"level":"ERROR"' in line for line in lines)
+        if n:
+            counts[path.stem] = n
+    return counts
 
 
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
