@@ -113,6 +113,8 @@ class StateIndex:
         """Re-file ``job_id`` after an event that may have changed it (None: no such job)."""
         old_mask, key = self._jobs.get(job_id, _UNFILED)
         new_mask = job_classes(job) if job is not None else 0
+        if old_mask == new_mask == 0:
+            return  # most events: a running or finished job stays out of every list
         if new_mask & PENDING and job is not None and job.retry_at is not None:
             self._retrying[job_id] = job.retry_at
         elif old_mask & PENDING:
