@@ -21,6 +21,7 @@ from nats.aio.msg import Msg
 from rallypoint.eventlog import EventLogError
 from rallypoint.events import subjects
 from rallypoint.health import Assessment, Decision, HealthPolicy, Hearing, assess
+from rallypoint.observability.instruments import HEARTBEATS_RECEIVED
 from rallypoint.protocol import Heartbeat
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.follower import Follower
@@ -116,8 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 beat = decoder.decode(msg.data)
             except msgspec.DecodeError:
+                HEARTBEATS_RECEIVED.labels(result="undecodable").inc()
                 _log.warning("undecodable heartbeat on %s", msg.subject)
                 return
+            HEARTBEATS_RECEIVED.labels(result="ok").inc()
             last_seen[beat.node_id] = time.time()
             last_beats[beat.node_id] = beat
 

@@ -38,6 +38,7 @@ from rallypoint.control import (
 )
 from rallypoint.eventlog import EventLog, EventLogError
 from rallypoint.events import Event, subjects
+from rallypoint.observability.instruments import JOB_CONTROLLER_ACTIONS
 from rallypoint.protocol import KillReply, KillTask, LaunchReply, LaunchTask, StatusReply
 from rallypoint.runtime.follower import Changes, Follower
 from rallypoint.state import ClusterState
@@ -164,6 +165,7 @@ class JobController:
     async def _execute(self, job_id: str, actions: list[Action]) -> None:
         try:
             for action in actions:
+                JOB_CONTROLLER_ACTIONS.labels(action=type(action).__name__.lower()).inc()
                 if isinstance(action, Launch):
                     if await self._launch(action):
                         await self._append(job_id, action.then)

@@ -16,6 +16,8 @@ from collections.abc import Callable
 
 from rallypoint.eventlog import EventLog
 from rallypoint.events import subjects
+from rallypoint.observability import observe_writes
+from rallypoint.observability.instruments import SCHEDULER_CYCLE_SECONDS, SCHEDULER_CYCLES
 from rallypoint.runtime.fencing import FencedWriter
 from rallypoint.runtime.follower import Follower
 from rallypoint.scheduling import SchedulingPolicy, Write, admission_writes, decision_writes
@@ -70,6 +72,18 @@ class SchedulerLoop:
         return await self.writer.start_epoch(term)
 
     async def cycle(self) -> int:
+        """One scheduling cycle, timed and counted (``rally_scheduler_cycle_duration_seconds``)."""
+        started = time.perf_counter()
+        result = "error"
+        try:
+            appended = await self._cycle()
+            result = "appended" if appended else "idle"
+            return appended
+        finally:
+            SCHEDULER_CYCLE_SECONDS.labels(result=result).observe(time.perf_counter() - started)
+            SCHEDULER_CYCLES.labels(result=result).inc()
+
+    async def _cycle(self) -> int:
         """One scheduling cycle; returns the number of events it appended.
 
         Two fenced writes at most, each a few atomic batches: first the repairs and admissions, which the
@@ -82,6 +96,7 @@ class SchedulerLoop:
         first = [*self._repairs(state, now), *admission_writes(state, at=now)]
         if first:
             await self.follower.wait_for(await self.writer.append_many(first))
+            observe_writes((w.event for w in first), state, now)
         if not state.pending_jobs():
             return len(first)
         decisions = self.policy.decide_live(state, now)
@@ -89,6 +104,7 @@ class SchedulerLoop:
             decisions, state, epoch=self.epoch, policy_version=self.policy.version, at=now
         )
         await self.writer.append_many(writes)
+        observe_writes((w.event for w in writes), state, now)
         self.cycles += 1
         return len(first) + len(writes)
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from rallypoint.observability import ClusterCollector
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.following import open_follower
 from rallypoint.runtime.leadership import lead_while_elected
+from rallypoint.runtime.metrics import add_collector
 from rallypoint.scheduling import SchedulingPolicy, load_queue_config
 from rallypoint.scheduling.repair import REPAIR_WAIT_S
 
@@ -39,6 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     async def run(ctx: ServiceContext) -> int:
         follower = await open_follower(ctx)
+        # The cluster's gauges, computed from this fold at each scrape (docs/observability.md).
+        add_collector(ctx, ClusterCollector(lambda: follower.state, policy.queues))
         lease = await ctx.leader_lease(ttl=args.lease_ttl)
         loop = SchedulerLoop(
             follower.log,

@@ -40,6 +40,7 @@ from rallypoint.agent.reports import ReportBatch, ReportSource, ReportTail
 from rallypoint.agent.sim_backend import SimulatedGpus
 from rallypoint.eventlog import AppendConflict, EventLog
 from rallypoint.events import CheckpointCommitted, NodeRegistered, RankExited, subjects
+from rallypoint.observability.instruments import HEARTBEATS_SENT, RANK_LAUNCHES
 from rallypoint.protocol import (
     Heartbeat,
     KillReply,
@@ -266,6 +267,7 @@ class NodeAgent:
         # Core NATS, fire and forget: a heartbeat is telemetry, the next one supersedes it.
         await self.log.nc.publish(subjects.heartbeat(self.node_id), _json.encode(beat))
         self.heartbeats_sent += 1
+        HEARTBEATS_SENT.inc()
         return beat
 
     def _with_progress(self, rank: RankStatus) -> RankStatus:
@@ -367,6 +369,7 @@ class NodeAgent:
         if missing := sorted({g for r in task.ranks for g in r.gpus} - known):
             return _json.encode(LaunchReply(ok=False, error=f"no such GPUs on {self.node_id}: {missing}"))
         outcome = await asyncio.to_thread(self.launcher.launch, task)
+        RANK_LAUNCHES.labels(result="already_running" if outcome.already_running else "started").inc()
         _log.info(
             "launch %s attempt %d: started ranks %s, already %s",
             task.job_id,

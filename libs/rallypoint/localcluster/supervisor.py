@@ -18,7 +18,6 @@ import os
 import signal
 import sys
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,11 +26,13 @@ import msgspec
 
 from rallypoint.agent import workdir
 from rallypoint.infra import ManagedProcess, NatsServer, PostgresServer, ServerStartError, free_port
+from rallypoint.scheduling.queues import load_queues
 from rallypoint.security import ADMIN, agent_user
 from rallypoint.security.credentials import LocalCredentials
 from rallypoint.security.natsconf import literal, render_accounts
+from rallypoint.security.tokens import create_token
 
-from .http import call
+from .http import call, register_token
 
 _log = logging.getLogger("rallypoint.localcluster")
 
@@ -45,6 +46,11 @@ SINGLETONS: tuple[str, ...] = (
     "projector",
 )
 SCHEDULERS = ("scheduler-1", "scheduler-2")
+# Teams that get an API token when the cluster has no queue file: the demo's, the benchmarks', and two
+# for trying things out by hand.
+DEFAULT_TEAMS: tuple[str, ...] = ("demo", "bench", "nlp", "vision")
+# Services that read the queue file, when the cluster has one.
+QUEUE_READERS: frozenset[str] = frozenset({"api", "scheduler", "preemption"})
 
 # The local cluster reacts faster than the production defaults, so a hung node's gang is back on a
 # replacement within seconds: silent 3 s -> unreachable, 8 s -> lost (detection within 10 s); a failed
@@ -77,6 +83,7 @@ class ClusterInfo(msgspec.Struct, kw_only=True):
     postgres_dsn: str
     workdir: str
     pid: int
+    tokens_file: str = ""  # the API's token file, which `rally tokens` edits
 
 
 class LocalCluster:
@@ -94,6 +101,7 @@ class LocalCluster:
         env: dict[str, str] | None = None,
         service_args: dict[str, Sequence[str]] | None = None,
         with_agents: bool = True,
+        queues: Path | None = None,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1 or racks < 1:
             raise ValueError("nodes, gpus per node and racks must all be at least 1")
@@ -121,6 +129,13 @@ class LocalCluster:
         self.credentials: LocalCredentials | None = (
             LocalCredentials.generate(self.agent_nodes()) if nats_url is None else None
         )
+        # The scheduler's, preemption's and API's queue file; its teams are the ones given tokens.
+        self.queues = queues.resolve() if queues is not None else None
+        self.teams: tuple[str, ...] = (
+            tuple(t.name for t in load_queues(self.queues).teams) if self.queues else DEFAULT_TEAMS
+        )
+        self.admin_token = ""
+        self.team_tokens: dict[str, str] = {}
 
     # -- addresses --------------------------------------------------------------------------------
 
@@ -162,6 +177,20 @@ class LocalCluster:
         return self.node_ids() if self.with_agents else []
 
     @property
+    def tokens_file(self) -> Path:
+        """The API's token file (hashes only); `rally tokens` edits it while the cluster runs."""
+        return self.workdir / "api-tokens.json"
+
+    def token_for(self, team: str) -> str:
+        """The API token of ``team`` (one of ``self.teams``), for calls made as that team."""
+        try:
+            return self.team_tokens[team]
+        except KeyError:
+            raise KeyError(
+                f"no token for team {team!r}; this cluster's teams: {', '.join(self.teams)}"
+            ) from None
+
+    @property
     def checkpoint_root(self) -> Path:
         """Where the jobs' checkpoints live: the local stand-in for a shared filesystem."""
         return self.workdir / "checkpoints"
@@ -185,7 +214,9 @@ class LocalCluster:
             # PostgreSQL is only a projection of the log (rebuildable), so its data lives in a throwaway
             # temp dir: that one is traversable by the unprivileged user postgres must run as under root.
             self.postgres = PostgresServer().start()
-        self.start_service("api", "api", ["--http-host", "127.0.0.1", "--http-port", str(self.api_port)])
+        self._make_tokens()
+        api_args = ["--http-host", "127.0.0.1", "--http-port", str(self.api_port)]
+        self.start_service("api", "api", [*api_args, "--tokens-file", str(self.tokens_file)])
         for name in SINGLETONS:
             if name == "projector" and not self.with_projector:
                 continue
@@ -212,6 +243,25 @@ class LocalCluster:
         # In a thread: start() may run inside an event loop (an async test), where asyncio.run cannot.
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             pool.submit(asyncio.run, setup()).result()
+
+    def _make_tokens(self) -> None:
+        """Fresh tokens for this run (as the NATS passwords are): one admin, one per team.
+
+        Registered for the API's address, so this process's calls (``localcluster.http``) go as admin.
+        """
+        self.tokens_file.unlink(missing_ok=True)
+        _, self.admin_token = create_token(self.tokens_file, user="admin", admin=True)
+        self.team_tokens = {
+            team: create_token(self.tokens_file, user=team, team=team)[1] for team in self.teams
+        }
+        register_token(self.api_url, self.admin_token)
+
+    def write_tokens(self, path: Path) -> None:
+        """``.rally/tokens.json`` for `rally up`: the tokens themselves, so owner-only (mode 600)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600, exist_ok=True)
+        path.chmod(0o600)
+        path.write_text(json.dumps({"admin": self.admin_token, "teams": self.team_tokens}, indent=2) + "\n")
 
     def _nats_env(self, name: str, service: str) -> dict[str, str]:
         if self.credentials is None:
@@ -245,6 +295,8 @@ class LocalCluster:
         ]  # fmt: skip
         if service != "agent" and "--instance" not in extra:
             argv += ["--instance", name]
+        if service in QUEUE_READERS and self.queues is not None:
+            argv += ["--queues", str(self.queues)]
         if service != "api":  # the API answers /healthz on its own HTTP port
             self.health_ports[name] = self.health_ports.get(name) or free_port()
             argv += ["--health-port", str(self.health_ports[name])]
@@ -322,12 +374,11 @@ class LocalCluster:
                 tails = "\n".join(f"--- {n}\n{self.processes[n].log_tail(1500)}" for n in dead)
                 raise RuntimeError(f"services died while starting: {', '.join(dead)}\n{tails}")
             try:
-                with urllib.request.urlopen(f"{self.api_url}/v1/nodes", timeout=2) as response:
-                    nodes = json.loads(response.read())
-                registered = {n["node_id"] for n in nodes.get("nodes", [])}
+                status, nodes = call("GET", f"{self.api_url}/v1/nodes", timeout=2, token=self.admin_token)
+                registered = {n["node_id"] for n in nodes.get("nodes", [])} if status == 200 else set()
                 if expected <= registered:
                     return
-                last_error = f"{len(registered & expected)}/{len(expected)} nodes registered"
+                last_error = f"{len(registered & expected)}/{len(expected)} nodes registered (HTTP {status})"
             except OSError as exc:
                 last_error = str(exc)
             time.sleep(0.2)
@@ -344,6 +395,7 @@ class LocalCluster:
             postgres_dsn=self.postgres_dsn if self.with_projector else "",
             workdir=str(self.workdir),
             pid=os.getpid(),
+            tokens_file=str(self.tokens_file),
         )
         path.write_bytes(msgspec.json.format(msgspec.json.encode(info)))
 
@@ -360,6 +412,7 @@ class LocalCluster:
         if self.nats is not None:
             with contextlib.suppress(Exception):
                 self.nats.stop(remove_data=False)
+        register_token(self.api_url, None)
 
     def _kill_leftover_ranks(self) -> None:
         """Ranks outlive their agent by design (an agent restart must not kill training); a cluster

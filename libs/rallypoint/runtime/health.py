@@ -1,4 +1,5 @@
-"""GET /healthz for services without an HTTP API of their own, for Kubernetes and compose probes.
+"""GET /healthz for services without an HTTP API of their own, for Kubernetes and compose probes (the same
+server answers GET /metrics: ``rallypoint.runtime.metrics``).
 
 Three answers: ``ok`` (200); ``degraded`` (200: the service runs and follows the log but meets something it
 cannot understand, such as a newer version of an event during a rolling upgrade; restarting it would not
@@ -101,6 +102,9 @@ async def serve_health(ctx: ServiceContext, main_task: asyncio.Task[int | None],
     app = web.Application()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    from .metrics import add_metrics_route  # here: metrics reads this module's log report
+
+    add_metrics_route(app, ctx)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "0.0.0.0", port)

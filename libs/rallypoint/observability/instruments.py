@@ -1,0 +1,105 @@
+"""The process's own Prometheus instruments: what happens inside one service, measured where it happens.
+
+They live in prometheus-client's default registry (one per process: every service is its own process), so
+a service's ``/metrics`` (``rallypoint.runtime.metrics``) exports them with the process and Python
+collectors. Names follow Kueue's where the meaning is the same (``admission_wait_time_seconds``,
+``admission_attempt_duration_seconds`` -> our cycle, ``preempted_workloads_total``).
+Everything derivable from the log is computed at scrape time instead (``cluster``): counting it here too
+would double it across replicas and restart it from zero with every process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import Counter, Histogram
+
+from rallypoint.events import GangBound, GangRepaired, JobRequeued, PreemptionRequested
+from rallypoint.state import ClusterState
+
+# Cycles take milliseconds on a small cluster and up to seconds at 100k GPUs.
+_CYCLE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Queue waits run from sub-second (an idle cluster) to days.
+_WAIT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 86400)
+
+SCHEDULER_CYCLE_SECONDS = Histogram(
+    "rally_scheduler_cycle_duration_seconds",
+    "Wall time of one scheduling cycle of the active scheduler (fold wait, decide, append).",
+    ["result"],
+    buckets=_CYCLE_BUCKETS,
+)
+SCHEDULER_CYCLES = Counter(
+    "rally_scheduler_cycles", "Scheduling cycles run by this instance while it leads.", ["result"]
+)
+ADMISSION_WAIT_SECONDS = Histogram(
+    "rally_admission_wait_time_seconds",
+    "Seconds from a job's submission to the bind of its gang (Kueue admission_wait_time_seconds).",
+    ["team", "priority"],
+    buckets=_WAIT_BUCKETS,
+)
+ADMITTED_WORKLOADS = Counter(
+    "rally_admitted_workloads",
+    "Gangs bound by this scheduler instance (Kueue admitted_workloads_total).",
+    ["team"],
+)
+PREEMPTIONS_REQUESTED = Counter(
+    "rally_preempted_workloads",
+    "Preemptions this scheduler decided, by reason: reclaim, priority, las (Kueue preempted_workloads).",
+    ["reason"],
+)
+GANG_RECOVERIES = Counter(
+    "rally_gang_recoveries",
+    "Interrupted gangs this scheduler dealt with: repaired in place, shrunk (elastic) or requeued.",
+    ["outcome"],
+)
+HEARTBEATS_RECEIVED = Counter(
+    "rally_heartbeats_received", "Node heartbeats this health monitor received (decoded or not).", ["result"]
+)
+HEARTBEATS_SENT = Counter("rally_agent_heartbeats_sent", "Heartbeats this node agent published.")
+RANK_LAUNCHES = Counter("rally_agent_rank_launches", "Launch commands this node agent served.", ["result"])
+JOB_CONTROLLER_ACTIONS = Counter(
+    "rally_job_controller_actions", "Actions the job controller carried out, by kind.", ["action"]
+)
+
+
+def observe_writes(events: Iterable[object], state: ClusterState, now: float) -> None:
+    """Count what one scheduler cycle appended: binds (with each job's wait), preemptions, recoveries."""
+    for event in events:
+        observe = _OBSERVERS.get(type(event))
+        if observe is not None:
+            observe(event, state, now)
+
+
+def _bound(event: object, state: ClusterState, now: float) -> None:
+    assert isinstance(event, GangBound)
+    job = state.jobs.get(event.job_id)
+    if job is None:
+        return
+    team = job.spec.team
+    ADMITTED_WORKLOADS.labels(team=team).inc()
+    # A retried or preempted job waits again: its wait counts from submission, what the user sees.
+    ADMISSION_WAIT_SECONDS.labels(team=team, priority=job.spec.priority).observe(
+        max(0.0, now - job.submitted_at)
+    )
+
+
+def _preempted(event: object, _state: ClusterState, _now: float) -> None:
+    assert isinstance(event, PreemptionRequested)
+    PREEMPTIONS_REQUESTED.labels(reason=event.reason).inc()
+
+
+def _repaired(event: object, _state: ClusterState, _now: float) -> None:
+    assert isinstance(event, GangRepaired)
+    GANG_RECOVERIES.labels(outcome="shrunk" if event.shrunk else "repaired").inc()
+
+
+def _requeued(_event: object, _state: ClusterState, _now: float) -> None:
+    GANG_RECOVERIES.labels(outcome="requeued").inc()
+
+
+_OBSERVERS: dict[type, Callable[[object, ClusterState, float], None]] = {
+    GangBound: _bound,
+    PreemptionRequested: _preempted,
+    GangRepaired: _repaired,
+    JobRequeued: _requeued,
+}

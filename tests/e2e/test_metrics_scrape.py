@@ -1,0 +1,185 @@
+"""End to end: every service of a real local cluster serves Prometheus metrics, and they move.
+
+One cluster (3 agents x 4 GPUs in 2 racks): every URL `rally up` lists under ``metrics_urls`` answers
+with parseable exposition text; a scheduler cycle moves the cycle, admission and GPU gauges; a
+preemption moves the preemption counters and the lost GPU-seconds; a hung node's gang recovery moves the
+interruption and recovery counters and shows the node's GPUs unhealthy.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from rallypoint.localcluster import LocalCluster
+from rallypoint.localcluster.http import call
+
+pytestmark = pytest.mark.slow
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    local = LocalCluster(tmp_path_factory.mktemp("metrics"), nodes=3, gpus_per_node=4, racks=2)
+    with local:
+        yield local
+
+
+def scrape(url: str) -> Samples:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        assert response.status == 200
+        text = response.read().decode()
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    return sum(
+        value
+        for (sample, sample_labels), value in samples.items()
+        if sample == name and set(labels.items()) <= set(sample_labels)
+    )
+
+
+def schedulers(cluster: LocalCluster) -> Samples:
+    """Both schedulers' samples summed (the leader counts its cycles; either may lead)."""
+    merged: Samples = {}
+    for name in ("scheduler-1", "scheduler-2"):
+        for key, value in scrape(cluster.metrics_urls()[name]).items():
+            merged[key] = merged.get(key, 0.0) + value
+    return merged
+
+
+def leader(cluster: LocalCluster) -> Samples:
+    """The fold gauges of one scheduler (both fold the same log; either will do)."""
+    return scrape(cluster.metrics_urls()["scheduler-1"])
+
+
+def eventually(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def submit(cluster: LocalCluster, name: str, command: list[str], **fields: Any) -> str:
+    body = {
+        "name": name,
+        "team": "obs",
+        "gpus": 4,
+        "gpus_per_task": 4,
+        "ranks_per_task": 1,
+        "command": command,
+    }
+    body.update(fields)
+    status, answer = call("POST", f"{cluster.api_url}/v1/jobs", body)
+    assert status == 202, answer
+    return str(answer["job_id"])
+
+
+def job(cluster: LocalCluster, job_id: str) -> dict[str, Any]:
+    status, view = call("GET", f"{cluster.api_url}/v1/jobs/{job_id}")
+    assert status == 200, view
+    return dict(view)
+
+
+def wait_state(cluster: LocalCluster, job_id: str, states: set[str], timeout: float = 30.0) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+
+    def reached() -> bool:
+        found.update(job(cluster, job_id))
+        return found["state"] in states
+
+    eventually(reached, f"job {job_id} in {states}", timeout)
+    return found
+
+
+def test_every_service_listed_in_cluster_json_serves_metrics(cluster: LocalCluster, tmp_path: Path) -> None:
+    cluster.write_info(tmp_path / "cluster.json")
+    urls = json.loads((tmp_path / "cluster.json").read_text())["metrics_urls"]
+    expected = {"api", "scheduler-1", "scheduler-2", "health-monitor", "preemption", "job-controller"}
+    expected |= {f"agent-{node}" for node in cluster.node_ids()}
+    assert expected <= set(urls), sorted(urls)
+    for name, url in urls.items():
+        samples = scrape(url)
+        assert samples, name
+        if name != "api" and not name.startswith("agent-"):
+            assert total(samples, "rally_log_connected") == 1, name
+    eventually(lambda: total(scrape(urls["health-monitor"]), "rally_heartbeats_received_total") > 3, "beats")
+    gpus = leader(cluster)
+    assert total(gpus, "rally_gpus") == 12
+    racks = {dict(labels)["rack"] for name, labels in gpus if name == "rally_gpus"}
+    assert len(racks) == 2
+    assert total(scrape(urls["scheduler-1"]), "rally_log_lag_events") >= 0
+
+
+def test_a_cycle_a_preemption_and_a_recovery_move_their_metrics(cluster: LocalCluster) -> None:
+    before = schedulers(cluster)
+    # a cycle: one bind, its wait observed, 4 GPUs allocated to team obs
+    first = submit(cluster, "filler-0", ["sleep", "300"], priority="best-effort")
+    wait_state(cluster, first, {"running"})
+    after = schedulers(cluster)
+    assert total(after, "rally_scheduler_cycles_total") > total(before, "rally_scheduler_cycles_total")
+    assert total(after, "rally_scheduler_cycle_duration_seconds_count") > total(
+        before, "rally_scheduler_cycle_duration_seconds_count"
+    )
+    assert total(after, "rally_admitted_workloads_total", team="obs") == 1
+    assert total(after, "rally_admission_wait_time_seconds_count", team="obs") == 1
+    eventually(lambda: total(leader(cluster), "rally_team_gpus_allocated", team="obs") == 4, "usage")
+    assert total(leader(cluster), "rally_gpus", state="allocated") == 4
+
+    # a preemption: the cluster full of best-effort work, a production job takes one node
+    fillers = [
+        first,
+        *(submit(cluster, f"filler-{i}", ["sleep", "300"], priority="best-effort") for i in (1, 2)),
+    ]
+    for filler in fillers:
+        wait_state(cluster, filler, {"running"})
+    assert total(leader(cluster), "rally_gpus", state="free") == 0
+    urgent = submit(cluster, "urgent", ["sleep", "1"], priority="production")
+    wait_state(cluster, urgent, {"running", "completed"})
+    eventually(lambda: total(leader(cluster), "rally_job_preemptions_total", team="obs") >= 1, "preempted")
+    assert total(leader(cluster), "rally_lost_gpu_seconds_total", team="obs") > 0
+    assert total(leader(cluster), "rally_team_allocated_gpu_seconds_total", team="obs") > 0
+
+    # a recovery: cancel the fillers, run a gang, hang its node: it is repaired on a free node
+    for filler in fillers:
+        call("DELETE", f"{cluster.api_url}/v1/jobs/{filler}")
+    wait_state(cluster, urgent, {"completed"})
+    for filler in fillers:
+        wait_state(cluster, filler, {"cancelled"})
+    gang = submit(cluster, "gang", ["sleep", "300"], gpus=8)  # two nodes: one is kept, one replaced
+    hung = wait_state(cluster, gang, {"running"})["nodes"][1]
+    recoveries = total(schedulers(cluster), "rally_gang_recoveries_total")
+    cluster.freeze_node(hung, signal.SIGSTOP)
+    try:
+        eventually(
+            lambda: total(leader(cluster), "rally_job_interruptions_total", team="obs") >= 1, "interruption"
+        )
+        assert total(leader(cluster), "rally_gpus", state="unhealthy") == 4
+        assert total(leader(cluster), "rally_nodes_by_rack", status="up") == 2
+        eventually(
+            lambda: (
+                total(schedulers(cluster), "rally_gang_recoveries_total", outcome="repaired") > recoveries
+            ),
+            "repair",
+        )
+        assert hung not in wait_state(cluster, gang, {"running"})["nodes"]
+    finally:
+        cluster.freeze_node(hung, signal.SIGCONT)
+    call("DELETE", f"{cluster.api_url}/v1/jobs/{gang}")
