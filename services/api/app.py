@@ -31,8 +31,11 @@ from rallypoint.jobs import (
     validate_spec,
 )
 from rallypoint.jobs.validate import check_json_depth
+from rallypoint.scheduling.queues import Queues
+from rallypoint.security.tokens import Principal, TokenStore
 from rallypoint.state import ClusterState, JobState, JobView
 
+from .auth import auth_middleware, forbidden, principal
 from .fold import FoldFollower, quarantine_metrics
 from .metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
 from .openapi import openapi_document
@@ -57,6 +60,8 @@ class ApiConfig:
     fold_wait_s: float = 2.0  # how long a write waits for the fold before answering anyway
     ready_wait_s: float = 5.0  # how long a request waits for the initial replay before 503
 
+    # the queue file the scheduler reads: each team's max_priority (None: every class for every team)
+    queues: Queues | None = None
 
 _json = msgspec.json.Encoder()
 
@@ -125,6 +130,11 @@ class Handlers:
             # CloudEvents binary mode: the attributes ride in ce-* headers and the body is the spec.
             key = key or request.headers.get("ce-id")
 
+        who = principal(request)
+        payload, refused = _team_from_token(payload, who)
+        if refused is not None:
+            self.submissions["forbidden"] += 1
+            return refused
         if (not_ready := await self._ready()) is not None:
             self.submissions["unavailable"] += 1
             return not_ready
@@ -135,12 +145,17 @@ class Handlers:
             self.submissions["invalid"] += 1
             return invalid_spec(err)
 
+        if (refusal := self._priority_refusal(who, spec)) is not None:
+            self.submissions["forbidden"] += 1
+            return forbidden(refusal, field="priority")
         existing = self.state.jobs.get(job_id)
         if existing is not None:
             return self._replayed(existing, spec, key)
 
         submitted_at = time.time()
-        event = JobSubmitted(job_id=job_id, spec=spec, submitted_at=submitted_at, idempotency_key=key)
+        event = JobSubmitted(
+            job_id=job_id, spec=spec, submitted_at=submitted_at, idempotency_key=key, submitted_by=who.user
+        )
         try:
             # Expected subject sequence 0: the server refuses a second JobSubmitted for this id.
             result = await self.log.append_ack(
@@ -194,6 +209,12 @@ class Handlers:
         )
 
     def _validate(self, payload: object) -> JobSpec:
+    def _priority_refusal(self, who: Principal, spec: JobSpec) -> str | None:
+        # An admin may submit above a team's ceiling (an operator's override, as a Slurm admin's QOS).
+        if who.admin or self.config.queues is None:
+            return None
+        return self.config.queues.priority_refusal(spec.team, spec.priority)
+
         # The fold keeps the largest node and the total current as events arrive: a submission costs the
         # same at 4 nodes and at 12,500. Until a node registers nothing is known about the cluster:
         # validate shapes only.
@@ -259,6 +280,8 @@ class Handlers:
         if job is None:
             return not_found("job", job_id)
         return json_response(render_job(job, queue_positions(self.state)))
+        if (refused := not_theirs(request, job)) is not None:
+            return refused
 
     async def list_jobs(self, request: web.Request) -> web.Response:
         if (not_ready := await self._ready()) is not None:
@@ -278,6 +301,12 @@ class Handlers:
                 )
         team = query.get("team") or None
         try:
+        who = principal(request)
+        if not who.admin:
+            # A team token lists its own team's jobs; asking for another team's is refused, not emptied.
+            if team is not None and team != who.team:
+                return forbidden(f"this token acts for team {who.team!r}, not {team!r}", field="team")
+            team = who.team
             limit = int(query.get("limit", DEFAULT_LIST_LIMIT))
             after = int(query.get("after", 0))
         except ValueError:
@@ -327,6 +356,8 @@ class Handlers:
         if job is None:
             return not_found("job", job_id)
         return json_response({**render_checkpoints(job), "seq": self.state.last_seq})
+        if (refused := not_theirs(request, job)) is not None:
+            return refused
 
     async def cancel_job(self, request: web.Request) -> web.Response:
         if (not_ready := await self._ready()) is not None:
@@ -335,6 +366,8 @@ class Handlers:
         if job is None:
             return not_found("job", job_id)
         if job.terminal:
+        if (refused := not_theirs(request, job)) is not None:
+            return refused
             return problem(
                 409,
                 "Job already finished",
@@ -342,9 +375,8 @@ class Handlers:
                 slug="job-terminal",
                 state=job.state,
             )
-        event = JobCancelRequested(
-            job_id=job_id, at=time.time(), requested_by=request.headers.get("X-Rally-User", "user")
-        )
+        # Who asked comes from the token: a header such as X-Rally-User is whatever the caller typed.
+        event = JobCancelRequested(job_id=job_id, at=time.time(), requested_by=principal(request).user)
         try:
             # One cancel per job: a second DELETE within the duplicate window is de-duplicated by the server.
             seq = await self.log.append(
@@ -401,6 +433,37 @@ class Handlers:
 
 
 def _unwrap_cloudevent(envelope: object) -> tuple[object, str]:
+def not_theirs(request: web.Request, job: JobView) -> web.Response | None:
+    """403 when the caller's token may not act for the job's team (None: it may).
+
+    403, not a 404 that would pretend the job does not exist: a job's existence is not secret here
+    (ids are opaque, and Slurm's squeue and Kueue's visibility API show other teams' queued jobs), and
+    "wrong token" is what a user holding two teams' tokens needs to hear. The owning team is not named.
+    """
+    who = principal(request)
+    if who.may_act_for(job.spec.team):
+        return None
+    return forbidden(f"job {job.job_id} belongs to another team; this token acts for team {who.team!r}")
+
+
+def _team_from_token(payload: object, who: Principal) -> tuple[object, web.Response | None]:
+    """The submission's team is the token's: filled in when absent, refused (403) when another.
+
+    An admin names the team in the body (it may submit for any). Anything but a JSON object is left for
+    the validator to refuse with its own message.
+    """
+    if who.admin or who.team is None or not isinstance(payload, dict):
+        return payload, None
+    team = payload.get("team")
+    if team is None:
+        return {**payload, "team": who.team}, None
+    if team != who.team:
+        return payload, forbidden(
+            f"this token acts for team {who.team!r}; it cannot submit for {team!r}", field="team"
+        )
+    return payload, None
+
+
     """Structured-mode CloudEvent -> (its data, its id). The required attributes must be present."""
     if not isinstance(envelope, dict):
         raise SpecError("body", "a CloudEvent must be a JSON object")
@@ -445,16 +508,25 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 
 def build_app(
-    log: EventLog, *, config: ApiConfig | None = None, follower: FoldFollower | None = None
+    log: EventLog,
+    *,
+    config: ApiConfig | None = None,
+    follower: FoldFollower | None = None,
+    auth: TokenStore | None = None,
 ) -> web.Application:
     """The application over ``log``; it starts following the log on startup and stops on cleanup.
 
-    The caller owns ``log`` (connects and closes it), so tests can hand in the fixture's log.
+    The caller owns ``log`` (connects and closes it), so tests can hand in the fixture's log. ``auth``:
+    the tokens callers must present (``services/api/auth.py``); None serves everyone as an anonymous
+    admin, for in-process tests only (`rally serve api` refuses to start without a token file).
     """
     config = config or ApiConfig()
     follower = follower or FoldFollower(log)
     handlers = Handlers(log, follower, config)
-    app = web.Application(middlewares=[problem_middleware])
+    # problem_middleware outermost, so a 401 and whatever a handler raises are problem+json alike.
+    app = web.Application(
+        middlewares=[problem_middleware, *([auth_middleware(auth)] if auth is not None else [])]
+    )
     app[FOLLOWER] = follower
     app[HANDLERS] = handlers
 

@@ -23,6 +23,8 @@ from rallypoint.jobs.validate import (
     MAX_TIME_LIMIT_S,
 )
 
+from .auth import with_security
+
 _JOB_STATES = ["pending", "bound", "running", "completed", "failed", "cancelled", "rejected"]
 
 
@@ -59,10 +61,15 @@ _SCHEMAS: dict[str, Any] = {
     "JobSpec": {
         "type": "object",
         "additionalProperties": False,
-        "required": ["name", "team", "gpus", "command"],
+        "required": ["name", "gpus", "command"],
         "properties": {
             "name": {"type": "string", "pattern": r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"},
-            "team": {"type": "string", "pattern": r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$"},
+            "team": {
+                "type": "string",
+                "pattern": r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$",
+                "description": "Default: the token's team; another team than the token's is a 403. "
+                "Required with an admin token.",
+            },
             "gpus": {"type": "integer", **_GPU_COUNT, "description": "Size of the gang: all or nothing."},
             "gpus_per_task": {
                 "type": "integer",
@@ -340,6 +347,10 @@ _REPLAYED = {
 
 
 def openapi_document() -> dict[str, Any]:
+    return with_security(_document())
+
+
+def _document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {

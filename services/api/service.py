@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+from pathlib import Path
 
 from aiohttp import web
 
 from rallypoint.jobs import DEFAULT_MAX_GPUS_PER_NODE
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.service import MainFn
+from rallypoint.scheduling.queues import Queues, QueuesError, load_queues
+from rallypoint.security.tokens import TokenStore
 
 from .app import ApiConfig, build_app
 from .fold import FoldFollower
@@ -30,17 +34,32 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_GPUS_PER_NODE,
         help="task size bound used until a node has registered (default %(default)s)",
     )
+    parser.add_argument(
+        "--tokens-file",
+        default=os.environ.get("RALLY_TOKENS_FILE"),
+        help="the API tokens (`rally tokens create`), re-read when it changes; required "
+        "(default $RALLY_TOKENS_FILE)",
+    )
+    parser.add_argument(
+        "--queues",
+        default=None,
+        help="the scheduler's queue file: each team's max_priority is enforced at submission",
+    )
     return parser
 
 
-def make_main(args: argparse.Namespace) -> MainFn:
+def make_main(args: argparse.Namespace, queues: Queues | None = None) -> MainFn:
     async def serve(ctx: ServiceContext) -> int:
         log = await ctx.event_log()
         config = ApiConfig(
-            source=f"rallypoint/api/{ctx.config.instance}", max_gpus_per_node=args.max_gpus_per_node
+            source=f"rallypoint/api/{ctx.config.instance}",
+            max_gpus_per_node=args.max_gpus_per_node,
+            queues=queues,
         )
         follower = FoldFollower(log, await ctx.snapshots())
-        runner = web.AppRunner(build_app(log, config=config, follower=follower), access_log=None)
+        auth = TokenStore(Path(args.tokens_file))
+        app = build_app(log, config=config, follower=follower, auth=auth)
+        runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         # Registered after the NATS connection, so it runs first on exit: stop HTTP, then drain NATS.
         ctx.stack.push_async_callback(runner.cleanup)
@@ -53,8 +72,18 @@ def make_main(args: argparse.Namespace) -> MainFn:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return run_service(make_main(args), ServiceConfig.from_args(SERVICE, args))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.tokens_file:
+        # Never serve without authentication: anyone could submit commands that run on the nodes.
+        parser.error(
+            "--tokens-file (or $RALLY_TOKENS_FILE) is required; create one with `rally tokens create`"
+        )
+    try:
+        queues = load_queues(args.queues) if args.queues else None
+    except QueuesError as exc:
+        parser.error(str(exc))
+    return run_service(make_main(args, queues), ServiceConfig.from_args(SERVICE, args))
 
 
 if __name__ == "__main__":

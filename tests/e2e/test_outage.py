@@ -31,7 +31,7 @@ from rallypoint.eventlog import EventLog
 from rallypoint.events import Event, JobAttemptFailed, JobFailed, JobInterrupted, NodeHeartbeatLost, NodeLost
 from rallypoint.infra import free_port
 from rallypoint.localcluster import LocalCluster
-from rallypoint.localcluster.http import call
+from rallypoint.localcluster.http import call, register_token
 
 pytestmark = pytest.mark.slow
 
@@ -209,6 +209,10 @@ def test_rally_up_brings_back_a_killed_nats_server_and_postgres_and_a_job_submit
         until(lambda: info_file.exists() or up.poll() is not None, "rally up is up", timeout=90)
         assert up.poll() is None, up.stdout.read() if up.stdout else ""
         info = json.loads(info_file.read_text())
+        # `rally up` runs in another process: its admin token is in the tokens file it wrote.
+        register_token(
+            info["api_url"], json.loads((tmp_path / ".rally" / "tokens.json").read_text())["admin"]
+        )
         nats_port = info["nats_url"].rsplit(":", 1)[1]
         pg_port = info["postgres_dsn"].rsplit(":", 1)[1].split("/")[0]
         servers = {

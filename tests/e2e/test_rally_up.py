@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rallypoint.infra import free_port
+from rallypoint.localcluster.http import call
 
 pytestmark = pytest.mark.slow
 
@@ -51,6 +52,7 @@ def test_ctrl_c_stops_every_process_rally_up_started(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "rally up did not come up"
             time.sleep(0.3)
         info = json.loads(info_file.read_text())
+        _check_tokens(tmp_path / ".rally" / "tokens.json", info["api_url"])
         nats_port = info["nats_url"].rsplit(":", 1)[1]
         pg_port = info["postgres_dsn"].rsplit(":", 1)[1].split("/")[0]
         needles = (str(tmp_path), f"--port {nats_port}", f"-p {pg_port}")
@@ -62,3 +64,15 @@ def test_ctrl_c_stops_every_process_rally_up_started(tmp_path: Path) -> None:
     time.sleep(1.0)
     assert _processes_mentioning(*needles) == []
     assert not info_file.exists(), "rally up removes its cluster file on the way out"
+    assert not (tmp_path / ".rally" / "tokens.json").exists(), "and its tokens"
+
+
+def _check_tokens(path: Path, api_url: str) -> None:
+    """An admin token and one per default team, owner-only; the API takes them and nothing else."""
+    assert path.stat().st_mode & 0o777 == 0o600
+    tokens = json.loads(path.read_text())
+    assert set(tokens["teams"]) >= {"demo", "nlp"}
+    assert call("GET", f"{api_url}/v1/jobs", token="")[0] == 401
+    assert call("GET", f"{api_url}/v1/jobs", token=tokens["admin"])[0] == 200
+    nlp = tokens["teams"]["nlp"]
+    assert call("GET", f"{api_url}/v1/jobs?team=demo", token=nlp)[0] == 403

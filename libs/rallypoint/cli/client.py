@@ -18,7 +18,9 @@ from typing import Any
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 API_URL_ENV = "RALLY_API_URL"
+TOKEN_ENV = "RALLY_TOKEN"
 CLUSTER_FILE = Path(".rally") / "cluster.json"  # written by `rally up` in the directory it runs in
+TOKENS_FILE = Path(".rally") / "tokens.json"  # the local cluster's tokens, also written by `rally up`
 DEFAULT_TIMEOUT_S = 10.0
 
 
@@ -40,6 +42,21 @@ def resolve_api_url(
     if isinstance(url, str) and url:
         return url.rstrip("/")
     return DEFAULT_API_URL
+
+
+def resolve_token(*, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> str | None:
+    """$RALLY_TOKEN, else the admin token of the local cluster started in this folder, else none.
+
+    No ``--token`` flag on purpose: a flag lands in shell history and in ``ps`` for every user to read.
+    """
+    environ = os.environ if env is None else env
+    if environ.get(TOKEN_ENV):
+        return environ[TOKEN_ENV].strip()
+    try:
+        admin = json.loads(((cwd or Path.cwd()) / TOKENS_FILE).read_text()).get("admin")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return admin if isinstance(admin, str) and admin else None
 
 
 class ApiError(Exception):
@@ -86,9 +103,13 @@ class Response:
 
 
 class ApiClient:
-    def __init__(self, base_url: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, base_url: str, *, timeout: float = DEFAULT_TIMEOUT_S, token: str | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        # Resolved here, so every command (present and future) authenticates the same way.
+        self.token = token if token is not None else resolve_token()
 
     def request(
         self,
@@ -108,6 +129,8 @@ class ApiClient:
         req.add_header("Accept", "application/json, application/problem+json")
         if data is not None:
             req.add_header("Content-Type", "application/json")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
         for name, value in (headers or {}).items():
             req.add_header(name, value)
         try:

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from rallypoint.cli.client import TOKENS_FILE
 from rallypoint.cli.clusterinfo import CLUSTER_FILE
 
 
@@ -34,6 +35,7 @@ def _up(args: argparse.Namespace) -> int:
         nats_url=args.nats_url,
         postgres_dsn=args.postgres_dsn,
         api_port=args.api_port,
+        queues=Path(args.queues) if args.queues else None,
     )
     # Ctrl-C and SIGTERM both stop everything `rally up` started. SIGINT is installed explicitly too: a
     # process started in the background by a script inherits SIGINT as ignored, and Python then keeps it so.
@@ -41,13 +43,18 @@ def _up(args: argparse.Namespace) -> int:
         signal.signal(signum, _interrupt)
     try:
         cluster.start()
+        # Tokens first: whoever waits for the cluster file finds the tokens beside it.
+        cluster.write_tokens(TOKENS_FILE)
         cluster.write_info(CLUSTER_FILE)
         print(f"rallypoint is up: {args.nodes} nodes x {args.gpus_per_node} GPUs in {cluster.racks} racks")
         print(f"  API   {cluster.api_url}   (rally jobs, rally submit --gpus 2 -- python train.py)")
         print(f"  NATS  {cluster.nats_url}")
         if cluster.with_projector:
             print(f"  SQL   {cluster.postgres_dsn}")
-        print(f"  logs  {workdir.resolve() / 'logs'}\nCtrl-C stops everything.")
+        print(f"  logs  {workdir.resolve() / 'logs'}")
+        teams = ", ".join(cluster.teams)
+        print(f"  tokens {TOKENS_FILE} (admin; teams {teams}): `rally` here uses the admin one")
+        print("Ctrl-C stops everything.")
         while True:
             # nats-server and PostgreSQL too: a dead one comes back on its port and data, never defunct
             for name in cluster.supervise():
@@ -62,6 +69,7 @@ def _up(args: argparse.Namespace) -> int:
     finally:
         cluster.stop()
         CLUSTER_FILE.unlink(missing_ok=True)
+        TOKENS_FILE.unlink(missing_ok=True)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -85,6 +93,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--postgres-dsn", default=None, help="use this PostgreSQL instead of an embedded one")
     up.add_argument("--api-port", type=int, default=8080, help="HTTP port of the API (default 8080)")
     up.add_argument("--data-dir", default=".rally/local", help="where servers keep state and logs")
+    up.add_argument(
+        "--queues", default=None, help="queue file for the scheduler and the API; its teams get tokens"
+    )
     up.set_defaults(func=_up)
     demo = subparsers.add_parser("demo", help="start a local cluster, run a mixed batch of jobs, summarize")
     _add_shape(demo)

@@ -97,7 +97,11 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="processes per task (default: one per GPU)",
     )
-    submit.add_argument("--team", default=os.environ.get("RALLY_TEAM"), help="team (default $RALLY_TEAM)")
+    submit.add_argument(
+        "--team",
+        default=os.environ.get("RALLY_TEAM"),
+        help="team (default $RALLY_TEAM, else the token's team)",
+    )
     submit.add_argument(
         "--priority", choices=PRIORITY_CLASSES, help="priority class (default training-standard)"
     )
@@ -187,12 +191,10 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    body: dict[str, Any] = {
-        "name": args.name or default_name(command),
-        "team": args.team,
-        "gpus": args.gpus,
-        "command": command,
-    }
+    body: dict[str, Any] = {"name": args.name or default_name(command), "gpus": args.gpus, "command": command}
+    if args.team:
+        # Without one the API takes the token's team (an admin token must name one).
+        body["team"] = args.team
     optional = {
         "gpus_per_task": args.gpus_per_task,
         "ranks_per_task": args.ranks_per_task,
@@ -213,8 +215,6 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
 
 def _precheck(body: dict[str, Any]) -> str | None:
     """Catch what needs no cluster knowledge before a round trip; sizes are the API's to judge."""
-    if not body.get("team"):
-        return "error: team: is required (pass --team or set RALLY_TEAM)"
     if not body["command"]:
         return "error: command: is required, after `--` (rally submit --gpus 8 -- python train.py)"
     try:

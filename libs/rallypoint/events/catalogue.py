@@ -80,6 +80,8 @@ class JobSubmitted(_Event, tag="JobSubmitted.v1", frozen=True, kw_only=True):
     spec: JobSpec
     submitted_at: float
     idempotency_key: str | None = None
+    #: the user of the API token that submitted it (None: written before the API authenticated callers)
+    submitted_by: str | None = None
 
 
 class JobRejected(_Event, tag="JobRejected.v1", frozen=True, kw_only=True):

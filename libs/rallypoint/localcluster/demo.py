@@ -47,7 +47,7 @@ BATCH: tuple[DemoJob, ...] = (
 )
 
 
-def _submit(api: str, job: DemoJob, probe_dir: Path) -> str:
+def _submit(api: str, job: DemoJob, probe_dir: Path, token: str) -> str:
     command = [
         sys.executable,
         "-m",
@@ -59,15 +59,16 @@ def _submit(api: str, job: DemoJob, probe_dir: Path) -> str:
         "--exit",
         str(job.exit_code),
     ]
+    # No "team": the demo team's token says which team it is.
     body = {
         "name": job.name,
-        "team": "demo",
         "gpus": job.gpus,
         "gpus_per_task": job.per_task,
         "ranks_per_task": job.per_task,
         "command": command,
     }
-    status, answer = call("POST", f"{api}/v1/jobs", body, headers={"Idempotency-Key": f"demo-{job.name}"})
+    key = {"Idempotency-Key": f"demo-{job.name}"}
+    status, answer = call("POST", f"{api}/v1/jobs", body, headers=key, token=token)
     if status != 202:
         raise RuntimeError(f"submitting {job.name} failed: {status} {answer}")
     return str(answer["job_id"])
@@ -94,7 +95,8 @@ def run_demo(nodes: int, gpus_per_node: int, racks: int, *, timeout: float = 180
         elapsed = time.monotonic() - started
         print(f"cluster up in {elapsed:.1f} s: API {cluster.api_url}, NATS {cluster.nats_url}")
         api = cluster.api_url
-        ids = {job.name: _submit(api, job, probe_dir) for job in BATCH}
+        token = cluster.token_for("demo")  # the batch runs as team demo, as a user would
+        ids = {job.name: _submit(api, job, probe_dir, token) for job in BATCH}
         print(f"submitted {len(ids)} jobs")
         cancelled = False
         deadline = time.monotonic() + timeout
@@ -102,12 +104,12 @@ def run_demo(nodes: int, gpus_per_node: int, racks: int, *, timeout: float = 180
         views: dict[str, dict[str, Any]] = {}
         while time.monotonic() < deadline:
             for name, job_id in ids.items():
-                status, view = call("GET", f"{api}/v1/jobs/{job_id}")
+                status, view = call("GET", f"{api}/v1/jobs/{job_id}", token=token)
                 if status == 200:
                     views[name] = view
             canceller = views.get("sweep-cancel")
             if not cancelled and canceller is not None and canceller["state"] == "running":
-                status, _ = call("DELETE", f"{api}/v1/jobs/{ids['sweep-cancel']}")
+                status, _ = call("DELETE", f"{api}/v1/jobs/{ids['sweep-cancel']}", token=token)
                 cancelled = status == 202
                 print("cancel requested for sweep-cancel")
             render = _table([views[j.name] for j in BATCH if j.name in views])

@@ -26,6 +26,8 @@ from rallypoint.eventlog import EventLog
 from rallypoint.events import JobSpec, JobSubmitted, subjects
 from rallypoint.events.codec import encode
 
+from .http import auth_headers
+
 SCRATCH_STREAM = "RALLYBENCH"
 
 
@@ -55,9 +57,20 @@ def spec_body(name: str, gpus: int, seconds: float) -> dict[str, Any]:
 
 
 async def submit_http(
-    api_url: str, count: int, *, concurrency: int, body: dict[str, Any], prefix: str, time_limit_s: float
+    api_url: str,
+    count: int,
+    *,
+    concurrency: int,
+    body: dict[str, Any],
+    prefix: str,
+    time_limit_s: float,
+    token: str | None = None,
 ) -> tuple[list[Submitted], float, int]:
-    """(accepted submissions, seconds taken, refused or failed) for ``count`` jobs or ``time_limit_s``."""
+    """(accepted submissions, seconds taken, refused or failed) for ``count`` jobs or ``time_limit_s``.
+
+    ``token``: the bearer token to submit with (default: the one the cluster at ``api_url`` registered).
+    """
+    auth = auth_headers(api_url, token)
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(count):
         queue.put_nowait(i)
@@ -70,7 +83,7 @@ async def submit_http(
         while not queue.empty() and time.monotonic() < deadline:
             i = queue.get_nowait()
             sent, t0 = time.time(), time.perf_counter()
-            headers = {"Idempotency-Key": f"{prefix}-{i}"}
+            headers = {**auth, "Idempotency-Key": f"{prefix}-{i}"}
             try:
                 async with session.post(f"{api_url}/v1/jobs", json=body, headers=headers) as response:
                     answer = await response.json()

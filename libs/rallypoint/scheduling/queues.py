@@ -9,11 +9,13 @@
     default_priority: training-standard
     cohorts: [{name: all}]
     teams:
-      - {name: nlp, cohort: all, nominal: 64, borrowing_limit: 128, weight: 2}
+      - {name: nlp, cohort: all, nominal: 64, borrowing_limit: 128, weight: 2, max_priority: training-high}
 
 ``nominal`` is the team's guaranteed GPUs; ``borrowing_limit`` caps how many GPUs above nominal it may borrow
 from idle quota in its cohort (None: unlimited); ``lending_limit`` how many of its nominal GPUs others may
-borrow; ``weight`` its fair-share weight. A job whose team is not listed lands in a team with nominal 0.
+borrow; ``weight`` its fair-share weight; ``max_priority`` the most important class its jobs may ask for
+(None: every class), which the API enforces at submission as Slurm's per-account QOS list does. A job
+whose team is not listed lands in a team with nominal 0 and no priority ceiling.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import msgspec
 
 from rallypoint.configfile import read_structured
+from rallypoint.core.types import DEFAULT_PRIORITY_CLASSES
 
 
 class QueuesError(ValueError):
@@ -47,6 +50,7 @@ class Team(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     borrowing_limit: int | None = None
     lending_limit: int | None = None
     weight: float = 1.0
+    max_priority: str | None = None
 
 
 class Queues(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -73,6 +77,24 @@ class Queues(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     def class_of(self, name: str | None) -> str:
         return name or self.default_priority
 
+    def class_values(self) -> dict[str, int]:
+        classes = self.priority_classes if self.priority_classes is not None else DEFAULT_PRIORITY_CLASSES
+        return {c.name: c.value for c in classes}
+
+    def priority_refusal(self, team: str, priority: str) -> str | None:
+        """Why ``team`` may not submit at ``priority`` (None: it may): above its ``max_priority``."""
+        ceiling = self.team(team).max_priority
+        if ceiling is None:
+            return None
+        values = self.class_values()
+        if values.get(priority, 0) <= values[ceiling]:
+            return None
+        allowed = sorted((n for n, v in values.items() if v <= values[ceiling]), key=lambda n: -values[n])
+        return (
+            f"team {team!r} may submit at priority {ceiling!r} or below ({', '.join(allowed)}); "
+            f"{priority!r} is above it"
+        )
+
 
 def validate_queues(q: Queues) -> None:
     names = [t.name for t in q.teams]
@@ -86,9 +108,12 @@ def validate_queues(q: Queues) -> None:
     if classes and q.default_priority not in classes:
         raise QueuesError(f"default_priority {q.default_priority!r} is not a priority class")
     known = {c.name for c in q.cohorts} | {"default"}
+    class_names = q.class_values()
     for t in q.teams:
         if q.cohorts and t.cohort not in known:
             raise QueuesError(f"team {t.name}: unknown cohort {t.cohort!r}")
+        if t.max_priority is not None and t.max_priority not in class_names:
+            raise QueuesError(f"team {t.name}: max_priority {t.max_priority!r} is not a priority class")
 
 
 def queues_from_obj(obj: Any, source: str = "<queues>") -> Queues:
