@@ -59,9 +59,9 @@ class ApiConfig:
     max_gpus_per_node: int = DEFAULT_MAX_GPUS_PER_NODE  # used until a node has registered
     fold_wait_s: float = 2.0  # how long a write waits for the fold before answering anyway
     ready_wait_s: float = 5.0  # how long a request waits for the initial replay before 503
-
     # the queue file the scheduler reads: each team's max_priority (None: every class for every team)
     queues: Queues | None = None
+
 
 _json = msgspec.json.Encoder()
 
@@ -129,12 +129,12 @@ class Handlers:
             payload = decoded
             # CloudEvents binary mode: the attributes ride in ce-* headers and the body is the spec.
             key = key or request.headers.get("ce-id")
-
         who = principal(request)
         payload, refused = _team_from_token(payload, who)
         if refused is not None:
             self.submissions["forbidden"] += 1
             return refused
+
         if (not_ready := await self._ready()) is not None:
             self.submissions["unavailable"] += 1
             return not_ready
@@ -144,10 +144,10 @@ class Handlers:
         except SpecError as err:
             self.submissions["invalid"] += 1
             return invalid_spec(err)
-
         if (refusal := self._priority_refusal(who, spec)) is not None:
             self.submissions["forbidden"] += 1
             return forbidden(refusal, field="priority")
+
         existing = self.state.jobs.get(job_id)
         if existing is not None:
             return self._replayed(existing, spec, key)
@@ -208,13 +208,13 @@ class Handlers:
             seq=seq,
         )
 
-    def _validate(self, payload: object) -> JobSpec:
     def _priority_refusal(self, who: Principal, spec: JobSpec) -> str | None:
         # An admin may submit above a team's ceiling (an operator's override, as a Slurm admin's QOS).
         if who.admin or self.config.queues is None:
             return None
         return self.config.queues.priority_refusal(spec.team, spec.priority)
 
+    def _validate(self, payload: object) -> JobSpec:
         # The fold keeps the largest node and the total current as events arrive: a submission costs the
         # same at 4 nodes and at 12,500. Until a node registers nothing is known about the cluster:
         # validate shapes only.
@@ -279,9 +279,9 @@ class Handlers:
         job_id, job = self._lookup(request)
         if job is None:
             return not_found("job", job_id)
-        return json_response(render_job(job, queue_positions(self.state)))
         if (refused := not_theirs(request, job)) is not None:
             return refused
+        return json_response(render_job(job, queue_positions(self.state)))
 
     async def list_jobs(self, request: web.Request) -> web.Response:
         if (not_ready := await self._ready()) is not None:
@@ -300,13 +300,13 @@ class Handlers:
                     field="state",
                 )
         team = query.get("team") or None
-        try:
         who = principal(request)
         if not who.admin:
             # A team token lists its own team's jobs; asking for another team's is refused, not emptied.
             if team is not None and team != who.team:
                 return forbidden(f"this token acts for team {who.team!r}, not {team!r}", field="team")
             team = who.team
+        try:
             limit = int(query.get("limit", DEFAULT_LIST_LIMIT))
             after = int(query.get("after", 0))
         except ValueError:
@@ -355,9 +355,9 @@ class Handlers:
         job_id, job = self._lookup(request)
         if job is None:
             return not_found("job", job_id)
-        return json_response({**render_checkpoints(job), "seq": self.state.last_seq})
         if (refused := not_theirs(request, job)) is not None:
             return refused
+        return json_response({**render_checkpoints(job), "seq": self.state.last_seq})
 
     async def cancel_job(self, request: web.Request) -> web.Response:
         if (not_ready := await self._ready()) is not None:
@@ -365,9 +365,9 @@ class Handlers:
         job_id, job = self._lookup(request)
         if job is None:
             return not_found("job", job_id)
-        if job.terminal:
         if (refused := not_theirs(request, job)) is not None:
             return refused
+        if job.terminal:
             return problem(
                 409,
                 "Job already finished",
@@ -432,7 +432,6 @@ class Handlers:
         return json_response(openapi_document())
 
 
-def _unwrap_cloudevent(envelope: object) -> tuple[object, str]:
 def not_theirs(request: web.Request, job: JobView) -> web.Response | None:
     """403 when the caller's token may not act for the job's team (None: it may).
 
@@ -464,6 +463,7 @@ def _team_from_token(payload: object, who: Principal) -> tuple[object, web.Respo
     return payload, None
 
 
+def _unwrap_cloudevent(envelope: object) -> tuple[object, str]:
     """Structured-mode CloudEvent -> (its data, its id). The required attributes must be present."""
     if not isinstance(envelope, dict):
         raise SpecError("body", "a CloudEvent must be a JSON object")

@@ -219,7 +219,8 @@ def _precheck(body: dict[str, Any]) -> str | None:
         return "error: command: is required, after `--` (rally submit --gpus 8 -- python train.py)"
     try:
         # Any node size passes here: the API knows the real one and fills gpus_per_task from it.
-        validate_spec(body, max_gpus_per_node=max(int(body["gpus"]), 1))
+        # A stand-in team when none is given: the API fills in the token's.
+        validate_spec({"team": "x", **body}, max_gpus_per_node=max(int(body["gpus"]), 1))
     except SpecError as err:
         if err.field not in {"gpus_per_task", "ranks_per_task", "min_gpus", "max_gpus", "gpu_step"}:
             return f"error: {err.field}: {err.detail}"
