@@ -83,6 +83,8 @@ class ClusterInfo(msgspec.Struct, kw_only=True):
     postgres_dsn: str
     workdir: str
     pid: int
+    #: service instance -> its Prometheus endpoint (docs/observability.md)
+    metrics_urls: dict[str, str] = {}
     tokens_file: str = ""  # the API's token file, which `rally tokens` edits
 
 
@@ -356,6 +358,13 @@ class LocalCluster:
             restarted.append(name)
         return restarted
 
+    def metrics_urls(self) -> dict[str, str]:
+        """Every service's /metrics: the API's own port, the others' health ports."""
+        urls = {"api": f"{self.api_url}/metrics"}
+        for name, port in sorted(self.health_ports.items()):
+            urls[name] = f"http://127.0.0.1:{port}/metrics"
+        return urls
+
     def health(self, name: str, path: str = "/readyz") -> tuple[int, Any]:
         """A service's health answer (status code, body); (0, {}) when it does not answer."""
         try:
@@ -396,6 +405,7 @@ class LocalCluster:
             workdir=str(self.workdir),
             pid=os.getpid(),
             tokens_file=str(self.tokens_file),
+            metrics_urls=self.metrics_urls(),
         )
         path.write_bytes(msgspec.json.format(msgspec.json.encode(info)))
 
