@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cpu-milli", type=int, default=None, help="CPU to register (default: this host's)")
     parser.add_argument("--memory-mib", type=int, default=None, help="RAM to register (default: this host's)")
     parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between heartbeats")
+    parser.add_argument(
+        "--run-as",
+        default=env.get("RALLY_RANK_USER"),
+        help="when the agent is root, run ranks as this user (env RALLY_RANK_USER; default: its own)",
+    )
     return parser
 
 
@@ -97,7 +102,9 @@ async def agent_main(ctx: ServiceContext, args: argparse.Namespace) -> int:
     work_dir = Path(args.work_dir or Path(".rally") / "agent" / args.node_id)
     # This process spawns nothing but rank wrappers, and in its container it is PID 1, the parent of
     # every orphan: reap those too (issue 15: defunct processes piling up under the agent).
-    launcher = await asyncio.to_thread(partial(RankLauncher, work_dir, reap_orphans=True))
+    launcher = await asyncio.to_thread(
+        partial(RankLauncher, work_dir, reap_orphans=True, run_as=args.run_as if os.geteuid() == 0 else None)
+    )
     # Waits for the NATS server if it is not up yet: a node agent may boot before it.
     log = await ctx.event_log()
     config = AgentConfig(

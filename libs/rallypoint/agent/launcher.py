@@ -113,8 +113,11 @@ class RankLauncher:
         clock: Callable[[], float] = time.time,
         base_env: dict[str, str] | None = None,
         reap_orphans: bool = False,
+        run_as: str | None = None,
     ) -> None:
         self.work_dir = Path(work_dir)
+        # the user ranks run as when this process is root (rankuser); None: this process's own user
+        self._run_as = run_as
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self._python = python
         self._clock = clock
@@ -308,6 +311,7 @@ class RankLauncher:
             str(record.directory),
             "--rank",
             str(record.rank),
+            *(["--user", self._run_as] if self._run_as else []),
             "--",
             *command,
         ]

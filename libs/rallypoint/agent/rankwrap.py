@@ -9,6 +9,9 @@ One wrapper per rank, started by the agent in a session of its own so the rank s
 3. records both pids with their kernel start times in ``rank-<r>.pid``;
 4. waits, and writes the exit code once, atomically, to ``rank-<r>.exit`` (see ``workdir`` for codes).
 
+With ``--user`` (the agent runs as root; ``rankuser``) the command runs as that user, and the wrapper
+stays root to keep its records. The rank's report file is created first and handed to that user.
+
 The wrapper is a child subreaper: a process the rank started and then abandoned (a double-forked
 helper, the children of a shell that exited) is re-parented to the wrapper rather than to PID 1 -
 which in the agent's container is the agent - and the wrapper reaps it while it waits for the rank.
@@ -34,8 +37,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
-from rallypoint.agent import workdir
+from rallypoint.agent import rankuser, workdir
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -91,7 +95,21 @@ def _finish(directory: Path, rank: int, exit_code: int) -> None:
     )
 
 
-def run(directory: Path, rank: int, command: list[str]) -> int:
+def _as_user(user: str | None) -> dict[str, Any]:
+    """Popen arguments that start the rank as ``user`` (none: as the wrapper's own user)."""
+    if user is None:
+        return {}
+    uid, gid, env = rankuser.drop_to(user)
+    report = os.environ.get("RALLY_REPORT_FILE")
+    if report:
+        # The training client appends to it; the folder is root's, so the file must exist and be theirs.
+        Path(report).touch()
+        os.chown(report, uid, gid)
+    # setgroups, setgid, setuid happen before preexec_fn, so the parent-death signal set there survives.
+    return {"user": uid, "group": gid, "extra_groups": [], "env": {**os.environ, **env}}
+
+
+def run(directory: Path, rank: int, command: list[str], *, user: str | None = None) -> int:
     exit_path = workdir.rank_file(directory, rank, "exit")
     if exit_path.exists():
         print(f"rankwrap: rank {rank} already has an exit record; not starting", file=sys.stderr)
@@ -122,6 +140,7 @@ def run(directory: Path, rank: int, command: list[str]) -> int:
             process_group=0,
             preexec_fn=_pdeathsig(os.getpid()),
             close_fds=True,
+            **_as_user(user),
         )
     except FileNotFoundError as exc:
         print(f"rankwrap: cannot start rank {rank}: {exc}", file=sys.stderr)
@@ -158,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rankwrap", description=__doc__.splitlines()[0])
     parser.add_argument("--dir", required=True, type=Path, help="the attempt directory")
     parser.add_argument("--rank", required=True, type=int)
+    parser.add_argument("--user", default=None, help="run the command as this user (the wrapper is root)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
     args = parser.parse_args(argv)
     command = list(args.command)
@@ -165,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         command = command[1:]
     if not command:
         parser.error("no command given")
-    return run(args.dir, args.rank, command)
+    return run(args.dir, args.rank, command, user=args.user)
 
 
 if __name__ == "__main__":

@@ -85,13 +85,15 @@ def _table(jobs: list[dict[str, Any]]) -> str:
 
 def run_demo(nodes: int, gpus_per_node: int, racks: int, *, timeout: float = 180.0) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="rally-demo-"))
-    probe_dir = workdir / "ranks"
+    # Enterable (not listable) by others: ranks run as an unprivileged user when we are root.
+    workdir.chmod(0o711)
     shape = f"{nodes} nodes x {gpus_per_node} GPUs in {racks} racks"
     print(f"starting a local cluster: {shape} (state in {workdir})")
     cluster = LocalCluster(workdir, nodes=nodes, gpus_per_node=gpus_per_node, racks=racks)
     started = time.monotonic()
     try:
         cluster.start()
+        probe_dir = cluster.give_to_ranks(workdir / "ranks")
         elapsed = time.monotonic() - started
         print(f"cluster up in {elapsed:.1f} s: API {cluster.api_url}, NATS {cluster.nats_url}")
         api = cluster.api_url

@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from rallypoint.agent import workdir
+from rallypoint.agent.rankuser import give_to, usable_rank_user
 from rallypoint.infra import ManagedProcess, NatsServer, PostgresServer, ServerStartError, free_port
 from rallypoint.scheduling.queues import load_queues
 from rallypoint.security import ADMIN, agent_user
@@ -138,6 +139,8 @@ class LocalCluster:
         )
         self.admin_token = ""
         self.team_tokens: dict[str, str] = {}
+        # the unprivileged user ranks run as when we are root (chosen at start); None: our own user
+        self.rank_user: str | None = None
 
     # -- addresses --------------------------------------------------------------------------------
 
@@ -226,6 +229,8 @@ class LocalCluster:
             self.start_service(name, name, extra)
         for instance in SCHEDULERS:
             self.start_service(instance, "scheduler", ["--instance", instance])
+        if self.agent_nodes():
+            self._choose_rank_user()
         for index, node_id in enumerate(self.agent_nodes()):
             self.start_service(f"agent-{node_id}", "agent", self._agent_args(index, node_id))
         self.wait_ready(timeout=timeout)
@@ -245,6 +250,21 @@ class LocalCluster:
         # In a thread: start() may run inside an event loop (an async test), where asyncio.run cannot.
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             pool.submit(asyncio.run, setup()).result()
+
+    def _choose_rank_user(self) -> None:
+        """Ranks run as an unprivileged user when we are root and it can run them (``rankuser``)."""
+        self.rank_user = usable_rank_user(self.workdir)
+        if self.rank_user is not None:
+            self.give_to_ranks(self.checkpoint_root)
+            _log.info("ranks run as %s", self.rank_user)
+
+    def give_to_ranks(self, path: Path) -> Path:
+        """Create ``path`` and let the ranks write in it (they may run as another user than ours)."""
+        if self.rank_user is None:
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            give_to(path, self.rank_user)
+        return path
 
     def _make_tokens(self) -> None:
         """Fresh tokens for this run (as the NATS passwords are): one admin, one per team.
@@ -285,6 +305,7 @@ class LocalCluster:
             "127.0.0.1",
             "--work-dir",
             str(self.workdir / "agents" / node_id),
+            *(["--run-as", self.rank_user] if self.rank_user else []),
         ]
 
     def start_service(self, name: str, service: str, extra: Sequence[str] = ()) -> ManagedProcess:

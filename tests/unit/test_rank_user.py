@@ -1,0 +1,111 @@
+"""Ranks never run as root when an unprivileged user can run them (issue 18, item 1)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rallypoint.agent import RankExit, RankLauncher
+from rallypoint.agent.rankuser import give_to, usable_rank_user
+from rallypoint.protocol import LaunchTask, RankSpec
+
+
+def _nobody() -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwnam("nobody")
+    except KeyError:
+        return None
+
+
+NOBODY = _nobody()
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or NOBODY is None, reason="dropping privileges needs root and a 'nobody' user"
+)
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A folder another user may enter (pytest's own tmp folders are 0700 under root)."""
+    path = Path(tempfile.mkdtemp(prefix="rally-rankuser-"))
+    path.chmod(0o711)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _task(command: list[str]) -> LaunchTask:
+    return LaunchTask(
+        job_id="j-user",
+        attempt=0,
+        node_id="node-1",
+        node_rank=0,
+        world_size=1,
+        local_world_size=1,
+        master_addr="127.0.0.1",
+        master_port=23456,
+        ranks=(RankSpec(rank=0, local_rank=0, gpus=(0,)),),
+        command=tuple(command),
+        env={},
+    )
+
+
+def _wait_exit(launcher: RankLauncher, timeout: float = 15.0) -> RankExit:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        exits = launcher.poll()
+        if exits:
+            return exits[0]
+        time.sleep(0.05)
+    raise AssertionError("the rank did not exit")
+
+
+@needs_root
+def test_rank_runs_as_the_unprivileged_user_and_owns_its_report_file(open_dir: Path) -> None:
+    assert NOBODY is not None
+    launcher = RankLauncher(open_dir / "agent", run_as="nobody")
+    launcher.launch(_task(["/bin/sh", "-c", 'id -u; echo "$HOME"; echo report >> "$RALLY_REPORT_FILE"']))
+    exit = _wait_exit(launcher)
+    assert exit.exit_code == 0
+    out = launcher.log_path("j-user", 0, 0).read_text().split()
+    assert out[:2] == [str(NOBODY.pw_uid), NOBODY.pw_dir]
+    report = next((open_dir / "agent" / "j-user" / "0").glob("rank-0.report*"))
+    assert report.stat().st_uid == NOBODY.pw_uid and "report" in report.read_text()
+    # The wrapper kept root: its exit record is there, written by root.
+    assert next((open_dir / "agent" / "j-user" / "0").glob("rank-0.exit")).stat().st_uid == 0
+
+
+@needs_root
+def test_without_run_as_the_rank_keeps_the_agents_user(open_dir: Path) -> None:
+    launcher = RankLauncher(open_dir / "agent")
+    launcher.launch(_task(["id", "-u"]))
+    assert _wait_exit(launcher).exit_code == 0
+    assert launcher.log_path("j-user", 0, 0).read_text().split()[0] == "0"
+
+
+@needs_root
+def test_a_user_that_cannot_run_the_interpreter_is_not_chosen(open_dir: Path, tmp_path: Path) -> None:
+    # pytest's tmp_path is 0700 root: nobody cannot enter it.
+    assert usable_rank_user(tmp_path) is None
+    system_python = shutil.which("python3", path="/usr/bin:/bin")
+    if system_python is not None:
+        assert usable_rank_user(open_dir, python=system_python) == "nobody"
+
+
+@needs_root
+def test_give_to_hands_a_folder_to_the_user(open_dir: Path) -> None:
+    assert NOBODY is not None
+    give_to(open_dir / "checkpoints", "nobody")
+    assert (open_dir / "checkpoints").stat().st_uid == NOBODY.pw_uid
+
+
+def test_not_root_means_no_drop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert usable_rank_user(tmp_path) is None
