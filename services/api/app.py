@@ -40,6 +40,7 @@ from .fold import FoldFollower, quarantine_metrics
 from .metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
 from .openapi import openapi_document
 from .problems import PROBLEM_JSON, invalid_spec, not_found, problem, unavailable, unparseable
+from .traced import trace_middleware
 from .views import job_links, queue_positions, render_checkpoints, render_job, render_node
 
 _log = logging.getLogger("rallypoint.api")
@@ -525,7 +526,11 @@ def build_app(
     handlers = Handlers(log, follower, config)
     # problem_middleware outermost, so a 401 and whatever a handler raises are problem+json alike.
     app = web.Application(
-        middlewares=[problem_middleware, *([auth_middleware(auth)] if auth is not None else [])]
+        middlewares=[
+            trace_middleware,  # outermost: the request's span covers the problem answers too
+            problem_middleware,
+            *([auth_middleware(auth)] if auth is not None else []),
+        ]
     )
     app[FOLLOWER] = follower
     app[HANDLERS] = handlers

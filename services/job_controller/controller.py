@@ -39,6 +39,7 @@ from rallypoint.control import (
 from rallypoint.eventlog import EventLog, EventLogError
 from rallypoint.events import Event, subjects
 from rallypoint.observability.instruments import JOB_CONTROLLER_ACTIONS
+from rallypoint.observability.tracing import span, trace_headers
 from rallypoint.protocol import KillReply, KillTask, LaunchReply, LaunchTask, StatusReply
 from rallypoint.runtime.follower import Changes, Follower
 from rallypoint.state import ClusterState
@@ -167,8 +168,11 @@ class JobController:
             for action in actions:
                 JOB_CONTROLLER_ACTIONS.labels(action=type(action).__name__.lower()).inc()
                 if isinstance(action, Launch):
-                    if await self._launch(action):
-                        await self._append(job_id, action.then)
+                    # The launch joins the job's trace; its requests carry the context on to the agents.
+                    parent = self.follower.traces.context(job_id)
+                    with span("launch", parent, attributes={"rally.job_id": job_id}):
+                        if await self._launch(action):
+                            await self._append(job_id, action.then)
                 elif isinstance(action, Kill):
                     await self._kill(action)
                     if action.await_ranks:
@@ -215,7 +219,9 @@ class JobController:
 
     async def _request(self, subject: str, payload: msgspec.Struct) -> bytes | None:
         try:
-            reply = await self.nc.request(subject, msgspec.json.encode(payload), timeout=self.command_timeout)
+            data = msgspec.json.encode(payload)
+            headers = trace_headers() or None
+            reply = await self.nc.request(subject, data, timeout=self.command_timeout, headers=headers)
         except (NatsTimeout, NoRespondersError, TimeoutError):
             return None
         return reply.data

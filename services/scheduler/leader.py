@@ -96,7 +96,7 @@ class SchedulerLoop:
         first = [*self._repairs(state, now), *admission_writes(state, at=now)]
         if first:
             await self.follower.wait_for(await self.writer.append_many(first))
-            observe_writes((w.event for w in first), state, now)
+            observe_writes((w.event for w in first), state, now, self.follower.traces)
         if not state.pending_jobs():
             return len(first)
         decisions = self.policy.decide_live(state, now)
@@ -104,7 +104,7 @@ class SchedulerLoop:
             decisions, state, epoch=self.epoch, policy_version=self.policy.version, at=now
         )
         await self.writer.append_many(writes)
-        observe_writes((w.event for w in writes), state, now)
+        observe_writes((w.event for w in writes), state, now, self.follower.traces)
         self.cycles += 1
         return len(first) + len(writes)
 

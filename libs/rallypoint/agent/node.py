@@ -28,6 +28,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 from nats.aio.msg import Msg
@@ -41,6 +42,7 @@ from rallypoint.agent.sim_backend import SimulatedGpus
 from rallypoint.eventlog import AppendConflict, EventLog
 from rallypoint.events import CheckpointCommitted, NodeRegistered, RankExited, subjects
 from rallypoint.observability.instruments import HEARTBEATS_SENT, RANK_LAUNCHES
+from rallypoint.observability.tracing import SpanKind, context_from_headers, record_span, span
 from rallypoint.protocol import (
     Heartbeat,
     KillReply,
@@ -58,6 +60,10 @@ _log = logging.getLogger(__name__)
 EXIT_HOLD_S = 5.0
 _RankKey = tuple[str, int, int]
 _json = msgspec.json.Encoder()
+
+
+def _attrs(task: LaunchTask) -> dict[str, Any]:
+    return {"rally.job_id": task.job_id, "rally.attempt": task.attempt, "rally.node_id": task.node_id}
 
 
 def new_instance_id() -> str:
@@ -368,7 +374,13 @@ class NodeAgent:
         known = {d.index for d in self.backend.inventory()}
         if missing := sorted({g for r in task.ranks for g in r.gpus} - known):
             return _json.encode(LaunchReply(ok=False, error=f"no such GPUs on {self.node_id}: {missing}"))
-        outcome = await asyncio.to_thread(self.launcher.launch, task)
+        parent = context_from_headers(msg.headers)  # the job controller's launch span
+        with span("agent.launch", parent, kind=SpanKind.SERVER, attributes=_attrs(task)):
+            outcome = await asyncio.to_thread(self.launcher.launch, task)
+            now = self._clock()
+            for rank in outcome.started:  # one span per rank it started, in the job's trace
+                started = {"rally.rank": rank}
+                record_span(f"rank {rank} running", None, start_s=now, end_s=now, attributes=started)
         RANK_LAUNCHES.labels(result="already_running" if outcome.already_running else "started").inc()
         _log.info(
             "launch %s attempt %d: started ranks %s, already %s",

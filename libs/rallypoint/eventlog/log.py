@@ -42,6 +42,7 @@ from nats.js.client import JetStreamContext
 from rallypoint.events import Event, decode, encode, envelope_from_headers, envelope_headers
 from rallypoint.events.codec import Quarantined, decode_stored
 from rallypoint.events.subjects import STREAM_SUBJECTS
+from rallypoint.observability.tracing import trace_headers
 
 from .connection import NatsCredentials, connect_nats
 from .errors import (
@@ -360,6 +361,7 @@ class EventLog:
             event, event_id=msg_id, source=source, subject=subject, at=_event_time(event)
         )
         headers[MSG_ID] = msg_id
+        headers.update(trace_headers())  # the trace this append belongs to, if any (docs/observability.md)
         if expected_last_subject_seq is not None:
             headers[EXPECTED_SUBJECT_SEQ] = str(expected_last_subject_seq)
         if expected_subject_filter is not None:
@@ -426,6 +428,7 @@ class EventLog:
                 at=_event_time(entry.event),
             )
             headers[MSG_ID] = entry.msg_id
+            headers.update(trace_headers())
             headers[BATCH_ID] = batch_id
             headers[BATCH_SEQUENCE] = str(n)
             if n == 1:

@@ -17,6 +17,9 @@ from prometheus_client import Counter, Histogram
 from rallypoint.events import GangBound, GangRepaired, JobRequeued, PreemptionRequested
 from rallypoint.state import ClusterState
 
+from .decision_spans import trace_decision
+from .jobtraces import JobTraces
+
 # Cycles take milliseconds on a small cluster and up to seconds at 100k GPUs.
 _CYCLE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # Queue waits run from sub-second (an idle cluster) to days.
@@ -62,12 +65,17 @@ JOB_CONTROLLER_ACTIONS = Counter(
 )
 
 
-def observe_writes(events: Iterable[object], state: ClusterState, now: float) -> None:
-    """Count what one scheduler cycle appended: binds (with each job's wait), preemptions, recoveries."""
+def observe_writes(
+    events: Iterable[object], state: ClusterState, now: float, traces: JobTraces | None = None
+) -> None:
+    """Count what one scheduler cycle appended: binds (with each job's wait), preemptions, recoveries;
+    with ``traces``, record their spans in each job's trace too."""
     for event in events:
         observe = _OBSERVERS.get(type(event))
         if observe is not None:
             observe(event, state, now)
+            if traces is not None:
+                trace_decision(event, state, traces, now)
 
 
 def _bound(event: object, state: ClusterState, now: float) -> None:

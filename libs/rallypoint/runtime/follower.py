@@ -11,6 +11,7 @@ import msgspec
 from rallypoint.eventlog import EventLog, Recorded, SnapshotStore, stored
 from rallypoint.events import Event
 from rallypoint.events.codec import Quarantined
+from rallypoint.observability.jobtraces import JobTraces
 from rallypoint.state import ClusterState
 
 from .changes import Changes, ChangeSet
@@ -38,6 +39,7 @@ class Follower:
         self._change_waiters: list[asyncio.Future[None]] = []  # ``next_change``: any applied event
         self._change_sets: list[ChangeSet] = []
         self.stream_seq: int | None = None  # the stream's last sequence when last probed (health reports)
+        self.traces = JobTraces()  # each job's trace, for the spans of the services acting on it
 
     def changes(self) -> ChangeSet:
         """A change feed of its own for one consumer: the jobs and nodes each event applied from now on
@@ -47,6 +49,7 @@ class Follower:
         return change_set
 
     def _fold(self, rec: Recorded | Quarantined) -> None:
+        self.traces.note(rec)
         self.apply(rec.seq, stored(rec))
 
     def apply(self, seq: int, item: Event | Quarantined) -> None:

@@ -26,6 +26,7 @@ from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
 from rallypoint.eventlog import EventLog, SnapshotStore, connect_nats
+from rallypoint.observability.tracing import setup_tracing
 
 from .config import ServiceConfig, nats_servers
 from .health import serve_health
@@ -168,6 +169,7 @@ async def run_service_async(
     main: MainFn, config: ServiceConfig, *, shutdown_grace: float = 10.0, stop: asyncio.Event | None = None
 ) -> int:
     """``run_service`` inside a running loop (tests pass their own ``stop`` event)."""
+    setup_tracing(config.service, config.instance)  # off unless an OTLP endpoint is configured
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     signals = 0

@@ -1,0 +1,35 @@
+"""Which trace each job belongs to: the ``traceparent`` its ``JobSubmitted`` was appended with.
+
+A follower notes it as it folds (``Follower.traces``); a service acting on a job parents its span on it,
+so one trace holds the job from submit to running across processes. Jobs submitted before the snapshot a
+service started from have no entry there: their later spans start traces of their own.
+"""
+
+from __future__ import annotations
+
+from opentelemetry.context import Context
+
+from rallypoint.events import JobInterrupted, JobSubmitted
+
+from .tracing import context_from
+
+
+class JobTraces:
+    def __init__(self) -> None:
+        self._parents: dict[str, str] = {}
+        # job -> when its gang was last interrupted: a recovery span starts there (the fold forgets it
+        # as soon as the repair is applied, which may be before the scheduler records the span)
+        self.interrupted_at: dict[str, float] = {}
+
+    def note(self, rec: object) -> None:
+        """Note what a ``Recorded`` tells (duck-typed: the event log imports this package)."""
+        event, envelope = getattr(rec, "event", None), getattr(rec, "envelope", None)
+        if isinstance(event, JobSubmitted) and isinstance(envelope, dict):
+            parent = envelope.get("traceparent")
+            if parent:
+                self._parents.setdefault(event.job_id, parent)
+        elif isinstance(event, JobInterrupted):
+            self.interrupted_at[event.job_id] = event.at
+
+    def context(self, job_id: str) -> Context | None:
+        return context_from(self._parents.get(job_id))
