@@ -94,3 +94,26 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     at: float
     gpus: tuple[GpuSample, ...] = ()
     ranks: tuple[RankStatus, ...] = ()
+
+
+class LogsRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Ask ``cmd.agent.<node>.logs`` for up to ``max_bytes`` of a rank's output from byte ``offset``."""
+
+    job_id: str
+    attempt: int
+    rank: int
+    offset: int = 0
+    max_bytes: int = 65536
+
+
+class LogsReply(msgspec.Struct, frozen=True, kw_only=True):
+    """A chunk of the rank's log: ``text`` holds whole UTF-8 characters only, ``next_offset`` is where the
+    next request starts, ``size`` the file's size when read (``found`` False: no such log on this node)."""
+
+    ok: bool
+    error: str = ""
+    found: bool = False
+    offset: int = 0
+    next_offset: int = 0
+    size: int = 0
+    text: str = ""

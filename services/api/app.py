@@ -37,6 +37,7 @@ from rallypoint.state import ClusterState, JobState, JobView
 
 from .auth import auth_middleware, forbidden, principal
 from .fold import FoldFollower, quarantine_metrics
+from .history_views import add_history_routes
 from .metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
 from .openapi import openapi_document
 from .problems import PROBLEM_JSON, invalid_spec, not_found, problem, unavailable, unparseable
@@ -553,4 +554,6 @@ def build_app(
     app.router.add_get("/v1/openapi.json", handlers.openapi)
     app.router.add_get("/healthz", handlers.healthz)
     app.router.add_get("/metrics", handlers.metrics)
+    # queues: the scheduler's queue file, when the API was given one (rally queues shows nominal quotas)
+    add_history_routes(app, log, follower, getattr(config, "queues", None))
     return app

@@ -24,6 +24,7 @@ from rallypoint.jobs.validate import (
 )
 
 from .auth import with_security
+from .history_openapi import history_paths, history_schemas
 
 _JOB_STATES = ["pending", "bound", "running", "completed", "failed", "cancelled", "rejected"]
 
@@ -487,6 +488,7 @@ def _document() -> dict[str, Any]:
                     },
                 }
             },
+            **history_paths(),
             "/metrics": {
                 "get": {
                     "operationId": "metrics",
@@ -500,5 +502,5 @@ def _document() -> dict[str, Any]:
                 }
             },
         },
-        "components": {"schemas": _SCHEMAS},
+        "components": {"schemas": {**_SCHEMAS, **history_schemas()}},
     }

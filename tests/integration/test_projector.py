@@ -56,6 +56,7 @@ from rallypoint.projection import (
     ReadModel,
     connect,
     fetch_archive_seqs,
+    fetch_attempts,
     fetch_jobs,
     fetch_nodes,
     job_row,
@@ -326,6 +327,8 @@ async def assert_views_match_log(db: asyncpg.Connection, log: EventLog) -> None:
     assert [n[:-1] for n in nodes] == [node_row(state.nodes[n], 0)[:-1] for n in sorted(state.nodes)]
     # ...and last_seq (when the row last changed) from the projection's own bookkeeping.
     assert nodes == model.all_node_rows()
+    # every attempt, not just the current one (accounting.AttemptLedger)
+    assert await fetch_attempts(db) == model.all_attempt_rows()
     assert await fetch_archive_seqs(db) == list(range(1, last + 1))
     assert await position(db) == last
 
@@ -358,6 +361,7 @@ async def snapshot_tables(db: asyncpg.Connection) -> dict[str, list[Any]]:
     return {
         "jobs": await fetch_jobs(db),
         "nodes": await fetch_nodes(db),
+        "attempts": await fetch_attempts(db),
         "events": [tuple(r) for r in await db.fetch(f"SELECT * FROM {SCHEMA}.events ORDER BY seq")],
         "position": [await position(db)],
     }

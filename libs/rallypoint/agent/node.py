@@ -1,4 +1,4 @@
-"""The node agent: registers its node, heartbeats, serves launch/kill/status, and reports rank exits.
+"""The node agent: registers its node, heartbeats, serves launch/kill/status/logs, and reports rank exits.
 
 What it writes to the log is only what it alone knows: ``NodeRegistered`` (its hardware),
 ``RankExited`` (how each rank ended) and ``CheckpointCommitted`` (what its ranks reported through
@@ -36,6 +36,7 @@ from nats.aio.subscription import Subscription
 
 from rallypoint.agent.backend import GpuBackend, gpu_infos
 from rallypoint.agent.launcher import RankExit, RankLauncher
+from rallypoint.agent.logs import read_log_chunk
 from rallypoint.agent.reports import CHECKPOINT_FIELDS as CHECKPOINT_FIELDS
 from rallypoint.agent.reports import ReportBatch, ReportSource, ReportTail
 from rallypoint.agent.sim_backend import SimulatedGpus
@@ -49,6 +50,8 @@ from rallypoint.protocol import (
     KillTask,
     LaunchReply,
     LaunchTask,
+    LogsReply,
+    LogsRequest,
     RankStatus,
     StatusReply,
 )
@@ -131,7 +134,12 @@ class NodeAgent:
     async def start(self) -> None:
         await self.register()
         nc = self.log.nc
-        handlers = (("launch", self._on_launch), ("kill", self._on_kill), ("status", self._on_status))
+        handlers = (
+            ("launch", self._on_launch),
+            ("kill", self._on_kill),
+            ("status", self._on_status),
+            ("logs", self._on_logs),
+        )
         for verb, handler in handlers:
             self._subs.append(
                 await nc.subscribe(
@@ -408,6 +416,13 @@ class NodeAgent:
             "kill %s attempt %d (grace %.1fs): %d ranks", kill.job_id, kill.attempt, kill.grace_s, signalled
         )
         return _json.encode(KillReply(ok=True, signalled=signalled))
+
+    async def _on_logs(self, msg: Msg) -> bytes:
+        try:
+            request = msgspec.json.decode(msg.data, type=LogsRequest)
+        except msgspec.DecodeError as exc:
+            return _json.encode(LogsReply(ok=False, error=f"bad LogsRequest: {exc}"))
+        return _json.encode(await asyncio.to_thread(read_log_chunk, self.launcher.work_dir, request))
 
     async def _on_status(self, msg: Msg) -> bytes:
         ranks = await asyncio.to_thread(self.launcher.status)

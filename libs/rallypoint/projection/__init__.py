@@ -1,4 +1,4 @@
-"""The projector: the log folded into PostgreSQL read models (jobs, nodes) and an audit archive.
+"""The projector: the log folded into PostgreSQL read models (jobs, nodes, attempts) and an audit archive.
 
 ``rows`` is pure (the shared ``ClusterState`` fold turned into rows), ``schema`` holds the idempotent
 migrations, ``store`` the fenced batch transaction, ``projector`` the batching loop the service and
@@ -6,8 +6,8 @@ migrations, ``store`` the fenced batch transaction, ``projector`` the batching l
 """
 
 from .projector import LogReader, ProjectionError, Projector, RetryPolicy
-from .rows import Batch, ReadModel, RecordedLike, event_row, job_row, node_row
-from .schema import EVENT_COLUMNS, JOB_COLUMNS, MIGRATIONS, NODE_COLUMNS, SCHEMA
+from .rows import Batch, ReadModel, RecordedLike, attempt_row, event_row, job_row, node_row
+from .schema import ATTEMPT_COLUMNS, EVENT_COLUMNS, JOB_COLUMNS, MIGRATIONS, NODE_COLUMNS, SCHEMA
 from .store import (
     DEFAULT_NAME,
     TRANSIENT_ERRORS,
@@ -15,11 +15,13 @@ from .store import (
     Store,
     connect,
     fetch_archive_seqs,
+    fetch_attempts,
     fetch_jobs,
     fetch_nodes,
 )
 
 __all__ = [
+    "ATTEMPT_COLUMNS",
     "DEFAULT_NAME",
     "EVENT_COLUMNS",
     "JOB_COLUMNS",
@@ -36,9 +38,11 @@ __all__ = [
     "RecordedLike",
     "RetryPolicy",
     "Store",
+    "attempt_row",
     "connect",
     "event_row",
     "fetch_archive_seqs",
+    "fetch_attempts",
     "fetch_jobs",
     "fetch_nodes",
     "job_row",

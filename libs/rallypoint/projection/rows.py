@@ -18,12 +18,14 @@ from typing import Any, Protocol
 
 import msgspec
 
+from rallypoint.accounting.attempts import AttemptLedger, AttemptRecord
 from rallypoint.events import Event, event_type
 from rallypoint.state import ACTIVE, ClusterState, JobView, NodeView
 
 JobRow = tuple[Any, ...]
 NodeRow = tuple[Any, ...]
 EventRow = tuple[Any, ...]
+AttemptRow = tuple[Any, ...]
 
 _json = msgspec.json.Encoder()
 
@@ -98,6 +100,33 @@ def node_row(node: NodeView, last_seq: int) -> NodeRow:
     )
 
 
+def attempt_row(rec: AttemptRecord) -> AttemptRow:
+    """One ``attempts`` row, in ``schema.ATTEMPT_COLUMNS`` order."""
+    placements = [{"task": p.task, "node_id": p.node_id, "gpus": list(p.gpus)} for p in rec.placements]
+    return (
+        rec.job_id,
+        rec.attempt,
+        rec.team,
+        rec.user,
+        rec.priority,
+        rec.gpus,
+        rec.nodes,
+        placements,
+        timestamp(rec.bound_at),
+        timestamp(rec.started_at),
+        timestamp(rec.ended_at),
+        rec.started_at,
+        rec.ended_at,
+        rec.outcome,
+        rec.reason,
+        rec.exit_code,
+        rec.preempted_for,
+        rec.lost_gpu_s,
+        rec.resume_step,
+        rec.last_seq,
+    )
+
+
 def event_time(rec: RecordedLike) -> dt.datetime | None:
     """The CloudEvents ``time`` of the envelope, else the event's own timestamp."""
     raw = rec.envelope.get("time")
@@ -132,20 +161,33 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
     events: list[EventRow]
     jobs: list[JobRow]
     nodes: list[NodeRow]
+    attempts: list[AttemptRow] = []
 
 
 class _Snapshot(msgspec.Struct, kw_only=True):
     state: ClusterState
     node_seq: dict[str, int]
+    # Required: a snapshot from before the ledger existed fails to decode and the fold restarts from zero,
+    # instead of going on with no attempts.
+    attempts: AttemptLedger
 
 
 class ReadModel:
     """The shared fold plus what a projection needs to write only the rows a batch changed."""
 
-    def __init__(self, state: ClusterState | None = None, node_seq: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        state: ClusterState | None = None,
+        node_seq: dict[str, int] | None = None,
+        attempts: AttemptLedger | None = None,
+    ) -> None:
         self.state = state if state is not None else ClusterState()
         # node id -> sequence of the last event that changed the node's row.
         self.node_seq: dict[str, int] = node_seq if node_seq is not None else {}
+        # Every attempt of every job; it drives the fold for job events (``AttemptLedger.apply``).
+        self.attempts = attempts if attempts is not None else AttemptLedger()
+        # (job id, attempt) of the attempt rows changed since the last ``fold`` batch
+        self._attempts_touched: set[tuple[str, int]] = set()
 
     @property
     def position(self) -> int:
@@ -172,7 +214,8 @@ class ReadModel:
         job = state.jobs.get(job_id)
         was_active = job is not None and job.state in ACTIVE
         old_placements = job.placements if job is not None else ()
-        state.apply(seq, event)
+        for rec in self.attempts.apply(state, seq, event):
+            self._attempts_touched.add((rec.job_id, rec.attempt))
         job = state.jobs.get(job_id)
         if job is None:
             return set(), set()  # an orphan: the fold counted it, no row shows it
@@ -204,6 +247,7 @@ class ReadModel:
         touched_jobs: set[str] = set()
         touched_nodes: set[str] = set()
         events: list[EventRow] = []
+        self._attempts_touched.clear()
         first = 0
         for rec in records:
             if rec.seq <= self.position:
@@ -222,6 +266,7 @@ class ReadModel:
             # Sorted keys: rows are locked in a fixed order, so two writers can never deadlock.
             jobs=[job_row(self.state.jobs[j]) for j in sorted(touched_jobs)],
             nodes=[self.node_row(n) for n in sorted(touched_nodes) if n in self.state.nodes],
+            attempts=self._attempt_rows(sorted(self._attempts_touched)),
         )
 
     # -- rows ------------------------------------------------------------------------------
@@ -235,15 +280,28 @@ class ReadModel:
     def all_node_rows(self) -> list[NodeRow]:
         return [self.node_row(n) for n in sorted(self.state.nodes)]
 
+    def all_attempt_rows(self) -> list[AttemptRow]:
+        return [attempt_row(rec) for rec in self.attempts.records()]
+
+    def _attempt_rows(self, keys: list[tuple[str, int]]) -> list[AttemptRow]:
+        rows = []
+        for job_id, attempt in keys:
+            rec = self.attempts.attempt(job_id, attempt)
+            if rec is not None:
+                rows.append(attempt_row(rec))
+        return rows
+
     # -- snapshots -------------------------------------------------------------------------
 
     def encode(self) -> bytes:
-        return msgspec.msgpack.encode(_Snapshot(state=self.state, node_seq=self.node_seq))
+        return msgspec.msgpack.encode(
+            _Snapshot(state=self.state, node_seq=self.node_seq, attempts=self.attempts)
+        )
 
     @classmethod
     def decode(cls, data: bytes) -> ReadModel:
         snap = msgspec.msgpack.decode(data, type=_Snapshot)
-        return cls(snap.state, snap.node_seq)
+        return cls(snap.state, snap.node_seq, snap.attempts)
 
     # -- helpers ---------------------------------------------------------------------------
 

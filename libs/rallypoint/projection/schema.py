@@ -56,6 +56,32 @@ NODE_COLUMNS: tuple[str, ...] = (
 
 EVENT_COLUMNS: tuple[str, ...] = ("seq", "subject", "type", "time", "data", "envelope")
 
+# One row per attempt of a job (``accounting.AttemptLedger``): the jobs row shows only the current one.
+# ``started_s``/``ended_s`` repeat the times as the log's float seconds, so usage sums in SQL reproduce
+# the log's to the bit (timestamptz would round them to microseconds first).
+ATTEMPT_COLUMNS: tuple[str, ...] = (
+    "job_id",
+    "attempt",
+    "team",
+    "user_name",
+    "priority",
+    "gpus",
+    "nodes",
+    "placements",
+    "bound_at",
+    "started_at",
+    "ended_at",
+    "started_s",
+    "ended_s",
+    "outcome",
+    "reason",
+    "exit_code",
+    "preempted_for",
+    "lost_gpu_s",
+    "resume_step",
+    "last_seq",
+)
+
 MIGRATIONS: tuple[str, ...] = (
     f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}",
     # The audit archive: one row per log entry, keyed by stream sequence so a redelivered event
@@ -136,8 +162,35 @@ MIGRATIONS: tuple[str, ...] = (
         state  bytea  NOT NULL
     )
     """,
+    # Added with accounting (rally usage / history / show). Filled for the past by `rally projector rebuild`.
+    f"""
+    CREATE TABLE IF NOT EXISTS {SCHEMA}.attempts (
+        job_id         text             NOT NULL,
+        attempt        integer          NOT NULL,
+        team           text             NOT NULL,
+        user_name      text             NOT NULL,
+        priority       text             NOT NULL,
+        gpus           integer          NOT NULL,
+        nodes          text[]           NOT NULL DEFAULT '{{}}',
+        placements     jsonb            NOT NULL DEFAULT '[]'::jsonb,
+        bound_at       timestamptz      NOT NULL,
+        started_at     timestamptz,
+        ended_at       timestamptz,
+        started_s      double precision,
+        ended_s        double precision,
+        outcome        text             NOT NULL,
+        reason         text             NOT NULL DEFAULT '',
+        exit_code      integer,
+        preempted_for  text,
+        lost_gpu_s     double precision NOT NULL DEFAULT 0,
+        resume_step    integer,
+        last_seq       bigint           NOT NULL,
+        PRIMARY KEY (job_id, attempt)
+    )
+    """,
+    f"CREATE INDEX IF NOT EXISTS attempts_team_started ON {SCHEMA}.attempts (team, started_s)",
 )
 
 # Tables a rebuild empties. The archive is listed separately because an operator may keep it.
-VIEW_TABLES: tuple[str, ...] = (f"{SCHEMA}.jobs", f"{SCHEMA}.nodes")
+VIEW_TABLES: tuple[str, ...] = (f"{SCHEMA}.jobs", f"{SCHEMA}.nodes", f"{SCHEMA}.attempts")
 ARCHIVE_TABLE = f"{SCHEMA}.events"

@@ -20,6 +20,7 @@ import asyncpg
 from .rows import Batch
 from .schema import (
     ARCHIVE_TABLE,
+    ATTEMPT_COLUMNS,
     EVENT_COLUMNS,
     JOB_COLUMNS,
     MIGRATIONS,
@@ -94,6 +95,12 @@ def _upsert(table: str, columns: Sequence[str]) -> str:
 
 _UPSERT_JOBS = _upsert("jobs", JOB_COLUMNS)
 _UPSERT_NODES = _upsert("nodes", NODE_COLUMNS)
+_UPSERT_ATTEMPTS = (
+    f"INSERT INTO {SCHEMA}.attempts ({', '.join(ATTEMPT_COLUMNS)}) "
+    f"VALUES ({', '.join(f'${i}' for i in range(1, len(ATTEMPT_COLUMNS) + 1))}) "
+    "ON CONFLICT (job_id, attempt) DO UPDATE SET "
+    + ", ".join(f"{c} = EXCLUDED.{c}" for c in ATTEMPT_COLUMNS[2:])
+)
 # One statement for the whole archive part of a batch: unnest of column arrays is far cheaper than a
 # round trip per row. ON CONFLICT DO NOTHING keeps rows an earlier run archived (rebuild --keep-archive).
 _INSERT_EVENTS = (
@@ -169,6 +176,8 @@ class Store:
                 await conn.executemany(_UPSERT_JOBS, batch.jobs)
             if batch.nodes:
                 await conn.executemany(_UPSERT_NODES, batch.nodes)
+            if batch.attempts:
+                await conn.executemany(_UPSERT_ATTEMPTS, batch.attempts)
             await conn.execute(
                 f"UPDATE {SCHEMA}.projection_position SET seq = $2 WHERE name = $1",
                 self.name,
@@ -209,6 +218,13 @@ async def fetch_jobs(conn: asyncpg.Connection) -> list[tuple[Any, ...]]:
 
 async def fetch_nodes(conn: asyncpg.Connection) -> list[tuple[Any, ...]]:
     rows = await conn.fetch(f"SELECT {', '.join(NODE_COLUMNS)} FROM {SCHEMA}.nodes ORDER BY node_id")
+    return [tuple(r) for r in rows]
+
+
+async def fetch_attempts(conn: asyncpg.Connection) -> list[tuple[Any, ...]]:
+    rows = await conn.fetch(
+        f'SELECT {", ".join(ATTEMPT_COLUMNS)} FROM {SCHEMA}.attempts ORDER BY job_id COLLATE "C", attempt'
+    )
     return [tuple(r) for r in rows]
 
 

@@ -107,8 +107,8 @@ def _matrix() -> dict[str, Permissions]:
             publish=(">",), subscribe=(">",), allow_responses=False, writes="everything: sets up the streams"
         ),
         "api": _service(
-            writes="JobSubmitted, JobCancelRequested",
-            publish=(f"rally.job.{one}", "q.>"),
+            writes="JobSubmitted, JobCancelRequested; asks agents for rank logs",
+            publish=(f"rally.job.{one}", "q.>", f"cmd.agent.{one}.logs"),
             serves=False,
         ),
         "inventory": _service(writes="nothing (answers q.inventory.nodes)"),

@@ -1,0 +1,182 @@
+"""Every attempt of every job, as the log tells it: the ledger that usage, history and the read model share.
+
+The fold (``ClusterState``) keeps only a job's current attempt: a requeue resets ``started_at`` and drops
+the placements. Accounting needs all of them, so ``AttemptLedger`` drives the fold and watches what each
+event did to the job it names: a bind opens an attempt, a start stamps it, leaving bound/running closes
+it. It never re-implements a rule of the fold (a stale or refused decision changes nothing in the fold,
+so it opens nothing here either). Pure: no clock, no I/O.
+
+What an attempt is charged: its bound GPUs from the start of its ranks (``JobStarted``) to the event that
+ended it, the same span the fold counts as a preempted attempt's service (``run_s``). The launch wait
+after a bind and the healthy nodes held while a gang waits for repair are not charged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import msgspec
+
+from rallypoint.events import (
+    Event,
+    JobPreempted,
+    JobSubmitted,
+    TaskPlacement,
+)
+from rallypoint.events.codec import Quarantined
+from rallypoint.state import LAUNCHED, ClusterState, JobView
+
+#: How an attempt ended, by the name of the event that ended it (names, not classes: a resize is an
+#: elastic gang's new attempt, and the ledger need not import every decision to say so).
+OUTCOMES: dict[str, str] = {
+    "JobCompleted": "completed",
+    "JobFailed": "failed",
+    "JobAttemptFailed": "attempt-failed",
+    "JobPreempted": "preempted",
+    "JobInterrupted": "interrupted",
+    "JobCancelled": "cancelled",
+    "GangResized": "resized",
+    "JobResized": "resized",  # the live resize's attempt ends when its ranks have stopped
+}
+UNKNOWN_USER = "unknown"
+
+
+class AttemptRecord(msgspec.Struct, kw_only=True):
+    """One attempt of one job. ``outcome`` is ``bound`` or ``running`` while it lasts."""
+
+    job_id: str
+    attempt: int
+    team: str
+    user: str
+    priority: str
+    gpus: int
+    placements: tuple[TaskPlacement, ...]
+    bound_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    outcome: str = "bound"
+    reason: str = ""
+    exit_code: int | None = None
+    #: preemptions: the job the GPUs went to and the core's reason (reclaim, priority, las)
+    preempted_for: str | None = None
+    lost_gpu_s: float = 0.0
+    resume_step: int | None = None
+    last_seq: int = 0
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(dict.fromkeys(p.node_id for p in self.placements))
+
+
+def user_of(job: JobView, submitted_by: str | None = None) -> str:
+    """Who submitted the job: ``JobSubmitted.submitted_by`` (the API token's user), else ``unknown``."""
+    user = submitted_by or getattr(job, "submitted_by", None)
+    return str(user) if user else UNKNOWN_USER
+
+
+def charged_gpu_s(rec: AttemptRecord, since: float | None, until: float | None, now: float) -> float:
+    """GPU-seconds of ``rec`` inside [since, until]; a running attempt counts up to ``now``.
+
+    The PostgreSQL read model evaluates the very same expression (``projection.usage``): keep them in step.
+    """
+    if rec.started_at is None:
+        return 0.0
+    end = rec.ended_at if rec.ended_at is not None else now
+    low = rec.started_at if since is None else max(rec.started_at, since)
+    high = end if until is None else min(end, until)
+    span = high - low
+    return rec.gpus * span if span > 0 else 0.0
+
+
+class AttemptLedger(msgspec.Struct, kw_only=True):
+    """Job id -> its attempts, oldest first. Encodes with msgspec (the projector snapshots it)."""
+
+    jobs: dict[str, list[AttemptRecord]] = {}
+    #: job id -> the user that submitted it, for jobs submitted with one (the fold does not keep it)
+    users: dict[str, str] = {}
+
+    def apply(self, state: ClusterState, seq: int, event: Event) -> list[AttemptRecord]:
+        """Fold ``event`` into ``state`` and return the attempts it opened, started or ended."""
+        job_id: str | None = getattr(event, "job_id", None)
+        job = state.jobs.get(job_id) if job_id is not None else None
+        before = (job.state, job.attempt) if job is not None else ("pending", 0)
+        state.apply(seq, event)
+        if isinstance(event, JobSubmitted) and job_id not in self.users:
+            submitted_by = getattr(event, "submitted_by", None)  # absent before the API authenticated
+            if submitted_by:
+                self.users[event.job_id] = submitted_by
+        job = state.jobs.get(job_id) if job_id is not None else None
+        if job is None:
+            return []
+        return self._observe(before, job, seq, event)
+
+    def apply_stored(self, state: ClusterState, seq: int, item: Event | Quarantined) -> list[AttemptRecord]:
+        if isinstance(item, Quarantined):
+            state.apply_stored(seq, item)
+            return []
+        return self.apply(state, seq, item)
+
+    def _observe(self, before: tuple[str, int], job: JobView, seq: int, event: Event) -> list[AttemptRecord]:
+        was, was_attempt = before
+        changed: list[AttemptRecord] = []
+        if was in LAUNCHED and (job.state not in LAUNCHED or job.attempt != was_attempt):
+            ended = self.attempt(job.job_id, was_attempt)
+            if ended is not None and ended.ended_at is None:
+                _close(ended, event, seq)
+                changed.append(ended)
+        if job.attempt != was_attempt and job.state in LAUNCHED:
+            opened = AttemptRecord(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                team=job.spec.team,
+                user=user_of(job, self.users.get(job.job_id)),
+                priority=job.spec.priority,
+                gpus=job.bound_gpus,
+                placements=job.placements,
+                bound_at=job.bound_at if job.bound_at is not None else getattr(event, "at", 0.0),
+                last_seq=seq,
+            )
+            self.jobs.setdefault(job.job_id, []).append(opened)
+            changed.append(opened)
+        elif was == "bound" and job.state == "running" and job.attempt == was_attempt:
+            started = self.attempt(job.job_id, job.attempt)
+            if started is not None:
+                started.started_at = job.started_at
+                started.resume_step = job.resume_step
+                started.outcome = "running"
+                started.last_seq = seq
+                changed.append(started)
+        return changed
+
+    def attempt(self, job_id: str, attempt: int) -> AttemptRecord | None:
+        for rec in reversed(self.jobs.get(job_id, ())):
+            if rec.attempt == attempt:
+                return rec
+        return None
+
+    def of(self, job_id: str) -> list[AttemptRecord]:
+        return list(self.jobs.get(job_id, ()))
+
+    def records(self) -> Iterator[AttemptRecord]:
+        """Every attempt in (job id, attempt) order: the order every sum over them runs in."""
+        for job_id in sorted(self.jobs):
+            yield from sorted(self.jobs[job_id], key=lambda r: r.attempt)
+
+
+def _close(rec: AttemptRecord, event: Event, seq: int) -> None:
+    rec.ended_at = float(getattr(event, "at", 0.0))
+    rec.outcome = OUTCOMES.get(type(event).__name__, "ended")
+    rec.reason = str(getattr(event, "reason", "") or "")
+    rec.exit_code = getattr(event, "exit_code", None)
+    rec.lost_gpu_s = float(getattr(event, "lost_gpu_s", 0.0))
+    if isinstance(event, JobPreempted):
+        rec.preempted_for = event.for_job
+    rec.last_seq = seq
+
+
+def fold_attempts(events: Iterable[tuple[int, Event | Quarantined]]) -> tuple[ClusterState, AttemptLedger]:
+    """The fold and every attempt, from (seq, event) pairs in log order."""
+    state, ledger = ClusterState(), AttemptLedger()
+    for seq, event in events:
+        ledger.apply_stored(state, seq, event)
+    return state, ledger

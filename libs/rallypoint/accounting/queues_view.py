@@ -1,0 +1,108 @@
+"""Per team and cohort: nominal, borrowed, used, pending (``rally queues``, like ``kueuectl list``).
+
+Used and pending come from the fold now; nominal and limits from the queue file the scheduler reads
+(``scheduling.queues``). Without one there are no quotas: every team shows used and pending only.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from rallypoint.scheduling.queues import Queues
+from rallypoint.state import ACTIVE, ClusterState
+
+NO_COHORT = "default"
+
+
+class QueueRow(msgspec.Struct, kw_only=True):
+    team: str
+    cohort: str
+    #: None: no queue file, or the team is not in it (a nominal of 0 for the scheduler)
+    nominal: int | None
+    borrowing_limit: int | None
+    used: int
+    #: GPUs used above nominal, lent by the cohort's idle quota
+    borrowed: int
+    running_jobs: int
+    pending_jobs: int
+    pending_gpus: int
+
+
+class CohortRow(msgspec.Struct, kw_only=True):
+    cohort: str
+    teams: list[str]
+    nominal: int | None
+    used: int
+    borrowed: int
+    pending_gpus: int
+
+
+class QueuesReport(msgspec.Struct, kw_only=True):
+    quotas: bool
+    teams: list[QueueRow]
+    cohorts: list[CohortRow]
+    total_gpus: int
+    free_gpus: int
+    seq: int
+
+
+def queues_report(state: ClusterState, queues: Queues | None) -> QueuesReport:
+    used: dict[str, int] = {}
+    running: dict[str, int] = {}
+    pending_jobs: dict[str, int] = {}
+    pending_gpus: dict[str, int] = {}
+    for job in state.jobs.values():
+        team = job.spec.team
+        if job.state in ACTIVE:
+            used[team] = used.get(team, 0) + job.bound_gpus
+            running[team] = running.get(team, 0) + 1
+        elif job.state == "pending" and not job.cancel_requested:
+            pending_jobs[team] = pending_jobs.get(team, 0) + 1
+            # an elastic gang starts once its minimum fits
+            wanted = job.spec.min_gpus if job.spec.min_gpus is not None else job.spec.gpus
+            pending_gpus[team] = pending_gpus.get(team, 0) + wanted
+    configured = {t.name: t for t in queues.teams} if queues is not None else {}
+    names = sorted(set(used) | set(pending_jobs) | set(configured))
+    rows = []
+    for name in names:
+        conf = configured.get(name)
+        nominal = conf.nominal if conf is not None else None
+        team_used = used.get(name, 0)
+        rows.append(
+            QueueRow(
+                team=name,
+                cohort=conf.cohort if conf is not None else NO_COHORT,
+                nominal=nominal,
+                borrowing_limit=conf.borrowing_limit if conf is not None else None,
+                used=team_used,
+                borrowed=max(0, team_used - (nominal or 0)) if queues is not None else 0,
+                running_jobs=running.get(name, 0),
+                pending_jobs=pending_jobs.get(name, 0),
+                pending_gpus=pending_gpus.get(name, 0),
+            )
+        )
+    return QueuesReport(
+        quotas=queues is not None,
+        teams=rows,
+        cohorts=_cohorts(rows, quotas=queues is not None),
+        total_gpus=state.total_gpus(),
+        free_gpus=state.free_gpus(),
+        seq=state.last_seq,
+    )
+
+
+def _cohorts(rows: list[QueueRow], *, quotas: bool) -> list[CohortRow]:
+    by: dict[str, list[QueueRow]] = {}
+    for row in rows:
+        by.setdefault(row.cohort, []).append(row)
+    return [
+        CohortRow(
+            cohort=name,
+            teams=[r.team for r in members],
+            nominal=sum(r.nominal or 0 for r in members) if quotas else None,
+            used=sum(r.used for r in members),
+            borrowed=sum(r.borrowed for r in members),
+            pending_gpus=sum(r.pending_gpus for r in members),
+        )
+        for name, members in sorted(by.items())
+    ]

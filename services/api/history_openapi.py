@@ -1,0 +1,118 @@
+"""The OpenAPI description of the accounting routes (``history_views``), merged into the document.
+
+The response schemas are generated from the structs the handlers encode (``msgspec``), so the document
+and the JSON cannot drift; the paths are written by hand like the rest of ``openapi.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from rallypoint.accounting import QueuesReport, UsageReport
+from rallypoint.jobs.history import JobHistory
+
+from .history_views import FinishedJobs, LogChunk
+
+_REF = "#/components/schemas/{name}"
+_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_TIME = {
+    "type": "string",
+    "description": "Seconds since the epoch, or an ISO 8601 time (UTC unless it names a zone).",
+}
+
+
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
+
+
+def _ok(description: str, name: str) -> dict[str, Any]:
+    schema = {"$ref": _REF.format(name=name)}
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _problem(description: str) -> dict[str, Any]:
+    schema = {"$ref": _REF.format(name="Problem")}
+    return {"description": description, "content": {"application/problem+json": {"schema": schema}}}
+
+
+def history_schemas() -> dict[str, Any]:
+    _, components = msgspec.json.schema_components(
+        [JobHistory, FinishedJobs, UsageReport, QueuesReport, LogChunk], ref_template=_REF
+    )
+    return components
+
+
+def history_paths() -> dict[str, Any]:
+    window = [_query("since", _TIME, "From this time."), _query("until", _TIME, "Until this time.")]
+    team = _query("team", {"type": "string"}, "Only this team (a team token sees only its own).")
+    bad = _problem("An invalid query parameter.")
+    return {
+        "/v1/jobs/{job_id}/history": {
+            "parameters": [_JOB_ID],
+            "get": {
+                "operationId": "getJobHistory",
+                "summary": "A job's whole story from the log: every attempt, reasons, preemptions, recovery",
+                "responses": {
+                    "200": _ok("The job's history.", "JobHistory"),
+                    "404": _problem("Unknown job."),
+                },
+            },
+        },
+        "/v1/jobs/{job_id}/logs": {
+            "parameters": [_JOB_ID],
+            "get": {
+                "operationId": "getJobLogs",
+                "summary": "A chunk of one rank's output, read by its node's agent",
+                "parameters": [
+                    _query("rank", {"type": "integer", "minimum": 0}, "Which rank (default 0)."),
+                    _query("attempt", {"type": "integer", "minimum": 1}, "Which attempt (default current)."),
+                    _query("offset", {"type": "integer", "minimum": 0}, "Byte offset to read from."),
+                    _query("limit", {"type": "integer", "minimum": 1}, "Most bytes to return."),
+                ],
+                "responses": {
+                    "200": _ok("A chunk; ask again from next_offset.", "LogChunk"),
+                    "400": bad,
+                    "404": _problem("Unknown job or attempt."),
+                    "409": _problem("Nothing placed yet."),
+                    "502": _problem("The agent refused."),
+                    "503": _problem("The agent did not answer."),
+                },
+            },
+        },
+        "/v1/history": {
+            "get": {
+                "operationId": "listFinishedJobs",
+                "summary": "Finished jobs with accounting columns (sacct)",
+                "parameters": [
+                    team,
+                    *window,
+                    _query("state", {"type": "string"}, "Comma list of end states."),
+                    _query("limit", {"type": "integer", "minimum": 1}, "The newest N."),
+                ],
+                "responses": {"200": _ok("Jobs, oldest end first.", "FinishedJobs"), "400": bad},
+            }
+        },
+        "/v1/usage": {
+            "get": {
+                "operationId": "getUsage",
+                "summary": "GPU-hours over every attempt by team, user or priority class",
+                "parameters": [
+                    _query("by", {"type": "string", "enum": ["team", "user", "class"]}, "Group by."),
+                    team,
+                    *window,
+                    _query("price_per_gpu_hour", {"type": "number"}, "Showback price."),
+                    _query("now", _TIME, "Charge running attempts up to this time (default: now)."),
+                ],
+                "responses": {"200": _ok("Usage per group.", "UsageReport"), "400": bad},
+            }
+        },
+        "/v1/queues": {
+            "get": {
+                "operationId": "getQueues",
+                "summary": "Nominal, borrowed, used and pending GPUs per team and cohort",
+                "responses": {"200": _ok("Queues.", "QueuesReport")},
+            }
+        },
+    }

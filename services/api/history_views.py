@@ -1,0 +1,283 @@
+"""The commands people reach for, served from the log: a job's history (``scontrol show job``), finished
+jobs (``sacct``), usage (``sreport``), queues (``kueuectl``) and rank logs (through the node agents).
+
+Every answer is a pure function of the log (``rallypoint.accounting``, ``rallypoint.jobs.history``); the
+JSON shapes are those structs', which the CLI prints with ``-o json`` unchanged.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from rallypoint.accounting import GROUP_BY, FinishedJob, finished_jobs, queues_report, usage
+from rallypoint.eventlog import EventLog
+from rallypoint.events import subjects
+from rallypoint.events.subjects import TOKEN_PATTERN
+from rallypoint.jobs.history import job_history
+from rallypoint.protocol import LogsReply, LogsRequest
+from rallypoint.state import TERMINAL, ClusterState, JobView
+
+from .auth import forbidden, principal
+from .fold import FoldFollower
+from .ledger import LedgerCache, job_events
+from .problems import not_found, problem, unavailable
+
+AGENT_TIMEOUT_S = 3.0
+DEFAULT_LOG_CHUNK = 64 * 1024
+_json = msgspec.json.Encoder()
+
+
+def _ok(body: Any) -> web.Response:
+    return web.Response(body=_json.encode(body), content_type="application/json")
+
+
+def _invalid(field: str, detail: str) -> web.Response:
+    return problem(400, "Invalid query parameter", detail, slug="invalid-query", field=field)
+
+
+class LogChunk(msgspec.Struct, kw_only=True):
+    """A piece of a rank's log (GET /v1/jobs/{id}/logs): ask again from ``next_offset`` for more;
+    ``eof`` once the attempt is over and everything its rank wrote was read."""
+
+    job_id: str
+    attempt: int
+    rank: int
+    node_id: str
+    found: bool
+    offset: int
+    next_offset: int
+    size: int
+    text: str
+    attempt_ended: bool
+    eof: bool
+
+
+class FinishedJobs(msgspec.Struct, kw_only=True):
+    jobs: list[FinishedJob]
+    count: int
+    total: int
+    seq: int
+
+
+class BadParam(Exception):
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(detail)
+        self.field = field
+        self.detail = detail
+
+
+def time_param(query: Any, name: str) -> float | None:
+    """Seconds since the epoch, or an ISO 8601 time (UTC unless it names a zone)."""
+    raw = query.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        pass
+    try:
+        parsed = dt.datetime.fromisoformat(raw)
+    except ValueError:
+        raise BadParam(name, f"{name} must be epoch seconds or an ISO 8601 time, got {raw!r}") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    return parsed.timestamp()
+
+
+def int_param(query: Any, name: str, default: int | None, *, minimum: int = 0) -> int | None:
+    raw = query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadParam(name, f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise BadParam(name, f"{name} must be at least {minimum}")
+    return value
+
+
+def rank_node(job: JobView, placements: Any, rank: int) -> str | None:
+    """The node that runs ``rank``: ranks are numbered task-major (``jobs.launch``)."""
+    task = rank // job.spec.ranks_per_task
+    for placement in placements:
+        if placement.task == task:
+            return str(placement.node_id)
+    return None
+
+
+class HistoryHandlers:
+    def __init__(self, log: EventLog, follower: FoldFollower, queues: Any = None) -> None:
+        self.log = log
+        self.follower = follower
+        self.queues = queues
+        self.cache = LedgerCache(log)
+
+    @property
+    def state(self) -> ClusterState:
+        return self.follower.state
+
+    async def _job(self, request: web.Request) -> tuple[str, JobView | None, web.Response | None]:
+        if not await self.follower.wait_caught_up(5.0):
+            return "", None, unavailable("the API is still replaying the event log; retry shortly")
+        job_id = request.match_info["job_id"]
+        job = self.state.jobs.get(job_id) if TOKEN_PATTERN.match(job_id) else None
+        if job is None:
+            return job_id, None, not_found("job", job_id)
+        who = principal(request)
+        if not who.may_act_for(job.spec.team):
+            detail = f"job {job_id} belongs to another team; this token acts for team {who.team!r}"
+            return job_id, None, forbidden(detail)
+        return job_id, job, None
+
+    # -- GET /v1/jobs/{job_id}/history -------------------------------------------------------------
+
+    async def job_history(self, request: web.Request) -> web.Response:
+        job_id, _, refused = await self._job(request)
+        if refused is not None:
+            return refused
+        history = job_history(await job_events(self.log, job_id), job_id)
+        if history is None:
+            return not_found("job", job_id)
+        return _ok(history)
+
+    # -- GET /v1/history ---------------------------------------------------------------------------
+
+    async def finished(self, request: web.Request) -> web.Response:
+        query = request.query
+        try:
+            since, until = time_param(query, "since"), time_param(query, "until")
+            limit = int_param(query, "limit", 1000, minimum=1)
+        except BadParam as bad:
+            return _invalid(bad.field, bad.detail)
+        states = None
+        if query.get("state"):
+            states = {s.strip() for s in query["state"].split(",") if s.strip()}
+            if unknown := sorted(states - TERMINAL):
+                return _invalid(
+                    "state", f"unknown state {unknown[0]!r}; one of {', '.join(sorted(TERMINAL))}"
+                )
+        team, refused = _team_scope(request, query.get("team") or None)
+        if refused is not None:
+            return refused
+        state, ledger = await self.cache.current()
+        rows = finished_jobs(state, ledger, team=team, since=since, until=until, states=states)
+        shown = rows[-limit:] if limit is not None else rows
+        return _ok(FinishedJobs(jobs=shown, count=len(shown), total=len(rows), seq=state.last_seq))
+
+    # -- GET /v1/usage -----------------------------------------------------------------------------
+
+    async def usage(self, request: web.Request) -> web.Response:
+        query = request.query
+        by = query.get("by", "team")
+        if by not in GROUP_BY:
+            return _invalid("by", f"by must be one of {', '.join(GROUP_BY)}, got {by!r}")
+        try:
+            since, until = time_param(query, "since"), time_param(query, "until")
+            price = float(query["price_per_gpu_hour"]) if query.get("price_per_gpu_hour") else None
+            now = time_param(query, "now")
+        except BadParam as bad:
+            return _invalid(bad.field, bad.detail)
+        except ValueError:
+            return _invalid("price_per_gpu_hour", "price_per_gpu_hour must be a number")
+        team, refused = _team_scope(request, query.get("team") or None)
+        if refused is not None:
+            return refused
+        _, ledger = await self.cache.current()
+        nominals = self.queues.nominals() if self.queues is not None else None
+        records = ledger.records()
+        report = usage(
+            records if team is None else (r for r in records if r.team == team),
+            by,
+            since,
+            until,
+            now=now if now is not None else time.time(),
+            price_per_gpu_hour=price,
+            nominals=nominals,
+        )
+        return _ok(report)
+
+    # -- GET /v1/queues ----------------------------------------------------------------------------
+
+    async def queues_view(self, request: web.Request) -> web.Response:
+        if not await self.follower.wait_caught_up(5.0):
+            return unavailable("the API is still replaying the event log; retry shortly")
+        return _ok(queues_report(self.state, self.queues))
+
+    # -- GET /v1/jobs/{job_id}/logs ----------------------------------------------------------------
+
+    async def logs(self, request: web.Request) -> web.Response:
+        job_id, job, refused = await self._job(request)
+        if refused is not None or job is None:
+            return refused or not_found("job", job_id)
+        query = request.query
+        try:
+            rank = int_param(query, "rank", 0) or 0
+            attempt = int_param(query, "attempt", None, minimum=1) or job.attempt
+            offset = int_param(query, "offset", 0) or 0
+            limit = int_param(query, "limit", DEFAULT_LOG_CHUNK, minimum=1) or DEFAULT_LOG_CHUNK
+        except BadParam as bad:
+            return _invalid(bad.field, bad.detail)
+        _, ledger = await self.cache.current()
+        record = ledger.attempt(job_id, attempt)
+        if record is None:
+            if attempt == job.attempt or job.attempt == 0:
+                # nothing placed yet (a pending job): `rally logs -f` waits and asks again
+                detail = f"job {job_id} is {job.state}; no rank of it has been placed yet"
+                return problem(409, "Not placed yet", detail, slug="not-placed", state=job.state)
+            return problem(404, "No such attempt", f"job {job_id} has no attempt {attempt}", slug="not-found")
+        node_id = rank_node(job, record.placements, rank)
+        if node_id is None:
+            return _invalid("rank", f"rank {rank} was not placed in attempt {attempt}")
+        ask = LogsRequest(job_id=job_id, attempt=attempt, rank=rank, offset=offset, max_bytes=limit)
+        try:
+            msg = await self.log.nc.request(
+                subjects.agent_command(node_id, "logs"), _json.encode(ask), timeout=AGENT_TIMEOUT_S
+            )
+            reply = msgspec.json.decode(msg.data, type=LogsReply)
+        except Exception as exc:  # no responders, timeout, a garbled reply: the agent cannot answer now
+            return unavailable(f"the agent of {node_id} did not answer for the log ({type(exc).__name__})")
+        if not reply.ok:
+            return problem(502, "Agent refused", reply.error, slug="agent-error", node_id=node_id)
+        # Done when the attempt is over and everything its rank wrote has been read.
+        ended = record.ended_at is not None or job.terminal or job.attempt != attempt
+        chunk = LogChunk(
+            job_id=job_id,
+            attempt=attempt,
+            rank=rank,
+            node_id=node_id,
+            found=reply.found,
+            offset=reply.offset,
+            next_offset=reply.next_offset,
+            size=reply.size,
+            text=reply.text,
+            attempt_ended=ended,
+            eof=ended and reply.next_offset >= reply.size,
+        )
+        return _ok(chunk)
+
+
+def _team_scope(request: web.Request, asked: str | None) -> tuple[str | None, web.Response | None]:
+    """The team a request may see: an admin any (or all), a team token its own, another refused (403)."""
+    who = principal(request)
+    if who.admin:
+        return asked, None
+    if asked is not None and asked != who.team:
+        return None, forbidden(f"this token acts for team {who.team!r}, not {asked!r}", field="team")
+    return who.team, None
+
+
+def add_history_routes(
+    app: web.Application, log: EventLog, follower: FoldFollower, queues: Any = None
+) -> None:
+    handlers = HistoryHandlers(log, follower, queues)
+    app.router.add_get("/v1/jobs/{job_id}/history", handlers.job_history)
+    app.router.add_get("/v1/jobs/{job_id}/logs", handlers.logs)
+    app.router.add_get("/v1/history", handlers.finished)
+    app.router.add_get("/v1/usage", handlers.usage)
+    app.router.add_get("/v1/queues", handlers.queues_view)
