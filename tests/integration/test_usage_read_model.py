@@ -1,0 +1,88 @@
+"""`rally usage` from the log equals the PostgreSQL read model's answer to the bit, on a recorded history
+with preemptions and a retried job (tests/replay/data/usage_history.jsonl, from record_usage_history.py).
+
+The recorded events are appended to a fresh log, projected into a fresh database, and the pure ``usage``
+over a replay of the log is compared with the one SQL query over ``rally.attempts``: every group, window
+and grouping, float for float.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import msgspec
+import pytest
+
+from rallypoint.accounting import fold_attempts, usage
+from rallypoint.cli.replay import load_history
+from rallypoint.eventlog import EventLog
+from rallypoint.events import subjects
+from rallypoint.events.codec import Quarantined
+from rallypoint.infra import PostgresServer
+from rallypoint.projection import Projector
+from rallypoint.projection.rows import attempt_row
+from rallypoint.projection.store import connect, fetch_attempts
+from rallypoint.projection.usage import read_model_usage
+
+RECORDED = Path(__file__).parents[1] / "replay" / "data" / "usage_history.jsonl"
+
+
+@pytest.fixture
+async def dsn(postgres: PostgresServer) -> AsyncIterator[str]:
+    name = f"usage_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(postgres.dsn_for("postgres"))
+    try:
+        await admin.execute(f"CREATE DATABASE {name}")
+    finally:
+        await admin.close()
+    yield postgres.dsn_for(name)
+    admin = await asyncpg.connect(postgres.dsn_for("postgres"))
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await admin.close()
+
+
+async def test_usage_from_the_log_equals_the_read_model(event_log: EventLog, dsn: str) -> None:
+    history = load_history(str(RECORDED))
+    for seq, item in history:
+        assert not isinstance(item, Quarantined), item
+        await event_log.append(subjects.for_event(item), item, msg_id=f"recorded:{seq}", source="test")
+    projector = Projector(event_log, dsn, batch_size=16)
+    try:
+        await projector.catch_up()
+    finally:
+        await projector.close()
+
+    replayed = [(rec.seq, rec.event) async for rec in event_log.replay()]
+    state, ledger = fold_attempts(replayed)
+    attempts = list(ledger.records())
+    # the recording holds what it claims: preempted attempts and a retried job's failed one
+    assert {"preempted", "attempt-failed", "completed", "failed", "cancelled"} <= {
+        a.outcome for a in attempts
+    }
+    assert len(attempts) > len(state.jobs)
+
+    conn = await connect(dsn, application_name="test-usage")
+    try:
+        assert await fetch_attempts(conn) == [attempt_row(a) for a in attempts]
+        starts = sorted(a.started_at for a in attempts if a.started_at is not None)
+        ends = sorted(a.ended_at for a in attempts if a.ended_at is not None)
+        middle = starts[len(starts) // 2]
+        windows = [(None, None), (middle, None), (None, middle), (starts[1], ends[-2])]
+        now = ends[-1] + 10.0
+        for by in ("team", "user", "class"):
+            for since, until in windows:
+                from_log = usage(ledger.records(), by, since, until, now=now, price_per_gpu_hour=2.5)
+                from_db = await read_model_usage(conn, by, since, until, now=now, price_per_gpu_hour=2.5)
+                assert from_log.rows, (by, since, until)
+                assert from_db.source == "postgres"
+                assert msgspec.structs.replace(from_db, source="log") == from_log, (by, since, until)
+    finally:
+        await conn.close()
+    # to the GPU-second, spelled out: every preempted and retried attempt is charged
+    total = sum(a.gpus * (a.ended_at - a.started_at) for a in attempts if a.started_at and a.ended_at)
+    assert round(usage(attempts, "team", None, None, now=now).total_gpu_s) == round(total)
