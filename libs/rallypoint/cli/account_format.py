@@ -21,7 +21,8 @@ def format_show(h: dict[str, Any]) -> str:
     spec = h["spec"]
     lines = [
         f"JobId={h['job_id']} JobName={spec['name']} Team={spec['team']} Priority={spec['priority']}",
-        f"   JobState={h['state'].upper()} Reason={h['reason'] or '-'} ExitCode={h['exit_code']}"
+        f"   JobState={h['state'].upper()} Reason={h['reason'] or '-'}"
+        f" ExitCode={'-' if h['exit_code'] is None else h['exit_code']}"
         f" Queue={h['queue'] or '-'}",
         f"   Gpus={spec['gpus']} GpusPerNode={spec['gpus_per_task']} RanksPerNode={spec['ranks_per_task']}"
         f" MaxRetries={spec['max_retries']} TimeLimit={spec['time_limit_s'] or 'UNLIMITED'}",
