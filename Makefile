@@ -22,11 +22,11 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
-# A long seeded chaos run on a local cluster with a summary table (make chaos SEED=7 STEPS=60 reruns one);
+# A 30-minute seeded chaos run on a local cluster with a summary table (MINUTES=, or STEPS=; SEED=7 reruns one);
 # make test runs a short one (tests/chaos/test_chaos_short.py).
-STEPS ?= 40
+MINUTES ?= 30
 chaos: install
-	$(BIN)/python -m tests.chaos.monkey --steps $(STEPS) $(if $(SEED),--seed $(SEED))
+	$(BIN)/python -m tests.chaos.monkey $(if $(STEPS),--steps $(STEPS),--minutes $(MINUTES)) $(if $(SEED),--seed $(SEED))
 
 bench: install
 	$(BIN)/rally bench scheduler --nodes 12500 --gpus-per-node 8 --pending 5000 --json

@@ -2,15 +2,21 @@
 
 Each step submits a trickle of jobs (short ones that succeed, ones that fail, long ones cancelled a step
 later), then does one fault drawn from the seed: kill -9 or SIGSTOP of a service, kill -9 of an agent, a
-frozen node (its agent and ranks, sometimes past the lost timeout), kill -9 of nats-server. Whatever dies is
-brought back by the cluster's supervisor (``LocalCluster.supervise``, as `rally up` does). After every step:
+frozen node (its agent and ranks, sometimes past the lost timeout), kill -9 of nats-server, a poison message
+(undecodable bytes, or an event version no service knows) or a forged bind (epoch 0, written raw as a
+rogue writer on the scheduler's subjects would). Whatever dies is brought back by the cluster's supervisor
+(``LocalCluster.supervise``, as `rally up` does). After every step:
 
 - no acknowledged job is lost (every 202's job id is known to the API and to the log);
 - no GPU is bound twice (the active jobs' placements in a fresh fold of the log never overlap);
-- the state hash the API serves equals a fresh replay's to the same sequence.
+- the state hash the API serves equals a fresh replay's to the same sequence;
+- the fold quarantined exactly the poison messages published, nothing else;
+- PostgreSQL's read model equals a fresh fold of the log at the projector's position.
 
-At the end every job must reach its right final state (completed / failed / cancelled). ``make chaos`` runs
-it long with a summary table; ``tests/chaos/test_chaos_short.py`` runs a short one in ``make test``.
+At the end every job must reach its right final state (completed / failed / cancelled), the projector must
+have caught up with the log, and the audit (``rally replay --verify-decisions``) must recompute every
+scheduler decision identically and refuse exactly the forged ones. ``make chaos`` runs it for 30 minutes
+(``--minutes``) with a summary table; ``tests/chaos/test_chaos_short.py`` runs a short one in ``make test``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import contextlib
 import logging
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -30,17 +37,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rallypoint.cli.replay import fold, read_history
-from rallypoint.eventlog import EventLogError
+import asyncpg
+
+from rallypoint.audit import verify_decisions
+from rallypoint.cli.replay import History, read_history
+from rallypoint.eventlog import EventLog, EventLogError
+from rallypoint.events import GangBound, TaskPlacement, subjects
+from rallypoint.events.codec import Quarantined
 from rallypoint.localcluster import LocalCluster
 from rallypoint.localcluster.http import call
 from rallypoint.localcluster.supervisor import SCHEDULERS, SINGLETONS
+from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.state import ACTIVE, ClusterState
 
 TERMINAL = {"completed", "failed", "cancelled", "rejected"}
 #: Every service the local cluster runs (agents and servers are faults of their own).
 SERVICES = ("api", *SINGLETONS, *SCHEDULERS)
-FAULTS = ("kill-service", "stop-service", "kill-agent", "freeze-node", "kill-nats")
+FAULTS = ("kill-service", "stop-service", "kill-agent", "freeze-node", "kill-nats", "poison", "forge")
+#: What a rolling upgrade or a broken client may write: bytes no decoder reads, a version nobody knows.
+POISON = (
+    b"\x00junk",
+    b'{"type":"JobSubmitted.v9","job_id":"chaos-v9","spec":{"name":"x"},"submitted_at":1.0}',
+)
+#: The local cluster's scheduler policy (no queue file): the audit recomputes its decisions.
+POLICY = SchedulingPolicy("rallypoint")
 
 
 @dataclass
@@ -69,13 +89,21 @@ class ChaosResult:
     jobs: dict[str, Submitted] = field(default_factory=dict)
     final: dict[str, str] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    poison_seqs: list[int] = field(default_factory=list)
+    forged_seqs: list[int] = field(default_factory=list)
+    audit: str = ""
+    elapsed_s: float = 0.0
 
     @property
     def ok(self) -> bool:
         return not self.failures
 
     def table(self) -> str:
-        lines = [f"chaos seed {self.seed}: {len(self.steps)} steps, {len(self.jobs)} jobs acknowledged", ""]
+        lines = [
+            f"chaos seed {self.seed}: {len(self.steps)} steps in {self.elapsed_s / 60:.1f} min, "
+            f"{len(self.jobs)} jobs acknowledged",
+            "",
+        ]
         lines.append(f"{'step':>4}  {'fault':<13} {'target':<15} {'s':>5} {'jobs':>4} {'took':>6}  checks")
         for s in self.steps:
             lines.append(
@@ -88,6 +116,11 @@ class ChaosResult:
         lines.append(
             "jobs (expected -> ended): " + ", ".join(f"{e}->{g} {n}" for (e, g), n in sorted(right.items()))
         )
+        lines.append(
+            f"poison messages {len(self.poison_seqs)} (all quarantined, nothing else), forged binds "
+            f"{len(self.forged_seqs)}"
+        )
+        lines.append(f"audit: {self.audit}")
         lines.append("result: " + ("ok" if self.ok else "FAILED\n  " + "\n  ".join(self.failures)))
         return "\n".join(lines)
 
@@ -160,9 +193,40 @@ class Monkey:
             time.sleep(seconds)
             self.cluster.freeze_node(target, signal.SIGCONT)
             return kind, target, seconds
+        if kind == "poison":
+            data = self.rng.choice(POISON)
+            target = f"rally.job.chaos-{self.rng.randrange(10**6)}"
+            self.result.poison_seqs.append(self._publish(lambda log: log.js.publish(target, data)))
+            return kind, target.removeprefix("rally.job."), 0.0
+        if kind == "forge":
+            job_id = self.rng.choice(sorted(self.result.jobs)) if self.result.jobs else "chaos-none"
+            node = self.rng.choice(nodes)
+            self.result.forged_seqs.append(self._publish(lambda log: _forge(log, job_id, node)))
+            return kind, job_id, 0.0
         assert self.cluster.nats is not None and self.cluster.nats.pid is not None
         os.kill(self.cluster.nats.pid, signal.SIGKILL)
         return kind, "nats-server", 0.0
+
+    def _publish(self, write: Any) -> int:
+        """``write(log)`` as the admin identity, retried while nats-server comes back; its sequence."""
+
+        async def once() -> int:
+            log = await EventLog.connect(self.cluster.nats_url, name="chaos-monkey", create=False)
+            try:
+                answer = await write(log)
+                return int(answer if isinstance(answer, int) else answer.seq)
+            finally:
+                await log.close()
+
+        deadline = time.monotonic() + 60
+        while True:
+            self.cluster.supervise()
+            try:
+                return asyncio.run(once())
+            except (OSError, EventLogError, RuntimeError):  # a timeout is an OSError
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
 
     # -- one step, and the checks after it ----------------------------------------------------------
 
@@ -192,16 +256,35 @@ class Monkey:
             self.result.failures.append(f"step {number}: {problem}")
         return "ok" if not problems else "; ".join(problems)
 
-    def _check_once(self) -> list[str]:
+    def _check_once(self, *, projector_caught_up: bool = False) -> list[str]:
         live = call("GET", f"{self.cluster.api_url}/v1/state")[1]
-        state = fold(asyncio.run(read_history(self.cluster.nats_url, int(live["seq"]))))
+        live_seq = int(live["seq"])
+        position, projected = asyncio.run(_projection(self.cluster.postgres_dsn))
+        history = asyncio.run(read_history(self.cluster.nats_url, max(live_seq, position)))
+        state = _fold_to(history, live_seq)
         problems = []
         if state.hash() != live["hash"]:
-            problems.append(f"replay hash differs from the live hash at seq {live['seq']}")
+            problems.append(f"replay hash differs from the live hash at seq {live_seq}")
         lost = [j for j in self.result.jobs if j not in state.jobs]
         problems += [f"acknowledged job {j} is not in the log" for j in lost]
         problems += _double_bound(state)
+        problems += self._quarantine_problems(history, live_seq)
+        if projector_caught_up and position < live_seq:
+            problems.append(f"the projector is at seq {position}, the log at {live_seq}")
+        at_position = {j.job_id: j.state for j in _fold_to(history, position).jobs.values()}
+        if projected != at_position:
+            differ = sorted(
+                j for j in set(projected) | set(at_position) if projected.get(j) != at_position.get(j)
+            )
+            problems.append(f"PostgreSQL at seq {position} differs from the log for jobs {differ[:5]}")
         return problems
+
+    def _quarantine_problems(self, history: History, to_seq: int) -> list[str]:
+        quarantined = {seq for seq, item in history if isinstance(item, Quarantined) and seq <= to_seq}
+        published = {seq for seq in self.result.poison_seqs if seq <= to_seq}
+        if quarantined == published:
+            return []
+        return [f"quarantined seqs {sorted(quarantined)}, poison published at {sorted(published)}"]
 
     def drain(self, timeout: float) -> None:
         """Until every acknowledged job is terminal; then compare with what each should have become."""
@@ -226,7 +309,69 @@ class Monkey:
         self.result.failures += [f"after the run: {p}" for p in self.check_final()]
 
     def check_final(self) -> list[str]:
-        return _retry_check(lambda: self._check_once(), within_s=40, supervise=self.cluster.supervise)
+        problems = _retry_check(
+            lambda: self._check_once(projector_caught_up=True), within_s=60, supervise=self.cluster.supervise
+        )
+        return problems + self.audit()
+
+    def audit(self) -> list[str]:
+        """The whole log through the audit: every decision recomputed identically, only the forged refused."""
+        report = verify_decisions(asyncio.run(read_history(self.cluster.nats_url, None)), POLICY)
+        refused = sorted(r.seq for r in report.refused)
+        self.result.audit = (
+            f"{report.decisions} decisions, {report.verified} recomputed identically, "
+            f"{len(report.mismatches)} differ, {report.other_policy} under another policy, "
+            f"refused seqs {refused}"
+        )
+        problems = [f"audit: seq {m.seq} {m.kind} {m.job_id} recorded {m.recorded}, recomputed "
+                    f"{m.recomputed}" for m in report.mismatches]  # fmt: skip
+        if report.other_policy:
+            problems.append(f"audit: {report.other_policy} decisions under another policy")
+        if refused != sorted(self.result.forged_seqs):
+            problems.append(
+                f"audit refused {refused}, the forged binds are {sorted(self.result.forged_seqs)}"
+            )
+        return problems
+
+
+def _fold_to(history: History, seq: int) -> ClusterState:
+    state = ClusterState()
+    for at, item in history:
+        if at > seq:
+            break
+        state.apply_stored(at, item)
+    return state
+
+
+async def _projection(dsn: str) -> tuple[int, dict[str, str]]:
+    """The projector's position and its jobs' states, read in one snapshot."""
+    conn = await asyncpg.connect(dsn, timeout=5)
+    try:
+        async with conn.transaction(isolation="repeatable_read", readonly=True):
+            position = await conn.fetchval("SELECT coalesce(max(seq), 0) FROM rally.projection_position")
+            rows = await conn.fetch("SELECT job_id, state FROM rally.jobs")
+    finally:
+        await conn.close()
+    return int(position), {r["job_id"]: r["state"] for r in rows}
+
+
+async def _forge(log: EventLog, job_id: str, node_id: str) -> int:
+    """A bind that looks like the scheduler's (its policy, a plausible position) but was never its leader's:
+    epoch 0, appended raw without the fencing headers."""
+    now = time.time()
+    bind = GangBound(
+        job_id=job_id,
+        attempt=1,
+        epoch=0,
+        placements=(TaskPlacement(task=0, node_id=node_id, gpus=(0,)),),
+        computed_at_seq=await log.last_seq(),
+        policy_version=POLICY.version,
+        now=now,
+        at=now,
+    )
+    return await log.append(
+        subjects.bind(job_id), bind, msg_id=f"chaos-forged:{job_id}:{now}", source="rallypoint/scheduler"
+    )
 
 
 def _pause(pid: int, seconds: float) -> None:
@@ -289,7 +434,9 @@ def _retry_check(check: Any, *, within_s: float, supervise: Any) -> list[str]:
     problems = ["the API or the log did not answer"]
     while time.monotonic() < deadline:
         supervise()
-        with contextlib.suppress(OSError, KeyError, TypeError, ValueError, RuntimeError, EventLogError):
+        with contextlib.suppress(
+            OSError, KeyError, TypeError, ValueError, RuntimeError, EventLogError, asyncpg.PostgresError
+        ):
             problems = check()
             if not problems:
                 return []
@@ -297,28 +444,52 @@ def _retry_check(check: Any, *, within_s: float, supervise: Any) -> list[str]:
     return problems
 
 
-def run_chaos(workdir: Path, *, seed: int, steps: int, drain_s: float = 120.0) -> ChaosResult:
+def run_chaos(
+    workdir: Path, *, seed: int, steps: int, minutes: float | None = None, drain_s: float = 120.0
+) -> ChaosResult:
+    """``steps`` steps, or as many as ``minutes`` allow when it is given."""
+    began = time.monotonic()
     with LocalCluster(workdir, nodes=4, gpus_per_node=8, racks=2) as cluster:
         monkey = Monkey(cluster, seed)
-        for number in range(1, steps + 1):
+        number = 0
+        while _more(number, steps, minutes, time.monotonic() - began):
+            number += 1
             monkey.result.steps.append(monkey.step(number))
         monkey.drain(drain_s)
+        monkey.result.elapsed_s = time.monotonic() - began
         return monkey.result
+
+
+def _more(done: int, steps: int, minutes: float | None, elapsed_s: float) -> bool:
+    return elapsed_s < minutes * 60 if minutes is not None else done < steps
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos.monkey", description=__doc__)
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--minutes", type=float, help="run steps for this long instead of --steps")
     parser.add_argument("--drain", type=float, default=180.0, help="seconds for every job to end")
     args = parser.parse_args(argv)
     # The checks reconnect to a server that is being killed on purpose: its warnings are expected.
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(message)s")
+    # Every check replays the whole log, so each poison message would be logged again at every step: the
+    # summary lists them once.
+    logging.getLogger("rallypoint.eventlog").setLevel(logging.CRITICAL)
+    workdir = Path(tempfile.mkdtemp(prefix="rally-chaos-"))
     result = run_chaos(
-        Path(tempfile.mkdtemp(prefix="rally-chaos-")), seed=args.seed, steps=args.steps, drain_s=args.drain
+        workdir,
+        seed=args.seed,
+        steps=args.steps,
+        minutes=args.minutes,
+        drain_s=args.drain,
     )
     print(result.table())
-    return 0 if result.ok else 1
+    if not result.ok:
+        print(f"the cluster's logs are kept in {workdir}")
+        return 1
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":
