@@ -36,6 +36,7 @@ from rallypoint.security.tokens import Principal, TokenStore
 from rallypoint.state import ClusterState, JobState, JobView
 
 from .auth import auth_middleware, forbidden, principal
+from .dashboard import add_dashboard_routes
 from .fold import FoldFollower, quarantine_metrics
 from .history_views import add_history_routes
 from .metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
@@ -554,6 +555,7 @@ def build_app(
     app.router.add_get("/v1/openapi.json", handlers.openapi)
     app.router.add_get("/healthz", handlers.healthz)
     app.router.add_get("/metrics", handlers.metrics)
+    add_dashboard_routes(app)  # GET /: the web dashboard over this same API
     # queues: the scheduler's queue file, when the API was given one (rally queues shows nominal quotas)
     add_history_routes(app, log, follower, getattr(config, "queues", None))
     return app

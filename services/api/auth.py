@@ -19,7 +19,9 @@ from rallypoint.security.tokens import ANONYMOUS_ADMIN, Principal, TokenStore
 
 from .problems import problem
 
-PUBLIC_PATHS: frozenset[str] = frozenset({"/healthz", "/readyz", "/metrics", "/v1/openapi.json"})
+PUBLIC_PATHS: frozenset[str] = frozenset({"/healthz", "/readyz", "/metrics", "/v1/openapi.json", "/"})
+#: The dashboard's static files (``dashboard.py``): no data in them; the page reads the API with a token.
+PUBLIC_PREFIXES: tuple[str, ...] = ("/dashboard/",)
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal", Principal)
 _CHALLENGE = 'Bearer realm="rallypoint"'
 
@@ -52,7 +54,7 @@ def bearer_token(header: str | None) -> str | None:
 def auth_middleware(store: TokenStore) -> Middleware:
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in PUBLIC_PATHS:
+        if request.path in PUBLIC_PATHS or request.path.startswith(PUBLIC_PREFIXES):
             return await handler(request)
         header = request.headers.get("Authorization")
         token = bearer_token(header)
@@ -89,7 +91,7 @@ def with_security(document: dict[str, Any]) -> dict[str, Any]:
         for method, operation in operations.items():
             if method == "parameters":
                 continue
-            if path in PUBLIC_PATHS:
+            if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
                 operation["security"] = []
                 continue
             responses = operation.setdefault("responses", {})

@@ -24,6 +24,7 @@ from rallypoint.jobs.validate import (
 )
 
 from .auth import with_security
+from .dashboard import dashboard_paths
 from .history_openapi import history_paths, history_schemas
 
 _JOB_STATES = ["pending", "bound", "running", "completed", "failed", "cancelled", "rejected"]
@@ -489,6 +490,7 @@ def _document() -> dict[str, Any]:
                 }
             },
             **history_paths(),
+            **dashboard_paths(),
             "/metrics": {
                 "get": {
                     "operationId": "metrics",

@@ -98,6 +98,8 @@ def run_demo(nodes: int, gpus_per_node: int, racks: int, *, timeout: float = 180
         print(f"cluster up in {elapsed:.1f} s: API {cluster.api_url}, NATS {cluster.nats_url}")
         api = cluster.api_url
         token = cluster.token_for("demo")  # the batch runs as team demo, as a user would
+        print(f"dashboard: {api}/?token={token}")
+        print(f"metrics: {cluster.metrics_urls()['scheduler-1']} (every service's: docs/observability.md)")
         ids = {job.name: _submit(api, job, probe_dir, token) for job in BATCH}
         print(f"submitted {len(ids)} jobs")
         cancelled = False
