@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -33,27 +34,31 @@ def resolve_tokens_file(explicit: str | None) -> Path | None:
     return Path(local) if isinstance(local, str) and local else None
 
 
-def _path(args: argparse.Namespace) -> Path | None:
-    path = resolve_tokens_file(args.tokens_file)
-    if path is None:
-        print(
-            f"error: no token file: pass --tokens-file, set ${TOKENS_FILE_ENV}, or run in the folder of "
-            "`rally up`",
-            file=sys.stderr,
-        )
-    return path
+def _with_file(action: Callable[[argparse.Namespace, Path], int]) -> Callable[[argparse.Namespace], int]:
+    """A command on the token file: finds it, and turns a ``TokenError`` into one line and exit 2."""
+
+    def command(args: argparse.Namespace) -> int:
+        path = resolve_tokens_file(args.tokens_file)
+        if path is None:
+            print(
+                f"error: no token file: pass --tokens-file, set ${TOKENS_FILE_ENV}, or run in the folder of "
+                "`rally up`",
+                file=sys.stderr,
+            )
+            return 2
+        try:
+            return action(args, path)
+        except TokenError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+
+    return command
 
 
-def cmd_create(args: argparse.Namespace) -> int:
-    path = _path(args)
-    if path is None:
-        return 2
+@_with_file
+def cmd_create(args: argparse.Namespace, path: Path) -> int:
     user = args.user or ("admin" if args.admin else args.team)
-    try:
-        record, token = create_token(path, user=user, team=args.team, admin=args.admin)
-    except TokenError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    record, token = create_token(path, user=user, team=args.team, admin=args.admin)
     who = "admin" if args.admin else f"team {record.team}"
     # The token alone on stdout, so `export RALLY_TOKEN=$(rally tokens create ...)` works.
     print(f"created {record.id} ({who}, user {record.user}); the token is shown only now:", file=sys.stderr)
@@ -61,15 +66,9 @@ def cmd_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_list(args: argparse.Namespace) -> int:
-    path = _path(args)
-    if path is None:
-        return 2
-    try:
-        records = read_tokens(path).tokens
-    except TokenError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+@_with_file
+def cmd_list(args: argparse.Namespace, path: Path) -> int:
+    records = read_tokens(path).tokens
     if args.json:
         # Hashes stay in the file: a listing is for reading, not for copying verifiers around.
         rows = [{k: v for k, v in msgspec.to_builtins(r).items() if k != "hash"} for r in records]
@@ -82,15 +81,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_revoke(args: argparse.Namespace) -> int:
-    path = _path(args)
-    if path is None:
-        return 2
-    try:
-        record = revoke_token(path, args.token_id)
-    except TokenError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+@_with_file
+def cmd_revoke(args: argparse.Namespace, path: Path) -> int:
+    record = revoke_token(path, args.token_id)
     print(f"revoked {record.id} (user {record.user}); the API refuses it from its next request")
     return 0
 
