@@ -67,10 +67,16 @@ function svg(tag, attrs = {}, ...children) {
 function title(text) { return svg("title", {}, text); }
 function link(href, text) { return el("a", { href }, text); }
 
+// Distinct colours handed to teams in the order the page first sees them (sorted within one refresh), so
+// two teams on screen never look alike until there are more teams than colours.
+// No oranges or reds among them: those mean draining and unhealthy.
+const PALETTE = ["#4e9be6", "#a77be8", "#3fb27f", "#2ec4c4", "#d4d45a", "#e879c0", "#8c8cf0", "#7fbf5f",
+  "#5fa8a8", "#b0b0b0"];
+const teamColors = new Map();
+
 function teamColor(team) {
-  let hash = 0;
-  for (const ch of team) hash = (hash * 31 + ch.charCodeAt(0)) >>> 0;
-  return `hsl(${hash % 360}, 60%, 55%)`;
+  if (!teamColors.has(team)) teamColors.set(team, PALETTE[teamColors.size % PALETTE.length]);
+  return teamColors.get(team);
 }
 
 function when(seconds) {
@@ -216,6 +222,7 @@ async function renderCluster(view) {
   ]);
   const owners = gpuOwners(active.jobs);
   const teams = [...new Set(active.jobs.map((j) => j.team))].sort();
+  [...new Set([...teams, ...pending.jobs.map((j) => j.team)])].sort().forEach(teamColor);
   const total = nodes.nodes.reduce((sum, n) => sum + n.gpus.total, 0);
   const free = nodes.nodes.reduce((sum, n) => sum + n.gpus.free, 0);
   const { table, held } = teamTable(active.jobs, pending.jobs);
