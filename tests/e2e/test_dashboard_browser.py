@@ -3,7 +3,8 @@
 Chromium is driven over the DevTools protocol (a websocket, with aiohttp): the test loads the page the
 API serves at ``/`` with the cluster's admin token in ``?token=``, then reads the rendered DOM. It checks
 that the heat map shows every node of the cluster, that a job that must wait appears in the queue with
-its reason and then on its GPUs once it binds, and that its job page draws its timeline. Screenshots of
+its reason and then on its GPUs once it binds, and that its job page draws its timeline (with the event
+history and the rank-log panel). Screenshots of
 the pages go to ``$RALLY_SCREENSHOTS`` (default: the test's tmp dir). Skipped where Chromium is absent
 (``apt-get install -y chromium``).
 """
@@ -190,6 +191,11 @@ async def test_heat_map_queue_gpus_and_job_timeline_in_a_headless_browser(
         )
         assert labels[:3] == ["submitted", "bound", "running"], labels
         assert await browser.evaluate("document.querySelector('#job').dataset.state") == "running"
+        events = await browser.evaluate(
+            "[...document.querySelectorAll('tr.event-row')].map(r => r.innerText)"
+        )
+        assert any("JobSubmitted" in e for e in events) and any("JobStarted" in e for e in events), events
+        assert await browser.evaluate("!!document.querySelector('#rank-log')"), "the rank log panel"
         await browser.screenshot(shots / "job.png")
     for name in ("cluster", "queue", "running", "job"):
         assert (shots / f"{name}.png").stat().st_size > 1000

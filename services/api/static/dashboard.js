@@ -173,7 +173,7 @@ function queueTable(pending) {
   return table;
 }
 
-function teamTable(active, pending) {
+function teamTable(active, pending, queues) {
   const teams = new Map();
   const row = (team) => {
     if (!teams.has(team)) teams.set(team, { held: 0, running: 0, pendingJobs: 0, pendingGpus: 0 });
@@ -185,12 +185,15 @@ function teamTable(active, pending) {
     t.running += 1;
   }
   for (const job of pending) { const t = row(job.team); t.pendingJobs += 1; t.pendingGpus += job.gpus; }
-  const table = el("table", { id: "teams" }, el("tr", {}, ...["team", "GPUs held", "jobs active", "jobs waiting",
-    "GPUs waiting"].map((h) => el("th", {}, h))));
+  const nominal = new Map(((queues && queues.teams) || []).map((q) => [q.team, q.nominal]));
+  const table = el("table", { id: "teams" }, el("tr", {}, ...["team", "GPUs held", "nominal quota", "jobs active",
+    "jobs waiting", "GPUs waiting"].map((h) => el("th", {}, h))));
   for (const [team, t] of [...teams].sort()) {
+    const quota = nominal.get(team);
     table.append(el("tr", { class: "team-row", "data-team": team },
       el("td", {}, el("i", { style: `display:inline-block;width:10px;height:10px;background:${teamColor(team)}` }), " ", team),
-      el("td", {}, String(t.held)), el("td", {}, String(t.running)),
+      el("td", {}, String(t.held)), el("td", {}, quota === undefined || quota === null ? "—" : String(quota)),
+      el("td", {}, String(t.running)),
       el("td", {}, String(t.pendingJobs)), el("td", {}, String(t.pendingGpus))));
   }
   return { table, held: Object.fromEntries([...teams].map(([team, t]) => [team, t.held])) };
@@ -216,16 +219,16 @@ function usageChart(samples, totalGpus) {
 }
 
 async function renderCluster(view) {
-  const [nodes, active, pending, fold] = await Promise.all([
+  const [nodes, active, pending, fold, queues] = await Promise.all([
     api("/v1/nodes"), api(`/v1/jobs?state=${ACTIVE}&limit=10000`),
-    api("/v1/jobs?state=pending&limit=10000"), api("/v1/state"),
+    api("/v1/jobs?state=pending&limit=10000"), api("/v1/state"), optional("/v1/queues"),
   ]);
   const owners = gpuOwners(active.jobs);
   const teams = [...new Set(active.jobs.map((j) => j.team))].sort();
   [...new Set([...teams, ...pending.jobs.map((j) => j.team)])].sort().forEach(teamColor);
   const total = nodes.nodes.reduce((sum, n) => sum + n.gpus.total, 0);
   const free = nodes.nodes.reduce((sum, n) => sum + n.gpus.free, 0);
-  const { table, held } = teamTable(active.jobs, pending.jobs);
+  const { table, held } = teamTable(active.jobs, pending.jobs, queues);
   usage.push({ t: Date.now() / 1000, teams: held });
   if (usage.length > 600) usage.shift();
   document.getElementById("status").textContent =
@@ -252,8 +255,32 @@ function milestones(job) {
   return marks.sort((a, b) => a[1] - b[1]);
 }
 
-function timeline(job) {
-  const marks = milestones(job);
+// Event types of /v1/jobs/{id}/history -> (milestone label, the phase that follows it)
+const HISTORY_MARKS = {
+  JobSubmitted: ["submitted", "pending"], GangBound: ["bound", "bound"], JobStarted: ["running", "running"],
+  JobPreempted: ["preempted", "pending"], JobInterrupted: ["interrupted", "recovering"],
+  GangRepaired: ["recovered", "bound"], JobRequeued: ["requeued", "pending"],
+  JobAttemptFailed: ["attempt failed", "pending"], JobCompleted: ["completed", null],
+  JobFailed: ["failed", null], JobCancelled: ["cancelled", null],
+};
+
+function historyMilestones(history) {
+  const marks = [];
+  let recovered = false;
+  for (const entry of history.timeline) {
+    const mark = HISTORY_MARKS[entry.type.replace(/\.v\d+$/, "")];
+    if (!mark || !entry.applied || entry.at === null) continue;
+    let [label, phase] = mark;
+    if (label === "recovered" || label === "interrupted") recovered = true;
+    if (label === "running" && recovered) label = "running (recovered)";
+    marks.push([label, entry.at, phase]);
+  }
+  return marks;
+}
+
+function timeline(job, history) {
+  const fromHistory = history && history.timeline ? historyMilestones(history) : [];
+  const marks = fromHistory.length ? fromHistory : milestones(job);
   const width = 760, height = 96, pad = 40;
   const end = job.ended_at || Date.now() / 1000;
   const t0 = marks[0][1], span = Math.max(1e-3, end - t0);
@@ -287,8 +314,35 @@ function details(job) {
   return el("dl", { class: "kv" }, ...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
 }
 
+function eventTable(history) {
+  if (!history || !history.timeline) return el("p", { class: "muted" }, "no event history from this API");
+  const t0 = history.submitted_at;
+  return el("table", { id: "events" }, el("tr", {}, ...["seq", "time", "event", ""].map((h) => el("th", {}, h))),
+    ...history.timeline.map((e) => el("tr", { class: "event-row" }, el("td", {}, String(e.seq)),
+      el("td", {}, e.at === null ? "—" : `+${duration(e.at - t0)}`), el("td", {}, e.type),
+      el("td", { class: "muted" }, e.applied ? "" : "refused by the fold"))));
+}
+
+const shownRank = new Map(); // job -> the rank whose log the page shows
+
+async function rankLog(job) {
+  const rank = shownRank.get(job.job_id) || 0;
+  const base = `/v1/jobs/${encodeURIComponent(job.job_id)}/logs?rank=${rank}`;
+  let chunk = await optional(base);
+  if (chunk && chunk.size > chunk.next_offset) chunk = (await optional(`${base}&offset=${Math.max(0, chunk.size - 16384)}`)) || chunk;
+  const ranks = Math.min(job.world_size || 1, 16);
+  const pick = el("div", {}, ...Array.from({ length: ranks }, (_, r) => {
+    const button = el("button", { "data-rank": r, disabled: r === rank ? "" : null }, `rank ${r}`);
+    button.addEventListener("click", () => { shownRank.set(job.job_id, r); render(); });
+    return button;
+  }));
+  const text = chunk ? (chunk.text || "(empty so far)") : "no log: the job has not been placed, or its agent does not answer";
+  return el("div", {}, pick, el("pre", { id: "rank-log", style: "max-height:300px;overflow:auto" }, text));
+}
+
 async function renderJob(view, jobId) {
   const job = await api(`/v1/jobs/${encodeURIComponent(jobId)}`);
+  const history = await optional(`/v1/jobs/${encodeURIComponent(jobId)}/history`);
   document.getElementById("status").textContent = `job ${job.name} · ${job.state}`;
   const attempts = job.recovery.attempts.length
     ? el("ul", {}, ...job.recovery.attempts.map((a) => el("li", {}, a))) : el("p", { class: "muted" }, "none");
@@ -297,9 +351,11 @@ async function renderJob(view, jobId) {
       el("td", {}, t.gpus.join(", ")))));
   view.replaceChildren(el("div", { class: "panel", id: "job", "data-job": job.job_id, "data-state": job.state },
     el("h2", {}, `Job ${job.name} `, el("span", { class: "state" }, job.state)),
-    el("h2", {}, "Timeline"), timeline(job),
+    el("h2", {}, "Timeline"), timeline(job, history),
     el("div", { class: "panels" }, el("div", {}, el("h2", {}, "Details"), details(job)),
-      el("div", {}, el("h2", {}, "Placement"), placement, el("h2", {}, "Failed attempts"), attempts))));
+      el("div", {}, el("h2", {}, "Placement"), placement, el("h2", {}, "Failed attempts"), attempts)),
+    el("h2", {}, "Rank logs"), await rankLog(job),
+    el("h2", {}, "Events"), eventTable(history)));
 }
 
 // --- history: queue time and JCT of finished jobs --------------------------------------------------
