@@ -1,38 +1,39 @@
-"""`rally serve preemption`: picks victims with the core and requests their graceful stop. Leader-elected."""
+"""`rally serve preemption`: follows every eviction the scheduler requests to its end.
+
+It writes nothing, so it needs no lease nor fence: a second replica only repeats the same reports."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
 
+from rallypoint.control.reconcile import PREEMPTION_GRACE_S
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.follower import Follower
 from rallypoint.runtime.following import with_follower
-from rallypoint.runtime.leadership import lead_while_elected
-from rallypoint.scheduling import SchedulingPolicy, load_queue_config
 
-from .loop import PreemptionLoop
+from .loop import EvictionWatch
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rally serve preemption", description=__doc__)
     add_common_args(parser)
     parser.add_argument(
-        "--policy", default="rallypoint", help="core policy name (must match the scheduler's)"
+        "--grace",
+        type=float,
+        default=PREEMPTION_GRACE_S,
+        help="the job controller's preemption grace period: an eviction is reported overdue after it",
     )
-    parser.add_argument("--queues", default=None, help="queue and quota configuration (JSON or YAML)")
-    parser.add_argument("--lease-ttl", type=float, default=3.0, help="leader lease TTL in seconds")
+    # It no longer runs the policy; deployments (and `rally up` with a queue file) may still pass these.
+    parser.add_argument("--policy", help=argparse.SUPPRESS)
+    parser.add_argument("--queues", help=argparse.SUPPRESS)
+    parser.add_argument("--lease-ttl", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     config = ServiceConfig.from_args("preemption", args)
-    queues, classes = load_queue_config(args.queues)
-    policy = SchedulingPolicy(args.policy, queues=queues, priority_classes=classes)
 
     async def run(ctx: ServiceContext) -> int:
-        lease = await ctx.leader_lease(ttl=args.lease_ttl)
-
         async def work(follower: Follower) -> None:
-            loop = PreemptionLoop(follower.log, follower, instance=config.instance, policy=policy)
-            await lead_while_elected(loop, lease, ctx.stop)
+            await EvictionWatch(follower, grace_s=args.grace).run(ctx.stop)
 
         return await with_follower(ctx, work)
 

@@ -1,11 +1,15 @@
 """The scheduler shell: follow the log, win the lease, fence older leaders, append the core's decisions.
 
 No decision is made here: ``rallypoint.scheduling`` turns the folded state into a snapshot, the pure core
-decides, and this loop only appends what it returns. Safety does not rest on the lease: every write
-is conditional on the last sequence of the ``rally.sched.>`` tree, and a new leader bumps that tree
-with ``LeaderEpochStarted`` first, so a paused or partitioned old leader's next write is refused by the
-server (``AppendConflict``) and it steps down. A cycle's writes go out as fenced atomic batches
-(``FencedWriter.append_many``), so a deposed leader loses a whole batch, never half of one.
+decides, and this loop only appends what it returns: the cycle's whole output (binds, preemption requests,
+pending reasons) through this one fenced writer, so every decision of a cycle comes from one fold at one
+``now`` (the preemption service re-runs nothing; it follows the evictions).
+
+Safety does not rest on the lease: every write is conditional on the last sequence of the ``rally.sched.>``
+tree, and a new leader bumps that tree with ``LeaderEpochStarted`` first, so a paused or partitioned old
+leader's next write is refused by the server (``AppendConflict``) and it steps down. A cycle's writes go out
+as fenced atomic batches (``FencedWriter.append_many``), so a deposed leader loses a whole batch, never half
+of one.
 """
 
 from __future__ import annotations

@@ -259,6 +259,7 @@ async def append_lifecycle(w: Writer) -> None:
         subjects.preempt("pre-5"),
         PreemptionRequested(
             job_id="pre-5",
+            role="scheduler",
             attempt=1,
             for_job="train-1",
             reason="priority",

@@ -84,9 +84,11 @@ def pending(job_id: str, epoch: int) -> JobPending:
     return JobPending(job_id=job_id, code="Resources", message="m", epoch=epoch, computed_at_seq=0, at=3.0)
 
 
-def preempt(job_id: str, epoch: int) -> PreemptionRequested:
+def preempt(job_id: str, epoch: int, role: str = "preemption") -> PreemptionRequested:
+    """``role`` "preemption": a request as the old preemption service recorded it (no role field)."""
     return PreemptionRequested(
         job_id=job_id,
+        role="scheduler" if role == "scheduler" else "preemption",
         attempt=1,
         for_job="x",
         reason="priority",
@@ -200,6 +202,24 @@ EPOCH_CASES = [
         "the scheduler's epoch does not make a preemption request count",
         [RUNNING[0], *RUNNING[2:]],
         preempt("j", 1),
+        False,
+    ),
+    EpochCase(
+        "the scheduler's preemption request of its current epoch applies",
+        [epoch(2), node("a"), submit("j"), bind("j", ("a", EIGHT), epoch=2)],
+        preempt("j", 2, "scheduler"),
+        True,
+    ),
+    EpochCase(
+        "a deposed scheduler's preemption request changes nothing",
+        [epoch(1), node("a"), submit("j"), bind("j", ("a", EIGHT)), epoch(2)],
+        preempt("j", 1, "scheduler"),
+        False,
+    ),
+    EpochCase(
+        "a preemption leader's epoch does not make the scheduler's request count",
+        [epoch(1), node("a"), submit("j"), bind("j", ("a", EIGHT)), epoch(2, "preemption")],
+        preempt("j", 2, "scheduler"),
         False,
     ),
     EpochCase(

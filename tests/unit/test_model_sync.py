@@ -40,7 +40,7 @@ from rallypoint.events import (
 from rallypoint.scheduling import ModelSync, SchedulingPolicy, build_snapshot
 from rallypoint.scheduling.bridge import node_of, pending_of, running_of
 from rallypoint.scheduling.model_sync import NODE_FIELDS, PENDING_FIELDS, RUNNING_FIELDS
-from rallypoint.state import CheckpointView, ClusterState, NodeView
+from rallypoint.state import CheckpointView, ClusterState, NodeView, ResizeView
 
 POLICIES = {name: policy_by_name(name) for name in ("fifo", "easy-backfill", "las", "rallypoint")}
 QUEUES = (
@@ -425,6 +425,7 @@ def test_the_signatures_hold_every_field_the_bridge_reads() -> None:
         "started_at": 1.0,
         "placements": (),
         "preempt_for": "x",
+        "resize": ResizeView(attempt=2, placements=(), reason="x", at=1.0),
     }
     pending_others = {
         k: v for k, v in job_others.items() if k not in ("submitted_seq", "run_s")

@@ -8,6 +8,9 @@ the same way, so state hashes still agree.
 
 from __future__ import annotations
 
+from typing import Literal
+
+import msgspec
 import pytest
 
 from rallypoint.events import (
@@ -20,6 +23,7 @@ from rallypoint.events import (
     JobSubmitted,
     LeaderEpochStarted,
     NodeLost,
+    PreemptionRequested,
     RankExited,
     encode,
     subjects,
@@ -53,6 +57,29 @@ def commit(node_id: str = "n1") -> CheckpointCommitted:
     )
 
 
+def preemption_request(role: Literal["scheduler", "preemption"]) -> PreemptionRequested:
+    return PreemptionRequested(
+        job_id="j1",
+        role=role,
+        attempt=1,
+        for_job="j2",
+        reason="priority",
+        epoch=1,
+        computed_at_seq=1,
+        policy_version="p",
+        now=1.0,
+        at=1.0,
+    )
+
+
+def test_an_old_preemption_request_reads_as_the_preemption_services() -> None:
+    """Recorded before the scheduler wrote them: no ``role`` field, judged by the preemption epoch."""
+    old = msgspec.json.decode(encode(preemption_request("preemption")))
+    del old["role"]
+    event = decode_stored(msgspec.json.encode(old), seq=1, subject="rally.preempt.request.j1")
+    assert isinstance(event, PreemptionRequested) and event.role == "preemption"
+
+
 def test_every_event_type_has_a_subject() -> None:
     assert set(subjects._SUBJECT_OF) == set(ALL_EVENT_TYPES)
 
@@ -68,6 +95,9 @@ def test_every_event_type_has_a_subject() -> None:
         (NodeLost(node_id="n1", reason="x", at=1.0), "rally.node.n1"),
         (LeaderEpochStarted(epoch=1, leader_id="a", at=1.0), "rally.sched.epoch"),
         (LeaderEpochStarted(epoch=1, leader_id="a", role="preemption", at=1.0), "rally.preempt.epoch"),
+        # the scheduler's preemption requests are on its fenced tree; the old service's stay readable
+        (preemption_request("scheduler"), "rally.sched.preempt.j1"),
+        (preemption_request("preemption"), "rally.preempt.request.j1"),
     ],
 )
 def test_the_subject_of_an_event(event: Event, subject: str) -> None:
@@ -90,6 +120,9 @@ def test_the_subject_of_an_event(event: Event, subject: str) -> None:
         # the old subjects of agent events
         (rank_exit(), "rally.job.j1"),
         (commit(), "rally.ckpt.j1"),
+        # a request may not claim the other role's tree (its epoch is judged by the role it names)
+        (preemption_request("preemption"), "rally.sched.preempt.j1"),
+        (preemption_request("scheduler"), "rally.preempt.request.j1"),
         # an epoch of a role nobody fences
         (LeaderEpochStarted(epoch=1, leader_id="a", role="rogue", at=1.0), "rally.sched.epoch"),
         # ids that form no subject

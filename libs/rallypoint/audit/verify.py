@@ -1,10 +1,10 @@
 """Recompute recorded decisions from the log and check them bit for bit, and check who made them.
 
-Every ``GangBound`` and ``PreemptionRequested`` records the sequence its snapshot was folded up to
-(``computed_at_seq``), the ``now`` it used and the policy version. Folding the log to that sequence and
-running the same policy at the same ``now`` must give the same decision: that is what makes a
-decision auditable. Pure: the caller supplies the recorded events, in log order. A message no fold of
-this version can read (``Quarantined``) is skipped as every service skipped it, and listed in the report.
+Every ``GangBound``, ``PreemptionRequested`` and ``GangResized`` records the sequence its snapshot was folded
+up to (``computed_at_seq``), the ``now`` it used and the policy version. Folding the log to that sequence and
+running the same policy at the same ``now`` must give the same decision: that is what makes a decision
+auditable. Pure: the caller supplies the recorded events, in log order. A message no fold of this version can
+read (``Quarantined``) is skipped as every service skipped it, and listed in the report.
 
 Every decision of a fenced writer (binds, repairs, requeues, pending reasons, preemption requests) is also
 judged as the fold judges it (``state.decision_refusal``) at the moment it was appended: one that does not
@@ -23,12 +23,13 @@ from collections.abc import Iterable
 
 import msgspec
 
-from rallypoint.events import Event, GangBound, PreemptionRequested
+from rallypoint.core.types import Decisions
+from rallypoint.events import Event, GangBound, GangResized, PreemptionRequested, TaskPlacement
 from rallypoint.events.codec import Quarantined
-from rallypoint.scheduling import SchedulingPolicy
+from rallypoint.scheduling import SchedulingPolicy, resized_placements
 from rallypoint.state import ClusterState, Decision, decision_refusal
 
-Recomputable = GangBound | PreemptionRequested
+Recomputable = GangBound | PreemptionRequested | GangResized
 #: (seq, now) -> the decisions made in the cycle that folded the log to seq and ran at now.
 Cycles = dict[int, dict[float, list[tuple[int, Recomputable]]]]
 
@@ -54,7 +55,7 @@ class Refused(msgspec.Struct, frozen=True, kw_only=True):
 
 class AuditReport(msgspec.Struct, kw_only=True):
     policy_version: str
-    decisions: int = 0  # binds and preemption requests: the decisions a policy recomputes
+    decisions: int = 0  # binds, preemption requests and resizes: the decisions a policy recomputes
     verified: int = 0
     other_policy: int = 0
     other_policy_seqs: list[int] = []
@@ -70,10 +71,6 @@ class AuditReport(msgspec.Struct, kw_only=True):
     def ok(self) -> bool:
         unverifiable = self.other_policy and not self.allow_other_policies
         return not self.mismatches and not self.refused and not unverifiable
-
-
-def _placements(event: GangBound) -> str:
-    return msgspec.json.encode(sorted(event.placements, key=lambda p: p.task)).decode()
 
 
 def verify_decisions(
@@ -111,7 +108,7 @@ def _cycles(
     """Which snapshots are needed: decisions grouped by the (seq, now) of the cycle that made them."""
     cycles: Cycles = defaultdict(lambda: defaultdict(list))
     for seq, event in history:
-        if isinstance(event, GangBound | PreemptionRequested):
+        if isinstance(event, Recomputable):
             report.decisions += 1
             if event.policy_version != policy.version:
                 report.other_policy += 1
@@ -144,6 +141,27 @@ def _tally(outcomes: dict[int, Mismatch | None], report: AuditReport) -> None:
             report.mismatches.append(mismatch)
 
 
+def _encoded(placements: tuple[TaskPlacement, ...]) -> str:
+    return msgspec.json.encode(sorted(placements, key=lambda p: p.task)).decode()
+
+
+def _outcome(state: ClusterState, event: Recomputable, recomputed: Decisions) -> tuple[str, str]:
+    """(recomputed, recorded), comparable as strings: placements for a bind or a resize (the whole new
+    gang, built from the job's placements as the bridge builds it), "preempted" for a preemption request."""
+    if isinstance(event, GangBound):
+        bind = next((b for b in recomputed.binds if b.job_id == event.job_id), None)
+        return ("not bound" if bind is None else _encoded(bind.placements)), _encoded(event.placements)
+    if isinstance(event, GangResized):
+        resize = next((r for r in recomputed.resizes if r.job_id == event.job_id), None)
+        job = state.jobs.get(event.job_id)
+        if resize is None or job is None:
+            return "not resized", _encoded(event.placements)
+        return _encoded(resized_placements(job.placements, resize)), _encoded(event.placements)
+    victims = {(p.victim_id, p.for_job, p.reason) for p in recomputed.preemptions}
+    got = "preempted" if (event.job_id, event.for_job, event.reason) in victims else "not preempted"
+    return got, "preempted"
+
+
 def _check(
     state: ClusterState,
     by_now: dict[float, list[tuple[int, Recomputable]]],
@@ -152,27 +170,12 @@ def _check(
 ) -> None:
     for now, decisions in sorted(by_now.items()):
         recomputed = policy.decide(state, now)
-        binds = {b.job_id: b for b in recomputed.binds}
-        victims = {(p.victim_id, p.for_job, p.reason) for p in recomputed.preemptions}
         for seq, event in decisions:
-            if isinstance(event, GangBound):
-                bind = binds.get(event.job_id)
-                got = (
-                    "not bound"
-                    if bind is None
-                    else msgspec.json.encode(sorted(bind.placements, key=lambda p: p.task)).decode()
-                )
-                want = _placements(event)
-                kind = "GangBound"
-            else:
-                got = (
-                    "preempted" if (event.job_id, event.for_job, event.reason) in victims else "not preempted"
-                )
-                want = "preempted"
-                kind = "PreemptionRequested"
-            same = got == want
+            got, want = _outcome(state, event, recomputed)
             outcomes[seq] = (
                 None
-                if same
-                else Mismatch(seq=seq, job_id=event.job_id, kind=kind, recorded=want, recomputed=got)
+                if got == want
+                else Mismatch(
+                    seq=seq, job_id=event.job_id, kind=type(event).__name__, recorded=want, recomputed=got
+                )
             )

@@ -84,6 +84,11 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     )
     submit.add_argument("--gpus", type=int, required=True, help="GPUs of the whole gang (all or nothing)")
     submit.add_argument(
+        "--min-gpus", type=int, help="elastic: the fewest GPUs it may run on (shrunk to free GPUs for others)"
+    )
+    submit.add_argument("--max-gpus", type=int, help="elastic: the most GPUs it may grow to when idle")
+    submit.add_argument("--gpu-step", type=int, help="elastic: sizes go in steps of this many GPUs")
+    submit.add_argument(
         "--gpus-per-node",
         type=int,
         dest="gpus_per_task",
@@ -206,6 +211,9 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
         "topology_preferred": args.topology_preferred,
         "checkpoint_dir": args.checkpoint_dir,
         "max_retries": args.max_retries,
+        "min_gpus": args.min_gpus,
+        "max_gpus": args.max_gpus,
+        "gpu_step": args.gpu_step,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     if args.env:

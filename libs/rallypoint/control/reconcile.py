@@ -12,6 +12,9 @@ Failures are classified before they are acted on (``rallypoint.control.recovery`
 - **user** (a rank exited non-zero on a healthy node): retried up to ``max_retries`` with exponential
   backoff (``JobAttemptFailed``), then ``JobFailed`` naming every attempt;
 - **time limit** and **cancel** end the job.
+An elastic gang's resize (``GangResized``) is a checkpoint-restart at the new size: every rank gets SIGTERM
+and the preemption grace to checkpoint, and once all have exited ``JobResized`` frees the GPUs the resize
+drops; the new size then launches as the resize's attempt.
 Every restart resumes from the job's latest complete checkpoint (``RALLY_RESUME_STEP``).
 """
 
@@ -30,6 +33,7 @@ from rallypoint.events import (
     JobFailed,
     JobInterrupted,
     JobPreempted,
+    JobResized,
     JobStarted,
     subjects,
 )
@@ -137,6 +141,10 @@ def reconcile(
         return [_kill_then(job, JobCancelled(job_id=job.job_id, attempt=job.attempt, at=now))]
     if job.preempt_for is not None:
         return [_preempt(job, now, preemption_grace_s)]
+    if job.resize is not None and job.state in LAUNCHED:
+        # before the completion rule: ranks stopped by the resize's SIGTERM do not finish the job
+        resized = JobResized(job_id=job.job_id, attempt=job.attempt, at=now)
+        return [_kill_then(job, resized, grace_s=preemption_grace_s, awaited=True)]
     if job.state == "repairing":
         return []  # the scheduler swaps in a replacement node or requeues the gang
     return _reconcile_launched(job, state, now, config)
@@ -241,7 +249,7 @@ def with_lost_work(event: Event, job: JobView, at: float) -> Event:
     """``event`` with the work its attempt loses, counted at ``at`` (once every rank has stopped, so a
     checkpoint written in the grace period counts): GPUs held x seconds since the attempt's newest
     complete checkpoint or, when it has none, since it started. Other events pass unchanged."""
-    if not isinstance(event, JobPreempted | JobAttemptFailed | JobInterrupted):
+    if not isinstance(event, JobPreempted | JobAttemptFailed | JobInterrupted | JobResized):
         return event
     latest = job.latest_checkpoint()
     since = job.started_at

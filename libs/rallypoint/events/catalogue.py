@@ -327,13 +327,19 @@ class JobPending(_Event, tag="JobPending.v1", frozen=True, kw_only=True):
 
 
 class PreemptionRequested(_Event, tag="PreemptionRequested.v1", frozen=True, kw_only=True):
-    """The preemption service asks for ``job_id``'s attempt to stop so ``for_job`` can run.
+    """The scheduler asks for ``job_id``'s attempt to stop so ``for_job`` can run.
 
     ``reason`` is the core's: ``reclaim`` (the victim borrows quota the preemptor is guaranteed),
     ``priority`` (the preemptor ranks strictly higher) or ``las``. The job controller carries it out.
+
+    ``role`` is the single-writer role whose epoch the request carries: ``scheduler`` since the scheduler
+    writes a cycle's whole output (on ``rally.sched.preempt.<id>``); ``preemption`` (the default, so the
+    field is absent from them) for the requests an older preemption service wrote on
+    ``rally.preempt.request.<id>`` under its own epochs. Old logs keep folding as they were recorded.
     """
 
     job_id: str
+    role: Literal["scheduler", "preemption"] = "preemption"
     attempt: int
     for_job: str
     reason: str
@@ -382,6 +388,38 @@ class JobRequeued(_Event, tag="JobRequeued.v1", frozen=True, kw_only=True):
     at: float
 
 
+class GangResized(_Event, tag="GangResized.v1", frozen=True, kw_only=True):
+    """The scheduler resizes an elastic running gang to ``placements`` (the whole new gang, tasks 0..n-1),
+    which runs as ``attempt``: a checkpoint-restart at the new size, not a change in place.
+
+    The GPUs it adds are the gang's at once (nobody else may take them); the ones it drops stay the gang's
+    until its ranks have stopped (``JobResized``), so no GPU is handed on while a rank on it runs. ``gpus``
+    and ``reason`` are the core's (``shrink for <job>``, ``grow into idle GPUs``)."""
+
+    job_id: str
+    attempt: int
+    epoch: int
+    placements: tuple[TaskPlacement, ...]
+    gpus: int
+    reason: str
+    computed_at_seq: int
+    policy_version: str
+    now: float
+    at: float
+
+
+class JobResized(_Event, tag="JobResized.v1", frozen=True, kw_only=True):
+    """Every rank of ``attempt`` stopped (SIGTERM, a checkpoint in the grace period) for a ``GangResized``:
+    the GPUs it drops are free, and the gang relaunches at its new size as the resize's attempt, resuming
+    from its newest complete checkpoint. ``lost_gpu_s`` and ``checkpoint_step`` as for ``JobPreempted``."""
+
+    job_id: str
+    attempt: int
+    lost_gpu_s: float = 0.0
+    checkpoint_step: int | None = None
+    at: float
+
+
 JobEvent = (
     JobSubmitted
     | JobRejected
@@ -395,11 +433,18 @@ JobEvent = (
     | JobInterrupted
     | JobCancelRequested
     | JobCancelled
+    | JobResized
 )
 CheckpointEvent = CheckpointCommitted | CheckpointVerified | CheckpointDeleted
 NodeEvent = NodeRegistered | NodeHeartbeatLost | NodeDrained | NodeLost | NodeRecovered
 SchedulerEvent = (
-    LeaderEpochStarted | GangBound | JobPending | PreemptionRequested | GangRepaired | JobRequeued
+    LeaderEpochStarted
+    | GangBound
+    | JobPending
+    | PreemptionRequested
+    | GangRepaired
+    | JobRequeued
+    | GangResized
 )
 Event = JobEvent | CheckpointEvent | NodeEvent | SchedulerEvent
 
@@ -430,4 +475,6 @@ ALL_EVENT_TYPES: tuple[type[_Event], ...] = (
     PreemptionRequested,
     GangRepaired,
     JobRequeued,
+    GangResized,
+    JobResized,
 )

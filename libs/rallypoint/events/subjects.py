@@ -3,13 +3,14 @@
 Everything in the log lives under ``rally.`` (the stream's only subject filter). Heartbeats, agent
 commands and queries use other prefixes on purpose: they are not facts and never enter the log.
 
-Each subject branch has exactly one writer, so that NATS permissions (``rallypoint.security``) decide who
-may write which event: the API writes ``rally.job.<id>``, the scheduler ``rally.sched.>`` and
+Each subject branch has exactly one writer, so that NATS permissions (``rallypoint.security``) decide who may
+write which event: the API writes ``rally.job.<id>``, the scheduler ``rally.sched.>`` and
 ``rally.queue.<id>``, the job controller ``rally.ctl.job.<id>``, the health monitor and a node's own agent
-``rally.node.<id>``, a node agent ``rally.agent.<its node>.>``, the checkpoint service ``rally.ckpt.<id>``,
-the preemption service ``rally.preempt.>``. ``for_event`` gives the one subject an event may be stored on;
-the codec quarantines an event found anywhere else (``admissible``), so a write that slipped past the
-permissions still cannot change any fold.
+``rally.node.<id>``, a node agent ``rally.agent.<its node>.>``, the checkpoint service ``rally.ckpt.<id>``.
+``rally.preempt.>`` holds the preemption requests (and epochs) an older preemption service wrote before the
+scheduler wrote every decision; nobody writes there any more. ``for_event`` gives the one subject an event may
+be stored on; the codec quarantines an event found anywhere else (``admissible``), so a write that slipped
+past the permissions still cannot change any fold.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ JOBS = "rally.job.>"
 NODES = "rally.node.>"
 SCHEDULER_TREE = "rally.sched.>"
 EPOCH = "rally.sched.epoch"
+# Legacy: the preemption service's own fenced tree, read in old logs only (see ``preempt``).
 PREEMPTION_TREE = "rally.preempt.>"
 PREEMPTION_EPOCH = "rally.preempt.epoch"
 
@@ -93,11 +95,22 @@ def repair(job_id: str) -> str:
     return f"rally.sched.repair.{_token(job_id)}"
 
 
+def resize(job_id: str) -> str:
+    """Resizes of an elastic running gang: scheduler decisions, on the fenced tree."""
+    return f"rally.sched.resize.{_token(job_id)}"
+
+
 def pending(job_id: str) -> str:
     return f"rally.sched.pending.{_token(job_id)}"
 
 
 def preempt(job_id: str) -> str:
+    """A preemption request: a scheduler decision, on the fenced tree."""
+    return f"rally.sched.preempt.{_token(job_id)}"
+
+
+def legacy_preempt(job_id: str) -> str:
+    """Where an older preemption service wrote its requests (``PreemptionRequested.role == "preemption"``)."""
     return f"rally.preempt.request.{_token(job_id)}"
 
 
@@ -137,6 +150,7 @@ _JOB_CONTROL = (
     ev.JobAttemptFailed,
     ev.JobInterrupted,
     ev.JobCancelled,
+    ev.JobResized,
 )
 _NODE_STATE = (ev.NodeRegistered, ev.NodeHeartbeatLost, ev.NodeDrained, ev.NodeLost, ev.NodeRecovered)
 
@@ -156,7 +170,8 @@ _SUBJECT_OF: dict[type, Callable[[Any], str]] = {
     ev.JobPending: lambda e: pending(e.job_id),
     ev.GangRepaired: lambda e: repair(e.job_id),
     ev.JobRequeued: lambda e: repair(e.job_id),
-    ev.PreemptionRequested: lambda e: preempt(e.job_id),
+    ev.GangResized: lambda e: resize(e.job_id),
+    ev.PreemptionRequested: lambda e: (preempt if e.role == "scheduler" else legacy_preempt)(e.job_id),
 }
 
 

@@ -3,7 +3,7 @@
 A newly elected leader appends ``LeaderEpochStarted`` on the tree's epoch subject first. That moves the
 tree's last sequence, so the next write of any older leader (which still expects the old sequence) is
 refused by the server with 10071 and surfaces as ``AppendConflict``: safety comes from the log, not the
-lease. The scheduler fences ``rally.sched.>``, the preemption service ``rally.preempt.>``.
+lease. The scheduler fences ``rally.sched.>``, where it writes every decision of a cycle.
 
 ``append_many`` writes a whole cycle's output as atomic batches (at most ``MAX_BATCH`` events each),
 every batch fenced on the tree's last sequence after the one before: a deposed leader loses its whole

@@ -1,6 +1,6 @@
 """Leading a single-writer tree: campaign for the lease, fence, cycle, step down, campaign again.
 
-Shared by every leader-elected service (scheduler, preemption). A service supplies a ``FencedLoop``:
+Shared by every leader-elected service (the scheduler). A service supplies a ``FencedLoop``:
 its ``writer`` fences the tree and ``cycle()`` makes one round of decisions.
 """
 

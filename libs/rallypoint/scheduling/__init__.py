@@ -7,6 +7,8 @@ from .bridge import (
     decision_writes,
     jobs_that_can_never_fit,
     preemption_writes,
+    resize_writes,
+    resized_placements,
 )
 from .config import core_queues, load_queue_config
 from .model_sync import ModelSync
@@ -23,4 +25,6 @@ __all__ = [
     "jobs_that_can_never_fit",
     "load_queue_config",
     "preemption_writes",
+    "resize_writes",
+    "resized_placements",
 ]

@@ -18,23 +18,26 @@ from rallypoint.core.types import (
     PendingJob,
     PriorityClass,
     Queue,
+    Resize,
     RunningJob,
     Snapshot,
 )
 from rallypoint.events import (
     Event,
     GangBound,
+    GangResized,
     JobPending,
     JobQueued,
     JobRejected,
     PreemptionRequested,
+    TaskPlacement,
     subjects,
 )
-from rallypoint.state import ACTIVE, ClusterState, JobView, NodeView
+from rallypoint.state import ACTIVE, LAUNCHED, ClusterState, JobView, NodeView
 
 
 class Write(msgspec.Struct, frozen=True, kw_only=True):
-    """One append the scheduler must make: on the fenced ``rally.sched.>`` tree."""
+    """One append the scheduler must make: on the fenced ``rally.sched.>`` tree (admissions beside it)."""
 
     subject: str
     event: Event
@@ -58,16 +61,27 @@ def node_of(view: NodeView) -> Node:
     )
 
 
+def held_placements(job: JobView) -> tuple[TaskPlacement, ...]:
+    """The GPUs the job holds, as placements: a gang growing by a resize holds its new GPUs from the
+    decision on (its new placements cover its old ones); a shrinking one holds its old placements until
+    their ranks stop."""
+    resize = job.resize
+    if resize is not None and sum(len(p.gpus) for p in resize.placements) > job.bound_gpus:
+        return resize.placements
+    return job.placements
+
+
 def running_of(job: JobView) -> RunningJob:
     start = job.started_at if job.started_at is not None else (job.bound_at or job.submitted_at)
     limit = job.spec.time_limit_s
+    placements = held_placements(job)
     return RunningJob(
         id=job.job_id,
         team=job.spec.team,
         priority_class=job.spec.priority,
-        gpus=sum(len(p.gpus) for p in job.placements),
+        gpus=sum(len(p.gpus) for p in placements),
         gpu_type=job.spec.gpu_type,
-        placements=job.placements,
+        placements=placements,
         start_time=start,
         expected_end=start + limit if limit is not None else None,
         min_gpus=job.spec.min_gpus,
@@ -142,7 +156,10 @@ def decision_writes(
     policy_version: str,
     at: float,
 ) -> list[Write]:
-    """The appends that carry out ``decisions``: binds first (they matter), then changed pending codes.
+    """The appends that carry out a cycle's whole ``decisions``, in this order: binds (they matter), the
+    resizes and preemption requests their preemptors wait for, then changed pending codes. One writer, one
+    fence: the scheduler appends them all through its fenced tree, so a deposed leader loses all of a
+    cycle's output.
 
     Message ids name the epoch: a retry by the same leader is deduplicated, but two leaders' decisions
     for the same job never are (the server would otherwise answer the loser "already stored").
@@ -171,6 +188,8 @@ def decision_writes(
                 msg_id=f"{bind.job_id}:{attempt}:GangBound:e{epoch}",
             )
         )
+    writes.extend(resize_writes(decisions, state, epoch=epoch, policy_version=policy_version, at=at))
+    writes.extend(preemption_writes(decisions, state, epoch=epoch, policy_version=policy_version, at=at))
     for reason in decisions.pending:
         waiting = state.jobs.get(reason.job_id)
         if waiting is None or waiting.pending_code == reason.code:
@@ -195,6 +214,54 @@ def decision_writes(
     return writes
 
 
+def resized_placements(placements: tuple[TaskPlacement, ...], resize: Resize) -> tuple[TaskPlacement, ...]:
+    """The whole gang after ``resize``: the tasks it keeps (in task order), then those it adds, numbered
+    0..n-1 again (the new size relaunches as a new attempt with a new world)."""
+    removed = {(p.node_id, p.task) for p in resize.remove}
+    kept = [p for p in sorted(placements, key=lambda p: p.task) if (p.node_id, p.task) not in removed]
+    tasks = [*kept, *resize.add]
+    return tuple(TaskPlacement(task=i, node_id=p.node_id, gpus=p.gpus) for i, p in enumerate(tasks))
+
+
+def resize_writes(
+    decisions: Decisions,
+    state: ClusterState,
+    *,
+    epoch: int,
+    policy_version: str,
+    at: float,
+) -> list[Write]:
+    """The core's resizes of running elastic gangs, as the next attempt's placements. A gang already
+    stopping (preempted, or a resize under way) is not resized again: the core asks again each cycle until
+    the fold shows the change."""
+    writes: list[Write] = []
+    for resize in decisions.resizes:
+        job = state.jobs.get(resize.job_id)
+        if job is None or job.state not in LAUNCHED or job.resize is not None or job.preempt_for is not None:
+            continue
+        attempt = job.attempt + 1
+        event = GangResized(
+            job_id=job.job_id,
+            attempt=attempt,
+            epoch=epoch,
+            placements=resized_placements(job.placements, resize),
+            gpus=resize.gpus,
+            reason=resize.reason,
+            computed_at_seq=state.last_seq,
+            policy_version=policy_version,
+            now=decisions.now,
+            at=at,
+        )
+        writes.append(
+            Write(
+                subject=subjects.resize(job.job_id),
+                event=event,
+                msg_id=f"{job.job_id}:{attempt}:GangResized:e{epoch}",
+            )
+        )
+    return writes
+
+
 def preemption_writes(
     decisions: Decisions,
     state: ClusterState,
@@ -203,7 +270,8 @@ def preemption_writes(
     policy_version: str,
     at: float,
 ) -> list[Write]:
-    """Requests to stop the core's victims; a victim already asked to stop is not asked twice."""
+    """Requests to stop the core's victims, as scheduler decisions; a victim already asked to stop is not
+    asked twice."""
     writes: list[Write] = []
     for preemption in decisions.preemptions:
         victim = state.jobs.get(preemption.victim_id)
@@ -211,6 +279,7 @@ def preemption_writes(
             continue
         event = PreemptionRequested(
             job_id=victim.job_id,
+            role="scheduler",
             attempt=victim.attempt,
             for_job=preemption.for_job,
             reason=preemption.reason,

@@ -43,7 +43,7 @@ __all__ = ["NODE_FIELDS", "PENDING_FIELDS", "RUNNING_FIELDS", "ModelSync", "Sync
 NODE_FIELDS = ("node_id", "rack", "spine", "gpu_type", "gpus", "cpu_milli", "memory_mib", "status")
 RUNNING_FIELDS = (
     "job_id", "spec", "submitted_at", "bound_at", "started_at", "placements", "last_preempted_at",
-    "preempt_for", "attained_gpu_s", "last_checkpoint_at",
+    "preempt_for", "attained_gpu_s", "last_checkpoint_at", "resize",
 )  # fmt: skip
 PENDING_FIELDS = (
     "job_id", "spec", "submitted_at", "submitted_seq", "last_preempted_at", "run_s", "attained_gpu_s",

@@ -117,20 +117,19 @@ def _matrix() -> dict[str, Permissions]:
             publish=(f"rally.node.{one}",),
         ),
         "scheduler": _service(
-            writes="LeaderEpochStarted, GangBound, JobPending, GangRepaired, JobRequeued, JobQueued, "
-            "JobRejected",
+            writes="LeaderEpochStarted, GangBound, PreemptionRequested, GangResized, JobPending, "
+            "GangRepaired, JobRequeued, JobQueued, JobRejected",
             publish=(subjects.SCHEDULER_TREE, f"rally.queue.{one}", *leader_lease("scheduler")),
         ),
-        "preemption": _service(
-            writes="LeaderEpochStarted(role=preemption), PreemptionRequested",
-            publish=(subjects.PREEMPTION_TREE, *leader_lease("preemption")),
-        ),
+        # follows evictions and writes nothing: since the scheduler writes its preemption requests, nobody
+        # may write the old preemption tree (rally.preempt.>, read in old logs only)
+        "preemption": _service(writes="nothing (follows evictions)"),
         "checkpoint": _service(
             writes="CheckpointVerified, CheckpointDeleted", publish=(f"rally.ckpt.{one}",)
         ),
         "job-controller": _service(
             writes="JobStarted, JobCompleted, JobFailed, JobAttemptFailed, JobInterrupted, JobCancelled, "
-            "JobPreempted; commands the agents",
+            "JobPreempted, JobResized; commands the agents",
             publish=(f"rally.ctl.job.{one}", "cmd.agent.>"),
         ),
         "projector": _service(writes="nothing (PostgreSQL read models)", snapshot=False),

@@ -14,7 +14,9 @@ from .cluster import (
     NodeStatus,
     NodeView,
     Refusal,
+    ResizeView,
     decision_refusal,
+    decision_role,
 )
 from .indexes import Touched
 
@@ -32,6 +34,8 @@ __all__ = [
     "NodeStatus",
     "NodeView",
     "Refusal",
+    "ResizeView",
     "Touched",
     "decision_refusal",
+    "decision_role",
 ]

@@ -6,9 +6,11 @@ new copies) keeps a fold over millions of events cheap; the struct encodes to by
 
 Rules that make concurrent writers safe to fold:
 - only the current epoch's decisions count: a scheduler decision (``GangBound``, ``GangRepaired``,
-  ``JobRequeued``, ``JobPending``) applies only when its ``epoch`` is the scheduler's current epoch in the
-  fold, a ``PreemptionRequested`` only with the preemption leader's; any other (a stale leader's, or a
-  forgery: epoch 0 before any leader) is counted in ``stale_decisions`` and changes nothing;
+  ``JobRequeued``, ``JobPending``, ``PreemptionRequested``) applies only when its ``epoch`` is the scheduler's
+  current epoch in the fold (a ``PreemptionRequested`` of ``role`` "preemption", written by the preemption
+  service before the scheduler wrote every decision, only with that role's, see ``decision_role``); any other
+  (a stale leader's, or a forgery: epoch 0 before any leader) is counted in ``stale_decisions`` and changes
+  nothing;
 - a ``GangBound`` is applied only when the job is still pending, every GPU it names is free and the gang
   keeps the job's spec (its GPU type, tasks of ``gpus_per_task`` GPUs, the size or the elastic range);
   otherwise it is recorded in ``ignored_binds`` and changes nothing (a stale decision can never double-book
@@ -33,6 +35,7 @@ from rallypoint.events import (
     Event,
     GangBound,
     GangRepaired,
+    GangResized,
     GpuInfo,
     JobAttemptFailed,
     JobCancelled,
@@ -45,6 +48,7 @@ from rallypoint.events import (
     JobQueued,
     JobRejected,
     JobRequeued,
+    JobResized,
     JobSpec,
     JobStarted,
     JobSubmitted,
@@ -123,6 +127,17 @@ class CheckpointView(msgspec.Struct, kw_only=True):
         return self.status in ("committed", "verified")
 
 
+class ResizeView(msgspec.Struct, kw_only=True):
+    """A resize decided (``GangResized``) and not yet carried out: the gang runs on its old placements until
+    their ranks have stopped (``JobResized``), then as ``attempt`` on ``placements``. It already holds every
+    GPU of both."""
+
+    attempt: int
+    placements: tuple[TaskPlacement, ...]
+    reason: str
+    at: float
+
+
 class JobView(msgspec.Struct, kw_only=True):
     job_id: str
     spec: JobSpec
@@ -166,6 +181,9 @@ class JobView(msgspec.Struct, kw_only=True):
     checkpoints: list[CheckpointView] = []
     last_checkpoint_at: float | None = None
     last_seq: int = 0
+    # An elastic gang's resize waiting for its ranks to stop (None: none). Left out of the state hash while
+    # None, so a log without resizes keeps the hash it had before resizes existed.
+    resize: ResizeView | None = None
 
     @property
     def world_size(self) -> int:
@@ -199,9 +217,10 @@ class JobView(msgspec.Struct, kw_only=True):
 FOLD_VERSION = 7
 
 
-# A job's placements, and whether it holds their GPUs: an event changed node allocations iff it changed these.
-_Holding = tuple[tuple[TaskPlacement, ...], bool]
-_HOLDS_NOTHING: _Holding = ((), False)
+# A job's placements, whether it holds their GPUs, and its pending resize (which holds GPUs too): an event
+# changed node allocations iff it changed these.
+_Holding = tuple[tuple[TaskPlacement, ...], bool, ResizeView | None]
+_HOLDS_NOTHING: _Holding = ((), False, None)
 _NO_NODES: frozenset[str] = frozenset()
 
 
@@ -240,7 +259,7 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         if handler is not None:
             job_id: str | None = getattr(event, "job_id", None)
             job = self.jobs.get(job_id) if job_id is not None else None
-            before = (job.placements, job.state in ACTIVE) if job is not None else _HOLDS_NOTHING
+            before = _holding(job) if job is not None else _HOLDS_NOTHING
             handler(self, seq, event)
             touched = self._touched(job_id, getattr(event, "node_id", None), before)
             self._refresh(touched)
@@ -260,11 +279,14 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         """The event's job, its node, and the nodes of the job's placements before and after when the
         event bound or released GPUs on them (it changed the placements, or whether they are held)."""
         job = self.jobs.get(job_id) if job_id is not None else None
-        after = (job.placements, job.state in ACTIVE) if job is not None else _HOLDS_NOTHING
-        if before[0] is after[0] and before[1] == after[1]:
+        after = _holding(job) if job is not None else _HOLDS_NOTHING
+        if before[0] is after[0] and before[1] == after[1] and before[2] is after[2]:
             return Touched(job_id=job_id, node_ids=_NO_NODES if node_id is None else frozenset((node_id,)))
         nodes = {p.node_id for p in before[0]}
         nodes.update(p.node_id for p in after[0])
+        for resize in (before[2], after[2]):
+            if resize is not None:
+                nodes.update(p.node_id for p in resize.placements)
         if node_id is not None:
             nodes.add(node_id)
         return Touched(job_id=job_id, node_ids=frozenset(nodes))
@@ -329,6 +351,9 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
     def hash(self) -> str:
         """sha256 over a canonical encoding: equal histories give equal hashes, on any machine."""
         canonical = msgspec.to_builtins(self, str_keys=True)
+        for job in canonical["jobs"].values():
+            if job["resize"] is None:
+                del job["resize"]
         return hashlib.sha256(msgspec.json.encode(canonical, order="deterministic")).hexdigest()
 
     def encode(self) -> bytes:
@@ -344,6 +369,10 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
                 f"snapshot of fold version {snapshot.fold_version}; this fold is version {FOLD_VERSION}"
             )
         return snapshot.state
+
+
+def _holding(job: JobView) -> _Holding:
+    return (job.placements, job.state in ACTIVE, job.resize)
 
 
 class _Snapshot(msgspec.Struct, array_like=True):
@@ -366,12 +395,40 @@ def _job(state: ClusterState, job_id: str, seq: int) -> JobView | None:
 
 
 def _release(state: ClusterState, job: JobView) -> None:
+    """Free every GPU the job holds: its placements' and a pending resize's."""
+    _drop_resize(state, job)
     for placement in job.placements:
         node = state.nodes.get(placement.node_id)
         if node is None:
             continue
         for gpu in placement.gpus:
             if node.allocated.get(gpu) == job.job_id:
+                del node.allocated[gpu]
+
+
+def _drop_resize(state: ClusterState, job: JobView) -> None:
+    """Forget a pending resize, freeing the GPUs it added (the old placements' stay the job's)."""
+    if job.resize is None:
+        return
+    kept = {(p.node_id, g) for p in job.placements for g in p.gpus}
+    _free(state, job, job.resize.placements, keep=kept)
+    job.resize = None
+
+
+def _free(
+    state: ClusterState,
+    job: JobView,
+    placements: tuple[TaskPlacement, ...],
+    *,
+    keep: set[tuple[str, int]],
+) -> None:
+    """Free the job's GPUs of ``placements`` except those in ``keep``."""
+    for placement in placements:
+        node = state.nodes.get(placement.node_id)
+        if node is None:
+            continue
+        for gpu in placement.gpus:
+            if (placement.node_id, gpu) not in keep and node.allocated.get(gpu) == job.job_id:
                 del node.allocated[gpu]
 
 
@@ -598,6 +655,7 @@ def _on_interrupted(state: ClusterState, seq: int, e: JobInterrupted) -> None:
     job = _job(state, e.job_id, seq)
     if job is None or job.state not in LAUNCHED or job.attempt != e.attempt:
         return
+    _drop_resize(state, job)  # a resize of a broken gang cannot be carried out: the repair decides anew
     failed = set(e.failed_nodes)
     kept = tuple(p for p in job.placements if p.node_id not in failed)
     for placement in job.placements:
@@ -641,9 +699,42 @@ def _on_requeued(state: ClusterState, seq: int, e: JobRequeued) -> None:
     job.reason = e.reason
 
 
+def _on_gang_resized(state: ClusterState, seq: int, e: GangResized) -> None:
+    """The gang takes the GPUs it adds now; it keeps running on its old placements until they stop."""
+    job = _decided(state, seq, e)
+    if job is None:
+        return
+    for placement in e.placements:
+        node = state.nodes[placement.node_id]
+        for gpu in placement.gpus:
+            node.allocated[gpu] = job.job_id
+    job.resize = ResizeView(attempt=e.attempt, placements=e.placements, reason=e.reason, at=e.at)
+
+
+def _on_job_resized(state: ClusterState, seq: int, e: JobResized) -> None:
+    """The old attempt's ranks stopped: free the GPUs the resize drops, bind the new size as a new attempt
+    (the job controller launches it, resuming from the newest complete checkpoint)."""
+    job = _job(state, e.job_id, seq)
+    if job is None or job.resize is None or job.state not in LAUNCHED or job.attempt != e.attempt:
+        return
+    resize = job.resize
+    kept = {(p.node_id, g) for p in resize.placements for g in p.gpus}
+    _free(state, job, job.placements, keep=kept)
+    _account_service(job, e.at)
+    job.lost_gpu_s += e.lost_gpu_s
+    job.resize = None
+    job.state = "bound"
+    job.attempt = resize.attempt
+    job.placements = resize.placements
+    job.bound_at = e.at
+    job.bound_seq = seq
+    job.started_at = None
+    job.ranks_exited = {}
+
+
 # --- decisions: which ones count ----------------------------------------------------------------
 
-Decision = GangBound | GangRepaired | JobRequeued | JobPending | PreemptionRequested
+Decision = GangBound | GangRepaired | JobRequeued | JobPending | PreemptionRequested | GangResized
 
 #: The single-writer role (``LeaderEpochStarted.role``) whose leader makes each kind of decision.
 DECISION_ROLES: dict[type, str] = {
@@ -651,8 +742,22 @@ DECISION_ROLES: dict[type, str] = {
     GangRepaired: "scheduler",
     JobRequeued: "scheduler",
     JobPending: "scheduler",
-    PreemptionRequested: "preemption",
+    PreemptionRequested: "scheduler",
+    GangResized: "scheduler",
 }
+
+
+def decision_role(e: Decision) -> str:
+    """The role whose current epoch ``e`` must carry.
+
+    The cutover: a ``PreemptionRequested`` says which role wrote it. Those recorded before the scheduler
+    wrote a cycle's whole output (no ``role`` field: "preemption") are judged, as they always were, by the
+    preemption leader's epoch, so old logs fold and audit exactly as before; new ones by the scheduler's.
+    The subject rules bind each role to its own tree (``subjects.for_event``), so only the scheduler's
+    permissions can write a "scheduler" request, and no service writes "preemption" ones any more."""
+    if isinstance(e, PreemptionRequested):
+        return e.role
+    return DECISION_ROLES[type(e)]
 
 
 class Refusal(msgspec.Struct, frozen=True):
@@ -668,7 +773,7 @@ class Refusal(msgspec.Struct, frozen=True):
 def decision_refusal(state: ClusterState, e: Decision) -> Refusal | None:
     """Why ``e`` would not be applied to ``state`` now, or None when it would. Pure; the fold and the audit
     (``rally replay --verify-decisions``) both ask it, so they never disagree."""
-    role = DECISION_ROLES[type(e)]
+    role = decision_role(e)
     current = state.epochs.get(role, 0)
     if current == 0 or e.epoch != current:
         leader = f"the {role} leader's epoch is {current}" if current else f"no {role} leader has started"
@@ -680,6 +785,8 @@ def decision_refusal(state: ClusterState, e: Decision) -> Refusal | None:
         return _bind_refusal(state, job, e)
     if isinstance(e, GangRepaired):
         return _repair_refusal(state, job, e)
+    if isinstance(e, GangResized):
+        return _resize_refusal(state, job, e)
     if isinstance(e, JobRequeued):
         ok = job.state == "repairing" and job.attempt == e.attempt
         return None if ok else Refusal("overtaken", f"job {job.state} at attempt {job.attempt}")
@@ -699,7 +806,7 @@ def _decided(state: ClusterState, seq: int, e: Decision) -> JobView | None:
         state.stale_decisions += 1
     elif refusal.kind == "unknown-job":
         state.orphans += 1
-    elif isinstance(e, GangBound | GangRepaired):
+    elif isinstance(e, GangBound | GangRepaired | GangResized):
         state.ignored_binds += 1
     return None
 
@@ -715,6 +822,21 @@ def _bind_refusal(state: ClusterState, job: JobView, e: GangBound) -> Refusal | 
 def _repair_refusal(state: ClusterState, job: JobView, e: GangRepaired) -> Refusal | None:
     if job.state != "repairing" or job.cancel_requested:
         return Refusal("overtaken", "job cancelled" if job.cancel_requested else f"job {job.state}")
+    if e.attempt != job.attempt + 1:
+        return Refusal("invalid", f"attempt {e.attempt} after attempt {job.attempt}")
+    held = frozenset((p.node_id, g) for p in job.placements for g in p.gpus)
+    return _placement_refusal(state, job, e.placements, held=held)
+
+
+def _resize_refusal(state: ClusterState, job: JobView, e: GangResized) -> Refusal | None:
+    """A running gang, not already stopping (preempted, cancelled or resizing), resized as its next attempt
+    onto GPUs it holds or that are free."""
+    if job.cancel_requested:
+        return Refusal("overtaken", "job cancelled")
+    if job.state not in LAUNCHED or job.preempt_for is not None:
+        return Refusal("overtaken", f"job {job.state}" + (" and preempted" if job.preempt_for else ""))
+    if job.resize is not None:
+        return Refusal("overtaken", f"a resize to attempt {job.resize.attempt} is under way")
     if e.attempt != job.attempt + 1:
         return Refusal("invalid", f"attempt {e.attempt} after attempt {job.attempt}")
     held = frozenset((p.node_id, g) for p in job.placements for g in p.gpus)
@@ -860,6 +982,8 @@ _HANDLERS: dict[type, Callable[[ClusterState, int, Any], None]] = {
     JobInterrupted: _on_interrupted,
     GangRepaired: _on_repaired,
     JobRequeued: _on_requeued,
+    GangResized: _on_gang_resized,
+    JobResized: _on_job_resized,
     CheckpointCommitted: _on_checkpoint_committed,
     CheckpointVerified: _on_checkpoint_verified,
     CheckpointDeleted: _on_checkpoint_deleted,

@@ -1,0 +1,146 @@
+"""Elastic gangs on a real local cluster (2 agents x 8 GPUs, every service its own process).
+
+An elastic gang (8 GPUs, 8..16) grows into the 16 idle GPUs; a production job arrives and the scheduler
+shrinks the gang (``GangResized``) instead of evicting it; the job controller stops every rank, records
+``JobResized``, and only then are the dropped GPUs free: the production job starts on them and the gang
+relaunches at 8 GPUs as a new attempt; the gang completes only after every rank of its attempt exited.
+The whole log then audits clean: every bind and the resize recompute bit for bit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rallypoint.audit import verify_decisions
+from rallypoint.cli.replay import read_history
+from rallypoint.eventlog import EventLog, Recorded
+from rallypoint.events import GangBound, GangResized, JobCompleted, JobResized, RankExited
+from rallypoint.localcluster import LocalCluster
+from rallypoint.localcluster.http import call
+from rallypoint.scheduling import SchedulingPolicy
+
+pytestmark = pytest.mark.slow
+
+TERMINAL = {"completed", "failed", "cancelled", "rejected"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    local = LocalCluster(tmp_path_factory.mktemp("elastic"), nodes=2, gpus_per_node=8, racks=1)
+    with local:
+        yield local
+
+
+def submit(cluster: LocalCluster, body: dict[str, Any]) -> str:
+    status, answer = call("POST", f"{cluster.api_url}/v1/jobs", {"team": "e2e", **body})
+    assert status == 202, answer
+    return str(answer["job_id"])
+
+
+def wait_state(cluster: LocalCluster, job_id: str, states: set[str], timeout: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    view: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        status, answer = call("GET", f"{cluster.api_url}/v1/jobs/{job_id}")
+        view = dict(answer) if status == 200 else {}
+        if view.get("state") in states:
+            return view
+        time.sleep(0.2)
+    raise AssertionError(f"{job_id} never reached {states}; last seen {view}")
+
+
+def records(cluster: LocalCluster) -> list[Recorded]:
+    async def read() -> list[Recorded]:
+        log = await EventLog.connect(cluster.nats_url, name="e2e-elastic", create=False)
+        try:
+            return [rec async for rec in log.replay() if isinstance(rec, Recorded)]
+        finally:
+            await log.close()
+
+    return asyncio.run(read())
+
+
+def probe(out: Path, sleep: str) -> list[str]:
+    """A rank that records its environment, then sleeps ``sleep`` (a shell expression) seconds."""
+    rank = f"{sys.executable} -m rallypoint.localcluster.rankprobe --out {out} --sleep {sleep}"
+    return ["sh", "-c", f"exec {rank}"]
+
+
+def seqs(history: list[Recorded], kind: type, job_id: str) -> list[int]:
+    return [
+        r.seq for r in history if isinstance(r.event, kind) and getattr(r.event, "job_id", None) == job_id
+    ]
+
+
+def test_an_elastic_gang_grows_shrinks_for_production_and_completes_after_every_rank(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    # attempt 1 runs until stopped; the relaunch at the new size ends rank by rank (rank r after 1 + 2r s)
+    sleep = '$( [ "$RALLY_ATTEMPT" = 1 ] && echo 300 || echo $((1 + 2 * RANK)) )'
+    elastic = submit(
+        cluster,
+        {
+            "name": "elastic",
+            "gpus": 8,
+            "min_gpus": 8,
+            "max_gpus": 16,
+            "gpus_per_task": 8,
+            "ranks_per_task": 2,
+            "priority": "best-effort",
+            "command": probe(tmp_path, sleep),
+        },
+    )
+    wait_state(cluster, elastic, {"running"})
+    history = records(cluster)
+    (grown,) = [history[s - history[0].seq].event for s in seqs(history, GangBound, elastic)]
+    assert isinstance(grown, GangBound) and sum(len(p.gpus) for p in grown.placements) == 16
+    deadline = time.monotonic() + 20
+    while len(list(tmp_path.glob(f"{elastic}-rank*.json"))) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    first = [json.loads(p.read_text()) for p in sorted(tmp_path.glob(f"{elastic}-rank*.json"))]
+    assert {(s["WORLD_SIZE"], s["RALLY_ATTEMPT"]) for s in first} == {("4", "1")} and len(first) == 4
+
+    prod = submit(
+        cluster,
+        {"name": "prod", "gpus": 8, "gpus_per_task": 8, "ranks_per_task": 1, "priority": "production",
+         "command": probe(tmp_path, "1")},
+    )  # fmt: skip
+    assert wait_state(cluster, prod, TERMINAL, timeout=60)["state"] == "completed"
+    assert wait_state(cluster, elastic, TERMINAL, timeout=60)["state"] == "completed"
+
+    history = records(cluster)
+    events = {r.seq: r.event for r in history}
+    (resized_seq,) = seqs(history, GangResized, elastic)
+    resize = events[resized_seq]
+    assert isinstance(resize, GangResized) and resize.attempt == 2
+    assert sum(len(p.gpus) for p in resize.placements) == 8
+    (done_seq,) = seqs(history, JobResized, elastic)
+    first_exits = [s for s in seqs(history, RankExited, elastic) if events[s].attempt == 1]  # type: ignore[union-attr]
+    # the dropped GPUs are free only once every rank of the 16-GPU attempt exited ...
+    assert len(first_exits) == 4 and max(first_exits) < done_seq
+    # ... and only then does the production job bind, on GPUs the shrunk gang no longer holds
+    (prod_bind,) = seqs(history, GangBound, prod)
+    assert resized_seq < done_seq < prod_bind
+    bound = events[prod_bind]
+    assert isinstance(bound, GangBound)
+    assert {p.node_id for p in bound.placements}.isdisjoint({p.node_id for p in resize.placements})
+    # the relaunch at 8 GPUs (2 ranks) completes only after both its ranks exited
+    second_exits = [s for s in seqs(history, RankExited, elastic) if events[s].attempt == 2]  # type: ignore[union-attr]
+    (completed,) = seqs(history, JobCompleted, elastic)
+    assert len(second_exits) == 2 and max(second_exits) < completed
+    relaunched = [json.loads((tmp_path / f"{elastic}-rank{r}.json").read_text()) for r in range(2)]
+    assert {(s["WORLD_SIZE"], s["RALLY_ATTEMPT"]) for s in relaunched} == {("2", "2")}
+
+    report = verify_decisions(
+        asyncio.run(read_history(cluster.nats_url, history[-1].seq)), SchedulingPolicy("rallypoint")
+    )
+    assert report.ok and report.mismatches == [] and report.refused == [], report
+    assert report.verified == report.decisions >= 3
