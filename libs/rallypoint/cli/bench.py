@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import sys
+from pathlib import Path
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -50,6 +51,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds, as the agent's default")
     c.add_argument("--zombie-jobs", type=int, default=500, help="short real jobs on 2 real agents (0: skip)")
     c.add_argument("--phase-timeout", type=float, default=120.0, help="seconds each phase may wait")
+    c.add_argument("--logs", type=Path, default=None, help="keep every process's log in this folder")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.set_defaults(func=handle_cluster)
 
@@ -70,6 +72,7 @@ def handle_cluster(args: argparse.Namespace) -> int:
         heartbeat_interval_s=args.heartbeat_interval,
         zombie_jobs=args.zombie_jobs,
         phase_timeout_s=args.phase_timeout,
+        logs=args.logs,
     )
     res = run_bench(cfg)
     print(json.dumps(res, sort_keys=True) if args.json else json.dumps(res, indent=2, sort_keys=True))

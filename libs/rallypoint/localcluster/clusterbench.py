@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import sys
 import tempfile
 import time
@@ -57,6 +59,8 @@ class BenchConfig:
     zombie_jobs: int = 500
     #: per phase: how long to wait for what it waits on before reporting what happened so far
     phase_timeout_s: float = 120.0
+    #: copy every process's log here before the cluster's folder goes (None: they go with it)
+    logs: Path | None = None
 
 
 def _flag(name: str) -> float:
@@ -150,12 +154,18 @@ async def _silence(fleets: FleetSet, watch: LogWatch, cfg: BenchConfig) -> dict[
     unreachable, lost_after = _flag("--unreachable-after"), _flag("--lost-after")
     start = time.time()
     fleets.silence()
-    await watch.wait(lambda: all(n in watch.heartbeat_lost for n in nodes), unreachable + cfg.phase_timeout_s)
-    await watch.wait(lambda: all(n in watch.lost for n in nodes), lost_after + cfg.phase_timeout_s)
+
+    def after(times: dict[str, list[float]]) -> list[float]:
+        found = (watch.first_after(times, n, start) for n in nodes)
+        return [t - start for t in found if t is not None]
+
+    timeout = cfg.phase_timeout_s
+    await watch.wait(lambda: len(after(watch.heartbeat_lost)) == len(nodes), unreachable + timeout)
+    await watch.wait(lambda: len(after(watch.lost)) == len(nodes), lost_after + timeout)
     fleets.resume()
-    flagged = [watch.heartbeat_lost[n] - start for n in nodes if n in watch.heartbeat_lost]
-    lost = [watch.lost[n] - start for n in nodes if n in watch.lost]
+    flagged, lost = after(watch.heartbeat_lost), after(watch.lost)
     return {
+        "silence_started": start,
         "silence_nodes": len(nodes),
         "silence_flagged": len(flagged),
         "silence_threshold_s": unreachable,
@@ -165,6 +175,16 @@ async def _silence(fleets: FleetSet, watch: LogWatch, cfg: BenchConfig) -> dict[
         "silence_lost_threshold_s": lost_after,
         "silence_lost_max_s": _rounded(max(lost) if lost else None),
     }
+
+
+def _false_alarms(watch: LogWatch, silenced: set[str], silence_started: float) -> int:
+    """NodeHeartbeatLost of nodes that were heartbeating: any of the others', the silenced ones' before."""
+    return sum(
+        1
+        for node, times in watch.heartbeat_lost.items()
+        for t in times
+        if node not in silenced or t < silence_started
+    )
 
 
 async def _failover(cluster: LocalCluster, watch: LogWatch, cfg: BenchConfig) -> dict[str, Any]:
@@ -201,8 +221,7 @@ async def _drive(cluster: LocalCluster, fleets: FleetSet, cfg: BenchConfig) -> d
         out |= await _silence(fleets, watch, cfg)
         _phase("leader kill")
         out |= await _failover(cluster, watch, cfg)
-        silenced = set(fleets.silenced)
-        out["false_alarms"] = sum(n not in silenced for n in watch.heartbeat_lost)
+        out["false_alarms"] = _false_alarms(watch, set(fleets.silenced), out.pop("silence_started"))
         out["log_events"] = watch.last_seq
         return out
     finally:
@@ -232,7 +251,9 @@ def _live(cfg: BenchConfig) -> dict[str, Any]:
                 out_rss = sampler.stop()
             out["rss_mb"] = out_rss
             out["warnings_logged"] = _warnings(cluster)
-            return out
+        if cfg.logs is not None:
+            shutil.copytree(cluster.workdir / "logs", cfg.logs, dirs_exist_ok=True)
+        return out
 
 
 def _warnings(cluster: LocalCluster) -> dict[str, int]:
@@ -252,6 +273,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
     started = time.monotonic()
     out: dict[str, Any] = {
+        "load_1m_before": round(os.getloadavg()[0], 2),
         "nodes": cfg.nodes,
         "gpus_per_node": cfg.gpus_per_node,
         "fleets": min(cfg.fleets, cfg.nodes),
@@ -272,6 +294,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         v for k, v in log_rates.items() if k.startswith("append_") and ("fenced" in k or "batch" in k)
     )
     out |= _ratios(out)
+    out["load_1m_after"] = round(os.getloadavg()[0], 2)
     out["bench_s"] = round(time.monotonic() - started, 1)
     return out
 

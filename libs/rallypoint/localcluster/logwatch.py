@@ -44,8 +44,9 @@ class LogWatch:
     #: job -> the log position its GangBound was computed from
     bound_from: dict[str, int] = field(default_factory=dict)
     completed: dict[str, float] = field(default_factory=dict)
-    heartbeat_lost: dict[str, float] = field(default_factory=dict)
-    lost: dict[str, float] = field(default_factory=dict)
+    #: node -> store times of each of its NodeHeartbeatLost / NodeLost
+    heartbeat_lost: dict[str, list[float]] = field(default_factory=dict)
+    lost: dict[str, list[float]] = field(default_factory=dict)
     #: (stored time, leader id, epoch) of every scheduler LeaderEpochStarted
     epochs: list[tuple[float, str, int]] = field(default_factory=list)
     #: a cycle's start (its decisions' ``at``) -> (store time of its first decision, the log position it
@@ -107,9 +108,9 @@ class LogWatch:
         elif isinstance(event, JobCompleted):
             self.completed.setdefault(event.job_id, stored)
         elif isinstance(event, NodeHeartbeatLost):
-            self.heartbeat_lost.setdefault(event.node_id, stored)
+            self.heartbeat_lost.setdefault(event.node_id, []).append(stored)
         elif isinstance(event, NodeLost):
-            self.lost.setdefault(event.node_id, stored)
+            self.lost.setdefault(event.node_id, []).append(stored)
         elif isinstance(event, LeaderEpochStarted) and event.role == "scheduler":
             self.epochs.append((stored, event.leader_id, event.epoch))
 
@@ -121,6 +122,11 @@ class LogWatch:
                 return False
             await asyncio.sleep(0.2)
         return True
+
+    @staticmethod
+    def first_after(times: dict[str, list[float]], node_id: str, since: float) -> float | None:
+        """The first of a node's store times at or after ``since``."""
+        return next((t for t in times.get(node_id, ()) if t >= since), None)
 
     def binds_span(self, job_ids: list[str]) -> float | None:
         """Seconds from the moment the first of these binds could be decided (the store time of the
