@@ -21,12 +21,15 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rallypoint.core.types import Queue
 from rallypoint.state import ClusterState, JobView, NodeView
+
+if TYPE_CHECKING:  # the core is slow to import, and the event log imports this package
+    from rallypoint.core.types import Queue
 
 #: Checkpoint save times: small test models save in milliseconds, 70B-parameter shards in minutes.
 CHECKPOINT_BUCKETS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
