@@ -48,6 +48,8 @@ def _up(args: argparse.Namespace) -> int:
         cluster.write_info(CLUSTER_FILE)
         print(f"rallypoint is up: {args.nodes} nodes x {args.gpus_per_node} GPUs in {cluster.racks} racks")
         print(f"  API   {cluster.api_url}   (rally jobs, rally submit --gpus 2 -- python train.py)")
+        print(f"  web   {cluster.api_url}/?token=<a token from {TOKENS_FILE}>   (the dashboard)")
+        print(f"  metrics  every service's /metrics: {CLUSTER_FILE} metrics_urls")
         print(f"  NATS  {cluster.nats_url}")
         if cluster.with_projector:
             print(f"  SQL   {cluster.postgres_dsn}")
