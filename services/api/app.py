@@ -17,6 +17,7 @@ from typing import Any, get_args
 
 import msgspec
 from aiohttp import web
+from prometheus_client import REGISTRY, generate_latest
 
 from rallypoint.eventlog import AppendConflict, EventLog, LogUnavailable
 from rallypoint.events import JobCancelRequested, JobSpec, JobSubmitted, subjects
@@ -39,6 +40,7 @@ from .auth import auth_middleware, forbidden, principal
 from .dashboard import add_dashboard_routes
 from .fold import FoldFollower, quarantine_metrics
 from .history_views import add_history_routes
+from .http_metrics import metrics_middleware
 from .metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
 from .openapi import openapi_document
 from .problems import PROBLEM_JSON, invalid_spec, not_found, problem, unavailable, unparseable
@@ -429,6 +431,8 @@ class Handlers:
     async def metrics(self, request: web.Request) -> web.Response:
         text = render_metrics(self.state, self.submissions, following=self.follower.following)
         text += quarantine_metrics(self.state)
+        # the process's instruments: HTTP requests and latency (http_metrics), process and Python collectors
+        text += generate_latest(REGISTRY).decode()
         return web.Response(text=text, content_type=PROMETHEUS_CONTENT_TYPE)
 
     async def openapi(self, request: web.Request) -> web.Response:
@@ -530,6 +534,7 @@ def build_app(
     app = web.Application(
         middlewares=[
             trace_middleware,  # outermost: the request's span covers the problem answers too
+            metrics_middleware,  # requests by route and status, 401s included
             problem_middleware,
             *([auth_middleware(auth)] if auth is not None else []),
         ]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from rallypoint_services.api import http_metrics  # noqa: F401  (registers the API's instruments, as the API does)
 
 from rallypoint.events import GpuInfo, NodeRegistered
 from rallypoint.observability import ClusterCollector
