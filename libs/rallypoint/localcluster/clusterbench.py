@@ -55,7 +55,8 @@ class BenchConfig:
     burst: int = 2500
     silence: int = 2500
     fleets: int = 4
-    heartbeat_interval_s: float = 1.0
+    #: the seed's rate: 12,500 nodes send 2,500 heartbeats/s
+    heartbeat_interval_s: float = 5.0
     zombie_jobs: int = 500
     #: per phase: how long to wait for what it waits on before reporting what happened so far
     phase_timeout_s: float = 120.0
@@ -63,9 +64,12 @@ class BenchConfig:
     logs: Path | None = None
 
 
-def _flag(name: str) -> float:
+def monitor_thresholds(heartbeat_interval_s: float) -> tuple[float, float]:
+    """(unreachable, lost) seconds for the health monitor: the local cluster's 3 s and 8 s at one
+    heartbeat a second; at a longer period, 3 and 6 missed heartbeats (the production 30 s at 5 s)."""
     args = LOCAL_SERVICE_ARGS["health-monitor"]
-    return float(args[args.index(name) + 1])
+    local = (float(args[args.index("--unreachable-after") + 1]), float(args[args.index("--lost-after") + 1]))
+    return max(local[0], 3 * heartbeat_interval_s), max(local[1], 6 * heartbeat_interval_s)
 
 
 def _rounded(value: float | None, digits: int = 3) -> float | None:
@@ -151,7 +155,7 @@ async def _burst(log: EventLog, watch: LogWatch, cfg: BenchConfig, count: int) -
 
 async def _silence(fleets: FleetSet, watch: LogWatch, cfg: BenchConfig) -> dict[str, Any]:
     nodes = fleets.silenced
-    unreachable, lost_after = _flag("--unreachable-after"), _flag("--lost-after")
+    unreachable, lost_after = monitor_thresholds(cfg.heartbeat_interval_s)
     start = time.time()
     fleets.silence()
 
@@ -232,8 +236,15 @@ async def _drive(cluster: LocalCluster, fleets: FleetSet, cfg: BenchConfig) -> d
 def _live(cfg: BenchConfig) -> dict[str, Any]:
     racks = max(1, cfg.nodes // NODES_PER_RACK)
     with tempfile.TemporaryDirectory(prefix="rally-bench-cluster-") as folder:
+        unreachable, lost = monitor_thresholds(cfg.heartbeat_interval_s)
+        monitor = ("--unreachable-after", str(unreachable), "--lost-after", str(lost))
         cluster = LocalCluster(
-            Path(folder), nodes=cfg.nodes, gpus_per_node=cfg.gpus_per_node, racks=racks, with_agents=False
+            Path(folder),
+            nodes=cfg.nodes,
+            gpus_per_node=cfg.gpus_per_node,
+            racks=racks,
+            with_agents=False,
+            service_args={"health-monitor": monitor},
         )
         with cluster:
             began = time.monotonic()
