@@ -240,6 +240,16 @@ def test_command_not_found(work: Path) -> None:
     assert "cannot start rank" in launcher.log_path("job-i", 0, 1).read_text()
 
 
+def test_a_rank_whose_wrapper_cannot_exec_exits_126_with_the_reason_in_its_log(work: Path) -> None:
+    # 200 KiB in one variable is over Linux's 128 KiB per string: exec fails with E2BIG (Issue 18).
+    launcher = RankLauncher(work)
+    outcome = launcher.launch(make_task("job-big", [PY, "-c", "pass"], ranks=1, env={"BIG": "x" * 200_000}))
+    assert outcome.started == (1,)
+    [exit] = wait_exits(launcher, 1)
+    assert exit.exit_code == 126
+    assert "Argument list too long" in launcher.log_path("job-big", 0, 1).read_text()
+
+
 def test_wrapper_honours_a_kill_that_came_before_it_started(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     (tmp_path / "rank-0.kill").write_text(json.dumps({"requested_at": 0, "grace_s": 5}))

@@ -158,6 +158,16 @@ def test_a_job_without_retries_fails_at_once_with_the_plain_reason() -> None:
     assert isinstance(kill.then, JobFailed) and kill.then.reason == "rank 0 exited with code 1"
 
 
+@pytest.mark.parametrize(("code", "says"), [(126, "could not be executed"), (127, "command not found")])
+def test_a_rank_that_could_not_start_its_command_fails_with_a_reason_that_says_so(
+    code: int, says: str
+) -> None:
+    world = running_gang().given(exited(0, code))
+    [kill] = world.reconcile("j1", 30.0)
+    assert isinstance(kill.then, JobFailed) and kill.then.exit_code == code
+    assert kill.then.reason.startswith(f"rank 0 exited with code {code} (") and says in kill.then.reason
+
+
 def test_a_rank_failure_while_a_node_of_the_gang_is_silent_waits_for_the_verdict() -> None:
     world = running_gang(retries=3).given(
         NodeHeartbeatLost(node_id="n2", last_seen=20.0, at=25.0), exited(0, 1, node_id="n1")

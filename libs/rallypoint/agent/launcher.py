@@ -22,6 +22,7 @@ Methods are thread-safe (one lock) so the asyncio agent can run them in worker t
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -203,7 +204,12 @@ class RankLauncher:
                 env.update(rank_environment(task, spec))
                 # the training client appends checkpoint commits and step progress here (reports.py)
                 env["RALLY_REPORT_FILE"] = str(record.file("report").absolute())
-                self._spawn(record, task.command, env)
+                try:
+                    self._spawn(record, task.command, env)
+                except OSError as exc:
+                    if not _rank_cannot_exec(exc):
+                        raise
+                    self._record_exec_failure(record, exc)
                 started.append(spec.rank)
         return LaunchOutcome(started=tuple(started), already=tuple(already))
 
@@ -331,6 +337,16 @@ class RankLauncher:
         record.wrapper_pid = record.popen.pid
         record.wrapper_start = workdir.process_start_time(record.popen.pid)
 
+    def _record_exec_failure(self, record: _Rank, exc: OSError) -> None:
+        """The rank's own command or environment made exec fail: record it as the rank's exit (126, the
+        shell's "cannot execute"), with the reason in its log, so the job's attempt fails with it instead
+        of a claim that never starts (and turns into a lost rank, blamed on the node, much later)."""
+        with open(record.file("log"), "a", encoding="utf-8") as log:
+            log.write(f"rankwrap: cannot start rank {record.rank}: {exc.strerror} (errno {exc.errno})\n")
+        exit_record = {"exit_code": workdir.EXIT_NOT_EXECUTABLE, "at": self._clock()}
+        workdir.write_atomic(record.file("exit"), exit_record, exclusive=True)
+        self._read_exit(record)
+
     def _reap(self) -> None:
         for pid, popen in list(self._children.items()):
             if popen.poll() is not None:
@@ -428,6 +444,12 @@ class RankLauncher:
         elif not record.term_sent:
             workdir.signal_group(record.pid, record.pid_start, signal.SIGTERM)
             record.term_sent = True
+
+
+def _rank_cannot_exec(exc: OSError) -> bool:
+    """Exec failed because of what the job asked for: arguments and environment over the kernel's limits
+    (E2BIG). Other failures (no memory, no processes left) are the node's, and stay the launch's error."""
+    return exc.errno == errno.E2BIG
 
 
 def _gpus_of(task: LaunchTask | None, rank: int) -> tuple[int, ...]:

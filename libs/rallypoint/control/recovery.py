@@ -123,8 +123,22 @@ def _infra_event(job: JobView, failure: InfraFailure, now: float, config: Recove
     )
 
 
+#: The codes the rank wrapper (and a shell) records when the command never ran: the job's own doing, but
+#: not a crash of the program, so the reason says what happened (the rank's log has the system's words).
+_NOT_STARTED = {
+    126: "the command could not be executed: not executable, or its arguments and environment are over "
+    "the system's limits (Argument list too long); see the rank's log",
+    127: "command not found; see the rank's log",
+}
+
+
+def _meaning(exit_code: int) -> str:
+    meaning = _NOT_STARTED.get(exit_code)
+    return f" ({meaning})" if meaning else ""
+
+
 def _user_event(job: JobView, failure: UserFailure, now: float, config: RecoveryConfig) -> Event:
-    what = f"rank {failure.rank} exited with code {failure.exit_code}"
+    what = f"rank {failure.rank} exited with code {failure.exit_code}{_meaning(failure.exit_code)}"
     if job.user_failures < job.spec.max_retries:
         return JobAttemptFailed(
             job_id=job.job_id,
