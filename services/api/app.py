@@ -31,7 +31,7 @@ from rallypoint.jobs import (
     new_job_id,
     validate_spec,
 )
-from rallypoint.jobs.validate import check_json_depth
+from rallypoint.jobs.validate import check_duplicate_keys, check_json_depth
 from rallypoint.scheduling.queues import Queues
 from rallypoint.security.tokens import Principal, TokenStore
 from rallypoint.state import ClusterState, JobState, JobView
@@ -49,6 +49,7 @@ from .views import job_links, queue_positions, render_checkpoints, render_job, r
 
 _log = logging.getLogger("rallypoint.api")
 
+JSON = "application/json"
 CLOUDEVENTS_JSON = "application/cloudevents+json"
 CLOUDEVENTS_BATCH_JSON = "application/cloudevents-batch+json"
 IDEMPOTENCY_KEY = "Idempotency-Key"
@@ -77,6 +78,23 @@ def json_response(body: Any, *, status: int = 200, headers: dict[str, str] | Non
     )
 
 
+def _unsupported_media_type(content_type: str) -> web.Response | None:
+    """415 unless the body is labelled JSON: a form or text body (curl -d's default) is refused, not
+    guessed at. Without a Content-Type header aiohttp reports application/octet-stream: refused too."""
+    if content_type in (JSON, CLOUDEVENTS_JSON):
+        return None
+    if content_type == CLOUDEVENTS_BATCH_JSON:
+        detail = (
+            "CloudEvents batch mode is not supported; send one event per request (structured or binary mode)"
+        )
+    else:
+        detail = (
+            f"Content-Type {content_type!r} is not accepted; send the job spec as {JSON} "
+            f"(or a CloudEvent as {CLOUDEVENTS_JSON})"
+        )
+    return problem(415, "Unsupported media type", detail, slug="unsupported-media-type")
+
+
 class Handlers:
     def __init__(self, log: EventLog, follower: FoldFollower, config: ApiConfig) -> None:
         self.log = log
@@ -97,11 +115,16 @@ class Handlers:
     # -- POST /v1/jobs -------------------------------------------------------------------------------
 
     async def submit(self, request: web.Request) -> web.Response:
+        if (refused := _unsupported_media_type(request.content_type.lower())) is not None:
+            self.submissions["invalid"] += 1
+            return refused
         raw = await request.read()
         try:
             # Depth first: a decoder recursing into 3,000 nested arrays fails with RecursionError (a 500).
             check_json_depth(raw)
             decoded = msgspec.json.decode(raw) if raw else None
+            if decoded is not None:
+                check_duplicate_keys(raw)
         except SpecError as err:
             self.submissions["invalid"] += 1
             return unparseable(f"body is not acceptable JSON: {err.detail}")
@@ -113,17 +136,7 @@ class Handlers:
             return unparseable("body is empty; send a JSON job spec")
 
         key = request.headers.get(IDEMPOTENCY_KEY)
-        content_type = request.content_type.lower()
-        if content_type == CLOUDEVENTS_BATCH_JSON:
-            self.submissions["invalid"] += 1
-            return problem(
-                415,
-                "Unsupported media type",
-                "CloudEvents batch mode is not supported; send one "
-                "event per request (structured or binary mode)",
-                slug="unsupported-media-type",
-            )
-        if content_type == CLOUDEVENTS_JSON:
+        if request.content_type.lower() == CLOUDEVENTS_JSON:
             try:
                 payload, event_id = _unwrap_cloudevent(decoded)
             except SpecError as err:

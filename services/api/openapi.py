@@ -388,8 +388,13 @@ def _document() -> dict[str, Any]:
                             _ref("Accepted"),
                             _REPLAYED,
                         ),
-                        "400": _problem(f"Body is not JSON, or nested deeper than {MAX_JSON_DEPTH} levels."),
-                        "415": _problem("CloudEvents batch mode."),
+                        "400": _problem(
+                            f"Body is not JSON, repeats a key, or nests over {MAX_JSON_DEPTH} levels."
+                        ),
+                        "415": _problem(
+                            "The body is not labelled application/json or application/cloudevents+json "
+                            "(a form or text body), or is a CloudEvents batch."
+                        ),
                         "422": _problem(
                             "Invalid spec, larger than the cluster, or a reused key with "
                             "another spec; nothing was appended."

@@ -211,6 +211,47 @@ async def test_invalid_submission_appends_nothing(
     assert await event_log.last_seq() == before
 
 
+NOT_JSON = [
+    ("text/plain", json.dumps(spec()).encode()),
+    ("application/x-www-form-urlencoded", b"name=x&team=nlp&gpus=8"),
+    (
+        "multipart/form-data; boundary=b",
+        b'--b\r\nContent-Disposition: form-data; name="a"\r\n\r\n1\r\n--b--\r\n',
+    ),
+    (None, json.dumps(spec()).encode()),  # no Content-Type at all
+]
+
+
+@pytest.mark.parametrize(("content_type", "body"), NOT_JSON, ids=[str(c[0]) for c in NOT_JSON])
+async def test_a_body_that_is_not_sent_as_json_is_refused_with_415(
+    client: Client, event_log: EventLog, content_type: str | None, body: bytes
+) -> None:
+    before = await event_log.last_seq()
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    # skip_auto_headers: aiohttp would otherwise label raw bytes application/octet-stream itself
+    resp = await client.post("/v1/jobs", data=body, headers=headers, skip_auto_headers=["Content-Type"])
+    problem = await assert_problem(resp, 415, None)
+    assert "application/json" in problem["detail"]
+    assert await event_log.last_seq() == before
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        (b'{"name": "a", "team": "nlp", "gpus": 8, "command": ["x"], "gpus": 16}', "gpus"),
+        (b'{"name": "a", "team": "nlp", "gpus": 8, "command": ["x"], "env": {"A": "1", "A": "2"}}', "env.A"),
+    ],
+)
+async def test_duplicate_json_keys_are_refused_naming_the_key(
+    client: Client, event_log: EventLog, raw: bytes, key: str
+) -> None:
+    before = await event_log.last_seq()
+    resp = await client.post("/v1/jobs", data=raw, headers={"Content-Type": "application/json"})
+    problem = await assert_problem(resp, 400, "body")
+    assert f"duplicate key {key!r}" in problem["detail"]
+    assert await event_log.last_seq() == before
+
+
 async def test_size_check_skipped_before_any_node_registers(event_log: EventLog) -> None:
     async with test_utils.TestClient(test_utils.TestServer(build_app(event_log))) as c:
         resp = await c.post("/v1/jobs", json=spec(gpus=4096))

@@ -15,6 +15,7 @@ derived from (team, Idempotency-Key) is what makes a retried submission land on 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import secrets
 from collections.abc import Mapping
@@ -434,6 +435,43 @@ def check_json_depth(raw: bytes, limit: int = MAX_JSON_DEPTH) -> None:
     depth = json_depth(raw)
     if depth > limit:
         raise SpecError("body", f"JSON nested {depth} levels deep; at most {limit}")
+
+
+class _Duplicate(msgspec.Struct, frozen=True):
+    """Stands in for an object that repeats a key, carrying the key's path up to the top."""
+
+    path: tuple[str, ...]
+
+
+def _duplicate_in(value: Any) -> _Duplicate | None:
+    # Arrays are built by the decoder itself, without a hook: look through them for a marker.
+    if isinstance(value, _Duplicate):
+        return value
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            if (found := _duplicate_in(item)) is not None:
+                return _Duplicate((str(index), *found.path))
+    return None
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any] | _Duplicate:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if (found := _duplicate_in(value)) is not None:
+            return _Duplicate((key, *found.path))
+        if key in seen:
+            return _Duplicate((key,))
+        seen[key] = value
+    return seen
+
+
+def check_duplicate_keys(raw: bytes) -> None:
+    """Refuse a JSON text whose objects repeat a key: decoders keep the last silently (msgspec too),
+    so ``{"gpus": 8, "gpus": 64}`` would run what its author may not have meant. Call it on a text that
+    already decoded (valid JSON, depth checked): it parses once more, in C but for the hook."""
+    found = _duplicate_in(json.loads(raw, object_pairs_hook=_pairs))
+    if found is not None:
+        raise SpecError("body", f"duplicate key {'.'.join(found.path)!r} in the JSON body")
 
 
 def check_fits_cluster(spec: JobSpec, total_gpus: int, max_gpus_per_node: int) -> None:
