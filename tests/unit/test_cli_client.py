@@ -329,11 +329,18 @@ def test_wait_reports_changes_and_exit_codes() -> None:
         "running on n[0-1] (attempt 1)",
         "completed",
     ]
-    failed = job(state="failed", reason="rank 0 exited 3", exit_code=3)
-    assert jobs_cmds.wait_for_job(FakeApi([failed]), "j-1", out=io.StringIO(), sleep=lambda _: None) == 1
-    assert (
-        jobs_cmds.wait_for_job(
-            FakeApi([job(state="cancelled")]), "j-1", out=io.StringIO(), sleep=lambda _: None
-        )
-        == 1
-    )
+
+    def wait(answer: dict[str, Any]) -> int:
+        return jobs_cmds.wait_for_job(FakeApi([answer]), "j-1", out=io.StringIO(), sleep=lambda _: None)
+
+    # The job's own exit code passes through, as srun's does; an end without one has a code of its own.
+    assert wait(job(state="failed", reason="rank 0 exited 3", exit_code=3)) == 3
+    assert wait(job(state="failed", reason="rank 0 exited with code 143", exit_code=143)) == 143
+    assert jobs_cmds.EXIT_JOB_ENDED_WITHOUT_CODE == 125
+    for ended in (
+        job(state="cancelled"),
+        job(state="rejected", reason="no such queue"),
+        job(state="failed", reason="time limit of 60 s exceeded", exit_code=None),
+        job(state="failed", reason="rank 0 was lost", exit_code=-1),
+    ):
+        assert wait(ended) == 125

@@ -2,8 +2,9 @@
 
 Output follows Slurm's habits (``squeue`` columns, a bare job id from ``submit``) because that is what
 our users' scripts and fingers already know. Every failure is one line on stderr: ``error: ...``.
-Exit codes: 0 ok; 1 the job (with --wait) did not complete; 2 the request was refused or could not be
-made; 130 interrupted.
+Exit codes: 0 ok; 2 the request was refused or could not be made; 130 interrupted. With --wait, the
+job's own exit code when it failed with one (as srun passes it through), and 125 when it ended without
+one (cancelled, rejected, failed by the cluster: a time limit, lost ranks).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from rallypoint.jobs import PRIORITY_CLASSES, TOPOLOGY_LEVELS, SpecError, valida
 from .client import ApiClient, ApiError, ApiUnreachable, resolve_api_url
 
 EXIT_OK = 0
-EXIT_JOB_FAILED = 1
+#: ``--wait`` on a job that ended without an exit code of its own (docker run's "not the program's" 125).
+EXIT_JOB_ENDED_WITHOUT_CODE = 125
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
 
@@ -144,7 +146,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     submit.add_argument(
         "--wait",
         action="store_true",
-        help="follow the job until it ends; exit 0 if it completed, 1 otherwise",
+        help="follow the job until it ends; exit with its exit code (0 if it completed), "
+        "125 if it ended without one (cancelled, rejected, failed by the cluster)",
     )
     submit.add_argument("--poll-interval", type=float, default=1.0, help=argparse.SUPPRESS)
     _api_arg(submit)
@@ -276,6 +279,17 @@ def describe(job: dict[str, Any]) -> str:
     return state
 
 
+def exit_status(job: dict[str, Any]) -> int:
+    """What ``--wait`` exits with for a finished job: 0 if it completed, the job's exit code if it failed
+    with one a shell can pass on (1-255), else ``EXIT_JOB_ENDED_WITHOUT_CODE``."""
+    if job["state"] == "completed":
+        return EXIT_OK
+    code = job.get("exit_code")
+    if isinstance(code, int) and 0 < code < 256:
+        return code
+    return EXIT_JOB_ENDED_WITHOUT_CODE
+
+
 def wait_for_job(
     client: ApiClient,
     job_id: str,
@@ -285,8 +299,8 @@ def wait_for_job(
     sleep: Callable[[float], None] = time.sleep,
     unreachable_grace_s: float = 60.0,
 ) -> int:
-    """Poll the job, print each change, return 0 if it completed and 1 if it failed, was cancelled or
-    rejected. The API may restart meanwhile (a rolling upgrade): keep trying for ``unreachable_grace_s``.
+    """Poll the job, print each change, return its exit status (``exit_status``). The API may restart
+    meanwhile (a rolling upgrade): keep trying for ``unreachable_grace_s``.
     """
     stream = out or sys.stdout
     last: str | None = None
@@ -312,7 +326,7 @@ def wait_for_job(
                 print(f"{time.strftime('%H:%M:%S')} {job_id} {line}", file=stream, flush=True)
                 last = line
             if job["state"] in TERMINAL_STATES:
-                return EXIT_OK if job["state"] == "completed" else EXIT_JOB_FAILED
+                return exit_status(job)
             sleep(poll_interval)
     except KeyboardInterrupt:
         print(
