@@ -57,6 +57,7 @@ def test_ctrl_c_stops_every_process_rally_up_started(tmp_path: Path) -> None:
         pg_port = info["postgres_dsn"].rsplit(":", 1)[1].split("/")[0]
         needles = (str(tmp_path), f"--port {nats_port}", f"-p {pg_port}")
         assert _processes_mentioning(*needles), "the cluster's processes should be visible while it runs"
+        _second_up_refuses(tmp_path, info_file, up.pid)
     finally:
         up.send_signal(signal.SIGINT)
         code = up.wait(timeout=60)
@@ -65,6 +66,26 @@ def test_ctrl_c_stops_every_process_rally_up_started(tmp_path: Path) -> None:
     assert _processes_mentioning(*needles) == []
     assert not info_file.exists(), "rally up removes its cluster file on the way out"
     assert not (tmp_path / ".rally" / "tokens.json").exists(), "and its tokens"
+
+
+def _second_up_refuses(folder: Path, info_file: Path, first_pid: int) -> None:
+    """A second `rally up` on the same folder refuses at once, naming the first, and changes nothing."""
+    before = info_file.read_bytes(), (folder / ".rally" / "tokens.json").read_bytes()
+    argv = [sys.executable, "-m", "rallypoint.cli.main", "up", "--api-port", str(free_port())]
+    second = subprocess.run(
+        [*argv, "--data-dir", str(folder / "state")], cwd=folder, capture_output=True, text=True, timeout=30
+    )
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert "already runs" in second.stderr and f"pid {first_pid}" in second.stderr, second.stderr
+    assert (info_file.read_bytes(), (folder / ".rally" / "tokens.json").read_bytes()) == before
+    # Another data folder in the same folder would still overwrite .rally/cluster.json: refused too.
+    other = subprocess.run(
+        [*argv, "--data-dir", str(folder / "other")], cwd=folder, capture_output=True, text=True, timeout=30
+    )
+    assert other.returncode == 1 and "already runs" in other.stderr, other.stderr
+    assert not (folder / "other" / "nats").exists()
+    info = json.loads(info_file.read_text())
+    assert call("GET", f"{info['api_url']}/v1/jobs", token=json.loads(before[1])["admin"])[0] == 200
 
 
 def _check_tokens(path: Path, api_url: str) -> None:

@@ -7,6 +7,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 from rallypoint.cli.client import TOKENS_FILE
 from rallypoint.cli.clusterinfo import CLUSTER_FILE
@@ -25,8 +26,14 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     from rallypoint.localcluster import LocalCluster
+    from rallypoint.localcluster.folderlock import FolderBusy
 
     workdir = Path(args.data_dir)
+    try:
+        locks = _lock_folders(workdir)
+    except FolderBusy as busy:
+        print(f"error: {busy}", file=sys.stderr)
+        return 1
     cluster = LocalCluster(
         workdir,
         nodes=args.nodes,
@@ -72,6 +79,23 @@ def _up(args: argparse.Namespace) -> int:
         cluster.stop()
         CLUSTER_FILE.unlink(missing_ok=True)
         TOKENS_FILE.unlink(missing_ok=True)
+        for lock in locks:
+            lock.close()
+
+
+def _lock_folders(data_dir: Path) -> list[IO[str]]:
+    """The folder of .rally/cluster.json and the data folder (its JetStream store), each for this
+    process alone: a second `rally up` on either refuses before it changes anything."""
+    from rallypoint.localcluster.folderlock import FolderBusy, lock_folder
+
+    locks = [lock_folder(CLUSTER_FILE.parent)]
+    try:
+        if data_dir.resolve() != CLUSTER_FILE.parent.resolve():
+            locks.append(lock_folder(data_dir))
+    except FolderBusy:
+        locks[0].close()
+        raise
+    return locks
 
 
 def _demo(args: argparse.Namespace) -> int:
