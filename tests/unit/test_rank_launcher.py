@@ -17,6 +17,8 @@ import pytest
 from rallypoint.agent import EXIT_LOST, RankExit, RankLauncher
 from rallypoint.agent.reaper import zombie_children
 from rallypoint.agent.workdir import read_record
+from rallypoint.jobs import validate as limits
+from rallypoint.jobs import validate_spec
 from rallypoint.protocol import LaunchTask, RankSpec
 
 PY = sys.executable
@@ -248,6 +250,19 @@ def test_a_rank_whose_wrapper_cannot_exec_exits_126_with_the_reason_in_its_log(w
     [exit] = wait_exits(launcher, 1)
     assert exit.exit_code == 126
     assert "Argument list too long" in launcher.log_path("job-big", 0, 1).read_text()
+
+
+def test_a_spec_at_every_api_limit_at_once_still_execs(work: Path) -> None:
+    """The API's limits (validate.py) keep every spec it accepts under the kernel's exec limits: the
+    biggest command and environment it lets through together, plus the agent's own, start a rank."""
+    one = limits.MAX_ARG_BYTES
+    command = [PY, "-c", "pass", *["y" * one] * (limits.MAX_COMMAND_BYTES // (one + 3) - 1)]
+    env = {f"BIG_{i}": "x" * one for i in range(limits.MAX_ENV_BYTES // (one + 12))}
+    spec = validate_spec({"name": "big", "team": "nlp", "gpus": 1, "command": command, "env": env})
+    launcher = RankLauncher(work)
+    launcher.launch(make_task("job-max", list(spec.command), ranks=1, env=dict(spec.env)))
+    [exit] = wait_exits(launcher, 1)
+    assert exit.exit_code == 0, launcher.log_path("job-max", 0, 1).read_text()[-500:]
 
 
 def test_wrapper_honours_a_kill_that_came_before_it_started(tmp_path: Path) -> None:
