@@ -142,11 +142,12 @@ class Handlers:
             except SpecError as err:
                 self.submissions["invalid"] += 1
                 return invalid_spec(err)
-            key = key or event_id
+            key = event_id if key is None else key
         else:
             payload = decoded
             # CloudEvents binary mode: the attributes ride in ce-* headers and the body is the spec.
-            key = key or request.headers.get("ce-id")
+            # An empty header is a key too (refused as one), not a missing one.
+            key = request.headers.get("ce-id") if key is None else key
         who = principal(request)
         payload, refused = _team_from_token(payload, who)
         if refused is not None:
@@ -495,6 +496,8 @@ def _unwrap_cloudevent(envelope: object) -> tuple[object, str]:
         value = envelope.get(attribute)
         if not isinstance(value, str) or not value:
             raise SpecError(attribute, f"CloudEvents attribute {attribute!r} is required (non-empty string)")
+    # The id is the idempotency key unless a header names one: it must be a valid key either way.
+    check_idempotency_key(envelope["id"], field="id")
     if "data_base64" in envelope:
         raise SpecError("data_base64", "binary data is not accepted; send the job spec as JSON in 'data'")
     if "data" not in envelope:

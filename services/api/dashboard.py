@@ -46,6 +46,8 @@ def dashboard_paths() -> dict[str, Any]:
         return {"get": {"operationId": operation_id, "summary": summary, "responses": {"200": ok}}}
 
     asset_doc = page("dashboardAsset", "A file of the dashboard (script or style sheet)", "text/javascript")
+    # the style sheet is text/css: both are documented, or a client checking the type refuses the CSS
+    asset_doc["get"]["responses"]["200"]["content"]["text/css"] = {"schema": {"type": "string"}}
     asset_doc["get"]["parameters"] = [
         {"name": "name", "in": "path", "required": True, "schema": {"type": "string", "enum": sorted(ASSETS)}}
     ]

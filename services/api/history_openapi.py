@@ -6,21 +6,37 @@ and the JSON cannot drift; the paths are written by hand like the rest of ``open
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
 
 from rallypoint.accounting import QueuesReport, UsageReport
 from rallypoint.jobs.history import JobHistory
+from rallypoint.state import TERMINAL
 
 from .history_views import FinishedJobs, LogChunk
 
 _REF = "#/components/schemas/{name}"
 _JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+# What ``time_param`` reads: empty (no bound), epoch seconds, or an ISO 8601 date and time. The pattern is
+# stricter than the parser (days up to 28, so every match is a real date): a client never sends a value
+# the document allows and the server refuses.
+_EPOCH = r"-?[0-9]{1,12}(\.[0-9]{1,9})?"
+_DATE = r"[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])"
+_CLOCK = r"([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9](\.[0-9]{1,6})?)?"
+_ZONE = r"(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
 _TIME = {
     "type": "string",
+    "pattern": f"^({_EPOCH}|{_DATE}(T{_CLOCK}{_ZONE}?)?)?$",
     "description": "Seconds since the epoch, or an ISO 8601 time (UTC unless it names a zone).",
 }
+
+
+def comma_list(values: Iterable[str]) -> dict[str, Any]:
+    """A query parameter holding a comma-separated list of these words (empty: no filter)."""
+    word = "(" + "|".join(sorted(values)) + ")"
+    return {"type": "string", "pattern": f"^({word}(,{word})*)?$"}
 
 
 def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -88,7 +104,7 @@ def history_paths() -> dict[str, Any]:
                 "parameters": [
                     team,
                     *window,
-                    _query("state", {"type": "string"}, "Comma list of end states."),
+                    _query("state", comma_list(TERMINAL), "Comma list of end states."),
                     _query("limit", {"type": "integer", "minimum": 1}, "The newest N."),
                 ],
                 "responses": {"200": _ok("Jobs, oldest end first.", "FinishedJobs"), "400": bad},

@@ -91,7 +91,7 @@ def time_param(query: Any, name: str) -> float | None:
 
 def int_param(query: Any, name: str, default: int | None, *, minimum: int = 0) -> int | None:
     raw = query.get(name)
-    if raw is None or raw == "":
+    if raw is None:  # an empty value is not an integer: refused, as the document says
         return default
     try:
         value = int(raw)
@@ -179,7 +179,7 @@ class HistoryHandlers:
             return _invalid("by", f"by must be one of {', '.join(GROUP_BY)}, got {by!r}")
         try:
             since, until = time_param(query, "since"), time_param(query, "until")
-            price = float(query["price_per_gpu_hour"]) if query.get("price_per_gpu_hour") else None
+            price = float(query["price_per_gpu_hour"]) if "price_per_gpu_hour" in query else None
             now = time_param(query, "now")
         except BadParam as bad:
             return _invalid(bad.field, bad.detail)

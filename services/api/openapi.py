@@ -7,10 +7,11 @@ that every route the app serves is listed here, so the two cannot drift silently
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from rallypoint.jobs import PRIORITY_CLASSES, TOPOLOGY_LEVELS
 from rallypoint.jobs.validate import (
+    IDEMPOTENCY_KEY_PATTERN,
     MAX_ARG_BYTES,
     MAX_COMMAND_BYTES,
     MAX_COMMAND_ITEMS,
@@ -22,12 +23,13 @@ from rallypoint.jobs.validate import (
     MAX_TEXT_LENGTH,
     MAX_TIME_LIMIT_S,
 )
+from rallypoint.state import JobState
 
 from .auth import with_security
 from .dashboard import dashboard_paths
-from .history_openapi import history_paths, history_schemas
+from .history_openapi import comma_list, history_paths, history_schemas
 
-_JOB_STATES = ["pending", "bound", "running", "completed", "failed", "cancelled", "rejected"]
+_JOB_STATES = list(get_args(JobState))
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -59,11 +61,29 @@ _EXEC_STRING = {
     "description": f"At most {MAX_ARG_BYTES} UTF-8 bytes; no NUL.",
 }
 
+# What a client can do with the job it just submitted (OpenAPI links: generated clients, and the
+# stateful run of tests/integration/test_api_schemathesis.py, follow them).
+_JOB_LINKS = {
+    name: {"operationId": operation, "parameters": {"job_id": "$response.body#/job_id"}}
+    for name, operation in [
+        ("GetJob", "getJob"),
+        ("CancelJob", "cancelJob"),
+        ("ListJobCheckpoints", "listJobCheckpoints"),
+        ("GetJobHistory", "getJobHistory"),
+        ("GetJobLogs", "getJobLogs"),
+    ]
+}
+
 _SCHEMAS: dict[str, Any] = {
     "JobSpec": {
         "type": "object",
         "additionalProperties": False,
         "required": ["name", "gpus", "command"],
+        # one GPU type or several, not both
+        "not": {
+            "required": ["gpu_type", "gpu_types"],
+            "properties": {"gpu_type": {"type": "string"}, "gpu_types": {"type": "array"}},
+        },
         "properties": {
             "name": {"type": "string", "pattern": r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"},
             "team": {
@@ -74,13 +94,13 @@ _SCHEMAS: dict[str, Any] = {
             },
             "gpus": {"type": "integer", **_GPU_COUNT, "description": "Size of the gang: all or nothing."},
             "gpus_per_task": {
-                "type": "integer",
+                "type": ["integer", "null"],
                 **_GPU_COUNT,
                 "description": "GPUs of one task (one node). Default min(gpus, GPUs per node); "
                 "must divide gpus.",
             },
             "ranks_per_task": {
-                "type": "integer",
+                "type": ["integer", "null"],
                 **_GPU_COUNT,
                 "description": "Processes per task. Default gpus_per_task; must divide it.",
             },
@@ -88,12 +108,18 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "array",
                 "minItems": 1,
                 "maxItems": MAX_COMMAND_ITEMS,
+                # the program (element 0) must not be empty; its arguments may be
+                "prefixItems": [{**_EXEC_STRING, "minLength": 1}],
                 "items": _EXEC_STRING,
                 "description": f"At most {MAX_COMMAND_BYTES} bytes as JSON in all.",
             },
-            "priority": {"type": "string", "enum": list(PRIORITY_CLASSES), "default": "training-standard"},
+            "priority": {
+                "type": ["string", "null"],
+                "enum": [*PRIORITY_CLASSES, None],
+                "default": "training-standard",
+            },
             "env": {
-                "type": "object",
+                "type": ["object", "null"],
                 "maxProperties": MAX_ENV_VARS,
                 "additionalProperties": _EXEC_STRING,
                 "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$", "maxLength": MAX_ENV_NAME_LENGTH},
@@ -105,7 +131,7 @@ _SCHEMAS: dict[str, Any] = {
                 "maximum": MAX_TIME_LIMIT_S,
                 "description": "Seconds; at most one year.",
             },
-            "gpu_type": _NULLABLE_TEXT,
+            "gpu_type": {**_NULLABLE_TEXT, "minLength": 1, "description": "Not with gpu_types."},
             "gpu_types": {
                 "type": ["array", "null"],
                 "minItems": 1,
@@ -122,8 +148,8 @@ _SCHEMAS: dict[str, Any] = {
                 **_NULLABLE_GPUS,
                 "description": "Elastic jobs: size step, a multiple of gpus_per_task.",
             },
-            "checkpoint_dir": _NULLABLE_TEXT,
-            "max_retries": {"type": "integer", "minimum": 0, "maximum": 100, "default": 0},
+            "checkpoint_dir": {**_NULLABLE_TEXT, "minLength": 1},
+            "max_retries": {"type": ["integer", "null"], "minimum": 0, "maximum": 100, "default": 0},
         },
     },
     "CloudEvent": {
@@ -133,7 +159,7 @@ _SCHEMAS: dict[str, Any] = {
         "required": ["specversion", "id", "source", "type", "data"],
         "properties": {
             "specversion": {"const": "1.0"},
-            "id": {"type": "string", "minLength": 1},
+            "id": {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN},
             "source": {"type": "string", "minLength": 1},
             "type": {"type": "string", "minLength": 1, "examples": ["io.rallypoint.job.submit"]},
             "data": _ref("JobSpec"),
@@ -372,7 +398,7 @@ def _document() -> dict[str, Any]:
                             "name": "Idempotency-Key",
                             "in": "header",
                             "required": False,
-                            "schema": {"type": "string", "maxLength": 255},
+                            "schema": {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN},
                         }
                     ],
                     "requestBody": {
@@ -383,14 +409,18 @@ def _document() -> dict[str, Any]:
                         },
                     },
                     "responses": {
-                        "202": _json(
-                            "Appended to the log (or already there: see Idempotent-Replayed).",
-                            _ref("Accepted"),
-                            _REPLAYED,
-                        ),
+                        "202": {
+                            **_json(
+                                "Appended to the log (or already there: see Idempotent-Replayed).",
+                                _ref("Accepted"),
+                                _REPLAYED,
+                            ),
+                            "links": _JOB_LINKS,
+                        },
                         "400": _problem(
                             f"Body is not JSON, repeats a key, or nests over {MAX_JSON_DEPTH} levels."
                         ),
+                        "413": _problem("The body is over 1 MiB."),
                         "415": _problem(
                             "The body is not labelled application/json or application/cloudevents+json "
                             "(a form or text body), or is a CloudEvents batch."
@@ -412,7 +442,7 @@ def _document() -> dict[str, Any]:
                         {
                             "name": "state",
                             "in": "query",
-                            "schema": {"type": "string"},
+                            "schema": comma_list(_JOB_STATES),
                             "description": "Comma-separated states, e.g. `pending,running`.",
                         },
                         {"name": "team", "in": "query", "schema": {"type": "string"}},

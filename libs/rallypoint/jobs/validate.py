@@ -116,6 +116,9 @@ def _int(body: Mapping[str, Any], field: str) -> int | None:
     value = body.get(field)
     if value is None:
         return None
+    # JSON Schema's integer (the OpenAPI document's) includes 8.0; 8.5 is not one.
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     # bool is an int subclass in Python; JSON true must not pass as 1 GPU.
     if isinstance(value, bool) or not isinstance(value, int):
         raise SpecError(field, f"must be an integer, got {_type_name(value)}")
@@ -490,11 +493,17 @@ def check_fits_cluster(spec: JobSpec, total_gpus: int, max_gpus_per_node: int) -
 # --- job ids --------------------------------------------------------------------------------------
 
 
-def check_idempotency_key(key: str) -> str:
+#: What an Idempotency-Key (or a CloudEvent id standing in for one) may hold: printable ASCII, as HTTP
+#: header values are; the OpenAPI document states the same pattern, so generated clients agree.
+IDEMPOTENCY_KEY_PATTERN = f"^[ -~]{{1,{MAX_IDEMPOTENCY_KEY_LENGTH}}}$"
+_IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
+
+
+def check_idempotency_key(key: str, field: str = "idempotency_key") -> str:
     if not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH:
-        raise SpecError("idempotency_key", f"must be 1-{MAX_IDEMPOTENCY_KEY_LENGTH} characters")
-    if not key.isprintable():
-        raise SpecError("idempotency_key", "must contain only printable characters")
+        raise SpecError(field, f"must be 1-{MAX_IDEMPOTENCY_KEY_LENGTH} characters")
+    if not _IDEMPOTENCY_KEY.match(key):
+        raise SpecError(field, "must contain only printable ASCII characters")
     return key
 
 
