@@ -25,13 +25,13 @@ import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 from .ports import free_port, port_open
 from .process import ManagedProcess, ServerStartError, await_until, respawn, wait_until
+from .tempdirs import owned_tempdir
 
 _HOST = "127.0.0.1"
 SUPERUSER = "postgres"
@@ -133,7 +133,8 @@ class PostgresServer:
         start_timeout: float = 30.0,
     ) -> None:
         self._own_dir = data_dir is None
-        self.base_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rally-pg-"))
+        # Our own folder is named for this process: the next server removes it if we die unable to.
+        self.base_dir = Path(data_dir) if data_dir is not None else owned_tempdir("rally-pg-")
         self.pgdata = self.base_dir / "pgdata"
         self._fixed_port = port
         self.port = port or 0

@@ -8,13 +8,15 @@ and nothing is left running.
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rallypoint.infra.tempdirs import owned_tempdir
 
 from .demo_recovery import run_recovery_act
 from .http import call
@@ -84,7 +86,21 @@ def _table(jobs: list[dict[str, Any]]) -> str:
 
 
 def run_demo(nodes: int, gpus_per_node: int, racks: int, *, timeout: float = 180.0) -> int:
-    workdir = Path(tempfile.mkdtemp(prefix="rally-demo-"))
+    """The demo in a temporary folder, removed afterwards; kept, and named, when the demo failed (its
+    services' logs say why)."""
+    workdir = owned_tempdir("rally-demo-")  # a demo killed with -9 leaves it to the next one
+    code = 1
+    try:
+        code = _run_demo_in(workdir, nodes, gpus_per_node, racks, timeout=timeout)
+        return code
+    finally:
+        if code == 0:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"the demo's state and logs are kept in {workdir}", file=sys.stderr)
+
+
+def _run_demo_in(workdir: Path, nodes: int, gpus_per_node: int, racks: int, *, timeout: float) -> int:
     # Enterable (not listable) by others: ranks run as an unprivileged user when we are root.
     workdir.chmod(0o711)
     shape = f"{nodes} nodes x {gpus_per_node} GPUs in {racks} racks"
