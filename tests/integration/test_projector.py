@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -460,7 +461,12 @@ async def _above(db: asyncpg.Connection, seq: int) -> bool:
 
 
 async def test_rebuild_equals_incremental(
-    event_log: EventLog, dsn: str, db: asyncpg.Connection, capsys: pytest.CaptureFixture[str]
+    event_log: EventLog,
+    dsn: str,
+    db: asyncpg.Connection,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     w = Writer(event_log)
     projector = Projector(event_log, dsn, batch_size=64)
@@ -501,6 +507,17 @@ async def test_rebuild_equals_incremental(
     last = await event_log.last_seq()
     assert (status["position"], status["log_last_seq"], status["lag"]) == (last, last, 0)
     assert status["archived"] == last and status["jobs"] == len(incremental["jobs"])
+
+    # No flags, in a folder where `rally up` runs: .rally/cluster.json names both, as for every command.
+    (tmp_path / ".rally").mkdir()
+    info = {"nats_url": _url(event_log), "postgres_dsn": dsn}
+    (tmp_path / ".rally" / "cluster.json").write_text(json.dumps(info))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RALLY_NATS_URL", raising=False)
+    monkeypatch.delenv("RALLY_POSTGRES_DSN", raising=False)
+    assert await asyncio.to_thread(rally_projector, ["projector", "status", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert (found["position"], found["log_last_seq"], found["jobs"]) == (last, last, status["jobs"])
 
 
 def rally_projector(argv: list[str]) -> int:

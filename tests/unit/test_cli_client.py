@@ -15,6 +15,7 @@ from rallypoint.cli.client import (
     ApiClient,
     ApiError,
     ApiUnreachable,
+    Response,
     resolve_api_url,
 )
 from rallypoint.infra import free_port
@@ -154,6 +155,39 @@ def test_submit_checks_locally_before_calling(
     assert args.func(args) == jobs_cmds.EXIT_ERROR
     err = capsys.readouterr().err.strip()
     assert err.startswith(line) and "\n" not in err
+
+
+def test_jobs_and_nodes_json_have_the_apis_shape(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rally jobs --json` and `rally nodes --json` print what the API answers (one JobList over every
+    page, the NodeList), not a bare list: one JSON shape for scripts whichever way they ask."""
+    pages = {
+        None: {"jobs": [job(job_id="j-1")], "count": 1, "next_after": 7, "seq": 9},
+        "7": {"jobs": [job(job_id="j-2")], "count": 1, "next_after": None, "seq": 9},
+    }
+    nodes = {"nodes": [{"node_id": "n0"}], "seq": 9}
+
+    class FakeApi(ApiClient):
+        def request(self, method: str, path: str, **kwargs: Any) -> Response:
+            if path == "/v1/nodes":
+                return Response(200, nodes, {})
+            after = (kwargs.get("params") or {}).get("after")
+            return Response(200, pages[None if after is None else str(after)], {})
+
+    monkeypatch.setattr(jobs_cmds, "ApiClient", FakeApi)
+    args = parse(["jobs", "--json", "--all"])
+    assert args.func(args) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert listing == {
+        "jobs": [job(job_id="j-1"), job(job_id="j-2")],
+        "count": 2,
+        "next_after": None,
+        "seq": 9,
+    }
+    args = parse(["nodes", "--json"])
+    assert args.func(args) == 0
+    assert json.loads(capsys.readouterr().out) == nodes
 
 
 def test_other_commands_parse() -> None:

@@ -161,8 +161,9 @@ class ApiClient:
 
     def list_jobs(
         self, *, state: str | None = None, team: str | None = None, limit: int | None = None
-    ) -> list[dict[str, Any]]:
-        """Jobs in submission order, following the API's pages up to ``limit`` (all when None)."""
+    ) -> dict[str, Any]:
+        """One JobList (the API's shape) of the jobs in submission order, following the API's pages up
+        to ``limit`` (all when None): every job, and the last page's ``next_after`` and ``seq``."""
         jobs: list[dict[str, Any]] = []
         after: int | None = None
         while True:
@@ -173,11 +174,12 @@ class ApiClient:
             jobs.extend(body["jobs"])
             after = body.get("next_after")
             if after is None or (limit is not None and len(jobs) >= limit):
-                return jobs
+                return {**body, "jobs": jobs, "count": len(jobs)}
 
-    def list_nodes(self) -> list[dict[str, Any]]:
-        nodes: list[dict[str, Any]] = self.request("GET", "/v1/nodes").body["nodes"]
-        return nodes
+    def list_nodes(self) -> dict[str, Any]:
+        """The API's NodeList, as it answers."""
+        body: dict[str, Any] = self.request("GET", "/v1/nodes").body
+        return body
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         body: dict[str, Any] = self.request("DELETE", f"/v1/jobs/{urllib.parse.quote(job_id, safe='')}").body

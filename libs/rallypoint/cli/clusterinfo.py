@@ -22,3 +22,12 @@ def default_nats_url() -> str:
     if env:
         return env
     return str(cluster_info().get("nats_url") or "nats://127.0.0.1:4222")
+
+
+def default_postgres_dsn() -> str | None:
+    """RALLY_POSTGRES_DSN, else the read models of the `rally up` in this folder, else None."""
+    env = os.environ.get("RALLY_POSTGRES_DSN")
+    if env:
+        return env
+    dsn = cluster_info().get("postgres_dsn")
+    return str(dsn) if dsn else None

@@ -454,25 +454,25 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     client = ApiClient(resolve_api_url(args.api_url))
     state = args.state or (None if args.all else ACTIVE_STATES)
     try:
-        jobs = client.list_jobs(state=state, team=args.team, limit=args.limit)
+        listing = client.list_jobs(state=state, team=args.team, limit=args.limit)
     except (ApiError, ApiUnreachable) as err:
         print(err.line(), file=sys.stderr)
         return EXIT_ERROR
-    if args.json:
-        print(json.dumps(jobs, indent=2))
+    if args.json:  # the API's JobList, so scripts parse one shape whichever way they ask
+        print(json.dumps(listing, indent=2))
     else:
-        print(format_jobs(jobs, now=time.time()))
+        print(format_jobs(listing["jobs"], now=time.time()))
     return EXIT_OK
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
     client = ApiClient(resolve_api_url(args.api_url))
     try:
-        nodes = client.list_nodes()
+        listing = client.list_nodes()
     except (ApiError, ApiUnreachable) as err:
         print(err.line(), file=sys.stderr)
         return EXIT_ERROR
-    print(json.dumps(nodes, indent=2) if args.json else format_nodes(nodes))
+    print(json.dumps(listing, indent=2) if args.json else format_nodes(listing["nodes"]))
     return EXIT_OK
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from typing import Any
@@ -20,15 +19,17 @@ DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 
 def _add_connection_args(parser: argparse.ArgumentParser) -> None:
+    # Resolved when the command runs (``_resolve``), like every other command's: flag, environment,
+    # then ./.rally/cluster.json of a `rally up` here.
     parser.add_argument(
         "--nats-url",
-        default=os.environ.get("RALLY_NATS_URL", DEFAULT_NATS_URL),
-        help="NATS server URL (env RALLY_NATS_URL; default %(default)s)",
+        default=None,
+        help=f"NATS server URL (env RALLY_NATS_URL, then .rally/cluster.json; default {DEFAULT_NATS_URL})",
     )
     parser.add_argument(
         "--postgres-dsn",
-        default=os.environ.get("RALLY_POSTGRES_DSN"),
-        help="PostgreSQL DSN of the read models (env RALLY_POSTGRES_DSN)",
+        default=None,
+        help="PostgreSQL DSN of the read models (env RALLY_POSTGRES_DSN, then .rally/cluster.json)",
     )
     parser.add_argument("--stream", default="RALLY", help="JetStream stream of the log (default RALLY)")
     parser.add_argument(
@@ -70,9 +71,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     status.set_defaults(func=_status)
 
 
+def _resolve(args: argparse.Namespace) -> None:
+    from rallypoint.cli.clusterinfo import default_nats_url, default_postgres_dsn
+
+    args.nats_url = args.nats_url or default_nats_url()
+    args.postgres_dsn = args.postgres_dsn or default_postgres_dsn()
+
+
 def _require_dsn(args: argparse.Namespace) -> str | None:
+    _resolve(args)
     if not args.postgres_dsn:
-        print("rally projector: --postgres-dsn or RALLY_POSTGRES_DSN is required", file=sys.stderr)
+        print(
+            "rally projector: --postgres-dsn, RALLY_POSTGRES_DSN or a .rally/cluster.json here is required",
+            file=sys.stderr,
+        )
         return None
     dsn: str = args.postgres_dsn
     return dsn
