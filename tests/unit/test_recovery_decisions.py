@@ -261,6 +261,19 @@ def test_a_rank_lost_with_its_agent_relaunches_the_gang_in_place() -> None:
     assert [p.node_id for p in repair.placements] == ["n1", "n2"]
 
 
+def test_ranks_stopped_with_the_cluster_are_the_infrastructures_failure_and_run_again() -> None:
+    # Ctrl-C on `rally up` records -2 for the ranks it stops (Issue 18): not the user's failure (no
+    # retries spent, no exit code), but an interruption that relaunches the gang when the cluster is back.
+    world = running_gang().given(exited(0, -2), exited(1, -2, node_id="n2"))
+    [kill] = world.reconcile("j1", 30.0)
+    assert isinstance(kill.then, JobInterrupted) and kill.then.failed_nodes == ()
+    assert "cluster was stopped" in kill.then.reason and "rank 0" in kill.then.reason
+    world.given(kill.then)
+    assert world.state.jobs["j1"].user_failures == 0
+    [repair] = world.repairs(now=31.0)
+    assert isinstance(repair, GangRepaired) and [p.node_id for p in repair.placements] == ["n1", "n2"]
+
+
 def test_a_drained_node_under_a_gang_is_replaced_too() -> None:
     world = running_gang().given(NodeDrained(node_id="n1", reason="GPU 3: XID 79", at=30.0))
     [kill] = world.reconcile("j1", 31.0)

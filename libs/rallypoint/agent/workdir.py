@@ -35,6 +35,9 @@ from typing import Any
 from rallypoint.ckpt.files import fsync_dir
 
 EXIT_LOST = -1
+#: Written by the local cluster's supervisor for every rank still running when it is stopped (Ctrl-C on
+#: `rally up`), before it stops them: the infrastructure ended the rank, not its program.
+EXIT_CLUSTER_STOPPED = -2
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
 

@@ -16,6 +16,9 @@ from rallypoint.state import ClusterState, JobView
 #: The exit code an agent records for a rank whose wrapper vanished (``rallypoint.agent.workdir.EXIT_LOST``):
 #: the outcome is unknown, so it is the infrastructure's failure, not the user's.
 RANK_LOST = -1
+#: The exit code the local cluster records for ranks still running when it is stopped
+#: (``rallypoint.agent.workdir.EXIT_CLUSTER_STOPPED``): the infrastructure's doing too.
+RANK_CLUSTER_STOPPED = -2
 
 
 class RecoveryConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,6 +78,11 @@ def classify_failure(job: JobView, state: ClusterState) -> Failure | Literal["wa
     bad = _failed_nodes(job, state)
     if bad:
         return InfraFailure(failed_nodes=tuple(n for n, _ in bad), reason="; ".join(why for _, why in bad))
+    stopped = sorted(rank for rank, code in job.ranks_exited.items() if code == RANK_CLUSTER_STOPPED)
+    if stopped:
+        where = _node_of_rank(job, stopped[0])
+        reason = f"the cluster was stopped (rally up interrupted) while rank {stopped[0]} ran on node {where}"
+        return InfraFailure(failed_nodes=(), reason=reason)
     lost = sorted(rank for rank, code in job.ranks_exited.items() if code == RANK_LOST)
     if lost:
         where = _node_of_rank(job, lost[0])

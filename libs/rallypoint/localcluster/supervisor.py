@@ -432,6 +432,7 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Agents first (they stop their ranks), then the services, then the servers."""
+        self._mark_running_ranks_stopped()
         names = sorted(self.processes, key=lambda n: (not n.startswith("agent-"), n))
         for name in names:
             with contextlib.suppress(Exception):
@@ -444,6 +445,22 @@ class LocalCluster:
             with contextlib.suppress(Exception):
                 self.nats.stop(remove_data=False)
         register_token(self.api_url, None)
+
+    def _mark_running_ranks_stopped(self) -> None:
+        """Record the end of every rank still running as the cluster's doing, before anything stops them.
+
+        Exit records are written once (exclusively): the one written here wins over the code the
+        wrapper sees when its rank is killed (137, 143), so the agents report, now or when the cluster
+        comes back, ``EXIT_CLUSTER_STOPPED``, and the job controller requeues the job as interrupted by
+        the infrastructure instead of failing it for the user.
+        """
+        now = time.time()
+        for node_id in self.agent_nodes():
+            for pid_file in sorted((self.workdir / "agents" / node_id).glob("*/*/rank-*.pid")):
+                exit_file = pid_file.with_suffix(".exit")
+                if not exit_file.exists():
+                    record = {"exit_code": workdir.EXIT_CLUSTER_STOPPED, "at": now}
+                    workdir.write_atomic(exit_file, record, exclusive=True)
 
     def _kill_leftover_ranks(self) -> None:
         """Ranks outlive their agent by design (an agent restart must not kill training); a cluster
