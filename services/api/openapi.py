@@ -58,6 +58,7 @@ _NULLABLE_TEXT = {**_NULLABLE_STR, "maxLength": MAX_TEXT_LENGTH}
 _EXEC_STRING = {
     "type": "string",
     "maxLength": MAX_ARG_BYTES,
+    "pattern": r"^[^\x00]*$",  # exec() strings end at a NUL
     "description": f"At most {MAX_ARG_BYTES} UTF-8 bytes; no NUL.",
 }
 

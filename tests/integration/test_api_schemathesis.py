@@ -97,7 +97,10 @@ def live_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 # Loaded eagerly (the document needs no server); the requests go to the live API of the fixture.
 schema = schemathesis.openapi.from_dict(openapi_document())
 schema.config.generation.update(max_examples=MAX_EXAMPLES)
-schema.config.checks.update(included_check_names=["all"])
+# Every check but use_after_free: DELETE /v1/jobs/{id} cancels the job, which stays readable (its state,
+# history and checkpoints are what `rally show` and accounting need), as squeue/sacct keep a scancelled
+# job; schemathesis assumes a DELETE removes the resource.
+schema.config.checks.update(included_check_names=["all"], excluded_check_names=["use_after_free"])
 # 413 (a body over the API's 1 MiB, which a schema has no words for) refuses invalid data too.
 schema.config.checks.negative_data_rejection.expected_statuses.append("413")
 # The admin token exists before collection: schemathesis generates its explicit examples, credentials
