@@ -18,8 +18,10 @@ pytestmark = pytest.mark.slow
 
 
 def _processes_mentioning(*needles: str) -> list[str]:
-    listing = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in listing.splitlines() if any(n in line for n in needles) and "ps -eo" not in line]
+    listing = subprocess.run(
+        ["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True
+    ).stdout
+    return [line for line in listing.splitlines() if any(n in line for n in needles) and "ps -ww" not in line]
 
 
 def test_ctrl_c_stops_every_process_rally_up_started(tmp_path: Path) -> None:
