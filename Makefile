@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha256sum | cut -c1-12)
 TRACES ?= ../shared/traces
 
-.PHONY: install demo test chaos bench eval lint schemas nats-config clean
+.PHONY: install browser demo test chaos bench eval lint schemas nats-config clean
 
 $(STAMP): pyproject.toml setup.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,8 +19,17 @@ install: $(STAMP)
 demo: install
 	$(BIN)/rally demo --nodes 4 --gpus-per-node 8 --racks 2
 
-test: install
+test: install browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The dashboard's test drives Debian's Chromium: installed with apt when missing and we may (root, apt-get);
+# where it cannot be, tests/e2e/test_dashboard_browser.py skips and says so.
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && echo "installing chromium (apt) for the dashboard's browser test" && \
+	    { timeout 300 apt-get install -y -q chromium >/dev/null 2>&1 || \
+	      { timeout 300 apt-get update -q >/dev/null 2>&1 && timeout 300 apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
+	  echo "note: no Chromium here; the dashboard's browser test will skip (apt-get install -y chromium)"
 
 # A 30-minute seeded chaos run on a local cluster with a summary table (MINUTES=, or STEPS=; SEED=7 reruns one);
 # make test runs a short one (tests/chaos/test_chaos_short.py).
