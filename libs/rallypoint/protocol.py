@@ -33,9 +33,18 @@ class LaunchTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     env: dict[str, str] = {}
 
 
+#: ``LaunchReply.code`` of a refused launch: why the agent will never run this task as sent. Empty from
+#: an agent that predates codes (the controller then retries, as it did before codes).
+REFUSED_BAD_REQUEST = "bad_request"  # the task did not decode (controller and agent disagree on the format)
+REFUSED_WRONG_NODE = "wrong_node"  # the task names another node (the bind and the agents disagree)
+REFUSED_UNKNOWN_GPUS = "unknown_gpus"  # GPUs this node no longer has (it changed under the bind)
+REFUSED_EMPTY_COMMAND = "empty_command"  # the job's spec cannot run: no command
+
+
 class LaunchReply(msgspec.Struct, frozen=True, kw_only=True):
     ok: bool
     error: str = ""
+    code: str = ""  # one of REFUSED_* when ok is False; optional, so an older agent's reply decodes
     already_running: bool = False
     # Added by the agent: which ranks this request started, and which had been started before.
     started: tuple[int, ...] = ()

@@ -5,7 +5,7 @@ Several controllers can run side by side, each owning a stable shard of the jobs
 
 Each pass reconciles only the jobs whose answer may have changed since the last one (reconciling every
 job on every event was nearly all of its CPU at 20k jobs): those the follower's change feed names, those
-holding GPUs on a node it names, those whose actions just ended (level-triggered: a failed launch is
+holding GPUs on a node it names, those whose actions just ended (level-triggered: an unanswered launch is
 tried again), and those whose time limit came (``wake_at``). A full pass runs at start and after a
 snapshot restore, and every ``full_sweep_s`` as a safety net.
 """
@@ -29,9 +29,11 @@ from rallypoint.control import (
     Append,
     Kill,
     Launch,
+    LaunchRefusal,
     RecoveryConfig,
     owned_by,
     reconcile,
+    refusal_event,
     stale_attempts,
     wake_at,
     with_lost_work,
@@ -171,8 +173,11 @@ class JobController:
                     # The launch joins the job's trace; its requests carry the context on to the agents.
                     parent = self.follower.traces.context(job_id)
                     with span("launch", parent, attributes={"rally.job_id": job_id}):
-                        if await self._launch(action):
+                        refusals = await self._launch(action)
+                        if refusals is None:
                             await self._append(job_id, action.then)
+                        else:
+                            await self._refused(job_id, action, refusals)
                 elif isinstance(action, Kill):
                     await self._kill(action)
                     if action.await_ranks:
@@ -226,21 +231,36 @@ class JobController:
             return None
         return reply.data
 
-    async def _launch(self, action: Launch) -> bool:
-        """True when every task's agent confirmed its ranks run (or already ran)."""
+    async def _launch(self, action: Launch) -> list[LaunchRefusal] | None:
+        """None when every task's agent confirmed its ranks run (or already ran); else the refusals the
+        agents answered (empty when some agent only did not answer: the next pass tries again)."""
 
-        async def one(task: LaunchTask) -> bool:
+        async def one(task: LaunchTask) -> LaunchRefusal | bool:
             data = await self._request(subjects.agent_command(task.node_id, "launch"), task)
             if data is None:
                 _log.warning("launch of %s on %s not answered; will retry", task.job_id, task.node_id)
                 return False
             reply = msgspec.json.decode(data, type=LaunchReply)
-            if not reply.ok:
-                _log.warning("launch of %s on %s refused: %s", task.job_id, task.node_id, reply.error)
-            return reply.ok
+            if reply.ok:
+                return True
+            _log.warning("launch of %s on %s refused: %s", task.job_id, task.node_id, reply.error)
+            return LaunchRefusal(node_id=task.node_id, code=reply.code, error=reply.error)
 
         results = await asyncio.gather(*(one(t) for t in action.tasks))
-        return all(results)
+        if all(r is True for r in results):
+            return None
+        return [r for r in results if isinstance(r, LaunchRefusal)]
+
+    async def _refused(self, job_id: str, action: Launch, refusals: list[LaunchRefusal]) -> None:
+        """Record a refused launch as ``refusal_event`` decides (None: retried by the next pass). The
+        tasks other agents did start are stopped first: the attempt is over."""
+        job = self.follower.state.jobs[job_id]
+        event = refusal_event(job, refusals, self.clock(), self.recovery)
+        if event is None:
+            return
+        nodes = tuple(sorted({t.node_id for t in action.tasks}))
+        await self._kill(Kill(job_id=job_id, attempt=job.attempt, node_ids=nodes, then=None))
+        await self._append(job_id, event)
 
     async def _kill(self, action: Kill) -> None:
         """Best effort per node: an unreachable node's ranks are as good as dead to the gang."""

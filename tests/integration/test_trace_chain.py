@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -75,6 +76,33 @@ async def until(check: Callable[[], bool | Awaitable[bool]], what: str, timeout:
         await asyncio.sleep(0.05)
 
 
+def node_agent(log: EventLog, backend: SimulatedGpus, work_dir: Path) -> NodeAgent:
+    """An agent for node-1 on ``backend`` (not started yet)."""
+    config = AgentConfig(
+        node_id="node-1", rack="r1", heartbeat_interval_s=0.5, cpu_milli=8000, memory_mib=8192
+    )
+    return NodeAgent(log, backend, RankLauncher(work_dir), config)
+
+
+async def serve_api(log: EventLog) -> tuple[web.AppRunner, int]:
+    """The API app on a free local port: its runner (to clean up) and the port."""
+    runner = web.AppRunner(build_app(log), access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, port
+
+
+async def control(
+    log: EventLog, sched_fold: Follower, ctl_fold: Follower, stop: asyncio.Event, **controller: Any
+) -> tuple[SchedulerLoop, asyncio.Task[None]]:
+    """A scheduler loop in its epoch (cycled by the test) and a job controller running until ``stop``."""
+    scheduler = SchedulerLoop(log, sched_fold, instance="s1", policy=SchedulingPolicy("rallypoint"))
+    await scheduler.start_epoch()
+    jobs = JobController(log.nc, log, ctl_fold, command_timeout=5.0, **controller)
+    return scheduler, asyncio.create_task(jobs.run(stop))
+
+
 def kill_ranks(work_dir: Path) -> None:
     for pid_file in work_dir.rglob("rank-*.pid"):
         record = read_record(pid_file) or {}
@@ -82,32 +110,37 @@ def kill_ranks(work_dir: Path) -> None:
             os.killpg(record.get("pid"), signal.SIGKILL)  # type: ignore[arg-type]
 
 
+async def shut_down(
+    stop: asyncio.Event,
+    tasks: list[asyncio.Task[None]],
+    agent: NodeAgent,
+    runner: web.AppRunner,
+    work_dir: Path,
+) -> None:
+    """Stop the controller tasks, the agent and the API, and kill the ranks left behind."""
+    stop.set()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(task, 5.0)
+    await agent.close()
+    await runner.cleanup()
+    kill_ranks(work_dir)
+
+
 async def test_one_trace_spans_api_scheduler_job_controller_and_agent(
     event_log: EventLog, spans: InMemorySpanExporter, tmp_path: Path
 ) -> None:
     stop = asyncio.Event()
     work_dir = tmp_path / "work"
-    agent = NodeAgent(
-        event_log,
-        SimulatedGpus("node-1", 4),
-        RankLauncher(work_dir),
-        AgentConfig(node_id="node-1", rack="r1", heartbeat_interval_s=0.5, cpu_milli=8000, memory_mib=8192),
-    )
-    runner = web.AppRunner(build_app(event_log), access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    agent = node_agent(event_log, SimulatedGpus("node-1", 4), work_dir)
+    runner, port = await serve_api(event_log)
     tasks: list[asyncio.Task[None]] = []
     try:
         async with following(event_log) as sched_fold, following(event_log) as ctl_fold:
             await agent.start()
             await until(lambda: "node-1" in sched_fold.state.nodes, "the node registered")
-            scheduler = SchedulerLoop(
-                event_log, sched_fold, instance="s1", policy=SchedulingPolicy("rallypoint")
-            )
-            await scheduler.start_epoch()
-            controller = JobController(event_log.nc, event_log, ctl_fold, command_timeout=5.0)
-            tasks.append(asyncio.create_task(controller.run(stop)))
+            scheduler, controller = await control(event_log, sched_fold, ctl_fold, stop)
+            tasks.append(controller)
 
             body = {
                 "name": "traced",
@@ -130,13 +163,7 @@ async def test_one_trace_spans_api_scheduler_job_controller_and_agent(
 
             await until(running, "the job running")
     finally:
-        stop.set()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(task, 5.0)
-        await agent.close()
-        await runner.cleanup()
-        kill_ranks(work_dir)
+        await shut_down(stop, tasks, agent, runner, work_dir)
 
     finished = spans.get_finished_spans()
     by_name: dict[str, ReadableSpan] = {}

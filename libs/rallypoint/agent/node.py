@@ -45,6 +45,10 @@ from rallypoint.events import CheckpointCommitted, NodeRegistered, RankExited, s
 from rallypoint.observability.instruments import HEARTBEATS_SENT, RANK_LAUNCHES
 from rallypoint.observability.tracing import SpanKind, context_from_headers, record_span, span
 from rallypoint.protocol import (
+    REFUSED_BAD_REQUEST,
+    REFUSED_EMPTY_COMMAND,
+    REFUSED_UNKNOWN_GPUS,
+    REFUSED_WRONG_NODE,
     Heartbeat,
     KillReply,
     KillTask,
@@ -373,15 +377,18 @@ class NodeAgent:
         try:
             task = msgspec.json.decode(msg.data, type=LaunchTask)
         except msgspec.DecodeError as exc:
-            return _json.encode(LaunchReply(ok=False, error=f"bad LaunchTask: {exc}"))
+            return _json.encode(
+                LaunchReply(ok=False, error=f"bad LaunchTask: {exc}", code=REFUSED_BAD_REQUEST)
+            )
         if task.node_id != self.node_id:
             error = f"task is for node {task.node_id}, this is {self.node_id}"
-            return _json.encode(LaunchReply(ok=False, error=error))
+            return _json.encode(LaunchReply(ok=False, error=error, code=REFUSED_WRONG_NODE))
         if not task.command:
-            return _json.encode(LaunchReply(ok=False, error="empty command"))
+            return _json.encode(LaunchReply(ok=False, error="empty command", code=REFUSED_EMPTY_COMMAND))
         known = {d.index for d in self.backend.inventory()}
         if missing := sorted({g for r in task.ranks for g in r.gpus} - known):
-            return _json.encode(LaunchReply(ok=False, error=f"no such GPUs on {self.node_id}: {missing}"))
+            error = f"no such GPUs on {self.node_id}: {missing}"
+            return _json.encode(LaunchReply(ok=False, error=error, code=REFUSED_UNKNOWN_GPUS))
         parent = context_from_headers(msg.headers)  # the job controller's launch span
         with span("agent.launch", parent, kind=SpanKind.SERVER, attributes=_attrs(task)):
             outcome = await asyncio.to_thread(self.launcher.launch, task)

@@ -13,6 +13,7 @@ from .reconcile import (
     wake_at,
     with_lost_work,
 )
+from .recovery import LaunchRefusal, refusal_event
 from .stale import stale_attempts
 
 __all__ = [
@@ -20,10 +21,12 @@ __all__ = [
     "Append",
     "Kill",
     "Launch",
+    "LaunchRefusal",
     "RecoveryConfig",
     "msg_id_for",
     "owned_by",
     "reconcile",
+    "refusal_event",
     "stale_attempts",
     "subject_for",
     "wake_at",

@@ -6,11 +6,18 @@ from the fold (infrastructure or user), then turned into the one event that says
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import msgspec
 
-from rallypoint.events import Event, JobAttemptFailed, JobFailed, JobInterrupted
+from rallypoint.events import Event, FailureCause, JobAttemptFailed, JobFailed, JobInterrupted
+from rallypoint.protocol import (
+    REFUSED_BAD_REQUEST,
+    REFUSED_EMPTY_COMMAND,
+    REFUSED_UNKNOWN_GPUS,
+    REFUSED_WRONG_NODE,
+)
 from rallypoint.state import ClusterState, JobView
 
 #: The exit code an agent records for a rank whose wrapper vanished (``rallypoint.agent.workdir.EXIT_LOST``):
@@ -147,25 +154,75 @@ def _meaning(exit_code: int) -> str:
 
 def _user_event(job: JobView, failure: UserFailure, now: float, config: RecoveryConfig) -> Event:
     what = f"rank {failure.rank} exited with code {failure.exit_code}{_meaning(failure.exit_code)}"
+    return _user_outcome(job, what, failure.exit_code, now, config)
+
+
+def _user_outcome(
+    job: JobView, what: str, exit_code: int | None, now: float, config: RecoveryConfig
+) -> Event:
+    """A user failure described by ``what``: a retry after the backoff while ``max_retries`` allows, else
+    ``JobFailed`` naming every attempt."""
     if job.user_failures < job.spec.max_retries:
         return JobAttemptFailed(
             job_id=job.job_id,
             attempt=job.attempt,
             cause="user",
             reason=what,
-            exit_code=failure.exit_code,
+            exit_code=exit_code,
             retry_at=now + backoff_s(job.user_failures, config),
             at=now,
         )
     if not job.attempt_reasons:
-        return JobFailed(
-            job_id=job.job_id, attempt=job.attempt, reason=what, exit_code=failure.exit_code, at=now
-        )
+        return JobFailed(job_id=job.job_id, attempt=job.attempt, reason=what, exit_code=exit_code, at=now)
     history = [*job.attempt_reasons, f"attempt {job.attempt}: {what}"]
     reason = (
         f"{what} on attempt {job.attempt}; {job.user_failures + 1} failed attempts "
         f"(max_retries {job.spec.max_retries}): " + "; ".join(history)
     )
-    return JobFailed(
-        job_id=job.job_id, attempt=job.attempt, reason=reason, exit_code=failure.exit_code, at=now
-    )
+    return JobFailed(job_id=job.job_id, attempt=job.attempt, reason=reason, exit_code=exit_code, at=now)
+
+
+# -- refused launches ---------------------------------------------------------------------------------
+
+
+class LaunchRefusal(msgspec.Struct, frozen=True, kw_only=True):
+    """An agent's definite "no" to one task of a launch (``LaunchReply`` with ``ok`` False)."""
+
+    node_id: str
+    code: str
+    error: str
+
+
+#: What each refusal code says about the attempt. A refusal that names the node (GPUs it does not have,
+#: another node's task, a task it cannot decode) is the infrastructure's: the bind and the node disagree.
+#: One that names the job's spec (nothing to run) is the user's: it would be refused on any node.
+#: A code not here (an older agent sends none) decides nothing: the launch is retried, as before codes.
+REFUSAL_CAUSES: dict[str, FailureCause] = {
+    REFUSED_UNKNOWN_GPUS: "infra",
+    REFUSED_WRONG_NODE: "infra",
+    REFUSED_BAD_REQUEST: "infra",
+    REFUSED_EMPTY_COMMAND: "user",
+}
+
+
+def refusal_event(
+    job: JobView, refusals: Sequence[LaunchRefusal], now: float, config: RecoveryConfig
+) -> Event | None:
+    """The event that records the refusal of ``job``'s launch, or None to try the launch again.
+
+    A user refusal wins over infrastructure ones (the spec would be refused anywhere): it is retried with
+    the user backoff up to ``max_retries``, then ``JobFailed``. Infrastructure refusals give every GPU
+    back (nothing ran, nothing to keep) and requeue the job at once, up to ``max_infra_retries``. The
+    reason names each refusing node and the agent's own words.
+    """
+    known = [(r, REFUSAL_CAUSES[r.code]) for r in refusals if r.code in REFUSAL_CAUSES]
+    if not known:
+        return None
+    known.sort(key=lambda rc: rc[0].node_id)
+    user = [r for r, cause in known if cause == "user"]
+    chosen = user[:1] or [r for r, _ in known]  # the spec's fault reads the same on every node: name one
+    what = "; ".join(f"launch refused by node {r.node_id}: {r.error}" for r in chosen)
+    if user:
+        return _user_outcome(job, what, None, now, config)
+    everyone = tuple(sorted({p.node_id for p in job.placements}))
+    return _infra_event(job, InfraFailure(failed_nodes=everyone, reason=what), now, config)
