@@ -42,6 +42,7 @@ from .fold import FoldFollower, quarantine_metrics
 from .history_views import add_history_routes
 from .http_metrics import metrics_middleware
 from .metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
+from .node_ops import add_node_routes
 from .openapi import openapi_document
 from .problems import PROBLEM_JSON, invalid_spec, not_found, problem, unavailable, unparseable
 from .traced import trace_middleware
@@ -572,6 +573,8 @@ def build_app(
     app.router.add_delete("/v1/jobs/{job_id}", handlers.cancel_job)
     app.router.add_get("/v1/jobs/{job_id}/checkpoints", handlers.get_checkpoints)
     app.router.add_get("/v1/nodes", handlers.list_nodes)
+    # POST /v1/nodes/{id}/drain and /undrain: an operator's, admin tokens only
+    add_node_routes(app, log, follower, config.source, config.fold_wait_s)
     app.router.add_get("/v1/state", handlers.get_state)
     app.router.add_get("/v1/openapi.json", handlers.openapi)
     app.router.add_get("/healthz", handlers.healthz)

@@ -289,6 +289,31 @@ _SCHEMAS: dict[str, Any] = {
             "registered_at": {"type": "number"},
         },
     },
+    "NodeAction": {
+        "type": "object",
+        "required": ["reason"],
+        "properties": {
+            "reason": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 1000,
+                "pattern": r"^[^\x00]*\S[^\x00]*$",
+                "description": "Why (recorded in the event log with the token's user); not blank, no NUL.",
+            }
+        },
+    },
+    "NodeActionDone": {
+        "type": "object",
+        "properties": {
+            "node": _ref("Node"),
+            "seq": {"type": "integer", "description": "Stream sequence of the appended event."},
+            "action": {"type": "string", "enum": ["drain", "undrain"]},
+            "changed": {
+                "type": "boolean",
+                "description": "false: an undrain of a node already up; nothing was appended.",
+            },
+        },
+    },
     "NodeList": {
         "type": "object",
         "properties": {
@@ -367,6 +392,49 @@ _SCHEMAS: dict[str, Any] = {
 }
 
 _JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_NODE_ID = {"name": "node_id", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def _node_action_paths() -> dict[str, Any]:
+    """POST /v1/nodes/{node_id}/drain and /undrain (services/api/node_ops.py; docs/health.md)."""
+    paths: dict[str, Any] = {}
+    for action, summary, done, conflict in [
+        (
+            "drain",
+            "Drain a node: no new work on it; its running gangs are interrupted and repaired (admin only)",
+            "NodeDrained appended; the node as this API's fold now shows it.",
+            "The node is lost, or its state kept changing; nothing was appended.",
+        ),
+        (
+            "undrain",
+            "Return a drained node to service (admin only)",
+            "NodeUndrained appended; the node as this API's fold now shows it.",
+            "The node is lost or unreachable; nothing was appended.",
+        ),
+    ]:
+        paths[f"/v1/nodes/{{node_id}}/{action}"] = {
+            "parameters": [_NODE_ID],
+            "post": {
+                "operationId": f"{action}Node",
+                "summary": summary,
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("NodeAction")}},
+                },
+                "responses": {
+                    "200": _json(done, _ref("NodeActionDone")),
+                    "400": _problem("Body is not JSON."),
+                    "403": _problem("The token is not an admin's."),
+                    "404": _problem("Unknown node."),
+                    "409": _problem(conflict),
+                    "422": _problem("No reason, a blank one, or one over 1000 characters (`field`: reason)."),
+                    "503": _problem("The event log did not acknowledge, or the node's state kept changing."),
+                },
+            },
+        }
+    return paths
+
+
 _REPLAYED = {
     "Idempotent-Replayed": {
         "description": "`true` when the job already existed (a retry).",
@@ -498,6 +566,7 @@ def _document() -> dict[str, Any]:
                     "responses": {"200": _json("Nodes.", _ref("NodeList"))},
                 }
             },
+            **_node_action_paths(),
             "/v1/state": {
                 "get": {
                     "operationId": "getState",

@@ -27,6 +27,7 @@ from rallypoint.events import (
     JobCompleted,
     JobSpec,
     JobSubmitted,
+    NodeDrained,
     NodeLost,
     NodeRegistered,
     RankExited,
@@ -137,8 +138,17 @@ async def test_every_forbidden_operation_is_refused(secured: Secured) -> None:
         await (await EventLog.attach(nc, create=False)).append(
             subjects.node(node_id), registered, msg_id=f"{node_id}:reg", source="t"
         )
+    # An operator's drain (`rally nodes drain`): the API may write node events since it serves drain and
+    # undrain; which tokens may ask is the API's check (admin only, tests/integration/test_node_drain_api.py).
+    await api_log.append(
+        subjects.node(mine),
+        NodeDrained(node_id=mine, reason="ops", at=1.5, drained_by="root"),
+        msg_id="d",
+        source="t",
+    )
     honest = await log.last_seq()
-    assert honest == 3
+    assert honest == 4
+    assert await api_log.last_seq(subjects.node(mine)) == honest  # the fence each drain reads
 
     # Rewriting history: delete, truncate to one message, purge, delete one message (as services).
     scheduler = await secured.connect("scheduler")
@@ -175,7 +185,7 @@ async def test_every_forbidden_operation_is_refused(secured: Secured) -> None:
     assert sorted(landed) == sorted([subjects.agent_job(mine, "j1"), subjects.job("j1")])
     state = await _fold(log)
     assert state.jobs["j1"].state == "pending" and state.jobs["j1"].ranks_exited == {}
-    assert state.nodes[other].status == "up"
+    assert state.nodes[other].status == "up" and state.nodes[mine].status == "drained"
     assert state.quarantine.by_reason == {"misplaced": 2}
     assert secured.violations, "the server reported the violations to the clients"
     with pytest.raises(nats.js.errors.NotFoundError):

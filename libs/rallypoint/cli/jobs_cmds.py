@@ -21,6 +21,7 @@ from typing import Any, TextIO
 from rallypoint.jobs import PRIORITY_CLASSES, TOPOLOGY_LEVELS, SpecError, validate_spec
 
 from .client import ApiClient, ApiError, ApiUnreachable, resolve_api_url
+from .node_cmds import add_node_action_parsers
 
 EXIT_OK = 0
 #: ``--wait`` on a job that ended without an exit code of its own (docker run's "not the program's" 125).
@@ -171,6 +172,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     nodes.add_argument("--json", action="store_true", help="print the API's JSON")
     _api_arg(nodes)
     nodes.set_defaults(func=cmd_nodes)
+    add_node_action_parsers(nodes, _api_arg)  # rally nodes drain|undrain NODE --reason TEXT
 
     cancel = subparsers.add_parser("cancel", help="cancel a job (like scancel)")
     cancel.add_argument("job_id")

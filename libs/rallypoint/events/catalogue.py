@@ -267,9 +267,13 @@ class NodeHeartbeatLost(_Event, tag="NodeHeartbeatLost.v1", frozen=True, kw_only
 
 
 class NodeDrained(_Event, tag="NodeDrained.v1", frozen=True, kw_only=True):
+    """No new work on the node; running work keeps running. ``drained_by``: the health monitor (its
+    automatic drain on a GPU fault) or the operator's user (``rally nodes drain``), who alone may undrain."""
+
     node_id: str
     reason: str
     at: float
+    drained_by: str = "health-monitor"
 
 
 class NodeLost(_Event, tag="NodeLost.v1", frozen=True, kw_only=True):
@@ -280,6 +284,15 @@ class NodeLost(_Event, tag="NodeLost.v1", frozen=True, kw_only=True):
 
 class NodeRecovered(_Event, tag="NodeRecovered.v1", frozen=True, kw_only=True):
     node_id: str
+    at: float
+
+
+class NodeUndrained(_Event, tag="NodeUndrained.v1", frozen=True, kw_only=True):
+    """An operator returned a drained node to service (``rally nodes undrain``); only a drained node."""
+
+    node_id: str
+    reason: str
+    undrained_by: str
     at: float
 
 
@@ -436,7 +449,7 @@ JobEvent = (
     | JobResized
 )
 CheckpointEvent = CheckpointCommitted | CheckpointVerified | CheckpointDeleted
-NodeEvent = NodeRegistered | NodeHeartbeatLost | NodeDrained | NodeLost | NodeRecovered
+NodeEvent = NodeRegistered | NodeHeartbeatLost | NodeDrained | NodeLost | NodeRecovered | NodeUndrained
 SchedulerEvent = (
     LeaderEpochStarted
     | GangBound
@@ -469,6 +482,7 @@ ALL_EVENT_TYPES: tuple[type[_Event], ...] = (
     NodeDrained,
     NodeLost,
     NodeRecovered,
+    NodeUndrained,
     LeaderEpochStarted,
     GangBound,
     JobPending,

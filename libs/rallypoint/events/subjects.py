@@ -152,7 +152,14 @@ _JOB_CONTROL = (
     ev.JobCancelled,
     ev.JobResized,
 )
-_NODE_STATE = (ev.NodeRegistered, ev.NodeHeartbeatLost, ev.NodeDrained, ev.NodeLost, ev.NodeRecovered)
+_NODE_STATE = (
+    ev.NodeRegistered,
+    ev.NodeHeartbeatLost,
+    ev.NodeDrained,
+    ev.NodeLost,
+    ev.NodeRecovered,
+    ev.NodeUndrained,
+)
 
 _SUBJECT_OF: dict[type, Callable[[Any], str]] = {
     ev.JobSubmitted: lambda e: job(e.job_id),

@@ -107,8 +107,10 @@ def _matrix() -> dict[str, Permissions]:
             publish=(">",), subscribe=(">",), allow_responses=False, writes="everything: sets up the streams"
         ),
         "api": _service(
-            writes="JobSubmitted, JobCancelRequested; asks agents for rank logs",
-            publish=(f"rally.job.{one}", "q.>", f"cmd.agent.{one}.logs"),
+            # rally.node.*: an operator's drain and undrain (admin tokens only: the API checks the token)
+            writes="JobSubmitted, JobCancelRequested, an operator's NodeDrained and NodeUndrained; "
+            "asks agents for rank logs",
+            publish=(f"rally.job.{one}", f"rally.node.{one}", "q.>", f"cmd.agent.{one}.logs"),
             serves=False,
         ),
         "inventory": _service(writes="nothing (answers q.inventory.nodes)"),

@@ -58,6 +58,7 @@ from rallypoint.events import (
     NodeLost,
     NodeRecovered,
     NodeRegistered,
+    NodeUndrained,
     PreemptionRequested,
     RankExited,
     TaskPlacement,
@@ -585,8 +586,18 @@ def _on_lost(state: ClusterState, seq: int, e: NodeLost) -> None:
 
 
 def _on_recovered(state: ClusterState, seq: int, e: NodeRecovered) -> None:
+    # The health monitor's verdict on silence (unreachable or lost -> heard again) never undoes a drain:
+    # its appends are not fenced, so one decided on a view from before an operator's drain may land after it.
     node = _node(state, e.node_id)
-    if node is not None:
+    if node is not None and node.status != "drained":
+        node.status = "up"
+        node.status_reason = ""
+
+
+def _on_undrained(state: ClusterState, seq: int, e: NodeUndrained) -> None:
+    # Only a drained node returns to service: an undrain racing a NodeLost leaves the node lost.
+    node = _node(state, e.node_id)
+    if node is not None and node.status == "drained":
         node.status = "up"
         node.status_reason = ""
 
@@ -975,6 +986,7 @@ _HANDLERS: dict[type, Callable[[ClusterState, int, Any], None]] = {
     NodeDrained: _on_drained,
     NodeLost: _on_lost,
     NodeRecovered: _on_recovered,
+    NodeUndrained: _on_undrained,
     LeaderEpochStarted: _on_epoch,
     PreemptionRequested: _on_preemption_requested,
     JobPreempted: _on_preempted,

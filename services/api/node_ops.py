@@ -1,0 +1,160 @@
+"""Operator drain and undrain: POST /v1/nodes/{node_id}/drain and /undrain (admin tokens only).
+
+A drain stops new work on the node (the scheduler places only on ``NodeView.schedulable`` nodes, status
+``up``). Gangs running on it are not left running: the job controller treats a drained node under a gang
+as an infrastructure failure (``control/recovery.py``), stops the gang and repairs it on other nodes from
+its last checkpoint, spending no user retry; letting them finish, or evicting at the next checkpoint, per
+priority class is later work (issue 16, docs/health.md "Operator drain"). An undrain
+returns a drained node to service, whoever drained it (the health monitor's hard faults wait for an
+operator); undrain of a node already up changes nothing (200, ``changed`` false); of a node lost or
+unreachable is refused with 409.
+
+Each write is fenced on the node's subject (``rally.node.<id>``): the API reads the subject's last
+sequence, waits for its fold to reach it, decides on that node view and appends with that sequence as
+the expected one. A health verdict (``NodeLost``) landing in between makes the append conflict, and the
+request is decided again on the newer view rather than overwriting it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import msgspec
+from aiohttp import web
+
+from rallypoint.eventlog import AppendConflict, EventLog, LogUnavailable
+from rallypoint.events import NodeDrained, NodeUndrained, subjects
+from rallypoint.events.subjects import TOKEN_PATTERN
+from rallypoint.jobs.validate import check_json_depth
+from rallypoint.state import NodeView
+
+from .auth import forbidden, principal
+from .fold import FoldFollower
+from .problems import not_found, problem, unavailable, unparseable
+from .views import render_node
+
+Action = Literal["drain", "undrain"]
+MAX_REASON = 1_000
+ATTEMPTS = 3  # a conflict means the node's state moved: decide again on the newer view, a few times
+
+_json = msgspec.json.Encoder()
+
+
+def _reason(raw: bytes) -> tuple[str | None, web.Response | None]:
+    try:
+        check_json_depth(raw)
+        body = msgspec.json.decode(raw) if raw else None
+    except Exception as exc:  # SpecError or DecodeError: either way the body is not usable JSON
+        return None, unparseable(f"body is not valid JSON: {exc}")
+    reason = body.get("reason") if isinstance(body, dict) else None
+    if not isinstance(reason, str) or not reason.strip():
+        return None, problem(
+            422,
+            "Invalid request",
+            'a reason is required: send {"reason": "why"} (it is recorded in the event log)',
+            slug="invalid-spec",
+            field="reason",
+        )
+    if len(reason) > MAX_REASON or "\x00" in reason:
+        return None, problem(
+            422,
+            "Invalid request",
+            f"reason must be at most {MAX_REASON} characters and hold no NUL",
+            slug="invalid-spec",
+            field="reason",
+        )
+    return reason.strip(), None
+
+
+class NodeOps:
+    def __init__(self, log: EventLog, follower: FoldFollower, source: str, fold_wait_s: float) -> None:
+        self.log = log
+        self.follower = follower
+        self.source = source
+        self.fold_wait_s = fold_wait_s
+
+    async def drain(self, request: web.Request) -> web.Response:
+        return await self._act(request, "drain")
+
+    async def undrain(self, request: web.Request) -> web.Response:
+        return await self._act(request, "undrain")
+
+    async def _act(self, request: web.Request, action: Action) -> web.Response:
+        who = principal(request)
+        if not who.admin:
+            return forbidden(
+                f"only an admin token may {action} a node; this token acts for team {who.team!r}"
+            )
+        reason, refused = _reason(await request.read())
+        if refused is not None or reason is None:
+            return refused or unparseable("no reason")
+        node_id = request.match_info["node_id"]
+        if not TOKEN_PATTERN.match(node_id):
+            return not_found("node", node_id)
+        subject = subjects.node(node_id)
+        try:
+            for _ in range(ATTEMPTS):
+                last = await self.log.last_seq(subject)
+                if not await self.follower.wait_for_seq(last, self.fold_wait_s):
+                    return unavailable(f"this API's view of the log has not reached seq {last}; retry")
+                node = self.follower.state.nodes.get(node_id)
+                if node is None:
+                    return not_found("node", node_id)
+                if action == "drain" and node.status == "lost":
+                    return _conflict(
+                        node_id, node.status, node.status_reason, "a lost node cannot be drained"
+                    )
+                if action == "undrain" and node.status == "up":
+                    return _done(node, last, action, changed=False)  # already in service: nothing to append
+                if action == "undrain" and node.status != "drained":
+                    return _conflict(
+                        node_id, node.status, node.status_reason, "only a drained node can be undrained"
+                    )
+                now = time.time()
+                event: NodeDrained | NodeUndrained = (
+                    NodeDrained(node_id=node_id, reason=reason, at=now, drained_by=who.user)
+                    if action == "drain"
+                    else NodeUndrained(node_id=node_id, reason=reason, undrained_by=who.user, at=now)
+                )
+                try:
+                    seq = await self.log.append(
+                        subject,
+                        event,
+                        msg_id=f"{node_id}:{action}:{last}",
+                        source=self.source,
+                        expected_last_subject_seq=last,
+                    )
+                except AppendConflict:
+                    continue  # a health verdict or another operator got there first: decide again
+                await self.follower.wait_for_seq(seq, self.fold_wait_s)
+                current = self.follower.state.nodes.get(node_id, node)
+                return _done(current, seq, action, changed=True)
+        except LogUnavailable as exc:
+            return unavailable(f"the event log did not acknowledge the {action} ({exc}); retry")
+        return unavailable(f"node {node_id}'s state kept changing during the {action}; retry")
+
+
+def _done(node: NodeView, seq: int, action: Action, *, changed: bool) -> web.Response:
+    body = {"node": render_node(node), "seq": seq, "action": action, "changed": changed}
+    return web.Response(status=200, body=_json.encode(body), content_type="application/json")
+
+
+def _conflict(node_id: str, status: str, why: str, detail: str) -> web.Response:
+    because = f" ({why})" if why else ""
+    return problem(
+        409,
+        "Node state conflict",
+        f"node {node_id} is {status}{because}: {detail}",
+        slug="node-state",
+        node_id=node_id,
+        node_status=status,
+    )
+
+
+def add_node_routes(
+    app: web.Application, log: EventLog, follower: FoldFollower, source: str, wait: float
+) -> None:
+    ops = NodeOps(log, follower, source, wait)
+    app.router.add_post("/v1/nodes/{node_id}/drain", ops.drain)
+    app.router.add_post("/v1/nodes/{node_id}/undrain", ops.undrain)
