@@ -216,9 +216,11 @@ class HistoryHandlers:
         if refused is not None or job is None:
             return refused or not_found("job", job_id)
         query = request.query
+        # The fold mutates ``job`` in place while this handler awaits: decide on the attempt seen now.
+        current = job.attempt
         try:
             rank = int_param(query, "rank", 0) or 0
-            attempt = int_param(query, "attempt", None, minimum=1) or job.attempt
+            attempt = int_param(query, "attempt", None, minimum=1) or current
             offset = int_param(query, "offset", 0) or 0
             limit = int_param(query, "limit", DEFAULT_LOG_CHUNK, minimum=1) or DEFAULT_LOG_CHUNK
         except BadParam as bad:
@@ -226,7 +228,7 @@ class HistoryHandlers:
         _, ledger = await self.cache.current()
         record = ledger.attempt(job_id, attempt)
         if record is None:
-            if attempt == job.attempt or job.attempt == 0:
+            if not job.terminal and (attempt == 0 or attempt >= current):
                 # nothing placed yet (a pending job): `rally logs -f` waits and asks again
                 detail = f"job {job_id} is {job.state}; no rank of it has been placed yet"
                 return problem(409, "Not placed yet", detail, slug="not-placed", state=job.state)
