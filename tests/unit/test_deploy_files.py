@@ -259,7 +259,7 @@ MATRIX = (
         ("api", "pub", "rally.queue.j1", False),
         ("api", "pub", "rally.agent.sim-node-1.job.j1", False),
         ("api", "pub", "q.inventory.nodes", True),
-        ("api", "pub", "rally.node.n1", False),
+        ("api", "pub", "rally.node.n1", True),  # operator drain and undrain (docs/health.md)
         ("api", "pub", "rally.sched.bind.j1", False),
         ("api", "pub", "cmd.agent.n1.launch", False),
         ("api", "sub", "hb.n1", False),
