@@ -41,6 +41,11 @@ ATTEMPTS = 3  # a conflict means the node's state moved: decide again on the new
 _json = msgspec.json.Encoder()
 
 
+#: What makes a reason blank, exactly the characters the OpenAPI pattern names (Python's ``str.strip()``
+#: also strips control characters such as \x1f, which JSON Schema's ``\S`` does not count as space).
+BLANK = " \t\n\r\x0b\x0c"
+
+
 def _reason(raw: bytes) -> tuple[str | None, web.Response | None]:
     try:
         check_json_depth(raw)
@@ -48,7 +53,7 @@ def _reason(raw: bytes) -> tuple[str | None, web.Response | None]:
     except Exception as exc:  # SpecError or DecodeError: either way the body is not usable JSON
         return None, unparseable(f"body is not valid JSON: {exc}")
     reason = body.get("reason") if isinstance(body, dict) else None
-    if not isinstance(reason, str) or not reason.strip():
+    if not isinstance(reason, str) or not reason.strip(BLANK):
         return None, problem(
             422,
             "Invalid request",
@@ -64,7 +69,7 @@ def _reason(raw: bytes) -> tuple[str | None, web.Response | None]:
             slug="invalid-spec",
             field="reason",
         )
-    return reason.strip(), None
+    return reason.strip(BLANK), None
 
 
 class NodeOps:

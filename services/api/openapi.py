@@ -297,7 +297,7 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "string",
                 "minLength": 1,
                 "maxLength": 1000,
-                "pattern": r"^[^\x00]*\S[^\x00]*$",
+                "pattern": r"^[^\x00]*[^\x00 \t\n\r\x0b\x0c][^\x00]*$",  # node_ops.BLANK
                 "description": "Why (recorded in the event log with the token's user); not blank, no NUL.",
             }
         },
