@@ -86,7 +86,12 @@ class StatusReply(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class GpuSample(msgspec.Struct, frozen=True, kw_only=True):
-    """One GPU's health. ``utilization`` is percent busy (0-100, as nvidia-smi shows it)."""
+    """One GPU's health. ``utilization`` is percent busy (0-100, as nvidia-smi shows it).
+
+    Every field after ``memory_used_mib`` has a default, so a heartbeat from an older agent (which sends
+    fewer of them) still decodes; counters are cumulative since the driver loaded (NVML's volatile ones),
+    so a reader judges their increase, not their value.
+    """
 
     index: int
     temperature_c: float
@@ -94,7 +99,30 @@ class GpuSample(msgspec.Struct, frozen=True, kw_only=True):
     memory_used_mib: int
     ecc_uncorrectable: int = 0
     xid: int = 0
+    #: Any of the three throttle reasons below, for readers that predate them (liveness.py).
     throttled: bool = False
+    #: Clock-throttle reasons that mean "slowed down against its will" (SW/HW thermal slowdown, HW power
+    #: brake, HW slowdown). Software power capping at TDP is normal under load and is not reported.
+    throttle_thermal: bool = False
+    throttle_power_brake: bool = False
+    throttle_hw_slowdown: bool = False
+    #: Corrected (single-bit) ECC errors, volatile counter: a burst foretells a failing HBM row.
+    ecc_corrected: int = 0
+    #: NVLink CRC (data + flit), replay and recovery errors summed over the GPU's links.
+    nvlink_errors: int = 0
+
+
+class NicSample(msgspec.Struct, frozen=True, kw_only=True):
+    """One network port (InfiniBand port ``mlx5_0/1`` or Ethernet interface ``eth0``) at one instant.
+
+    ``speed_gbps``: what the link negotiated (0 when down or unknown). ``errors``: cumulative symbol and
+    receive errors as the port counts them (sysfs), so a reader judges the increase.
+    """
+
+    name: str
+    link_up: bool = True
+    speed_gbps: float = 0.0
+    errors: int = 0
 
 
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
@@ -103,6 +131,8 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     at: float
     gpus: tuple[GpuSample, ...] = ()
     ranks: tuple[RankStatus, ...] = ()
+    #: Empty from an agent that predates NIC reporting, and from the scale harness's fake agents.
+    nics: tuple[NicSample, ...] = ()
 
 
 class LogsRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
