@@ -152,8 +152,9 @@ class JobController:
             self._inflight[job_id] = task
             task.add_done_callback(self._forget(job_id))
             return
-        at = wake_at(job)
-        if at is not None and self._wake_at.get(job_id) != at:
+        at = wake_at(job, state, self.recovery)
+        # a time already past found nothing to do now: only a later event can change that
+        if at is not None and at > now and self._wake_at.get(job_id) != at:
             self._wake_at[job_id] = at
             heapq.heappush(self._wakeups, (at, job_id))
 

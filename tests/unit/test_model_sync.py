@@ -21,6 +21,7 @@ from rallypoint.events import (
     Event,
     GangBound,
     GpuInfo,
+    HealthEvidence,
     JobCancelled,
     JobCancelRequested,
     JobCompleted,
@@ -418,6 +419,12 @@ def test_the_signatures_hold_every_field_the_bridge_reads() -> None:
         "agent_instance": "x",
         "registered_at": 5.0,
         "allocated": {0: "other"},
+        "health_since": 9.0,
+        "health_evidence": (
+            HealthEvidence(signal="xid", subject="gpu 0", severity="failed", value=79, threshold=79),
+        ),
+        "degraded_at": (3.0,),
+        "out_since": 4.0,
     }
     pending_only: dict[str, object] = {
         "last_checkpoint_at": 1.0,

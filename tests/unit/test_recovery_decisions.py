@@ -275,8 +275,12 @@ def test_ranks_stopped_with_the_cluster_are_the_infrastructures_failure_and_run_
 
 
 def test_a_drained_node_under_a_gang_is_replaced_too() -> None:
+    # j1 is training-standard: its drain policy waits for its next checkpoint (test_drain_policy.py has
+    # every class); a checkpoint committed after the drain makes the eviction due.
     world = running_gang().given(NodeDrained(node_id="n1", reason="GPU 3: XID 79", at=30.0))
-    [kill] = world.reconcile("j1", 31.0)
+    assert world.reconcile("j1", 31.0) == []
+    world.given(committed(5, at=40.0))
+    [kill] = world.reconcile("j1", 41.0)
     assert isinstance(kill.then, JobInterrupted) and kill.then.failed_nodes == ("n1",)
     assert "XID 79" in kill.then.reason
 

@@ -41,7 +41,7 @@ from rallypoint.jobs.launch import checkpoint_env, launch_plan
 from rallypoint.protocol import LaunchTask
 from rallypoint.state import LAUNCHED, ClusterState, JobView
 
-from .recovery import RecoveryConfig, classify_failure, failure_events
+from .recovery import RecoveryConfig, classify_failure, eviction_wake_at, failure_events
 
 __all__ = [
     "PREEMPTION_GRACE_S",
@@ -150,19 +150,28 @@ def reconcile(
     return _reconcile_launched(job, state, now, config)
 
 
-def wake_at(job: JobView) -> float | None:
+def wake_at(
+    job: JobView, state: ClusterState | None = None, config: RecoveryConfig | None = None
+) -> float | None:
     """When ``reconcile(job, ...)`` may start asking for something without any event about the job or its
     nodes (None: never). A controller that reconciles only what changed must look again then.
 
-    Only the time limit depends on the clock: every other rule reads the job and its nodes, which only
+    Two rules depend on the clock: the time limit, and a drain that waits for the gang's next checkpoint
+    up to a deadline (given ``state``). Every other rule reads the job and its nodes, which only
     events change (a silent node's verdict, a cancel, a preemption, exits), and the waits that do take
     time (the preemption grace, a kill's wait for its ranks, a retry's backoff, a repair's wait for a
     node) are kept by the controller's own action or by the scheduler, not by this function.
     """
+    times: list[float] = []
     limit = job.spec.time_limit_s
-    if job.state != "running" or limit is None or job.started_at is None:
-        return None
-    return job.started_at + limit
+    if job.state == "running" and limit is not None and job.started_at is not None:
+        times.append(job.started_at + limit)
+    if state is not None and job.state in LAUNCHED:
+        # a drain that waits for the gang's next checkpoint gives up at a deadline nothing else announces
+        drain = (config if config is not None else RecoveryConfig()).drain
+        if (due := eviction_wake_at(job, state, drain)) is not None:
+            times.append(due)
+    return min(times, default=None)
 
 
 def _kill_then(job: JobView, then: Event, *, grace_s: float = 5.0, awaited: bool = False) -> Kill:
@@ -187,7 +196,7 @@ def _preempt(job: JobView, now: float, grace_s: float) -> Kill:
 def _reconcile_launched(
     job: JobView, state: ClusterState, now: float, config: RecoveryConfig
 ) -> list[Action]:
-    failure = classify_failure(job, state)
+    failure = classify_failure(job, state, now, config.drain)
     if failure == "wait":
         return []  # a node of the gang is silent: do not blame the user before the node is judged
     if failure is not None:

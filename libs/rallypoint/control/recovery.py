@@ -18,7 +18,10 @@ from rallypoint.protocol import (
     REFUSED_UNKNOWN_GPUS,
     REFUSED_WRONG_NODE,
 )
-from rallypoint.state import ClusterState, JobView
+from rallypoint.state import ClusterState, JobView, NodeView
+from rallypoint.state.cluster import describe_evidence
+
+from .drain import DEFAULT_DRAIN_POLICY, DrainPolicy, eviction_at
 
 #: The exit code an agent records for a rank whose wrapper vanished (``rallypoint.agent.workdir.EXIT_LOST``):
 #: the outcome is unknown, so it is the infrastructure's failure, not the user's.
@@ -43,6 +46,8 @@ class RecoveryConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_backoff_s: float = 300.0
     max_infra_retries: int = 10
     failure_grace_s: float = 5.0
+    #: What running gangs do when a node under them is drained or cordoned (``rallypoint.control.drain``).
+    drain: DrainPolicy = DEFAULT_DRAIN_POLICY
 
 
 class UserFailure(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,8 +71,9 @@ def _node_of_rank(job: JobView, rank: int) -> str | None:
     return None
 
 
-def _failed_nodes(job: JobView, state: ClusterState) -> list[tuple[str, str]]:
-    """(node, why) for each node under the gang that can no longer run it, in node order."""
+def _failed_nodes(job: JobView, state: ClusterState, now: float, drain: DrainPolicy) -> list[tuple[str, str]]:
+    """(node, why) for each node under the gang that can no longer run it, in node order: lost, or out of
+    service (drained, cordoned) with the gang's eviction due under ``drain``."""
     out: list[tuple[str, str]] = []
     for node_id in sorted({p.node_id for p in job.placements}):
         node = state.nodes.get(node_id)
@@ -75,14 +81,34 @@ def _failed_nodes(job: JobView, state: ClusterState) -> list[tuple[str, str]]:
             out.append((node_id, f"node {node_id} is unknown"))
         elif node.status == "lost":
             out.append((node_id, f"node {node_id} was lost ({node.status_reason})"))
-        elif node.status == "drained":
-            out.append((node_id, f"node {node_id} was drained ({node.status_reason})"))
+        elif (due := eviction_at(job, node, drain)) is not None and due <= now:
+            out.append((node_id, _out_of_service_reason(node_id, node)))
     return out
 
 
-def classify_failure(job: JobView, state: ClusterState) -> Failure | Literal["wait"] | None:
-    """The failure of ``job``'s current attempt, ``"wait"`` while it cannot be told yet, or None."""
-    bad = _failed_nodes(job, state)
+def _out_of_service_reason(node_id: str, node: NodeView) -> str:
+    if node.status == "drained":
+        return f"node {node_id} was drained ({node.status_reason})"
+    return f"node {node_id} was cordoned: {node.health} ({describe_evidence(node.health_evidence)})"
+
+
+def eviction_wake_at(job: JobView, state: ClusterState, drain: DrainPolicy) -> float | None:
+    """The earliest time an out-of-service node under ``job`` becomes due for eviction (None: none)."""
+    times = [
+        due
+        for node_id in {p.node_id for p in job.placements}
+        if (node := state.nodes.get(node_id)) is not None
+        and (due := eviction_at(job, node, drain)) is not None
+    ]
+    return min(times, default=None)
+
+
+def classify_failure(
+    job: JobView, state: ClusterState, now: float = float("inf"), drain: DrainPolicy = DEFAULT_DRAIN_POLICY
+) -> Failure | Literal["wait"] | None:
+    """The failure of ``job``'s current attempt at ``now``, ``"wait"`` while it cannot be told yet, or
+    None. A gang on an out-of-service node fails when ``drain`` says it must leave the node."""
+    bad = _failed_nodes(job, state, now, drain)
     if bad:
         return InfraFailure(failed_nodes=tuple(n for n, _ in bad), reason="; ".join(why for _, why in bad))
     stopped = sorted(rank for rank, code in job.ranks_exited.items() if code == RANK_CLUSTER_STOPPED)

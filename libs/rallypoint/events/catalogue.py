@@ -296,6 +296,39 @@ class NodeUndrained(_Event, tag="NodeUndrained.v1", frozen=True, kw_only=True):
     at: float
 
 
+class HealthEvidence(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One finding behind a health verdict: ``value`` of ``signal`` on ``subject`` (``gpu 3``, ``nic ib0``,
+    ``job j-1 rank 5``) against ``threshold`` over ``window_s`` (0: one sample). ``hard``: only an operator
+    clears it (uncorrectable ECC, a fatal XID, repeated faults)."""
+
+    signal: str
+    subject: str
+    severity: str
+    value: float
+    threshold: float
+    window_s: float = 0.0
+    hard: bool = False
+
+
+NodeHealthState = Literal["healthy", "suspect", "degraded", "failed"]
+
+
+class NodeHealthChanged(_Event, tag="NodeHealthChanged.v1", frozen=True, kw_only=True):
+    """The health monitor's verdict on a node's signals changed (``rallypoint.health.detection``).
+
+    ``suspect``: watched, nothing done. ``degraded`` (a soft fault): cordoned, no new work; running gangs
+    have the node replaced under them as their priority class's drain policy says. ``failed`` (a hard
+    fault): drained, its gangs evicted at once; only an operator's ``NodeUndrained`` returns it.
+    ``healthy``: back in service after a clean probation. ``evidence``: the numbers that justify it.
+    """
+
+    node_id: str
+    state: NodeHealthState
+    previous: NodeHealthState
+    evidence: tuple[HealthEvidence, ...] = ()
+    at: float
+
+
 # ---------------------------------------------------------------------------------------------------
 # Scheduler decisions — single-writer subject tree rally.sched.>
 # ---------------------------------------------------------------------------------------------------
@@ -449,7 +482,15 @@ JobEvent = (
     | JobResized
 )
 CheckpointEvent = CheckpointCommitted | CheckpointVerified | CheckpointDeleted
-NodeEvent = NodeRegistered | NodeHeartbeatLost | NodeDrained | NodeLost | NodeRecovered | NodeUndrained
+NodeEvent = (
+    NodeRegistered
+    | NodeHeartbeatLost
+    | NodeDrained
+    | NodeLost
+    | NodeRecovered
+    | NodeUndrained
+    | NodeHealthChanged
+)
 SchedulerEvent = (
     LeaderEpochStarted
     | GangBound
@@ -483,6 +524,7 @@ ALL_EVENT_TYPES: tuple[type[_Event], ...] = (
     NodeLost,
     NodeRecovered,
     NodeUndrained,
+    NodeHealthChanged,
     LeaderEpochStarted,
     GangBound,
     JobPending,

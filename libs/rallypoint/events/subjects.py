@@ -159,6 +159,7 @@ _NODE_STATE = (
     ev.NodeLost,
     ev.NodeRecovered,
     ev.NodeUndrained,
+    ev.NodeHealthChanged,
 )
 
 _SUBJECT_OF: dict[type, Callable[[Any], str]] = {

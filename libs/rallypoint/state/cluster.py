@@ -37,6 +37,7 @@ from rallypoint.events import (
     GangRepaired,
     GangResized,
     GpuInfo,
+    HealthEvidence,
     JobAttemptFailed,
     JobCancelled,
     JobCancelRequested,
@@ -54,6 +55,7 @@ from rallypoint.events import (
     JobSubmitted,
     LeaderEpochStarted,
     NodeDrained,
+    NodeHealthChanged,
     NodeHeartbeatLost,
     NodeLost,
     NodeRecovered,
@@ -71,6 +73,8 @@ RefusalKind = Literal["epoch", "unknown-job", "invalid", "overtaken"]
 JobState = Literal["pending", "bound", "running", "repairing", "completed", "failed", "cancelled", "rejected"]
 NodeStatus = Literal["up", "unreachable", "drained", "lost"]
 CheckpointStatus = Literal["committed", "verified", "corrupt", "deleted"]
+#: Health verdicts that keep new work off a node.
+CORDONING_HEALTH: frozenset[str] = frozenset({"degraded", "failed"})
 
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled", "rejected"})
 #: States that hold GPUs. A ``repairing`` gang holds its healthy nodes' GPUs while it waits for a
@@ -95,14 +99,29 @@ class NodeView(msgspec.Struct, kw_only=True):
     registered_at: float = 0.0
     # GPU index -> job id holding it. Absent means free.
     allocated: dict[int, str] = {}
+    #: The health monitor's verdict on the node's signals (``NodeHealthChanged``): ``degraded`` cordons
+    #: the node, ``failed`` drains it too. Silence is ``status``'s business, not this.
+    health: str = "healthy"
+    health_since: float = 0.0
+    health_evidence: tuple[HealthEvidence, ...] = ()
+    #: When the node entered ``degraded``, recent first-to-last: the monitor's repeat rule reads it back.
+    degraded_at: tuple[float, ...] = ()
+    #: Since when the node is out of service for the gangs on it (drained or cordoned; None: it is not):
+    #: a drain policy that waits for a job's next checkpoint counts from here.
+    out_since: float | None = None
 
     @property
     def gpu_count(self) -> int:
         return len(self.gpus)
 
     @property
+    def cordoned(self) -> bool:
+        """No new work on it: its signals say degraded or failed."""
+        return self.health in CORDONING_HEALTH
+
+    @property
     def schedulable(self) -> bool:
-        return self.status == "up"
+        return self.status == "up" and not self.cordoned
 
     def free_gpus(self) -> tuple[int, ...]:
         return tuple(g.index for g in self.gpus if g.index not in self.allocated)
@@ -214,8 +233,8 @@ class JobView(msgspec.Struct, kw_only=True):
 #: 3: retries, in-place repair and checkpoints; 4: quarantined messages; 5: a later attempt's commit of a
 #: step replaces the earlier record; 6: events on a subject their type may not use are quarantined as
 #: misplaced, see ``events.subjects.admissible``; 7: only the current epoch's decisions count, and a bind or
-#: repair must keep the job's spec, see ``decision_refusal``).
-FOLD_VERSION = 7
+#: repair must keep the job's spec, see ``decision_refusal``; 8: node health verdicts, ``NodeHealthChanged``).
+FOLD_VERSION = 8
 
 
 # A job's placements, whether it holds their GPUs, and its pending resize (which holds GPUs too): an event
@@ -555,6 +574,11 @@ def _on_node_registered(state: ClusterState, seq: int, e: NodeRegistered) -> Non
         registered_at=e.at,
         allocated=allocated,
     )
+    if existing is not None:  # a restarted agent does not clear what its signals said
+        kept = state.nodes[e.node_id]
+        kept.health, kept.health_since = existing.health, existing.health_since
+        kept.health_evidence, kept.degraded_at = existing.health_evidence, existing.degraded_at
+        kept.out_since = existing.out_since
 
 
 def _node(state: ClusterState, node_id: str) -> NodeView | None:
@@ -576,6 +600,8 @@ def _on_drained(state: ClusterState, seq: int, e: NodeDrained) -> None:
     if node is not None and node.status != "lost":
         node.status = "drained"
         node.status_reason = e.reason
+        if node.out_since is None:
+            node.out_since = e.at
 
 
 def _on_lost(state: ClusterState, seq: int, e: NodeLost) -> None:
@@ -600,6 +626,38 @@ def _on_undrained(state: ClusterState, seq: int, e: NodeUndrained) -> None:
     if node is not None and node.status == "drained":
         node.status = "up"
         node.status_reason = ""
+    if node is not None and node.status == "up":
+        # The operator has looked at the node: whatever its signals said (a hard fault included) is
+        # cleared, and the monitor judges it afresh from what its GPUs say now.
+        node.health, node.health_since, node.health_evidence = "healthy", e.at, ()
+        node.out_since = None
+
+
+def _on_health_changed(state: ClusterState, seq: int, e: NodeHealthChanged) -> None:
+    node = _node(state, e.node_id)
+    if node is None:
+        return
+    node.health, node.health_since, node.health_evidence = e.state, e.at, e.evidence
+    if e.state == "degraded":
+        node.degraded_at = (*node.degraded_at, e.at)
+    if e.state == "failed" and node.status != "lost":
+        # A hard fault drains the node: only an operator's undrain brings it back.
+        node.status = "drained"
+        node.status_reason = "failed: " + describe_evidence(e.evidence)
+    if e.state in CORDONING_HEALTH:
+        if node.out_since is None:
+            node.out_since = e.at
+    elif node.status != "drained":
+        node.out_since = None
+
+
+def describe_evidence(evidence: tuple[HealthEvidence, ...]) -> str:
+    """``gpu 3 ecc_uncorrectable 2 >= 1; nic ib0 nic_flaps 3 >= 3 in 600 s``: what an operator reads."""
+    parts = []
+    for f in evidence:
+        window = f" in {f.window_s:g} s" if f.window_s else ""
+        parts.append(f"{f.subject} {f.signal} {f.value:g} >= {f.threshold:g}{window}")
+    return "; ".join(parts) or "no evidence recorded"
 
 
 def _on_epoch(state: ClusterState, seq: int, e: LeaderEpochStarted) -> None:
@@ -987,6 +1045,7 @@ _HANDLERS: dict[type, Callable[[ClusterState, int, Any], None]] = {
     NodeLost: _on_lost,
     NodeRecovered: _on_recovered,
     NodeUndrained: _on_undrained,
+    NodeHealthChanged: _on_health_changed,
     LeaderEpochStarted: _on_epoch,
     PreemptionRequested: _on_preemption_requested,
     JobPreempted: _on_preempted,
