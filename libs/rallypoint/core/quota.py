@@ -2,8 +2,10 @@
 
 A team queue may always use its nominal quota. Above nominal it borrows idle nominal of the other queues
 in its cohort, up to its own ``borrowing_limit``, and a lender never lends more than its
-``lending_limit``. A parent (org) queue with quotas caps the sum of its children at nominal + borrowing
-limit. No queues configured, or a queue the configuration does not name, means no limit.
+``lending_limit``. A parent (org) queue with quotas caps the sum of everything below it (its teams, and the
+teams of its sub-orgs: org > org > team) at nominal + borrowing limit; each ancestor's cap is checked. A
+parent is never a cohort member: its nominal is a cap, not quota to lend. No queues configured, or a queue
+the configuration does not name, means no limit.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from rallypoint.core.types import Queue, Quota
 from rallypoint.core.workspace import Workspace
 
 __all__ = ["QuotaBook"]
+
+#: (ancestor name, cap) for each ancestor of a queue with a quota for one GPU type, nearest first.
+Ancestors = tuple[tuple[str, int], ...]
 
 
 class QuotaBook:
@@ -24,16 +29,29 @@ class QuotaBook:
         self._org_total: dict[tuple[str, str], tuple[int, int]] = {}
         # (cohort, type) -> (usage version, sum of idle lendable nominal, sum borrowed, per member parts)
         self._cohort_sums: dict[tuple[str, str], tuple[int, int, int, dict[str, tuple[int, int]]]] = {}
-        self._statics: dict[tuple[str, str], tuple[Queue, int, int | None, Quota | None] | None] = {}
+        self._statics: dict[tuple[str, str], tuple[Queue, int, int | None, Ancestors] | None] = {}
         self._members: dict[tuple[str, str], list[tuple[str, tuple[str, str], int, int | None]]] = {}
+        # parent -> every queue below it, at any depth (an org's total is the sum of their usage)
         self.children: dict[str, list[str]] = {}
         self.cohorts: dict[str, list[str]] = {}
-        for q in sorted(queues, key=lambda q: q.name):
-            if q.parent is not None:
-                self.children.setdefault(q.parent, []).append(q.name)
+        ordered = sorted(queues, key=lambda q: q.name)
+        parents = {q.parent for q in ordered if q.parent is not None}
+        for q in ordered:
+            for ancestor in self.ancestors(q.name):
+                self.children.setdefault(ancestor, []).append(q.name)
             c = self.cohort_of(q)
-            if c is not None:
+            if c is not None and q.name not in parents:
                 self.cohorts.setdefault(c, []).append(q.name)
+
+    def ancestors(self, queue: str) -> list[str]:
+        """``queue``'s parent, its parent's parent, ... (a cycle, which a checked configuration never has,
+        ends the walk instead of looping)."""
+        out: list[str] = []
+        q = self.queues.get(queue)
+        while q is not None and q.parent is not None and q.parent not in out and q.parent != queue:
+            out.append(q.parent)
+            q = self.queues.get(q.parent)
+        return out
 
     @staticmethod
     def cohort_of(q: Queue) -> str | None:
@@ -74,21 +92,26 @@ class QuotaBook:
             return False
         return ws.usage.get((queue, gpu_type), 0) + gpus <= self.nominal(queue, gpu_type)
 
-    def _static(self, queue: str, gpu_type: str) -> tuple[Queue, int, int | None, Quota | None] | None:
+    def _static(self, queue: str, gpu_type: str) -> tuple[Queue, int, int | None, Ancestors] | None:
         """What ``check`` needs that does not depend on usage: the queue, its nominal and borrowing limit,
-        and its parent's quota (memoized: check() runs for every pending job)."""
+        and the caps of its ancestors that have a quota for the type (memoized: check() runs for every
+        pending job)."""
         key = (queue, gpu_type)
         st = self._statics.get(key)
         if st is None and key not in self._statics:
             q = self.queues.get(queue)
             if q is not None:
                 qt = self.quota(queue, gpu_type)
-                pq = self.quota(q.parent, gpu_type) if q.parent is not None else None
+                caps = []
+                for ancestor in self.ancestors(queue):
+                    pq = self.quota(ancestor, gpu_type)
+                    if pq is not None:
+                        caps.append((ancestor, pq.nominal + (pq.borrowing_limit or 0)))
                 st = (
                     q,
                     qt.nominal if qt is not None else 0,
                     qt.borrowing_limit if qt is not None else None,
-                    pq,
+                    tuple(caps),
                 )
             self._statics[key] = st
         return st
@@ -101,7 +124,7 @@ class QuotaBook:
             st = self._static(queue, gpu_type)
             if st is None:
                 return None
-        q, nominal, limit, pq = st
+        q, nominal, limit, caps = st
         used = ws.usage.get(key, 0)
         new = used + gpus
         if new > nominal:
@@ -117,20 +140,21 @@ class QuotaBook:
                     f"queue {queue} uses {used} of {nominal} nominal {gpu_type} GPUs; needs {gpus}; "
                     f"cohort can lend {avail}"
                 )
-        if pq is not None:
-            parent = q.parent
-            assert parent is not None
-            tkey = (parent, gpu_type)
-            tm = self._org_total.get(tkey)
-            if tm is not None and tm[0] == ws.usage_version:
-                total = tm[1]
-            else:
-                total = sum(ws.usage.get((c, gpu_type), 0) for c in self.children.get(parent, []))
-                self._org_total[tkey] = (ws.usage_version, total)
-            cap = pq.nominal + (pq.borrowing_limit or 0)
+        for parent, cap in caps:
+            total = self.org_usage(ws, parent, gpu_type)
             if total + gpus > cap:
                 return f"org {parent} uses {total} of {cap} {gpu_type} GPUs; needs {gpus} more"
         return None
+
+    def org_usage(self, ws: Workspace, parent: str, gpu_type: str) -> int:
+        """GPUs of ``gpu_type`` used by every queue below ``parent`` (memoized per usage version)."""
+        tkey = (parent, gpu_type)
+        tm = self._org_total.get(tkey)
+        if tm is not None and tm[0] == ws.usage_version:
+            return tm[1]
+        total = sum(ws.usage.get((c, gpu_type), 0) for c in self.children.get(parent, []))
+        self._org_total[tkey] = (ws.usage_version, total)
+        return total
 
     def cohort_available(self, ws: Workspace, q: Queue, gpu_type: str) -> int:
         """Idle lendable nominal of the other cohort members, minus what they already borrow."""

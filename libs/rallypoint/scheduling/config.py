@@ -6,13 +6,15 @@ from pathlib import Path
 
 from rallypoint.core.types import DEFAULT_PRIORITY_CLASSES, PriorityClass, Queue, Quota
 
-from .queues import Queues, load_queues
+from .queues import Org, Queues, load_queues
 
 
 def core_queues(config: Queues) -> tuple[tuple[Queue, ...], tuple[PriorityClass, ...]]:
-    queues = tuple(
+    """The core's queues (teams, then orgs, each sorted by name) and priority classes."""
+    teams = tuple(
         Queue(
             name=team.name,
+            parent=team.parent,
             cohort=team.cohort,
             weight=team.weight,
             quotas=(
@@ -25,12 +27,21 @@ def core_queues(config: Queues) -> tuple[tuple[Queue, ...], tuple[PriorityClass,
         )
         for team in sorted(config.teams, key=lambda t: t.name)
     )
+    queues = teams + tuple(_org_queue(org) for org in sorted(config.orgs, key=lambda o: o.name))
     if config.priority_classes is None:
         return queues, DEFAULT_PRIORITY_CLASSES
     classes = tuple(
         PriorityClass(name=c.name, value=c.value, preemptible=c.preemptible) for c in config.priority_classes
     )
     return queues, classes
+
+
+def _org_queue(org: Org) -> Queue:
+    """An org caps the sum below it at its limit (the core's parent cap is nominal + borrowing limit, no
+    borrowing for an org); an org without a limit only groups. Its cohort is never used: the core keeps
+    parents out of cohorts."""
+    quotas = () if org.limit is None else (Quota(nominal=org.limit),)
+    return Queue(name=org.name, parent=org.parent, quotas=quotas)
 
 
 def load_queue_config(path: str | Path | None) -> tuple[tuple[Queue, ...], tuple[PriorityClass, ...]]:

@@ -16,7 +16,10 @@ Costs modelled:
 - node failure: every job with a task on the node stops, keeps the progress of its last checkpoint (every
   ``checkpoint_interval`` seconds of running; none without one) and waits again, paying the overhead to
   restore;
-- elastic resize: a checkpoint-restart at the new size (pays the overhead); speed is proportional to GPUs.
+- elastic resize: a checkpoint-restart at the new size (pays the overhead); speed is proportional to GPUs;
+- fail-slow episodes (``SimOptions.failslow``, off by default; sim/failslow.py): while a node is slow, every
+  gang with a task on it advances at 1 / (the largest slowdown among its nodes); with replacement on, a gang
+  the straggler rule flags is restarted like a gang whose node failed, and the slow node is cordoned.
 """
 
 from __future__ import annotations
@@ -34,14 +37,18 @@ import msgspec
 
 from rallypoint.core import types as ct
 from rallypoint.core.cluster import ClusterModel
+from rallypoint.scheduling.config import core_queues
 from rallypoint.scheduling.queues import Queues
 
 from .cluster import Cluster
+from .failslow import Episode, FailSlow, node_episodes, stragglers_in_gang
 from .metrics import JobRecord, Recorder, summarize
 from .workload import Job
 
 # event kinds, in the order they are applied within one instant
 END, REPAIR, FAIL, SUBMIT, TICK = 0, 1, 2, 3, 4
+# fail-slow events come after the others of their instant; none exist unless SimOptions.failslow is set
+SLOW_START, SLOW_END, DETECT, UNCORDON = 5, 6, 7, 8
 
 Scheduler = Callable[[ct.Snapshot, Any], ct.Decisions]
 
@@ -77,6 +84,8 @@ class SimOptions:
     # so a stopped job never waits for an unrelated event to be re-placed.
     max_cycles_per_instant: int = 32
     follow_up_s: float = 1.0
+    # Fail-slow episodes and straggler replacement (sim/failslow.py); None: no node is ever slow.
+    failslow: FailSlow | None = None
 
 
 class _SimJob:
@@ -87,6 +96,9 @@ class _SimJob:
         "attained",
         "attempt",
         "ckpt_interval",
+        "ckpt_origin",
+        "ckpt_saved",
+        "factors_since",
         "failures",
         "first_start",
         "job",
@@ -96,16 +108,23 @@ class _SimJob:
         "overhead_due",
         "pclass",
         "pending",
+        "placed_nodes",
         "placed_type",
         "preemptions",
         "progress0",
         "racks",
         "rate",
         "remaining",
+        "replace_lost_gpu_s",
+        "replace_overhead",
+        "replacements",
+        "run_id",
         "run_start",
         "run_time",
         "seg_start",
         "seq",
+        "slow_gpu_s",
+        "slowdown",
     )
 
     def __init__(self, job: Job, seq: int, pclass: str) -> None:
@@ -132,6 +151,19 @@ class _SimJob:
         self.racks = 0
         self.placed_type: str | None = None
         self.pending: ct.PendingJob | None = None
+        # Progress is piecewise linear: ``progress0`` at ``run_start``, then ``rate`` per second. A fail-slow
+        # change of rate starts a new piece; checkpoints stay on the grid of the attempt's own start
+        # (``ckpt_origin``), and ``ckpt_saved`` is the last one taken before the current piece.
+        self.ckpt_origin = 0.0
+        self.ckpt_saved = 0.0
+        self.slowdown = 1.0  # the largest fail-slow factor among the gang's nodes
+        self.placed_nodes: tuple[str, ...] = ()
+        self.factors_since = 0.0  # when the slowdowns of the gang's nodes last changed
+        self.run_id = 0  # counts placements: a detection scheduled for an earlier one is stale
+        self.slow_gpu_s = 0.0  # GPU-seconds held beyond what the work needed at full speed
+        self.replacements = 0
+        self.replace_lost_gpu_s = 0.0  # redone work plus restore overhead, from straggler replacements
+        self.replace_overhead = False  # the overhead due comes from a replacement
 
 
 def to_core_nodes(cluster: Cluster) -> list[ct.Node]:
@@ -157,28 +189,12 @@ def to_core_nodes(cluster: Cluster) -> list[ct.Node]:
 
 
 def to_core_queues(q: Queues | None) -> tuple[tuple[ct.Queue, ...], tuple[ct.PriorityClass, ...]]:
+    """The queue file as the core sees it: the scheduler service's own translation (teams, orgs and their
+    limits), so the simulator and a live cluster enforce the same quotas."""
     if q is None:
         return (), ct.DEFAULT_PRIORITY_CLASSES
-    queues = tuple(
-        ct.Queue(
-            name=t.name,
-            cohort=t.cohort,
-            weight=t.weight,
-            quotas=(
-                ct.Quota(nominal=t.nominal, borrowing_limit=t.borrowing_limit, lending_limit=t.lending_limit),
-            ),
-        )
-        for t in q.teams
-    )
-    classes = (
-        tuple(
-            ct.PriorityClass(name=c.name, value=c.value, preemptible=c.preemptible)
-            for c in q.priority_classes
-        )
-        if q.priority_classes
-        else ct.DEFAULT_PRIORITY_CLASSES
-    )
-    return queues, classes
+    queues, classes = core_queues(q)
+    return queues, classes if q.priority_classes else ct.DEFAULT_PRIORITY_CLASSES
 
 
 @dataclass
@@ -244,6 +260,13 @@ class Simulator:
         nominal = queues.nominals() if queues else {}
         horizon = max((j.submit for j in jobs), default=0.0) + max((j.duration for j in jobs), default=1.0)
         self.rec = Recorder(total_gpus=cluster.total_gpus, nominal=nominal, horizon=horizon)
+        self.fs = self.opts.failslow
+        self.node_slow: dict[str, dict[int, float]] = {}  # node -> {episode id: factor} under way
+        self.episodes: dict[int, Episode] = {}
+        self._episode_feed: dict[str, Any] = {}  # node -> iterator of its generated episodes
+        self.cordoned: set[str] = set()
+        self.cordon_until: dict[str, float] = {}
+        self.fs_counts: Counter[str] = Counter()
 
     # --- events ----------------------------------------------------------------------------------
 
@@ -260,6 +283,25 @@ class Simulator:
                 self._push(self.rng.expovariate(1.0 / mtbf), FAIL, n.id)
         for i, ev in enumerate(self.cluster.faults.events):
             self._push(ev.at, FAIL, ev.node, -1 - i)  # negative version: scripted, see _on_fail
+        if self.fs is not None:
+            self._seed_episodes(self.fs)
+
+    def _seed_episodes(self, fs: FailSlow) -> None:
+        if fs.episodes is not None:
+            for ep in fs.episodes:
+                if ep.node not in self.node_gpus:
+                    raise SimError(f"fail-slow episode on unknown node {ep.node!r}")
+                self._push_episode(ep)
+            return
+        for n in self.cluster.nodes:
+            feed = node_episodes(n.id, fs.seed, fs.model)
+            self._episode_feed[n.id] = feed
+            self._push_episode(next(feed))
+
+    def _push_episode(self, ep: Episode) -> None:
+        i = len(self.episodes)
+        self.episodes[i] = ep
+        self._push(ep.start, SLOW_START, ep.node, i)
 
     # --- pending bookkeeping ---------------------------------------------------------------------
 
@@ -313,9 +355,17 @@ class Simulator:
         sj.seg_start = now
         sj.run_start = now + sj.overhead_due
         sj.lost_gpu_s += sj.overhead_due * gpus
+        if sj.replace_overhead:
+            sj.replace_lost_gpu_s += sj.overhead_due * gpus
+            sj.replace_overhead = False
         sj.overhead_due = 0.0
         sj.progress0 = j.duration - sj.remaining
+        sj.ckpt_origin = sj.run_start
+        sj.ckpt_saved = sj.progress0
+        sj.run_id += 1
         node_ids = {p.node_id for p in placements}
+        if self.fs is not None:
+            self._place_slow(sj, now, node_ids)
         if sj.first_start is None:
             sj.first_start = now
             sj.nodes = len(node_ids)
@@ -365,6 +415,9 @@ class Simulator:
         self.allocated -= sj.alloc
         self.team_alloc[j.team] -= sj.alloc
         held = now - sj.seg_start
+        if sj.slowdown != 1.0:
+            self._bank_slow(sj, now)
+            sj.slowdown = 1.0
         sj.run_time += held
         sj.attained += sj.alloc * held
         progress = sj.progress0 + max(0.0, now - sj.run_start) * sj.rate
@@ -376,10 +429,137 @@ class Simulator:
         sj.attempt += 1  # invalidates the END event of the stopped run
 
     def _checkpointed_progress(self, sj: _SimJob, now: float) -> float:
-        if not sj.ckpt_interval or now <= sj.run_start:
-            return sj.progress0
-        k = math.floor((now - sj.run_start) / sj.ckpt_interval)
-        return min(sj.job.duration, sj.progress0 + k * sj.ckpt_interval * sj.rate)
+        if not sj.ckpt_interval or now <= sj.ckpt_origin:
+            return sj.ckpt_saved
+        if sj.run_start == sj.ckpt_origin:  # one piece since the start (always, without fail-slow)
+            k = math.floor((now - sj.run_start) / sj.ckpt_interval)
+            return min(sj.job.duration, sj.progress0 + k * sj.ckpt_interval * sj.rate)
+        last = sj.ckpt_origin + math.floor((now - sj.ckpt_origin) / sj.ckpt_interval) * sj.ckpt_interval
+        if last <= sj.run_start:
+            return sj.ckpt_saved
+        return min(sj.job.duration, sj.progress0 + (last - sj.run_start) * sj.rate)
+
+    # --- fail-slow -------------------------------------------------------------------------------
+
+    def _node_factor(self, node_id: str) -> float:
+        active = self.node_slow.get(node_id)
+        return max(active.values()) if active else 1.0
+
+    def _gang_factor(self, sj: _SimJob) -> float:
+        return max((self._node_factor(n) for n in sj.placed_nodes), default=1.0)
+
+    def _bank_slow(self, sj: _SimJob, now: float) -> None:
+        """Count the GPU time held beyond the work done, for the current piece up to ``now``."""
+        if now > sj.run_start:
+            sj.slow_gpu_s += sj.alloc * (now - sj.run_start) * (1.0 - 1.0 / sj.slowdown)
+
+    def _place_slow(self, sj: _SimJob, now: float, node_ids: set[str]) -> None:
+        """A gang just placed: it runs at the pace of its slowest node from the start."""
+        sj.placed_nodes = tuple(sorted(node_ids))
+        sj.factors_since = now
+        f = self._gang_factor(sj)
+        if f != 1.0:
+            sj.slowdown = f
+            sj.rate = sj.rate / f
+            self._schedule_detect(sj, now)
+
+    def _schedule_detect(self, sj: _SimJob, now: float) -> None:
+        if self.fs is not None and self.fs.replace:
+            self._push(now + self.fs.detect_after_s, DETECT, sj.job.id, sj.run_id)
+
+    def _reslow(self, sj: _SimJob, now: float) -> None:
+        """A node of this running gang changed speed: start a new piece of progress at the new rate."""
+        sj.factors_since = now
+        f = self._gang_factor(sj)
+        if f != sj.slowdown:
+            if now > sj.run_start:
+                sj.ckpt_saved = self._checkpointed_progress(sj, now)
+                if sj.slowdown != 1.0:
+                    self._bank_slow(sj, now)
+                sj.progress0 = min(sj.job.duration, sj.progress0 + (now - sj.run_start) * sj.rate)
+                sj.run_start = now
+            sj.slowdown = f
+            sj.rate = sj.alloc / sj.job.gpus / f
+            sj.attempt += 1  # invalidates the END event computed at the old rate
+            self._push(sj.run_start + (sj.job.duration - sj.progress0) / sj.rate, END, sj.job.id, sj.attempt)
+        if f != 1.0:
+            self._schedule_detect(sj, now)
+
+    def _on_slow_start(self, node_id: str, ep_id: int, now: float) -> bool:
+        ep = self.episodes[ep_id]
+        self.fs_counts["episodes"] += 1
+        self.node_slow.setdefault(node_id, {})[ep_id] = ep.factor
+        self._push(ep.end, SLOW_END, node_id, ep_id)
+        feed = self._episode_feed.get(node_id)
+        if feed is not None:
+            self._push_episode(next(feed))
+        for jid in sorted(self.on_node[node_id]):
+            self._reslow(self.running[jid], now)
+        return False  # no decision changes: the core does not see speeds
+
+    def _on_slow_end(self, node_id: str, ep_id: int, now: float) -> bool:
+        active = self.node_slow[node_id]
+        del active[ep_id]
+        if not active:
+            del self.node_slow[node_id]
+        for jid in sorted(self.on_node[node_id]):
+            self._reslow(self.running[jid], now)
+        if node_id in self.cordoned and not active:
+            assert self.fs is not None
+            until = max(self.cordon_until[node_id], now + self.fs.probation_s)
+            self.cordon_until[node_id] = until
+            self._push(until, UNCORDON, node_id)
+        return False
+
+    def _on_detect(self, job_id: str, run_id: int, now: float) -> bool:
+        """The detection window has passed since the gang's node speeds last changed: apply the rule."""
+        sj = self.running.get(job_id)
+        fs = self.fs
+        if sj is None or sj.run_id != run_id or fs is None or now - sj.factors_since < fs.detect_after_s:
+            return False  # stale: restarted since, or the speeds changed again (a later check is due)
+        per_node: Counter[str] = Counter()
+        for p in self.model.running[job_id].placements:
+            per_node[p.node_id] += len(p.gpus)
+        factors = {n: self._node_factor(n) for n in per_node}
+        flagged = stragglers_in_gang(sorted(per_node.items()), factors, fs, now)
+        if not flagged:
+            self.fs_counts["checks_not_flagged"] += 1
+            return False
+        for n in flagged:
+            self._cordon(n)
+        self._replace(sj, now)
+        return True
+
+    def _cordon(self, node_id: str) -> None:
+        if node_id not in self.cordoned:
+            self.fs_counts["cordons"] += 1
+            self.cordoned.add(node_id)
+            self.cordon_until[node_id] = math.inf  # until its episodes end, then the probation
+            if node_id not in self.down:
+                self.model.set_schedulable(node_id, False)
+                self.healthy_gpus -= self.node_gpus[node_id]
+
+    def _on_uncordon(self, node_id: str, now: float) -> bool:
+        if node_id not in self.cordoned or now < self.cordon_until[node_id] or node_id in self.node_slow:
+            return False  # re-cordoned, or slow again: a later event ends it
+        self.cordoned.discard(node_id)
+        del self.cordon_until[node_id]
+        if node_id not in self.down:
+            self.model.set_schedulable(node_id, True)
+            self.healthy_gpus += self.node_gpus[node_id]
+        return True
+
+    def _replace(self, sj: _SimJob, now: float) -> None:
+        """Restart a gang off its straggler: the node-failure recovery (back to the last checkpoint, pay
+        the restore overhead, wait for the core to place it again), counted apart."""
+        before = sj.lost_gpu_s
+        self._stop(sj, now, self._checkpointed_progress(sj, now))
+        sj.replace_lost_gpu_s += sj.lost_gpu_s - before
+        sj.replacements += 1
+        self.fs_counts["replacements"] += 1
+        sj.overhead_due = self.cluster.faults.checkpoint_overhead
+        sj.replace_overhead = True
+        self._enqueue(sj, now)
 
     # --- event handlers --------------------------------------------------------------------------
 
@@ -423,7 +603,8 @@ class Simulator:
             down_for = ev.down_for if ev.down_for is not None else faults.repair_time
         self.down.add(node_id)
         self.model.set_schedulable(node_id, False)
-        self.healthy_gpus -= self.node_gpus[node_id]
+        if node_id not in self.cordoned:  # a cordoned node's GPUs are already out of the healthy count
+            self.healthy_gpus -= self.node_gpus[node_id]
         for jid in sorted(self.on_node[node_id]):
             sj = self.running[jid]
             self._stop(sj, now, self._checkpointed_progress(sj, now))
@@ -435,8 +616,9 @@ class Simulator:
 
     def _on_repair(self, node_id: str, now: float, scripted: bool) -> bool:
         self.down.discard(node_id)
-        self.model.set_schedulable(node_id, True)
-        self.healthy_gpus += self.node_gpus[node_id]
+        if node_id not in self.cordoned:  # a cordoned node stays out until its cordon ends
+            self.model.set_schedulable(node_id, True)
+            self.healthy_gpus += self.node_gpus[node_id]
         mtbf = self.cluster.faults.node_mtbf
         if mtbf and not scripted:  # a scripted failure does not restart the node's random failure clock
             self._push(now + self.rng.expovariate(1.0 / mtbf), FAIL, node_id)
@@ -555,6 +737,14 @@ class Simulator:
                     if self._tick_at == now:
                         self._tick_at = None
                     dirty = True
+                elif kind == SLOW_START:
+                    dirty |= self._on_slow_start(key, version, now)
+                elif kind == SLOW_END:
+                    dirty |= self._on_slow_end(key, version, now)
+                elif kind == DETECT:
+                    dirty |= self._on_detect(key, version, now)
+                elif kind == UNCORDON:
+                    dirty |= self._on_uncordon(key, now)
             follow_up = False
             if dirty and (self.pending or self._has_elastic_running()):
                 for _ in range(self.opts.max_cycles_per_instant):
@@ -569,7 +759,12 @@ class Simulator:
             # Done when every job finished; or stuck: nothing runs, nothing is left to arrive and every node
             # is up, so no later event (only more failures) can make a waiting job fit.
             if len(self.records) + len(self.rejected) == len(self.jobs) or (
-                not self.running and not self.unsubmitted and not self.down and self.pending and not follow_up
+                not self.running
+                and not self.unsubmitted
+                and not self.down
+                and not self.cordoned
+                and self.pending
+                and not follow_up
             ):
                 break
             if self.tick and self.pending and self.running and self._tick_at is None:
@@ -577,23 +772,40 @@ class Simulator:
                 self._push(self._tick_at, TICK, "")
         self.rec.finish(now)
         unfinished = sorted(set(self.jobs) - {r.id for r in self.records} - set(self.rejected))
+        extra: dict[str, Any] = {
+            "cycles": self.cycles,
+            "unfinished": len(unfinished),
+            "bind_conflicts": self.bind_conflicts,
+            "rejected": len(self.rejected),
+        }
+        if self.fs is not None:
+            extra["failslow"] = self._failslow_summary()
         summary = summarize(
             self.records,
             self.rec,
             jobs=len(self.jobs),
             policy=self.policy_name,
             sim_wall_s=time.perf_counter() - t_wall,
-            extra={
-                "cycles": self.cycles,
-                "unfinished": len(unfinished),
-                "bind_conflicts": self.bind_conflicts,
-                "rejected": len(self.rejected),
-            },
+            extra=extra,
         )
         return SimResult(self.records, summary, self.rec, self.cycles, unfinished)
 
     def _has_elastic_running(self) -> bool:
         return self.elastic_running > 0
+
+    def _failslow_summary(self) -> dict[str, Any]:
+        """What fail-slow cost, over every job (finished or not): slowness and replacement restarts."""
+        jobs = self.jobs.values()
+        return {
+            "episodes": self.fs_counts["episodes"],
+            "replacements": self.fs_counts["replacements"],
+            "cordons": self.fs_counts["cordons"],
+            "checks_not_flagged": self.fs_counts["checks_not_flagged"],
+            "jobs_slowed": sum(1 for sj in jobs if sj.slow_gpu_s > 0),
+            "jobs_replaced": sum(1 for sj in jobs if sj.replacements),
+            "slow_gpu_hours": sum(sj.slow_gpu_s for sj in jobs) / 3600.0,
+            "restart_gpu_hours": sum(sj.replace_lost_gpu_s for sj in jobs) / 3600.0,
+        }
 
 
 def simulate(
