@@ -175,6 +175,10 @@ class JobView(msgspec.Struct, kw_only=True):
     reason: str = ""
     pending_code: str = ""
     pending_message: str = ""
+    # The policy's 0-based position among waiting jobs and the ``at`` of the JobPending that said so: the
+    # API's queue position, and the clock of the scheduler's rate-limited reason refresh.
+    pending_position: int | None = None
+    pending_at: float | None = None
     cancel_requested: bool = False
     ranks_exited: dict[int, int] = {}
     preempt_for: str | None = None
@@ -234,7 +238,8 @@ class JobView(msgspec.Struct, kw_only=True):
 #: step replaces the earlier record; 6: events on a subject their type may not use are quarantined as
 #: misplaced, see ``events.subjects.admissible``; 7: only the current epoch's decisions count, and a bind or
 #: repair must keep the job's spec, see ``decision_refusal``; 8: node health verdicts, ``NodeHealthChanged``).
-FOLD_VERSION = 8
+#: 9: a pending job keeps its position and when its reason was written (``pending_position``, ``pending_at``).
+FOLD_VERSION = 9
 
 
 # A job's placements, whether it holds their GPUs, and its pending resize (which holds GPUs too): an event
@@ -486,6 +491,8 @@ def _on_pending(state: ClusterState, seq: int, e: JobPending) -> None:
     if job is not None:
         job.pending_code = e.code
         job.pending_message = e.message
+        job.pending_position = e.position
+        job.pending_at = e.at
 
 
 def _take(state: ClusterState, job: JobView, e: GangBound | GangRepaired, seq: int) -> None:
@@ -508,6 +515,8 @@ def _on_bound(state: ClusterState, seq: int, e: GangBound) -> None:
     _take(state, job, e, seq)
     job.pending_code = ""
     job.pending_message = ""
+    job.pending_position = None
+    job.pending_at = None
     job.ranks_exited = {}
     job.preempt_for = None
     job.retry_at = None
