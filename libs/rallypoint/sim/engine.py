@@ -506,7 +506,7 @@ class Simulator:
             self._reslow(self.running[jid], now)
         if node_id in self.cordoned and not active:
             assert self.fs is not None
-            until = max(self.cordon_until[node_id], now + self.fs.probation_s)
+            until = now + self.fs.probation_s
             self.cordon_until[node_id] = until
             self._push(until, UNCORDON, node_id)
         return False
@@ -534,7 +534,7 @@ class Simulator:
         if node_id not in self.cordoned:
             self.fs_counts["cordons"] += 1
             self.cordoned.add(node_id)
-            self.cordon_until[node_id] = math.inf  # until its episodes end, then the probation
+            self.cordon_until[node_id] = math.inf  # set when its episodes are over: then the probation
             if node_id not in self.down:
                 self.model.set_schedulable(node_id, False)
                 self.healthy_gpus -= self.node_gpus[node_id]
@@ -557,7 +557,9 @@ class Simulator:
         sj.replace_lost_gpu_s += sj.lost_gpu_s - before
         sj.replacements += 1
         self.fs_counts["replacements"] += 1
-        sj.overhead_due = self.cluster.faults.checkpoint_overhead
+        assert self.fs is not None
+        own = self.fs.restart_overhead_s
+        sj.overhead_due = self.cluster.faults.checkpoint_overhead if own is None else own
         sj.replace_overhead = True
         self._enqueue(sj, now)
 
