@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-import msgspec
-
 from rallypoint.core.cluster import ClusterModel
 from rallypoint.core.types import (
     DEFAULT_PRIORITY_CLASSES,
@@ -26,7 +24,6 @@ from rallypoint.events import (
     Event,
     GangBound,
     GangResized,
-    JobPending,
     JobQueued,
     JobRejected,
     PreemptionRequested,
@@ -35,13 +32,8 @@ from rallypoint.events import (
 )
 from rallypoint.state import ACTIVE, LAUNCHED, ClusterState, JobView, NodeView
 
-
-class Write(msgspec.Struct, frozen=True, kw_only=True):
-    """One append the scheduler must make: on the fenced ``rally.sched.>`` tree (admissions beside it)."""
-
-    subject: str
-    event: Event
-    msg_id: str
+from .pending import pending_writes
+from .writes import Write
 
 
 def node_of(view: NodeView) -> Node:
@@ -164,8 +156,8 @@ def decision_writes(
     Message ids name the epoch: a retry by the same leader is deduplicated, but two leaders' decisions
     for the same job never are (the server would otherwise answer the loser "already stored").
 
-    A pending reason is logged only when its code changes, so a queue of thousands of jobs does not write
-    thousands of events per cycle; the message with the current numbers rides along with each change.
+    Pending reasons follow ``pending.pending_writes``: a changed code at once, changed numbers rate-limited,
+    and a job that can never run rejected with the core's reason.
     """
     writes: list[Write] = []
     for bind in decisions.binds:
@@ -190,27 +182,7 @@ def decision_writes(
         )
     writes.extend(resize_writes(decisions, state, epoch=epoch, policy_version=policy_version, at=at))
     writes.extend(preemption_writes(decisions, state, epoch=epoch, policy_version=policy_version, at=at))
-    for reason in decisions.pending:
-        waiting = state.jobs.get(reason.job_id)
-        if waiting is None or waiting.pending_code == reason.code:
-            continue
-        pending = JobPending(
-            job_id=reason.job_id,
-            code=reason.code,
-            message=reason.message,
-            position=reason.position,
-            epoch=epoch,
-            computed_at_seq=state.last_seq,
-            policy_version=policy_version,
-            at=at,
-        )
-        writes.append(
-            Write(
-                subject=subjects.pending(reason.job_id),
-                event=pending,
-                msg_id=f"{reason.job_id}:{waiting.attempt}:JobPending:{state.last_seq}:{reason.code}",
-            )
-        )
+    writes.extend(pending_writes(decisions, state, epoch=epoch, policy_version=policy_version, at=at))
     return writes
 
 
