@@ -1,8 +1,12 @@
-"""`rally serve health-monitor`: heartbeats in; node lost, recovered and drained events out.
+"""`rally serve health-monitor`: heartbeats in; node unreachable, lost, recovered and health events out.
 
 Silence is evidence only while this monitor hears the bus (``rallypoint.health.liveness``): it holds every
 silence verdict while disconnected or when most nodes fall silent at once, and gives every node a full
 timeout after it hears again. /healthz says ``degraded`` while verdicts are held.
+
+What the heartbeats say (GPU throttling, ECC, XID, NVLink, NIC links, the ranks' step times) is judged by
+``rallypoint.health.judge`` with ``detection``'s thresholds and hysteresis (``--detection-policy`` changes
+them); each change of a node's verdict is a ``NodeHealthChanged`` carrying its evidence (docs/health.md).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from nats.aio.msg import Msg
 from rallypoint.eventlog import EventLogError
 from rallypoint.events import subjects
 from rallypoint.health import Assessment, Decision, HealthPolicy, Hearing, assess
+from rallypoint.health.detection import DetectionPolicy
+from rallypoint.health.judge import HealthJudge
 from rallypoint.observability.instruments import HEARTBEATS_RECEIVED
 from rallypoint.protocol import Heartbeat
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
@@ -89,7 +95,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--unreachable-after", type=float, default=5.0, help="seconds of silence: unreachable"
     )
     parser.add_argument("--lost-after", type=float, default=30.0, help="seconds of silence: lost")
-    parser.add_argument("--max-temperature", type=float, default=90.0, help="GPU temperature that drains, C")
+    parser.add_argument(
+        "--detection-policy",
+        type=_detection_policy,
+        default=DetectionPolicy(),
+        metavar="FILE",
+        help="JSON object of DetectionPolicy fields to change (thresholds and windows; docs/health.md)",
+    )
+    parser.add_argument(
+        "--max-temperature",
+        type=float,
+        default=None,
+        help="GPU temperature counted as throttled, C (default: the detection policy's, 90)",
+    )
+    parser.add_argument(
+        "--nic-speed",
+        action="append",
+        default=[],
+        metavar="PORT=GBPS",
+        help="the speed a port should negotiate (default: the fastest this monitor has seen it at)",
+    )
     parser.add_argument(
         "--mass-silence-fraction",
         type=float,
@@ -101,14 +126,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     policy = HealthPolicy(
         unreachable_after_s=args.unreachable_after,
         lost_after_s=args.lost_after,
-        max_temperature_c=args.max_temperature,
         mass_silence_fraction=args.mass_silence_fraction,
     )
+
+    detection: DetectionPolicy = args.detection_policy
+    if args.max_temperature is not None:
+        detection = msgspec.structs.replace(detection, hot_temperature_c=args.max_temperature)
+    nic_speeds = _nic_speeds(parser, args.nic_speed)
 
     async def run(ctx: ServiceContext) -> int:
         nc = await ctx.nats()
         last_seen: dict[str, float] = {}
-        last_beats: dict[str, Heartbeat] = {}
+        judge = HealthJudge(detection, nic_speed_gbps=nic_speeds)
         decoder = msgspec.json.Decoder(Heartbeat)
         ears = Ears(nc, time.time())
         add_health_check(ctx, ears.health, degraded=True)
@@ -122,16 +151,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return
             HEARTBEATS_RECEIVED.labels(result="ok").inc()
             last_seen[beat.node_id] = time.time()
-            last_beats[beat.node_id] = beat
+            judge.heard(beat)
 
         async def watch(follower: Follower) -> None:
             await nc.subscribe(subjects.HEARTBEATS, cb=on_heartbeat)
             while not ctx.stopping:
                 now = time.time()
                 nodes = list(follower.state.nodes.values())
-                assessment = assess(nodes, last_beats, last_seen, now, policy, hearing=ears.hearing(now))
+                assessment = assess(nodes, last_seen, now, policy, hearing=ears.hearing(now))
                 ears.heard(assessment, now)
-                await _record(follower, assessment)
+                await _record(follower, assessment.decisions)
+                await _record(follower, _judged(judge, follower, now))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ctx.stop.wait(), 1.0)
 
@@ -140,7 +170,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_service(run, config)
 
 
-async def _record(follower: Follower, assessment: Assessment) -> None:
+def _detection_policy(path: str) -> DetectionPolicy:
+    try:
+        with open(path, "rb") as f:
+            return msgspec.json.decode(f.read(), type=DetectionPolicy)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise argparse.ArgumentTypeError(f"detection policy {path}: {exc}") from exc
+
+
+def _nic_speeds(parser: argparse.ArgumentParser, entries: list[str]) -> dict[str, float]:
+    speeds: dict[str, float] = {}
+    for entry in entries:
+        name, _, value = entry.partition("=")
+        try:
+            speeds[name.strip()] = float(value)
+        except ValueError:
+            parser.error(f"--nic-speed {entry!r}: expected PORT=GBPS, e.g. ib0=400")
+    return speeds
+
+
+def _judged(judge: HealthJudge, follower: Follower, now: float) -> tuple[Decision, ...]:
+    """The signal judge's decisions; a fault in it is logged loudly and the silence verdicts go on."""
+    try:
+        return tuple(judge.judge(follower.state.nodes, now))
+    except Exception:
+        _log.exception("the health judge failed; node health verdicts wait for the next pass")
+        return ()
+
+
+async def _record(follower: Follower, decisions: Sequence[Decision]) -> None:
     """Append one assessment's decisions together and wait for the fold once.
 
     Decisions about different nodes are independent (each has its own subject and message id), so they go
@@ -150,7 +208,7 @@ async def _record(follower: Follower, assessment: Assessment) -> None:
     assessment (the fold has not moved) and appended with the same message id.
     """
     by_node: dict[str, list[Decision]] = {}
-    for decision in assessment.decisions:
+    for decision in decisions:
         by_node.setdefault(decision.node_id, []).append(decision)
     gate = asyncio.Semaphore(APPENDS_IN_FLIGHT)
 
@@ -172,6 +230,4 @@ async def _record(follower: Follower, assessment: Assessment) -> None:
         try:
             await follower.wait_for(max(stored))
         except TimeoutError as exc:
-            _log.warning(
-                "the fold did not reach our %d decisions in time: %s", len(assessment.decisions), exc
-            )
+            _log.warning("the fold did not reach our %d decisions in time: %s", len(decisions), exc)

@@ -1,6 +1,8 @@
-"""The health monitor's decisions: heartbeats and GPU samples in, the few node events that matter out.
+"""The health monitor's silence decisions: when each node was last heard in, the few node events that matter
+out (unreachable, lost, recovered). What the heartbeats *say* (GPU and NIC signals, step times) is judged by
+``detection`` through ``judge``.
 
-Pure: the shell passes the folded node views, the last heartbeat seen per node, what it knows of its own
+Pure: the shell passes the folded node views, when it last heard each node, what it knows of its own
 link to the bus (``Hearing``) and ``now``. Heartbeats themselves never enter the log (2,500/s of samples
 would drown it); only state changes do.
 
@@ -16,7 +18,7 @@ An outage is not a massacre. Silence proves something only when the monitor can 
    ``mass_silence_min_nodes``, went quiet within ``mass_silence_window_s`` of each other, the likelier
    cause is the monitor's own link (a partition, a stalled server, its own subscription gone silent: the
    100 % case), not that many machines died in the same seconds: every silence verdict is held, loudly.
-   Verdicts that rest on what *was* heard (a node answering again, a GPU fault) still go through. A mass
+   Verdicts that rest on what *was* heard (a node answering again) still go through. A mass
    silence that lasts ``mass_silence_max_hold_s`` (10 lost timeouts by default) while the monitor is
    connected is believed: a rack that lost power stays dead, and its gangs must be replaced eventually.
 """
@@ -25,8 +27,7 @@ from __future__ import annotations
 
 import msgspec
 
-from rallypoint.events import Event, NodeDrained, NodeHeartbeatLost, NodeLost, NodeRecovered
-from rallypoint.protocol import Heartbeat
+from rallypoint.events import Event, NodeHeartbeatLost, NodeLost, NodeRecovered
 from rallypoint.state import NodeView
 
 # XIDs that mean the GPU or its memory is no longer trustworthy (NVIDIA's "reset or replace" class).
@@ -36,7 +37,6 @@ FATAL_XIDS: frozenset[int] = frozenset({48, 63, 64, 74, 79, 92, 94, 95})
 class HealthPolicy(msgspec.Struct, frozen=True, kw_only=True):
     unreachable_after_s: float = 5.0
     lost_after_s: float = 30.0
-    max_temperature_c: float = 90.0
     #: Silent this long: quiet (counted for the mass-silence rule); None: half of ``unreachable_after_s``.
     quiet_after_s: float | None = None
     mass_silence_fraction: float = 0.5
@@ -88,17 +88,6 @@ class Assessment(msgspec.Struct, frozen=True, kw_only=True):
     mass: MassSilence | None = None
 
 
-def _gpu_fault(beat: Heartbeat, policy: HealthPolicy) -> str | None:
-    for gpu in sorted(beat.gpus, key=lambda g: g.index):
-        if gpu.ecc_uncorrectable > 0:
-            return f"GPU {gpu.index}: {gpu.ecc_uncorrectable} uncorrectable ECC errors"
-        if gpu.xid in FATAL_XIDS:
-            return f"GPU {gpu.index}: XID {gpu.xid}"
-        if gpu.temperature_c > policy.max_temperature_c:
-            return f"GPU {gpu.index}: {gpu.temperature_c:.0f} C exceeds {policy.max_temperature_c:.0f} C"
-    return None
-
-
 def silence_started(node: NodeView, last_seen: dict[str, float], hearing: Hearing) -> float:
     """When the node's silence counts from: its last heartbeat (its registration if never heard), but never
     before the monitor could hear (the grace after a start or a reconnect)."""
@@ -139,7 +128,6 @@ def mass_silence(
 
 def assess(
     nodes: list[NodeView],
-    last_beats: dict[str, Heartbeat],
     last_seen: dict[str, float],
     now: float,
     policy: HealthPolicy,
@@ -160,13 +148,12 @@ def assess(
             )
     out: list[Decision] = []
     for node in sorted(nodes, key=lambda n: n.node_id):
-        out += _node_decisions(node, last_beats, last_seen, now, policy, hearing, hold_silence=bool(held))
+        out += _node_decisions(node, last_seen, now, policy, hearing, hold_silence=bool(held))
     return Assessment(decisions=tuple(out), held=held, mass=mass)
 
 
 def _node_decisions(
     node: NodeView,
-    last_beats: dict[str, Heartbeat],
     last_seen: dict[str, float],
     now: float,
     policy: HealthPolicy,
@@ -210,15 +197,4 @@ def _node_decisions(
                 msg_id=f"{incarnation}:NodeRecovered:{heard:.0f}",
             )
         )
-    beat = last_beats.get(node.node_id)
-    if node.status == "up" and beat is not None:
-        fault = _gpu_fault(beat, policy)
-        if fault is not None:
-            out.append(
-                Decision(
-                    node_id=node.node_id,
-                    event=NodeDrained(node_id=node.node_id, reason=fault, at=now),
-                    msg_id=f"{incarnation}:NodeDrained:{fault}",
-                )
-            )
     return out
