@@ -148,7 +148,7 @@ def test_a_flapping_nic_degrades_the_node() -> None:
 
 def test_a_port_that_trained_down_is_judged_against_the_speed_it_had() -> None:
     world = World(DetectionPolicy(nic_slow_window_s=30.0))
-    world.nic["n4"] = lambda t: NicSample(name="ib0", link_up=True, speed_gbps=400.0 if t < T0 + 10 else 200.0)
+    world.nic["n4"] = lambda t: NicSample(name="ib0", speed_gbps=400.0 if t < T0 + 10 else 200.0)
     world.run(T0, T0 + 60)
     assert world.states("n4") == ["degraded"] and world.first("n4", "degraded") <= T0 + 10 + 30
     assert world.evidence[("n4", "degraded")] == ("nic_speed nic ib0",)
@@ -166,7 +166,7 @@ def _gang(slow_node: str, factor: float) -> Callable[[str], Callable[[float], tu
             step = int(t - T0)
             return (
                 RankStatus(
-                    job_id="j1", attempt=1, rank=rank, pid=100, step=step, step_time_s=step_time, progress_at=t
+                    job_id="j1", attempt=1, rank=rank, pid=1, step=step, step_time_s=step_time, progress_at=t
                 ),
             )
 
