@@ -305,8 +305,23 @@ class LocalCluster:
             "127.0.0.1",
             "--work-dir",
             str(self.workdir / "agents" / node_id),
+            "--fault-file",
+            str(self.fault_file(node_id)),
             *(["--run-as", self.rank_user] if self.rank_user else []),
         ]
+
+    def fault_file(self, node_id: str) -> Path:
+        """The simulated faults of ``node_id``'s GPUs, NICs and speed (``rallypoint.agent.sim_backend``),
+        re-read by its agent whenever it changes."""
+        return self.workdir / "faults" / node_id
+
+    def inject_faults(self, node_id: str, spec: str) -> None:
+        """Replace ``node_id``'s simulated faults with ``spec`` (empty: none), whole or not at all."""
+        path = self.fault_file(node_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".writing")
+        partial.write_text(spec)
+        partial.replace(path)
 
     def start_service(self, name: str, service: str, extra: Sequence[str] = ()) -> ManagedProcess:
         own = list(self.service_args.get(service, ()))
