@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 from rallypoint.events import GpuInfo
-from rallypoint.protocol import GpuSample
+from rallypoint.protocol import GpuSample, NicSample
 
 MIB = 1024 * 1024
 
@@ -35,10 +35,10 @@ class GpuDevice(msgspec.Struct, frozen=True, kw_only=True):
 
 @runtime_checkable
 class GpuBackend(Protocol):
-    """A node's GPUs: a fixed inventory, and health samples on demand.
+    """A node's GPUs: a fixed inventory, and health samples on demand (and the node's NICs).
 
-    ``sample()`` is called about once a second from the heartbeat loop; it must be cheap and must not
-    raise for one misbehaving GPU (report what can be read, defaults for the rest).
+    ``sample()`` and ``nics()`` are called about once a second from the heartbeat loop; they must be cheap
+    and must not raise for one misbehaving GPU or port (report what can be read, defaults for the rest).
     """
 
     @property
@@ -49,6 +49,15 @@ class GpuBackend(Protocol):
     def inventory(self) -> tuple[GpuDevice, ...]: ...
 
     def sample(self) -> tuple[GpuSample, ...]: ...
+
+    def nics(self) -> tuple[NicSample, ...]:
+        """The node's network ports (InfiniBand, Ethernet), sampled with the GPUs: same rules."""
+        ...
+
+    def slowdown(self) -> float:
+        """How many times slower the agent should run this node's ranks: 1.0 except on a simulated
+        node told to be slow (``node:slow=F``), which the agent makes real (``slowdown.DutyCycler``)."""
+        ...
 
     def close(self) -> None: ...
 

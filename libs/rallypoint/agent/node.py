@@ -40,6 +40,7 @@ from rallypoint.agent.logs import read_log_chunk
 from rallypoint.agent.reports import CHECKPOINT_FIELDS as CHECKPOINT_FIELDS
 from rallypoint.agent.reports import ReportBatch, ReportSource, ReportTail
 from rallypoint.agent.sim_backend import SimulatedGpus
+from rallypoint.agent.slowdown import DutyCycler, LauncherGroups
 from rallypoint.eventlog import AppendConflict, EventLog
 from rallypoint.events import CheckpointCommitted, NodeRegistered, RankExited, subjects
 from rallypoint.observability.instruments import HEARTBEATS_SENT, RANK_LAUNCHES
@@ -128,6 +129,8 @@ class NodeAgent:
         self._held: dict[_RankKey, tuple[RankExit, float]] = {}
         self.registered_seq: int | None = None
         self.heartbeats_sent = 0
+        # Makes a backend's slowdown factor real on this node's ranks (a simulated straggler).
+        self.slowdown = DutyCycler(LauncherGroups(launcher))
 
     @property
     def node_id(self) -> str:
@@ -152,6 +155,7 @@ class NodeAgent:
             )
         # Make sure the server has our subscriptions before anyone is told we are up.
         await nc.flush()
+        self.slowdown.start()
         self._tasks = [
             asyncio.create_task(self._heartbeat_loop(), name=f"agent-{self.node_id}-heartbeat"),
             asyncio.create_task(self._watch_loop(), name=f"agent-{self.node_id}-watch"),
@@ -178,6 +182,8 @@ class NodeAgent:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        # Never leave a rank stopped behind us: the cycler continues whatever it stopped.
+        await asyncio.to_thread(self.slowdown.close)
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.start()
@@ -274,6 +280,8 @@ class NodeAgent:
             self.backend.set_busy(range(len(self.backend.inventory())), False)
             self.backend.set_busy(busy, True)
         gpus = await asyncio.to_thread(self.backend.sample)
+        nics = await asyncio.to_thread(self.backend.nics)
+        self.slowdown.set_factor(self.backend.slowdown())
         ranks = tuple(self._with_progress(r) for r in self.launcher.status() if r.exit_code is None)
         beat = Heartbeat(
             node_id=self.node_id,
@@ -281,6 +289,7 @@ class NodeAgent:
             at=self._clock(),
             gpus=gpus,
             ranks=ranks,
+            nics=nics,
         )
         # Core NATS, fire and forget: a heartbeat is telemetry, the next one supersedes it.
         await self.log.nc.publish(subjects.heartbeat(self.node_id), _json.encode(beat))
@@ -419,6 +428,7 @@ class NodeAgent:
         except msgspec.DecodeError as exc:
             return _json.encode(KillReply(ok=False, error=f"bad KillTask: {exc}"))
         signalled = await asyncio.to_thread(self.launcher.kill, kill.job_id, kill.attempt, kill.grace_s)
+        self.slowdown.wake()  # a stopped rank gets its SIGTERM only once it runs again
         _log.info(
             "kill %s attempt %d (grace %.1fs): %d ranks", kill.job_id, kill.attempt, kill.grace_s, signalled
         )

@@ -30,7 +30,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from rallypoint.agent.backend import MIB, GpuDevice
-from rallypoint.protocol import GpuSample
+from rallypoint.protocol import GpuSample, NicSample
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -149,6 +149,13 @@ class NvmlGpus:
                 raise RuntimeError("NvmlGpus is closed")
             self._drain_xid_events()
             return tuple(self._sample_one(i, h) for i, h in enumerate(self._handles))
+
+    def nics(self) -> tuple[NicSample, ...]:
+        return ()
+
+    def slowdown(self) -> float:
+        """Real hardware is as slow as it is: the agent never slows a real node's ranks."""
+        return 1.0
 
     def close(self) -> None:
         with self._lock:
