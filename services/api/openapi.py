@@ -212,12 +212,24 @@ _SCHEMAS: dict[str, Any] = {
                 "type": ["object", "null"],
                 "properties": {
                     "code": {"type": "string", "examples": ["Resources", "Topology", "QuotaExceeded"]},
-                    "message": {"type": "string"},
+                    "message": {
+                        "type": "string",
+                        "description": "With numbers, ending in how many jobs are ahead (Slurm/Kueue style).",
+                    },
+                    "jobs_ahead": {
+                        **_NULLABLE_INT,
+                        "description": "Jobs before this one in the scheduler's order, as the message says.",
+                    },
+                    "updated_at": {
+                        **_NULLABLE_NUM,
+                        "description": "Unix seconds when the scheduler last wrote this reason.",
+                    },
                 },
             },
             "queue_position": {
                 **_NULLABLE_INT,
-                "description": "1-based, among pending jobs in arrival order.",
+                "description": "1-based place in the scheduler's order (jobs_ahead + 1); null until the "
+                "scheduler has given the job a reason.",
             },
             "allocation": {"type": "array", "items": _ref("Placement")},
             "nodes": {"type": "array", "items": {"type": "string"}},
@@ -276,6 +288,15 @@ _SCHEMAS: dict[str, Any] = {
             "spine": {"type": "string"},
             "status": {"type": "string", "enum": ["up", "unreachable", "drained", "lost"]},
             "status_reason": _NULLABLE_STR,
+            "health": {
+                "type": "string",
+                "enum": ["healthy", "suspect", "degraded", "failed"],
+                "description": "The health monitor's verdict on the node's signals: degraded cordons the node "
+                "(no new work), failed drains it (docs/health.md).",
+            },
+            "health_since": {**_NULLABLE_NUM, "description": "When the verdict was reached."},
+            "health_evidence": {"type": "array", "items": _ref("HealthEvidence")},
+            "schedulable": {"type": "boolean", "description": "New work may land on it."},
             "gpu_type": {"type": "string"},
             "gpus": {
                 "type": "object",
@@ -287,6 +308,20 @@ _SCHEMAS: dict[str, Any] = {
             },
             "jobs": {"type": "array", "items": {"type": "string"}},
             "registered_at": {"type": "number"},
+        },
+    },
+    "HealthEvidence": {
+        "type": "object",
+        "description": "One finding behind a health verdict: value of signal on subject against threshold "
+        "over window_s seconds (0: one sample).",
+        "properties": {
+            "signal": {"type": "string"},
+            "subject": {"type": "string"},
+            "severity": {"type": "string", "enum": ["suspect", "degraded", "failed"]},
+            "value": {"type": "number"},
+            "threshold": {"type": "number"},
+            "window_s": {"type": "number"},
+            "hard": {"type": "boolean"},
         },
     },
     "NodeAction": {

@@ -18,17 +18,30 @@ def job_links(job_id: str) -> dict[str, str]:
 
 
 def queue_positions(state: ClusterState) -> dict[str, int]:
-    """1-based position of each pending job in arrival order (the order the scheduler walks)."""
-    return {job.job_id: i for i, job in enumerate(state.pending_jobs(), start=1)}
+    """1-based position of each pending job in the scheduler's order, as its last reason gave it (the same
+    reason whose message says how many jobs are ahead). A job the scheduler has not placed in its order yet
+    has none: arrival order is not the order it walks."""
+    return {
+        job.job_id: job.pending_position + 1
+        for job in state.pending_jobs()
+        if job.pending_position is not None and job.pending_code and not job.cancel_requested
+    }
 
 
-def pending_reason(job: JobView) -> dict[str, str] | None:
+def pending_reason(job: JobView) -> dict[str, Any] | None:
+    """Why the job waits: the scheduler's code and message with numbers, how many jobs are ahead of it in
+    the policy's order, and when the scheduler said so (reasons are refreshed as their numbers change)."""
     if job.state != "pending":
         return None
     if job.cancel_requested:
         return {"code": "CancelRequested", "message": "cancellation requested; waiting for the controller"}
     if job.pending_code:
-        return {"code": job.pending_code, "message": job.pending_message}
+        return {
+            "code": job.pending_code,
+            "message": job.pending_message,
+            "jobs_ahead": job.pending_position,
+            "updated_at": job.pending_at,
+        }
     return {"code": AWAITING_CODE, "message": AWAITING_MESSAGE}
 
 
@@ -96,6 +109,10 @@ def render_node(node: NodeView) -> dict[str, Any]:
         "spine": node.spine,
         "status": node.status,
         "status_reason": node.status_reason or None,
+        "health": node.health,
+        "health_since": node.health_since or None,
+        "health_evidence": [msgspec.to_builtins(e) for e in node.health_evidence],
+        "schedulable": node.schedulable,
         "gpu_type": node.gpu_type,
         "gpus": {
             "total": node.gpu_count,

@@ -280,7 +280,7 @@ def test_jobs_table() -> None:
     ]
     assert jobs_cmds.format_jobs(jobs, now=1070.0).splitlines() == [
         "ID              TEAM  NAME      STATE    TIME     GPUS  NODES(REASON)",
-        "j-000000000001  nlp   pretrain  PENDING  0:00     16    (Resources, #2)",
+        "j-000000000001  nlp   pretrain  PENDING  0:00     16    (Resources, #2: m)",
         "j-000000000002  nlp   eval      RUNNING  1:05     8     n[0-2,7]",
         "j-000000000003  cv    pretrain  FAILED   1:02:05  16    (rank 3 exited 1)",
     ]

@@ -2,7 +2,7 @@
 jobs (``sacct``) and queue occupancy (``queues_view``). Pure: the API, the projector and the CLI call it."""
 
 from .attempts import AttemptLedger, AttemptRecord, charged_gpu_s, fold_attempts, user_of
-from .queues_view import CohortRow, QueueRow, QueuesReport, queues_report
+from .queues_view import CohortRow, OrgRow, QueueRow, QueuesReport, queues_report
 from .sacct import FinishedJob, finished_job, finished_jobs
 from .usage import GROUP_BY, GroupSums, UsageReport, UsageRow, build_report, group_sums, usage
 
@@ -13,6 +13,7 @@ __all__ = [
     "CohortRow",
     "FinishedJob",
     "GroupSums",
+    "OrgRow",
     "QueueRow",
     "QueuesReport",
     "UsageReport",

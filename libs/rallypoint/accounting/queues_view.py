@@ -17,6 +17,8 @@ NO_COHORT = "default"
 class QueueRow(msgspec.Struct, kw_only=True):
     team: str
     cohort: str
+    #: the org the team belongs to in the queue file (None: none)
+    parent: str | None = None
     #: None: no queue file, or the team is not in it (a nominal of 0 for the scheduler)
     nominal: int | None
     borrowing_limit: int | None
@@ -37,10 +39,23 @@ class CohortRow(msgspec.Struct, kw_only=True):
     pending_gpus: int
 
 
+class OrgRow(msgspec.Struct, kw_only=True):
+    """An org of the queue file: its limit caps the GPUs of every team below it (at any depth)."""
+
+    org: str
+    parent: str | None
+    #: None: the org only groups
+    limit: int | None
+    teams: list[str]
+    used: int
+    pending_gpus: int
+
+
 class QueuesReport(msgspec.Struct, kw_only=True):
     quotas: bool
     teams: list[QueueRow]
     cohorts: list[CohortRow]
+    orgs: list[OrgRow] = []
     total_gpus: int
     free_gpus: int
     seq: int
@@ -72,6 +87,7 @@ def queues_report(state: ClusterState, queues: Queues | None) -> QueuesReport:
             QueueRow(
                 team=name,
                 cohort=conf.cohort if conf is not None else NO_COHORT,
+                parent=conf.parent if conf is not None else None,
                 nominal=nominal,
                 borrowing_limit=conf.borrowing_limit if conf is not None else None,
                 used=team_used,
@@ -85,6 +101,7 @@ def queues_report(state: ClusterState, queues: Queues | None) -> QueuesReport:
         quotas=queues is not None,
         teams=rows,
         cohorts=_cohorts(rows, quotas=queues is not None),
+        orgs=_orgs(rows, queues) if queues is not None else [],
         total_gpus=state.total_gpus(),
         free_gpus=state.free_gpus(),
         seq=state.last_seq,
@@ -105,4 +122,23 @@ def _cohorts(rows: list[QueueRow], *, quotas: bool) -> list[CohortRow]:
             pending_gpus=sum(r.pending_gpus for r in members),
         )
         for name, members in sorted(by.items())
+    ]
+
+
+def _orgs(rows: list[QueueRow], queues: Queues) -> list[OrgRow]:
+    """Each org's teams at any depth, and what they use and wait for together (what its limit caps)."""
+    below: dict[str, list[QueueRow]] = {org.name: [] for org in queues.orgs}
+    for row in rows:
+        for org in queues.lineage(row.team):
+            below.setdefault(org, []).append(row)
+    return [
+        OrgRow(
+            org=org.name,
+            parent=org.parent,
+            limit=org.limit,
+            teams=[r.team for r in below[org.name]],
+            used=sum(r.used for r in below[org.name]),
+            pending_gpus=sum(r.pending_gpus for r in below[org.name]),
+        )
+        for org in sorted(queues.orgs, key=lambda o: o.name)
     ]

@@ -175,5 +175,18 @@ def format_queues(report: dict[str, Any]) -> str:
         text += "\n\n" + format_table(
             ("COHORT", "TEAMS", "NOMINAL", "BORROWED", "USED", "PENDING-GPUS"), cohort_rows
         )
+    if quotas and report.get("orgs"):
+        org_rows = [
+            (
+                o["org"],
+                o["parent"] or "-",
+                ",".join(o["teams"]) or "-",
+                "no limit" if o["limit"] is None else o["limit"],
+                o["used"],
+                o["pending_gpus"],
+            )
+            for o in report["orgs"]
+        ]
+        text += "\n\n" + format_table(("ORG", "PARENT", "TEAMS", "LIMIT", "USED", "PENDING-GPUS"), org_rows)
     free, total = report["free_gpus"], report["total_gpus"]
     return text + f"\n\n{total - free}/{total} GPUs in use"

@@ -386,14 +386,26 @@ def hostlist(nodes: Sequence[str]) -> str:
 def nodes_or_reason(job: dict[str, Any]) -> str:
     state = job["state"]
     if state == "pending":
-        reason = job.get("pending_reason") or {}
-        position = job.get("queue_position")
-        # squeue's reason column, plus where the job stands in the queue (1 = next).
-        where = f", #{position}" if position is not None else ""
-        return f"({reason.get('code') or 'None'}{where})"
+        return f"({pending_text(job)})"
     if state in {"failed", "rejected"}:
         return f"({job.get('reason') or state})"
-    return hostlist(job.get("nodes") or []) or "(None)"
+    nodes = hostlist(job.get("nodes") or [])
+    if nodes:
+        return nodes
+    # a job cancelled before it was placed never had nodes: say why it holds none
+    return f"({job.get('reason') or state.capitalize()})"
+
+
+def pending_text(job: dict[str, Any]) -> str:
+    """squeue's reason code, where the job stands in the scheduler's order (1 = next) and the reason's
+    numbers: ``Resources, #2: needs 16 GPUs in the cluster; 8 free; 1 job ahead``. The place and the
+    message come from the same reason, so "#2" always sits beside "1 job ahead"."""
+    reason = job.get("pending_reason") or {}
+    code = reason.get("code") or "AwaitingScheduler"
+    position = job.get("queue_position")
+    where = f", #{position}" if position is not None else ""
+    message = reason.get("message")
+    return f"{code}{where}: {message}" if message else f"{code}{where}"
 
 
 def job_elapsed(job: dict[str, Any], now: float) -> float:
