@@ -1,13 +1,13 @@
 """Operator drain and undrain: POST /v1/nodes/{node_id}/drain and /undrain (admin tokens only).
 
-A drain stops new work on the node (the scheduler places only on ``NodeView.schedulable`` nodes, status
-``up``). Gangs running on it are not left running: the job controller treats a drained node under a gang
-as an infrastructure failure (``control/recovery.py``), stops the gang and repairs it on other nodes from
-its last checkpoint, spending no user retry; letting them finish, or evicting at the next checkpoint, per
-priority class is later work (issue 16, docs/health.md "Operator drain"). An undrain
-returns a drained node to service, whoever drained it (the health monitor's hard faults wait for an
-operator); undrain of a node already up changes nothing (200, ``changed`` false); of a node lost or
-unreachable is refused with 409.
+A drain stops new work on the node (the scheduler places only on ``NodeView.schedulable`` nodes: status
+``up`` and health not degraded or failed). Gangs running on it leave as their priority class's drain
+policy says (``control/drain.py``: at once, after their next checkpoint, or when they finish); the job
+controller stops such a gang and repairs it on other nodes from its last checkpoint, spending no user
+retry. An undrain returns a drained node to service whoever drained it, and clears a health verdict
+(a node cordoned as degraded, or drained as failed: a hard fault waits for an operator); undrain of a
+node in service and healthy changes nothing (200, ``changed`` false); of a node lost or unreachable is
+refused with 409.
 
 Each write is fenced on the node's subject (``rally.node.<id>``): the API reads the subject's last
 sequence, waits for its fold to reach it, decides on that node view and appends with that sequence as
@@ -110,11 +110,14 @@ class NodeOps:
                     return _conflict(
                         node_id, node.status, node.status_reason, "a lost node cannot be drained"
                     )
-                if action == "undrain" and node.status == "up":
+                if action == "undrain" and node.status == "up" and not node.cordoned:
                     return _done(node, last, action, changed=False)  # already in service: nothing to append
-                if action == "undrain" and node.status != "drained":
+                if action == "undrain" and node.status not in ("drained", "up"):
                     return _conflict(
-                        node_id, node.status, node.status_reason, "only a drained node can be undrained"
+                        node_id,
+                        node.status,
+                        node.status_reason,
+                        "only a drained or cordoned node can be undrained",
                     )
                 now = time.time()
                 event: NodeDrained | NodeUndrained = (

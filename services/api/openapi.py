@@ -291,7 +291,7 @@ _SCHEMAS: dict[str, Any] = {
             "health": {
                 "type": "string",
                 "enum": ["healthy", "suspect", "degraded", "failed"],
-                "description": "The health monitor's verdict on the node's signals: degraded cordons the node "
+                "description": "The health monitor's verdict on the node's signals: degraded cordons it "
                 "(no new work), failed drains it (docs/health.md).",
             },
             "health_since": {**_NULLABLE_NUM, "description": "When the verdict was reached."},
