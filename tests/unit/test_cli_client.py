@@ -304,15 +304,20 @@ def test_nodes_table() -> None:
             "node_id": "n1",
             "rack": "r0",
             "status": "drained",
+            "health": "failed",
+            "health_evidence": [
+                {"signal": "xid", "subject": "gpu 3", "value": 79, "threshold": 79},
+                {"signal": "ecc_uncorrectable", "subject": "gpu 3", "value": 2, "threshold": 1},
+            ],
             "gpu_type": "H100",
             "gpus": {"total": 8, "free": 0, "allocated": 0},
             "jobs": [],
         },
     ]
     assert jobs_cmds.format_nodes(nodes).splitlines() == [
-        "NODE  RACK  STATUS   GPU_TYPE  GPUS(FREE/TOTAL)  JOBS",
-        "n0    r0    UP       H100      0/8               j-a,j-b",
-        "n1    r0    DRAINED  H100      0/8               -",
+        "NODE  RACK  STATUS   HEALTH                           GPU_TYPE  GPUS(FREE/TOTAL)  JOBS",
+        "n0    r0    UP       healthy                          H100      0/8               j-a,j-b",
+        "n1    r0    DRAINED  failed: gpu 3 xid 79 >= 79 (+1)  H100      0/8               -",
     ]
 
 

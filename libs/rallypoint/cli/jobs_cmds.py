@@ -448,13 +448,26 @@ def format_jobs(jobs: Sequence[dict[str, Any]], *, now: float) -> str:
     return format_table(headers, rows)
 
 
+def node_health(node: dict[str, Any]) -> str:
+    """``degraded: job j1 rank 2 straggler 3.1 >= 1.43``: the verdict and its first finding."""
+    health = str(node.get("health") or "healthy")
+    evidence = node.get("health_evidence") or []
+    if not evidence:
+        return health
+    first = evidence[0]
+    more = f" (+{len(evidence) - 1})" if len(evidence) > 1 else ""
+    finding = f"{first['subject']} {first['signal']} {first['value']:g} >= {first['threshold']:g}"
+    return f"{health}: {finding}{more}"
+
+
 def format_nodes(nodes: Sequence[dict[str, Any]]) -> str:
-    headers = ("NODE", "RACK", "STATUS", "GPU_TYPE", "GPUS(FREE/TOTAL)", "JOBS")
+    headers = ("NODE", "RACK", "STATUS", "HEALTH", "GPU_TYPE", "GPUS(FREE/TOTAL)", "JOBS")
     rows = [
         (
             n["node_id"],
             n["rack"],
             str(n["status"]).upper(),
+            node_health(n),
             n["gpu_type"],
             f"{n['gpus']['free']}/{n['gpus']['total']}",
             ",".join(n.get("jobs") or []) or "-",
