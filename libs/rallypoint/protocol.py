@@ -116,13 +116,17 @@ class NicSample(msgspec.Struct, frozen=True, kw_only=True):
     """One network port (InfiniBand port ``mlx5_0/1`` or Ethernet interface ``eth0``) at one instant.
 
     ``speed_gbps``: what the link negotiated (0 when down or unknown). ``errors``: cumulative symbol and
-    receive errors as the port counts them (sysfs), so a reader judges the increase.
+    receive errors as the port counts them (sysfs), so a reader judges the increase, as for
+    ``link_downed``.
     """
 
     name: str
     link_up: bool = True
     speed_gbps: float = 0.0
     errors: int = 0
+    #: How often the link went down (cumulative): a flap shorter than the heartbeat period shows here
+    #: even when no sample caught the link down.
+    link_downed: int = 0
 
 
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):

@@ -78,7 +78,9 @@ def test_nic_down_speed_and_errors() -> None:
 def test_a_flapping_nic_follows_the_sample_count() -> None:
     # One NIC sample per second (the default interval): flap=4 -> down 2 samples, up 2, down 2...
     gpus = SimulatedGpus("n", 0, faults="ib0:flap=4")
-    assert [gpus.nics()[0].link_up for _ in range(8)] == [False, False, True, True] * 2
+    seen = [gpus.nics()[0] for _ in range(8)]
+    assert [n.link_up for n in seen] == [False, False, True, True] * 2
+    assert [n.link_downed for n in seen] == [1, 1, 1, 1, 2, 2, 2, 2]  # the port counts each time it went down
     # Same spec, same calls: same answers (no clock involved).
     again = SimulatedGpus("n", 0, faults="ib0:flap=4")
     assert [again.nics()[0].link_up for _ in range(8)] == [False, False, True, True] * 2

@@ -305,6 +305,8 @@ class _Counters:
     ecc_corrected: list[int] = field(default_factory=list)
     nvlink: list[int] = field(default_factory=list)
     nic_errors: dict[str, int] = field(default_factory=dict)
+    nic_downed: dict[str, int] = field(default_factory=dict)
+    nic_up: dict[str, bool] = field(default_factory=dict)
     nic_samples: int = 0
 
 
@@ -359,7 +361,11 @@ class SimulatedGpus:
         self._injected = self._no_faults()
         self._from_file = self._no_faults()
         self._counters = _Counters(
-            ecc_corrected=[0] * count, nvlink=[0] * count, nic_errors=dict.fromkeys(self.nic_names, 0)
+            ecc_corrected=[0] * count,
+            nvlink=[0] * count,
+            nic_errors=dict.fromkeys(self.nic_names, 0),
+            nic_downed=dict.fromkeys(self.nic_names, 0),
+            nic_up=dict.fromkeys(self.nic_names, True),
         )
         self._busy = [False] * count
         env_spec = os.environ.get(FAULTS_ENV) if faults is None else faults
@@ -496,8 +502,15 @@ class SimulatedGpus:
         flapped_down = faults.flap_s > 0 and elapsed % faults.flap_s < faults.flap_s / 2
         up = not faults.down and not flapped_down
         speed = self.nic_speed_gbps if faults.speed_gbps is None else faults.speed_gbps
+        if self._counters.nic_up[name] and not up:
+            self._counters.nic_downed[name] += 1  # as the port's link_downed counter counts
+        self._counters.nic_up[name] = up
         return NicSample(
-            name=name, link_up=up, speed_gbps=speed if up else 0.0, errors=self._counters.nic_errors[name]
+            name=name,
+            link_up=up,
+            speed_gbps=speed if up else 0.0,
+            errors=self._counters.nic_errors[name],
+            link_downed=self._counters.nic_downed[name],
         )
 
     def _check(self, index: int) -> int:
