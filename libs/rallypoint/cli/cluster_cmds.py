@@ -42,7 +42,7 @@ def _up(args: argparse.Namespace) -> int:
         nats_url=args.nats_url,
         postgres_dsn=args.postgres_dsn,
         api_port=args.api_port,
-        queues=Path(args.queues) if args.queues else None,
+        queues=_queue_file(args, workdir),
     )
     # Ctrl-C and SIGTERM both stop everything `rally up` started. SIGINT is installed explicitly too: a
     # process started in the background by a script inherits SIGINT as ignored, and Python then keeps it so.
@@ -63,6 +63,8 @@ def _up(args: argparse.Namespace) -> int:
         print(f"  logs  {workdir.resolve() / 'logs'}")
         teams = ", ".join(cluster.teams)
         print(f"  tokens {TOKENS_FILE} (admin; teams {teams}): `rally` here uses the admin one")
+        if cluster.queues is not None:
+            print(f"  queues {cluster.queues}   (rally queues shows nominal, borrowed, used per team)")
         print("Ctrl-C stops everything.")
         while True:
             # nats-server and PostgreSQL too: a dead one comes back on its port and data, never defunct
@@ -81,6 +83,18 @@ def _up(args: argparse.Namespace) -> int:
         TOKENS_FILE.unlink(missing_ok=True)
         for lock in locks:
             lock.close()
+
+
+def _queue_file(args: argparse.Namespace, workdir: Path) -> Path | None:
+    """The file given with --queues; else the default one, sized for this cluster and written into the data
+    folder (teams, a cohort, borrowing, an org); None with --no-queues (no quotas at all)."""
+    if args.queues:
+        return Path(args.queues)
+    if args.no_queues:
+        return None
+    from rallypoint.localcluster.default_queues import write_default_queues
+
+    return write_default_queues(workdir / "queues.yaml", args.nodes * args.gpus_per_node)
 
 
 def _lock_folders(data_dir: Path) -> list[IO[str]]:
@@ -119,9 +133,14 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--postgres-dsn", default=None, help="use this PostgreSQL instead of an embedded one")
     up.add_argument("--api-port", type=int, default=8080, help="HTTP port of the API (default 8080)")
     up.add_argument("--data-dir", default=".rally/local", help="where servers keep state and logs")
-    up.add_argument(
-        "--queues", default=None, help="queue file for the scheduler and the API; its teams get tokens"
+    queues = up.add_mutually_exclusive_group()
+    queues.add_argument(
+        "--queues",
+        default=None,
+        help="queue file for the scheduler and the API; its teams get tokens (default: DATA_DIR/queues.yaml, "
+        "written for this cluster: four teams in one cohort, borrowing, an org with a limit)",
     )
+    queues.add_argument("--no-queues", action="store_true", help="run without quotas (no queue file)")
     up.set_defaults(func=_up)
     demo = subparsers.add_parser("demo", help="start a local cluster, run a mixed batch of jobs, summarize")
     _add_shape(demo)

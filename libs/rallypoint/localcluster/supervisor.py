@@ -33,6 +33,7 @@ from rallypoint.security.credentials import LocalCredentials
 from rallypoint.security.natsconf import literal, render_accounts
 from rallypoint.security.tokens import create_token
 
+from . import default_queues
 from .http import call, register_token
 
 _log = logging.getLogger("rallypoint.localcluster")
@@ -47,9 +48,9 @@ SINGLETONS: tuple[str, ...] = (
     "projector",
 )
 SCHEDULERS = ("scheduler-1", "scheduler-2")
-# Teams that get an API token when the cluster has no queue file: the demo's, the benchmarks', and two
-# for trying things out by hand.
-DEFAULT_TEAMS: tuple[str, ...] = ("demo", "bench", "nlp", "vision")
+# Teams that get an API token when the cluster has no queue file: the default queue file's (the demo's, the
+# benchmarks', and two for trying things out by hand).
+DEFAULT_TEAMS: tuple[str, ...] = default_queues.TEAMS
 # Services that read the queue file, when the cluster has one.
 QUEUE_READERS: frozenset[str] = frozenset({"api", "scheduler", "preemption"})
 
