@@ -50,6 +50,26 @@ def test_samples_are_plausible(gpus: NvmlGpus) -> None:
             assert sample.ecc_uncorrectable >= 0 and sample.xid >= 0
 
 
+def test_health_signals_are_consistent(gpus: NvmlGpus) -> None:
+    """Throttle reasons, corrected ECC and NVLink counters as the detection reads them."""
+    first = gpus.sample()
+    second = gpus.sample()
+    for before, after in zip(first, second, strict=True):
+        reasons = (after.throttle_thermal, after.throttle_power_brake, after.throttle_hw_slowdown)
+        assert after.throttled == any(reasons)
+        # Volatile counters: since driver load, never negative, never dropping between two samples.
+        assert 0 <= before.ecc_corrected <= after.ecc_corrected
+        assert 0 <= before.nvlink_errors <= after.nvlink_errors
+    assert gpus.slowdown() == 1.0
+
+
+def test_nics_come_from_this_hosts_sysfs(gpus: NvmlGpus) -> None:
+    nics = gpus.nics()
+    assert [n.name for n in nics] == sorted(n.name for n in nics)
+    assert all(n.name != "lo" and n.speed_gbps >= 0 and n.errors >= 0 and n.link_downed >= 0 for n in nics)
+    assert all(n.speed_gbps == 0 for n in nics if not n.link_up)
+
+
 def test_close_is_idempotent() -> None:
     try:
         backend = NvmlGpus()

@@ -12,6 +12,7 @@ import pytest
 from rallypoint.agent import GpuBackend, NvmlGpus, NvmlUnavailable, SimulatedGpus, gpu_infos, parse_fault_spec
 from rallypoint.agent.nvml_backend import normalize_bus_id, nvlink_domains
 from rallypoint.agent.sim_backend import FAULTS_ENV, sim_uuid
+from rallypoint.protocol import NicSample
 
 
 def test_simulated_inventory_is_deterministic_and_node_specific() -> None:
@@ -147,6 +148,7 @@ class _FakeNvml:
     NVMLError = pynvml.NVMLError
     NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
     NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
     NVML_NVLINK_MAX_LINKS = 4
     NVML_FEATURE_ENABLED = pynvml.NVML_FEATURE_ENABLED
@@ -157,6 +159,7 @@ class _FakeNvml:
     def __init__(self) -> None:
         self.shutdowns = 0
         self.pending_xids: list[tuple[int, int]] = [(2, 79)]
+        self.nvlink_reads: list[tuple[int, int, int]] = []
         self.bus = [f"00000000:{0x10 + i:02X}:00.0" for i in range(4)]
         # gpu -> links: ("switch", bus) or ("gpu", index)
         self.links: dict[int, list[tuple[str, Any]]] = {
@@ -202,12 +205,25 @@ class _FakeNvml:
         return self._ns(gpu=10 * h)
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
-        return 0x40 if h == 1 else 0x1
+        # 0: SW power cap only (at TDP under load: normal); 1: HW thermal + the HW slowdown it engages;
+        # 2: HW power brake; 3: idle.
+        return [pynvml.nvmlClocksThrottleReasonSwPowerCap, 0x40 | 0x8, 0x80, 0x1][h]
 
     def nvmlDeviceGetTotalEccErrors(self, h: int, kind: int, counter: int) -> int:
         if h == 3:
             self._unsupported()  # consumer card: no ECC
+        assert counter == pynvml.NVML_VOLATILE_ECC
+        if kind == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED:
+            return 100 + h
         return 2 if h == 0 else 0
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h: int, link: int, counter: int) -> int:
+        if h == 1:
+            self._unsupported()  # counters not exposed (e.g. some vGPU setups): 0, not a crash
+        if link >= len(self.links[h]):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self.nvlink_reads.append((h, link, counter))
+        return (counter + 1) * (h + 1)  # replay, recovery, CRC flit, CRC data: 1, 2, 3, 4 (x GPU + 1)
 
     def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:
         if link >= len(self.links[h]):
@@ -236,10 +252,15 @@ class _FakeNvml:
         return self._ns(eventType=self.nvmlEventTypeXidCriticalError, eventData=xid, device=h)
 
 
-def test_nvml_backend_against_a_fake_library(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nvml_backend_against_a_fake_library(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake = _FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    with NvmlGpus() as gpus:
+    port = tmp_path / "sys" / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+    (port / "counters").mkdir(parents=True)
+    (port / "state").write_text("4: ACTIVE\n")
+    (port / "rate").write_text("200 Gb/sec (4X HDR)\n")
+    (port / "counters" / "symbol_error").write_text("5\n")
+    with NvmlGpus(sysfs_root=tmp_path / "sys") as gpus:
         assert gpus.gpu_type == "NVIDIA Fake 80GB"
         assert [(d.uuid, d.memory_mib, d.nvlink_domain) for d in gpus.inventory()] == [
             ("GPU-fake-0", 81920, 0),
@@ -252,7 +273,17 @@ def test_nvml_backend_against_a_fake_library(monkeypatch: pytest.MonkeyPatch) ->
         assert [x.utilization for x in s] == [0, 10, 20, 30]
         assert [x.memory_used_mib for x in s] == [0, 1024, 2048, 3072]
         assert [x.ecc_uncorrectable for x in s] == [2, 0, 0, 0]  # NotSupported on GPU 3 -> 0
-        assert [x.throttled for x in s] == [False, True, False, False]  # idle is not throttling
+        # Idle and SW power cap are not throttling; HW thermal (with its HW slowdown) and power brake are.
+        assert [x.throttled for x in s] == [False, True, True, False]
+        assert [x.throttle_thermal for x in s] == [False, True, False, False]
+        assert [x.throttle_power_brake for x in s] == [False, False, True, False]
+        assert [x.throttle_hw_slowdown for x in s] == [False, True, False, False]
+        assert [x.ecc_corrected for x in s] == [100, 101, 102, 0]  # volatile counter; NotSupported -> 0
+        # Summed over the enabled links' four counters; unreadable counters (GPU 1) count nothing.
+        assert [x.nvlink_errors for x in s] == [10, 0, 30, 40]
+        assert {(link, counter) for _, link, counter in fake.nvlink_reads} == {(0, c) for c in range(4)}
+        assert gpus.nics() == (NicSample(name="mlx5_0/1", link_up=True, speed_gbps=200.0, errors=5),)
+        assert gpus.slowdown() == 1.0
         assert [x.xid for x in s] == [0, 0, 79, 0]
         assert gpus.sample()[2].xid == 79  # the last XID sticks until the agent restarts
     assert fake.shutdowns == 1

@@ -27,17 +27,26 @@ import logging
 import threading
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
 from rallypoint.agent.backend import MIB, GpuDevice
+from rallypoint.agent.nics import SYSFS, read_nics
 from rallypoint.protocol import GpuSample, NicSample
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Clock-event reasons that mean "slowed down against its will"; idle, application-clock settings and
-# sync boost are normal operation and must not make a healthy GPU look sick.
-_THROTTLE_MASK = 0x8 | 0x20 | 0x40 | 0x80  # HW slowdown, SW thermal, HW thermal, HW power brake
+# Clock-event reasons (nvmlClocksEventReason*) that mean "slowed down against its will". Idle,
+# application-clock settings, sync boost and SW power cap (running at TDP under load) are normal
+# operation and must not make a healthy GPU look sick.
+_HW_SLOWDOWN = 0x8
+_SW_THERMAL = 0x20
+_HW_THERMAL = 0x40
+_HW_POWER_BRAKE = 0x80
+# NVLink error counters summed into GpuSample.nvlink_errors: NVML_NVLINK_ERROR_DL_REPLAY (0),
+# _RECOVERY (1), _CRC_FLIT (2), _CRC_DATA (3); by number, as older nvidia-ml-py lacks some names.
+_NVLINK_ERROR_COUNTERS = (0, 1, 2, 3)
 
 
 class NvmlUnavailable(RuntimeError):
@@ -94,7 +103,8 @@ def nvlink_domains(count: int, gpu_links: dict[int, set[int]], fabric: set[int])
 class NvmlGpus:
     """The GPUs NVML sees. ``close()`` (or the context manager) shuts NVML down again."""
 
-    def __init__(self, gpu_type: str | None = None) -> None:
+    def __init__(self, gpu_type: str | None = None, *, sysfs_root: Path | str = SYSFS) -> None:
+        self._sysfs_root = Path(sysfs_root)
         try:
             import pynvml
         except ImportError as exc:  # pragma: no cover - it is a declared dependency
@@ -117,6 +127,9 @@ class NvmlGpus:
             names = [_text(pynvml.nvmlDeviceGetName(h)) for h in self._handles]
             self._gpu_type = gpu_type or (names[0] if names else "none")
             domains = self._discover_domains()
+            # Links enabled at start: the only ones whose error counters mean anything (a GPU has up
+            # to 18; asking all NVML_NVLINK_MAX_LINKS x 4 counters every second would be wasted calls).
+            self._links = [self._enabled_links(h) for h in self._handles]
             self._devices = tuple(
                 GpuDevice(
                     index=i,
@@ -151,7 +164,8 @@ class NvmlGpus:
             return tuple(self._sample_one(i, h) for i, h in enumerate(self._handles))
 
     def nics(self) -> tuple[NicSample, ...]:
-        return ()
+        """The host's InfiniBand ports and physical Ethernet interfaces, from sysfs (``nics``)."""
+        return read_nics(self._sysfs_root)
 
     def slowdown(self) -> float:
         """Real hardware is as slow as it is: the agent never slows a real node's ranks."""
@@ -187,22 +201,55 @@ class NvmlGpus:
     def _sample_one(self, index: int, h: object) -> GpuSample:
         nv = self._nvml
         temperature = self._try(lambda: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)), 0.0)
-        ecc = self._try(
-            lambda: int(
-                nv.nvmlDeviceGetTotalEccErrors(h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
-            ),
-            0,
-        )
+        reasons = self._try(lambda: self._clock_reasons(h), 0)
+        thermal = bool(reasons & (_SW_THERMAL | _HW_THERMAL))
+        power_brake = bool(reasons & _HW_POWER_BRAKE)
+        hw_slowdown = bool(reasons & _HW_SLOWDOWN)
         return GpuSample(
             index=index,
             temperature_c=temperature,
             # Percent busy over the last sample period, as nvidia-smi shows it (0-100).
             utilization=self._try(lambda: float(nv.nvmlDeviceGetUtilizationRates(h).gpu), 0.0),
             memory_used_mib=self._try(lambda: int(nv.nvmlDeviceGetMemoryInfo(h).used) // MIB, 0),
-            ecc_uncorrectable=ecc,
+            ecc_uncorrectable=self._ecc(h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
             xid=self._last_xid[index],
-            throttled=bool(self._try(lambda: self._clock_reasons(h), 0) & _THROTTLE_MASK),
+            throttled=thermal or power_brake or hw_slowdown,
+            throttle_thermal=thermal,
+            throttle_power_brake=power_brake,
+            throttle_hw_slowdown=hw_slowdown,
+            ecc_corrected=self._ecc(h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+            nvlink_errors=self._nvlink_errors(h, self._links[index]),
         )
+
+    def _ecc(self, h: object, kind: int) -> int:
+        """The volatile (since driver load) ECC count of one kind; 0 where ECC is off or unsupported."""
+        nv = self._nvml
+        return self._try(lambda: int(nv.nvmlDeviceGetTotalEccErrors(h, kind, nv.NVML_VOLATILE_ECC)), 0)
+
+    def _nvlink_errors(self, h: object, links: list[int]) -> int:
+        """CRC (data, flit), replay and recovery errors summed over the enabled links. A link whose
+        counters cannot be read (unsupported, or gone since start) adds nothing."""
+        total = 0
+        for link in links:
+            try:
+                total += sum(
+                    int(self._nvml.nvmlDeviceGetNvLinkErrorCounter(h, link, counter))
+                    for counter in _NVLINK_ERROR_COUNTERS
+                )
+            except self._nvml.NVMLError as exc:
+                _log.debug("NVLink %d error counters unreadable: %s", link, exc)
+        return total
+
+    def _enabled_links(self, h: object) -> list[int]:
+        nv = self._nvml
+        links = []
+        for link in range(nv.NVML_NVLINK_MAX_LINKS):
+            try:
+                if nv.nvmlDeviceGetNvLinkState(h, link) == nv.NVML_FEATURE_ENABLED:
+                    links.append(link)
+            except nv.NVMLError:
+                break  # NotSupported (no NVLink) or InvalidArgument past the last link
+        return links
 
     def _clock_reasons(self, handle: object) -> int:
         nv = self._nvml
