@@ -1,0 +1,230 @@
+"""Queues on a real local cluster with a queue file (2 agents x 4 GPUs, every service its own process).
+
+One cohort ``lab`` holds teams a and b (4 nominal GPUs each) and c (2), which sits under the org
+``research`` limited to 2 GPUs. In order, each shown through the API, `rally jobs` and `rally queues`:
+
+- an impossible job (a task of 8 GPUs; nodes have 4) is rejected at once with the core's reason;
+- the parent cap: c's second job waits on the org's limit while the cohort could lend and GPUs are free;
+- borrowing: a runs 8 GPUs on its nominal 4, the other 4 lent by b's idle quota;
+- reclaim: b asks for its nominal back; one of a's jobs is preempted ("reclaim") and b's job binds;
+- the waiting job's reason carries numbers and a place that agrees with its "jobs ahead";
+- the whole log audits clean under the same queue file: the reclaim recomputes bit for bit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rallypoint.audit import verify_decisions
+from rallypoint.cli.main import main
+from rallypoint.cli.replay import read_history
+from rallypoint.eventlog import EventLog, Recorded
+from rallypoint.events import PreemptionRequested
+from rallypoint.localcluster import LocalCluster
+from rallypoint.localcluster.http import call
+from rallypoint.scheduling import SchedulingPolicy, load_queue_config
+
+pytestmark = pytest.mark.slow
+
+TERMINAL = {"completed", "failed", "cancelled", "rejected"}
+QUEUES = {
+    "cohorts": [{"name": "lab"}],
+    "orgs": [{"name": "research", "limit": 2}],
+    "teams": [
+        {"name": "a", "cohort": "lab", "nominal": 4},
+        {"name": "b", "cohort": "lab", "nominal": 4},
+        {"name": "c", "cohort": "lab", "nominal": 2, "parent": "research"},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    work = tmp_path_factory.mktemp("queues-live")
+    queues = work / "queues.json"
+    queues.write_text(json.dumps(QUEUES))
+    with LocalCluster(work / "cluster", nodes=2, gpus_per_node=4, racks=1, queues=queues) as local:
+        saved = {k: os.environ.get(k) for k in ("RALLY_API_URL", "RALLY_TOKEN")}
+        os.environ.update(RALLY_API_URL=local.api_url, RALLY_TOKEN=local.admin_token)
+        try:
+            yield local
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+def submit(cluster: LocalCluster, team: str, name: str, gpus: int, **extra: Any) -> str:
+    body = {
+        "name": name,
+        "team": team,
+        "gpus": gpus,
+        "gpus_per_task": min(gpus, 4),
+        "command": ["sleep", "300"],
+    }
+    status, answer = call("POST", f"{cluster.api_url}/v1/jobs", body | extra)
+    assert status == 202, answer
+    return str(answer["job_id"])
+
+
+def job(cluster: LocalCluster, job_id: str) -> dict[str, Any]:
+    status, view = call("GET", f"{cluster.api_url}/v1/jobs/{job_id}")
+    assert status == 200, view
+    return dict(view)
+
+
+def wait_for(cluster: LocalCluster, job_id: str, ok: Any, what: str, timeout: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    view: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        view = job(cluster, job_id)
+        if ok(view):
+            return view
+        time.sleep(0.2)
+    raise AssertionError(f"{job_id} never {what}; last seen {view}")
+
+
+def state_is(*states: str) -> Any:
+    return lambda view: view["state"] in states
+
+
+def waits_with(code: str) -> Any:
+    return lambda view: view["state"] == "pending" and (view["pending_reason"] or {}).get("code") == code
+
+
+def queues(cluster: LocalCluster) -> dict[str, Any]:
+    status, report = call("GET", f"{cluster.api_url}/v1/queues")
+    assert status == 200, report
+    return dict(report)
+
+
+def rally(*argv: str) -> str:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(list(argv)) == 0
+    return out.getvalue()
+
+
+def line_of(table: str, job_id: str) -> str:
+    return next(line for line in table.splitlines() if line.startswith(job_id))
+
+
+def cancel_all(cluster: LocalCluster, *job_ids: str) -> None:
+    for job_id in job_ids:
+        call("DELETE", f"{cluster.api_url}/v1/jobs/{job_id}")
+    for job_id in job_ids:
+        wait_for(cluster, job_id, state_is(*TERMINAL), "ended")
+
+
+def records(cluster: LocalCluster) -> list[Recorded]:
+    async def read() -> list[Recorded]:
+        log = await EventLog.connect(cluster.nats_url, name="e2e-queues", create=False)
+        try:
+            return [rec async for rec in log.replay() if isinstance(rec, Recorded)]
+        finally:
+            await log.close()
+
+    return asyncio.run(read())
+
+
+def test_an_impossible_job_is_rejected_naming_what_cannot_be_met(cluster: LocalCluster) -> None:
+    # the API takes it (it checks sizes, not the nodes' types); the scheduler's core finds no node of the
+    # type and the job is rejected at once with that reason instead of waiting forever
+    typed = submit(cluster, "a", "typed", 4, gpu_type="B200")
+    view = wait_for(cluster, typed, state_is(*TERMINAL), "ended", timeout=30)
+    why = "can never run here: no node has GPU type B200"
+    assert (view["state"], view["reason"]) == ("rejected", why)
+    assert f"({why})" in line_of(rally("jobs", "--all"), typed)
+
+
+def test_the_org_limit_holds_a_team_that_could_borrow(cluster: LocalCluster) -> None:
+    first = submit(cluster, "c", "c-first", 2)
+    wait_for(cluster, first, state_is("running"), "ran")
+    second = submit(cluster, "c", "c-second", 2)
+    try:
+        view = wait_for(cluster, second, waits_with("QuotaExceeded"), "waited on quota")
+        reason = view["pending_reason"]
+        # 6 GPUs are free and a and b lend 8 idle nominal GPUs: only research's limit stops c
+        assert re.fullmatch(
+            r"org research uses 2 of 2 \S+ GPUs; needs 2 more; 0 jobs ahead", reason["message"]
+        )
+        assert (reason["jobs_ahead"], view["queue_position"]) == (0, 1)
+        line = line_of(rally("jobs"), second)
+        assert f"(QuotaExceeded, #1: {reason['message']})" in line
+        report = queues(cluster)
+        (research,) = report["orgs"]
+        assert (research["org"], research["limit"], research["teams"]) == ("research", 2, ["c"])
+        assert (research["used"], research["pending_gpus"]) == (2, 2)
+        assert report["free_gpus"] == 6
+        assert "research" in rally("queues")
+    finally:
+        cancel_all(cluster, first, second)
+
+
+def test_borrowing_then_reclaim(cluster: LocalCluster) -> None:
+    a_jobs = [submit(cluster, "a", f"a-{i}", 4, priority="best-effort") for i in range(2)]
+    b_job = ""
+    try:
+        for a_job in a_jobs:
+            wait_for(cluster, a_job, state_is("running"), "ran")
+        teams = {t["team"]: t for t in queues(cluster)["teams"]}
+        # borrowing: a holds the whole cluster on a nominal of 4, b's idle 4 lent to it
+        assert (teams["a"]["nominal"], teams["a"]["used"], teams["a"]["borrowed"]) == (4, 8, 4)
+        assert (teams["b"]["used"], teams["b"]["borrowed"]) == (0, 0)
+        table = rally("queues")
+        assert re.search(r"^a\s+lab\s+4\s+4\s+8\s", table, re.MULTILINE), table
+
+        # reclaim: b asks for its nominal; one of a's borrowing jobs is preempted for it
+        b_job = submit(cluster, "b", "b-0", 4, priority="best-effort")
+        wait_for(cluster, b_job, state_is("running"), "ran after the reclaim", timeout=90)
+        preempted = [j for j in a_jobs if job(cluster, j)["preemptions"] == 1]
+        assert len(preempted) == 1, [job(cluster, j) for j in a_jobs]
+        requests = [
+            r.event
+            for r in records(cluster)
+            if isinstance(r.event, PreemptionRequested) and r.event.job_id == preempted[0]
+        ]
+        assert [(e.reason, e.for_job) for e in requests] == [("reclaim", b_job)]
+        teams = {t["team"]: t for t in queues(cluster)["teams"]}
+        assert (teams["a"]["used"], teams["a"]["borrowed"], teams["b"]["used"]) == (4, 0, 4)
+
+        # the victim waits again: the cohort has only c's idle 2 GPUs to lend; its place agrees
+        view = wait_for(cluster, preempted[0], waits_with("QuotaExceeded"), "waited on quota again")
+        reason = view["pending_reason"]
+        assert reason["message"].startswith("queue a uses 4 of 4 nominal")
+        assert "cohort can lend 2" in reason["message"]
+        ahead = re.search(r"; (\d+) jobs? ahead$", reason["message"])
+        assert ahead is not None and int(ahead.group(1)) == reason["jobs_ahead"]
+        assert view["queue_position"] == reason["jobs_ahead"] + 1
+        line = line_of(rally("jobs"), preempted[0])
+        assert f"(QuotaExceeded, #{view['queue_position']}: {reason['message']})" in line
+    finally:
+        cancel_all(cluster, *a_jobs, *([b_job] if b_job else []))
+
+
+def test_the_log_audits_clean_under_the_queue_file(cluster: LocalCluster, tmp_path: Path) -> None:
+    config = tmp_path / "queues.json"
+    config.write_text(json.dumps(QUEUES))
+    queues_, classes = load_queue_config(config)
+    policy = SchedulingPolicy("rallypoint", queues=queues_, priority_classes=classes)
+    report = verify_decisions(asyncio.run(read_history(cluster.nats_url, None)), policy)
+    assert report.ok, report
+    assert report.verified == report.decisions > 0
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
