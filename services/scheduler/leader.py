@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from rallypoint.eventlog import EventLog
-from rallypoint.events import subjects
+from rallypoint.events import JobRejected, subjects
 from rallypoint.observability import observe_writes
 from rallypoint.observability.instruments import SCHEDULER_CYCLE_SECONDS, SCHEDULER_CYCLES
 from rallypoint.runtime.fencing import FencedWriter
@@ -63,6 +63,9 @@ class SchedulerLoop:
             clock=clock,
         )
         self.cycles = 0
+        # What the fold touched since the model was last synced: each sync applies only that. Taken right
+        # before a sync, never without one, so no change is lost between two syncs.
+        self._changes = follower.changes()
 
     @property
     def state(self) -> ClusterState:
@@ -90,23 +93,29 @@ class SchedulerLoop:
     async def _cycle(self) -> int:
         """One scheduling cycle; returns the number of events it appended.
 
-        Two fenced writes at most, each a few atomic batches: first the repairs and admissions, which the
-        decisions must see folded (a repaired gang holds GPUs, a rejected job waits for nothing), then the
-        decisions, all computed on one fold and written in the order ``decision_writes`` gives. The fold is
-        awaited once before each computation, never between the writes of one step."""
+        Usually one fenced write of a few atomic batches: the decisions, all computed on one fold at one
+        ``now`` and written in the order ``decision_writes`` gives, then the admissions (``JobQueued``) of
+        the jobs that fold saw first. A queue assignment changes nothing the core reads, so it rides after
+        the decisions instead of costing a round trip and a fold wait before them, and the binds reach the
+        log first. Repairs and rejections are written first, in a write of their own, and folded before
+        the decisions are computed: a repaired gang holds GPUs, a rejected job waits for nothing. The fold
+        is awaited once before each computation, never between the writes of one step."""
         await self.follower.wait_for(self.writer.fence)
         state = self.state
         now = self.clock()
-        first = [*self._repairs(state, now), *admission_writes(state, at=now)]
-        if first:
+        admissions = admission_writes(state, at=now)
+        first = self._repairs(state, now)
+        if first or any(isinstance(w.event, JobRejected) for w in admissions):
+            first, admissions = [*first, *admissions], []
             await self.follower.wait_for(await self.writer.append_many(first))
             observe_writes((w.event for w in first), state, now, self.follower.traces)
         if not state.pending_jobs():
             return len(first)
-        decisions = self.policy.decide_live(state, now)
-        writes = decision_writes(
-            decisions, state, epoch=self.epoch, policy_version=self.policy.version, at=now
-        )
+        decisions = self.policy.decide_live(state, now, changed=self._changes.take())
+        writes = [
+            *decision_writes(decisions, state, epoch=self.epoch, policy_version=self.policy.version, at=now),
+            *admissions,
+        ]
         await self.writer.append_many(writes)
         observe_writes((w.event for w in writes), state, now, self.follower.traces)
         self.cycles += 1
@@ -116,7 +125,7 @@ class SchedulerLoop:
         """Interrupted gangs first: they hold GPUs already, and their replacement must not go to new work."""
         if not state.repairing_jobs():
             return []
-        model = self.policy.model_sync.sync(state)
+        model = self.policy.model_sync.sync(state, self._changes.take())
         return repair_writes(
             state,
             model,

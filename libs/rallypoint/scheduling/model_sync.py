@@ -6,19 +6,27 @@ owns one model and applies only the difference since its last sync. The core's d
 the order of binds, so a synced model decides exactly as a fresh one on the same state; the tests check
 that byte for byte.
 
-Changes are found by value: each view is reduced to the tuple of the fields ``node_of`` / ``running_of`` /
-``pending_of`` read; unchanged fields are the very same objects from one cycle to the next, so comparing
-two such tuples is a few pointer checks. The fold mutates a job's view in place (its identity says
-nothing), so every active job is compared each sync. A node's view is replaced when it (re-)registers and
-only its status changes in place, so a node is compared only when its view or status is new. A state
-decoded from a snapshot (all-new objects) is diffed the same way, and costs one full comparison.
+Two ways to find the difference:
+
+- **What the fold touched** (the live scheduler): ``sync(state, changed)`` with the job and node ids that
+  the events applied since the last sync touched (``ClusterState.apply`` returns them; the follower's
+  change feed collects them). Only those views are looked at: a cycle costs what changed, not the size of
+  the cluster. It is used only when ``state`` is the very object synced last time; anything else (another
+  state, ``changed.everything``, no ``changed``, a sync that raised) falls back to the full comparison.
+- **By value** (everything else): each view is reduced to the tuple of the fields ``node_of`` /
+  ``running_of`` / ``pending_of`` read; unchanged fields are the very same objects from one cycle to the
+  next, so comparing two such tuples is a few pointer checks. The fold mutates a job's view in place (its
+  identity says nothing), so every active job is compared. A node's view is replaced when it
+  (re-)registers and only its status and health change in place, so a node is compared only when its view,
+  status or health is new. A state decoded from a snapshot (all-new objects) costs one full comparison.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence, Set
 from itertools import compress, count
 from operator import and_, attrgetter, eq, is_, not_
+from typing import Protocol
 
 import msgspec
 
@@ -36,7 +44,7 @@ from rallypoint.state import ACTIVE, ClusterState, JobView, NodeView
 
 from .bridge import node_of, pending_of, running_of
 
-__all__ = ["NODE_FIELDS", "PENDING_FIELDS", "RUNNING_FIELDS", "ModelSync", "SyncCounts"]
+__all__ = ["NODE_FIELDS", "PENDING_FIELDS", "RUNNING_FIELDS", "Changed", "ModelSync", "SyncCounts"]
 
 # Every field of the view that the bridge's conversion reads (tests/unit/test_model_sync.py fails if
 # bridge.py starts reading one more without it being added here).
@@ -48,19 +56,36 @@ RUNNING_FIELDS = (
 PENDING_FIELDS = (
     "job_id", "spec", "submitted_at", "submitted_seq", "last_preempted_at", "run_s", "attained_gpu_s",
 )  # fmt: skip
+# The node fields of NODE_FIELDS the fold changes in place (the others come only with a new view).
+NODE_MUTABLE = ("status", "health")
 
 _node_sig = attrgetter(*NODE_FIELDS)
 _running_sig = attrgetter(*RUNNING_FIELDS)
 _pending_sig = attrgetter(*PENDING_FIELDS)
-_status = attrgetter("status")
+_mutable = attrgetter(*NODE_MUTABLE)
 
 Sig = tuple[object, ...]
+
+
+class Changed(Protocol):
+    """The ids the fold's events touched since the last sync (``runtime.Changes`` is one).
+    ``everything``: they say nothing (the state was replaced), compare all."""
+
+    @property
+    def jobs(self) -> Set[str]: ...
+
+    @property
+    def nodes(self) -> Set[str]: ...
+
+    @property
+    def everything(self) -> bool: ...
 
 
 class SyncCounts(msgspec.Struct, kw_only=True):
     """What the syncs so far did to the model (for tests and logs)."""
 
     syncs: int = 0
+    incremental: int = 0  # syncs that looked only at what the fold touched
     rebuilds: int = 0
     nodes_added: int = 0
     nodes_changed: int = 0
@@ -83,6 +108,22 @@ def _same_footprint(old: RunningJob, new: RunningJob) -> bool:
     )
 
 
+class _NodeList(msgspec.Struct):
+    """``state.nodes`` at a full sync, in its order: ids, views and their in-place fields. The fold
+    replaces a node's view when it (re-)registers and changes only its status and health (and
+    allocation) in place, so the same views with the same values mean no node changed: checked in C,
+    no Python loop over 12,500 nodes."""
+
+    ids: list[str]
+    views: list[NodeView]
+    mutable: list[tuple[object, ...]]
+
+    @classmethod
+    def of(cls, state: ClusterState) -> _NodeList:
+        views = list(state.nodes.values())
+        return cls(list(state.nodes), views, list(map(_mutable, views)))
+
+
 class ModelSync:
     """Owns one ``ClusterModel`` and brings it up to date with whatever ``ClusterState`` it is given.
 
@@ -94,33 +135,37 @@ class ModelSync:
     def __init__(self) -> None:
         self.counts = SyncCounts()
         self._model = ClusterModel()
-        # state.nodes at the last sync, in its order: ids, views and their status. The fold replaces a node's
-        # view when it (re-)registers and changes only its status (and allocation) in place, so the same
-        # views with the same status mean no node changed: checked in C, no Python loop over 12,500 nodes
-        self._node_ids: list[str] = []
-        self._node_views: list[NodeView] = []
-        self._node_status: list[str] = []
         self._node_sigs: dict[str, Sig] = {}
+        self._node_list: _NodeList | None = None  # None: unknown (start, or after incremental syncs)
         self._running: dict[str, tuple[Sig, RunningJob]] = {}
         self._pending: dict[str, tuple[Sig, PendingJob]] = {}
-        self._dirty = True  # the model does not match the caches (start, or a sync that raised)
+        self._synced: ClusterState | None = None  # the state the model matches (None: start, or raised)
 
     @property
     def model(self) -> ClusterModel:
         return self._model
 
-    def sync(self, state: ClusterState) -> ClusterModel:
-        """Apply to the model the nodes and running jobs that changed since the last sync."""
+    def sync(self, state: ClusterState, changed: Changed | None = None) -> ClusterModel:
+        """Apply to the model the nodes and running jobs that changed since the last sync.
+
+        ``changed``: every job and node id the fold touched in ``state`` since the last sync (more is
+        harmless, less is wrong); None to compare everything."""
         self.counts.syncs += 1
-        try:
-            if self._dirty or not self._sync_nodes(state):
-                self._rebuild(state)
-            self._sync_running(state)
-        except BaseException:
-            # a diff applied halfway leaves model and caches disagreeing: start over next time
-            self._dirty = True
-            raise
-        self._dirty = False
+        usable = changed is not None and not changed.everything and state is self._synced
+        touched = changed if usable else None
+        synced, self._synced = self._synced, None  # a sync applied halfway: start over next time
+        if touched is not None:
+            self.counts.incremental += 1
+            kept = self._sync_touched_nodes(state, touched.nodes)
+        else:
+            kept = synced is not None and self._sync_nodes(state)
+        if not kept:
+            self._rebuild(state)  # and so every running job is bound again
+        if touched is not None and kept:
+            self._sync_jobs(self._touched_jobs(state, sorted(touched.jobs)))
+        else:
+            self._sync_jobs(self._all_jobs(state))
+        self._synced = state
         return self._model
 
     def snapshot(
@@ -130,9 +175,10 @@ class ModelSync:
         *,
         queues: Sequence[Queue] = (),
         priority_classes: Sequence[PriorityClass] = DEFAULT_PRIORITY_CLASSES,
+        changed: Changed | None = None,
     ) -> Snapshot:
         """The snapshot ``build_snapshot`` would give for ``state``, on the synced model."""
-        model = self.sync(state)
+        model = self.sync(state, changed)
         return Snapshot(
             now=now,
             cluster=model,
@@ -146,43 +192,54 @@ class ModelSync:
     def _rebuild(self, state: ClusterState) -> None:
         self.counts.rebuilds += 1
         self._model = ClusterModel(node_of(state.nodes[k]) for k in sorted(state.nodes))
-        self._node_ids = list(state.nodes)
-        self._node_views = list(state.nodes.values())
-        self._node_status = list(map(_status, self._node_views))
+        self._node_list = _NodeList.of(state)
         self._node_sigs = {nid: _node_sig(v) for nid, v in state.nodes.items()}
         self._running = {}
 
     def _sync_nodes(self, state: ClusterState) -> bool:
-        """Bring the nodes up to date; False when only a rebuild can (a node gone or reshaped)."""
-        ids = list(state.nodes)
-        views = list(state.nodes.values())
-        status = list(map(_status, views))
-        before = self._node_sigs
-        if ids == self._node_ids:
-            # positions whose view was replaced or whose status changed, found without a Python-level loop
-            fresh = map(and_, map(is_, views, self._node_views), map(eq, status, self._node_status))
-            stale = [(ids[i], views[i]) for i in compress(count(), map(not_, fresh))]
-            if not stale:
-                return True
+        """Bring every node up to date; False when only a rebuild can (a node gone or reshaped)."""
+        now = _NodeList.of(state)
+        before = self._node_list
+        if before is not None and now.ids == before.ids:
+            # positions whose view was replaced or changed in place, found without a Python-level loop
+            fresh = map(and_, map(is_, now.views, before.views), map(eq, now.mutable, before.mutable))
+            stale = [(now.ids[i], now.views[i]) for i in compress(count(), map(not_, fresh))]
         else:
-            if len(before.keys() & state.nodes.keys()) != len(before):
+            if len(self._node_sigs.keys() & state.nodes.keys()) != len(self._node_sigs):
                 return False  # the fold never forgets a node; a different state might
-            known = dict(zip(self._node_ids, self._node_views, strict=True))
-            old_status = dict(zip(self._node_ids, self._node_status, strict=True))
+            pairs = zip(before.views, before.mutable, strict=True) if before else ()
+            known = dict(zip(before.ids, pairs, strict=True)) if before else {}
             stale = [
                 (nid, v)
-                for nid, v, st in zip(ids, views, status, strict=True)
-                if known.get(nid) is not v or old_status[nid] != st
+                for nid, v, mut in zip(now.ids, now.views, now.mutable, strict=True)
+                if (seen := known.get(nid)) is None or seen[0] is not v or seen[1] != mut
             ]
+        if not self._apply_nodes(stale):
+            return False
+        self._node_list = now
+        return True
+
+    def _sync_touched_nodes(self, state: ClusterState, node_ids: Set[str]) -> bool:
+        """Bring the touched nodes up to date; False when only a rebuild can (a node reshaped)."""
+        stale = [(nid, view) for nid in sorted(node_ids) if (view := state.nodes.get(nid)) is not None]
+        if not stale:
+            return True
+        self._node_list = None  # its views and values may be stale now; the next full sync compares all
+        return self._apply_nodes(stale)
+
+    def _apply_nodes(self, stale: list[tuple[str, NodeView]]) -> bool:
+        """Apply nodes whose view may have changed: new ones added, drains and recoveries patched in
+        place; False (nothing applied) for a change only a rebuild can (a node reshaped)."""
         model = self._model
-        sigs = dict(before)
+        before = self._node_sigs
+        sigs: dict[str, Sig] = {}
         added: list[Node] = []
         drains: list[tuple[str, bool]] = []
         for nid, view in stale:
             sig = sigs[nid] = _node_sig(view)
             old = before.get(nid)
             if old == sig:
-                continue  # e.g. an agent restart: a new view with the same inventory
+                continue  # e.g. an agent restart: a new view with the same inventory; or a bind on it
             node = node_of(view)
             if old is None:
                 added.append(node)
@@ -198,46 +255,60 @@ class ModelSync:
             model.add_node(node)
         for nid, flag in drains:
             model.set_schedulable(nid, flag)
+        before.update(sigs)
         self.counts.nodes_added += len(added)
         self.counts.nodes_changed += len(drains)
-        self._node_ids = ids
-        self._node_views = views
-        self._node_status = status
-        self._node_sigs = sigs
         return True
 
     # --- jobs ------------------------------------------------------------------------------------
 
-    def _sync_running(self, state: ClusterState) -> None:
+    def _all_jobs(self, state: ClusterState) -> tuple[list[tuple[JobView, Sig]], list[str]]:
+        """Every active job with its signature, and the applied jobs no longer active."""
         applied = self._running
-        jobs = state.jobs
-        fresh: list[tuple[JobView, Sig]] = []
-        changed: list[tuple[JobView, Sig]] = []
+        active: list[tuple[JobView, Sig]] = []
         seen = 0
-        for job in jobs.values():
-            if job.state not in ACTIVE:
-                continue
-            sig = _running_sig(job)
-            prev = applied.get(job.job_id)
-            if prev is None:
-                fresh.append((job, sig))
-            else:
-                seen += 1
-                if prev[0] != sig:
-                    changed.append((job, sig))
+        for job in state.jobs.values():
+            if job.state in ACTIVE:
+                active.append((job, _running_sig(job)))
+                seen += job.job_id in applied
         gone: list[str] = []
         if seen != len(applied):
             for jid in applied:
-                view = jobs.get(jid)
+                view = state.jobs.get(jid)
                 if view is None or view.state not in ACTIVE:
                     gone.append(jid)
+        return active, gone
 
-        model = self._model
+    def _touched_jobs(
+        self, state: ClusterState, job_ids: Iterable[str]
+    ) -> tuple[list[tuple[JobView, Sig]], list[str]]:
+        """The touched jobs that are active, with their signatures, and the applied ones no longer."""
+        active: list[tuple[JobView, Sig]] = []
+        gone: list[str] = []
+        for jid in job_ids:
+            job = state.jobs.get(jid)
+            if job is not None and job.state in ACTIVE:
+                active.append((job, _running_sig(job)))
+            elif jid in self._running:
+                gone.append(jid)
+        return active, gone
+
+    def _sync_jobs(self, found: tuple[list[tuple[JobView, Sig]], list[str]]) -> None:
+        """Apply ``found`` (active jobs that may have changed, applied jobs that are gone) to the model."""
+        active, gone = found
+        applied = self._running
+        fresh: list[tuple[JobView, Sig]] = []
         rebind: list[tuple[Sig, RunningJob]] = []
         updates: list[tuple[Sig, RunningJob]] = []
-        for job, sig in changed:
+        for job, sig in active:
+            prev = applied.get(job.job_id)
+            if prev is None:
+                fresh.append((job, sig))
+                continue
+            if prev[0] == sig:
+                continue
             new = running_of(job)
-            old = applied[job.job_id][1]
+            old = prev[1]
             if new == old:
                 applied[job.job_id] = (sig, old)
             elif _same_footprint(old, new):
@@ -245,6 +316,7 @@ class ModelSync:
             else:
                 gone.append(job.job_id)
                 rebind.append((sig, new))
+        model = self._model
         # every unbind before any bind: a gang may now hold GPUs another one released this cycle
         for jid in gone:
             model.unbind(jid)

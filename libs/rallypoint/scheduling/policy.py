@@ -13,7 +13,7 @@ from rallypoint.core.types import DEFAULT_PRIORITY_CLASSES, Decisions, PriorityC
 from rallypoint.state import ClusterState
 
 from .bridge import build_snapshot
-from .model_sync import ModelSync
+from .model_sync import Changed, ModelSync
 
 
 class SchedulingPolicy:
@@ -47,10 +47,11 @@ class SchedulingPolicy:
         snapshot = build_snapshot(state, now, queues=self.queues, priority_classes=self.priority_classes)
         return schedule(snapshot, self.policy)
 
-    def decide_live(self, state: ClusterState, now: float) -> Decisions:
+    def decide_live(self, state: ClusterState, now: float, *, changed: Changed | None = None) -> Decisions:
         """The same decisions as ``decide``, on a model kept in step with ``state`` across calls: for the
-        services, which decide on one growing fold every cycle and cannot afford a rebuild each time."""
+        services, which decide on one growing fold every cycle and cannot afford a rebuild each time.
+        ``changed``: the ids the fold touched since the last sync (``ModelSync.sync``), when known."""
         snapshot = self.model_sync.snapshot(
-            state, now, queues=self.queues, priority_classes=self.priority_classes
+            state, now, queues=self.queues, priority_classes=self.priority_classes, changed=changed
         )
         return schedule(snapshot, self.policy)
