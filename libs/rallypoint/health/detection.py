@@ -2,7 +2,7 @@
 
 The shape of ``control/reconcile.py``: the caller passes the previous verdict per node (later: folded from
 the log), the samples it holds for the recent past and ``now``; nothing here keeps a clock, a file or a
-socket. Not wired into the health monitor yet (``liveness.py`` still drains on a single sample).
+socket. The health monitor calls it through ``judge.HealthJudge``.
 
 States, worst last: ``healthy`` -> ``suspect`` (watch, act on nothing) -> ``degraded`` (a soft fault: cordon,
 replace) -> ``failed`` (a hard fault: drain, wait for an operator).
