@@ -186,7 +186,7 @@ def _team_families(state: ClusterState, now: float, queues: Sequence[Queue]) -> 
         _counter("rally_job_preemptions", "Preempted attempts per team and (latest) preemption reason.",
                  sorted(preemptions.items()), ["team", "reason"]),
     ]  # fmt: skip
-    families.append(_quota(queues))
+    families.extend(_quota(queues, usage))
     return families
 
 
@@ -199,16 +199,46 @@ def _counter(
     return family
 
 
-def _quota(queues: Sequence[Queue]) -> Metric:
-    family = GaugeMetricFamily(
+def _quota(queues: Sequence[Queue], usage: Counter[str]) -> list[Metric]:
+    """Per team: nominal and borrowed GPUs (held above nominal); per org (a queue other queues name as
+    parent): its limit and what every team below it holds."""
+    nominal = GaugeMetricFamily(
         "rally_team_nominal_quota_gpus",
         "Guaranteed GPUs per team and GPU type, from the queue configuration (Kueue nominal_quota).",
         labels=["team", "gpu_type"],
     )
+    borrowed = GaugeMetricFamily(
+        "rally_team_gpus_borrowed",
+        "GPUs a team holds above its nominal quota, lent by idle quota of its cohort.",
+        labels=["team"],
+    )
+    org_limit = GaugeMetricFamily(
+        "rally_org_gpus_limit", "The most GPUs the teams below an org may hold together.", labels=["org"]
+    )
+    org_used = GaugeMetricFamily(
+        "rally_org_gpus_allocated", "GPUs held by the teams below an org, at any depth.", labels=["org"]
+    )
+    parent_of = {q.name: q.parent for q in queues}
+    orgs = {q.parent for q in queues if q.parent is not None}
+    below: Counter[str] = Counter()
     for queue in queues:
+        if queue.name in orgs:
+            continue
         for quota in queue.quotas:
-            family.add_metric([queue.name, quota.gpu_type], quota.nominal)
-    return family
+            nominal.add_metric([queue.name, quota.gpu_type], quota.nominal)
+        guaranteed = sum(quota.nominal for quota in queue.quotas)
+        borrowed.add_metric([queue.name], max(0, usage[queue.name] - guaranteed))
+        parent, seen = queue.parent, set()
+        while parent is not None and parent not in seen:
+            seen.add(parent)
+            below[parent] += usage[queue.name]
+            parent = parent_of.get(parent)
+    for queue in queues:
+        if queue.name in orgs:
+            for quota in queue.quotas:
+                org_limit.add_metric([queue.name], quota.nominal + (quota.borrowing_limit or 0))
+            org_used.add_metric([queue.name], below[queue.name])
+    return [nominal, borrowed, org_limit, org_used]
 
 
 def _checkpoint_saves(jobs: Iterable[JobView]) -> Metric:
