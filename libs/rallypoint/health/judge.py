@@ -77,6 +77,16 @@ def health_event(t: Transition) -> NodeHealthChanged:
     )
 
 
+def _shortest_window_s(policy: DetectionPolicy) -> float:
+    return min(
+        policy.throttle_suspect_window_s,
+        policy.nic_slow_window_s,
+        policy.ecc_window_s,
+        policy.nvlink_window_s,
+        policy.nic_window_s,
+    )
+
+
 class HealthJudge:
     def __init__(
         self,
@@ -87,11 +97,12 @@ class HealthJudge:
         nic_speed_gbps: Mapping[str, float] | None = None,
     ) -> None:
         self.policy = policy
-        self.signals = SignalWindows(policy, keep_every_s=keep_every_s)
+        # at least ten samples in the shortest window, so its share and cover rules mean something
+        self.signals = SignalWindows(policy, keep_every_s=min(keep_every_s, _shortest_window_s(policy) / 10))
         straggler_window = policy.stragglers.window_s
         # enough reports for a median over the window, few enough to hold 100k ranks
         self.steps = StepWindows(straggler_window, step_every_s=max(1.0, straggler_window / 30))
-        self.scan_every_s = scan_every_s
+        self.scan_every_s = min(scan_every_s, straggler_window / 3)
         self.configured_nic_speed = dict(nic_speed_gbps or {})
         self._nic_speed: dict[tuple[str, str], float] = {}
         self._verdicts: dict[str, NodeHealth] = {}
