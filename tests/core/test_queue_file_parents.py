@@ -128,8 +128,39 @@ def test_below_every_limit_a_team_borrows_idle_cohort_quota() -> None:
 
 
 def test_an_org_is_not_a_cohort_member_lending_its_limit() -> None:
-    # infra (16 nominal) may borrow only the teams' idle nominal (nlp 8 + speech 8 + vision 8 = 24), never
-    # the orgs' limits on top: 16 + 24 = 40 GPUs is its ceiling, so 48 waits on the cohort
-    out = _decide([], [pending("i1", 48, team="infra", submit=1.0)])
-    code, message = out["i1"]
-    assert code == "QuotaExceeded" and "cohort can lend 24" in message
+    # infra (16 nominal, holding 24) may borrow only the teams' idle nominal (nlp 8 + speech 8 + vision 8 =
+    # 24), never the orgs' limits on top
+    held = [running("i0", {"s0r0n0": ALL, "s0r0n1": ALL, "s0r0n2": ALL}, team="infra")]
+    out = _decide(held, [pending("i1", 24, team="infra", submit=1.0)])
+    assert out["i1"] == (
+        "QuotaExceeded",
+        "queue infra uses 24 of 16 nominal h100 GPUs; needs 24; cohort can lend 24; 0 jobs ahead",
+    )
+
+
+def test_a_job_larger_than_an_org_limit_is_told_it_never_fits() -> None:
+    # nlp could borrow up to 8 + 32 idle nominal, but language holds at most 16: 24 GPUs never fit. It waits
+    # (as Kueue's inadmissible workloads do: the queue file may change), and its reason says so
+    out = _decide([], [pending("n1", 24, team="nlp")])
+    assert out["n1"] == (
+        "QuotaExceeded",
+        "org language uses 0 of 16 h100 GPUs; needs 24 more; never fits its quota: queue nlp holds at most "
+        "16 h100 GPUs (org language's limit); 0 jobs ahead",
+    )
+
+
+def test_a_job_larger_than_nominal_plus_all_lendable_quota_is_told_it_never_fits() -> None:
+    # infra: nominal 16 + the teams' 24 idle nominal = 40 at most, on a cluster of 48 GPUs
+    out = _decide([], [pending("i1", 48, team="infra")])
+    assert out["i1"] == (
+        "QuotaExceeded",
+        "queue infra uses 0 of 16 nominal h100 GPUs; needs 48; cohort can lend 24; never fits its quota: "
+        "queue infra holds at most 40 h100 GPUs (nominal 16 + 24 its cohort could lend); 0 jobs ahead",
+    )
+
+
+def test_a_job_within_its_ceiling_is_not_told_it_never_fits() -> None:
+    held = [running("v1", {"s0r0n0": ALL, "s0r0n1": ALL}, team="vision")]
+    # 16 for nlp fits language's 16 but not research's 24 while vision holds 16: it waits for vision
+    out = _decide(held, [pending("n2", 16, team="nlp", submit=1.0)])
+    assert out["n2"] == ("QuotaExceeded", "org research uses 16 of 24 h100 GPUs; needs 16 more; 0 jobs ahead")

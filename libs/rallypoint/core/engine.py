@@ -170,6 +170,23 @@ def _try_place(job: PendingJob, size: int, gpu_type: str | None, ctx: Ctx) -> Pl
     return plan
 
 
+def _quota_ceiling_note(job: PendingJob, size: int, types: list[str], ctx: Ctx) -> str:
+    """When the job's queue could never hold ``size`` GPUs of any of its types, even with every other queue
+    idle (``QuotaBook.ceiling``), say so: the job waits (as Kueue's inadmissible workloads and Slurm's
+    QOS-limited jobs do: the queue file may be raised) but its reason tells that nothing else will free it.
+    Empty otherwise. Asked only for a job its quota refuses now."""
+    first: tuple[str, int, str] | None = None
+    for t in types:
+        ceiling = ctx.quota.ceiling(job.queue_name, t)
+        if ceiling is None or ceiling[0] >= size:
+            return ""
+        first = first or (t, *ceiling)
+    if first is None:
+        return ""
+    t, most, what = first
+    return f"; never fits its quota: queue {job.queue_name} holds at most {most} {t} GPUs ({what})"
+
+
 def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | None:
     """Try to bind ``job``. None when bound, else the status explaining why not."""
     for f in policy.filters:
@@ -211,7 +228,7 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
         )
     if quota_refused:
         assert quota_msg is not None
-        qst = Status("QuotaExceeded", quota_msg)
+        qst = Status("QuotaExceeded", quota_msg + _quota_ceiling_note(job, size, types, ctx))
         if getattr(policy.preemptor, "quota_aware", False) and job.id not in ctx.stopping:
             # a quota-aware preemptor may make room in the queue's quota too (its own queue's lower-ranked
             # jobs, other queues' lower-ranked borrowers); the plan is checked against the quota

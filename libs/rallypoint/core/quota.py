@@ -31,6 +31,7 @@ class QuotaBook:
         self._cohort_sums: dict[tuple[str, str], tuple[int, int, int, dict[str, tuple[int, int]]]] = {}
         self._statics: dict[tuple[str, str], tuple[Queue, int, int | None, Ancestors] | None] = {}
         self._members: dict[tuple[str, str], list[tuple[str, tuple[str, str], int, int | None]]] = {}
+        self._ceilings: dict[tuple[str, str], tuple[int, str] | None] = {}
         # parent -> every queue below it, at any depth (an org's total is the sum of their usage)
         self.children: dict[str, list[str]] = {}
         self.cohorts: dict[str, list[str]] = {}
@@ -145,6 +146,31 @@ class QuotaBook:
             if total + gpus > cap:
                 return f"org {parent} uses {total} of {cap} {gpu_type} GPUs; needs {gpus} more"
         return None
+
+    def ceiling(self, queue: str, gpu_type: str) -> tuple[int, str] | None:
+        """The most GPUs of ``gpu_type`` ``queue`` could ever hold, whatever the other queues do, and what
+        sets it (None: unlimited): its nominal plus all the idle quota its cohort could lend (up to its
+        borrowing limit), capped by each ancestor's limit. A job larger than that can never be admitted."""
+        key = (queue, gpu_type)
+        if key in self._ceilings:
+            return self._ceilings[key]
+        st = self._static(queue, gpu_type)
+        found: tuple[int, str] | None = None
+        if st is not None:
+            q, nominal, limit, caps = st
+            lendable = 0
+            c = self.cohort_of(q)
+            for name in self.cohorts.get(c, ()) if c is not None else ():
+                qt = self.quota(name, gpu_type)
+                if name != queue and qt is not None:
+                    lendable += qt.nominal if qt.lending_limit is None else min(qt.nominal, qt.lending_limit)
+            borrow = lendable if limit is None else min(limit, lendable)
+            found = (nominal + borrow, f"nominal {nominal} + {borrow} its cohort could lend")
+            for parent, cap in caps:
+                if cap < found[0]:
+                    found = (cap, f"org {parent}'s limit")
+        self._ceilings[key] = found
+        return found
 
     def org_usage(self, ws: Workspace, parent: str, gpu_type: str) -> int:
         """GPUs of ``gpu_type`` used by every queue below ``parent`` (memoized per usage version)."""
