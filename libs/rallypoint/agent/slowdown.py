@@ -33,9 +33,11 @@ _log = logging.getLogger(__name__)
 #: (process group id, the leader's kernel start time or None when unknown)
 Group = tuple[int, int | None]
 
-#: Short enough that a training step (typically 0.1 s to seconds) sees the average rate, not long pauses;
-#: long enough that five signals a period per rank cost nothing.
-DEFAULT_PERIOD_S = 0.2
+#: Short enough that a training step (tens of ms to seconds) sees the average rate, not a few long
+#: pauses it may slip between (a step shorter than the run phase would often not be slowed at all, and its
+#: median step time would hide the straggler); long enough that the signals cost little (two per group
+#: and period: 40/s per rank).
+DEFAULT_PERIOD_S = 0.05
 
 
 class DutyCycler:
@@ -72,6 +74,7 @@ class DutyCycler:
 
     def start(self) -> None:
         if self._thread is None:
+            self._closed.clear()  # an agent object may be started again after close()
             self._thread = threading.Thread(target=self._run, name="rank-slowdown", daemon=True)
             self._thread.start()
 
