@@ -38,6 +38,7 @@ import msgspec
 from rallypoint.core import types as ct
 from rallypoint.core.cluster import ClusterModel
 from rallypoint.scheduling.config import core_queues
+from rallypoint.scheduling.pending import NEVER_FITS
 from rallypoint.scheduling.queues import Queues
 
 from .cluster import Cluster
@@ -677,9 +678,9 @@ class Simulator:
             self._dequeue(sj)
             self._start(sj, now, b.gpus, b.placements)
         # A gang the core says can never fit this cluster is rejected, as the scheduler service does
-        # (JobRejected); left in the queue it would block a strict-order policy forever.
+        # (JobRejected, on the same codes); left in the queue it would block a strict-order policy forever.
         for pr in d.pending:
-            if pr.code in ("GangTooLarge", "Invalid") and pr.job_id in self.pending:
+            if pr.code in NEVER_FITS and pr.job_id in self.pending:
                 sj = self.pending[pr.job_id]
                 self._dequeue(sj)
                 self.rejected.append(pr.job_id)
