@@ -198,3 +198,30 @@ def test_a_replacement_can_pay_its_own_restart_overhead() -> None:
     res = run([GANG], FOUR, failslow=fs)
     assert res.records[0].end == pytest.approx(1225)
     assert res.summary["failslow"]["restart_gpu_hours"] == pytest.approx((25 + 50) * 24 / 3600)
+
+
+def test_the_eval_section_compares_the_four_runs_on_the_same_jobs() -> None:
+    import io
+
+    from rallypoint.sim.failslow_eval import VARIANTS, render_section, straggler_run
+    from rallypoint.sim.synth import synth_cluster
+    from rallypoint.traces.convert import Converted
+
+    jobs, queues = synth_day(150, 64, teams=4, load=1.1, span=6 * 3600.0, seed=3)
+    conv = Converted(jobs=jobs, cluster=synth_cluster(64, nodes_per_rack=4), queues=queues)
+    # a high rate, so that replacements happen on this small input
+    rows = straggler_run(conv, EpisodeModel(mean_gap_s=3 * 3600), io.StringIO(), "synth")
+    assert list(rows) == list(VARIANTS)
+    plain = Simulator(
+        jobs, conv.cluster, "rallypoint", queues, SimOptions(), policy_obj=resolve_policy("rallypoint")
+    )
+    assert rows[VARIANTS[0]]["jct"] == plain.run().summary["jct"]  # the baseline is the plain simulator
+    slowed = rows[VARIANTS[1]]
+    assert slowed["slow_gpu_hours"] > 0 and slowed["replacements"] == 0
+    assert rows[VARIANTS[3]]["replacements"] > 0 and rows[VARIANTS[3]]["restart_gpu_hours"] > 0
+    assert {r["hit_jobs"] for r in rows.values()} == {slowed["jobs_slowed"]}  # one cohort for every row
+    info = {"jobs": len(jobs), "gpus": 64, "offered_load": 1.1}
+    text = "\n".join(render_section([{"tag": "synth", "gap_days": 0.125, "info": info, "rows": rows}], 4))
+    assert text.startswith("## 4. Stragglers")
+    assert all(f"| {name} | 150/150 |" in text for name in VARIANTS)
+    assert "share won back" in text

@@ -4,8 +4,9 @@
 
 Steps: (1) the golden FIFO check at 64 and 32 GPUs; (2) Philly weeks at offered load 0.9 and 1.1 (cluster
 sized to the load, quotas per VC in proportion to its real size, seeded priority classes), every policy;
-(3) the openb heterogeneous cluster with its whole-GPU pods and their GPU-type constraints. Each acceptance
-criterion of issue 4 is checked and printed as met / not met; nothing is tuned per trace.
+(3) the openb heterogeneous cluster with its whole-GPU pods and their GPU-type constraints; (4) stragglers:
+seeded fail-slow episodes on Philly slices, with and without straggler replacement (sim/failslow_eval.py).
+Each acceptance criterion of issue 4 is checked and printed as met / not met; nothing is tuned per trace.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from rallypoint.traces import convert as cv
 from rallypoint.traces.golden import golden_cluster, golden_jobs, golden_rows
 
 from .engine import SimOptions, SimResult, Simulator
+from .failslow_eval import render_section as straggler_section
+from .failslow_eval import straggler_runs
 from .fluid import fluid_reference
 from .metrics import JobRecord
 from .run import compare_table, run_policy
@@ -361,6 +364,7 @@ def render(
     openb: Sequence[Mapping[str, Any]],
     img_rel: str,
     wall: float,
+    stragglers: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     L: list[str] = []
     L.append("# Evaluation: Rallypoint against the policies users would pick instead\n")
@@ -436,6 +440,8 @@ def render(
         )
         L.append(compare_table(list(run["summaries"].values()), TOP))
         L.append("")
+    if stragglers:
+        L.extend(straggler_section(stragglers, 4))
     return "\n".join(L) + "\n"
 
 
@@ -449,6 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--skip-openb", action="store_true")
     ap.add_argument("--skip-philly", action="store_true")
+    ap.add_argument("--skip-stragglers", action="store_true")
     a = ap.parse_args(argv)
     if not (a.traces / "philly").is_dir():
         print(f"evaluate: error: traces not found at {a.traces} (use --traces)", file=sys.stderr)
@@ -475,6 +482,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not a.skip_openb:
         openb = openb_runs(a.traces, pols, sys.stderr)
         a.out.write_text(render(golden, philly, openb, rel, time.perf_counter() - t0))
+    stragglers: list[dict[str, Any]] = []
+    if not a.skip_stragglers:
+        print("stragglers ...", file=sys.stderr)
+        stragglers = straggler_runs(a.traces, sys.stderr)
+        a.out.write_text(render(golden, philly, openb, rel, time.perf_counter() - t0, stragglers))
     print(f"wrote {a.out}", file=sys.stderr)
     return 0
 
