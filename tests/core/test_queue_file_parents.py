@@ -12,6 +12,7 @@ import pytest
 
 from rallypoint.core import schedule
 from rallypoint.core.policies import policy_by_name
+from rallypoint.core.quota import QuotaBook
 from rallypoint.core.types import Snapshot
 from rallypoint.scheduling.config import core_queues
 from rallypoint.scheduling.queues import QueuesError, queues_from_obj
@@ -164,3 +165,22 @@ def test_a_job_within_its_ceiling_is_not_told_it_never_fits() -> None:
     # 16 for nlp fits language's 16 but not research's 24 while vision holds 16: it waits for vision
     out = _decide(held, [pending("n2", 16, team="nlp", submit=1.0)])
     assert out["n2"] == ("QuotaExceeded", "org research uses 16 of 24 h100 GPUs; needs 16 more; 0 jobs ahead")
+
+
+def test_the_ceiling_names_what_sets_it() -> None:
+    config = queues_from_obj(
+        {
+            "cohorts": [{"name": "lab"}],
+            "orgs": [{"name": "org", "limit": 10}],
+            "teams": [
+                {"name": "capped", "cohort": "lab", "nominal": 4, "borrowing_limit": 2},
+                {"name": "free", "cohort": "lab", "nominal": 4},
+                {"name": "held", "cohort": "lab", "nominal": 4, "lending_limit": 1, "parent": "org"},
+            ],
+        }
+    )
+    book = QuotaBook(core_queues(config)[0])
+    assert book.ceiling("capped", "h100") == (6, "nominal 4 + borrowing limit 2")
+    assert book.ceiling("free", "h100") == (9, "nominal 4 + 5 its cohort could lend")  # 4 + held's 1
+    assert book.ceiling("held", "h100") == (10, "org org's limit")  # 4 + 8 lendable, capped at 10
+    assert book.ceiling("unknown", "h100") is None

@@ -164,8 +164,10 @@ class QuotaBook:
                 qt = self.quota(name, gpu_type)
                 if name != queue and qt is not None:
                     lendable += qt.nominal if qt.lending_limit is None else min(qt.nominal, qt.lending_limit)
-            borrow = lendable if limit is None else min(limit, lendable)
-            found = (nominal + borrow, f"nominal {nominal} + {borrow} its cohort could lend")
+            if limit is not None and limit <= lendable:
+                found = (nominal + limit, f"nominal {nominal} + borrowing limit {limit}")
+            else:
+                found = (nominal + lendable, f"nominal {nominal} + {lendable} its cohort could lend")
             for parent, cap in caps:
                 if cap < found[0]:
                     found = (cap, f"org {parent}'s limit")
