@@ -106,6 +106,15 @@ def test_back_to_full_speed_and_close_leave_nothing_stopped(procs: list[subproce
         cycler.close()  # most likely mid stop phase
     assert state(p.pid) != "T"
     assert cycler.factor == 20.0
+    cycler.start()  # started again after close (an agent restarted in place): it cycles again
+    try:
+        deadline = time.monotonic() + 5
+        while state(p.pid) != "T":
+            assert time.monotonic() < deadline, "a restarted cycler never stopped the process"
+            time.sleep(0.01)
+    finally:
+        cycler.close()
+    assert state(p.pid) != "T"
 
 
 def test_a_stopped_rank_still_dies_of_sigterm_at_once(procs: list[subprocess.Popen[bytes]]) -> None:
