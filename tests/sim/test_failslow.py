@@ -225,3 +225,18 @@ def test_the_eval_section_compares_the_four_runs_on_the_same_jobs() -> None:
     assert text.startswith("## 4. Stragglers")
     assert all(f"| {name} | 150/150 |" in text for name in VARIANTS)
     assert "share won back" in text
+
+
+def test_a_cluster_file_can_turn_fail_slow_on() -> None:
+    # the same scenario as test_replacement_restores_full_speed_and_costs_the_restart, from the cluster file
+    # alone (what `rally sim --cluster` reads); unknown fields and nodes are refused
+    from rallypoint.sim.cluster import ClusterError, cluster_to_obj
+
+    episode = {"node": N0, "start": 250, "duration": 10_000, "factor": 2.0}
+    cl = dict(FOUR, faults={**FOUR["faults"], "fail_slow": {"replace": True, "episodes": [episode]}})
+    assert run([GANG], cl).records[0].end == pytest.approx(1195)
+    assert cluster_to_obj(cluster_from_obj(cl))["faults"]["fail_slow"]["replace"] is True
+    assert "fail_slow" not in cluster_to_obj(cluster_from_obj(FOUR))["faults"]
+    for bad in ({"bogus": 1}, {"episodes": [dict(episode, node="nope")]}, {"detector": "psychic"}):
+        with pytest.raises(ClusterError):
+            cluster_from_obj(dict(FOUR, faults={"fail_slow": bad}))

@@ -15,7 +15,10 @@ or both. An optional ``faults`` block turns on node failures and sets the cost o
 
 ``node_mtbf`` is the mean time between failures of one node (exponential, seeded by --seed), ``repair_time``
 how long a failed node stays out, ``checkpoint_overhead`` the seconds a preempted, failed or resized job pays
-to save and restore its state. ``events: [{node, at, down_for}]`` adds scripted failures.
+to save and restore its state. ``events: [{node, at, down_for}]`` adds scripted failures. ``fail_slow``
+turns on fail-slow episodes and, optionally, straggler replacement (``rallypoint.sim.failslow.FailSlow``)::
+
+    faults: {fail_slow: {seed: 1, replace: true, detector: node, model: {mean_gap_s: 345600}}}
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from typing import Any
 import msgspec
 
 from rallypoint.configfile import read_structured
+
+from .failslow import FailSlow
 
 
 class ClusterError(ValueError):
@@ -68,6 +73,7 @@ class Faults(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     repair_time: float = 3600.0
     checkpoint_overhead: float = 0.0
     events: list[FaultEvent] = []
+    fail_slow: FailSlow | None = None  # None: no node is ever slow (SimOptions.failslow overrides it)
 
 
 class ClusterFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -138,6 +144,11 @@ def build_cluster(spec: ClusterFile) -> Cluster:
             raise ClusterError(f"faults.events: unknown node {ev.node!r}")
         if ev.at < 0 or (ev.down_for is not None and ev.down_for < 0):
             raise ClusterError("faults.events: at and down_for must be >= 0")
+    for ep in f.fail_slow.episodes or () if f.fail_slow else ():
+        if ep.node not in seen:
+            raise ClusterError(f"faults.fail_slow.episodes: unknown node {ep.node!r}")
+        if ep.start < 0 or ep.duration < 0 or ep.factor < 1:
+            raise ClusterError("faults.fail_slow.episodes: start and duration must be >= 0, factor >= 1")
     return Cluster(nodes=tuple(nodes), faults=f, name=spec.name)
 
 
@@ -165,7 +176,10 @@ def cluster_to_obj(cluster: Cluster) -> dict[str, Any]:
     if cluster.name:
         out["name"] = cluster.name
     if cluster.faults != Faults():
-        out["faults"] = msgspec.to_builtins(cluster.faults)
+        faults = msgspec.to_builtins(cluster.faults)
+        if faults.get("fail_slow") is None:
+            faults.pop("fail_slow", None)  # files written before fail-slow existed stay as they were
+        out["faults"] = faults
     return out
 
 

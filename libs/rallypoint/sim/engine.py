@@ -261,7 +261,7 @@ class Simulator:
         nominal = queues.nominals() if queues else {}
         horizon = max((j.submit for j in jobs), default=0.0) + max((j.duration for j in jobs), default=1.0)
         self.rec = Recorder(total_gpus=cluster.total_gpus, nominal=nominal, horizon=horizon)
-        self.fs = self.opts.failslow
+        self.fs = self.opts.failslow if self.opts.failslow is not None else cluster.faults.fail_slow
         self.node_slow: dict[str, dict[int, float]] = {}  # node -> {episode id: factor} under way
         self.episodes: dict[int, Episode] = {}
         self._episode_feed: dict[str, Any] = {}  # node -> iterator of its generated episodes

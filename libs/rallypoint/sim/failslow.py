@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-class Episode(msgspec.Struct, frozen=True, kw_only=True):
+class Episode(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One fail-slow episode: ``node`` runs ``factor`` times slower during [start, start + duration)."""
 
     node: str
@@ -55,7 +55,7 @@ class Episode(msgspec.Struct, frozen=True, kw_only=True):
         return self.start + self.duration
 
 
-class EpisodeModel(msgspec.Struct, frozen=True, kw_only=True):
+class EpisodeModel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The seeded generator's distributions (defaults and their sources in the module docstring)."""
 
     #: mean healthy time of one node between two episodes (exponential); assumption, no published rate
@@ -72,7 +72,7 @@ class EpisodeModel(msgspec.Struct, frozen=True, kw_only=True):
         return (hi - lo) / math.log(hi / lo) if hi > lo else lo
 
 
-class FailSlow(msgspec.Struct, frozen=True, kw_only=True):
+class FailSlow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Fail-slow episodes for one simulation and what the cluster does about them.
 
     ``episodes`` given: exactly those (scripted what-ifs, tests); otherwise ``model`` generates them per node
