@@ -20,6 +20,7 @@ from rallypoint.infra import NatsServer
 from rallypoint.runtime.follower import Follower
 from rallypoint.scheduling import SchedulingPolicy
 
+from .heap import settle_heap
 from .leader import SchedulerLoop
 
 _IN_FLIGHT = 500
@@ -100,6 +101,7 @@ async def _measure(
         await _setup(log, nodes, gpus_per_node, pending, admit=not admit_in_cycle)
         setup_s = time.perf_counter() - start
         await follower.catch_up()
+        settle_heap()  # as the service does once caught up
         task = asyncio.create_task(follower.run())
         loop = SchedulerLoop(
             log, follower, instance="bench", policy=SchedulingPolicy("rallypoint"), clock=lambda: 2.0

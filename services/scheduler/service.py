@@ -13,6 +13,7 @@ from rallypoint.runtime.metrics import add_collector
 from rallypoint.scheduling import SchedulingPolicy, load_queue_config
 from rallypoint.scheduling.repair import REPAIR_WAIT_S
 
+from .heap import settle_heap
 from .leader import SchedulerLoop
 
 
@@ -41,6 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     async def run(ctx: ServiceContext) -> int:
         follower = await open_follower(ctx)
+        settle_heap()  # the caught-up fold: frozen out of the collector's full scans
         # The cluster's gauges, computed from this fold at each scrape (docs/observability.md).
         add_collector(ctx, ClusterCollector(lambda: follower.state, policy.queues))
         lease = await ctx.leader_lease(ttl=args.lease_ttl)
