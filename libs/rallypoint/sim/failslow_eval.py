@@ -144,10 +144,19 @@ def render_section(runs: Sequence[Mapping[str, Any]], number: int) -> list[str]:
         "it again. *Live rule (peers)*: the health detector's rule (`health/stragglers.py`: a node whose "
         "ranks are above 1/0.7 x the gang's median), which needs healthy peers in the same gang: a gang on "
         "one node is never flagged, and with two nodes the slow one must be 2.5x slower. *Node check*: "
-        "any node slower than 1/0.7 is flagged, as a benchmark on the node itself would. GPU-hours lost: "
-        "*slowness* = GPU time held beyond what the work needed at full speed; *restarts* = work redone "
-        "after a replacement plus its restore. *Hit jobs*: the jobs slowed in the no-replacement run, "
+        "any node slower than 1/0.7 is flagged, as a benchmark on the node itself would (the live health "
+        "detector's throttling signal catches only the fail-slows that show as GPU throttling). GPU-hours "
+        "lost: *slowness* = GPU time held beyond what the work needed at full speed; *restarts* = work "
+        "redone after a replacement plus its restore. *Hit jobs*: the jobs slowed in the no-replacement run, "
         "the same set in every row.\n"
+    )
+    L.append(
+        "Slices: 2017-10-23 has by far the most GPU-hours in multi-node gangs of the four weeks (25k of "
+        "124k), where one slow node holds a whole gang back; there also at ten times the assumed rate, in "
+        "case the rate is too low; and 2017-10-09 at load 1.1, the most loaded slice, where a restart "
+        "and a cordoned node cost the most. This section alone: `python -m rallypoint.sim.evaluate "
+        "--skip-philly --skip-openb` (the same numbers; the wall times vary with the machine). Details: "
+        'docs/simulator.md, "Fail-slow nodes and straggler replacement".\n'
     )
     for run in runs:
         info = run["info"]
