@@ -180,11 +180,7 @@ class HealthJudge:
         judged.update(s.node_id for s in steps)
         # a node the log does not know (not registered yet) or has lost is not ours to judge, and a failed
         # one waits for an operator whatever its samples say (``detect`` would keep it failed anyway)
-        return {
-            n
-            for n in judged
-            if n in nodes and nodes[n].status != "lost" and self._state_of(n) != FAILED
-        }
+        return {n for n in judged if n in nodes and nodes[n].status != "lost" and self._state_of(n) != FAILED}
 
     def _state_of(self, node_id: str) -> str:
         verdict = self._verdicts.get(node_id)
