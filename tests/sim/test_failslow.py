@@ -240,3 +240,14 @@ def test_a_cluster_file_can_turn_fail_slow_on() -> None:
     for bad in ({"bogus": 1}, {"episodes": [dict(episode, node="nope")]}, {"detector": "psychic"}):
         with pytest.raises(ClusterError):
             cluster_from_obj(dict(FOUR, faults={"fail_slow": bad}))
+
+
+def test_detection_waits_a_full_window_after_the_speeds_change_again() -> None:
+    # n00 turns 2x slow at 250, then 3x at 400 (a second, overlapping episode): the check due at 550 is
+    # stale and the rule runs at 700. Work by then: 250 + 150 / 2 + 300 / 3 = 425, also the checkpoint
+    # taken at 700; restart with a 20 s restore and 575 s of work left: ends at 1,295.
+    fs = FailSlow(episodes=(LONG, slow(N0, 400, 10_000, 3.0)), replace=True)
+    res = run([GANG], FOUR, failslow=fs)
+    assert res.records[0].end == pytest.approx(1295)
+    assert res.summary["failslow"]["replacements"] == 1
+    assert res.summary["failslow"]["restart_gpu_hours"] == pytest.approx(20 * 24 / 3600)

@@ -99,7 +99,7 @@ class _SimJob:
         "ckpt_interval",
         "ckpt_origin",
         "ckpt_saved",
-        "factors_since",
+        "detect_due",
         "failures",
         "first_start",
         "job",
@@ -159,7 +159,7 @@ class _SimJob:
         self.ckpt_saved = 0.0
         self.slowdown = 1.0  # the largest fail-slow factor among the gang's nodes
         self.placed_nodes: tuple[str, ...] = ()
-        self.factors_since = 0.0  # when the slowdowns of the gang's nodes last changed
+        self.detect_due = math.inf  # when the detection for the current node speeds is due (inf: none)
         self.run_id = 0  # counts placements: a detection scheduled for an earlier one is stale
         self.slow_gpu_s = 0.0  # GPU-seconds held beyond what the work needed at full speed
         self.replacements = 0
@@ -457,7 +457,7 @@ class Simulator:
     def _place_slow(self, sj: _SimJob, now: float, node_ids: set[str]) -> None:
         """A gang just placed: it runs at the pace of its slowest node from the start."""
         sj.placed_nodes = tuple(sorted(node_ids))
-        sj.factors_since = now
+        sj.detect_due = math.inf
         f = self._gang_factor(sj)
         if f != 1.0:
             sj.slowdown = f
@@ -465,12 +465,15 @@ class Simulator:
             self._schedule_detect(sj, now)
 
     def _schedule_detect(self, sj: _SimJob, now: float) -> None:
+        """The detector can judge the gang once its node speeds have held for the window; an earlier
+        check still queued becomes stale (its time is no longer ``detect_due``)."""
         if self.fs is not None and self.fs.replace:
-            self._push(now + self.fs.detect_after_s, DETECT, sj.job.id, sj.run_id)
+            sj.detect_due = now + self.fs.detect_after_s
+            self._push(sj.detect_due, DETECT, sj.job.id, sj.run_id)
 
     def _reslow(self, sj: _SimJob, now: float) -> None:
         """A node of this running gang changed speed: start a new piece of progress at the new rate."""
-        sj.factors_since = now
+        sj.detect_due = math.inf
         f = self._gang_factor(sj)
         if f != sj.slowdown:
             if now > sj.run_start:
@@ -516,7 +519,7 @@ class Simulator:
         """The detection window has passed since the gang's node speeds last changed: apply the rule."""
         sj = self.running.get(job_id)
         fs = self.fs
-        if sj is None or sj.run_id != run_id or fs is None or now - sj.factors_since < fs.detect_after_s:
+        if sj is None or sj.run_id != run_id or fs is None or now != sj.detect_due:
             return False  # stale: restarted since, or the speeds changed again (a later check is due)
         per_node: Counter[str] = Counter()
         for p in self.model.running[job_id].placements:
