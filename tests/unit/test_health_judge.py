@@ -208,3 +208,15 @@ def test_a_restarted_monitor_goes_on_from_the_logs_verdict() -> None:
     world.run(T0 + 351, T0 + 1200)
     assert world.states("n2") == ["suspect", "degraded", "healthy"]
     assert world.state.nodes["n2"].schedulable
+
+
+def test_flaps_no_sample_caught_still_count_through_the_link_downed_counter() -> None:
+    # the port goes down and up between heartbeats: every sample reads up, the counter tells
+    world = World()
+    world.nic["n1"] = lambda t: NicSample(
+        name="ib0", speed_gbps=400.0, link_downed=max(0, int(t - T0 - 20) // 5) if t >= T0 + 20 else 0
+    )  # one flap every 5 s from t=25
+    world.run(T0, T0 + 60)
+    assert world.states("n1") == ["suspect", "degraded"]
+    assert world.first("n1", "degraded") <= T0 + 25 + 2 * 5 + 1
+    assert world.evidence[("n1", "degraded")] == ("nic_flaps nic ib0",)

@@ -77,6 +77,9 @@ class NicSignals(msgspec.Struct, frozen=True, kw_only=True):
     #: What the port should negotiate (from inventory); None: speed is not judged.
     expected_speed_gbps: float | None = None
     errors: int = 0
+    #: Cumulative times the link went down (IB ``link_downed``, Ethernet carrier changes / 2): a flap
+    #: between two samples shows here even when no sample caught the port down.
+    link_downed: int = 0
 
 
 class NodeSample(msgspec.Struct, frozen=True, kw_only=True):
@@ -326,7 +329,8 @@ def _nic_findings(samples: Sequence[NodeSample], now: float, p: DetectionPolicy)
     for name in sorted({n.name for s in inside for n in s.nics}):
         ports = [(s.at, n) for s in inside if (n := _nic(s, name)) is not None]
         subject = f"nic {name}"
-        flaps = sum(a.link_up and not b.link_up for (_, a), (_, b) in itertools.pairwise(ports))
+        seen = sum(a.link_up and not b.link_up for (_, a), (_, b) in itertools.pairwise(ports))
+        flaps = max(seen, _increase([n.link_downed for _, n in ports]))
         out += _graded("nic_flaps", subject, flaps, 1, p.nic_flaps_degraded, p.nic_window_s)
         down = _down_for(ports)
         if down >= p.nic_down_s:

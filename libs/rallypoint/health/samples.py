@@ -42,6 +42,7 @@ def nic_signals(nic: NicSample, expected_speed_gbps: float | None = None) -> Nic
         speed_gbps=nic.speed_gbps,
         expected_speed_gbps=expected_speed_gbps,
         errors=nic.errors,
+        link_downed=nic.link_downed,
     )
 
 

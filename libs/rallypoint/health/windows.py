@@ -56,7 +56,9 @@ def _gpu_notable(g: GpuSignals, before: GpuSignals | None, policy: DetectionPoli
 def _nic_notable(n: NicSignals, before: NicSignals | None) -> bool:
     if not n.link_up or (n.expected_speed_gbps is not None and n.speed_gbps < n.expected_speed_gbps):
         return True
-    return before is not None and (n.errors != before.errors or n.link_up != before.link_up)
+    if before is None:
+        return False
+    return n.errors != before.errors or n.link_up != before.link_up or n.link_downed != before.link_downed
 
 
 def _notable(sample: NodeSample, before: NodeSample | None, policy: DetectionPolicy) -> bool:
