@@ -5,8 +5,10 @@ schedulers) runs without agent processes; a few fleet processes (``rallypoint.ag
 N nodes instead: registration, heartbeats, commands and rank exits as real agents send them, ranks
 virtual. In order, on the running cluster:
 
-1. submissions: ``--jobs`` HTTP submissions, 16 in flight, beside as many raw acked JetStream publishes
-   at the same concurrency on the same server (``raw_publish_per_s``); then submit -> running;
+1. submissions: ``--jobs`` HTTP submissions, 16 in flight (``leanhttp``: a load generator that costs
+   the shared cores little), beside as many raw acked JetStream publishes at the same concurrency on
+   the same server, before and after (``raw_publish_per_s``); the CPU each process spent per accepted
+   submission meanwhile (``submissions_cpu_ms_per_job``); then submit -> running;
 2. a burst of one-node gangs appended to the log at once: binds written per second (``binds_per_s``:
    from the moment the first bind could be decided to the last one stored) and the live cycle
    (``cycle_ms_live``: from the store time of the log position a cycle decided on to its first decision
@@ -38,7 +40,8 @@ from typing import Any
 from rallypoint.eventlog import EventLog, connect_nats
 
 from .fleetprocs import FleetSet, RssSampler, start_fleets
-from .loadgen import append_burst, latency_summary, percentile, raw_publish, spec_body, submit_http
+from .leanhttp import submit_lean
+from .loadgen import append_burst, latency_summary, percentile, raw_publish, spec_body
 from .logwatch import LogWatch
 from .supervisor import LOCAL_SERVICE_ARGS, LocalCluster
 from .zombies import zombie_run
@@ -104,12 +107,40 @@ async def _wait_caught_up(cluster: LocalCluster, log: EventLog, timeout: float) 
         await asyncio.sleep(1.0)
 
 
+def _cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
+    """CPU seconds (user + system) each process of the cluster, and this one, has used so far."""
+    pids = {name: process.pid for name, process in cluster.processes.items()}
+    if cluster.nats is not None and cluster.nats.pid is not None:
+        pids["nats-server"] = cluster.nats.pid
+    pids["bench"] = os.getpid()
+    ticks = os.sysconf("SC_CLK_TCK")
+    used = {}
+    for name, pid in pids.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone (a fleet that stopped)
+        used[name] = (int(fields[11]) + int(fields[12])) / ticks
+    return used
+
+
+def _cpu_ms_per_job(before: dict[str, float], after: dict[str, float], jobs: int) -> dict[str, float]:
+    """Where the machine's CPU went per accepted submission, by process (the busiest first)."""
+    spent = {name: (after[name] - before.get(name, 0.0)) * 1000 / jobs for name in after}
+    return {name: round(ms, 3) for name, ms in sorted(spent.items(), key=lambda kv: -kv[1]) if ms >= 0.005}
+
+
 async def _submissions(cluster: LocalCluster, watch: LogWatch, cfg: BenchConfig) -> dict[str, Any]:
-    raw = await raw_publish(watch.nc, cfg.jobs, concurrency=CONCURRENCY)
+    # The raw reference before and after the HTTP run, so a change of load on the shared machine between
+    # the two moves the reference as it moves the submissions (their harmonic mean: the same count each).
+    raw_before = await raw_publish(watch.nc, cfg.jobs, concurrency=CONCURRENCY)
     body = spec_body("bench-http", 1, 10)
-    accepted, took, failed = await submit_http(
+    cpu_before = _cpu_seconds(cluster)
+    accepted, took, failed = await submit_lean(
         cluster.api_url, cfg.jobs, concurrency=CONCURRENCY, body=body, prefix="http", time_limit_s=60
     )
+    cpu_after = _cpu_seconds(cluster)
+    raw_after = await raw_publish(watch.nc, cfg.jobs, concurrency=CONCURRENCY)
     ids = [s.job_id for s in accepted]
     await watch.wait(lambda: all(j in watch.started for j in ids), cfg.phase_timeout_s)
     to_running = [watch.started[s.job_id] - s.sent_at for s in accepted if s.job_id in watch.started]
@@ -117,7 +148,10 @@ async def _submissions(cluster: LocalCluster, watch: LogWatch, cfg: BenchConfig)
         "submissions": len(accepted),
         "submissions_failed": failed,
         "submissions_per_s": round(len(accepted) / took, 1) if took > 0 else None,
-        "raw_publish_per_s": round(raw, 1),
+        "raw_publish_per_s": round(2 / (1 / raw_before + 1 / raw_after), 1),
+        "raw_publish_before_per_s": round(raw_before, 1),
+        "raw_publish_after_per_s": round(raw_after, 1),
+        "submissions_cpu_ms_per_job": _cpu_ms_per_job(cpu_before, cpu_after, max(1, len(accepted))),
         **latency_summary([s.latency_s for s in accepted], "submit_latency_s"),
         "submitted_running": len(to_running),
         **latency_summary(to_running, "submit_to_running_s"),
