@@ -23,7 +23,7 @@ Two ways to find the difference:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence, Set
+from collections.abc import Iterable, Iterator, Sequence, Set
 from itertools import compress, count
 from operator import and_, attrgetter, eq, is_, not_
 from typing import Protocol
@@ -62,7 +62,6 @@ NODE_MUTABLE = ("status", "health")
 _node_sig = attrgetter(*NODE_FIELDS)
 _running_sig = attrgetter(*RUNNING_FIELDS)
 _pending_sig = attrgetter(*PENDING_FIELDS)
-_mutable = attrgetter(*NODE_MUTABLE)
 
 Sig = tuple[object, ...]
 
@@ -109,19 +108,29 @@ def _same_footprint(old: RunningJob, new: RunningJob) -> bool:
 
 
 class _NodeList(msgspec.Struct):
-    """``state.nodes`` at a full sync, in its order: ids, views and their in-place fields. The fold
-    replaces a node's view when it (re-)registers and changes only its status and health (and
-    allocation) in place, so the same views with the same values mean no node changed: checked in C,
-    no Python loop over 12,500 nodes."""
+    """``state.nodes`` at a full sync, in its order: ids, views and, per field the fold changes in place,
+    its values. The fold replaces a node's view when it (re-)registers and changes only its status and
+    health (and allocation) in place, so the same views with the same values mean no node changed:
+    checked in C, no Python loop over 12,500 nodes."""
 
     ids: list[str]
     views: list[NodeView]
-    mutable: list[tuple[object, ...]]
+    mutable: list[list[object]]  # one list per NODE_MUTABLE field
 
     @classmethod
     def of(cls, state: ClusterState) -> _NodeList:
         views = list(state.nodes.values())
-        return cls(list(state.nodes), views, list(map(_mutable, views)))
+        return cls(list(state.nodes), views, [list(map(attrgetter(f), views)) for f in NODE_MUTABLE])
+
+    def unchanged(self, before: _NodeList) -> Iterator[bool]:
+        """Per position (same ids in the same order): the same view with the same in-place values."""
+        same: Iterator[bool] = map(is_, self.views, before.views)
+        for now, then in zip(self.mutable, before.mutable, strict=True):
+            same = map(and_, same, map(eq, now, then))
+        return same
+
+    def values_at(self, i: int) -> tuple[object, ...]:
+        return tuple(field[i] for field in self.mutable)
 
 
 class ModelSync:
@@ -202,17 +211,19 @@ class ModelSync:
         before = self._node_list
         if before is not None and now.ids == before.ids:
             # positions whose view was replaced or changed in place, found without a Python-level loop
-            fresh = map(and_, map(is_, now.views, before.views), map(eq, now.mutable, before.mutable))
-            stale = [(now.ids[i], now.views[i]) for i in compress(count(), map(not_, fresh))]
+            stale = [(now.ids[i], now.views[i]) for i in compress(count(), map(not_, now.unchanged(before)))]
         else:
             if len(self._node_sigs.keys() & state.nodes.keys()) != len(self._node_sigs):
                 return False  # the fold never forgets a node; a different state might
-            pairs = zip(before.views, before.mutable, strict=True) if before else ()
-            known = dict(zip(before.ids, pairs, strict=True)) if before else {}
+            known = (
+                {nid: (before.views[i], before.values_at(i)) for i, nid in enumerate(before.ids)}
+                if before
+                else {}
+            )
             stale = [
-                (nid, v)
-                for nid, v, mut in zip(now.ids, now.views, now.mutable, strict=True)
-                if (seen := known.get(nid)) is None or seen[0] is not v or seen[1] != mut
+                (nid, view)
+                for i, (nid, view) in enumerate(zip(now.ids, now.views, strict=True))
+                if (seen := known.get(nid)) is None or seen[0] is not view or seen[1] != now.values_at(i)
             ]
         if not self._apply_nodes(stale):
             return False
@@ -263,21 +274,29 @@ class ModelSync:
     # --- jobs ------------------------------------------------------------------------------------
 
     def _all_jobs(self, state: ClusterState) -> tuple[list[tuple[JobView, Sig]], list[str]]:
-        """Every active job with its signature, and the applied jobs no longer active."""
+        """The active jobs not applied yet or applied with another signature, and the applied jobs no
+        longer active."""
         applied = self._running
-        active: list[tuple[JobView, Sig]] = []
+        changed: list[tuple[JobView, Sig]] = []
         seen = 0
         for job in state.jobs.values():
-            if job.state in ACTIVE:
-                active.append((job, _running_sig(job)))
-                seen += job.job_id in applied
+            if job.state not in ACTIVE:
+                continue
+            sig = _running_sig(job)
+            prev = applied.get(job.job_id)
+            if prev is None:
+                changed.append((job, sig))
+                continue
+            seen += 1
+            if prev[0] != sig:
+                changed.append((job, sig))
         gone: list[str] = []
         if seen != len(applied):
             for jid in applied:
                 view = state.jobs.get(jid)
                 if view is None or view.state not in ACTIVE:
                     gone.append(jid)
-        return active, gone
+        return changed, gone
 
     def _touched_jobs(
         self, state: ClusterState, job_ids: Iterable[str]
