@@ -385,6 +385,8 @@ def test_the_signatures_hold_every_field_the_bridge_reads() -> None:
         "reason": "x",
         "pending_code": "x",
         "pending_message": "x",
+        "pending_position": 3,
+        "pending_at": 2.0,
         "cancel_requested": True,
         "ranks_exited": {0: 1},
         "preempt_reason": "x",
