@@ -8,6 +8,7 @@ One cohort ``lab`` holds teams a and b (4 nominal GPUs each) and c (2), which si
 - borrowing: a runs 8 GPUs on its nominal 4, the other 4 lent by b's idle quota;
 - reclaim: b asks for its nominal back; one of a's jobs is preempted ("reclaim") and b's job binds;
 - the waiting job's reason carries numbers and a place that agrees with its "jobs ahead";
+- a reason whose code stays the same is rewritten when its numbers change (GPUs freed), within REFRESH_S;
 - the whole log audits clean under the same queue file: the reclaim recomputes bit for bit.
 """
 
@@ -35,6 +36,7 @@ from rallypoint.events import PreemptionRequested
 from rallypoint.localcluster import LocalCluster
 from rallypoint.localcluster.http import call
 from rallypoint.scheduling import SchedulingPolicy, load_queue_config
+from rallypoint.scheduling.pending import REFRESH_S
 
 pytestmark = pytest.mark.slow
 
@@ -214,6 +216,40 @@ def test_borrowing_then_reclaim(cluster: LocalCluster) -> None:
         assert f"(QuotaExceeded, #{view['queue_position']}: {reason['message']})" in line
     finally:
         cancel_all(cluster, *a_jobs, *([b_job] if b_job else []))
+
+
+def test_a_reason_follows_its_numbers(cluster: LocalCluster) -> None:
+    # a team the queue file does not name has no quota: only free GPUs hold its job. Its reason keeps its
+    # code when GPUs are freed but not enough, and its numbers follow within the refresh interval
+    # (issue 19: "4 free" stayed after 12 were free). Production holders: nothing preempts them for it.
+    holders = [submit(cluster, "ops", f"hold-{i}", 4, priority="production") for i in range(2)]
+    waiting = ""
+    try:
+        for holder in holders:
+            wait_for(cluster, holder, state_is("running"), "ran")
+        waiting = submit(cluster, "ops", "wide", 8, priority="best-effort")
+        view = wait_for(cluster, waiting, waits_with("Resources"), "waited for GPUs")
+        assert view["pending_reason"]["message"] == "needs 8 GPUs in the cluster; 0 free; 0 jobs ahead"
+        first_at = view["pending_reason"]["updated_at"]
+        cancel_all(cluster, holders[0])
+        view = wait_for(
+            cluster,
+            waiting,
+            lambda v: "; 4 free;" in ((v["pending_reason"] or {}).get("message") or ""),
+            "had its reason refreshed",
+            timeout=REFRESH_S + 20,
+        )
+        reason = view["pending_reason"]
+        assert (reason["code"], reason["message"]) == (
+            "Resources",
+            "needs 8 GPUs in the cluster; 4 free; 0 jobs ahead",
+        )
+        assert reason["updated_at"] - first_at >= REFRESH_S
+        assert "(Resources, #1: needs 8 GPUs in the cluster; 4 free; 0 jobs ahead)" in line_of(
+            rally("jobs"), waiting
+        )
+    finally:
+        cancel_all(cluster, *holders, *([waiting] if waiting else []))
 
 
 def test_the_log_audits_clean_under_the_queue_file(cluster: LocalCluster, tmp_path: Path) -> None:
