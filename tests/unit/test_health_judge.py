@@ -220,3 +220,22 @@ def test_flaps_no_sample_caught_still_count_through_the_link_downed_counter() ->
     assert world.states("n1") == ["suspect", "degraded"]
     assert world.first("n1", "degraded") <= T0 + 25 + 2 * 5 + 1
     assert world.evidence[("n1", "degraded")] == ("nic_flaps nic ib0",)
+
+
+def test_a_counter_that_grows_again_after_a_quiet_spell_is_judged_on_its_new_growth() -> None:
+    # n2's corrected-ECC counter jumped by 95 at t=10 (suspect, not degraded), then stayed: the node is
+    # no longer watched. It grows by 20 at t=900: judged from the clean beat just before, 20 is
+    # suspect again (not 115 since t=10, which would be degraded).
+    world = World(DetectionPolicy(ecc_window_s=60.0, suspect_clear_s=30.0))
+    world.gpu["n2"] = lambda i, t: msgspec.structs.replace(
+        clean_gpu(i, t), ecc_corrected=(95 if t >= T0 + 10 else 0) + (20 if t >= T0 + 900 else 0)
+    )
+    world.run(T0, T0 + 800)
+    assert world.states("n2") == ["suspect", "healthy"]
+    assert list(world.judge.signals.watched()) == []
+    world.run(T0 + 801, T0 + 930)
+    assert world.states("n2") == ["suspect", "healthy", "suspect"]
+    assert {e.value for e in world.state.nodes["n2"].health_evidence} == {20}
+    world.run(T0 + 931, T0 + 1000)
+    assert world.states("n2") == ["suspect", "healthy", "suspect", "healthy"]
+    assert world.state.nodes["n2"].health_evidence == ()

@@ -122,6 +122,16 @@ class SignalWindows:
             self._watched[node_id] = _Watched(None, latest)
             self._watched[node_id].last_notable = float("-inf")
 
+    def rebase(self, sample: NodeSample) -> None:
+        """Take ``sample`` as the node's latest without judging it: the baseline of a node whose clean
+        samples the caller did not pass (it kept the raw beat instead)."""
+        if sample.node_id not in self._watched:
+            self._latest[sample.node_id] = sample
+
+    def wants(self, node_id: str) -> bool:
+        """Whether every sample of this node is kept (watched, or pinned by a verdict)."""
+        return node_id in self._watched or node_id in self._pinned
+
     def watched(self) -> Iterator[str]:
         return iter(self._watched)
 

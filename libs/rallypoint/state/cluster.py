@@ -646,7 +646,9 @@ def _on_health_changed(state: ClusterState, seq: int, e: NodeHealthChanged) -> N
     node = _node(state, e.node_id)
     if node is None:
         return
-    node.health, node.health_since, node.health_evidence = e.state, e.at, e.evidence
+    # a return to health carries what it recovered from; the view keeps evidence of a standing verdict only
+    node.health, node.health_since = e.state, e.at
+    node.health_evidence = e.evidence if e.state != "healthy" else ()
     if e.state == "degraded":
         node.degraded_at = (*node.degraded_at, e.at)
     if e.state == "failed" and node.status != "lost":
