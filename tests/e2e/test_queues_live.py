@@ -260,6 +260,8 @@ def test_the_log_audits_clean_under_the_queue_file(cluster: LocalCluster, tmp_pa
     report = verify_decisions(asyncio.run(read_history(cluster.nats_url, None)), policy)
     assert report.ok, report
     assert report.verified == report.decisions > 0
+    # every pending reason written (code changes and refreshes) recomputes to its code, place and message
+    assert report.reasons_verified == report.reasons > 0
 
 
 if __name__ == "__main__":

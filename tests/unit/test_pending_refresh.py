@@ -8,6 +8,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import msgspec
+
+from rallypoint.audit import verify_decisions
 from rallypoint.events import (
     Event,
     GangBound,
@@ -158,3 +161,24 @@ def test_a_gpu_type_no_node_has_is_rejected_naming_it() -> None:
     assert (rejected.job_id, rejected.field) == ("typed", "gpu_type")
     assert rejected.reason == "can never run here: no node has GPU type B200"
     assert [b.job_id for b in of_type(events, GangBound)] == ["fine"]
+
+
+def test_every_reason_written_recomputes_and_a_forged_one_does_not() -> None:
+    log = Log()
+    log.append(submit("big"), submit("first", at=3.0), submit("second", at=4.0, gpus=4, gpus_per_task=4))
+    log.cycle()
+    log.append(JobCancelled(job_id="first", attempt=0, at=log.now))
+    log.cycle(after=REFRESH_S)  # a refresh of "second"'s numbers
+    report = verify_decisions(log.records, POLICY)
+    assert report.ok, report
+    assert report.reasons == report.reasons_verified == 3  # first, second, second refreshed
+    # the same log with one reason's message changed after the fact: the audit names it
+    seq, forged = next((s, e) for s, e in reversed(log.records) if isinstance(e, JobPending))
+    records = [(s, e if s != seq else msgspec.structs.replace(forged, message="needs 4 GPUs; 99 free"))
+               for s, e in log.records]  # fmt: skip
+    report = verify_decisions(records, POLICY)
+    assert not report.ok
+    [mismatch] = report.mismatches
+    assert (mismatch.seq, mismatch.kind, mismatch.job_id) == (seq, "JobPending", "second")
+    assert mismatch.recorded == "Resources #0: needs 4 GPUs; 99 free"
+    assert mismatch.recomputed == f"Resources #0: {forged.message}"

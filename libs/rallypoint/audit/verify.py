@@ -1,7 +1,8 @@
 """Recompute recorded decisions from the log and check them bit for bit, and check who made them.
 
-Every ``GangBound``, ``PreemptionRequested`` and ``GangResized`` records the sequence its snapshot was folded
-up to (``computed_at_seq``), the ``now`` it used and the policy version. Folding the log to that sequence and
+Every ``GangBound``, ``PreemptionRequested``, ``GangResized`` and ``JobPending`` (those that record their
+``now``) records the sequence its snapshot was folded up to (``computed_at_seq``), the ``now`` it used and
+the policy version. Folding the log to that sequence and
 running the same policy at the same ``now`` must give the same decision: that is what makes a decision
 auditable. Pure: the caller supplies the recorded events, in log order. A message no fold of this version can
 read (``Quarantined``) is skipped as every service skipped it, and listed in the report.
@@ -24,12 +25,12 @@ from collections.abc import Iterable
 import msgspec
 
 from rallypoint.core.types import Decisions
-from rallypoint.events import Event, GangBound, GangResized, PreemptionRequested, TaskPlacement
+from rallypoint.events import Event, GangBound, GangResized, JobPending, PreemptionRequested, TaskPlacement
 from rallypoint.events.codec import Quarantined
 from rallypoint.scheduling import SchedulingPolicy, resized_placements
 from rallypoint.state import ClusterState, Decision, decision_refusal
 
-Recomputable = GangBound | PreemptionRequested | GangResized
+Recomputable = GangBound | PreemptionRequested | GangResized | JobPending
 #: (seq, now) -> the decisions made in the cycle that folded the log to seq and ran at now.
 Cycles = dict[int, dict[float, list[tuple[int, Recomputable]]]]
 
@@ -57,6 +58,10 @@ class AuditReport(msgspec.Struct, kw_only=True):
     policy_version: str
     decisions: int = 0  # binds, preemption requests and resizes: the decisions a policy recomputes
     verified: int = 0
+    # pending reasons that record their now (JobPending.now), recomputed like the decisions; a reason that
+    # differs is a mismatch too
+    reasons: int = 0
+    reasons_verified: int = 0
     other_policy: int = 0
     other_policy_seqs: list[int] = []
     allow_other_policies: bool = False
@@ -96,7 +101,7 @@ def verify_decisions(
             report.quarantined.append(seq)
         if seq in cycles:
             _check(state, cycles.pop(seq), policy, outcomes)
-    _tally(outcomes, report)
+    _tally(outcomes, report, {seq for seq, item in history if isinstance(item, JobPending)})
     report.final_seq = state.last_seq
     report.final_hash = state.hash()
     return report
@@ -108,13 +113,20 @@ def _cycles(
     """Which snapshots are needed: decisions grouped by the (seq, now) of the cycle that made them."""
     cycles: Cycles = defaultdict(lambda: defaultdict(list))
     for seq, event in history:
-        if isinstance(event, Recomputable):
+        if isinstance(event, JobPending):
+            if event.now is None:
+                continue  # a reason logged before its now was recorded cannot be recomputed
+            report.reasons += 1
+        elif isinstance(event, Recomputable):
             report.decisions += 1
+        if isinstance(event, Recomputable):
             if event.policy_version != policy.version:
                 report.other_policy += 1
                 report.other_policy_seqs.append(seq)
                 continue
-            cycles[event.computed_at_seq][event.now].append((seq, event))
+            now = event.now
+            assert now is not None
+            cycles[event.computed_at_seq][now].append((seq, event))
     return cycles
 
 
@@ -129,16 +141,19 @@ def _judge(state: ClusterState, seq: int, event: Decision, report: AuditReport) 
     (report.overtaken if refusal.kind == "overtaken" else report.refused).append(refused)
 
 
-def _tally(outcomes: dict[int, Mismatch | None], report: AuditReport) -> None:
-    """A refused decision is reported as refused, not again as a mismatch (nor as verified)."""
+def _tally(outcomes: dict[int, Mismatch | None], report: AuditReport, reasons: set[int]) -> None:
+    """A refused decision is reported as refused, not again as a mismatch (nor as verified). ``reasons``:
+    the sequences of pending reasons, counted apart from the decisions."""
     refused = {r.seq for r in report.refused}
     for seq, mismatch in sorted(outcomes.items()):
         if seq in refused:
             continue
-        if mismatch is None:
-            report.verified += 1
-        else:
+        if mismatch is not None:
             report.mismatches.append(mismatch)
+        elif seq in reasons:
+            report.reasons_verified += 1
+        else:
+            report.verified += 1
 
 
 def _encoded(placements: tuple[TaskPlacement, ...]) -> str:
@@ -157,9 +172,18 @@ def _outcome(state: ClusterState, event: Recomputable, recomputed: Decisions) ->
         if resize is None or job is None:
             return "not resized", _encoded(event.placements)
         return _encoded(resized_placements(job.placements, resize)), _encoded(event.placements)
+    if isinstance(event, JobPending):
+        return _pending_outcome(event, recomputed)
     victims = {(p.victim_id, p.for_job, p.reason) for p in recomputed.preemptions}
     got = "preempted" if (event.job_id, event.for_job, event.reason) in victims else "not preempted"
     return got, "preempted"
+
+
+def _pending_outcome(event: JobPending, recomputed: Decisions) -> tuple[str, str]:
+    """A pending reason is its code, position and message, exactly as the core gave them."""
+    reason = next((r for r in recomputed.pending if r.job_id == event.job_id), None)
+    want = f"{event.code} #{event.position}: {event.message}"
+    return ("no reason" if reason is None else f"{reason.code} #{reason.position}: {reason.message}"), want
 
 
 def _check(

@@ -110,6 +110,8 @@ def audit_lines(report: AuditReport) -> list[str]:
         f"identically, {len(report.mismatches)} differ, {report.other_policy} made under another policy, "
         f"{len(report.refused)} refused by the fold",
     ]
+    if report.reasons:
+        lines.append(f"pending reasons: {report.reasons_verified} of {report.reasons} recomputed identically")
     lines += [
         f"  seq {m.seq} {m.kind} {m.job_id}: recorded {m.recorded}, recomputed {m.recomputed}"
         for m in report.mismatches

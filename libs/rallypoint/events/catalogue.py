@@ -360,7 +360,9 @@ class GangBound(_Event, tag="GangBound.v1", frozen=True, kw_only=True):
 
 
 class JobPending(_Event, tag="JobPending.v1", frozen=True, kw_only=True):
-    """Why a job waits; appended only when the reason code changes, so the log stays small."""
+    """Why a job waits: appended when the reason code changes, and again (rate-limited) when its numbers
+    do. ``now`` is the time the cycle decided at (None in logs written before it was recorded): with
+    ``computed_at_seq`` and ``policy_version`` it lets an audit recompute the reason bit for bit."""
 
     job_id: str
     code: str
@@ -370,6 +372,7 @@ class JobPending(_Event, tag="JobPending.v1", frozen=True, kw_only=True):
     computed_at_seq: int
     policy_version: str = ""
     at: float
+    now: float | None = None
 
 
 class PreemptionRequested(_Event, tag="PreemptionRequested.v1", frozen=True, kw_only=True):

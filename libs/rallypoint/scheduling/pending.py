@@ -46,14 +46,18 @@ def pending_writes(
         if reason.code in NEVER_FITS:
             writes.append(rejection(reason, job, at=at))
         elif job.pending_code != reason.code:
-            writes.append(_reason(reason, job, state, epoch=epoch, policy_version=policy_version, at=at))
+            writes.append(
+                _reason(
+                    reason, job, state, epoch=epoch, policy_version=policy_version, at=at, now=decisions.now
+                )
+            )
         elif _numbers_changed(reason, job) and _due(job, at):
             stale.append(
                 (job.pending_at if job.pending_at is not None else float("-inf"), job.job_id, reason, job)
             )
     stale.sort(key=lambda s: (s[0], s[1]))
     writes.extend(
-        _reason(reason, job, state, epoch=epoch, policy_version=policy_version, at=at)
+        _reason(reason, job, state, epoch=epoch, policy_version=policy_version, at=at, now=decisions.now)
         for _at, _id, reason, job in stale[:REFRESH_PER_CYCLE]
     )
     return writes
@@ -68,7 +72,14 @@ def _due(job: JobView, at: float) -> bool:
 
 
 def _reason(
-    reason: PendingReason, job: JobView, state: ClusterState, *, epoch: int, policy_version: str, at: float
+    reason: PendingReason,
+    job: JobView,
+    state: ClusterState,
+    *,
+    epoch: int,
+    policy_version: str,
+    at: float,
+    now: float,
 ) -> Write:
     event = JobPending(
         job_id=reason.job_id,
@@ -79,6 +90,7 @@ def _reason(
         computed_at_seq=state.last_seq,
         policy_version=policy_version,
         at=at,
+        now=now,
     )
     # the numbers are in the id: a refresh at the same sequence with other numbers is a new event, a retry
     # of the same one is deduplicated
