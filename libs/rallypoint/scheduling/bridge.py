@@ -32,6 +32,7 @@ from rallypoint.events import (
 )
 from rallypoint.state import ACTIVE, LAUNCHED, ClusterState, JobView, NodeView
 
+from .adapter import exceeds_cluster, exceeds_cluster_reason
 from .pending import pending_writes
 from .writes import Write
 
@@ -286,7 +287,7 @@ def admission_writes(state: ClusterState, *, at: float) -> list[Write]:
                 job_id=job.job_id,
                 field="gpus",
                 at=at,
-                reason=f"asks for {job.spec.gpus} GPUs; the cluster has {total}",
+                reason=exceeds_cluster_reason(job.spec.gpus, total),
             )
             writes.append(
                 Write(
@@ -302,8 +303,9 @@ def admission_writes(state: ClusterState, *, at: float) -> list[Write]:
 
 
 def jobs_that_can_never_fit(state: ClusterState) -> Iterable[JobView]:
-    """Pending jobs larger than every registered GPU together: rejected rather than left to wait forever."""
+    """Pending jobs larger than every registered GPU together: rejected rather than left to wait forever
+    (``adapter.exceeds_cluster``, the simulator's admission rule too)."""
     total = state.total_gpus()
     if total == 0:
         return []
-    return [j for j in state.pending_jobs() if j.spec.gpus > total]
+    return [j for j in state.pending_jobs() if exceeds_cluster(j.spec.gpus, total)]

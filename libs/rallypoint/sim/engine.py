@@ -37,6 +37,7 @@ import msgspec
 
 from rallypoint.core import types as ct
 from rallypoint.core.cluster import ClusterModel
+from rallypoint.scheduling.adapter import exceeds_cluster
 from rallypoint.scheduling.config import core_queues
 from rallypoint.scheduling.pending import NEVER_FITS
 from rallypoint.scheduling.queues import Queues
@@ -330,6 +331,16 @@ class Simulator:
             last_preempted_at=sj.last_preempted,
             last_run_s=sj.run_time,
         )
+
+    def _submit(self, sj: _SimJob, now: float) -> bool:
+        """A job arrives: admitted into the queue, or rejected at once by the scheduler's admission rule
+        (larger than the whole cluster), so the core never sees it, as a live scheduler's never does."""
+        self.unsubmitted -= 1
+        if exceeds_cluster(sj.job.gpus, self.cluster.total_gpus):
+            self.rejected.append(sj.job.id)
+            return False
+        self._enqueue(sj, now)
+        return True
 
     def _enqueue(self, sj: _SimJob, now: float) -> None:
         sj.pending = self._make_pending(sj, now)
@@ -731,10 +742,7 @@ class Simulator:
                 if kind == END:
                     dirty |= self._on_end(key, version, now)
                 elif kind == SUBMIT:
-                    sj = self.jobs[key]
-                    self._enqueue(sj, now)
-                    self.unsubmitted -= 1
-                    dirty = True
+                    dirty |= self._submit(self.jobs[key], now)
                 elif kind == FAIL:
                     dirty |= self._on_fail(key, now, version)
                 elif kind == REPAIR:

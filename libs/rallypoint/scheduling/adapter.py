@@ -1,0 +1,61 @@
+"""The rules between the world and the core that the simulator and the live scheduler share. Pure.
+
+The simulator keeps its world in its own objects and the scheduler in the fold (``bridge.py`` reads it), but
+each rule that turns a fact of the world into a core input, or a core output into a fate of a job, lives
+here once, and both call it: tests/sim/test_twin.py runs one workload through both and checks that the
+core's decisions come out byte for byte the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rallypoint.core.types import Node
+
+
+def exceeds_cluster(gpus: int, total_gpus: int) -> bool:
+    """Admission's rule: a gang asking for more GPUs than every registered node holds together can never
+    run, and is rejected when it arrives, before the core ever sees it. Nothing is judged before the first
+    node registers (a cluster starting up is not a small cluster)."""
+    return total_gpus > 0 and gpus > total_gpus
+
+
+def exceeds_cluster_reason(gpus: int, total_gpus: int) -> str:
+    return f"asks for {gpus} GPUs; the cluster has {total_gpus}"
+
+
+def nvlink_domains(domain_of_gpu: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """The core's NVLink domains from each GPU's domain number (GPU ``i`` is in ``domain_of_gpu[i]``):
+    groups of GPU indices, in domain order; ``()`` when one domain holds every GPU (the core's
+    whole-board default), so a node reads the same however its domains were described."""
+    groups: dict[int, list[int]] = {}
+    for gpu, domain in enumerate(domain_of_gpu):
+        groups.setdefault(domain, []).append(gpu)
+    if len(groups) <= 1:
+        return ()
+    return tuple(tuple(g) for _, g in sorted(groups.items()))
+
+
+def core_node(
+    node_id: str,
+    *,
+    rack: str,
+    spine: str,
+    gpu_type: str,
+    domain_of_gpu: Sequence[int],
+    cpu_milli: int,
+    memory_mib: int,
+    schedulable: bool = True,
+) -> Node:
+    """One machine as the core sees it."""
+    return Node(
+        id=node_id,
+        rack=rack,
+        spine=spine,
+        gpu_type=gpu_type,
+        gpus=len(domain_of_gpu),
+        nvlink_domains=nvlink_domains(domain_of_gpu),
+        cpu_milli=cpu_milli,
+        memory_mib=memory_mib,
+        schedulable=schedulable,
+    )

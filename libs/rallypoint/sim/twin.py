@@ -1,0 +1,336 @@
+"""The twin: one workload through the simulator and, at the same instants, through the live fold and bridge.
+
+The simulator calls the core at each scheduling instant (``Simulator(scheduler=...)``). The twin wraps that
+call: first it brings a live ``ClusterState`` level with the simulated world by appending the events the
+live services would have appended since the last call (``JobSubmitted`` from the API, ``JobCompleted`` and
+``JobStarted`` from the job controller, ``NodeLost`` / ``NodeRecovered`` and ``JobAttemptFailed`` for failed
+nodes), then it runs the scheduler's cycle the way ``services/scheduler/leader.py`` runs it (admissions,
+then ``SchedulingPolicy.decide_live`` on the fold, told what the events touched), and also the audit's
+fresh rebuild (``SchedulingPolicy.decide``, what ``rally replay --verify-decisions`` recomputes). The
+simulator's own decisions are computed on its own snapshot. The three are encoded canonically (msgspec
+JSON of ``core.types.Decisions``) and must be equal byte for byte. Then the live decisions are appended as
+the scheduler appends them (``bridge.decision_writes``: ``GangBound``, ``GangResized``,
+``PreemptionRequested``, ``JobPending``, ``JobRejected``) and carried out at once, as the simulator carries
+out its own (``JobStarted``, ``JobResized``, ``JobPreempted``): the fold then folds the live writes, never
+the simulator's, so a live decision the fold refuses (``ignored_binds``) is caught too.
+
+Pure and deterministic like the simulator: no clock, no I/O, the simulator's trace time as ``at`` and
+``now`` everywhere. ``rally sim --twin`` is not wired; tests/sim/test_twin.py runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from rallypoint.core import schedule
+from rallypoint.core import types as ct
+from rallypoint.events import (
+    Event,
+    GangBound,
+    GangResized,
+    GpuInfo,
+    JobAttemptFailed,
+    JobCompleted,
+    JobPreempted,
+    JobRejected,
+    JobResized,
+    JobSpec,
+    JobStarted,
+    JobSubmitted,
+    LeaderEpochStarted,
+    NodeLost,
+    NodeRecovered,
+    NodeRegistered,
+    PreemptionRequested,
+)
+from rallypoint.scheduling import SchedulingPolicy, admission_writes, build_snapshot, decision_writes
+from rallypoint.scheduling.config import core_queues
+from rallypoint.scheduling.queues import Queues
+from rallypoint.scheduling.writes import Write
+from rallypoint.state import ACTIVE, ClusterState, Touched
+
+from .cluster import Cluster, Node
+from .engine import SimOptions, Simulator
+from .workload import Job
+
+EPOCH = 1
+LEADER = "twin"
+
+
+class Mismatch(msgspec.Struct, frozen=True, kw_only=True):
+    """One cycle whose decisions differ: the canonical bytes of each side."""
+
+    cycle: int
+    now: float
+    sim: str
+    live: str
+    audit: str
+
+
+class TwinReport(msgspec.Struct, kw_only=True):
+    """What the twin compared: cycles, the decisions they held, and every difference found."""
+
+    cycles: int = 0
+    binds: int = 0
+    preemptions: int = 0
+    resizes: int = 0
+    rejections: int = 0
+    reasons: int = 0
+    mismatches: list[Mismatch] = []
+    # live writes the fold did not apply (a bind onto held GPUs, a stale decision): never expected
+    ignored_binds: int = 0
+    stale_decisions: int = 0
+    # the jobs each side rejected (the simulator's admission and core rules, the fold's JobRejected)
+    rejected_sim: list[str] = []
+    rejected_live: list[str] = []
+    sim_summary: dict[str, object] = {}
+
+
+def job_spec(job: Job, priority: str) -> JobSpec:
+    """The spec the API would append for ``job`` (the simulator's job, with its resolved priority class)."""
+    types = job.gpu_types
+    limit = job.time_limit
+    if limit is not None and limit != int(limit):
+        raise ValueError(f"job {job.id}: a live time limit is whole seconds, got {limit}")
+    return JobSpec(
+        name=job.id,
+        team=job.team,
+        gpus=job.gpus,
+        gpus_per_task=job.task_gpus,
+        ranks_per_task=1,
+        command=("train",),
+        priority=priority,
+        time_limit_s=None if limit is None else int(limit),
+        gpu_type=types[0] if len(types) == 1 else None,
+        gpu_types=types if len(types) > 1 else None,
+        min_gpus=job.min_gpus,
+        max_gpus=job.max_gpus,
+        gpu_step=job.gpu_step,
+    )
+
+
+def node_registered(node: Node, at: float) -> NodeRegistered:
+    """The inventory's registration of a simulated node: its GPUs, numbered, in their NVLink domains."""
+    size = node.nvlink_domain or node.gpus or 1
+    gpus = tuple(
+        GpuInfo(index=i, uuid=f"{node.id}-gpu{i}", memory_mib=0, nvlink_domain=i // size)
+        for i in range(node.gpus)
+    )
+    return NodeRegistered(
+        node_id=node.id,
+        address=node.id,
+        rack=node.rack,
+        spine=node.spine,
+        gpu_type=node.gpu_type,
+        gpus=gpus,
+        cpu_milli=node.cpu,
+        memory_mib=node.memory,
+        agent_instance=LEADER,
+        at=at,
+    )
+
+
+@dataclass
+class _Changes:
+    """What the fold's events touched since the scheduler last synced (``model_sync.Changed``)."""
+
+    jobs: set[str] = field(default_factory=set)
+    nodes: set[str] = field(default_factory=set)
+    everything: bool = True  # the first sync looks at everything, as a new follower's does
+
+    def add(self, touched: Touched) -> None:
+        if touched.job_id is not None:
+            self.jobs.add(touched.job_id)
+        self.nodes.update(touched.node_ids)
+
+    def take(self) -> _Changes:
+        taken = _Changes(set(self.jobs), set(self.nodes), self.everything)
+        self.jobs.clear()
+        self.nodes.clear()
+        self.everything = False
+        return taken
+
+
+class LiveSide:
+    """The live fold and the scheduler's cycle over it, fed with what the live services would append."""
+
+    def __init__(self, cluster: Cluster, policy: SchedulingPolicy) -> None:
+        self.state = ClusterState()
+        self.policy = policy
+        self.seq = 0
+        self.changes = _Changes()
+        for node in cluster.nodes:
+            self.append(node_registered(node, 0.0))
+        self.append(LeaderEpochStarted(epoch=EPOCH, leader_id=LEADER, role="scheduler", at=0.0))
+
+    def append(self, event: Event) -> None:
+        self.seq += 1
+        self.changes.add(self.state.apply(self.seq, event))
+
+    def cycle(self, now: float) -> tuple[ct.Decisions, ct.Decisions, list[Write]]:
+        """The leader's cycle at ``now``: admissions (rejections folded first), then the decisions on the
+        incrementally synced model; also the audit's decisions on a fresh snapshot. Returns (live,
+        audit, the writes still to append: the decisions', then the remaining admissions)."""
+        admissions = admission_writes(self.state, at=now)
+        if any(isinstance(w.event, JobRejected) for w in admissions):
+            for write in admissions:
+                self.append(write.event)
+            admissions = []
+        live = self.policy.decide_live(self.state, now, changed=self.changes.take())
+        fresh = build_snapshot(
+            self.state, now, queues=self.policy.queues, priority_classes=self.policy.priority_classes
+        )
+        audit = schedule(fresh, self.policy.policy)
+        writes = decision_writes(live, self.state, epoch=EPOCH, policy_version=self.policy.version, at=now)
+        return live, audit, [*writes, *admissions]
+
+    def carry_out(self, writes: Sequence[Write], now: float) -> None:
+        """Append the scheduler's writes, then what the job controller and the agents report when they
+        carry them out at once (the simulator's model: launches, stops and resizes take no time)."""
+        for write in writes:
+            self.append(write.event)
+        for write in writes:
+            event = write.event
+            if isinstance(event, GangBound):
+                self.append(JobStarted(job_id=event.job_id, attempt=event.attempt, at=now))
+            elif isinstance(event, PreemptionRequested):
+                self.append(
+                    JobPreempted(
+                        job_id=event.job_id,
+                        attempt=event.attempt,
+                        for_job=event.for_job,
+                        reason=event.reason,
+                        at=now,
+                    )
+                )
+            elif isinstance(event, GangResized):
+                self.append(JobResized(job_id=event.job_id, attempt=event.attempt - 1, at=now))
+                self.append(JobStarted(job_id=event.job_id, attempt=event.attempt, at=now))
+
+
+class Twin:
+    """Runs a workload through the simulator with a twin live side compared at every core call."""
+
+    def __init__(
+        self,
+        jobs: Sequence[Job],
+        cluster: Cluster,
+        policy: str,
+        queues: Queues | None = None,
+        options: SimOptions | None = None,
+    ) -> None:
+        opts = options or SimOptions()
+        opts.strict = True  # a bind onto taken GPUs is a core bug, never a difference to tolerate
+        self.live_policy = live_policy(policy, queues)
+        self.sim = Simulator(
+            jobs, cluster, policy, queues, opts, scheduler=self._schedule, policy_obj=self.live_policy.policy
+        )
+        self.jobs = {j.id: j for j in jobs}
+        self.live = LiveSide(cluster, self.live_policy)
+        self.report = TwinReport()
+        self._enc = msgspec.json.Encoder()
+
+    def run(self) -> TwinReport:
+        result = self.sim.run()
+        self.report.ignored_binds = self.live.state.ignored_binds
+        self.report.stale_decisions = self.live.state.stale_decisions
+        self.report.rejected_sim = sorted(self.sim.rejected)
+        self.report.rejected_live = sorted(
+            j.job_id for j in self.live.state.jobs.values() if j.state == "rejected"
+        )
+        self.report.sim_summary = {
+            k: result.summary[k]
+            for k in ("jobs", "completed", "preemptions", "rejected")
+            if k in result.summary
+        }
+        return self.report
+
+    # --- the wrapped core call ---------------------------------------------------------------------
+
+    def _schedule(self, snap: ct.Snapshot, policy: object) -> ct.Decisions:
+        now = snap.now
+        self._catch_up(snap)
+        live, audit, writes = self.live.cycle(now)
+        mine = schedule(snap, policy)  # type: ignore[arg-type]
+        self._compare(now, mine, live, audit)
+        self.live.carry_out(writes, now)
+        self._count(mine)
+        return mine
+
+    def _compare(self, now: float, sim: ct.Decisions, live: ct.Decisions, audit: ct.Decisions) -> None:
+        a, b, c = self._enc.encode(sim), self._enc.encode(live), self._enc.encode(audit)
+        if a != b or a != c:
+            self.report.mismatches.append(
+                Mismatch(cycle=self.report.cycles, now=now, sim=a.decode(), live=b.decode(), audit=c.decode())
+            )
+        self.report.cycles += 1
+
+    def _count(self, d: ct.Decisions) -> None:
+        r = self.report
+        r.binds += len(d.binds)
+        r.preemptions += len(d.preemptions)
+        r.resizes += len(d.resizes)
+        r.reasons += len(d.pending)
+        r.rejections += sum(1 for p in d.pending if p.code in ("GangTooLarge", "Invalid"))
+
+    # --- the world, as the live services report it ------------------------------------------------
+
+    def _catch_up(self, snap: ct.Snapshot) -> None:
+        """Append what happened in the simulated world since the last cycle: nodes down or back, gangs
+        that finished or lost a node, jobs submitted (in the simulator's arrival order)."""
+        now = snap.now
+        sim = self.sim
+        state = self.live.state
+        for node_id, node in sorted(sim.model.nodes.items()):
+            view = state.nodes[node_id]
+            if node.schedulable and view.status != "up":
+                self.live.append(NodeRecovered(node_id=node_id, at=now))
+            elif not node.schedulable and view.status == "up":
+                self.live.append(NodeLost(node_id=node_id, reason="simulated failure", at=now))
+        ends = {r.id: r.end for r in sim.records}
+        for job in state.active_jobs():
+            if job.job_id in sim.running:
+                continue
+            if job.job_id in ends:
+                self.live.append(JobCompleted(job_id=job.job_id, attempt=job.attempt, at=ends[job.job_id]))
+            else:  # back in the simulator's queue without a preemption: a node under it failed
+                self.live.append(
+                    JobAttemptFailed(
+                        job_id=job.job_id,
+                        attempt=job.attempt,
+                        cause="infra",
+                        reason="a node under the gang failed",
+                        retry_at=now,
+                        at=now,
+                    )
+                )
+        # every job that has arrived, in arrival order: those the simulator rejected at admission too
+        for sj in sorted(sim.jobs.values(), key=lambda sj: sj.seq):
+            arrived = sj.job
+            if arrived.submit > now:
+                break
+            if arrived.id not in state.jobs:
+                spec = job_spec(arrived, sj.pclass)
+                self.live.append(JobSubmitted(job_id=arrived.id, spec=spec, submitted_at=arrived.submit))
+        assert all(j.state not in ACTIVE or j.job_id in sim.running for j in state.jobs.values())
+
+
+def live_policy(policy: str, queues: Queues | None) -> SchedulingPolicy:
+    """The scheduler service's policy for a queue file (``load_queue_config``'s translation)."""
+    if queues is None:
+        return SchedulingPolicy(policy)
+    core, classes = core_queues(queues)
+    return SchedulingPolicy(policy, queues=core, priority_classes=classes)
+
+
+def run_twin(
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    policy: str,
+    queues: Queues | None = None,
+    options: SimOptions | None = None,
+) -> TwinReport:
+    return Twin(jobs, cluster, policy, queues, options).run()
