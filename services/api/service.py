@@ -56,7 +56,7 @@ def make_main(args: argparse.Namespace, queues: Queues | None = None) -> MainFn:
             max_gpus_per_node=args.max_gpus_per_node,
             queues=queues,
         )
-        follower = FoldFollower(log, await ctx.snapshots())
+        follower = FoldFollower(log, await ctx.snapshots(), settle=True)
         auth = TokenStore(Path(args.tokens_file))
         app = build_app(log, config=config, follower=follower, auth=auth)
         runner = web.AppRunner(app, access_log=None)
