@@ -66,6 +66,10 @@ class SchedulerLoop:
         # What the fold touched since the model was last synced: each sync applies only that. Taken right
         # before a sync, never without one, so no change is lost between two syncs.
         self._changes = follower.changes()
+        # The last sequence the cycles wrote. Their admissions ride off the fenced tree, after its last
+        # event: the next cycle must see them folded too, or it would admit those jobs again, and an atomic
+        # batch repeating a stored message id is refused whole (10201, taken for a newer leader's fence).
+        self._written = 0
 
     @property
     def state(self) -> ClusterState:
@@ -100,7 +104,7 @@ class SchedulerLoop:
         log first. Repairs and rejections are written first, in a write of their own, and folded before
         the decisions are computed: a repaired gang holds GPUs, a rejected job waits for nothing. The fold
         is awaited once before each computation, never between the writes of one step."""
-        await self.follower.wait_for(self.writer.fence)
+        await self.follower.wait_for(max(self.writer.fence, self._written))
         state = self.state
         now = self.clock()
         admissions = admission_writes(state, at=now)
@@ -116,7 +120,7 @@ class SchedulerLoop:
             *decision_writes(decisions, state, epoch=self.epoch, policy_version=self.policy.version, at=now),
             *admissions,
         ]
-        await self.writer.append_many(writes)
+        self._written = await self.writer.append_many(writes)
         observe_writes((w.event for w in writes), state, now, self.follower.traces)
         self.cycles += 1
         return len(first) + len(writes)

@@ -163,3 +163,21 @@ async def test_cycles_on_a_changing_fold_sync_only_what_it_touched_and_agree_wit
     binds = sum(isinstance(r.event, GangBound) for r in records)
     assert binds > 6
     assert report.ok and report.verified == binds, report
+
+
+async def test_back_to_back_cycles_never_admit_a_job_twice(event_log: EventLog) -> None:
+    """As ``lead`` runs them: the next cycle starts as soon as the last one returns. Its admissions must see
+    the previous cycle's, folded: an atomic batch repeating a stored message id is refused whole, which a
+    leader takes for a newer leader's fence."""
+    async with _leading(event_log) as loop:
+        await _register(event_log, "n1")
+        for k in range(400):
+            await _submit(event_log, f"w{k:03d}", 8)
+        await loop.follower.wait_for(await event_log.last_seq())
+        for _ in range(3):
+            await loop.cycle()  # raises AppendConflict if it wrote a JobQueued already stored
+        await loop.follower.wait_for(await event_log.last_seq())
+        assert sum(j.state == "bound" for j in loop.state.jobs.values()) == 1
+        assert all(j.queue == "t" for j in loop.state.jobs.values())
+    queued = [r for r in await _records(event_log) if isinstance(r.event, JobQueued)]
+    assert len(queued) == 400
