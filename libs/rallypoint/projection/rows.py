@@ -96,6 +96,7 @@ def node_row(node: NodeView, last_seq: int) -> NodeRow:
         node.gpu_count - len(node.allocated),
         node.status,
         node.status_reason,
+        node.health,
         last_seq,
     )
 

@@ -51,6 +51,7 @@ NODE_COLUMNS: tuple[str, ...] = (
     "gpus_free",
     "status",
     "status_reason",
+    "health",
     "last_seq",
 )
 
@@ -189,6 +190,8 @@ MIGRATIONS: tuple[str, ...] = (
     )
     """,
     f"CREATE INDEX IF NOT EXISTS attempts_team_started ON {SCHEMA}.attempts (team, started_s)",
+    # Added with node health (NodeHealthChanged): healthy, suspect, degraded (cordoned) or failed.
+    f"ALTER TABLE {SCHEMA}.nodes ADD COLUMN IF NOT EXISTS health text NOT NULL DEFAULT 'healthy'",
 )
 
 # Tables a rebuild empties. The archive is listed separately because an operator may keep it.
