@@ -59,3 +59,16 @@ def core_node(
         memory_mib=memory_mib,
         schedulable=schedulable,
     )
+
+
+def attempt_end(start: float, time_limit_s: float | None) -> float | None:
+    """The time-limit rule for a running gang: it holds its GPUs until its limit runs out at the latest,
+    counted from the start of its current attempt, because that is when the job controller stops it
+    (``control.reconcile``: each attempt gets the whole limit). None: no limit, no known end."""
+    return None if time_limit_s is None else start + time_limit_s
+
+
+def pending_time_limit(time_limit_s: float | None) -> float | None:
+    """The time-limit rule for a waiting gang: its next attempt may run for the whole limit, however much
+    of the work earlier attempts did (the reservation and backfill arithmetic read it)."""
+    return None if time_limit_s is None else float(time_limit_s)

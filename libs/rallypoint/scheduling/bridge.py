@@ -32,7 +32,7 @@ from rallypoint.events import (
 )
 from rallypoint.state import ACTIVE, LAUNCHED, ClusterState, JobView, NodeView
 
-from .adapter import exceeds_cluster, exceeds_cluster_reason
+from .adapter import attempt_end, exceeds_cluster, exceeds_cluster_reason, pending_time_limit
 from .pending import pending_writes
 from .writes import Write
 
@@ -76,7 +76,7 @@ def running_of(job: JobView) -> RunningJob:
         gpu_type=job.spec.gpu_type,
         placements=placements,
         start_time=start,
-        expected_end=start + limit if limit is not None else None,
+        expected_end=attempt_end(start, limit),
         min_gpus=job.spec.min_gpus,
         max_gpus=job.spec.max_gpus,
         gpu_step=job.spec.gpu_step,
@@ -107,7 +107,7 @@ def pending_of(job: JobView) -> PendingJob:
         gpus_per_task=spec.gpus_per_task,
         submit_time=job.submitted_at,
         arrival=job.submitted_seq,
-        time_limit_s=float(spec.time_limit_s) if spec.time_limit_s is not None else None,
+        time_limit_s=pending_time_limit(spec.time_limit_s),
         gpu_type=spec.gpu_type,
         gpu_types=spec.gpu_types,
         topology_required=spec.topology_required,

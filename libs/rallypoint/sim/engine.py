@@ -37,7 +37,8 @@ import msgspec
 
 from rallypoint.core import types as ct
 from rallypoint.core.cluster import ClusterModel
-from rallypoint.scheduling.adapter import exceeds_cluster
+from rallypoint.scheduling.adapter import attempt_end, exceeds_cluster, pending_time_limit
+from rallypoint.scheduling.bridge import resized_placements
 from rallypoint.scheduling.config import core_queues
 from rallypoint.scheduling.pending import NEVER_FITS
 from rallypoint.scheduling.queues import Queues
@@ -309,8 +310,6 @@ class Simulator:
 
     def _make_pending(self, sj: _SimJob, now: float) -> ct.PendingJob:
         j = sj.job
-        done = j.duration - sj.remaining
-        tl = None if j.time_limit is None else max(1.0, j.time_limit - done) + sj.overhead_due
         types = j.gpu_types
         return ct.PendingJob(
             id=j.id,
@@ -320,7 +319,7 @@ class Simulator:
             gpus_per_task=j.task_gpus,
             submit_time=j.submit,
             arrival=sj.seq,
-            time_limit_s=tl,
+            time_limit_s=pending_time_limit(j.time_limit),
             # one allowed type ("A"): gpu_type; several ("A|B"): gpu_types, in the workload's order
             gpu_type=types[0] if len(types) == 1 else None,
             gpu_types=types if len(types) > 1 else None,
@@ -384,9 +383,6 @@ class Simulator:
             sj.racks = len({self.node_rack[n] for n in node_ids})
             sj.placed_type = self.node_type[placements[0].node_id] if placements else None
         end = sj.run_start + sj.remaining / sj.rate
-        est = None
-        if j.time_limit is not None:
-            est = sj.run_start + max(1.0, j.time_limit - sj.progress0) / sj.rate
         first_type = self.node_type[placements[0].node_id] if placements else None
         rj = ct.RunningJob(
             id=j.id,
@@ -396,7 +392,7 @@ class Simulator:
             gpu_type=first_type,
             placements=placements,
             start_time=now,
-            expected_end=est,
+            expected_end=attempt_end(now, j.time_limit),
             last_checkpoint=None,
             preemptible=self.preemptible_class.get(sj.pclass, True),
             min_gpus=j.min_gpus,
@@ -671,12 +667,12 @@ class Simulator:
             sj = self.running.get(r.job_id)
             if sj is None:
                 raise SimError(f"t={now}: core resized {r.job_id}, which is not running")
-            old = self.model.running[r.job_id].placements
-            removed = {(p.node_id, p.task) for p in r.remove}
-            kept = tuple(p for p in old if (p.node_id, p.task) not in removed)
+            # the whole new gang, renumbered as the scheduler's GangResized numbers it (the core names
+            # the tasks of a later resize by these numbers)
+            placements = resized_placements(self.model.running[r.job_id].placements, r)
             self._stop(sj, now, None)
             sj.overhead_due = overhead
-            self._start(sj, now, r.gpus, kept + tuple(r.add))
+            self._start(sj, now, r.gpus, placements)
             stopped |= bool(r.remove)
         for b in d.binds:
             sj = self.pending.get(b.job_id)
