@@ -19,6 +19,7 @@ from rallypoint.events import (
     JobSubmitted,
     LeaderEpochStarted,
     NodeDrained,
+    NodeHealthChanged,
     NodeRegistered,
     TaskPlacement,
 )
@@ -101,6 +102,18 @@ def test_gpus_by_rack_type_and_state_with_a_drained_node_unhealthy() -> None:
     assert got[("rally_gpus", "gpu_type=H100,rack=r1,state=unhealthy")] == 8
     assert got[("rally_gpus", "gpu_type=A100,rack=r2,state=free")] == 8
     assert got[("rally_team_gpus_allocated", "team=nlp")] == 6
+
+
+def test_a_cordoned_nodes_idle_gpus_are_unhealthy_and_nodes_are_counted_by_health() -> None:
+    # n1 runs "big" on 6 GPUs and is degraded: its 6 stay allocated, its 2 idle ones take no work
+    degraded = NodeHealthChanged(node_id="n1", state="degraded", previous="healthy", at=20.0)
+    got = samples(fold(*CLUSTER, degraded))
+    assert got[("rally_gpus", "gpu_type=H100,rack=r1,state=allocated")] == 6
+    assert got[("rally_gpus", "gpu_type=H100,rack=r1,state=unhealthy")] == 2
+    assert got[("rally_gpus", "gpu_type=H100,rack=r1,state=free")] == 8
+    assert got[("rally_nodes_by_health", "health=degraded,rack=r1")] == 1
+    assert got[("rally_nodes_by_health", "health=healthy,rack=r1")] == 1
+    assert got[("rally_nodes_by_health", "health=healthy,rack=r2")] == 1
 
 
 def test_fragmented_gpus_are_free_gpus_where_no_pending_task_fits() -> None:

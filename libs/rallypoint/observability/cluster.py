@@ -60,20 +60,25 @@ def _gauge(
 def _gpu_families(nodes: Iterable[NodeView]) -> list[Metric]:
     gpus: Counter[tuple[str, str, str]] = Counter()
     statuses: Counter[tuple[str, str]] = Counter()
+    health: Counter[tuple[str, str]] = Counter()
     for node in nodes:
         statuses[(node.rack, node.status)] += 1
+        health[(node.rack, node.health)] += 1
         if node.status != "up":
             gpus[(node.rack, node.gpu_type, "unhealthy")] += node.gpu_count
             continue
         allocated = sum(1 for g in node.gpus if g.index in node.allocated)
         gpus[(node.rack, node.gpu_type, "allocated")] += allocated
-        gpus[(node.rack, node.gpu_type, "free")] += node.gpu_count - allocated
+        # a cordoned node's idle GPUs take no work: not free capacity
+        idle_state = "unhealthy" if node.cordoned else "free"
+        gpus[(node.rack, node.gpu_type, idle_state)] += node.gpu_count - allocated
     # Every (rack, type) lists all three states, zeros included, so dashboard series never vanish.
     racks = sorted({(rack, gpu_type) for rack, gpu_type, _ in gpus})
     return [
         _gauge(
             "rally_gpus",
-            "GPUs by rack, GPU type and state (allocated, free, unhealthy = node not up).",
+            "GPUs by rack, GPU type and state (allocated, free, unhealthy = node not up, or idle on a "
+            "cordoned node).",
             (((r, t, s), gpus[(r, t, s)]) for r, t in racks for s in GPU_STATES),
             ["rack", "gpu_type", "state"],
         ),
@@ -82,6 +87,12 @@ def _gpu_families(nodes: Iterable[NodeView]) -> list[Metric]:
             "Registered nodes by rack and status.",
             ((key, count) for key, count in sorted(statuses.items())),
             ["rack", "status"],
+        ),
+        _gauge(
+            "rally_nodes_by_health",
+            "Registered nodes by rack and the health monitor's verdict (healthy, suspect, degraded, failed).",
+            ((key, count) for key, count in sorted(health.items())),
+            ["rack", "health"],
         ),
     ]
 
@@ -97,7 +108,7 @@ def fragmented_gpus(state: ClusterState) -> dict[str, int]:
     if not smallest:
         return {}
     for node in state.nodes.values():
-        if node.status != "up":
+        if not node.schedulable:
             continue
         free = node.gpu_count - len(node.allocated)
         need = min(smallest.get(node.gpu_type, free + 1), smallest.get(None, free + 1))
