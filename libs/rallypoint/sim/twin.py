@@ -48,6 +48,7 @@ from rallypoint.events import (
 )
 from rallypoint.scheduling import SchedulingPolicy, admission_writes, build_snapshot, decision_writes
 from rallypoint.scheduling.config import core_queues
+from rallypoint.scheduling.pending import NEVER_FITS
 from rallypoint.scheduling.queues import Queues
 from rallypoint.scheduling.writes import Write
 from rallypoint.state import ACTIVE, ClusterState, Touched
@@ -79,6 +80,9 @@ class TwinReport(msgspec.Struct, kw_only=True):
     resizes: int = 0
     rejections: int = 0
     reasons: int = 0
+    # how often each pending code and each preemption reason was decided (what the comparison covered)
+    codes: dict[str, int] = {}
+    preemption_reasons: dict[str, int] = {}
     mismatches: list[Mismatch] = []
     # live writes the fold did not apply (a bind onto held GPUs, a stale decision): never expected
     ignored_binds: int = 0
@@ -274,7 +278,11 @@ class Twin:
         r.preemptions += len(d.preemptions)
         r.resizes += len(d.resizes)
         r.reasons += len(d.pending)
-        r.rejections += sum(1 for p in d.pending if p.code in ("GangTooLarge", "Invalid"))
+        r.rejections += sum(1 for p in d.pending if p.code in NEVER_FITS)
+        for reason in d.pending:
+            r.codes[reason.code] = r.codes.get(reason.code, 0) + 1
+        for p in d.preemptions:
+            r.preemption_reasons[p.reason] = r.preemption_reasons.get(p.reason, 0) + 1
 
     # --- the world, as the live services report it ------------------------------------------------
 
