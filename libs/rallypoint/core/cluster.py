@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from rallypoint.core.formulas import add_team_usage
 from rallypoint.core.types import Node, RunningJob
 
 __all__ = ["ClusterIndex", "ClusterModel", "RunningColumns", "load_cluster", "nodes_from_spec"]
@@ -454,8 +455,8 @@ class ClusterModel:
             gt = self._nodes[job.placements[0].node_id].gpu_type if job.placements else "default"
         key = (job.queue_name, gt)
         self.usage[key] = self.usage.get(key, 0) + sign * job.gpus
-        g, c, m = self.team_usage.get(job.team, (0, 0, 0))
-        self.team_usage[job.team] = (g + sign * job.gpus, c + sign * job.cpu_milli, m + sign * job.memory_mib)
+        tu = self.team_usage
+        add_team_usage(tu, job.team, sign * job.gpus, sign * job.cpu_milli, sign * job.memory_mib)
 
     def job_gpu_type(self, job: RunningJob) -> str:
         if job.gpu_type is not None:

@@ -5,12 +5,15 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from rallypoint.core.config import PolicyConfig
+from rallypoint.core.formulas import add_team_usage, dominant_share, job_types
 from rallypoint.core.placement import Plan, level_rank, lowest_bits, new_plan, place
 from rallypoint.core.quota import QuotaBook
 from rallypoint.core.types import PendingJob, RunningJob, Snapshot
 from rallypoint.core.workspace import Workspace
 
 __all__ = ["Ctx", "Hold", "Status", "new_status"]
+
+_NO_USAGE = (0, 0, 0)
 
 
 class Status(NamedTuple):
@@ -93,16 +96,7 @@ class Ctx:
         """The GPU types ``job`` may bind on, in the order to try them: its ``gpu_types`` that the cluster
         has (in the job's order, first occurrence), else ``[gpu_type]`` (even when the cluster lacks it:
         the capacity check says so), else every type of the cluster."""
-        alts = job.gpu_types
-        if alts is None:
-            g = job.gpu_type
-            return self.idx.types if g is None else [g]
-        have = self.idx.type_capacity
-        out: list[str] = []
-        for t in alts:
-            if t in have and t not in out:
-                out.append(t)
-        return out
+        return job_types(job, self.idx)
 
     def prio_of(self, job: PendingJob | RunningJob) -> int:
         return self.prio.get(job.priority_class, 0)
@@ -127,14 +121,17 @@ class Ctx:
         # memoized: the DRF orderer asks for a team's share at every pop, usage changes only on a bind
         v = self._shares.get(team)
         if v is None:
-            g, c, m = self.team_usage.get(team, (0, 0, 0))
-            tg, tc, tm = self.totals()
-            v = self._shares[team] = max(g / tg, c / tc, m / tm) / max(self.weights.get(team, 1.0), 1e-9)
+            v = self._shares[team] = dominant_share(
+                self.team_usage.get(team, _NO_USAGE), self.totals(), self.weight_div(team)
+            )
         return v
 
+    def weight_div(self, team: str) -> float:
+        """The divisor of ``team``'s dominant share: its DRF weight, at least 1e-9."""
+        return max(self.weights.get(team, 1.0), 1e-9)
+
     def add_team_usage(self, team: str, gpus: int, cpu_milli: int, memory_mib: int) -> None:
-        g, c, m = self.team_usage.get(team, (0, 0, 0))
-        self.team_usage[team] = (g + gpus, c + cpu_milli, m + memory_mib)
+        add_team_usage(self.team_usage, team, gpus, cpu_milli, memory_mib)
         self._shares.pop(team, None)
 
     def healthy_capacity(self, gpu_type: str, level: str) -> int:

@@ -17,6 +17,7 @@ from rallypoint.core import reasons
 from rallypoint.core.backfill import hold
 from rallypoint.core.consolidation import plan_consolidation
 from rallypoint.core.context import Ctx, Status
+from rallypoint.core.formulas import add_team_usage, job_types, runtime_estimate
 from rallypoint.core.placement import Plan, place
 from rallypoint.core.preemption import running_view
 from rallypoint.core.types import (
@@ -74,7 +75,7 @@ def job_sizes(job: PendingJob, ctx: Ctx) -> list[int]:
 
 def _bind(job: PendingJob, size: int, plan: Plan, ctx: Ctx, out: _Out) -> None:
     tasks = plan.tasks
-    q = job.queue  # job.queue_name, ctx.add_team_usage and job.runtime_estimate inlined (every bind)
+    q = job.queue  # job.queue_name inlined (every bind)
     team = job.team
     ctx.ws.bind(tasks, q if q is not None else team, plan.gpu_type, size)
     ids = ctx.idx.ids
@@ -94,14 +95,10 @@ def _bind(job: PendingJob, size: int, plan: Plan, ctx: Ctx, out: _Out) -> None:
                 b = bits(m)
             pl.append(TaskPlacement(task=i, node_id=ids[o], gpus=b))
         placements = tuple(pl)
-    tu = ctx.team_usage
-    ug, uc, um = tu.get(team, (0, 0, 0))
-    tu[team] = (ug + size, uc + job.cpu_milli, um + job.memory_mib)
+    add_team_usage(ctx.team_usage, team, size, job.cpu_milli, job.memory_mib)  # (Ctx.add_team_usage)
     ctx._shares.pop(team, None)
     out.binds.append(Bind(job_id=job.id, gpus=size, placements=placements))
-    rt = job.expected_runtime_s
-    if rt is None:
-        rt = job.time_limit_s
+    rt = runtime_estimate(job)
     if rt is not None:
         ctx.cycle_ends.append((ctx.now + rt, job.id, plan.tasks))
 
@@ -129,9 +126,7 @@ def _try_place(job: PendingJob, size: int, gpu_type: str | None, ctx: Ctx) -> Pl
     plan = ctx.place(tasks, job.gpus_per_task, gpu_type, required)
     if plan is not None or not ctx.holds:
         return plan
-    rt = job.expected_runtime_s  # job.runtime_estimate inlined (every waiting job gets here)
-    if rt is None:
-        rt = job.time_limit_s
+    rt = runtime_estimate(job)
     if rt is None or ctx.now + rt > ctx.held_until():
         return None
     # memo of failed probes: while no GPU was released and the holds did not change, the probed state
@@ -194,10 +189,7 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
         if st is not None:
             return st
     alts = job.gpu_types
-    if alts is None:  # (ctx.job_types inlined for the usual job)
-        types = ctx.idx.types if job.gpu_type is None else [job.gpu_type]
-    else:
-        types = ctx.job_types(job)  # its allowed types the cluster has, in its order of preference
+    types = job_types(job, ctx.idx)  # its allowed types the cluster has, in its order of preference
     quota_msg: str | None = None
     if job.min_gpus is None and len(types) == 1:
         # one size and one GPU type (most jobs): the loop below without building its lists; a refused

@@ -7,7 +7,6 @@ of ``Snapshot.pending``.
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from operator import attrgetter, eq
@@ -16,12 +15,31 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from rallypoint.core.context import Ctx
+from rallypoint.core.formulas import (
+    LEVEL_SPAN,
+    dominant_share,
+    estimate_level,
+    estimate_levels,
+    las_level,
+    las_levels,
+    pending_remaining,
+    starving,
+)
 from rallypoint.core.types import PendingJob, RunningJob
 
 if TYPE_CHECKING:
     from rallypoint.core.cluster import RunningColumns
 
-__all__ = ["ClassLasOrder", "DrfPriorityOrder", "FifoOrder", "LasOrder", "Orderer", "PriorityOrder"]
+__all__ = [
+    "ClassLasOrder",
+    "DrfPriorityOrder",
+    "FifoOrder",
+    "LasOrder",
+    "Orderer",
+    "PriorityOrder",
+    "estimate_level",
+    "estimate_levels",
+]
 
 
 class Orderer(Protocol):
@@ -173,35 +191,23 @@ class LasOrder:
     inside a queue. A starving job (waited > factor x its last run) is promoted to queue 0."""
 
     def level(self, attained: float, ctx: Ctx) -> int:
-        k = 0
-        for th in ctx.cfg.las_thresholds:
-            if attained >= th:
-                k += 1
-        return k
+        return las_level(attained, ctx.cfg.las_thresholds)
 
     def pending_level(self, job: PendingJob, ctx: Ctx) -> int:
-        f = ctx.cfg.las_starvation_factor
-        if f > 0 and job.last_run_s > 0 and ctx.now - job.submit_time > f * job.last_run_s:
+        if starving(job, ctx.now, ctx.cfg.las_starvation_factor):
             return 0
         return self.level(job.attained_gpu_s, ctx)
 
     def order(self, jobs: Iterable[PendingJob], ctx: Ctx) -> Iterator[PendingJob]:
         if type(self).pending_level is not LasOrder.pending_level or type(self).level is not LasOrder.level:
             return iter(sorted(jobs, key=lambda j: (self.pending_level(j, ctx), *_tie(j))))  # a subclass
-        # pending_level inlined (same arithmetic): the key is computed for every pending job
+        # pending_level without the method lookups: the key is computed for every pending job
         ths = ctx.cfg.las_thresholds
         f = ctx.cfg.las_starvation_factor
         now = ctx.now
 
         def key(j: PendingJob) -> tuple[int, float, int, str]:
-            if f > 0 and j.last_run_s > 0 and now - j.submit_time > f * j.last_run_s:
-                k = 0
-            else:
-                a = j.attained_gpu_s
-                k = 0
-                for th in ths:
-                    if a >= th:
-                        k += 1
+            k = 0 if starving(j, now, f) else las_level(j.attained_gpu_s, ths)
             return (k, j.submit_time, j.arrival, j.id)
 
         return iter(sorted(jobs, key=key))
@@ -216,40 +222,13 @@ class LasOrder:
     def running_rank_array(self, cols: RunningColumns, ctx: Ctx) -> np.ndarray:
         n = cols.n
         attained = cols.attained[:n] + cols.gpus[:n] * np.maximum(0.0, ctx.now - cols.start[:n])
-        level = np.zeros(n, np.float64)
-        for th in ctx.cfg.las_thresholds:
-            level += attained >= th
-        return -level
+        return -las_levels(attained, ctx.cfg.las_thresholds)
 
 
 _SHARE_STEPS = 1024  # DRF shares are compared in steps of 1/1024 of the cluster (fewer heap re-pushes)
 _TIER1 = 1 << 48  # tier bit of ClassLasOrder's packed heap prefix
 _CLASS_SPAN = 2048  # class values (0..2047) inside a preemption rank
-_LEVEL_SPAN = 64  # LAS levels (0..63)
-
-
-def estimate_level(rem_gpu_s: float, unit: float) -> int:
-    """Level of ``rem_gpu_s`` expected remaining GPU-seconds: 0 below ``unit``, then one per doubling.
-
-    ``math.frexp`` gives the binary exponent exactly (a ``log2`` could round across a level boundary), so
-    the level is bit-for-bit the same on every platform, and equal to :func:`estimate_levels`."""
-    r = rem_gpu_s / unit
-    if not r >= 1.0:  # (NaN: no estimate, level 0)
-        return 0
-    return min(math.frexp(r)[1], _LEVEL_SPAN - 1)
-
-
-def estimate_levels(rem_gpu_s: np.ndarray, unit: float) -> np.ndarray:
-    """:func:`estimate_level` of every entry."""
-    r = rem_gpu_s / unit
-    with np.errstate(invalid="ignore"):
-        return np.where(r >= 1.0, np.minimum(np.frexp(r)[1], _LEVEL_SPAN - 1), 0).astype(np.float64)
-
-
-def _pending_remaining(job: PendingJob) -> float:
-    """Expected remaining GPU-seconds of a waiting job (``PolicyConfig.level_by_estimate``)."""
-    est = job.runtime_estimate
-    return job.gpus * est if est is not None else job.attained_gpu_s
+_LEVEL_SPAN = LEVEL_SPAN  # LAS levels (0..63)
 
 
 def _widen(key: int, rbits: int, sbits: int, wide: int) -> int:
@@ -306,18 +285,13 @@ class ClassLasOrder:
     def pending_level(self, job: PendingJob, ctx: Ctx) -> int:
         cfg = ctx.cfg
         if cfg.level_by_estimate:
-            k = estimate_level(_pending_remaining(job), cfg.estimate_level_gpu_s)
+            k = estimate_level(pending_remaining(job), cfg.estimate_level_gpu_s)
         else:
-            a = job.attained_gpu_s
-            k = 0
-            for th in cfg.las_thresholds:
-                if a >= th:
-                    k += 1
+            k = las_level(job.attained_gpu_s, cfg.las_thresholds)
         if k and cfg.level_aging_s > 0:
             since = job.last_preempted_at if job.last_preempted_at is not None else job.submit_time
             k = max(0, k - int(max(0.0, ctx.now - since) // cfg.level_aging_s))
-        f = cfg.las_starvation_factor
-        if k and f > 0 and job.last_run_s > 0 and ctx.now - job.submit_time > f * job.last_run_s:
+        if k and starving(job, ctx.now, cfg.las_starvation_factor):
             k = 0
         return min(k, _LEVEL_SPAN - 1)
 
@@ -359,7 +333,6 @@ class ClassLasOrder:
         by_estimate = unaged and cfg.level_by_estimate
         plain = unaged and not cfg.level_by_estimate
         unit = cfg.estimate_level_gpu_s
-        frexp = math.frexp
         ths = cfg.las_thresholds
         m = cfg.strict_class_min
         level = self.pending_level
@@ -382,33 +355,24 @@ class ClassLasOrder:
         # computed once instead of per job
         bases: dict[str | None, dict[float, int]] = {}
         for r, j in enumerate(ranked):
-            if plain:  # pending_level inlined: a function of attained service only
+            if plain:  # pending_level, memoized: a function of attained service only
                 bc = bases.get(j.priority_class)
                 if bc is None:
                     bc = bases[j.priority_class] = {}
                 a = j.attained_gpu_s
                 base = bc.get(a)
                 if base is None:
-                    lv = 0
-                    if a > 0:
-                        for th in ths:
-                            if a >= th:
-                                lv += 1
-                        lv = min(lv, _LEVEL_SPAN - 1)
+                    lv = min(las_level(a, ths), _LEVEL_SPAN - 1)
                     p = prio.get(j.priority_class, 0)
                     base = bc[a] = _prefix(p if m is None or p >= m else 0, lv, p)
-            elif by_estimate:  # pending_level and job.runtime_estimate inlined (remaining work only)
+            elif by_estimate:  # pending_level, memoized: a function of expected remaining work only
                 bc = bases.get(j.priority_class)
                 if bc is None:
                     bc = bases[j.priority_class] = {}
-                est = j.expected_runtime_s
-                if est is None:
-                    est = j.time_limit_s
-                rem = j.gpus * est if est is not None else j.attained_gpu_s
+                rem = pending_remaining(j)
                 base = bc.get(rem)
                 if base is None:
-                    ratio = rem / unit
-                    lv = min(frexp(ratio)[1], _LEVEL_SPAN - 1) if ratio >= 1.0 else 0  # estimate_level
+                    lv = estimate_level(rem, unit)
                     p = prio.get(j.priority_class, 0)
                     base = bc[rem] = _prefix(p if m is None or p >= m else 0, lv, p)
             else:
@@ -469,12 +433,12 @@ class ClassLasOrder:
         heap = [p << pshift | (s + soff) << rbits | r for p, s, r in firsts]
         heapq.heapify(heap)
         replace = heapq.heapreplace
-        # ctx.dominant_share inlined for the memo misses (one per bind of a team): the same arithmetic on
-        # the same (per-cycle constant) totals and weights, written to the same memo
+        # ctx.dominant_share without the method call for the memo misses (one per bind of a team): the
+        # same function on the same (per-cycle constant) totals and weights, written to the same memo
         team_usage = ctx.team_usage
-        tg, tc, tm = ctx.totals()
-        weights = ctx.weights
-        wdiv = {team: max(weights.get(team, 1.0), 1e-9) for team in {gk[1] for gk, _r in heads}}
+        totals = ctx.totals()
+        wdiv = {team: ctx.weight_div(team) for team in {gk[1] for gk, _r in heads}}
+        no_usage = (0, 0, 0)
         while heap:
             top = heap[0]
             r = top & rmask
@@ -489,14 +453,7 @@ class ClassLasOrder:
                     flip = True
             sh = shares.get(team)
             if sh is None:
-                # max(ug / tg, uc / tc, um / tm) / weight, without the builtin call (once per bind)
-                ug, uc, um = team_usage.get(team, (0, 0, 0))
-                sh = ug / tg
-                if uc / tc > sh:
-                    sh = uc / tc
-                if um / tm > sh:
-                    sh = um / tm
-                sh = shares[team] = sh / wdiv[team]
+                sh = shares[team] = dominant_share(team_usage.get(team, no_usage), totals, wdiv[team])
             s = int(sh * _SHARE_STEPS) + soff
             if not 0 <= s <= smask:
                 wide = max(2 * sbits, abs(s - soff).bit_length() + 2)
@@ -541,7 +498,7 @@ class ClassLasOrder:
             # an estimate outrun is no estimate: the job is then expected to run as long again as it has
             rem = job.gpus * (end - ctx.now) if end is not None and end > ctx.now else attained
             return estimate_level(rem, cfg.estimate_level_gpu_s)
-        return min(_LEVEL_SPAN - 1, sum(1 for th in cfg.las_thresholds if attained >= th))
+        return min(_LEVEL_SPAN - 1, las_level(attained, cfg.las_thresholds))
 
     def running_rank(self, job: RunningJob, ctx: Ctx) -> float:
         p = ctx.prio_of(job)
@@ -559,10 +516,7 @@ class ClassLasOrder:
                 np.where(live, cols.gpus[:n] * (end - ctx.now), attained), cfg.estimate_level_gpu_s
             )
         else:
-            level = np.zeros(n, np.float64)
-            for th in cfg.las_thresholds:
-                level += attained >= th
-            level = np.minimum(level, _LEVEL_SPAN - 1)
+            level = np.minimum(las_levels(attained, cfg.las_thresholds), _LEVEL_SPAN - 1)
         p = class_rank_array(cols, ctx)
         m = ctx.cfg.strict_class_min
         band = p if m is None else np.where(p >= m, p, 0.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rallypoint.core.context import Ctx, Status, new_status
+from rallypoint.core.formulas import job_types
 from rallypoint.core.placement import best_free_at
 from rallypoint.core.types import PendingJob
 
@@ -40,8 +41,7 @@ def classify(job: PendingJob, size: int, ctx: Ctx) -> Status:
         if gpu_type is not None and gpu_type not in ctx.idx.type_capacity:
             fixed = Status("GangTooLarge", f"no node has GPU type {gpu_type}")
         else:
-            types = ctx.idx.types if gpu_type is None else [gpu_type]
-            fixed = _capacity_reason(gpu_type, types, g, size, level, ctx)
+            fixed = _capacity_reason(gpu_type, job_types(job, ctx.idx), g, size, level, ctx)
         sr[skey] = fixed
     if fixed is not None:
         return fixed

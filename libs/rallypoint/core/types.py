@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
+from rallypoint.core.formulas import runtime_estimate
 from rallypoint.events.catalogue import TaskPlacement, TopologyLevel
 
 if TYPE_CHECKING:
@@ -159,10 +160,8 @@ class PendingJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     @property
     def runtime_estimate(self) -> float | None:
-        """Learned runtime when known, else the time limit, else unknown."""
-        if self.expected_runtime_s is not None:
-            return self.expected_runtime_s
-        return self.time_limit_s
+        """Learned runtime when known, else the time limit, else unknown (``formulas.runtime_estimate``)."""
+        return runtime_estimate(self)
 
 
 # ---------------------------------------------------------------------------------------------------
