@@ -203,7 +203,7 @@ def test_a_replacement_can_pay_its_own_restart_overhead() -> None:
 def test_the_eval_section_compares_the_four_runs_on_the_same_jobs() -> None:
     import io
 
-    from rallypoint.sim.failslow_eval import VARIANTS, render_section, straggler_run
+    from rallypoint.sim.failslow_eval import VARIANTS, gang_spans, render_section, straggler_run
     from rallypoint.sim.synth import synth_cluster
     from rallypoint.traces.convert import Converted
 
@@ -221,7 +221,11 @@ def test_the_eval_section_compares_the_four_runs_on_the_same_jobs() -> None:
     assert rows[VARIANTS[3]]["replacements"] > 0 and rows[VARIANTS[3]]["restart_gpu_hours"] > 0
     assert {r["hit_jobs"] for r in rows.values()} == {slowed["jobs_slowed"]}  # one cohort for every row
     info = {"jobs": len(jobs), "gpus": 64, "offered_load": 1.1}
-    text = "\n".join(render_section([{"tag": "synth", "gap_days": 0.125, "info": info, "rows": rows}], 4))
+    spans = gang_spans(conv)
+    assert sum(n for n, _ in spans.values()) == len(jobs) and max(spans) == 8  # 64-GPU gangs: 8 nodes
+    run_ = {"tag": "synth", "gap_days": 0.125, "info": info, "rows": rows, "spans": spans}
+    text = "\n".join(render_section([run_], 4))
+    assert "Jobs by tasks (nodes)" in text
     assert text.startswith("## 4. Stragglers")
     assert all(f"| {name} | 150/150 |" in text for name in VARIANTS)
     assert "share won back" in text

@@ -91,6 +91,17 @@ def straggler_run(conv: cv.Converted, model: EpisodeModel, log: Any, tag: str) -
     return {name: _row(sim, summary, hit, wall) for name, (sim, summary, wall) in sims.items()}
 
 
+def gang_spans(conv: cv.Converted) -> dict[int, tuple[int, float]]:
+    """Nodes a job needs at least (its tasks) -> (jobs, GPU-hours): the peer rule can judge only gangs on
+    three nodes or more (two, for a node 2.5x slower)."""
+    out: dict[int, tuple[int, float]] = {}
+    for j in conv.jobs:
+        n = -(-j.gpus // j.task_gpus)
+        jobs, gh = out.get(n, (0, 0.0))
+        out[n] = (jobs + 1, gh + j.gpus * j.duration / 3600.0)
+    return dict(sorted(out.items()))
+
+
 def straggler_runs(
     traces: Path, log: Any, slices: Sequence[tuple[str, float, float]] = SLICES
 ) -> list[dict[str, Any]]:
@@ -114,6 +125,7 @@ def straggler_runs(
                 "rate": rate,
                 "gap_days": model.mean_gap_s / 86400.0,
                 "info": conv.info,
+                "spans": gang_spans(conv),
                 "rows": straggler_run(conv, model, log, tag),
             }
         )
@@ -162,7 +174,9 @@ def render_section(runs: Sequence[Mapping[str, Any]], number: int) -> list[str]:
         info = run["info"]
         L.append(
             f"### {run['tag']}\n\n{info['jobs']:,} jobs, {info['gpus']} GPUs, offered load "
-            f"{info['offered_load']:.3f}; one episode per {run['gap_days']:.2g} days per node.\n"
+            f"{info['offered_load']:.3f}; one episode per {run['gap_days']:.2g} days per node. "
+            + _spans_text(run.get("spans", {}))
+            + "\n"
         )
         L.append(
             "| run | done | avg JCT s | p50 JCT | p95 JCT | p99 JCT | hit jobs: avg JCT s | GPU-h lost: "
@@ -184,6 +198,16 @@ def render_section(runs: Sequence[Mapping[str, Any]], number: int) -> list[str]:
     return L
 
 
+def _spans_text(spans: Mapping[int, tuple[int, float]]) -> str:
+    total = sum(gh for _, gh in spans.values())
+    if not total:
+        return ""
+    parts = [
+        f"{n} node{'s' if n > 1 else ''}: {jobs:,} ({gh / total:.1%})" for n, (jobs, gh) in spans.items()
+    ]
+    return "Jobs by tasks (nodes), with their share of GPU-hours: " + "; ".join(parts) + "."
+
+
 def _buys(rows: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """One sentence per replacement rule: what it changed against running slow, and what share of the
     avg-JCT cost of fail-slow it won back (negative: it made things worse)."""
@@ -194,7 +218,7 @@ def _buys(rows: Mapping[str, Mapping[str, Any]]) -> list[str]:
     for name in VARIANTS[2:]:
         r = rows[name]
         delta = r["jct"]["avg"] - slow["jct"]["avg"]
-        won = f"{-delta / cost:.0%}" if cost > 0 else "-"
+        won = f"{0.0 - delta / cost:.0%}" if cost > 0 else "-"  # 0.0 - x: no "-0%" when nothing changed
         lost_delta = r["slow_gpu_hours"] + r["restart_gpu_hours"] - lost
         out.append(
             f"- *{name}*, against running slow: avg JCT {delta:+,.0f} s (fail-slow added {cost:,.0f} s; "
