@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from rallypoint.core.context import Ctx
+from rallypoint.core.placement import bits
 from rallypoint.core.types import PendingReason, Resize, TaskPlacement
 
 __all__ = ["ElasticGrower", "Grower"]
@@ -29,8 +30,6 @@ class ElasticGrower:
     def grow(self, ctx: Ctx, pending: Sequence[PendingReason]) -> list[Resize]:
         if any(r.code in _WAITS_FOR_GPUS for r in pending):
             return []
-        from rallypoint.core.engine import bits
-
         out: list[Resize] = []
         cl = ctx.cluster
         elastic = [

@@ -18,7 +18,7 @@ from rallypoint.core.backfill import hold
 from rallypoint.core.consolidation import plan_consolidation
 from rallypoint.core.context import Ctx, Status
 from rallypoint.core.formulas import add_team_usage, job_types, runtime_estimate
-from rallypoint.core.placement import Plan, place
+from rallypoint.core.placement import BITS, Plan, bits, place
 from rallypoint.core.preemption import running_view
 from rallypoint.core.types import (
     Bind,
@@ -37,16 +37,8 @@ if TYPE_CHECKING:
 
 __all__ = ["run_cycle"]
 
-_BITS: dict[int, tuple[int, ...]] = {}
 # reason codes that a preemption or a reservation may help
 _WAITS_FOR_ROOM = frozenset(("Resources", "Topology", "Reservation"))
-
-
-def bits(mask: int) -> tuple[int, ...]:
-    t = _BITS.get(mask)
-    if t is None:
-        t = _BITS[mask] = tuple(i for i in range(mask.bit_length()) if mask >> i & 1)
-    return t
 
 
 class _Out:
@@ -79,7 +71,7 @@ def _bind(job: PendingJob, size: int, plan: Plan, ctx: Ctx, out: _Out) -> None:
     team = job.team
     ctx.ws.bind(tasks, q if q is not None else team, plan.gpu_type, size)
     ids = ctx.idx.ids
-    get_bits = _BITS.get
+    get_bits = BITS.get  # (``bits``' memo read inline: one lookup per task of every bind)
     # build the output structs directly (no intermediate tuples per task)
     if len(tasks) == 1:  # most binds
         o, m = tasks[0]

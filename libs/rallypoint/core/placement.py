@@ -17,7 +17,17 @@ from typing import NamedTuple
 
 from rallypoint.core.workspace import Workspace
 
-__all__ = ["LEVELS", "Plan", "apply", "best_free_at", "level_rank", "lowest_bits", "new_plan", "place"]
+__all__ = [
+    "LEVELS",
+    "Plan",
+    "apply",
+    "best_free_at",
+    "bits",
+    "level_rank",
+    "lowest_bits",
+    "new_plan",
+    "place",
+]
 
 LEVELS = ("nvlink", "node", "rack", "spine", "cluster")
 _RANK = {lv: i for i, lv in enumerate(LEVELS)}
@@ -40,6 +50,17 @@ def new_plan(gpu_type: str, level: str, tasks: tuple[tuple[int, int], ...]) -> P
 
 
 _tuple_new = tuple.__new__
+
+
+BITS: dict[int, tuple[int, ...]] = {}  # mask -> its set bit indices (the memo behind ``bits``)
+
+
+def bits(mask: int) -> tuple[int, ...]:
+    """The GPU indices set in ``mask``, ascending (memoized: masks are node-sized, few distinct)."""
+    t = BITS.get(mask)
+    if t is None:
+        t = BITS[mask] = tuple(i for i in range(mask.bit_length()) if mask >> i & 1)
+    return t
 
 
 _LOWEST: dict[int, dict[int, int]] = {}  # k -> mask -> lowest k bits (masks are node-sized: few distinct)
