@@ -25,6 +25,7 @@ from rallypoint.observability.instruments import SCHEDULER_CYCLE_SECONDS, SCHEDU
 from rallypoint.runtime.fencing import FencedWriter
 from rallypoint.runtime.follower import Follower
 from rallypoint.scheduling import SchedulingPolicy, Write, admission_writes, decision_writes
+from rallypoint.scheduling.adapter import cycle_needed
 from rallypoint.scheduling.repair import REPAIR_WAIT_S, repair_writes
 from rallypoint.state import ClusterState
 
@@ -113,7 +114,7 @@ class SchedulerLoop:
             first, admissions = [*first, *admissions], []
             await self.follower.wait_for(await self.writer.append_many(first))
             observe_writes((w.event for w in first), state, now, self.follower.traces)
-        if not state.pending_jobs():
+        if not cycle_needed(state):
             return len(first)
         decisions = self.policy.decide_live(state, now, changed=self._changes.take())
         writes = [

@@ -49,6 +49,18 @@ def scan_repairing(state: ClusterState) -> list[JobView]:
     return sorted(waiting, key=lambda j: j.submitted_seq)
 
 
+def scan_growable(state: ClusterState) -> list[JobView]:
+    growable = [
+        j
+        for j in state.jobs.values()
+        if j.state in ("bound", "running")
+        and not j.cancel_requested
+        and j.spec.max_gpus is not None
+        and j.bound_gpus < j.spec.max_gpus
+    ]
+    return sorted(growable, key=lambda j: j.submitted_seq)
+
+
 def scan_totals(state: ClusterState) -> tuple[int, int, int, int | None]:
     nodes = state.nodes.values()
     return (
@@ -71,6 +83,7 @@ def indexed_totals(state: ClusterState) -> tuple[int, int, int, int | None]:
 def assert_index_agrees(state: ClusterState, now: float) -> None:
     assert state.pending_jobs() == scan_pending(state)
     assert state.repairing_jobs() == scan_repairing(state)
+    assert state.growable_jobs() == scan_growable(state)
     ready = [j for j in scan_pending(state) if j.retry_at is None or j.retry_at <= now]
     assert state.ready_jobs(now) == ready
     assert indexed_totals(state) == scan_totals(state)
@@ -97,7 +110,19 @@ def registered(rng: random.Random, node_id: str) -> NodeRegistered:
 
 
 def submitted(job_id: str, gpus: int) -> JobSubmitted:
-    spec = JobSpec(name=job_id, team="t", gpus=gpus, gpus_per_task=gpus, ranks_per_task=1, command=("x",))
+    # every third job elastic up to twice its size: bound, it is growable (no extra draw from the rng)
+    most = 2 * gpus if int(job_id[1:]) % 3 == 0 else None
+    spec = JobSpec(
+        name=job_id,
+        team="t",
+        gpus=gpus,
+        gpus_per_task=gpus,
+        ranks_per_task=1,
+        command=("x",),
+        min_gpus=gpus if most else None,
+        max_gpus=most,
+        gpu_step=gpus if most else None,
+    )
     return JobSubmitted(job_id=job_id, spec=spec, submitted_at=1.0)
 
 

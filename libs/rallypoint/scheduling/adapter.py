@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rallypoint.core.types import Node
+from rallypoint.state import ClusterState
 
 
 def exceeds_cluster(gpus: int, total_gpus: int) -> bool:
@@ -72,3 +73,10 @@ def pending_time_limit(time_limit_s: float | None) -> float | None:
     """The time-limit rule for a waiting gang: its next attempt may run for the whole limit, however much
     of the work earlier attempts did (the reservation and backfill arithmetic read it)."""
     return None if time_limit_s is None else float(time_limit_s)
+
+
+def cycle_needed(state: ClusterState) -> bool:
+    """Whether the scheduler runs the core at all: a job waits, or an elastic gang could grow into idle
+    GPUs (the core lends idle GPUs to elastic gangs when nobody waits, so an empty queue is no reason to
+    skip). The simulator runs it on the same occasions (waiting jobs or elastic gangs running)."""
+    return bool(state.pending_jobs()) or bool(state.growable_jobs())

@@ -47,6 +47,7 @@ from rallypoint.events import (
     PreemptionRequested,
 )
 from rallypoint.scheduling import SchedulingPolicy, admission_writes, build_snapshot, decision_writes
+from rallypoint.scheduling.adapter import cycle_needed
 from rallypoint.scheduling.config import core_queues
 from rallypoint.scheduling.pending import NEVER_FITS
 from rallypoint.scheduling.queues import Queues
@@ -183,6 +184,10 @@ class LiveSide:
             for write in admissions:
                 self.append(write.event)
             admissions = []
+        if not cycle_needed(self.state):
+            # the leader skips the cycle: it decides nothing
+            nothing = ct.Decisions(policy=self.policy.policy.name, now=now)
+            return nothing, nothing, admissions
         live = self.policy.decide_live(self.state, now, changed=self.changes.take())
         fresh = build_snapshot(
             self.state, now, queues=self.policy.queues, priority_classes=self.policy.priority_classes

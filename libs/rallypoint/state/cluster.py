@@ -67,7 +67,7 @@ from rallypoint.events import (
 )
 from rallypoint.events.codec import Quarantined, QuarantineLog
 
-from .indexes import NOTHING, PENDING, REPAIRING, StateIndex, Touched
+from .indexes import GROWABLE, NOTHING, PENDING, REPAIRING, StateIndex, Touched
 
 RefusalKind = Literal["epoch", "unknown-job", "invalid", "overtaken"]
 JobState = Literal["pending", "bound", "running", "repairing", "completed", "failed", "cancelled", "rejected"]
@@ -353,6 +353,11 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
     def repairing_jobs(self) -> list[JobView]:
         """Interrupted gangs waiting for a replacement node (not being cancelled), in arrival order."""
         return list(self._index().jobs_of(REPAIRING))
+
+    def growable_jobs(self) -> list[JobView]:
+        """Launched elastic gangs below their ``max_gpus`` (not being cancelled), in arrival order: the core
+        may grow them into idle GPUs even when no job waits."""
+        return list(self._index().jobs_of(GROWABLE))
 
     def active_jobs(self) -> list[JobView]:
         """Jobs holding GPUs (bound, running, repairing), in arrival order. A scan, on purpose: its one

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 # Job classes a reader lists in arrival order (bits of one mask per job).
 PENDING = 1  # waiting for a bind, not being cancelled
 REPAIRING = 2  # an interrupted gang waiting for a replacement node, not being cancelled
-_CLASSES = (PENDING, REPAIRING)
+GROWABLE = 4  # a launched elastic gang below its max_gpus, not being cancelled: the scheduler may grow it
+_CLASSES = (PENDING, REPAIRING, GROWABLE)
 
 
 class Touched(msgspec.Struct, frozen=True, gc=False):
@@ -42,12 +43,19 @@ NOTHING = Touched(job_id=None, node_ids=frozenset())
 
 
 def job_classes(job: JobView) -> int:
-    """The reader classes ``job`` belongs to, as a mask of PENDING and REPAIRING."""
+    """The reader classes ``job`` belongs to, as a mask of PENDING, REPAIRING and GROWABLE."""
     if job.cancel_requested:
         return 0
     if job.state == "pending":
         return PENDING
-    return REPAIRING if job.state == "repairing" else 0
+    if job.state == "repairing":
+        return REPAIRING
+    return GROWABLE if _growable(job) else 0
+
+
+def _growable(job: JobView) -> bool:
+    limit = job.spec.max_gpus
+    return limit is not None and job.state in ("bound", "running") and job.bound_gpus < limit
 
 
 def node_share(node: NodeView) -> tuple[int, int, int]:
