@@ -175,14 +175,37 @@ def _quota_ceiling_note(job: PendingJob, size: int, types: list[str], ctx: Ctx) 
 
 
 def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | None:
-    """Try to bind ``job``. None when bound, else the status explaining why not."""
+    """Try to bind ``job``. None when bound, else the status explaining why not.
+
+    Stages: filter -> admit and place (``_admit_and_place``) -> refused by quota (``_quota_refused``) ->
+    already preempting (``_still_preempting``) -> why not (``_why_not``) -> make room (``_make_room``)."""
     for f in policy.filters:
         st = f.check(job, ctx)
         if st is not None:
             return st
-    alts = job.gpu_types
     types = job_types(job, ctx.idx)  # its allowed types the cluster has, in its order of preference
-    quota_msg: str | None = None
+    tried = _admit_and_place(job, types, policy, ctx, out)
+    if tried is None:
+        return None  # bound
+    size, refusal = tried
+    if refusal is not None:
+        return _quota_refused(job, size, types, refusal, policy, ctx, out)
+    if ctx.stopping:
+        st = _still_preempting(job, size, ctx)
+        if st is not None:
+            return st
+    st = _why_not(job, size, types, ctx)
+    if st.code in _WAITS_FOR_ROOM:
+        return _make_room(job, size, st, policy, ctx, out)
+    return st
+
+
+def _admit_and_place(
+    job: PendingJob, types: list[str], policy: Policy, ctx: Ctx, out: _Out
+) -> tuple[int, str | None] | None:
+    """Bind ``job`` at the first size (largest first) and GPU type (its order) that its quota admits and
+    that places; None when bound. Else (the smallest size tried, the quota's refusal when the quota
+    refuses that size on every type, else None)."""
     if job.min_gpus is None and len(types) == 1:
         # one size and one GPU type (most jobs): the loop below without building its lists; a refused
         # permit is refused for all types, as the re-check below would find (nothing changed since)
@@ -193,42 +216,55 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
             if plan is not None:
                 _bind(job, size, plan, ctx, out)
                 return None
-        quota_refused = quota_msg is not None
-    else:
-        sizes = [job.gpus] if job.min_gpus is None else job_sizes(job, ctx)
-        for size in sizes:
-            for t in types:
-                msg = policy.permit.check(job, t, size, ctx)
-                if msg is not None:
-                    quota_msg = quota_msg or msg
-                    continue
-                plan = _try_place(job, size, t, ctx)
-                if plan is not None:
-                    _bind(job, size, plan, ctx, out)
-                    return None
-        size = sizes[-1]
-        quota_refused = quota_msg is not None and all(
-            policy.permit.check(job, t, size, ctx) is not None for t in types
-        )
-    if quota_refused:
-        assert quota_msg is not None
-        qst = Status("QuotaExceeded", quota_msg + _quota_ceiling_note(job, size, types, ctx))
-        if getattr(policy.preemptor, "quota_aware", False) and job.id not in ctx.stopping:
-            # a quota-aware preemptor may make room in the queue's quota too (its own queue's lower-ranked
-            # jobs, other queues' lower-ranked borrowers); the plan is checked against the quota
-            return _preempt(job, size, policy, ctx, out) or qst
-        return qst
-    victims = ctx.stopping.get(job.id) if ctx.stopping else None
-    if victims is not None and ctx.hold_of(job.id) is not None:
-        n = len(victims)
-        return Status(
-            "Preempting",
-            f"needs {size} GPUs; waiting for {n} preempted job{'s' if n != 1 else ''} to stop "
-            f"({', '.join(victims)}); their GPUs are held for it",
-        )
-    # a reason depends only on the job's shape and the workspace's free GPUs and holds: thousands of
-    # waiting jobs of a few shapes share it while nothing is bound in between
-    # (at cluster level only the free total matters, so the memo survives binds elsewhere)
+        return size, quota_msg
+    quota_msg = None
+    sizes = [job.gpus] if job.min_gpus is None else job_sizes(job, ctx)
+    for size in sizes:
+        for t in types:
+            msg = policy.permit.check(job, t, size, ctx)
+            if msg is not None:
+                quota_msg = quota_msg or msg
+                continue
+            plan = _try_place(job, size, t, ctx)
+            if plan is not None:
+                _bind(job, size, plan, ctx, out)
+                return None
+    size = sizes[-1]
+    if quota_msg is not None and all(policy.permit.check(job, t, size, ctx) is not None for t in types):
+        return size, quota_msg
+    return size, None
+
+
+def _quota_refused(
+    job: PendingJob, size: int, types: list[str], refusal: str, policy: Policy, ctx: Ctx, out: _Out
+) -> Status:
+    """``QuotaExceeded`` (with the ceiling note), unless a quota-aware preemptor makes room in the queue's
+    quota (its own queue's lower-ranked jobs, other queues' lower-ranked borrowers); the plan is checked
+    against the quota."""
+    qst = Status("QuotaExceeded", refusal + _quota_ceiling_note(job, size, types, ctx))
+    if getattr(policy.preemptor, "quota_aware", False) and job.id not in ctx.stopping:
+        return _preempt(job, size, policy, ctx, out) or qst
+    return qst
+
+
+def _still_preempting(job: PendingJob, size: int, ctx: Ctx) -> Status | None:
+    """``Preempting`` for a job whose victims are still stopping and whose slot is held for it."""
+    victims = ctx.stopping.get(job.id)
+    if victims is None or ctx.hold_of(job.id) is None:
+        return None
+    n = len(victims)
+    return Status(
+        "Preempting",
+        f"needs {size} GPUs; waiting for {n} preempted job{'s' if n != 1 else ''} to stop "
+        f"({', '.join(victims)}); their GPUs are held for it",
+    )
+
+
+def _why_not(job: PendingJob, size: int, types: list[str], ctx: Ctx) -> Status:
+    """``reasons.classify`` behind a memo: a reason depends only on the job's shape and the workspace's
+    free GPUs and holds, so thousands of waiting jobs of a few shapes share it while nothing is bound in
+    between (at cluster level only the free total matters, so the memo survives binds elsewhere)."""
+    alts = job.gpu_types
     rkey = (job.gpu_type if alts is None else alts, job.gpus_per_task, size, job.gpus, job.topology_required)
     lvl = ctx.required_level(job) if ctx.consolidate_small else job.topology_required
     if lvl is None or lvl == "cluster":
@@ -242,25 +278,27 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
         stamp = ctx.ws.version
     memo = ctx._reasons.get(rkey)
     if memo is not None and memo[0] == stamp and memo[1] == ctx.hold_changes:
-        st = memo[2]
-    else:
-        st = reasons.classify(job, size, ctx)
-        ctx._reasons[rkey] = (stamp, ctx.hold_changes, st)
-    if st.code in _WAITS_FOR_ROOM:
-        if st.code == "Topology" and ctx.cfg.consolidation:
-            cst = _consolidate(job, size, policy, ctx, out)
-            if cst is not None:
-                return cst
-        # (_preempt's own first test, asked here: once the cycle's preemptors are used up, thousands of
-        # waiting jobs skip the call)
-        if policy.preemptor is not None and ctx.preemptors < ctx.cfg.max_preemptors_per_cycle:
-            pst = _preempt(job, size, policy, ctx, out)
-            if pst is not None:
-                return pst
-        rst = _reserve(job, size, st, policy, ctx, out)
-        if rst is not None:
-            return rst
+        return memo[2]
+    st = reasons.classify(job, size, ctx)
+    ctx._reasons[rkey] = (stamp, ctx.hold_changes, st)
     return st
+
+
+def _make_room(job: PendingJob, size: int, st: Status, policy: Policy, ctx: Ctx, out: _Out) -> Status:
+    """For a job waiting for room (``st``): consolidate > preempt > reserve, the first that acts gives the
+    status; ``st`` when none does."""
+    if st.code == "Topology" and ctx.cfg.consolidation:
+        cst = _consolidate(job, size, policy, ctx, out)
+        if cst is not None:
+            return cst
+    # (_preempt's own first test, asked here: once the cycle's preemptors are used up, thousands of
+    # waiting jobs skip the call)
+    if policy.preemptor is not None and ctx.preemptors < ctx.cfg.max_preemptors_per_cycle:
+        pst = _preempt(job, size, policy, ctx, out)
+        if pst is not None:
+            return pst
+    rst = _reserve(job, size, st, policy, ctx, out)
+    return rst if rst is not None else st
 
 
 def _announce(

@@ -307,117 +307,38 @@ class ClassLasOrder:
                 return 0
         return 1
 
-    def order(self, jobs: Iterable[PendingJob], ctx: Ctx) -> Iterator[PendingJob]:
-        # Every job gets its rank in submission order (the tie key (submit, arrival, id) is a total order:
-        # ids are unique), so a heap entry is one int, (prefix, share step, rank) packed, instead of the
-        # tuple (prefix, share step, submit, arrival, id, group): it sorts the same way and int comparisons
-        # are what the heap spends its time on. The rank also names the job, its group and the group's
-        # next job.
-        # Sorting on the submit time alone is the same as sorting on the whole tie key when no two jobs share
-        # a submit time (the usual case, and a cheaper sort: float keys instead of tuples); otherwise (or
-        # with a NaN, which compares inconsistently) sort on the whole key, as before
+    @staticmethod
+    def _ranked(jobs: Iterable[PendingJob]) -> list[PendingJob]:
+        """Stage 1: the jobs in submission order; a job's place there is its rank.
+
+        Every job gets its rank in submission order (the tie key (submit, arrival, id) is a total order:
+        ids are unique), so a heap entry is one int, (prefix, share step, rank) packed, instead of the
+        tuple (prefix, share step, submit, arrival, id, group): it sorts the same way and int comparisons
+        are what the heap spends its time on. The rank also names the job, its group and the group's
+        next job. Sorting on the submit time alone is the same as sorting on the whole tie key when no two
+        jobs share a submit time (the usual case, and a cheaper sort: float keys instead of tuples);
+        otherwise (or with a NaN, which compares inconsistently) sort on the whole key."""
         jobs = jobs if isinstance(jobs, (tuple, list)) else tuple(jobs)
         ranked = sorted(jobs, key=_submit_of)
-        n = len(ranked)
-        if not n:
-            return
         subs = list(map(_submit_of, ranked))
         total = sum(subs)  # NaN if some submit time is (or +inf and -inf meet: then just sort again)
         if total != total or any(map(eq, subs, islice(subs, 1, None))):
             ranked = sorted(jobs, key=_tie_of)
+        return ranked
+
+    def order(self, jobs: Iterable[PendingJob], ctx: Ctx) -> Iterator[PendingJob]:
+        """Stages: rank (``_ranked``) -> group (``_groups``) -> first keys (``_first_keys``) -> pop the
+        heap of groups, re-pushing a group whose tier or share changed since it was pushed."""
+        ranked = self._ranked(jobs)
+        n = len(ranked)
+        if not n:
+            return
         rbits = n.bit_length()
         rmask = (1 << rbits) - 1
-        prio = ctx.prio
-        cfg = ctx.cfg
-        unaged = cfg.level_aging_s <= 0 and cfg.las_starvation_factor <= 0
-        by_estimate = unaged and cfg.level_by_estimate
-        plain = unaged and not cfg.level_by_estimate
-        unit = cfg.estimate_level_gpu_s
-        ths = cfg.las_thresholds
-        m = cfg.strict_class_min
-        level = self.pending_level
-        qb = ctx.quota
-        types = ctx.idx.types
-        # per queue: its usage keys and nominals (the tier test, inlined below), None for an unlimited queue
-        noms: dict[str, list[tuple[tuple[str, str], int]] | None] = {}
-        # Groups keyed by (packed (band, level, class) prefix, team, queue, size); the packed prefix sorts
-        # like (-band, level, -class). Per group: its last rank so far and its info; per rank: the next
-        # rank of its group (-1 after the last) and its group's info: (team, size, first type's usage key,
-        # first type's nominal, the other types' (usage key, nominal)) for the tier test at every pop
-        # (one dict lookup for the usual single GPU type).
-        groups: dict[tuple[int, str, str, int], list[Any]] = {}
-        heads: list[tuple[tuple[int, str, str, int], int]] = []
-        nxt = [-1] * n
-        info: list[tuple[str, int, tuple[str, str], int, list[tuple[tuple[str, str], int]]]] = [
-            ("", 0, ("", ""), 0, [])
-        ] * n
-        # per class (and, without aging, per attained value or per expected remaining work): the prefix,
-        # computed once instead of per job
-        bases: dict[str | None, dict[float, int]] = {}
-        for r, j in enumerate(ranked):
-            if plain:  # pending_level, memoized: a function of attained service only
-                bc = bases.get(j.priority_class)
-                if bc is None:
-                    bc = bases[j.priority_class] = {}
-                a = j.attained_gpu_s
-                base = bc.get(a)
-                if base is None:
-                    lv = min(las_level(a, ths), _LEVEL_SPAN - 1)
-                    p = prio.get(j.priority_class, 0)
-                    base = bc[a] = _prefix(p if m is None or p >= m else 0, lv, p)
-            elif by_estimate:  # pending_level, memoized: a function of expected remaining work only
-                bc = bases.get(j.priority_class)
-                if bc is None:
-                    bc = bases[j.priority_class] = {}
-                rem = pending_remaining(j)
-                base = bc.get(rem)
-                if base is None:
-                    lv = estimate_level(rem, unit)
-                    p = prio.get(j.priority_class, 0)
-                    base = bc[rem] = _prefix(p if m is None or p >= m else 0, lv, p)
-            else:
-                p = prio.get(j.priority_class, 0)
-                base = _prefix(p if m is None or p >= m else 0, level(j, ctx), p)
-            team = j.team
-            q = j.queue
-            if q is None:
-                q = team
-            key = (base, team, q, j.gpus)
-            g = groups.get(key)
-            if g is None:
-                if q in noms:
-                    nl = noms[q]
-                else:
-                    nl = noms[q] = [((q, t), qb.nominal(q, t)) for t in types] if qb.limited(q) else None
-                if nl:
-                    g = groups[key] = [r, (team, j.gpus, nl[0][0], nl[0][1], nl[1:])]
-                else:  # unlimited queue (or no GPU type): always tier 1, its tier never tested again
-                    g = groups[key] = [r, (team, j.gpus, ("", ""), 0, [])]
-                heads.append((key, r))
-            else:
-                nxt[g[0]] = r
-                g[0] = r
-            info[r] = g[1]
+        heads, nxt, info, noms = self._groups(ranked, ctx)
+        firsts = self._first_keys(heads, noms, ctx)
         usage = ctx.ws.usage
-        share = ctx.dominant_share
         shares = ctx._shares  # the memo behind ctx.dominant_share (read inline: this loop is hot)
-        # prefix (with the tier bit), share step and head rank of every group
-        firsts: list[tuple[int, int, int]] = []
-        for (prefix, team, q, size), r in heads:
-            nl = noms[q]
-            # tier(q, size): 1 unless some type's nominal still has room for the group's size
-            if nl is None:
-                prefix |= _TIER1
-            else:
-                for uk, nm in nl:
-                    if usage.get(uk, 0) + size <= nm:
-                        break
-                else:
-                    prefix |= _TIER1
-            sh = shares.get(team)
-            if sh is None:
-                sh = share(team)
-            firsts.append((prefix, int(sh * _SHARE_STEPS), r))
         # Heap key of a group: prefix << pshift | (share step + soff) << rbits | rank of its next job. The
         # step field is sbits wide, offset by soff so that any step in [-soff, soff) packs (in order); the
         # prefix packs (tier, -band, level, -class), and a tier change sets its _TIER1 bit (tier1 below).
@@ -480,6 +401,123 @@ class ClassLasOrder:
             else:
                 heapq.heappop(heap)
             yield ranked[r]
+
+    def _groups(
+        self, ranked: list[PendingJob], ctx: Ctx
+    ) -> tuple[
+        list[tuple[tuple[int, str, str, int], int]],
+        list[int],
+        list[tuple[str, int, tuple[str, str], int, list[tuple[tuple[str, str], int]]]],
+        dict[str, list[tuple[tuple[str, str], int]] | None],
+    ]:
+        """Stage 2: group the ranked jobs by (packed (band, level, class) prefix, team, queue, size).
+
+        Returns the groups' (key, head rank) in first-seen order, per rank the next rank of its group (-1
+        after the last), per rank its group's info (team, size, first type's usage key and nominal, the
+        other types' (usage key, nominal): the tier test at every pop, one dict lookup for the usual
+        single GPU type) and per queue its (usage key, nominal) list (None: unlimited)."""
+        n = len(ranked)
+        prio = ctx.prio
+        cfg = ctx.cfg
+        unaged = cfg.level_aging_s <= 0 and cfg.las_starvation_factor <= 0
+        by_estimate = unaged and cfg.level_by_estimate
+        plain = unaged and not cfg.level_by_estimate
+        unit = cfg.estimate_level_gpu_s
+        ths = cfg.las_thresholds
+        m = cfg.strict_class_min
+        level = self.pending_level
+        qb = ctx.quota
+        types = ctx.idx.types
+        # per queue: its usage keys and nominals (the tier test, inlined at every pop), None: unlimited
+        noms: dict[str, list[tuple[tuple[str, str], int]] | None] = {}
+        # Groups keyed by (packed (band, level, class) prefix, team, queue, size); the packed prefix sorts
+        # like (-band, level, -class). Per group: its last rank so far and its info; per rank: the next
+        # rank of its group (-1 after the last) and its group's info: (team, size, first type's usage key,
+        # first type's nominal, the other types' (usage key, nominal)) for the tier test at every pop
+        # (one dict lookup for the usual single GPU type).
+        groups: dict[tuple[int, str, str, int], list[Any]] = {}
+        heads: list[tuple[tuple[int, str, str, int], int]] = []
+        nxt = [-1] * n
+        info: list[tuple[str, int, tuple[str, str], int, list[tuple[tuple[str, str], int]]]] = [
+            ("", 0, ("", ""), 0, [])
+        ] * n
+        # per class (and, without aging, per attained value or per expected remaining work): the prefix,
+        # computed once instead of per job
+        bases: dict[str | None, dict[float, int]] = {}
+        for r, j in enumerate(ranked):
+            if plain:  # pending_level, memoized: a function of attained service only
+                bc = bases.get(j.priority_class)
+                if bc is None:
+                    bc = bases[j.priority_class] = {}
+                a = j.attained_gpu_s
+                base = bc.get(a)
+                if base is None:
+                    lv = min(las_level(a, ths), _LEVEL_SPAN - 1)
+                    p = prio.get(j.priority_class, 0)
+                    base = bc[a] = _prefix(p if m is None or p >= m else 0, lv, p)
+            elif by_estimate:  # pending_level, memoized: a function of expected remaining work only
+                bc = bases.get(j.priority_class)
+                if bc is None:
+                    bc = bases[j.priority_class] = {}
+                rem = pending_remaining(j)
+                base = bc.get(rem)
+                if base is None:
+                    lv = estimate_level(rem, unit)
+                    p = prio.get(j.priority_class, 0)
+                    base = bc[rem] = _prefix(p if m is None or p >= m else 0, lv, p)
+            else:
+                p = prio.get(j.priority_class, 0)
+                base = _prefix(p if m is None or p >= m else 0, level(j, ctx), p)
+            team = j.team
+            q = j.queue
+            if q is None:
+                q = team
+            key = (base, team, q, j.gpus)
+            g = groups.get(key)
+            if g is None:
+                if q in noms:
+                    nl = noms[q]
+                else:
+                    nl = noms[q] = [((q, t), qb.nominal(q, t)) for t in types] if qb.limited(q) else None
+                if nl:
+                    g = groups[key] = [r, (team, j.gpus, nl[0][0], nl[0][1], nl[1:])]
+                else:  # unlimited queue (or no GPU type): always tier 1, its tier never tested again
+                    g = groups[key] = [r, (team, j.gpus, ("", ""), 0, [])]
+                heads.append((key, r))
+            else:
+                nxt[g[0]] = r
+                g[0] = r
+            info[r] = g[1]
+        return heads, nxt, info, noms
+
+    @staticmethod
+    def _first_keys(
+        heads: list[tuple[tuple[int, str, str, int], int]],
+        noms: dict[str, list[tuple[tuple[str, str], int]] | None],
+        ctx: Ctx,
+    ) -> list[tuple[int, int, int]]:
+        """Stage 3: per group, its prefix with the tier bit (``tier``), its share step and its head rank."""
+        usage = ctx.ws.usage
+        share = ctx.dominant_share
+        shares = ctx._shares  # the memo behind ctx.dominant_share (read inline: this loop is hot)
+        # prefix (with the tier bit), share step and head rank of every group
+        firsts: list[tuple[int, int, int]] = []
+        for (prefix, team, q, size), r in heads:
+            nl = noms[q]
+            # tier(q, size): 1 unless some type's nominal still has room for the group's size
+            if nl is None:
+                prefix |= _TIER1
+            else:
+                for uk, nm in nl:
+                    if usage.get(uk, 0) + size <= nm:
+                        break
+                else:
+                    prefix |= _TIER1
+            sh = shares.get(team)
+            if sh is None:
+                sh = share(team)
+            firsts.append((prefix, int(sh * _SHARE_STEPS), r))
+        return firsts
 
     @staticmethod
     def _pack(band: Any, level: Any, p: Any) -> Any:
