@@ -80,8 +80,9 @@ def test_a_slowed_process_does_clearly_less_work(
     finally:
         cycler.close()
     assert cycler.cycles >= 5
-    # 1/3 of the wall time in theory; wide bounds for a shared, busy host.
-    assert slow < 0.6 * fast, (slow, fast)
+    # 1/3 of the wall time in theory. On a busy host the kernel's fair scheduler gives a process that was
+    # stopped part of its lost share back (it has run less), so the bound is wide: slowed, clearly.
+    assert slow < 0.75 * fast, (slow, fast)
     assert slow > 0.05 * fast, (slow, fast)  # slowed, not frozen
 
 
@@ -194,7 +195,7 @@ def test_launched_ranks_are_slowed_and_a_killed_one_is_let_go(
             slow, fast = wait_count(tmp_path / "slow"), wait_count(tmp_path / "fast")
         finally:
             cycler.close()
-        assert slow < 0.6 * fast, (slow, fast)
+        assert slow < 0.75 * fast, (slow, fast)  # wide, as in the test above
         while len(launcher.poll()) < 1:  # the slowed rank's exit: it is no longer a group to cycle
             assert time.monotonic() < deadline + 15
             time.sleep(0.02)
