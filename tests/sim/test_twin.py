@@ -47,6 +47,7 @@ def synthetic() -> tuple[list[Job], Cluster, Queues]:
         J("g", 45.0, 8, 400.0, "t1", time_limit=600.0),
         J("h", 60.0, 24, 80.0, "t1", priority="training-high", time_limit=120.0),
         J("i", 70.0, 4, 20.0, "t2", time_limit=30.0),
+        J("k", 80.0, 8, 100.0, "t2", priority="production"),  # never preempted
     ]
     cluster = cluster_from_obj({"generator": {"racks": 2, "nodes_per_rack": 2, "gpus_per_node": 8}})
     queues = queues_from_obj(
@@ -68,6 +69,9 @@ def assert_identical(report: TwinReport) -> None:
         f"t={first.now}:\n sim   {first.sim}\n live  {first.live}\n audit {first.audit}"
     )
     assert report.ignored_binds == 0 and report.stale_decisions == 0
+    # and one step earlier, what the core was given: every job, running gang, node, queue and class
+    inputs = report.input_mismatches[0] if report.input_mismatches else None
+    assert inputs is None, f"inputs differ at t={inputs.now}:\n sim  {inputs.sim}\n live {inputs.live}"
     assert report.rejected_sim == report.rejected_live
 
 

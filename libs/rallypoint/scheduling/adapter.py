@@ -25,16 +25,16 @@ def exceeds_cluster_reason(gpus: int, total_gpus: int) -> str:
     return f"asks for {gpus} GPUs; the cluster has {total_gpus}"
 
 
-def nvlink_domains(domain_of_gpu: Sequence[int]) -> tuple[tuple[int, ...], ...]:
-    """The core's NVLink domains from each GPU's domain number (GPU ``i`` is in ``domain_of_gpu[i]``):
-    groups of GPU indices, in domain order; ``()`` when one domain holds every GPU (the core's
-    whole-board default), so a node reads the same however its domains were described."""
+def nvlink_domains(gpus: Sequence[tuple[int, int]]) -> tuple[tuple[int, ...], ...]:
+    """The core's NVLink domains from ``(GPU index, its domain number)`` pairs: the GPU indices of each
+    domain, in domain order; ``()`` when one domain holds every GPU (the core's whole-board default), so a
+    node reads the same whether its inventory names one domain or none."""
     groups: dict[int, list[int]] = {}
-    for gpu, domain in enumerate(domain_of_gpu):
-        groups.setdefault(domain, []).append(gpu)
+    for index, domain in gpus:
+        groups.setdefault(domain, []).append(index)
     if len(groups) <= 1:
         return ()
-    return tuple(tuple(g) for _, g in sorted(groups.items()))
+    return tuple(tuple(sorted(g)) for _, g in sorted(groups.items()))
 
 
 def core_node(
@@ -43,19 +43,19 @@ def core_node(
     rack: str,
     spine: str,
     gpu_type: str,
-    domain_of_gpu: Sequence[int],
+    gpus: Sequence[tuple[int, int]],
     cpu_milli: int,
     memory_mib: int,
     schedulable: bool = True,
 ) -> Node:
-    """One machine as the core sees it."""
+    """One machine as the core sees it; ``gpus`` as for ``nvlink_domains``."""
     return Node(
         id=node_id,
         rack=rack,
         spine=spine,
         gpu_type=gpu_type,
-        gpus=len(domain_of_gpu),
-        nvlink_domains=nvlink_domains(domain_of_gpu),
+        gpus=len(gpus),
+        nvlink_domains=nvlink_domains(gpus),
         cpu_milli=cpu_milli,
         memory_mib=memory_mib,
         schedulable=schedulable,

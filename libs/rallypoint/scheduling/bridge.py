@@ -32,22 +32,24 @@ from rallypoint.events import (
 )
 from rallypoint.state import ACTIVE, LAUNCHED, ClusterState, JobView, NodeView
 
-from .adapter import attempt_end, exceeds_cluster, exceeds_cluster_reason, pending_time_limit
+from .adapter import (
+    attempt_end,
+    core_node,
+    exceeds_cluster,
+    exceeds_cluster_reason,
+    pending_time_limit,
+)
 from .pending import pending_writes
 from .writes import Write
 
 
 def node_of(view: NodeView) -> Node:
-    domains: dict[int, list[int]] = {}
-    for gpu in view.gpus:
-        domains.setdefault(gpu.nvlink_domain, []).append(gpu.index)
-    return Node(
-        id=view.node_id,
+    return core_node(
+        view.node_id,
         rack=view.rack,
         spine=view.spine,
         gpu_type=view.gpu_type,
-        gpus=len(view.gpus),
-        nvlink_domains=tuple(tuple(sorted(g)) for _, g in sorted(domains.items())),
+        gpus=[(gpu.index, gpu.nvlink_domain) for gpu in view.gpus],
         cpu_milli=view.cpu_milli,
         memory_mib=view.memory_mib,
         schedulable=view.schedulable,

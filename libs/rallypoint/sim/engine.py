@@ -37,7 +37,7 @@ import msgspec
 
 from rallypoint.core import types as ct
 from rallypoint.core.cluster import ClusterModel
-from rallypoint.scheduling.adapter import attempt_end, exceeds_cluster, pending_time_limit
+from rallypoint.scheduling.adapter import attempt_end, core_node, exceeds_cluster, pending_time_limit
 from rallypoint.scheduling.bridge import resized_placements
 from rallypoint.scheduling.config import core_queues
 from rallypoint.scheduling.pending import NEVER_FITS
@@ -170,25 +170,20 @@ class _SimJob:
 
 
 def to_core_nodes(cluster: Cluster) -> list[ct.Node]:
-    out = []
-    for n in cluster.nodes:
-        doms: tuple[tuple[int, ...], ...] = ()
-        if n.nvlink_domain and n.nvlink_domain < n.gpus:
-            d = n.nvlink_domain
-            doms = tuple(tuple(range(i, min(i + d, n.gpus))) for i in range(0, n.gpus, d))
-        out.append(
-            ct.Node(
-                id=n.id,
-                rack=n.rack,
-                spine=n.spine,
-                gpu_type=n.gpu_type,
-                gpus=n.gpus,
-                nvlink_domains=doms,
-                cpu_milli=n.cpu,
-                memory_mib=n.memory,
-            )
+    """The cluster file's nodes as the core sees them (``adapter.core_node``, as the scheduler's bridge):
+    ``nvlink_domain`` GPUs per domain, GPU ``i`` in domain ``i // nvlink_domain``."""
+    return [
+        core_node(
+            n.id,
+            rack=n.rack,
+            spine=n.spine,
+            gpu_type=n.gpu_type,
+            gpus=[(i, i // n.nvlink_domain if n.nvlink_domain else 0) for i in range(n.gpus)],
+            cpu_milli=n.cpu,
+            memory_mib=n.memory,
         )
-    return out
+        for n in cluster.nodes
+    ]
 
 
 def to_core_queues(q: Queues | None) -> tuple[tuple[ct.Queue, ...], tuple[ct.PriorityClass, ...]]:
@@ -228,7 +223,6 @@ class Simulator:
         self.policy = policy_obj if policy_obj is not None else (by_name(policy) if by_name else policy)
         self.queues_cfg = queues
         self.core_queues, self.core_classes = to_core_queues(queues)
-        self.preemptible_class = {c.name: c.preemptible for c in self.core_classes}
         default_class = queues.default_priority if queues else "training-standard"
         self.model = ClusterModel(to_core_nodes(cluster))
         self.node_gpus = {n.id: n.gpus for n in cluster.nodes}
@@ -329,6 +323,7 @@ class Simulator:
             attained_gpu_s=sj.attained,
             last_preempted_at=sj.last_preempted,
             last_run_s=sj.run_time,
+            name=j.id,  # a workload's job has no other name; the scheduler passes its spec's
         )
 
     def _submit(self, sj: _SimJob, now: float) -> bool:
@@ -383,18 +378,19 @@ class Simulator:
             sj.racks = len({self.node_rack[n] for n in node_ids})
             sj.placed_type = self.node_type[placements[0].node_id] if placements else None
         end = sj.run_start + sj.remaining / sj.rate
-        first_type = self.node_type[placements[0].node_id] if placements else None
+        types = j.gpu_types
         rj = ct.RunningJob(
             id=j.id,
             team=j.team,
             priority_class=sj.pclass,
             gpus=gpus,
-            gpu_type=first_type,
+            # the job's one GPU type, as the scheduler passes its spec's (None: the core reads the type of
+            # the nodes it runs on); whether it may be preempted is its class's, which the core reads
+            gpu_type=types[0] if len(types) == 1 else None,
             placements=placements,
             start_time=now,
             expected_end=attempt_end(now, j.time_limit),
             last_checkpoint=None,
-            preemptible=self.preemptible_class.get(sj.pclass, True),
             min_gpus=j.min_gpus,
             max_gpus=j.max_gpus,
             gpu_step=j.gpu_step,

@@ -85,6 +85,8 @@ class TwinReport(msgspec.Struct, kw_only=True):
     codes: dict[str, int] = {}
     preemption_reasons: dict[str, int] = {}
     mismatches: list[Mismatch] = []
+    # cycles whose core inputs differ (``canonical_inputs``; ``audit`` empty): every job, node, queue
+    input_mismatches: list[Mismatch] = []
     # live writes the fold did not apply (a bind onto held GPUs, a stale decision): never expected
     ignored_binds: int = 0
     stale_decisions: int = 0
@@ -159,6 +161,31 @@ class _Changes:
         return taken
 
 
+@dataclass(frozen=True)
+class LiveCycle:
+    """One live cycle: its decisions, the audit's, the fresh snapshot the audit decided on (None: the
+    leader skipped the cycle) and the writes still to append (the decisions', then admissions)."""
+
+    live: ct.Decisions
+    audit: ct.Decisions
+    snapshot: ct.Snapshot | None
+    writes: list[Write]
+
+
+def canonical_inputs(snap: ct.Snapshot) -> bytes:
+    """Everything the core reads from ``snap``, canonically encoded: jobs and nodes by id. ``arrival`` is
+    each side's own counter (the simulator counts submissions, the live side has the log's sequence) and the
+    core only compares arrivals, so each job's is replaced by its rank in arrival order: the order must
+    agree, the numbers need not."""
+    by_arrival = sorted(snap.pending, key=lambda p: (p.arrival, p.id))
+    ranked = sorted(
+        (msgspec.structs.replace(p, arrival=rank) for rank, p in enumerate(by_arrival)), key=lambda p: p.id
+    )
+    running = sorted(snap.cluster.running.values(), key=lambda j: j.id)
+    nodes = sorted(snap.cluster.nodes.values(), key=lambda n: n.id)
+    return msgspec.json.encode([snap.now, ranked, running, nodes, snap.queues, snap.priority_classes])
+
+
 class LiveSide:
     """The live fold and the scheduler's cycle over it, fed with what the live services would append."""
 
@@ -175,10 +202,9 @@ class LiveSide:
         self.seq += 1
         self.changes.add(self.state.apply(self.seq, event))
 
-    def cycle(self, now: float) -> tuple[ct.Decisions, ct.Decisions, list[Write]]:
+    def cycle(self, now: float) -> LiveCycle:
         """The leader's cycle at ``now``: admissions (rejections folded first), then the decisions on the
-        incrementally synced model; also the audit's decisions on a fresh snapshot. Returns (live,
-        audit, the writes still to append: the decisions', then the remaining admissions)."""
+        incrementally synced model; also the audit's decisions on a fresh snapshot."""
         admissions = admission_writes(self.state, at=now)
         if any(isinstance(w.event, JobRejected) for w in admissions):
             for write in admissions:
@@ -187,14 +213,14 @@ class LiveSide:
         if not cycle_needed(self.state):
             # the leader skips the cycle: it decides nothing
             nothing = ct.Decisions(policy=self.policy.policy.name, now=now)
-            return nothing, nothing, admissions
+            return LiveCycle(nothing, nothing, None, admissions)
         live = self.policy.decide_live(self.state, now, changed=self.changes.take())
         fresh = build_snapshot(
             self.state, now, queues=self.policy.queues, priority_classes=self.policy.priority_classes
         )
         audit = schedule(fresh, self.policy.policy)
         writes = decision_writes(live, self.state, epoch=EPOCH, policy_version=self.policy.version, at=now)
-        return live, audit, [*writes, *admissions]
+        return LiveCycle(live, audit, fresh, [*writes, *admissions])
 
     def carry_out(self, writes: Sequence[Write], now: float) -> None:
         """Append the scheduler's writes, then what the job controller and the agents report when they
@@ -262,12 +288,21 @@ class Twin:
     def _schedule(self, snap: ct.Snapshot, policy: object) -> ct.Decisions:
         now = snap.now
         self._catch_up(snap)
-        live, audit, writes = self.live.cycle(now)
+        cycle = self.live.cycle(now)
+        if cycle.snapshot is not None:
+            self._compare_inputs(snap, cycle.snapshot)
         mine = schedule(snap, policy)  # type: ignore[arg-type]
-        self._compare(now, mine, live, audit)
-        self.live.carry_out(writes, now)
+        self._compare(now, mine, cycle.live, cycle.audit)
+        self.live.carry_out(cycle.writes, now)
         self._count(mine)
         return mine
+
+    def _compare_inputs(self, sim: ct.Snapshot, live: ct.Snapshot) -> None:
+        a, b = canonical_inputs(sim), canonical_inputs(live)
+        if a != b:
+            self.report.input_mismatches.append(
+                Mismatch(cycle=self.report.cycles, now=sim.now, sim=a.decode(), live=b.decode(), audit="")
+            )
 
     def _compare(self, now: float, sim: ct.Decisions, live: ct.Decisions, audit: ct.Decisions) -> None:
         a, b, c = self._enc.encode(sim), self._enc.encode(live), self._enc.encode(audit)
