@@ -183,3 +183,28 @@ def test_the_twin_catches_a_live_side_that_converts_differently() -> None:
     first = report.mismatches[0]
     assert first.sim != first.live and first.live == first.audit
     assert "QuotaExceeded" in first.sim and "QuotaExceeded" not in first.live
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_node_failures_as_the_simulator_models_them_decide_the_same(policy: str) -> None:
+    # Two scripted failures and a restore overhead. The simulator requeues a gang whose node fails; the
+    # twin tells the live fold so with the events of that live path (NodeLost, JobAttemptFailed with cause
+    # infra, NodeRecovered). A live cluster would first try to repair the gang in place (JobInterrupted,
+    # GangRepaired: scheduling/repair.py, outside the core's cycle), which the simulator does not model:
+    # docs/simulator.md, "Sim and live: one decision path".
+    _, _, queues = synthetic()
+    cluster = cluster_from_obj(
+        {
+            "generator": {"racks": 2, "nodes_per_rack": 2, "gpus_per_node": 8},
+            "faults": {
+                "checkpoint_overhead": 30,
+                "events": [
+                    {"node": "r000-n01", "at": 100, "down_for": 200},
+                    {"node": "r001-n00", "at": 250, "down_for": 50},
+                ],
+            },
+        }
+    )
+    report = run_twin(seeded(2), cluster, policy, queues)
+    assert_identical(report)
+    assert report.cycles >= 40
