@@ -187,6 +187,49 @@ def drop_chosen(mask: np.ndarray, ctx: Ctx, view: RunningView) -> None:
             mask[gone] = False
 
 
+class _Walk(NamedTuple):
+    """What the domain walks of one ``RankPreemptor.plan`` call share."""
+
+    job: PendingJob
+    size: int
+    gpu_type: str
+    rank: float
+    ctx: Ctx
+    level: str
+    required: str | None
+    quota_aware: bool  # the plan must pass the preemptor's queue's quota with the victims' usage gone
+    p_within: bool  # the preemptor fits within its queue's nominal quota
+    cand: Callable[[int], Candidate]  # candidate at a position of the cost order (shrinks first)
+
+
+def _candidates(
+    ctx: Ctx, view: RunningView, shrinks: list[Candidate], slots: np.ndarray, kinds: np.ndarray
+) -> Callable[[int], Candidate]:
+    """The candidate at position ``p`` of the cost order (shrinks first, then the eviction slots), built
+    on first use and memoized."""
+    ns = len(shrinks)
+    cache: dict[int, Candidate] = {}
+    cols = view.cols
+    running = ctx.cluster.running
+
+    def cand(p: int) -> Candidate:
+        c = cache.get(p)
+        if c is None:
+            if p < ns:
+                c = shrinks[p]
+            else:
+                s = int(slots[p - ns])
+                jid = cols.ids[s]
+                c = Candidate(
+                    int(kinds[p - ns]), float(view.rank[s]), float(view.lost[s]), running[jid],
+                    job_tasks(ctx, jid), (),
+                )  # fmt: skip
+            cache[p] = c
+        return c
+
+    return cand
+
+
 class RankPreemptor:
     """Shrink > reclaim > preempt strictly lower rank; ``reason_name`` names the priority kind."""
 
@@ -326,29 +369,78 @@ class RankPreemptor:
     def plan(
         self, job: PendingJob, size: int, gpu_type: str, rank: float, ctx: Ctx, view: RunningView
     ) -> PreemptionPlan | None:
-        idx = ctx.idx
-        ws = ctx.ws
+        """Stages: candidates (``_shrinks``, ``_evictions``) -> the domain level (``_domain_level``) ->
+        the vectorized domain walk (``_walk_entries``, ``_estimates``) -> per estimated domain, cheapest
+        first: free its victims on the workspace (``_domain_candidates``, ``_free_victims``), prune
+        (``_prune``), roll back -> the cheapest verified plan."""
         required = ctx.required_level(job)
-        gpt = job.gpus_per_task
-        tasks = size // gpt
-        # the lowest level that can hold the gang when healthy
-        level = "cluster"
+        level = self._domain_level(ctx, gpu_type, required, size)
+        shrinks = self._shrinks(job, gpu_type, rank, ctx, view)
+        slots, kinds = self._evictions(job, size, gpu_type, rank, ctx, view)
+        if not shrinks and len(slots) == 0:
+            return None
+        entries = self._walk_entries(ctx, view, level, shrinks, slots)
+        if entries is None:
+            return None
+        e_d, e_p, e_g = entries
+        estimates = self._estimates(
+            ctx, view, level, gpu_type, size, e_d, e_p, e_g, len(shrinks), slots, kinds
+        )
+        if not estimates:
+            return None
+        w = _Walk(
+            job, size, gpu_type, rank, ctx, level, required,
+            # rallypoint: the gang must also pass its queue's quota once the victims' usage is gone (a job
+            # of a borrowing queue may evict its own queue's lower-ranked jobs or other borrowers)
+            self._quota_aware and ctx.quota.limited(job.queue_name),
+            ctx.quota.within_nominal(ctx.ws, job.queue_name, gpu_type, size),
+            _candidates(ctx, view, shrinks, slots, kinds),
+        )  # fmt: skip
+        ws = ctx.ws
+        best: PreemptionPlan | None = None
+        best_key: tuple[int, int, float] | None = None
+        for worst, n, lost, d, a, b, e in estimates[:_VERIFY_DOMAINS]:
+            per_dom, n_prefix = self._domain_candidates(e_p, e_g, a, b, e)
+            mark = ws.mark()
+            plan, chosen = self._free_victims(w, d, per_dom, n_prefix)
+            if plan is not None:
+                raw_key = (max(c.kind for c in chosen), len(chosen), sum(c.lost for c in chosen))
+                plan, chosen = self._prune(
+                    plan, chosen, size // job.gpus_per_task, job.gpus_per_task, gpu_type, required, ctx,
+                    job if w.quota_aware else None,
+                )  # fmt: skip
+            else:
+                raw_key = None
+            ws.rollback(mark)
+            if plan is None:
+                continue
+            key = (max(c.kind for c in chosen), len(chosen), sum(c.lost for c in chosen))
+            if best_key is None or key < best_key:
+                best_key = key
+                best = PreemptionPlan(tuple(chosen), plan)
+            if (worst, n, lost) == raw_key:
+                break  # the estimate was exact and estimates are sorted: nothing cheaper follows
+        return best
+
+    @staticmethod
+    def _domain_level(ctx: Ctx, gpu_type: str, required: str | None, size: int) -> str:
+        """The lowest topology level (not above ``required``) one domain of which can hold the gang when
+        healthy: victims are grouped by its domains."""
         for lv in LEVELS[1:]:
             if level_rank(lv) > level_rank(required):
                 break
             if ctx.healthy_capacity(gpu_type, lv) >= size:
-                level = lv
-                break
+                return lv
+        return "cluster"
 
-        shrinks = self._shrinks(job, gpu_type, rank, ctx, view)
-        slots, kinds = self._evictions(job, size, gpu_type, rank, ctx, view)
+    @staticmethod
+    def _walk_entries(
+        ctx: Ctx, view: RunningView, level: str, shrinks: list[Candidate], slots: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """One entry per candidate task, sorted by (domain, candidate position): its domain at ``level``,
+        its candidate's position in cost order (shrinks first) and its GPUs. None when there is none."""
+        idx = ctx.idx
         ns = len(shrinks)
-        if ns == 0 and len(slots) == 0:
-            return None
-
-        # --- vectorized domain walk: one entry per (candidate task); candidate position p is its place
-        # in cost order (shrinks first). A domain's estimate is its candidates up to the one whose GPUs
-        # (plus the domain's free GPUs) first reach the gang's size.
         pos = np.full(view.n, -1, np.int64)
         pos[slots] = np.arange(ns, ns + len(slots), dtype=np.int64)
         tp = pos[view.t_job]
@@ -381,7 +473,28 @@ class RankPreemptor:
             k = np.sort((e_d * span_p + e_p) * m + np.arange(m, dtype=np.int64)) % m
         else:
             k = np.lexsort((e_p, e_d))
-        e_d, e_p, e_g = e_d[k], e_p[k], e_g[k]
+        return e_d[k], e_p[k], e_g[k]
+
+    def _estimates(
+        self,
+        ctx: Ctx,
+        view: RunningView,
+        level: str,
+        gpu_type: str,
+        size: int,
+        e_d: np.ndarray,
+        e_p: np.ndarray,
+        e_g: np.ndarray,
+        ns: int,
+        slots: np.ndarray,
+        kinds: np.ndarray,
+    ) -> list[tuple[int, int, float, int, int, int, int]]:
+        """The domains to verify, cheapest estimate first. A domain's estimate is its candidates up to the
+        one whose GPUs (plus the domain's free GPUs) first reach the gang's size; the domains that complete
+        by the time the ``_VERIFY_DOMAINS``-th one does are estimated. Each: (worst kind, victims, work
+        lost, domain, its first entry, the entry after the completing victim, the entry after the
+        domain)."""
+        m = len(e_d)
         newgrp = np.r_[True, e_d[1:] != e_d[:-1]]
         grp_start = np.flatnonzero(newgrp)
         grp_id = np.cumsum(newgrp) - 1
@@ -393,7 +506,7 @@ class RankPreemptor:
         complete = (have >= size) & (free0[grp_id] < size)
         ce = np.flatnonzero(complete)
         if len(ce) == 0:
-            return None
+            return []
         # first completing entry per domain
         cg, first = np.unique(grp_id[ce], return_index=True)
         comp_entry = ce[first]
@@ -425,113 +538,87 @@ class RankPreemptor:
                 )
             )  # fmt: skip
         estimates.sort()
+        return estimates
 
-        # rallypoint: the gang must also pass its queue's quota once the victims' usage is gone (a job of a
-        # borrowing queue may evict its own queue's lower-ranked jobs or other borrowers)
-        quota_aware = self._quota_aware and ctx.quota.limited(job.queue_name)
-        p_within = ctx.quota.within_nominal(ctx.ws, job.queue_name, gpu_type, size)
-        best: PreemptionPlan | None = None
-        best_key: tuple[int, int, float] | None = None
-        cache: dict[int, Candidate] = {}
-        cols = view.cols
-        running = ctx.cluster.running
-
-        def cand(p: int) -> Candidate:
-            c = cache.get(p)
-            if c is None:
-                if p < ns:
-                    c = shrinks[p]
-                else:
-                    s = int(slots[p - ns])
-                    jid = cols.ids[s]
-                    c = Candidate(
-                        int(kinds[p - ns]), float(view.rank[s]), float(view.lost[s]), running[jid],
-                        job_tasks(ctx, jid), (),
-                    )  # fmt: skip
-                cache[p] = c
-            return c
-
-        for worst, n, lost, d, a, b, e in estimates[:_VERIFY_DOMAINS]:
-            # candidates of this domain in walk order, with the GPUs each frees inside it: the estimate's
-            # prefix, then the rest of the domain, used when the reclaim stop rule skipped a victim the
-            # estimate counted on, or when the prefix frees enough GPUs but not in the gang's shape (a
-            # count is not whole nodes: a 2 x 8-GPU gang in a rack needs two nodes emptied)
-            per_dom: list[tuple[int, int]] = []
-            n_prefix = 0
-            for i, (p, g) in enumerate(zip(e_p[a:e].tolist(), e_g[a:e].tolist(), strict=True)):
-                if per_dom and per_dom[-1][0] == p:
-                    per_dom[-1] = (p, per_dom[-1][1] + g)
-                else:
-                    per_dom.append((p, g))
-                if a + i < b:
-                    n_prefix = len(per_dom)
-            stopped = False
-            mark = ws.mark()
-            chosen: list[Candidate] = []
-            plan: Plan | None = None
-            kinds_of: dict[str, int] = {}
-            taken: dict[str, int] = {}  # GPUs evicted from each queue by this plan (reclaim stop rule)
-            got = self._free_in(ctx, level, d, gpu_type)
-            check_at = size
-            for i, (p, g) in enumerate(per_dom):
-                if i >= n_prefix and not stopped and got >= 2 * size:
-                    break  # past the estimate, the walk frees at most about one more gang's worth
-                c = cand(p)
-                if self.borrowers_only and c.kind > 1:
-                    q = c.job.queue_name
-                    left = self._left(ctx, q, gpu_type, taken, quota_aware)
-                    # own queue: it must still borrow (or the preemptor fit in nominal), so the victim is
-                    # not ordered ahead of its preemptor next cycle
-                    short = (not p_within and left <= 0) if q == job.queue_name else left < c.gpus
-                    if ctx.quota.limited(q) and short:
-                        stopped = True  # its queue would drop below nominal: not a victim
-                        continue
-                if c.kind == 1:
-                    q = c.job.queue_name
-                    if self._left(ctx, q, gpu_type, taken, quota_aware) <= 0:
-                        # the queue is back at its nominal: no more reclaiming from it; a job that also
-                        # ranks strictly lower may still go as a priority victim
-                        stopped = True
-                        if c.rank >= rank or self.borrowers_only:
-                            continue  # (borrowers_only: its queue is at nominal, no victim of another queue)
-                        c = c._replace(kind=2)
-                if kinds_of.setdefault(c.job.id, c.kind) != c.kind:
-                    continue  # never both shrink and evict one job
-                q = c.job.queue_name
-                taken[q] = taken.get(q, 0) + sum(mk.bit_count() for _o, mk in c.tasks)
-                for o, mk in c.tasks:
-                    ws.give(o, mk)
-                if quota_aware:
-                    ws.add_usage(q, gpu_type, -c.gpus)  # journaled: the victim's quota use goes too
-                chosen.append(c)
-                got += g
-                # a placement check costs up to a cluster scan: check once the domain can hold the gang,
-                # then again only after another eighth of the gang has been freed
-                if got >= check_at and ws.type_free.get(gpu_type, 0) >= size:
-                    plan = place(ws, tasks, gpt, gpu_type, required, ctx.cfg.first_fit)
-                    if plan is not None:
-                        if not quota_aware or ctx.quota.check(ws, job.queue_name, gpu_type, size) is None:
-                            break
-                        plan = None  # fits, but its queue may not take it yet: free more quota
-                        stopped = True
-                    check_at = got + max(gpt, size // 8)
-            if plan is not None:
-                raw_key = (max(c.kind for c in chosen), len(chosen), sum(c.lost for c in chosen))
-                plan, chosen = self._prune(
-                    plan, chosen, tasks, gpt, gpu_type, required, ctx, job if quota_aware else None
-                )
+    @staticmethod
+    def _domain_candidates(
+        e_p: np.ndarray, e_g: np.ndarray, a: int, b: int, e: int
+    ) -> tuple[list[tuple[int, int]], int]:
+        """Candidates of one domain in walk order, with the GPUs each frees inside it, and how many form
+        the estimate's prefix. The rest of the domain is used when the reclaim stop rule skipped a victim
+        the estimate counted on, or when the prefix frees enough GPUs but not in the gang's shape (a count
+        is not whole nodes: a 2 x 8-GPU gang in a rack needs two nodes emptied)."""
+        per_dom: list[tuple[int, int]] = []
+        n_prefix = 0
+        for i, (p, g) in enumerate(zip(e_p[a:e].tolist(), e_g[a:e].tolist(), strict=True)):
+            if per_dom and per_dom[-1][0] == p:
+                per_dom[-1] = (p, per_dom[-1][1] + g)
             else:
-                raw_key = None
-            ws.rollback(mark)
-            if plan is None:
-                continue
-            key = (max(c.kind for c in chosen), len(chosen), sum(c.lost for c in chosen))
-            if best_key is None or key < best_key:
-                best_key = key
-                best = PreemptionPlan(tuple(chosen), plan)
-            if (worst, n, lost) == raw_key:
-                break  # the estimate was exact and estimates are sorted: nothing cheaper follows
-        return best
+                per_dom.append((p, g))
+            if a + i < b:
+                n_prefix = len(per_dom)
+        return per_dom, n_prefix
+
+    def _free_victims(
+        self, w: _Walk, d: int, per_dom: list[tuple[int, int]], n_prefix: int
+    ) -> tuple[Plan | None, list[Candidate]]:
+        """Free domain ``d``'s candidates in walk order on the workspace (the caller rolls back) until the
+        gang places (and, quota-aware, its queue admits it), skipping those the reclaim stop rule and the
+        borrowers-only rule refuse. Returns (the plan or None, the victims freed)."""
+        ctx, job, size, gpu_type, rank = w.ctx, w.job, w.size, w.gpu_type, w.rank
+        quota_aware = w.quota_aware
+        ws = ctx.ws
+        gpt = job.gpus_per_task
+        stopped = False
+        chosen: list[Candidate] = []
+        plan: Plan | None = None
+        kinds_of: dict[str, int] = {}
+        taken: dict[str, int] = {}  # GPUs evicted from each queue by this plan (reclaim stop rule)
+        got = self._free_in(ctx, w.level, d, gpu_type)
+        check_at = size
+        for i, (p, g) in enumerate(per_dom):
+            if i >= n_prefix and not stopped and got >= 2 * size:
+                break  # past the estimate, the walk frees at most about one more gang's worth
+            c = w.cand(p)
+            if self.borrowers_only and c.kind > 1:
+                q = c.job.queue_name
+                left = self._left(ctx, q, gpu_type, taken, quota_aware)
+                # own queue: it must still borrow (or the preemptor fit in nominal), so the victim is
+                # not ordered ahead of its preemptor next cycle
+                short = (not w.p_within and left <= 0) if q == job.queue_name else left < c.gpus
+                if ctx.quota.limited(q) and short:
+                    stopped = True  # its queue would drop below nominal: not a victim
+                    continue
+            if c.kind == 1:
+                q = c.job.queue_name
+                if self._left(ctx, q, gpu_type, taken, quota_aware) <= 0:
+                    # the queue is back at its nominal: no more reclaiming from it; a job that also
+                    # ranks strictly lower may still go as a priority victim
+                    stopped = True
+                    if c.rank >= rank or self.borrowers_only:
+                        continue  # (borrowers_only: its queue is at nominal, no victim of another queue)
+                    c = c._replace(kind=2)
+            if kinds_of.setdefault(c.job.id, c.kind) != c.kind:
+                continue  # never both shrink and evict one job
+            q = c.job.queue_name
+            taken[q] = taken.get(q, 0) + sum(mk.bit_count() for _o, mk in c.tasks)
+            for o, mk in c.tasks:
+                ws.give(o, mk)
+            if quota_aware:
+                ws.add_usage(q, gpu_type, -c.gpus)  # journaled: the victim's quota use goes too
+            chosen.append(c)
+            got += g
+            # a placement check costs up to a cluster scan: check once the domain can hold the gang,
+            # then again only after another eighth of the gang has been freed
+            if got >= check_at and ws.type_free.get(gpu_type, 0) >= size:
+                plan = place(ws, size // gpt, gpt, gpu_type, w.required, ctx.cfg.first_fit)
+                if plan is not None:
+                    if not quota_aware or ctx.quota.check(ws, job.queue_name, gpu_type, size) is None:
+                        break
+                    plan = None  # fits, but its queue may not take it yet: free more quota
+                    stopped = True
+                check_at = got + max(gpt, size // 8)
+        return plan, chosen
 
     @staticmethod
     def _prune(
