@@ -1,7 +1,8 @@
 """The aiohttp application: routes, submission and cancellation, queries over the fold.
 
 Writes go to the log and are answered only once the log acknowledged them; reads come from this
-instance's fold (``FoldFollower``), which a submission waits for, so a client can read its own write.
+instance's fold (``FoldFollower``), and wait until it holds this instance's acknowledged writes, so a
+client can read its own write.
 Validation is ``rallypoint.jobs``; the only thing decided here is which HTTP status says what.
 """
 
@@ -108,10 +109,22 @@ class Handlers:
         return self.follower.state
 
     async def _ready(self) -> web.Response | None:
-        """503 while the initial replay has not finished: answers from half a log would be wrong."""
+        """503 while the initial replay has not finished (answers from half a log would be wrong) or the
+        fold has not reached this instance's own acknowledged writes within the wait."""
         if await self.follower.wait_caught_up(self.config.ready_wait_s):
             return None
-        return unavailable("the API is still replaying the event log; retry shortly")
+        if not self.follower.caught_up.is_set():
+            return unavailable("the API is still replaying the event log; retry shortly")
+        # What this instance acknowledged is in the log, but answering from a fold without it could say
+        # 404 for a job it just accepted.
+        return problem(
+            503,
+            "Not visible yet",
+            f"this API's view of the log (seq {self.state.last_seq}) has not reached its own latest "
+            f"write (seq {self.follower.written}) yet; retry shortly",
+            slug="not-visible",
+            headers={"Retry-After": "2"},
+        )
 
     # -- POST /v1/jobs -------------------------------------------------------------------------------
 
@@ -155,9 +168,11 @@ class Handlers:
             self.submissions["forbidden"] += 1
             return refused
 
-        if (not_ready := await self._ready()) is not None:
+        # The initial replay only, not this instance's earlier writes: a submission is validated against
+        # the cluster, and an earlier write of its own key is found by the log's expected sequence.
+        if not await self.follower.wait_replayed(self.config.ready_wait_s):
             self.submissions["unavailable"] += 1
-            return not_ready
+            return unavailable("the API is still replaying the event log; retry shortly")
         try:
             spec = self._validate(payload)
             job_id = job_id_for(spec.team, check_idempotency_key(key)) if key is not None else new_job_id()
@@ -172,9 +187,8 @@ class Handlers:
         if existing is not None:
             return self._replayed(existing, spec, key)
 
-        submitted_at = time.time()
         event = JobSubmitted(
-            job_id=job_id, spec=spec, submitted_at=submitted_at, idempotency_key=key, submitted_by=who.user
+            job_id=job_id, spec=spec, submitted_at=time.time(), idempotency_key=key, submitted_by=who.user
         )
         try:
             # Expected subject sequence 0: the server refuses a second JobSubmitted for this id.
@@ -195,18 +209,24 @@ class Handlers:
                 "same Idempotency-Key to avoid a duplicate job"
             )
 
-        await self.follower.wait_for_seq(result.seq, self.config.fold_wait_s)
+        self.follower.wrote(result.seq)
+        if result.duplicate:
+            # A retry whose first attempt landed, or a concurrent twin: this request created nothing, and
+            # the stored job says whether it asked for the same spec.
+            return await self._replayed_at(job_id, result.seq, spec, key)
+        # Stored under expected sequence 0 and not a duplicate: this request created the job. Answered
+        # without waiting for this instance's fold to apply it (reads wait for that: ``wait_caught_up``),
+        # so the requests in flight do not queue behind the fold.
+        self.submissions["accepted"] += 1
+        return self._accepted(job_id, result.seq, self.state.jobs.get(job_id), replayed=False)
+
+    async def _replayed_at(self, job_id: str, seq: int, spec: JobSpec, key: str | None) -> web.Response:
+        await self.follower.wait_for_seq(seq, self.config.fold_wait_s)
         job = self.state.jobs.get(job_id)
         if job is None:
             # Never a 202 for a job this instance's own GET would answer 404 for.
-            return self._not_visible(job_id, result.seq)
-        # A retry whose first attempt landed comes back as a duplicate; a concurrent twin shows up in the
-        # fold with another submission time. Either way this request created nothing.
-        replayed = result.duplicate or (job is not None and job.submitted_at != submitted_at)
-        if replayed and job is not None:
-            return self._replayed(job, spec, key)
-        self.submissions["replayed" if replayed else "accepted"] += 1
-        return self._accepted(job_id, result.seq, job, replayed=replayed)
+            return self._not_visible(job_id, seq)
+        return self._replayed(job, spec, key)
 
     def _not_visible(self, job_id: str, seq: int) -> web.Response:
         self.submissions["unavailable"] += 1
@@ -404,6 +424,7 @@ class Handlers:
             )
         except LogUnavailable as exc:
             return unavailable(f"the event log did not acknowledge the cancellation ({exc}); retry")
+        self.follower.wrote(seq)
         await self.follower.wait_for_seq(seq, self.config.fold_wait_s)
         current = self.state.jobs.get(job_id, job)
         return json_response(

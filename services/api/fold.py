@@ -1,11 +1,12 @@
 """The API's read model: the runtime's ``Follower`` (a ``ClusterState`` at the log's tip), run in the
 background with what an HTTP front end needs around it.
 
-Handlers read ``fold.state`` directly (one event loop, no locks needed) and may wait until the fold
-has reached a sequence they just appended, so a client that gets 202 and immediately asks for its job
-finds it. ``caught_up`` tells requests whether the initial replay is done (answers from half a log
-would be wrong). If following fails (server restart, gap) the loop resumes from the last folded
-sequence: the fold is a pure function of the log, so continuing from where it stopped is correct.
+Handlers read ``fold.state`` directly (one event loop, no locks needed). A write is answered once the
+log acknowledged it and noted with ``wrote``; a read first waits (``wait_caught_up``) until the initial
+replay is done (answers from half a log would be wrong) and the fold holds every write this instance
+had acknowledged, so a client that gets 202 and immediately asks for its job finds it. If following
+fails (server restart, gap) the loop resumes from the last folded sequence: the fold is a pure function
+of the log, so continuing from where it stopped is correct.
 A message the fold cannot read is quarantined like in every other service (``Follower``): it never
 stops the fold, and a newer event version among them makes the API report itself degraded.
 """
@@ -59,6 +60,7 @@ class FoldFollower:
         # (an in-process test must not freeze the test runner's heap).
         self.settle = settle
         self.caught_up = asyncio.Event()  # set once the initial replay reached the log's end
+        self.written = 0  # the highest sequence an append of this instance was acknowledged at
         self.following = False
         self.failures = 0
         self._task: asyncio.Task[None] | None = None
@@ -135,7 +137,14 @@ class FoldFollower:
         except TimeoutError:
             return False
 
-    async def wait_caught_up(self, timeout: float) -> bool:
+    def wrote(self, seq: int) -> None:
+        """An append of this instance was acknowledged at ``seq``: reads wait until the fold holds it."""
+        if seq > self.written:
+            self.written = seq
+
+    async def wait_replayed(self, timeout: float) -> bool:
+        """Until the initial replay is done (what a submission needs: the cluster it is validated against);
+        False if ``timeout`` ran out first."""
         if self.caught_up.is_set():
             return True
         try:
@@ -143,6 +152,22 @@ class FoldFollower:
             return True
         except TimeoutError:
             return False
+
+    async def wait_caught_up(self, timeout: float) -> bool:
+        """Until the initial replay is done and the fold holds every append this instance had acknowledged,
+        so a client reads its own writes; False if ``timeout`` ran out first.
+
+        A write is answered as soon as the log acknowledged it, without waiting for the fold: a wait there
+        held each of the requests in flight for the fold to work through everything appended before it.
+        The reads wait instead, only when they come right after a write, and only for that write.
+        """
+        if self.caught_up.is_set() and self.state.last_seq >= self.written:
+            return True
+        deadline = asyncio.get_running_loop().time() + timeout
+        if not await self.wait_replayed(timeout):
+            return False
+        remaining = deadline - asyncio.get_running_loop().time()
+        return await self.wait_for_seq(self.written, max(0.0, remaining))
 
 
 def quarantine_metrics(state: ClusterState) -> str:

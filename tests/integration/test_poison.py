@@ -146,25 +146,29 @@ async def test_health_reports_the_newer_version_and_metrics_count_the_poison(
     assert 'rally_events_quarantined_total{reason="invalid"} 0' in metrics
 
 
-async def test_no_202_for_a_job_the_fold_cannot_see(
+async def test_no_404_for_a_job_accepted_while_the_fold_cannot_see_it(
     event_log: EventLog, poisoned: list[int], nats_server: NatsServer
 ) -> None:
     # The fold reads through a connection of its own, which then goes away: the fold is stuck, as it
-    # was behind a poison message before issue 14, while appends still succeed.
+    # was behind a poison message before issue 14, while appends still succeed. The submission is
+    # answered once the log acknowledged it (202: it is durably there); this instance's reads wait for
+    # its own writes and answer 503 not-visible rather than a 404 for the job it accepted.
     fold_log = await EventLog.connect(nats_server.url, name="test-stuck-fold", create=False)
     follower = FoldFollower(fold_log)
-    app = build_app(event_log, config=ApiConfig(source="test-api", fold_wait_s=0.5), follower=follower)
+    config = ApiConfig(source="test-api", fold_wait_s=0.5, ready_wait_s=0.5)
+    app = build_app(event_log, config=config, follower=follower)
     async with test_utils.TestClient(test_utils.TestServer(app)) as stuck:
         await wait_fold(stuck, poisoned[0])
         await fold_log.close()
         resp = await stuck.post("/v1/jobs", json=SPEC, headers={"Idempotency-Key": "stuck-1"})
-        assert resp.status == 503, await resp.text()
-        problem = await resp.json()
-        assert problem["type"].endswith("/not-visible") and resp.headers["Retry-After"]
-        job_id = problem["job_id"]
+        assert resp.status == 202, await resp.text()
+        accepted = await resp.json()
+        job_id = accepted["job_id"]
         assert resp.headers["Location"] == f"/v1/jobs/{job_id}"
-        assert (await stuck.get(f"/v1/jobs/{job_id}")).status == 404  # what a 202 would have hidden
-    recorded = await event_log.get(problem["seq"])  # the log has it: a retry finds it, creates nothing
+        read = await stuck.get(f"/v1/jobs/{job_id}")
+        assert read.status == 503, await read.text()
+        assert (await read.json())["type"].endswith("/not-visible") and read.headers["Retry-After"]
+    recorded = await event_log.get(accepted["seq"])  # the log has it: a retry finds it, creates nothing
     assert isinstance(recorded.event, JobSubmitted) and recorded.event.job_id == job_id
 
     async with test_utils.TestClient(test_utils.TestServer(build_app(event_log))) as healthy:
