@@ -83,6 +83,12 @@ class SchedulerLoop:
     async def start_epoch(self, term: int = 0) -> int:
         return await self.writer.start_epoch(term)
 
+    def warm_up(self) -> None:
+        """Build the model (and its index) from the fold as it is now, before leading: a standby that wins
+        the lease then applies only what the fold touched since, instead of building the model of every
+        node and running job in its first cycle (a few hundred ms at 12,500 nodes)."""
+        self.policy.model_sync.sync(self.state, self._changes.take()).index()
+
     async def cycle(self) -> int:
         """One scheduling cycle, timed and counted (``rally_scheduler_cycle_duration_seconds``)."""
         started = time.perf_counter()

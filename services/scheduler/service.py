@@ -54,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tick_s=args.tick,
             repair_wait_s=args.repair_wait,
         )
+        loop.warm_up()
         await lead_while_elected(loop, lease, ctx.stop)
         return 0
 

@@ -181,3 +181,32 @@ async def test_back_to_back_cycles_never_admit_a_job_twice(event_log: EventLog) 
         assert all(j.queue == "t" for j in loop.state.jobs.values())
     queued = [r for r in await _records(event_log) if isinstance(r.event, JobQueued)]
     assert len(queued) == 400
+
+
+async def test_a_warmed_up_standby_builds_no_model_in_its_first_cycle(event_log: EventLog) -> None:
+    for n in ("n1", "n2"):
+        await _register(event_log, n)
+    for k in range(3):
+        await _submit(event_log, f"s{k}", 8)
+    follower = Follower(event_log)
+    await follower.catch_up()
+    task = asyncio.create_task(follower.run())
+    try:
+        loop = SchedulerLoop(
+            event_log, follower, instance="s1", policy=SchedulingPolicy("rallypoint"), clock=_now
+        )
+        loop.warm_up()  # as the service does before campaigning
+        counts = loop.policy.model_sync.counts
+        assert (counts.rebuilds, counts.incremental) == (1, 0)
+        await _submit(event_log, "late", 8)  # the fold moves on while it stands by
+        await loop.start_epoch()
+        await _cycle(event_log, loop)
+        assert (counts.rebuilds, counts.incremental) == (1, 1)
+        assert sum(j.state == "bound" for j in loop.state.jobs.values()) == 2
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    records = await _records(event_log)
+    report = verify_decisions(((r.seq, r.event) for r in records), SchedulingPolicy("rallypoint"))
+    assert report.ok and report.verified == 2, report
