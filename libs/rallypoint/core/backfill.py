@@ -152,9 +152,7 @@ def hold(ctx: Ctx, job_id: str, until: float, plan: Plan, strict: bool = False) 
             ws.take(o, part)
             held.append((o, part))
     h = Hold(job_id, until, tuple(held), strict)
-    ctx.holds.append(h)
-    ctx.hold_ids.add(job_id)
-    ctx.hold_changes += 1
+    ws.add_hold(h)
     return h
 
 
@@ -162,9 +160,9 @@ class EasyReserver:
     """EASY: reserve for up to ``max_reservations`` blocked jobs per cycle (the head job first)."""
 
     def reserve(self, job: PendingJob, size: int, gpu_type: str | None, ctx: Ctx) -> Hold | None:
-        if ctx.reservations >= ctx.cfg.max_reservations:
+        if ctx.counts["reservations"] >= ctx.cfg.max_reservations:
             return None
-        ctx.reservations += 1
+        ctx.ws.bump(ctx.counts, "reservations")
         alts = ctx.job_types(job) if job.gpu_types is not None else None
         slot = earliest_slot(
             ctx, size // job.gpus_per_task, job.gpus_per_task, gpu_type, ctx.required_level(job), alts

@@ -9,7 +9,7 @@ from rallypoint.core.formulas import add_team_usage, dominant_share, job_types
 from rallypoint.core.placement import Plan, level_rank, lowest_bits, new_plan, place
 from rallypoint.core.quota import QuotaBook
 from rallypoint.core.types import PendingJob, RunningJob, Snapshot
-from rallypoint.core.workspace import Workspace
+from rallypoint.core.workspace import Hold, Workspace
 
 __all__ = ["Ctx", "Hold", "Status", "new_status"]
 
@@ -33,17 +33,6 @@ def new_status(code: str, message: str) -> Status:
 _tuple_new = tuple.__new__
 
 
-class Hold(NamedTuple):
-    """GPUs set aside for a reserved or preempting job until ``until`` (the shadow time)."""
-
-    job_id: str
-    until: float
-    tasks: tuple[tuple[int, int], ...]  # (node ordinal, mask) GPUs that were free when held
-    # a preemptor's hold: nobody else may use it, not even a job that would end before ``until``
-    # (the victims' GPUs are promised to the preemptor)
-    strict: bool = False
-
-
 class Ctx:
     def __init__(self, snap: Snapshot, cfg: PolicyConfig) -> None:
         self.snap = snap
@@ -62,18 +51,21 @@ class Ctx:
         self.quota = QuotaBook(snap.queues if cfg.quotas else ())
         self.team_usage: dict[str, tuple[int, int, int]] = dict(snap.cluster.team_usage)
         self.weights = {q.name: q.weight for q in snap.queues}
-        self.preempted: dict[str, str] = {}  # victim id -> preemptor id (this cycle's, and still stopping)
+        # Written through the workspace's journal (``ws.put`` / ``ws.bump``), so a rollback undoes them:
+        # victim id -> preemptor id (this cycle's, and still stopping)
+        self.preempted: dict[str, str] = {}
         # (queue, GPU type) -> GPUs being evicted (victims chosen this cycle or still stopping): they no
         # longer count as a queue's borrowing when deciding whether to reclaim more from it
         self.evicted: dict[tuple[str, str], int] = {}
+        # per-cycle budgets used so far: "reservations", "preemptors" (planned), "consolidations" (tried)
+        self.counts: dict[str, int] = {"reservations": 0, "preemptors": 0, "consolidations": 0}
         # preemptor id -> its victims still stopping (RunningJob.preempting_for), from the snapshot
         self.stopping: dict[str, list[str]] = {}
-        self.holds: list[Hold] = []
-        self.hold_ids: set[str] = set()  # every job id ever given a hold this cycle (``hold_of`` fast miss)
+        # the workspace's holds (read here; changed only through ``ws.add_hold`` / ``set_hold`` /
+        # ``remove_hold``, journaled) and every job id given a hold this cycle (``hold_of``'s fast miss)
+        self.holds: list[Hold] = self.ws.holds
+        self.hold_ids: set[str] = self.ws.hold_ids
         self.cycle_ends: list[tuple[float, str, tuple[tuple[int, int], ...]]] = []
-        self.reservations = 0
-        self.preemptors = 0
-        self.consolidations = 0
         self._memo: dict[tuple[str | None, int, str | None], tuple[int, int]] = {}
         self._totals: tuple[int, int, int] | None = None
         self._healthy: dict[tuple[str, str], int] | None = None
@@ -85,10 +77,28 @@ class Ctx:
             tuple[str | tuple[str, ...] | None, int, int, int, str | None], tuple[int, int, Status]
         ] = {}
         self._probe_memo: dict[tuple[str | None, int, str | None], tuple[int, int, int]] = {}
-        self.hold_changes = 0  # bumped whenever ``holds`` changes
         self._held_until: tuple[int, float] = (-1, 0.0)
         self.static_reasons: dict[tuple[str | tuple[str, ...] | None, int, int, str], Status | None] = {}
         self.cache: dict[str, object] = {}  # per-cycle memo for plug-ins (e.g. preemption rows)
+
+    # --- journaled state, read-only views ----------------------------------------------------------
+
+    @property
+    def hold_changes(self) -> int:
+        """A stamp that changes whenever the holds change (``Workspace.hold_changes``)."""
+        return self.ws.hold_changes
+
+    @property
+    def reservations(self) -> int:
+        return self.counts["reservations"]
+
+    @property
+    def preemptors(self) -> int:
+        return self.counts["preemptors"]
+
+    @property
+    def consolidations(self) -> int:
+        return self.counts["consolidations"]
 
     # --- small lookups ---------------------------------------------------------------------------
 
@@ -212,9 +222,10 @@ class Ctx:
     def held_until(self) -> float:
         """Shadow time of the holds a short job may backfill onto (strict preemption holds excluded)."""
         c = self._held_until
-        if c[0] != self.hold_changes:
+        stamp = self.ws.hold_changes
+        if c[0] != stamp:
             c = self._held_until = (
-                self.hold_changes,
+                stamp,
                 min((h.until for h in self.holds if not h.strict), default=float("inf")),
             )
         return c[1]

@@ -110,8 +110,7 @@ def _try_place(job: PendingJob, size: int, gpu_type: str | None, ctx: Ctx) -> Pl
             ws.give(o, m)
         plan = ctx.place(tasks, job.gpus_per_task, gpu_type, required)
         if plan is not None:
-            ctx.holds.remove(own)
-            ctx.hold_changes += 1
+            ws.remove_hold(own)
             return plan
         ws.rollback(mark)
         return None
@@ -126,7 +125,7 @@ def _try_place(job: PendingJob, size: int, gpu_type: str | None, ctx: Ctx) -> Pl
     # monotonicity as ``Ctx.place``'s memo)
     pkey = (gpu_type, job.gpus_per_task, required)
     pm = ctx._probe_memo.get(pkey)
-    if pm is not None and pm[0] == ws.release_epoch and pm[1] == ctx.hold_changes and tasks >= pm[2]:
+    if pm is not None and pm[0] == ws.release_epoch and pm[1] == ws.hold_changes and tasks >= pm[2]:
         return None
     mark = ws.mark()
     for h in ctx.holds:
@@ -147,13 +146,12 @@ def _try_place(job: PendingJob, size: int, gpu_type: str | None, ctx: Ctx) -> Pl
                 for o, m in h.tasks:
                     if m & used.get(o, 0):
                         ws.give(o, m & used[o])  # back to free, so the bind below takes it
-                ctx.holds[i] = h._replace(tasks=left)
-                ctx.hold_changes += 1
+                ws.set_hold(i, h._replace(tasks=left))
     if plan is None:
         best = tasks
-        if pm is not None and pm[0] == ws.release_epoch and pm[1] == ctx.hold_changes:
+        if pm is not None and pm[0] == ws.release_epoch and pm[1] == ws.hold_changes:
             best = min(best, pm[2])
-        ctx._probe_memo[pkey] = (ws.release_epoch, ctx.hold_changes, best)
+        ctx._probe_memo[pkey] = (ws.release_epoch, ws.hold_changes, best)
     return plan
 
 
@@ -277,10 +275,11 @@ def _why_not(job: PendingJob, size: int, types: list[str], ctx: Ctx) -> Status:
     else:
         stamp = ctx.ws.version
     memo = ctx._reasons.get(rkey)
-    if memo is not None and memo[0] == stamp and memo[1] == ctx.hold_changes:
+    held = ctx.ws.hold_changes
+    if memo is not None and memo[0] == stamp and memo[1] == held:
         return memo[2]
     st = reasons.classify(job, size, ctx)
-    ctx._reasons[rkey] = (stamp, ctx.hold_changes, st)
+    ctx._reasons[rkey] = (stamp, held, st)
     return st
 
 
@@ -293,7 +292,7 @@ def _make_room(job: PendingJob, size: int, st: Status, policy: Policy, ctx: Ctx,
             return cst
     # (_preempt's own first test, asked here: once the cycle's preemptors are used up, thousands of
     # waiting jobs skip the call)
-    if policy.preemptor is not None and ctx.preemptors < ctx.cfg.max_preemptors_per_cycle:
+    if policy.preemptor is not None and ctx.counts["preemptors"] < ctx.cfg.max_preemptors_per_cycle:
         pst = _preempt(job, size, policy, ctx, out)
         if pst is not None:
             return pst
@@ -313,17 +312,17 @@ def _announce(
 def _consolidate(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out) -> Status | None:
     """Allocate > consolidate > reclaim > preempt: move a few small running jobs so a gang that only
     fragmentation blocks can start (see ``consolidation``); its slot is held like a preemptor's."""
-    if ctx.consolidations >= ctx.cfg.max_consolidations_per_cycle or job.id in ctx.stopping:
+    if ctx.counts["consolidations"] >= ctx.cfg.max_consolidations_per_cycle or job.id in ctx.stopping:
         return None
     for t in ctx.job_types(job):
-        ctx.consolidations += 1
+        ctx.ws.bump(ctx.counts, "consolidations")
         cp = plan_consolidation(job, size, t, ctx, running_view(ctx, policy.orderer))
         if cp is None:
             continue
         until = ctx.now + ctx.cfg.preemption_grace_s
         for vid in cp.movers:
             out.preemptions.append(Preemption(victim_id=vid, reason="consolidate", for_job=job.id))
-            ctx.preempted[vid] = job.id
+            ctx.ws.put(ctx.preempted, vid, job.id)
         hold(ctx, job.id, until, cp.plan, strict=True)
         nodes = _announce(job.id, until, cp.plan.tasks, ctx, out)
         n = len(cp.movers)
@@ -339,7 +338,7 @@ def _consolidate(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out
 
 def _preempt(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out) -> Status | None:
     pre = policy.preemptor
-    if pre is None or ctx.preemptors >= ctx.cfg.max_preemptors_per_cycle:
+    if pre is None or ctx.counts["preemptors"] >= ctx.cfg.max_preemptors_per_cycle:
         return None
     rank = policy.orderer.rank(job, ctx)
     for t in ctx.job_types(job):
@@ -347,7 +346,7 @@ def _preempt(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out) ->
             running_view(ctx, policy.orderer).min_rank() >= rank
         ):
             continue  # nothing ranks lower and no guaranteed quota to reclaim: skip the scan
-        ctx.preemptors += 1
+        ctx.ws.bump(ctx.counts, "preemptors")
         pp = pre.plan(job, size, t, rank, ctx, running_view(ctx, policy.orderer))
         if pp is None:
             continue
@@ -360,9 +359,8 @@ def _preempt(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out) ->
                 out.preemptions.append(
                     Preemption(victim_id=c.job.id, reason=policy.reason_for(c.reason), for_job=job.id)
                 )
-            ctx.preempted[c.job.id] = job.id
-            key = (c.job.queue_name, t)
-            ctx.evicted[key] = ctx.evicted.get(key, 0) + c.gpus
+            ctx.ws.put(ctx.preempted, c.job.id, job.id)
+            ctx.ws.bump(ctx.evicted, (c.job.queue_name, t), c.gpus)
         for jid in sorted(shrink):
             rj = ctx.cluster.running[jid]
             rm = sorted(shrink[jid])
@@ -413,10 +411,9 @@ def _hold_for_stopping_victims(snapshot: Snapshot, ctx: Ctx, out: _Out) -> None:
     for s in sorted(cols.ids[i] for i in np.flatnonzero(cols.stopping[: cols.n]).tolist()):
         rj = running[s]
         assert rj.preempting_for is not None
-        ctx.preempted[s] = rj.preempting_for
+        ctx.ws.put(ctx.preempted, s, rj.preempting_for)
         ctx.stopping.setdefault(rj.preempting_for, []).append(s)
-        key = (rj.queue_name, ctx.cluster.job_gpu_type(rj))
-        ctx.evicted[key] = ctx.evicted.get(key, 0) + rj.gpus
+        ctx.ws.bump(ctx.evicted, (rj.queue_name, ctx.cluster.job_gpu_type(rj)), rj.gpus)
     pending = {j.id: j for j in snapshot.pending if j.id in ctx.stopping}
     ws = ctx.ws
     ord_of = ctx.idx.ord_of

@@ -4,17 +4,36 @@ A :class:`Workspace` copies the mutable arrays of a :class:`ClusterIndex` (free 
 rack/spine histograms, queue usage) and journals every change so that a tentative action (a preemption
 plan, a reservation probe) can be rolled back to a mark; binds (``bind``), which the engine never makes
 inside such a transaction, are not journaled. The ClusterModel itself is never written.
+
+The cycle's holds (GPUs set aside for a reserved or preempting job: ``add_hold`` / ``set_hold`` /
+``remove_hold``) and its counters and per-cycle maps (``put``: preemptions and consolidations tried,
+reservations made, victims chosen, GPUs being evicted per queue) live in the same journal, so a
+rollback to a mark undoes everything done since it, not only the free GPUs and quota usage.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from rallypoint.core.cluster import ClusterIndex, ClusterModel
 
-__all__ = ["Workspace"]
+__all__ = ["Hold", "Workspace"]
+
+_MISSING: Any = object()  # ``put``'s journal entry for a key that was absent
+
+
+class Hold(NamedTuple):
+    """GPUs set aside for a reserved or preempting job until ``until`` (the shadow time)."""
+
+    job_id: str
+    until: float
+    tasks: tuple[tuple[int, int], ...]  # (node ordinal, mask) GPUs that were free when held
+    # a preemptor's hold: nobody else may use it, not even a job that would end before ``until``
+    # (the victims' GPUs are promised to the preemptor)
+    strict: bool = False
 
 
 class Workspace:
@@ -45,6 +64,14 @@ class Workspace:
         # (kind, a, old, epoch or usage version before, free version before)
         self._journal: list[tuple[int, int, int, int, int]] = []
         self._uk: list[tuple[str, str]] = []  # usage keys referenced by journal entries of kind 1
+        # what journal entries of kinds 2-5 (holds, ``put``) need to undo themselves
+        self._objs: list[Any] = []
+        # The cycle's holds, in the order they were made; ``hold_ids``: every job id given a hold (a
+        # fast miss for "has this job a hold?"); ``hold_changes``: a stamp that changes whenever the holds
+        # change (memos of held GPUs), restored by a rollback like the other stamps.
+        self.holds: list[Hold] = []
+        self.hold_ids: set[str] = set()
+        self.hold_changes = 0
         # Stamps for memos. ``release_epoch`` changes whenever GPUs are released (placement failure memos
         # are valid only while free capacity can only shrink), ``version`` on every change of free GPUs
         # (pending-reason memos), ``usage_version`` on every change of queue usage (quota memos). A new
@@ -169,12 +196,50 @@ class Workspace:
 
     def add_usage(self, queue: str, gpu_type: str, gpus: int) -> None:
         key = (queue, gpu_type)
-        old = self.usage.get(key, 0)
-        self._journal.append((1, len(self._uk), old, self.usage_version, 0))
+        usage = self.usage
+        absent = key not in usage
+        old = 0 if absent else usage[key]
+        # (the last field: 1 when the key was absent, so a rollback removes it again)
+        self._journal.append((1, len(self._uk), old, self.usage_version, int(absent)))
         self._uk.append(key)
-        self.usage[key] = old + gpus
+        usage[key] = old + gpus
         self._stamp += 1
         self.usage_version = self._stamp
+
+    # --- holds and per-cycle maps (journaled) ------------------------------------------------------
+
+    def _hold_changed(self, kind: int, undo: Any) -> None:
+        self._journal.append((kind, len(self._objs), self.hold_changes, 0, 0))
+        self._objs.append(undo)
+        st = self._stamp = self._stamp + 1
+        self.hold_changes = st
+
+    def add_hold(self, h: Hold) -> None:
+        """Append ``h`` to the holds (its GPUs are already taken out of the free ones)."""
+        self._hold_changed(2, h.job_id not in self.hold_ids)
+        self.holds.append(h)
+        self.hold_ids.add(h.job_id)
+
+    def set_hold(self, i: int, h: Hold) -> None:
+        """Replace the ``i``-th hold by ``h``."""
+        self._hold_changed(3, (i, self.holds[i]))
+        self.holds[i] = h
+
+    def remove_hold(self, h: Hold) -> None:
+        """Drop hold ``h`` (its job keeps its id in ``hold_ids``)."""
+        i = self.holds.index(h)
+        self._hold_changed(4, (i, h))
+        del self.holds[i]
+
+    def put(self, d: dict[Any, Any], key: Any, value: Any) -> None:
+        """``d[key] = value``, journaled (``d``: a per-cycle map or counter the cycle's plug-ins share)."""
+        self._journal.append((5, len(self._objs), 0, 0, 0))
+        self._objs.append((d, key, d.get(key, _MISSING)))
+        d[key] = value
+
+    def bump(self, d: dict[Any, int], key: Any, n: int = 1) -> None:
+        """``d[key] += n`` (from 0 when absent), journaled."""
+        self.put(d, key, d.get(key, 0) + n)
 
     # --- transactions ----------------------------------------------------------------------------
 
@@ -189,11 +254,38 @@ class Workspace:
                 self._set(a, self.free[a], old)
                 self.release_epoch = stamp
                 self.version = ver
-            else:
-                self.usage[self._uk[a]] = old
+            elif kind == 1:
+                if ver:
+                    del self.usage[self._uk[a]]
+                else:
+                    self.usage[self._uk[a]] = old
                 self.usage_version = stamp
+            else:
+                self._undo(kind, self._objs[a], old)
+
+    def _undo(self, kind: int, obj: Any, old: int) -> None:
+        """Undo a journal entry of a hold (kinds 2-4; ``old``: the hold stamp before) or of ``put`` (5)."""
+        if kind == 5:
+            d, key, was = obj
+            if was is _MISSING:
+                del d[key]
+            else:
+                d[key] = was
+            return
+        if kind == 2:
+            h = self.holds.pop()
+            if obj:  # the hold added its job's id
+                self.hold_ids.discard(h.job_id)
+        elif kind == 3:
+            i, h = obj
+            self.holds[i] = h
+        else:
+            i, h = obj
+            self.holds.insert(i, h)
+        self.hold_changes = old
 
     def commit(self) -> None:
         """Forget the journal (nothing to undo below this point)."""
         self._journal.clear()
         self._uk.clear()
+        self._objs.clear()
