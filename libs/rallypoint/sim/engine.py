@@ -191,8 +191,7 @@ def to_core_queues(q: Queues | None) -> tuple[tuple[ct.Queue, ...], tuple[ct.Pri
     limits), so the simulator and a live cluster enforce the same quotas."""
     if q is None:
         return (), ct.DEFAULT_PRIORITY_CLASSES
-    queues, classes = core_queues(q)
-    return queues, classes if q.priority_classes else ct.DEFAULT_PRIORITY_CLASSES
+    return core_queues(q)  # classes too: an empty list means no classes there, so here as well
 
 
 @dataclass
