@@ -212,7 +212,8 @@ def test_node_failures_as_the_simulator_models_them_decide_the_same(policy: str)
 
 def test_a_queue_file_with_an_empty_class_list_means_the_same_to_both() -> None:
     # ``priority_classes: []`` is no class at all for the scheduler (every job's class counts 0); the
-    # simulator used to read it as "the defaults", and its jobs preempted where live ones could not
+    # simulator used to read it as "the defaults" and ranked waiting jobs by class where the scheduler
+    # ranks them alike (first difference: two QuotaExceeded jobs in the other order, at t=45)
     jobs, cluster, queues = synthetic()
     report = run_twin(jobs, cluster, "rallypoint", msgspec.structs.replace(queues, priority_classes=[]))
     assert_identical(report)
