@@ -2,7 +2,8 @@
 
 They run once per job in the cycle's hot loops, so they are plain functions on plain values: no
 allocation beyond their result, no attribute lookups they can avoid. A fast path calls them; it does not
-copy them (GUIDE §4.12: one formula in one place).
+copy them: a copy drifts (the memoized attained-service level once skipped thresholds at or below 0 that
+``pending_level`` counted).
 
 - :func:`runtime_estimate`: learned runtime, else time limit, else unknown;
 - :func:`las_level` / :func:`las_levels`: Tiresias' discretized attained-service level (thresholds
