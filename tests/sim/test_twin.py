@@ -73,6 +73,7 @@ def assert_identical(report: TwinReport) -> None:
     inputs = report.input_mismatches[0] if report.input_mismatches else None
     assert inputs is None, f"inputs differ at t={inputs.now}:\n sim  {inputs.sim}\n live {inputs.live}"
     assert report.rejected_sim == report.rejected_live
+    assert report.identical
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -179,7 +180,7 @@ def test_the_twin_catches_a_live_side_that_converts_differently() -> None:
     twin = Twin(jobs, cluster, "rallypoint", queues)
     twin.live.policy = live_policy("rallypoint", None)
     report = twin.run()
-    assert report.mismatches
+    assert report.mismatches and not report.identical
     first = report.mismatches[0]
     assert first.sim != first.live and first.live == first.audit
     assert "QuotaExceeded" in first.sim and "QuotaExceeded" not in first.live

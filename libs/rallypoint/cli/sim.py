@@ -6,6 +6,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the simulator is imported by the handlers only (rally's parser stays light)
+    from rallypoint.sim.engine import SimOptions
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -17,9 +21,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "mode",
         nargs="?",
-        choices=["run", "compare"],
+        choices=["run", "compare", "twin"],
         default="run",
-        help="run one policy (default) or compare several (--policy a,b,c)",
+        help="run one policy (default), compare several (--policy a,b,c), or check that the live scheduler "
+        "decides byte for byte as the simulator at every instant (twin; exit 1 on a difference)",
     )
     p.add_argument("--workload", required=True, help="JSON Lines workload (see docs/simulator.md)")
     p.add_argument("--cluster", required=True, help="cluster file, JSON or YAML")
@@ -46,6 +51,41 @@ def _err(msg: str) -> int:
     return 2
 
 
+def _twin(args: argparse.Namespace, policies: list[str], opts: SimOptions) -> int:
+    """``rally sim twin``: the workload through the simulator and the live fold + bridge (sim/twin.py);
+    one line per policy, the first difference in full; ``--json``: every report."""
+    from rallypoint.sim.engine import SimError
+    from rallypoint.sim.run import InputError, clean, load_inputs, resolve_policy
+    from rallypoint.sim.twin import run_twin
+
+    reports = {}
+    try:
+        jobs, cluster, queues = load_inputs(args.workload, args.cluster, args.queues)
+        for name in policies:
+            resolve_policy(name)
+            reports[name] = run_twin(jobs, cluster, name, queues, opts)
+    except (InputError, SimError, ValueError) as e:
+        return _err(str(e))
+    except OSError as e:
+        return _err(f"{e.filename or ''}: {e.strerror or e}")
+    differ = False
+    for name, r in reports.items():
+        differ |= not r.identical
+        print(
+            f"{name}: {r.cycles} cycles, {r.binds} binds, {r.preemptions} preemptions, {r.resizes} resizes: "
+            + ("identical" if r.identical else "DIFFERENT")
+        )
+        found = r.mismatches or r.input_mismatches
+        if found:
+            first = found[0]
+            print(f"  first at cycle {first.cycle}, t={first.now}\n  sim  {first.sim}\n  live {first.live}")
+    if args.json_out:
+        import msgspec
+
+        Path(args.json_out).write_text(json.dumps(clean(msgspec.to_builtins(reports)), indent=1) + "\n")
+    return 1 if differ else 0
+
+
 def handle(args: argparse.Namespace) -> int:
     from rallypoint.sim.engine import SimError, SimOptions
     from rallypoint.sim.run import (
@@ -63,6 +103,8 @@ def handle(args: argparse.Namespace) -> int:
     if args.mode == "run" and len(policies) > 1:
         return _err("several policies given: use `rally sim compare`")
     opts = SimOptions(seed=args.seed, tick=args.tick, until=args.until)
+    if args.mode == "twin":
+        return _twin(args, policies, opts)
     try:
         jobs, cluster, queues = load_inputs(args.workload, args.cluster, args.queues)
         results = []

@@ -15,11 +15,12 @@ out its own (``JobStarted``, ``JobResized``, ``JobPreempted``): the fold then fo
 the simulator's, so a live decision the fold refuses (``ignored_binds``) is caught too.
 
 Pure and deterministic like the simulator: no clock, no I/O, the simulator's trace time as ``at`` and
-``now`` everywhere. ``rally sim --twin`` is not wired; tests/sim/test_twin.py runs it.
+``now`` everywhere. tests/sim/test_twin.py runs it in CI; ``rally sim twin`` on any workload.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -94,6 +95,12 @@ class TwinReport(msgspec.Struct, kw_only=True):
     rejected_sim: list[str] = []
     rejected_live: list[str] = []
     sim_summary: dict[str, object] = {}
+
+    @property
+    def identical(self) -> bool:
+        """Every cycle's inputs and decisions equal, every live write applied, the same jobs rejected."""
+        differ = self.mismatches or self.input_mismatches or self.ignored_binds or self.stale_decisions
+        return not differ and self.rejected_sim == self.rejected_live
 
 
 def job_spec(job: Job, priority: str) -> JobSpec:
@@ -257,8 +264,8 @@ class Twin:
         queues: Queues | None = None,
         options: SimOptions | None = None,
     ) -> None:
-        opts = options or SimOptions()
-        opts.strict = True  # a bind onto taken GPUs is a core bug, never a difference to tolerate
+        # a bind onto taken GPUs is a core bug, never a difference to tolerate
+        opts = dataclasses.replace(options or SimOptions(), strict=True)
         self.live_policy = live_policy(policy, queues)
         self.sim = Simulator(
             jobs, cluster, policy, queues, opts, scheduler=self._schedule, policy_obj=self.live_policy.policy
