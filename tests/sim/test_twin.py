@@ -219,3 +219,28 @@ def test_a_queue_file_with_an_empty_class_list_means_the_same_to_both() -> None:
     report = run_twin(jobs, cluster, "rallypoint", msgspec.structs.replace(queues, priority_classes=[]))
     assert_identical(report)
     assert report.cycles >= 5
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_gpu_types_and_nvlink_domains_decide_the_same(policy: str) -> None:
+    # two GPU models, the smaller nodes in 2-GPU NVLink domains; jobs naming one type, a preference of
+    # two, or a type the cluster lacks beside one it has
+    cluster = cluster_from_obj(
+        {
+            "generator": [
+                {"racks": 1, "nodes_per_rack": 2, "gpus_per_node": 8, "gpu_type": "A"},
+                {"racks": 1, "nodes_per_rack": 2, "gpus_per_node": 4, "gpu_type": "B", "prefix": "b",
+                 "nvlink_domain": 2},
+            ]
+        }
+    )  # fmt: skip
+    _, _, queues = synthetic()
+    rng = random.Random(7)
+    types = (None, "A", "B", "A|B", "B|A", "C|A")
+    jobs = [msgspec.structs.replace(j, gpu_type=rng.choice(types)) for j in seeded(3)]
+    report = run_twin(jobs, cluster, policy, queues)
+    assert_identical(report)
+    assert report.cycles >= 20 and report.binds >= 20
+    # the rejection rule from the core's typed codes: gangs no node shape can hold (GangTooLarge) are
+    # rejected on both sides, the same ones (assert_identical)
+    assert report.codes.get("GangTooLarge", 0) > 0 and report.rejected_live
