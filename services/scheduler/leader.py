@@ -110,7 +110,8 @@ class SchedulerLoop:
         the decisions instead of costing a round trip and a fold wait before them, and the binds reach the
         log first. Repairs and rejections are written first, in a write of their own, and folded before
         the decisions are computed: a repaired gang holds GPUs, a rejected job waits for nothing. The fold
-        is awaited once before each computation, never between the writes of one step."""
+        is awaited once before each computation, never between the writes of one step. The twin test
+        replays these steps (``rallypoint.sim.twin.LiveSide.cycle``): change both together."""
         await self.follower.wait_for(max(self.writer.fence, self._written))
         state = self.state
         now = self.clock()
