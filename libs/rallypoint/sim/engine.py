@@ -52,6 +52,8 @@ from .workload import Job
 END, REPAIR, FAIL, SUBMIT, TICK = 0, 1, 2, 3, 4
 # fail-slow events come after the others of their instant; none exist unless SimOptions.failslow is set
 SLOW_START, SLOW_END, DETECT, UNCORDON = 5, 6, 7, 8
+# a running gang commits a checkpoint (jobs with a checkpoint_interval): the core reads the last one
+CKPT = 9
 
 Scheduler = Callable[[ct.Snapshot, Any], ct.Decisions]
 
@@ -406,6 +408,8 @@ class Simulator:
         self.allocated += gpus
         self.team_alloc[j.team] += gpus
         self._push(end, END, j.id, sj.attempt)
+        if sj.ckpt_interval:
+            self._push(sj.ckpt_origin + sj.ckpt_interval, CKPT, j.id, sj.run_id)
 
     def _stop(self, sj: _SimJob, now: float, saved_progress: float | None) -> None:
         """Take a running job off its GPUs at ``now``; keep ``saved_progress`` (None: all progress)."""
@@ -570,6 +574,19 @@ class Simulator:
         self._enqueue(sj, now)
 
     # --- event handlers --------------------------------------------------------------------------
+
+    def _on_checkpoint(self, job_id: str, run_id: int, now: float) -> bool:
+        """A running gang committed a checkpoint (on the grid of its attempt's start, the one a failure
+        falls back to): the core counts a victim's lost work from it, as the scheduler counts it from the
+        log's last ``CheckpointCommitted``. No decision changes by itself: the core is not re-run."""
+        sj = self.running.get(job_id)
+        if sj is None or sj.run_id != run_id or not sj.ckpt_interval:
+            return False  # stopped or restarted since: its next attempt keeps its own grid
+        rj = self.model.running[job_id]
+        self.model.update_running(msgspec.structs.replace(rj, last_checkpoint=now))
+        k = round((now - sj.ckpt_origin) / sj.ckpt_interval)  # on the grid exactly, not a running sum
+        self._push(sj.ckpt_origin + (k + 1) * sj.ckpt_interval, CKPT, job_id, run_id)
+        return False
 
     def _on_end(self, job_id: str, version: int, now: float) -> bool:
         sj = self.running.get(job_id)
@@ -750,6 +767,8 @@ class Simulator:
                     dirty |= self._on_detect(key, version, now)
                 elif kind == UNCORDON:
                     dirty |= self._on_uncordon(key, now)
+                elif kind == CKPT:
+                    dirty |= self._on_checkpoint(key, version, now)
             follow_up = False
             if dirty and (self.pending or self._has_elastic_running()):
                 for _ in range(self.opts.max_cycles_per_instant):

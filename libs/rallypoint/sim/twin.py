@@ -21,7 +21,7 @@ Pure and deterministic like the simulator: no clock, no I/O, the simulator's tra
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -29,6 +29,7 @@ import msgspec
 from rallypoint.core import schedule
 from rallypoint.core import types as ct
 from rallypoint.events import (
+    CheckpointCommitted,
     Event,
     GangBound,
     GangResized,
@@ -53,7 +54,7 @@ from rallypoint.scheduling.config import core_queues
 from rallypoint.scheduling.pending import NEVER_FITS
 from rallypoint.scheduling.queues import Queues
 from rallypoint.scheduling.writes import Write
-from rallypoint.state import ACTIVE, ClusterState, Touched
+from rallypoint.state import ACTIVE, ClusterState, JobView, Touched
 
 from .cluster import Cluster, Node
 from .engine import SimOptions, Simulator
@@ -82,6 +83,7 @@ class TwinReport(msgspec.Struct, kw_only=True):
     resizes: int = 0
     rejections: int = 0
     reasons: int = 0
+    checkpoints: int = 0  # CheckpointCommitted told to the live fold
     # how often each pending code and each preemption reason was decided (what the comparison covered)
     codes: dict[str, int] = {}
     preemption_reasons: dict[str, int] = {}
@@ -333,6 +335,16 @@ class Twin:
 
     # --- the world, as the live services report it ------------------------------------------------
 
+    def _checkpoints(self, running: Iterable[ct.RunningJob], now: float) -> None:
+        """The last checkpoint the simulator's gangs committed, as their agents report it (the fold keeps
+        the newest; the ones in between change nothing the scheduler reads)."""
+        jobs = self.live.state.jobs
+        for rj in sorted(running, key=lambda j: j.id):
+            view = jobs[rj.id]
+            if rj.last_checkpoint is not None and view.last_checkpoint_at != rj.last_checkpoint:
+                self.live.append(checkpoint_committed(view, rj.last_checkpoint))
+                self.report.checkpoints += 1
+
     def _catch_up(self, snap: ct.Snapshot) -> None:
         """Append what happened in the simulated world since the last cycle: nodes down or back, gangs
         that finished or lost a node, jobs submitted (in the simulator's arrival order)."""
@@ -362,6 +374,7 @@ class Twin:
                         at=now,
                     )
                 )
+        self._checkpoints(sim.model.running.values(), now)
         # every job that has arrived, in arrival order: those the simulator rejected at admission too
         for sj in sorted(sim.jobs.values(), key=lambda sj: sj.seq):
             arrived = sj.job
@@ -371,6 +384,23 @@ class Twin:
                 spec = job_spec(arrived, sj.pclass)
                 self.live.append(JobSubmitted(job_id=arrived.id, spec=spec, submitted_at=arrived.submit))
         assert all(j.state not in ACTIVE or j.job_id in sim.running for j in state.jobs.values())
+
+
+def checkpoint_committed(job: JobView, at: float) -> CheckpointCommitted:
+    """The agent's report of a gang's next checkpoint, committed at ``at``."""
+    step = len(job.checkpoints) + 1
+    return CheckpointCommitted(
+        job_id=job.job_id,
+        attempt=job.attempt,
+        step=step,
+        path=f"ckpt/{job.job_id}/{step}",
+        manifest_sha256="",
+        bytes=0,
+        shards=len(job.placements),
+        save_s=0.0,
+        node_id=job.placements[0].node_id,
+        at=at,
+    )
 
 
 def live_policy(policy: str, queues: Queues | None) -> SchedulingPolicy:
