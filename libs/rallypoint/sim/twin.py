@@ -3,13 +3,14 @@
 The simulator calls the core at each scheduling instant (``Simulator(scheduler=...)``). The twin wraps that
 call: first it brings a live ``ClusterState`` level with the simulated world by appending the events the
 live services would have appended since the last call (``JobSubmitted`` from the API, ``JobCompleted`` and
-``JobStarted`` from the job controller, ``NodeLost`` / ``NodeRecovered`` and ``JobAttemptFailed`` for failed
-nodes), then it runs the scheduler's cycle the way ``services/scheduler/leader.py`` runs it (admissions,
-then ``SchedulingPolicy.decide_live`` on the fold, told what the events touched), and also the audit's
-fresh rebuild (``SchedulingPolicy.decide``, what ``rally replay --verify-decisions`` recomputes). The
-simulator's own decisions are computed on its own snapshot. The three are encoded canonically (msgspec
-JSON of ``core.types.Decisions``) and must be equal byte for byte. Then the live decisions are appended as
-the scheduler appends them (``bridge.decision_writes``: ``GangBound``, ``GangResized``,
+``JobStarted`` from the job controller, ``CheckpointCommitted`` from the agents, ``NodeLost`` /
+``NodeRecovered`` and ``JobAttemptFailed`` for failed nodes), then it runs the scheduler's cycle the way
+``services/scheduler/leader.py`` runs it (admissions, ``cycle_needed``, then
+``SchedulingPolicy.decide_live`` on the fold, told what the events touched), and also the audit's fresh
+rebuild (what ``rally replay --verify-decisions`` recomputes). The simulator's own decisions are computed on
+its own snapshot. The three are encoded canonically (msgspec JSON of ``core.types.Decisions``) and must be
+equal byte for byte; so must the two snapshots' inputs (``canonical_inputs``). Then the live decisions are
+appended as the scheduler appends them (``bridge.decision_writes``: ``GangBound``, ``GangResized``,
 ``PreemptionRequested``, ``JobPending``, ``JobRejected``) and carried out at once, as the simulator carries
 out its own (``JobStarted``, ``JobResized``, ``JobPreempted``): the fold then folds the live writes, never
 the simulator's, so a live decision the fold refuses (``ignored_binds``) is caught too.
