@@ -79,6 +79,8 @@ class Ctx:
         self._probe_memo: dict[tuple[str | None, int, str | None], tuple[int, int, int]] = {}
         self._held_until: tuple[int, float] = (-1, 0.0)
         self.static_reasons: dict[tuple[str | tuple[str, ...] | None, int, int, str], Status | None] = {}
+        # formulas.job_types of a job without gpu_types, per gpu_type (shared lists: read only)
+        self.types_of: dict[str | None, list[str]] = {}
         self.cache: dict[str, object] = {}  # per-cycle memo for plug-ins (e.g. preemption rows)
 
     # --- journaled state, read-only views ----------------------------------------------------------

@@ -181,7 +181,14 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
         st = f.check(job, ctx)
         if st is not None:
             return st
-    types = job_types(job, ctx.idx)  # its allowed types the cluster has, in its order of preference
+    # its allowed types the cluster has, in its order of preference (memoized per GPU type for the usual
+    # job, which does not list several; the list is shared: read only)
+    if job.gpu_types is None:
+        types = ctx.types_of.get(job.gpu_type)
+        if types is None:
+            types = ctx.types_of[job.gpu_type] = job_types(job, ctx.idx)
+    else:
+        types = job_types(job, ctx.idx)
     tried = _admit_and_place(job, types, policy, ctx, out)
     if tried is None:
         return None  # bound
@@ -286,18 +293,33 @@ def _why_not(job: PendingJob, size: int, types: list[str], ctx: Ctx) -> Status:
 def _make_room(job: PendingJob, size: int, st: Status, policy: Policy, ctx: Ctx, out: _Out) -> Status:
     """For a job waiting for room (``st``): consolidate > preempt > reserve, the first that acts gives the
     status; ``st`` when none does."""
-    if st.code == "Topology" and ctx.cfg.consolidation:
+    counts = ctx.counts
+    cfg = ctx.cfg
+    # (_consolidate's and _preempt's own first tests, asked here: once the cycle's budgets are used up,
+    # thousands of waiting jobs skip the calls)
+    if (
+        st.code == "Topology"
+        and cfg.consolidation
+        and counts["consolidations"] < cfg.max_consolidations_per_cycle
+    ):
         cst = _consolidate(job, size, policy, ctx, out)
         if cst is not None:
             return cst
-    # (_preempt's own first test, asked here: once the cycle's preemptors are used up, thousands of
-    # waiting jobs skip the call)
-    if policy.preemptor is not None and ctx.counts["preemptors"] < ctx.cfg.max_preemptors_per_cycle:
+    if policy.preemptor is not None and counts["preemptors"] < cfg.max_preemptors_per_cycle:
         pst = _preempt(job, size, policy, ctx, out)
         if pst is not None:
             return pst
-    rst = _reserve(job, size, st, policy, ctx, out)
-    return rst if rst is not None else st
+    # reserve: the earliest slot, held (the reserver keeps its own budget)
+    r = policy.reserver
+    if r is None:
+        return st
+    h = r.reserve(job, size, job.gpu_type, ctx)  # (a job with gpu_types: the reserver reads them)
+    if h is None:
+        return st
+    _announce(job.id, h.until, h.tasks, ctx, out)
+    return Status(
+        st.code, st.message + f"; reserved, earliest start in ~{reasons.human(h.until - ctx.now)}", h.until
+    )
 
 
 def _announce(
@@ -384,19 +406,6 @@ def _preempt(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out) ->
             until,
         )
     return None
-
-
-def _reserve(job: PendingJob, size: int, st: Status, policy: Policy, ctx: Ctx, out: _Out) -> Status | None:
-    r = policy.reserver
-    if r is None:
-        return None
-    h = r.reserve(job, size, job.gpu_type, ctx)  # (a job with gpu_types: the reserver reads them)
-    if h is None:
-        return None
-    _announce(job.id, h.until, h.tasks, ctx, out)
-    return Status(
-        st.code, st.message + f"; reserved, earliest start in ~{reasons.human(h.until - ctx.now)}", h.until
-    )
 
 
 def _hold_for_stopping_victims(snapshot: Snapshot, ctx: Ctx, out: _Out) -> None:
