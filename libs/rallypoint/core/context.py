@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 from rallypoint.core.config import PolicyConfig
 from rallypoint.core.formulas import add_team_usage, dominant_share, job_types
-from rallypoint.core.placement import Plan, level_rank, lowest_bits, new_plan, place
+from rallypoint.core.placement import Plan, level_rank, lowest_bits, place, plan_of
 from rallypoint.core.quota import QuotaBook
 from rallypoint.core.types import PendingJob, RunningJob, Snapshot
 from rallypoint.core.workspace import Hold, Workspace
@@ -204,8 +204,8 @@ class Ctx:
                         if not self._multi_dom[o1]:
                             f = ws.free[o1]
                             # exactly gpt free GPUs: the task takes them all (no bit search)
-                            return new_plan(
-                                gpu_type, "nvlink", ((o1, f if c == gpt else lowest_bits(f, gpt)),)
+                            return plan_of(
+                                (gpu_type, "nvlink", ((o1, f if c == gpt else lowest_bits(f, gpt)),))
                             )
                         break
         plan = place(ws, tasks, gpt, gpu_type, required, self._first_fit)

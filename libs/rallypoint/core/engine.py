@@ -189,10 +189,20 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
             types = ctx.types_of[job.gpu_type] = job_types(job, ctx.idx)
     else:
         types = job_types(job, ctx.idx)
-    tried = _admit_and_place(job, types, policy, ctx, out)
-    if tried is None:
-        return None  # bound
-    size, refusal = tried
+    if job.min_gpus is None and len(types) == 1:
+        # one size and one GPU type (most jobs): ``_admit_and_place`` without its lists and loops
+        size = job.gpus
+        refusal = policy.permit.check(job, types[0], size, ctx)
+        if refusal is None:
+            plan = _try_place(job, size, types[0], ctx)
+            if plan is not None:
+                _bind(job, size, plan, ctx, out)
+                return None
+    else:
+        tried = _admit_and_place(job, types, policy, ctx, out)
+        if tried is None:
+            return None  # bound
+        size, refusal = tried
     if refusal is not None:
         return _quota_refused(job, size, types, refusal, policy, ctx, out)
     if ctx.stopping:
@@ -210,18 +220,9 @@ def _admit_and_place(
 ) -> tuple[int, str | None] | None:
     """Bind ``job`` at the first size (largest first) and GPU type (its order) that its quota admits and
     that places; None when bound. Else (the smallest size tried, the quota's refusal when the quota
-    refuses that size on every type, else None)."""
-    if job.min_gpus is None and len(types) == 1:
-        # one size and one GPU type (most jobs): the loop below without building its lists; a refused
-        # permit is refused for all types, as the re-check below would find (nothing changed since)
-        size = job.gpus
-        quota_msg = policy.permit.check(job, types[0], size, ctx)
-        if quota_msg is None:
-            plan = _try_place(job, size, types[0], ctx)
-            if plan is not None:
-                _bind(job, size, plan, ctx, out)
-                return None
-        return size, quota_msg
+    refuses that size on every type, else None). (``_attempt`` has a fast path for the usual job, one
+    size and one GPU type: there a refused permit is refused for all types, as the re-check below would
+    find, nothing having changed since.)"""
     quota_msg = None
     sizes = [job.gpus] if job.min_gpus is None else job_sizes(job, ctx)
     for size in sizes:

@@ -354,6 +354,8 @@ class ClassLasOrder:
         heap = [p << pshift | (s + soff) << rbits | r for p, s, r in firsts]
         heapq.heapify(heap)
         replace = heapq.heapreplace
+        pop = heapq.heappop
+        steps = _SHARE_STEPS
         # ctx.dominant_share without the method call for the memo misses (one per bind of a team): the
         # same function on the same (per-cycle constant) totals and weights, written to the same memo
         team_usage = ctx.team_usage
@@ -375,7 +377,7 @@ class ClassLasOrder:
             sh = shares.get(team)
             if sh is None:
                 sh = shares[team] = dominant_share(team_usage.get(team, no_usage), totals, wdiv[team])
-            s = int(sh * _SHARE_STEPS) + soff
+            s = int(sh * steps) + soff
             if not 0 <= s <= smask:
                 wide = max(2 * sbits, abs(s - soff).bit_length() + 2)
                 heap = [_widen(k, rbits, sbits, wide) for k in heap]
@@ -399,7 +401,7 @@ class ClassLasOrder:
             if k >= 0:
                 replace(heap, cur | k)
             else:
-                heapq.heappop(heap)
+                pop(heap)
             yield ranked[r]
 
     def _groups(

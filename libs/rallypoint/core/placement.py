@@ -13,6 +13,8 @@ back).
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 from rallypoint.core.workspace import Workspace
@@ -27,6 +29,7 @@ __all__ = [
     "lowest_bits",
     "new_plan",
     "place",
+    "plan_of",
 ]
 
 LEVELS = ("nvlink", "node", "rack", "spine", "cluster")
@@ -50,6 +53,9 @@ def new_plan(gpu_type: str, level: str, tasks: tuple[tuple[int, int], ...]) -> P
 
 
 _tuple_new = tuple.__new__
+# ``plan_of((t, level, tasks))``: ``new_plan`` from one tuple, with no Python frame at all (the one-task
+# fast path of ``Ctx.place`` makes a plan for most binds)
+plan_of: Callable[[tuple[str, str, tuple[tuple[int, int], ...]]], Plan] = partial(_tuple_new, Plan)
 
 
 BITS: dict[int, tuple[int, ...]] = {}  # mask -> its set bit indices (the memo behind ``bits``)
