@@ -18,6 +18,8 @@ pytestmark = pytest.mark.slow
 FIELDS = (
     "submissions_per_s",
     "raw_publish_per_s",
+    "raw_append_per_s",
+    "submissions_over_raw_append",
     "binds_per_s",
     "append_per_s",
     "cycle_ms_live",
@@ -45,6 +47,7 @@ def test_the_cluster_bench_reports_every_figure() -> None:
     assert not missing, f"missing or null: {missing} in {res}"
     assert res["submissions"] == 40 and res["submitted_running"] == 40
     assert res["submissions_per_s"] > 0 and res["raw_publish_per_s"] > 0
+    assert res["submissions_cpu_ms_per_job"]["api"] > 0
     assert res["burst_bound"] == 8 and res["binds_per_s"] > 0
     assert 0 < res["cycle_ms_live"] < 10_000 and 0 < res["cycle_ms_core"] < 10_000
     # every silenced node flagged, none too early, none of the others

@@ -7,8 +7,10 @@ virtual. In order, on the running cluster:
 
 1. submissions: ``--jobs`` HTTP submissions, 16 in flight (``leanhttp``: a load generator that costs
    the shared cores little), beside as many raw acked JetStream publishes at the same concurrency on
-   the same server, before and after (``raw_publish_per_s``); the CPU each process spent per accepted
-   submission meanwhile (``submissions_cpu_ms_per_job``); then submit -> running;
+   the same server, before and after (``raw_publish_per_s``), and as many of the API's JobSubmitted
+   appended straight to the log in halves around the HTTP halves (``raw_append_per_s``: the cluster
+   reacts to those as to the API's); the CPU each process spent per accepted submission meanwhile
+   (``submissions_cpu_ms_per_job``); then submit -> running;
 2. a burst of one-node gangs appended to the log at once: binds written per second (``binds_per_s``:
    from the moment the first bind could be decided to the last one stored) and the live cycle
    (``cycle_ms_live``: from the store time of the log position a cycle decided on to its first decision
@@ -39,9 +41,10 @@ from typing import Any
 
 from rallypoint.eventlog import EventLog, connect_nats
 
+from .apibench import raw_append
 from .fleetprocs import FleetSet, RssSampler, start_fleets
 from .leanhttp import submit_lean
-from .loadgen import append_burst, latency_summary, percentile, raw_publish, spec_body
+from .loadgen import Submitted, append_burst, latency_summary, percentile, raw_publish, spec_body
 from .logwatch import LogWatch
 from .supervisor import LOCAL_SERVICE_ARGS, LocalCluster
 from .zombies import zombie_run
@@ -130,16 +133,32 @@ def _cpu_ms_per_job(before: dict[str, float], after: dict[str, float], jobs: int
     return {name: round(ms, 3) for name, ms in sorted(spent.items(), key=lambda kv: -kv[1]) if ms >= 0.005}
 
 
-async def _submissions(cluster: LocalCluster, watch: LogWatch, cfg: BenchConfig) -> dict[str, Any]:
+async def _submissions(
+    cluster: LocalCluster, log: EventLog, watch: LogWatch, cfg: BenchConfig
+) -> dict[str, Any]:
     # The raw reference before and after the HTTP run, so a change of load on the shared machine between
     # the two moves the reference as it moves the submissions (their harmonic mean: the same count each).
     raw_before = await raw_publish(watch.nc, cfg.jobs, concurrency=CONCURRENCY)
     body = spec_body("bench-http", 1, 10)
+    half = max(1, cfg.jobs // 2)
+    # The same JobSubmitted appended straight to the log, as many in halves around the HTTP halves
+    # (append, HTTP, HTTP, append): the cluster reacts to these jobs as to the API's, so the ratio to
+    # them is what HTTP and the API add, the cluster's own per-job work being on both sides.
+    appended_s = half / await raw_append(log, half, concurrency=CONCURRENCY, prefix="rawlog-a")
     cpu_before = _cpu_seconds(cluster)
-    accepted, took, failed = await submit_lean(
-        cluster.api_url, cfg.jobs, concurrency=CONCURRENCY, body=body, prefix="http", time_limit_s=60
-    )
+    accepted: list[Submitted] = []
+    took = 0.0
+    failed = 0
+    for part, count in (("a", half), ("b", cfg.jobs - half)):
+        ok, seconds, refused = await submit_lean(
+            cluster.api_url, count, concurrency=CONCURRENCY, body=body, prefix=f"http-{part}",
+            time_limit_s=60,
+        )  # fmt: skip
+        accepted += ok
+        took += seconds
+        failed += refused
     cpu_after = _cpu_seconds(cluster)
+    appended_s += half / await raw_append(log, half, concurrency=CONCURRENCY, prefix="rawlog-b")
     raw_after = await raw_publish(watch.nc, cfg.jobs, concurrency=CONCURRENCY)
     ids = [s.job_id for s in accepted]
     await watch.wait(lambda: all(j in watch.started for j in ids), cfg.phase_timeout_s)
@@ -151,6 +170,7 @@ async def _submissions(cluster: LocalCluster, watch: LogWatch, cfg: BenchConfig)
         "raw_publish_per_s": round(2 / (1 / raw_before + 1 / raw_after), 1),
         "raw_publish_before_per_s": round(raw_before, 1),
         "raw_publish_after_per_s": round(raw_after, 1),
+        "raw_append_per_s": round(2 * half / appended_s, 1),
         "submissions_cpu_ms_per_job": _cpu_ms_per_job(cpu_before, cpu_after, max(1, len(accepted))),
         **latency_summary([s.latency_s for s in accepted], "submit_latency_s"),
         "submitted_running": len(to_running),
@@ -252,7 +272,7 @@ async def _drive(cluster: LocalCluster, fleets: FleetSet, cfg: BenchConfig) -> d
         await _wait_caught_up(cluster, log, timeout=300)
         out: dict[str, Any] = {"ready_s": round(time.monotonic() - started, 1)}
         _phase("submissions")
-        out |= await _submissions(cluster, watch, cfg)
+        out |= await _submissions(cluster, log, watch, cfg)
         _phase("burst")
         out |= await _burst(log, watch, cfg, min(cfg.burst, cluster.nodes // 4 or 1))
         _phase("mass silence")
@@ -353,6 +373,7 @@ def _ratios(out: dict[str, Any]) -> dict[str, float | None]:
 
     return {
         "submissions_over_raw": ratio("submissions_per_s", "raw_publish_per_s"),
+        "submissions_over_raw_append": ratio("submissions_per_s", "raw_append_per_s"),
         "binds_over_append": ratio("binds_per_s", "append_per_s"),
         "cycle_live_over_core": ratio("cycle_ms_live", "cycle_ms_core"),
     }
