@@ -23,7 +23,9 @@ __all__ = ["EasyReserver", "Reserver", "earliest_slot"]
 class Reserver(Protocol):
     def reserve(self, job: PendingJob, size: int, gpu_type: str | None, ctx: Ctx) -> Hold | None:
         """Find and hold the earliest slot; None when no slot is known (unknown runtimes). A job with
-        ``gpu_types`` (then ``gpu_type`` is None) may only use those (``Ctx.job_types``)."""
+        ``gpu_types`` (then ``gpu_type`` is None) may only use those (``Ctx.job_types``). A reservation
+        made counts in ``ctx.counts["reservations"]`` (``ctx.ws.bump``): the engine calls no reserver
+        once that reaches ``max_reservations``."""
         ...
 
 

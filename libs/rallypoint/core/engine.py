@@ -310,9 +310,9 @@ def _make_room(job: PendingJob, size: int, st: Status, policy: Policy, ctx: Ctx,
         pst = _preempt(job, size, policy, ctx, out)
         if pst is not None:
             return pst
-    # reserve: the earliest slot, held (the reserver keeps its own budget)
+    # reserve: the earliest slot, held (``Reserver``: not called once the cycle's reservations are spent)
     r = policy.reserver
-    if r is None:
+    if r is None or counts["reservations"] >= cfg.max_reservations:
         return st
     h = r.reserve(job, size, job.gpu_type, ctx)  # (a job with gpu_types: the reserver reads them)
     if h is None:
