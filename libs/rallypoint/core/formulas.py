@@ -12,6 +12,7 @@ copy them: a copy drifts (the memoized attained-service level once skipped thres
   doubling above a unit, exact on every platform); :func:`pending_remaining` is a waiting job's
   expected remaining work;
 - :func:`starving`: the LAS starvation guard (waited longer than a factor x its last run);
+- :func:`aging_boost`: the priority a waiting job gains by aging;
 - :func:`dominant_share`: a team's weighted DRF dominant share;
 - :func:`add_team_usage`: a team's (GPUs, CPU milli, memory MiB) usage sum;
 - :func:`job_types`: the GPU types a pending job may bind on, in the order to try them.
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LEVEL_SPAN",
     "add_team_usage",
+    "aging_boost",
     "dominant_share",
     "estimate_level",
     "estimate_levels",
@@ -100,6 +102,15 @@ def estimate_levels(rem_gpu_s: np.ndarray, unit: float) -> np.ndarray:
 def starving(job: PendingJob, now: float, factor: float) -> bool:
     """LAS starvation guard: ``job`` waited more than ``factor`` x its last run (``factor`` > 0)."""
     return factor > 0 and job.last_run_s > 0 and now - job.submit_time > factor * job.last_run_s
+
+
+def aging_boost(waited: float, step: int, interval: float, cap: int | None) -> int:
+    """Priority gained by waiting ``waited`` seconds: ``step`` per whole ``interval``, at most ``cap``
+    (None: no cap). Asked only with ``step`` > 0 and ``interval`` > 0."""
+    boost = int(max(0.0, waited) // interval) * step
+    if cap is not None and cap < boost:
+        return cap
+    return boost
 
 
 def dominant_share(usage: tuple[int, int, int], totals: tuple[int, int, int], weight_div: float) -> float:

@@ -17,6 +17,7 @@ import numpy as np
 from rallypoint.core.context import Ctx
 from rallypoint.core.formulas import (
     LEVEL_SPAN,
+    aging_boost,
     dominant_share,
     estimate_level,
     estimate_levels,
@@ -93,10 +94,7 @@ def aged_priority(job: PendingJob, ctx: Ctx) -> int:
     cfg = ctx.cfg
     p = ctx.prio_of(job)
     if cfg.aging_step > 0 and cfg.aging_interval_s > 0:
-        boost = int(max(0.0, ctx.now - job.submit_time) // cfg.aging_interval_s) * cfg.aging_step
-        if cfg.aging_max is not None:
-            boost = min(boost, cfg.aging_max)
-        p += boost
+        p += aging_boost(ctx.now - job.submit_time, cfg.aging_step, cfg.aging_interval_s, cfg.aging_max)
     return p
 
 
@@ -130,7 +128,7 @@ class DrfPriorityOrder(PriorityOrder):
 
     def order(self, jobs: Iterable[PendingJob], ctx: Ctx) -> Iterator[PendingJob]:
         groups: dict[tuple[int, str], list[PendingJob]] = {}
-        # aged_priority inlined (same arithmetic): this loop runs for every pending job
+        # aged_priority without its lookups: this loop runs for every pending job
         cfg = ctx.cfg
         prio = ctx.prio
         step, interval, cap = cfg.aging_step, cfg.aging_interval_s, cfg.aging_max
@@ -141,10 +139,7 @@ class DrfPriorityOrder(PriorityOrder):
         for j in sorted(jobs, key=_tie):
             p = prio.get(j.priority_class, 0)
             if aging:
-                boost = int(max(0.0, now - j.submit_time) // interval) * step
-                if cap is not None:
-                    boost = min(boost, cap)
-                p += boost
+                p += aging_boost(now - j.submit_time, step, interval, cap)
             key = (-p, j.team)
             g = groups.get(key)
             if g is None:
