@@ -65,8 +65,9 @@ POLICY: dict[str, Any] = {
     "probation_s": 10.0,
     "stragglers": {"window_s": 15.0},
 }
-#: One judge pass a second, one heartbeat a second, the fold's round trip, and a loaded 2-core machine.
-SLACK_S = 8.0
+#: One judge pass a second, one heartbeat a second, the fold's round trip, and a loaded 2-core machine
+#: (the whole suite, or another cluster, beside it: a straggler's slow steps take longer to fill a window).
+SLACK_S = 15.0
 
 
 @pytest.fixture(scope="module")
@@ -188,8 +189,16 @@ def trainer(*, size: int, step_time: float, every: int, steps: int = 1_000_000) 
     return [*command, "--ckpt-every", str(every), "--size", str(size)]
 
 
-def step_times(cluster: LocalCluster, job_id: str, attempt: int, seconds: float) -> dict[str, list[float]]:
-    """Step times each node's ranks of (job, attempt) report in its heartbeats for ``seconds``."""
+def step_times(
+    cluster: LocalCluster,
+    job_id: str,
+    attempt: int,
+    nodes: list[str],
+    reports: int = 5,
+    timeout: float = 60.0,
+) -> dict[str, list[float]]:
+    """Step times the ranks of (job, attempt) report in their nodes' heartbeats, until each of ``nodes`` has
+    sent ``reports`` distinct ones (a relaunched rank needs a while to start stepping) or ``timeout``."""
 
     async def listen() -> dict[str, list[float]]:
         log = await EventLog.connect(cluster.nats_url, name="e2e-degraded-hb", create=False)
@@ -202,9 +211,15 @@ def step_times(cluster: LocalCluster, job_id: str, attempt: int, seconds: float)
                 if r.job_id == job_id and r.attempt == attempt and r.step_time_s and r.progress_at:
                     seen[(beat.node_id, r.rank, r.progress_at)] = r.step_time_s
 
+        def enough() -> bool:
+            counts = {n: sum(1 for key in seen if key[0] == n) for n in nodes}
+            return all(c >= reports for c in counts.values())
+
         try:
             await log.nc.subscribe(subjects.HEARTBEATS, cb=on_beat)
-            await asyncio.sleep(seconds)
+            deadline = time.monotonic() + timeout
+            while not enough() and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
         finally:
             await log.close()
         by_node: dict[str, list[float]] = {}
@@ -272,13 +287,12 @@ def test_a_straggler_under_a_gang_is_replaced_and_the_gangs_step_time_returns_to
         [interrupted] = [e for e in events if isinstance(e, JobInterrupted)]
         assert interrupted.failed_nodes == (slow,) and "cordoned: degraded" in interrupted.reason
         assert any(isinstance(e, GangRepaired) for e in events)
-        times = step_times(cluster, gang, after["attempt"], 8.0)
+        times = step_times(cluster, gang, after["attempt"], after["nodes"])
         medians = {n: statistics.median(ts) for n, ts in times.items() if ts}
         assert set(medians) == set(after["nodes"]), medians
-        # back to normal: no rank above the straggler line of the gang's old median (the evidence's
-        # threshold), nor of its new one, and far below what the slow node's rank took
+        # back to normal: no rank above the straggler line of its new gang's median, and every one far
+        # below what the slow node's rank took (the host's load moves all of them alike, not 10x)
         gang_median = statistics.median(medians.values())
-        assert max(medians.values()) <= evidence.threshold, (medians, evidence)
         assert all(m <= 1.43 * gang_median for m in medians.values()), medians
         assert max(medians.values()) < evidence.value / 2, (medians, evidence)
     finally:
