@@ -26,9 +26,11 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import cluster_jobs
 import msgspec
 import pytest
 
@@ -90,25 +92,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 # --- helpers -----------------------------------------------------------------------------------------
 
 
-def submit(cluster: LocalCluster, name: str, command: list[str], **fields: Any) -> str:
-    body: dict[str, Any] = {
-        "name": name,
-        "team": "e2e",
-        "gpus": 2,
-        "gpus_per_task": 2,
-        "ranks_per_task": 1,
-        "command": command,
-    }
-    body.update(fields)
-    status, answer = call("POST", f"{cluster.api_url}/v1/jobs", body)
-    assert status == 202, answer
-    return str(answer["job_id"])
-
-
-def job(cluster: LocalCluster, job_id: str) -> dict[str, Any]:
-    status, view = call("GET", f"{cluster.api_url}/v1/jobs/{job_id}")
-    assert status == 200, view
-    return dict(view)
+submit = partial(cluster_jobs.submit, gpus=2, gpus_per_task=2)
+job = cluster_jobs.job
 
 
 def node(cluster: LocalCluster, node_id: str) -> dict[str, Any]:

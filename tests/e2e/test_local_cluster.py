@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import cluster_jobs
 import pytest
 
 from rallypoint.cli.replay import replay_state
@@ -79,10 +80,7 @@ def submit(
     return str(answer["job_id"])
 
 
-def job(cluster: LocalCluster, job_id: str) -> dict[str, Any]:
-    status, view = call("GET", f"{cluster.api_url}/v1/jobs/{job_id}")
-    assert status == 200, view
-    return dict(view)
+job = cluster_jobs.job
 
 
 def wait_state(cluster: LocalCluster, job_id: str, states: set[str], timeout: float = 60.0) -> dict[str, Any]:

@@ -13,9 +13,11 @@ import signal
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import cluster_jobs
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -77,25 +79,8 @@ def eventually(check: Callable[[], bool], what: str, timeout: float = 30.0) -> N
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def submit(cluster: LocalCluster, name: str, command: list[str], **fields: Any) -> str:
-    body = {
-        "name": name,
-        "team": "obs",
-        "gpus": 4,
-        "gpus_per_task": 4,
-        "ranks_per_task": 1,
-        "command": command,
-    }
-    body.update(fields)
-    status, answer = call("POST", f"{cluster.api_url}/v1/jobs", body)
-    assert status == 202, answer
-    return str(answer["job_id"])
-
-
-def job(cluster: LocalCluster, job_id: str) -> dict[str, Any]:
-    status, view = call("GET", f"{cluster.api_url}/v1/jobs/{job_id}")
-    assert status == 200, view
-    return dict(view)
+submit = partial(cluster_jobs.submit, team="obs", gpus=4, gpus_per_task=4)
+job = cluster_jobs.job
 
 
 def wait_state(cluster: LocalCluster, job_id: str, states: set[str], timeout: float = 30.0) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
+import cluster_jobs
 import pytest
 
 from rallypoint.audit import verify_decisions
@@ -83,10 +84,7 @@ def submit(cluster: LocalCluster, team: str, name: str, gpus: int, **extra: Any)
     return str(answer["job_id"])
 
 
-def job(cluster: LocalCluster, job_id: str) -> dict[str, Any]:
-    status, view = call("GET", f"{cluster.api_url}/v1/jobs/{job_id}")
-    assert status == 200, view
-    return dict(view)
+job = cluster_jobs.job
 
 
 def wait_for(cluster: LocalCluster, job_id: str, ok: Any, what: str, timeout: float = 60.0) -> dict[str, Any]:

@@ -21,9 +21,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import cluster_jobs
 import pytest
 
 from rallypoint.agent import workdir
@@ -56,25 +58,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield local
 
 
-def submit(cluster: LocalCluster, name: str, command: list[str], **fields: Any) -> str:
-    body = {
-        "name": name,
-        "team": "e2e",
-        "gpus": 1,
-        "gpus_per_task": 1,
-        "ranks_per_task": 1,
-        "command": command,
-    }
-    body.update(fields)
-    status, answer = call("POST", f"{cluster.api_url}/v1/jobs", body)
-    assert status == 202, answer
-    return str(answer["job_id"])
-
-
-def job(cluster: LocalCluster, job_id: str) -> dict[str, Any]:
-    status, view = call("GET", f"{cluster.api_url}/v1/jobs/{job_id}")
-    assert status == 200, view
-    return dict(view)
+submit = partial(cluster_jobs.submit)
+job = cluster_jobs.job
 
 
 def wait_for(cluster: LocalCluster, job_id: str, states: set[str], timeout: float = 90.0) -> dict[str, Any]:

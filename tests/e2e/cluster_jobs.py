@@ -1,0 +1,44 @@
+"""Job requests the end-to-end tests send to a local cluster's API, in one place.
+
+``submit`` posts a job (a 1-GPU, 1-rank task of team ``e2e`` unless told otherwise) and returns its id;
+``job`` reads its view. Both assert the API's answer, so a test fails on the request that went wrong.
+A test module with other defaults binds them once: ``submit = partial(cluster_jobs.submit, team="obs")``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rallypoint.localcluster import LocalCluster
+from rallypoint.localcluster.http import call
+
+
+def submit(
+    cluster: LocalCluster,
+    name: str,
+    command: list[str],
+    *,
+    team: str = "e2e",
+    gpus: int = 1,
+    gpus_per_task: int = 1,
+    ranks_per_task: int = 1,
+    **fields: Any,
+) -> str:
+    body: dict[str, Any] = {
+        "name": name,
+        "team": team,
+        "gpus": gpus,
+        "gpus_per_task": gpus_per_task,
+        "ranks_per_task": ranks_per_task,
+        "command": command,
+        **fields,
+    }
+    status, answer = call("POST", f"{cluster.api_url}/v1/jobs", body)
+    assert status == 202, answer
+    return str(answer["job_id"])
+
+
+def job(cluster: LocalCluster, job_id: str) -> dict[str, Any]:
+    status, view = call("GET", f"{cluster.api_url}/v1/jobs/{job_id}")
+    assert status == 200, view
+    return dict(view)
