@@ -1,8 +1,9 @@
 """End to end: `rally bench cluster` at a tiny size prints every figure the scale issue asks for, sanely.
 
 40 simulated nodes in 2 fleet processes (a heartbeat a second, so the monitor's thresholds are 3 s and
-8 s), 40 HTTP submissions, a burst of 8 one-node gangs, 8 nodes silenced, the leader killed, 10 short
-real jobs on 2 real agents for the zombie count.
+8 s), 40 HTTP submissions, a burst of 8 one-node gangs, a burst of capacity (the cluster filled, 8
+one-node gangs queued, a gang of 8 nodes cancelled), 8 nodes silenced, the leader killed, 10 short real
+jobs on 2 real agents for the zombie count.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ FIELDS = (
     "append_per_s",
     "cycle_ms_live",
     "cycle_ms_core",
+    "cycle_cpu_ms_live",
+    "cycle_cpu_ms_core",
+    "capacity_binds_per_s",
+    "capacity_cycle_cpu_ms",
     "silence_flagged_max_s",
     "silence_threshold_s",
     "zombies",
@@ -50,6 +55,11 @@ def test_the_cluster_bench_reports_every_figure() -> None:
     assert res["submissions_cpu_ms_per_job"]["api"] > 0
     assert res["burst_bound"] == 8 and res["binds_per_s"] > 0
     assert 0 < res["cycle_ms_live"] < 10_000 and 0 < res["cycle_ms_core"] < 10_000
+    assert 0 < res["cycle_cpu_ms_live"] < 10_000
+    # the burst of capacity: 8 one-node gangs waited behind gangs filling all 40 nodes, and every one was
+    # bound after the gang of 8 nodes was cancelled
+    assert res["capacity_fillers"] == 5 and res["capacity_bound"] == 8
+    assert 0 < res["capacity_first_bind_s"] <= res["capacity_all_bound_s"] < 30
     # every silenced node flagged, none too early, none of the others
     assert res["silence_flagged"] == res["silence_nodes"] == 8
     # counted from the silencing signal; a node's last heartbeat was up to one interval (1 s) before it

@@ -15,10 +15,14 @@ virtual. In order, on the running cluster:
    from the moment the first bind could be decided to the last one stored) and the live cycle
    (``cycle_ms_live``: from the store time of the log position a cycle decided on to its first decision
    stored; ``cycle_ms_live_from_start`` from the cycle's start, admissions and fold waits included),
-   all read from the log's store times so no service needs instrumenting;
-3. mass silence: ``--silence`` nodes stop heartbeating at once; when each was flagged
+   all read from the log's store times so no service needs instrumenting; and the leader's own CPU per
+   deciding cycle meanwhile (``cycle_cpu_ms_live``, from its ``rally_scheduler_cycle_compute_cpu_seconds``);
+3. a burst of capacity: every node taken by long gangs, as many one-node gangs as the burst queued behind
+   them, then one gang of that many nodes cancelled: binds per second from its ``JobCancelled`` stored
+   to the last waiting gang's bind stored (``capacity_binds_per_s``), and that cycle's CPU;
+4. mass silence: ``--silence`` nodes stop heartbeating at once; when each was flagged
    (``NodeHeartbeatLost``, then ``NodeLost``), counted from the silencing, against the thresholds;
-4. failover: the scheduler leader is killed (-9) until the next leader's epoch is stored;
+5. failover: the scheduler leader is killed (-9) until the next leader's epoch is stored;
 with the peak RSS of every process throughout, and the warnings each logged. Then, with that cluster
 stopped (the core benches want the CPU to themselves): zombies on a small cluster of real agents after
 ``--zombie-jobs`` short real jobs, ``rally bench scheduler`` at the same size (``cycle_ms_core``) and
@@ -44,12 +48,23 @@ from rallypoint.eventlog import EventLog, connect_nats
 from .apibench import raw_append
 from .fleetprocs import FleetSet, RssSampler, start_fleets
 from .leanhttp import submit_lean
-from .loadgen import Submitted, append_burst, latency_summary, percentile, raw_publish, spec_body
+from .loadgen import (
+    Submitted,
+    append_burst,
+    append_cancel,
+    append_submitted,
+    gang_spec,
+    latency_summary,
+    percentile,
+    raw_publish,
+    spec_body,
+)
 from .logwatch import LogWatch
 from .supervisor import LOCAL_SERVICE_ARGS, LocalCluster
 from .zombies import zombie_run
 
 CONCURRENCY = 16
+CYCLE_CPU_METRIC = "rally_scheduler_cycle_compute_cpu_seconds"
 NODES_PER_RACK = 32  # as `rally bench scheduler` cables its synthetic cluster
 
 
@@ -207,6 +222,86 @@ async def _burst(log: EventLog, watch: LogWatch, cfg: BenchConfig, count: int) -
     }
 
 
+def _cycle_cpu(cluster: LocalCluster, leader: str) -> tuple[float, int]:
+    """(CPU seconds, deciding cycles) the leader's cycles have computed so far, from its ``/metrics``."""
+    try:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{cluster.health_ports[leader]}/metrics", timeout=5
+        ) as r:
+            text = r.read().decode()
+    except (OSError, KeyError):
+        return 0.0, 0
+    found = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in (f"{CYCLE_CPU_METRIC}_sum", f"{CYCLE_CPU_METRIC}_count"):
+            found[name.rsplit("_", 1)[1]] = float(value)
+    return found.get("sum", 0.0), int(found.get("count", 0))
+
+
+async def _cycle_cpu_ms(cluster: LocalCluster, leader: str, before: tuple[float, int]) -> float | None:
+    """Mean CPU ms of the leader's deciding cycles since ``before`` (a ``_cycle_cpu`` reading)."""
+    seconds, cycles = await asyncio.to_thread(_cycle_cpu, cluster, leader)
+    n = cycles - before[1]
+    return round((seconds - before[0]) * 1000 / n, 2) if n > 0 else None
+
+
+def _leader(watch: LogWatch) -> str:
+    return watch.epochs[-1][1] if watch.epochs else "scheduler-1"
+
+
+def _fillers(nodes: int, release: int) -> list[int]:
+    """Gang sizes (nodes each) that together take every node: the first, ``release`` nodes, is the one
+    cancelled to free capacity at once; the rest in gangs of at most as many."""
+    sizes = [release]
+    left = nodes - release
+    while left > 0:
+        sizes.append(min(release, left))
+        left -= sizes[-1]
+    return sizes
+
+
+async def _capacity_burst(
+    cluster: LocalCluster, log: EventLog, watch: LogWatch, cfg: BenchConfig, count: int
+) -> dict[str, Any]:
+    """A burst of capacity: the cluster full of long gangs, ``count`` one-node gangs waiting, then one
+    gang of ``count`` nodes cancelled. Times the binds from the moment its GPUs were free in the log (its
+    ``JobCancelled`` stored) to the last of the waiting gangs' binds stored: what the scheduler decides and
+    writes when the work is already queued, which a burst of submissions never shows (there the binds
+    follow the submissions' own arrival)."""
+    fillers = [f"fill-{i}" for i in range(len(_fillers(cluster.nodes, count)))]
+    for job_id, size in zip(fillers, _fillers(cluster.nodes, count), strict=True):
+        await append_submitted(log, [job_id], gang_spec(job_id, size, cfg.gpus_per_node, 3600))
+    await watch.wait(lambda: all(j in watch.started for j in fillers), cfg.phase_timeout_s)
+    waiting = [f"wait-{i}" for i in range(count)]
+    await append_submitted(log, waiting, gang_spec("wait", 1, cfg.gpus_per_node, 5))
+    await watch.wait(lambda: all(j in watch.queued for j in waiting), cfg.phase_timeout_s)
+    await asyncio.sleep(2.0)  # a cycle or two with every waiting gang queued and nowhere to go
+    leader = _leader(watch)
+    cpu_before = await asyncio.to_thread(_cycle_cpu, cluster, leader)
+    await append_cancel(log, fillers[0])
+    await watch.wait(lambda: all(j in watch.bound for j in waiting), cfg.phase_timeout_s)
+    cycle_cpu = await _cycle_cpu_ms(cluster, leader, cpu_before)
+    freed = watch.cancelled.get(fillers[0])
+    binds = sorted(watch.bound[j] for j in waiting if j in watch.bound)
+    for job_id in fillers[1:]:
+        await append_cancel(log, job_id)
+    settled = [*fillers, *waiting]
+    await watch.wait(
+        lambda: all(j in watch.completed or j in watch.cancelled for j in settled), cfg.phase_timeout_s
+    )
+    took = binds[-1] - freed if binds and freed is not None else None
+    return {
+        "capacity_burst": count,
+        "capacity_fillers": len(fillers),
+        "capacity_bound": len(binds),
+        "capacity_first_bind_s": _rounded(binds[0] - freed if binds and freed is not None else None),
+        "capacity_all_bound_s": _rounded(took),
+        "capacity_binds_per_s": round(len(binds) / took, 1) if took else None,
+        "capacity_cycle_cpu_ms": cycle_cpu,
+    }
+
+
 async def _silence(fleets: FleetSet, watch: LogWatch, cfg: BenchConfig) -> dict[str, Any]:
     nodes = fleets.silenced
     unreachable, lost_after = monitor_thresholds(cfg.heartbeat_interval_s)
@@ -274,7 +369,12 @@ async def _drive(cluster: LocalCluster, fleets: FleetSet, cfg: BenchConfig) -> d
         _phase("submissions")
         out |= await _submissions(cluster, log, watch, cfg)
         _phase("burst")
-        out |= await _burst(log, watch, cfg, min(cfg.burst, cluster.nodes // 4 or 1))
+        burst = min(cfg.burst, cluster.nodes // 4 or 1)
+        cpu_before = await asyncio.to_thread(_cycle_cpu, cluster, _leader(watch))
+        out |= await _burst(log, watch, cfg, burst)
+        out["cycle_cpu_ms_live"] = await _cycle_cpu_ms(cluster, _leader(watch), cpu_before)
+        _phase("capacity burst")
+        out |= await _capacity_burst(cluster, log, watch, cfg, burst)
         _phase("mass silence")
         out |= await _silence(fleets, watch, cfg)
         _phase("leader kill")
@@ -353,6 +453,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     pending = max(1, min(cfg.burst, cfg.nodes // 4))
     core = core_bench(nodes=cfg.nodes, gpus_per_node=cfg.gpus_per_node, pending=pending, seed=1, cycles=5)
     out["cycle_ms_core"] = core["cycle_ms"]["p50"]
+    out["cycle_cpu_ms_core"] = core["cycle_cpu_ms"]["p50"]
     log_rates = eventlog_bench(2000)
     out["eventlog"] = log_rates
     out["append_per_s"] = max(
@@ -375,7 +476,10 @@ def _ratios(out: dict[str, Any]) -> dict[str, float | None]:
         "submissions_over_raw": ratio("submissions_per_s", "raw_publish_per_s"),
         "submissions_over_raw_append": ratio("submissions_per_s", "raw_append_per_s"),
         "binds_over_append": ratio("binds_per_s", "append_per_s"),
+        "capacity_binds_over_append": ratio("capacity_binds_per_s", "append_per_s"),
         "cycle_live_over_core": ratio("cycle_ms_live", "cycle_ms_core"),
+        "cycle_cpu_live_over_core": ratio("cycle_cpu_ms_live", "cycle_cpu_ms_core"),
+        "capacity_cycle_cpu_over_core": ratio("capacity_cycle_cpu_ms", "cycle_cpu_ms_core"),
     }
 
 

@@ -23,7 +23,7 @@ from nats.aio.client import Client
 from nats.js.api import StorageType, StreamConfig
 
 from rallypoint.eventlog import EventLog
-from rallypoint.events import JobSpec, JobSubmitted, subjects
+from rallypoint.events import JobCancelRequested, JobSpec, JobSubmitted, subjects
 from rallypoint.events.codec import encode
 
 from .http import auth_headers
@@ -132,8 +132,20 @@ def _spec_fields() -> dict[str, Any]:
 async def append_burst(log: EventLog, count: int, *, gpus: int, seconds: float, prefix: str) -> list[str]:
     """Append ``count`` JobSubmitted as the API would, 256 in flight; returns the job ids."""
     spec = JobSpec(**{**spec_body(prefix, gpus, seconds), "command": ("sleep", str(seconds))})
-    semaphore = asyncio.Semaphore(256)
     job_ids = [f"{prefix}-{i}" for i in range(count)]
+    await append_submitted(log, job_ids, spec)
+    return job_ids
+
+
+def gang_spec(name: str, nodes: int, gpus_per_node: int, seconds: float) -> JobSpec:
+    """A gang of one task of ``gpus_per_node`` GPUs on each of ``nodes`` nodes, running ``seconds``."""
+    body = spec_body(name, nodes * gpus_per_node, seconds)
+    return JobSpec(**{**body, "gpus_per_task": gpus_per_node, "command": ("sleep", str(seconds))})
+
+
+async def append_submitted(log: EventLog, job_ids: list[str], spec: JobSpec) -> None:
+    """Append a JobSubmitted of ``spec`` for each id, as the API would, 256 in flight."""
+    semaphore = asyncio.Semaphore(256)
 
     async def one(job_id: str) -> None:
         async with semaphore:
@@ -147,7 +159,12 @@ async def append_burst(log: EventLog, count: int, *, gpus: int, seconds: float, 
             )
 
     await asyncio.gather(*(one(j) for j in job_ids))
-    return job_ids
+
+
+async def append_cancel(log: EventLog, job_id: str) -> None:
+    """Ask for a job's cancellation as the API's DELETE does."""
+    event = JobCancelRequested(job_id=job_id, at=time.time(), requested_by="bench")
+    await log.append(subjects.job(job_id), event, msg_id=f"{job_id}:cancel", source="rallypoint/bench")
 
 
 def latency_summary(values: list[float], prefix: str) -> dict[str, Any]:

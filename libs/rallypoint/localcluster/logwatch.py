@@ -3,9 +3,9 @@
 Services stamp an event's ``at`` when they decide, not when the decision lands; what a user or the next
 service sees is the stored time, so the harness reads it from the JetStream delivery (the reply subject
 carries the stream sequence and the store timestamp in nanoseconds) and indexes what it measures:
-first ``JobStarted`` / ``GangBound`` / ``JobCompleted`` per job, first ``NodeHeartbeatLost`` / ``NodeLost``
-per node, the scheduler's epochs, and per scheduling cycle (its decisions share ``at``, the cycle's start)
-the first decision's store time.
+first ``JobStarted`` / ``GangBound`` / ``JobCompleted`` / ``JobQueued`` / ``JobCancelled`` per job, first
+``NodeHeartbeatLost`` / ``NodeLost`` per node, the scheduler's epochs, and per scheduling cycle (its
+decisions share ``at``, the cycle's start) the first decision's store time.
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from rallypoint.events import (
     GangBound,
+    JobCancelled,
     JobCompleted,
     JobPending,
+    JobQueued,
     JobStarted,
     LeaderEpochStarted,
     NodeHeartbeatLost,
@@ -44,6 +46,8 @@ class LogWatch:
     #: job -> the log position its GangBound was computed from
     bound_from: dict[str, int] = field(default_factory=dict)
     completed: dict[str, float] = field(default_factory=dict)
+    queued: dict[str, float] = field(default_factory=dict)
+    cancelled: dict[str, float] = field(default_factory=dict)
     #: node -> store times of each of its NodeHeartbeatLost / NodeLost
     heartbeat_lost: dict[str, list[float]] = field(default_factory=dict)
     lost: dict[str, list[float]] = field(default_factory=dict)
@@ -107,6 +111,10 @@ class LogWatch:
             self.cycles.setdefault(event.at, (stored, event.computed_at_seq))
         elif isinstance(event, JobCompleted):
             self.completed.setdefault(event.job_id, stored)
+        elif isinstance(event, JobQueued):
+            self.queued.setdefault(event.job_id, stored)
+        elif isinstance(event, JobCancelled):
+            self.cancelled.setdefault(event.job_id, stored)
         elif isinstance(event, NodeHeartbeatLost):
             self.heartbeat_lost.setdefault(event.node_id, []).append(stored)
         elif isinstance(event, NodeLost):

@@ -31,6 +31,13 @@ SCHEDULER_CYCLE_SECONDS = Histogram(
     ["result"],
     buckets=_CYCLE_BUCKETS,
 )
+SCHEDULER_CYCLE_COMPUTE_CPU_SECONDS = Histogram(
+    "rally_scheduler_cycle_compute_cpu_seconds",
+    "CPU time of a deciding cycle's own computation (admissions, model sync, the core, the events to "
+    "write), without the waits for the fold and the appends in between: what the cycle costs the process, "
+    "however busy the machine is.",
+    buckets=_CYCLE_BUCKETS,
+)
 SCHEDULER_CYCLES = Counter(
     "rally_scheduler_cycles", "Scheduling cycles run by this instance while it leads.", ["result"]
 )
