@@ -1,0 +1,364 @@
+"""What following the log costs each service per event: ``python -m rallypoint.runtime.followbench --json``.
+
+Every service (API, schedulers, job controller, health monitor, ...) receives every event of the log
+through one path: nats-py delivers the JetStream message (its headers parsed), ``EventLog.follow`` decodes
+it and ``Follower`` folds it into ``ClusterState``. This bench runs that path on a real embedded
+nats-server: a child process appends a realistic log (nodes registered, then each job's life: submitted,
+queued, bound, started, its ranks exited, completed) while this process follows it live with the very
+``Follower`` the services use, and reports the CPU this process spent per event (process time, so other
+load on the machine does not count). It then splits that cost, offline on the same messages: nats-py's
+header parse, the decode into a ``Recorded``, and the fold (``Follower._fold``); receiving is the rest.
+Last, a fresh ``Follower`` replays the whole log (``catch_up``, the start of every service).
+
+The appending child reports its own CPU per append too: building a published message's headers is paid
+by every writer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from rallypoint.eventlog import EventLog
+from rallypoint.eventlog.log import _Feed, _stream_seq, _to_recorded
+from rallypoint.events import (
+    Event,
+    GangBound,
+    GpuInfo,
+    JobCompleted,
+    JobQueued,
+    JobSpec,
+    JobStarted,
+    JobSubmitted,
+    LeaderEpochStarted,
+    NodeRegistered,
+    RankExited,
+    TaskPlacement,
+    subjects,
+)
+from rallypoint.infra import NatsServer
+
+from .follower import Follower
+
+GPUS_PER_NODE = 8
+#: Change feeds a follower feeds on every event (the scheduler's and the job controller's consumers).
+CHANGE_FEEDS = 2
+#: Appends in flight together: enough to keep the follower busy, as a cluster's many writers do.
+IN_FLIGHT = 64
+
+
+def _node(i: int) -> NodeRegistered:
+    node_id = f"n{i:05d}"
+    gpus = tuple(
+        GpuInfo(index=g, uuid=f"{node_id}-gpu{g}", memory_mib=81920, nvlink_domain=0)
+        for g in range(GPUS_PER_NODE)
+    )
+    return NodeRegistered(
+        node_id=node_id,
+        address=f"10.0.{i // 256}.{i % 256}:7070",
+        rack=f"r{i // 32}",
+        gpu_type="h100",
+        gpus=gpus,
+        cpu_milli=192000,
+        memory_mib=2_000_000,
+        agent_instance=f"{node_id}-agent",
+        at=1.0,
+    )
+
+
+def _life(i: int, nodes: int, ranks: int) -> list[list[Event]]:
+    """One job's events, phase by phase (each phase's events may land in any order among themselves)."""
+    job_id = f"job-{i:06d}"
+    node_id = f"n{i % nodes:05d}"
+    spec = JobSpec(
+        name=f"train-{i}",
+        team="bench",
+        gpus=GPUS_PER_NODE,
+        gpus_per_task=GPUS_PER_NODE,
+        ranks_per_task=ranks,
+        command=("python", "train.py"),
+    )
+    at = 100.0 + i
+    place = (TaskPlacement(task=0, node_id=node_id, gpus=tuple(range(GPUS_PER_NODE))),)
+    bound = GangBound(
+        job_id=job_id,
+        attempt=1,
+        epoch=1,
+        placements=place,
+        computed_at_seq=1,
+        policy_version="bench",
+        now=at,
+        at=at,
+    )
+    exits: list[Event] = [
+        RankExited(job_id=job_id, attempt=1, rank=r, node_id=node_id, exit_code=0, at=at + 2)
+        for r in range(ranks)
+    ]
+    return [
+        [JobSubmitted(job_id=job_id, spec=spec, submitted_at=at)],
+        [JobQueued(job_id=job_id, queue="default", at=at)],
+        [bound],
+        [JobStarted(job_id=job_id, attempt=1, at=at + 1)],
+        exits,
+        [JobCompleted(job_id=job_id, attempt=1, at=at + 3)],
+    ]
+
+
+def phases(nodes: int, jobs: int, ranks: int) -> Iterator[list[Event]]:
+    """The log in groups that may be appended concurrently: a leader, the nodes, then waves of jobs
+    (``IN_FLIGHT`` jobs at a time, each phase of their lives after the previous one, as a cluster runs
+    them; a job's node is free again by the time the next wave binds to it)."""
+    yield [LeaderEpochStarted(epoch=1, leader_id="bench", at=0.0)]
+    for start in range(0, nodes, IN_FLIGHT):
+        yield [_node(i) for i in range(start, min(start + IN_FLIGHT, nodes))]
+    wave = min(IN_FLIGHT, nodes)
+    for start in range(0, jobs, wave):
+        lives = [_life(i, nodes, ranks) for i in range(start, min(start + wave, jobs))]
+        for phase in range(len(lives[0])):
+            yield [event for life in lives for event in life[phase]]
+
+
+def total_events(nodes: int, jobs: int, ranks: int) -> int:
+    return sum(len(group) for group in phases(nodes, jobs, ranks))
+
+
+# -- the appending child ------------------------------------------------------------------------------
+
+
+async def _append_all(url: str, nodes: int, jobs: int, ranks: int) -> dict[str, float]:
+    log = await EventLog.connect(url, name="followbench-writer")
+    try:
+        count, cpu = 0, time.process_time()
+        for group in phases(nodes, jobs, ranks):
+            await asyncio.gather(
+                *(
+                    log.append(subjects.for_event(e), e, msg_id=f"{count + k}", source="followbench")
+                    for k, e in enumerate(group)
+                )
+            )
+            count += len(group)
+        return {"appended": count, "append_cpu_us": (time.process_time() - cpu) / count * 1e6}
+    finally:
+        await log.close()
+
+
+def _writer_main(url: str, nodes: int, jobs: int, ranks: int) -> None:
+    print(json.dumps(asyncio.run(_append_all(url, nodes, jobs, ranks))))
+
+
+# -- the follower under test ----------------------------------------------------------------------------
+
+
+def _follower(log: EventLog) -> Follower:
+    follower = Follower(log)
+    for _ in range(CHANGE_FEEDS):
+        follower.changes()
+    return follower
+
+
+async def _follow_live(url: str, nodes: int, jobs: int, ranks: int) -> dict[str, Any]:
+    """Follow while the child appends; this process's CPU per event over the whole run."""
+    expected = total_events(nodes, jobs, ranks)
+    log = await EventLog.connect(url, name="followbench")
+    follower = _follower(log)
+    task = asyncio.create_task(follower.run())
+    try:
+        await asyncio.sleep(0.2)  # the subscription is in place before the first append
+        cpu, wall = time.process_time(), time.perf_counter()
+        writer = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "rallypoint.runtime.followbench",
+            "--writer",
+            url,
+            "--nodes",
+            str(nodes),
+            "--jobs",
+            str(jobs),
+            "--ranks",
+            str(ranks),
+            stdout=subprocess.PIPE,
+        )
+        while follower.state.last_seq < expected:
+            await follower.next_change(5.0)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        out, _ = await writer.communicate()
+        written = json.loads(out)
+    finally:
+        task.cancel()
+        await log.close()
+    return {
+        "events": expected,
+        "follow_cpu_us_per_event": cpu / expected * 1e6,
+        "follow_wall_s": wall,
+        "append_cpu_us_per_event": written["append_cpu_us"],
+        "jobs_completed": sum(job.state == "completed" for job in follower.state.jobs.values()),
+        "state_hash": follower.state.hash(),
+    }
+
+
+class _HeaderTap:
+    """Keeps the raw header block of every message the connection parses (for the offline split)."""
+
+    def __init__(self, log: EventLog) -> None:
+        self.raw: list[bytes] = []
+        self.parse = log.nc._process_headers
+        original = self.parse
+
+        async def tap(headers: bytes) -> dict[str, str] | None:
+            if headers:
+                self.raw.append(bytes(headers))
+            return await original(headers)
+
+        log.nc._process_headers = tap  # type: ignore[method-assign]
+
+
+async def _capture(log: EventLog, expected: int) -> list[Msg]:
+    """Every message of the log as nats-py delivers it."""
+    feed = _Feed(limit=expected + 1)
+    sub = await log._subscribe(1, subjects.STREAM_SUBJECTS, feed)
+    msgs: list[Msg] = []
+    try:
+        while len(msgs) < expected:
+            msgs.extend(m for m in await feed.batch(10.0) if m.data)
+    finally:
+        await sub.unsubscribe()
+    return msgs
+
+
+def _cpu_us(work: Callable[[], object], per: int, rounds: int = 3) -> float:
+    """CPU microseconds per item of ``work`` (the best of ``rounds``)."""
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.process_time()
+        work()
+        best = min(best, time.process_time() - start)
+    return best / per * 1e6
+
+
+async def _split(url: str, expected: int) -> dict[str, float]:
+    """The follow path's parts, each timed alone over the same messages."""
+    log = await EventLog.connect(url, name="followbench-split")
+    try:
+        tap = _HeaderTap(log)
+        msgs = await _capture(log, expected)
+        raw = tap.raw[:expected]
+        parse = tap.parse
+
+        def headers() -> None:
+            for block in raw:
+                with contextlib.suppress(StopIteration):  # it never awaits: run it without a loop
+                    parse(block).send(None)
+
+        seqs = [_stream_seq(m) for m in msgs]
+        recs = [_to_recorded(m, s, True) for m, s in zip(msgs, seqs, strict=True)]
+
+        def decode() -> None:
+            for m, s in zip(msgs, seqs, strict=True):
+                _to_recorded(m, s, True)
+
+        fold_cpu = float("inf")
+        for _ in range(3):
+            follower = _follower(log)
+            start = time.process_time()
+            for rec in recs:
+                follower._fold(rec)
+            fold_cpu = min(fold_cpu, time.process_time() - start)
+        return {
+            "headers_us": _cpu_us(headers, len(raw)),
+            "decode_us": _cpu_us(decode, len(msgs)),
+            "fold_us": fold_cpu / len(recs) * 1e6,
+        }
+    finally:
+        await log.close()
+
+
+async def _replay(url: str, expected: int) -> dict[str, Any]:
+    log = await EventLog.connect(url, name="followbench-replay")
+    try:
+        follower = _follower(log)
+        cpu, wall = time.process_time(), time.perf_counter()
+        await follower.catch_up()
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        assert follower.state.last_seq == expected
+        return {
+            "replay_events_per_s": expected / wall,
+            "replay_cpu_us_per_event": cpu / expected * 1e6,
+            "replay_state_hash": follower.state.hash(),
+        }
+    finally:
+        await log.close()
+
+
+async def _measure(url: str, nodes: int, jobs: int, ranks: int) -> dict[str, Any]:
+    live = await _follow_live(url, nodes, jobs, ranks)
+    split = await _split(url, live["events"])
+    replay = await _replay(url, live["events"])
+    receive = live["follow_cpu_us_per_event"] - split["decode_us"] - split["fold_us"]
+    result: dict[str, Any] = {
+        "nodes": nodes,
+        "jobs": jobs,
+        "ranks_per_job": ranks,
+        **live,
+        "split_us_per_event": {
+            "receive_incl_headers": receive,
+            "of_which_nats_header_parse": split["headers_us"],
+            "decode": split["decode_us"],
+            "fold": split["fold_us"],
+        },
+        **replay,
+        "loadavg": os.getloadavg(),
+    }
+    return _rounded(result)
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 2)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def run_bench(nodes: int = 500, jobs: int = 3000, ranks: int = 1) -> dict[str, Any]:
+    with (
+        tempfile.TemporaryDirectory(prefix="rally-followbench-") as tmp,
+        NatsServer(Path(tmp) / "nats") as server,
+    ):
+        return asyncio.run(_measure(server.url, nodes, jobs, ranks))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--jobs", type=int, default=3000)
+    parser.add_argument("--ranks", type=int, default=1, help="ranks per job (one RankExited each)")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    parser.add_argument("--writer", metavar="URL", help=argparse.SUPPRESS)  # the appending child
+    args = parser.parse_args(argv)
+    logging.getLogger("rallypoint.nats").setLevel(logging.ERROR)  # each connection's close is not news here
+    if args.writer:
+        _writer_main(args.writer, args.nodes, args.jobs, args.ranks)
+        return 0
+    result = run_bench(args.nodes, args.jobs, args.ranks)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
