@@ -1,8 +1,8 @@
 """The aiohttp application: routes, submission and cancellation, queries over the fold.
 
 Writes go to the log and are answered only once the log acknowledged them; reads come from this
-instance's fold (``FoldFollower``), and wait until it holds this instance's acknowledged writes, so a
-client can read its own write.
+instance's fold (``FoldFollower``), and wait until it holds every write the log had acknowledged when
+the read began (``reads.ready_to_read``), so a client reads its own write through any API replica.
 Validation is ``rallypoint.jobs``; the only thing decided here is which HTTP status says what.
 """
 
@@ -46,6 +46,7 @@ from .metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
 from .node_ops import add_node_routes
 from .openapi import openapi_document
 from .problems import PROBLEM_JSON, invalid_spec, not_found, problem, unavailable, unparseable
+from .reads import ready_to_read
 from .traced import trace_middleware
 from .views import job_links, queue_positions, render_checkpoints, render_job, render_node
 
@@ -66,7 +67,7 @@ class ApiConfig:
     source: str = "rallypoint/api"  # CloudEvents source of what this service appends
     max_gpus_per_node: int = DEFAULT_MAX_GPUS_PER_NODE  # used until a node has registered
     fold_wait_s: float = 2.0  # how long a write waits for the fold before answering anyway
-    ready_wait_s: float = 5.0  # how long a request waits for the initial replay before 503
+    ready_wait_s: float = 5.0  # how long a read waits for the fold to be current before 503
     # the queue file the scheduler reads: each team's max_priority (None: every class for every team)
     queues: Queues | None = None
 
@@ -109,22 +110,8 @@ class Handlers:
         return self.follower.state
 
     async def _ready(self) -> web.Response | None:
-        """503 while the initial replay has not finished (answers from half a log would be wrong) or the
-        fold has not reached this instance's own acknowledged writes within the wait."""
-        if await self.follower.wait_caught_up(self.config.ready_wait_s):
-            return None
-        if not self.follower.caught_up.is_set():
-            return unavailable("the API is still replaying the event log; retry shortly")
-        # What this instance acknowledged is in the log, but answering from a fold without it could say
-        # 404 for a job it just accepted.
-        return problem(
-            503,
-            "Not visible yet",
-            f"this API's view of the log (seq {self.state.last_seq}) has not reached its own latest "
-            f"write (seq {self.follower.written}) yet; retry shortly",
-            slug="not-visible",
-            headers={"Retry-After": "2"},
-        )
+        """503 unless the fold holds every write acknowledged before the request, by any replica."""
+        return await ready_to_read(self.follower, self.config.ready_wait_s)
 
     # -- POST /v1/jobs -------------------------------------------------------------------------------
 

@@ -2,9 +2,10 @@
 background with what an HTTP front end needs around it.
 
 Handlers read ``fold.state`` directly (one event loop, no locks needed). A write is answered once the
-log acknowledged it and noted with ``wrote``; a read first waits (``wait_caught_up``) until the initial
-replay is done (answers from half a log would be wrong) and the fold holds every write this instance
-had acknowledged, so a client that gets 202 and immediately asks for its job finds it. If following
+log acknowledged it and noted with ``wrote``; a read first waits (``wait_current``) until the initial
+replay is done (answers from half a log would be wrong) and the fold holds every write the log had
+acknowledged when the read began, whichever replica made it (``readindex``), so a client that gets 202
+from one API replica and immediately asks another for its job finds it. If following
 fails (server restart, gap) the loop resumes from the last folded sequence: the fold is a pure function
 of the log, so continuing from where it stopped is correct.
 A message the fold cannot read is quarantined like in every other service (``Follower``): it never
@@ -24,6 +25,8 @@ from rallypoint.events.codec import QuarantineReason
 from rallypoint.runtime.follower import Follower
 from rallypoint.runtime.following import SNAPSHOT_NAME
 from rallypoint.state import ClusterState
+
+from .readindex import ReadIndex, stream_tip
 
 _log = logging.getLogger("rallypoint.api.fold")
 
@@ -50,6 +53,19 @@ def settle_heap() -> None:
     gc.set_threshold(YOUNG_GC_THRESHOLD, older, oldest)
 
 
+class Replaying(Exception):
+    """The initial replay had not finished within the wait: answers from half a log would be wrong."""
+
+
+class NotVisible(Exception):
+    """The fold had not reached what a read must see (``target``) within the wait; it was at ``at``."""
+
+    def __init__(self, target: int, at: int) -> None:
+        super().__init__(f"the fold is at seq {at}, the read needs seq {target}")
+        self.target = target
+        self.at = at
+
+
 class FoldFollower:
     def __init__(
         self, log: EventLog, snapshots: SnapshotStore | None = None, *, settle: bool = False
@@ -63,6 +79,8 @@ class FoldFollower:
         self.written = 0  # the highest sequence an append of this instance was acknowledged at
         self.following = False
         self.failures = 0
+        # Where the log ends, asked of the server before a read (concurrent reads share the question).
+        self.read_index = ReadIndex(stream_tip(log, log.timeout))
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -86,6 +104,7 @@ class FoldFollower:
                 return
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.read_index.close()
 
     def degraded(self) -> list[str]:
         """Newer event versions in the log than this instance reads: it serves, but not all of the truth."""
@@ -113,8 +132,8 @@ class FoldFollower:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                # Keep serving the last folded state while the log is away: reads stay useful and
-                # writes fail on their own with LogUnavailable.
+                # Keep the last folded state while the log is away: writes fail on their own with
+                # LogUnavailable, and reads with 503 until the log can tell them where it ends.
                 self.following = False
                 self.failures += 1
                 _log.warning(
@@ -152,6 +171,27 @@ class FoldFollower:
             return True
         except TimeoutError:
             return False
+
+    async def wait_current(self, timeout: float) -> None:
+        """Until the fold holds every write the log had acknowledged when this call began, by this
+        instance or any other: what a read must wait for so that no replica answers 404 for a job
+        another one accepted, or an old state after a cancel another one acknowledged.
+
+        There is no cheaper test that is right: this instance's own writes (``written``) say nothing of
+        another replica's, and an event not yet received looks the same as one never appended. So every
+        read asks the log where it ends (one round trip, shared by the reads in flight: ``ReadIndex``).
+        Raises Replaying, LogUnavailable (the log did not say) or NotVisible when ``timeout`` ran out.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        if not await self.wait_replayed(timeout):
+            raise Replaying
+        tip = await self.read_index.latest(max(0.0, deadline - loop.time()))
+        # The tip already covers this instance's acknowledged writes; the max costs nothing and keeps
+        # read-your-writes should a newly elected stream leader ever answer from behind.
+        target = max(tip, self.written)
+        if not await self.wait_for_seq(target, max(0.0, deadline - loop.time())):
+            raise NotVisible(target, self.state.last_seq)
 
     async def wait_caught_up(self, timeout: float) -> bool:
         """Until the initial replay is done and the fold holds every append this instance had acknowledged,

@@ -26,8 +26,10 @@ from .auth import forbidden, principal
 from .fold import FoldFollower
 from .ledger import LedgerCache, job_events
 from .problems import not_found, problem, unavailable
+from .reads import ready_to_read
 
 AGENT_TIMEOUT_S = 3.0
+READY_WAIT_S = 5.0  # how long a read waits for the fold to be current before 503 (as ApiConfig's)
 DEFAULT_LOG_CHUNK = 64 * 1024
 _json = msgspec.json.Encoder()
 
@@ -123,8 +125,8 @@ class HistoryHandlers:
         return self.follower.state
 
     async def _job(self, request: web.Request) -> tuple[str, JobView | None, web.Response | None]:
-        if not await self.follower.wait_caught_up(5.0):
-            return "", None, unavailable("the API is still replaying the event log; retry shortly")
+        if (not_ready := await ready_to_read(self.follower, READY_WAIT_S)) is not None:
+            return "", None, not_ready
         job_id = request.match_info["job_id"]
         job = self.state.jobs.get(job_id) if TOKEN_PATTERN.match(job_id) else None
         if job is None:
@@ -205,8 +207,8 @@ class HistoryHandlers:
     # -- GET /v1/queues ----------------------------------------------------------------------------
 
     async def queues_view(self, request: web.Request) -> web.Response:
-        if not await self.follower.wait_caught_up(5.0):
-            return unavailable("the API is still replaying the event log; retry shortly")
+        if (not_ready := await ready_to_read(self.follower, READY_WAIT_S)) is not None:
+            return not_ready
         return _ok(queues_report(self.state, self.queues))
 
     # -- GET /v1/jobs/{job_id}/logs ----------------------------------------------------------------
