@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from nats.aio.client import Client
+from nats.protocol import command as nats_command
 
 from .errors import LogUnavailable
 
@@ -68,7 +73,7 @@ async def connect_nats(
     ``initial_timeout`` bounds that so a CLI or a test gets a clear error (``None``: wait forever,
     what a long-running service wants when it starts before its server).
     """
-    nc = Client()
+    nc = CLIENT_CLASS()
 
     async def error_cb(exc: Exception) -> None:
         # One line, no traceback: nats-py reports every failed reconnect attempt here.
@@ -114,3 +119,92 @@ async def connect_nats(
             await nc.close()
         raise LogUnavailable(f"no NATS server answered at {url} within {initial_timeout}s") from exc
     return nc
+
+
+# -- headers: every service parses ~10 on every event it follows, every writer builds them on each append --
+
+#: A header block in the form every header we and the server write takes: ``Name: value`` lines, the name a
+#: token, the value printable ASCII without spaces (so nothing for nats-py to strip, replace or decode
+#: differently). Blank lines are skipped, as nats-py skips them; a last line may lack its CRLF.
+_NAME = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_CANONICAL_BLOCK = re.compile(rf"(?:{_NAME}: [!-~]*\r\n|\r\n)*(?:{_NAME}: [!-~]*)?")
+_CANONICAL_LINE = re.compile(rf"({_NAME}): ([!-~]*)(?:\r\n|\Z)")
+
+_NatsParse = Callable[[bytes], dict[str, str]]
+#: nats-py's own parser (None in a nats-py without it: then the plain client is used).
+_NATS_PARSE: _NatsParse | None = getattr(Client, "_parse_header_lines", None)
+
+
+def parse_header_lines(raw: bytes, fallback: _NatsParse) -> dict[str, str]:
+    """nats-py's ``Client._parse_header_lines`` (``fallback``), exactly, at half its cost for the blocks we
+    see: a canonical block (``_CANONICAL_BLOCK``) parses with one regex pass, since for it nats-py's
+    per-line partition, strip, whitespace check and decode all change nothing; anything else is nats-py's."""
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        return fallback(raw)
+    if _CANONICAL_BLOCK.fullmatch(text) is None:
+        return fallback(raw)
+    return dict(_CANONICAL_LINE.findall(text))
+
+
+def header_block(headers: Mapping[str, str]) -> bytes | None:
+    """The header block nats-py's ``_send_publish`` writes for ``headers``, when every name is a token and
+    every value printable ASCII without spaces (nothing for it to strip, skip or replace); else None."""
+    try:
+        text = "".join([name + ": " + value + "\r\n" for name, value in headers.items()])
+    except TypeError:  # a value that is not a str: nats-py's own loop says what is wrong with it
+        return None
+    # One newline per header: a name or value holding CR/LF (which nats-py strips or replaces) could
+    # otherwise still read as canonical lines.
+    if text.count("\n") != len(headers) or _CANONICAL_BLOCK.fullmatch(text) is None:
+        return None
+    return b"NATS/1.0\r\n" + text.encode() + b"\r\n"
+
+
+def _nats_internals_present() -> bool:
+    """Whether the nats-py private API the fast paths rely on is the one they were written against: else
+    the plain client is used (slower, same bytes and dicts)."""
+    parse = inspect.getattr_static(Client, "_parse_header_lines", None)
+    send = getattr(Client, "_send_publish", None)
+    if not isinstance(parse, staticmethod) or _NATS_PARSE is None or send is None:
+        return False
+    params = list(inspect.signature(send).parameters)
+    expected = ["self", "subject", "reply", "payload", "payload_size", "headers"]
+    return (
+        params == expected
+        and callable(getattr(nats_command, "hpub_cmd", None))
+        and all(callable(getattr(Client, name, None)) for name in ("_send_command", "_flush_pending"))
+    )
+
+
+class FastHeadersClient(Client):
+    """nats-py's client, parsing and building message headers faster (same dicts, same bytes on the wire).
+
+    A followed event costs every service ~10 us in nats-py's header parser (half of it a per-character
+    whitespace check on each name) and each append as much again to build them; ``parse_header_lines`` and
+    ``header_block`` do the common case in one regex pass and hand everything else to nats-py."""
+
+    @staticmethod
+    def _parse_header_lines(raw: bytes) -> dict[str, str]:
+        assert _NATS_PARSE is not None  # CLIENT_CLASS is this class only when it is there
+        return parse_header_lines(raw, _NATS_PARSE)
+
+    async def _send_publish(
+        self, subject: str, reply: str, payload: bytes, payload_size: int, headers: dict[str, Any] | None
+    ) -> None:
+        block = header_block(headers) if headers and subject else None
+        if block is None:
+            await super()._send_publish(subject, reply, payload, payload_size, headers)
+            return
+        # What nats-py's _send_publish does after building the block (nats-py 2.16).
+        command = nats_command.hpub_cmd(subject, reply, block, payload)
+        self.stats["out_msgs"] += 1
+        self.stats["out_bytes"] += payload_size
+        await self._send_command(command)
+        if self._flush_queue is not None and self._flush_queue.empty():
+            await self._flush_pending()
+
+
+#: The client class every connection uses: the fast one unless this nats-py lacks what it relies on.
+CLIENT_CLASS: type[Client] = FastHeadersClient if _nats_internals_present() else Client
