@@ -42,7 +42,7 @@ from .dashboard import add_dashboard_routes
 from .fold import FoldFollower, quarantine_metrics
 from .history_views import add_history_routes
 from .http_metrics import metrics_middleware
-from .metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
+from .metrics import PROMETHEUS_CONTENT_TYPE, read_index_metrics, render_metrics
 from .node_ops import add_node_routes
 from .openapi import openapi_document
 from .problems import PROBLEM_JSON, invalid_spec, not_found, problem, unavailable, unparseable
@@ -454,6 +454,8 @@ class Handlers:
     async def metrics(self, request: web.Request) -> web.Response:
         text = render_metrics(self.state, self.submissions, following=self.follower.following)
         text += quarantine_metrics(self.state)
+        index = self.follower.read_index
+        text += read_index_metrics(index.reads, index.asked)
         # the process's instruments: HTTP requests and latency (http_metrics), process and Python collectors
         text += generate_latest(REGISTRY).decode()
         return web.Response(text=text, content_type=PROMETHEUS_CONTENT_TYPE)

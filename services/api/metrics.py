@@ -46,3 +46,14 @@ def render_metrics(state: ClusterState, submissions: Counter[str], *, following:
     for outcome in sorted(submissions):
         lines.append(f'rally_api_submissions_total{{outcome="{outcome}"}} {submissions[outcome]}')
     return "\n".join(lines) + "\n"
+
+
+def read_index_metrics(reads: int, questions: int) -> str:
+    """How many reads asked where the log ends, and how many questions the server got for them."""
+    lines: list[str] = []
+    _family(lines, "rally_api_read_index_reads_total", "counter", "Reads that waited for the log's tip.")
+    lines.append(f"rally_api_read_index_reads_total {reads}")
+    help_text = "Stream info requests sent for them (concurrent reads share one)."
+    _family(lines, "rally_api_read_index_questions_total", "counter", help_text)
+    lines.append(f"rally_api_read_index_questions_total {questions}")
+    return "\n".join(lines) + "\n"

@@ -78,11 +78,13 @@ class ReadIndex:
         self._gathering: asyncio.Future[int] | None = None  # readers for the next question to go out
         self._busy = False  # a question is out (or about to go): the gathering readers wait for it
         self._tasks: set[asyncio.Task[None]] = set()  # strong references: a bare task may be collected
-        self.asked = 0  # questions sent, for measuring how well readers coalesce
+        self.asked = 0  # questions sent; with ``reads``, how well readers coalesce (``/metrics``)
+        self.reads = 0
 
     async def latest(self, timeout: float) -> int:
         """The stream's last sequence, from a question sent after this call; LogUnavailable if no answer
         came within ``timeout``."""
+        self.reads += 1
         if self._gathering is None:
             self._gathering = _new_future()
             if not self._busy:

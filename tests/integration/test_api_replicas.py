@@ -176,6 +176,7 @@ async def test_a_replica_that_was_paused_reads_what_the_other_acknowledged(repli
     outcomes: Counter[str] = Counter()
     async with aiohttp.ClientSession(headers=replicas.headers) as http:
         earlier = await _in_parallel(CANCELS, lambda i: _submit_then_read(http, replicas, i, outcomes))
+        before = await _read_index_counters(http, replicas.b)
         os.kill(replicas.b_pid, signal.SIGSTOP)
         try:
             job_ids = await _in_parallel(JOBS, lambda i: _submit(http, replicas, i))
@@ -192,7 +193,19 @@ async def test_a_replica_that_was_paused_reads_what_the_other_acknowledged(repli
         assert [j["job_id"] for j in jobs] == job_ids
         stale = [j["job_id"] for j in await asyncio.gather(*cancelled) if not j["cancel_requested"]]
         assert not stale, f"replica B does not show {len(stale)} cancels acknowledged by A"
-    print(f"reads through the paused replica B: {dict(outcomes)}")
+        after = await _read_index_counters(http, replicas.b)
+    reads, questions = after[0] - before[0], after[1] - before[1]
+    # The reads that queued up while B was stopped shared their questions to the log.
+    assert reads >= JOBS + CANCELS and questions * 4 <= reads, (reads, questions)
+    print(f"reads through the paused replica B: {dict(outcomes)}; they asked the log {questions} times")
+
+
+async def _read_index_counters(http: aiohttp.ClientSession, url: str) -> tuple[int, int]:
+    async with http.get(f"{url}/metrics") as resp:
+        text = await resp.text()
+    values = dict(line.split() for line in text.splitlines() if line.startswith("rally_api_read_index_"))
+    reads, questions = (f"rally_api_read_index_{name}_total" for name in ("reads", "questions"))
+    return int(values[reads]), int(values[questions])
 
 
 async def _submit(http: aiohttp.ClientSession, replicas: Replicas, i: int) -> str:

@@ -45,6 +45,7 @@ async def test_concurrent_readers_share_one_question() -> None:
     log.release.set()
     assert await asyncio.gather(*readers) == [100] * 50
     assert log.asked == index.asked == 1
+    assert index.reads == 50
 
 
 async def test_a_reader_arriving_after_the_question_went_out_waits_for_the_next() -> None:
