@@ -194,12 +194,12 @@ class FoldFollower:
             raise NotVisible(target, self.state.last_seq)
 
     async def wait_caught_up(self, timeout: float) -> bool:
-        """Until the initial replay is done and the fold holds every append this instance had acknowledged,
-        so a client reads its own writes; False if ``timeout`` ran out first.
+        """Until the initial replay is done and the fold holds every append this instance had acknowledged;
+        False if ``timeout`` ran out first. No round trip to the log, but only this instance's writes:
+        HTTP reads wait with ``wait_current``, which implies this and covers the other replicas' too.
 
         A write is answered as soon as the log acknowledged it, without waiting for the fold: a wait there
         held each of the requests in flight for the fold to work through everything appended before it.
-        The reads wait instead, only when they come right after a write, and only for that write.
         """
         if self.caught_up.is_set() and self.state.last_seq >= self.written:
             return True
