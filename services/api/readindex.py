@@ -75,7 +75,9 @@ class ReadIndex:
 
     def __init__(self, fetch: Fetch) -> None:
         self._fetch = fetch
-        self._gathering: asyncio.Future[int] | None = None  # readers for the next question to go out
+        # One future per reader waiting for the next question (a reader that gives up cancels only its
+        # own); None while nobody waits.
+        self._gathering: list[asyncio.Future[int]] | None = None
         self._busy = False  # a question is out (or about to go): the gathering readers wait for it
         self._tasks: set[asyncio.Task[None]] = set()  # strong references: a bare task may be collected
         self.asked = 0  # questions sent; with ``reads``, how well readers coalesce (``/metrics``)
@@ -85,14 +87,15 @@ class ReadIndex:
         """The stream's last sequence, from a question sent after this call; LogUnavailable if no answer
         came within ``timeout``."""
         self.reads += 1
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         if self._gathering is None:
-            self._gathering = _new_future()
+            self._gathering = []
             if not self._busy:
                 self._start()
-        future = self._gathering
+        self._gathering.append(waiter)
         try:
-            # Shielded: a reader that gives up (timeout, client gone) must not cancel the others' answer.
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
+            async with asyncio.timeout(timeout):
+                return await waiter
         except TimeoutError as exc:
             raise LogUnavailable(f"the log's last sequence did not come within {timeout:.1f}s") from exc
 
@@ -102,8 +105,7 @@ class ReadIndex:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._gathering is not None:
-            self._gathering.cancel()
+        _answer(self._gathering, None)
         self._gathering, self._busy = None, False
 
     def _start(self) -> None:
@@ -116,25 +118,28 @@ class ReadIndex:
     async def _round(self) -> None:
         # The readers gathered until now came before the question is sent: this answer is theirs. Any
         # reader from here on gathers for the next question.
-        future, self._gathering = self._gathering, None
-        if future is None:
-            self._busy = False
-            return
+        readers, self._gathering = self._gathering, None
         try:
-            future.set_result(await self._fetch())
+            _answer(readers, await self._fetch())
         except asyncio.CancelledError:
-            future.cancel()  # shutting down (``close``)
+            _answer(readers, None)  # shutting down (``close``)
             raise
         except Exception as exc:
-            future.set_exception(exc)
+            _answer(readers, exc)
         # No await from here on: the next question goes out at once for whoever gathered meanwhile.
         self._busy = False
         if self._gathering is not None:
             self._start()
 
 
-def _new_future() -> asyncio.Future[int]:
-    future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    # Every reader may have given up before a failure lands: mark it retrieved so it is not logged.
-    future.add_done_callback(lambda f: f.cancelled() or f.exception())
-    return future
+def _answer(readers: list[asyncio.Future[int]] | None, answer: int | Exception | None) -> None:
+    """The tip to every reader still waiting, or the failure (None: cancelled)."""
+    for reader in readers or ():
+        if reader.done():  # gave up (its timeout, or its request's cancellation)
+            continue
+        if answer is None:
+            reader.cancel()
+        elif isinstance(answer, Exception):
+            reader.set_exception(answer)
+        else:
+            reader.set_result(answer)
