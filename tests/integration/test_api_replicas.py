@@ -204,8 +204,9 @@ async def _read_index_counters(http: aiohttp.ClientSession, url: str) -> tuple[i
     async with http.get(f"{url}/metrics") as resp:
         text = await resp.text()
     values = dict(line.split() for line in text.splitlines() if line.startswith("rally_api_read_index_"))
+    # Zero when absent, so that an API without them fails on what it answers first, not on its metrics.
     reads, questions = (f"rally_api_read_index_{name}_total" for name in ("reads", "questions"))
-    return int(values[reads]), int(values[questions])
+    return int(values.get(reads, 0)), int(values.get(questions, 0))
 
 
 async def _submit(http: aiohttp.ClientSession, replicas: Replicas, i: int) -> str:
