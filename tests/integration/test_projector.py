@@ -22,6 +22,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from rallypoint.accounting.attempts import AttemptRecord
 from rallypoint.cli import projector_cmds
 from rallypoint.eventlog import EventLog
 from rallypoint.events import (
@@ -52,9 +53,14 @@ from rallypoint.events import (
 )
 from rallypoint.infra import PostgresServer, free_port
 from rallypoint.projection import (
+    ATTEMPT_COLUMNS,
     SCHEMA,
+    Batch,
+    PositionMoved,
     Projector,
     ReadModel,
+    Store,
+    attempt_row,
     connect,
     fetch_archive_seqs,
     fetch_attempts,
@@ -63,7 +69,7 @@ from rallypoint.projection import (
     job_row,
     node_row,
 )
-from rallypoint.state import ClusterState
+from rallypoint.state import ClusterState, JobView
 
 T0 = 1_760_000_000.0
 NODES = ("node-a", "node-b", "node-c", "node-d")
@@ -697,3 +703,115 @@ def _retried(projector: Projector) -> Callable[[], Awaitable[bool]]:
         return projector.retries >= 2
 
     return check
+
+
+# --------------------------------------------------------------------------------------------------
+# the batch write itself
+# --------------------------------------------------------------------------------------------------
+
+# Text that JSON and SQL both escape: quotes, a backslash, a newline, a tab, non-ASCII.
+AWKWARD = "a \"quoted\" \\ back\nslash\t, 'single', ünï 😀 {brace} [bracket]"
+
+
+def awkward_job(state: str, last_seq: int) -> JobView:
+    placements = (
+        TaskPlacement(task=0, node_id="node-b", gpus=(0, 1)),
+        TaskPlacement(task=1, node_id="node-a", gpus=(7,)),
+        TaskPlacement(task=2, node_id="node-b", gpus=(2,)),
+    )
+    return JobView(
+        job_id="job-" + AWKWARD,
+        spec=spec(AWKWARD, 4, per_task=2, team="team " + AWKWARD),
+        submitted_at=T0 + 0.123456,
+        submitted_seq=1,
+        state=state,  # type: ignore[arg-type]
+        queue=AWKWARD,
+        attempt=2,
+        placements=placements,
+        bound_at=T0 + 1.000001,
+        started_at=T0 + 2.5,
+        exit_code=None,
+        reason=AWKWARD,
+        cancel_requested=True,
+        preempt_for="other " + AWKWARD,
+        last_seq=last_seq,
+    )
+
+
+def awkward_attempt(last_seq: int) -> AttemptRecord:
+    return AttemptRecord(
+        job_id="job-" + AWKWARD,
+        attempt=2,
+        team="team",
+        user=AWKWARD,
+        priority="training-high",
+        gpus=4,
+        placements=(TaskPlacement(task=0, node_id="node-a", gpus=(0, 1, 2, 3)),),
+        bound_at=T0,
+        started_at=T0 + 0.1 + 0.2,  # a float whose shortest repr has 17 digits: must arrive bit-exact
+        ended_at=None,
+        outcome="running",
+        exit_code=-9,
+        lost_gpu_s=1 / 3,
+        resume_step=None,
+        last_seq=last_seq,
+    )
+
+
+def awkward_node(gpus_free: int, last_seq: int) -> tuple[Any, ...]:
+    return ("node-" + AWKWARD, "10.0.0.1", "rack " + AWKWARD, "spine-1", "H100", 8, gpus_free, "up", AWKWARD,
+            "healthy", last_seq)  # fmt: skip
+
+
+def archive_row(seq: int) -> tuple[Any, ...]:
+    data = json.dumps({"text": AWKWARD, "n": seq})
+    return (seq, f"rally.job.j{seq}", "JobStarted", None, data, json.dumps({"source": AWKWARD}))
+
+
+async def test_store_write_round_trips_every_value_and_fences(dsn: str, db: asyncpg.Connection) -> None:
+    """A batch's rows read back equal to what was written (escapes, arrays, JSON, microseconds, floats
+    to the bit), a second batch updates them in place, and a batch folded from a stale position writes
+    nothing and says where the position is."""
+    store = await Store.open(dsn)
+    try:
+        first = Batch(
+            first_seq=1,
+            last_seq=2,
+            events=[archive_row(1), archive_row(2)],
+            jobs=[job_row(awkward_job("running", 2))],
+            nodes=[awkward_node(4, 2)],
+            attempts=[attempt_row(awkward_attempt(2))],
+        )
+        await store.write(first, expected=0)
+        assert await fetch_jobs(db) == first.jobs
+        assert await fetch_nodes(db) == first.nodes
+        assert await fetch_attempts(db) == first.attempts
+        assert (await fetch_attempts(db))[0][ATTEMPT_COLUMNS.index("started_s")] == T0 + 0.1 + 0.2
+        assert await fetch_archive_seqs(db) == [1, 2]
+        data = await db.fetchval(f"SELECT data FROM {SCHEMA}.events WHERE seq = 1")
+        assert data == {"text": AWKWARD, "n": 1}
+
+        second = Batch(
+            first_seq=3,
+            last_seq=3,
+            events=[archive_row(3)],
+            jobs=[job_row(awkward_job("completed", 3))],
+            nodes=[],
+            attempts=[],
+        )
+        await store.write(second, expected=2)
+        assert await fetch_jobs(db) == second.jobs
+        assert await fetch_nodes(db) == first.nodes
+        assert await store.position() == 3
+
+        stale = Batch(
+            first_seq=3, last_seq=3, events=[archive_row(4)], jobs=first.jobs, nodes=[], attempts=[]
+        )
+        with pytest.raises(PositionMoved) as moved:
+            await store.write(stale, expected=2)
+        assert (moved.value.expected, moved.value.found) == (2, 3)
+        assert await fetch_jobs(db) == second.jobs
+        assert await fetch_archive_seqs(db) == [1, 2, 3]
+        assert await store.position() == 3
+    finally:
+        await store.close()

@@ -1,11 +1,11 @@
 """The PostgreSQL side of the projector: migrations, the fenced batch write, reset, and reads.
 
-Exactly-once effect rests on one transaction per batch that (1) locks this projection's position row
-and checks it still holds the sequence the batch was folded from, (2) writes the archive rows and the
-view rows, (3) moves the position to the batch's last sequence. Either all of it commits or none of it
-does, so the views always equal the fold of the log up to the stored position. The check in (1) also
-fences a second projector (or a concurrent ``rally projector rebuild``): whoever finds the position
-moved raises ``PositionMoved`` and re-synchronises instead of writing over the other.
+Exactly-once effect rests on one transaction per batch that (1) moves this projection's position row
+to the batch's last sequence provided it still holds the sequence the batch was folded from (one
+statement: lock, check and move), (2) writes the archive rows and the view rows (one statement for
+all of them). Either all of it commits or none of it does, so the views always equal the fold of the
+log up to the stored position. The check in (1) also fences a second projector (or a concurrent
+``rally projector rebuild``): whoever finds the position moved raises ``PositionMoved`` and re-synchronises instead of writing over the other.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
+import msgspec
 
 from .rows import Batch
 from .schema import (
@@ -83,31 +84,44 @@ async def connect(
     return conn
 
 
-def _upsert(table: str, columns: Sequence[str]) -> str:
+def _upsert_from_json(table: str, columns: Sequence[str], key: Sequence[str], param: int) -> str:
+    """An upsert of every row of a JSON array of objects (``$param``), typed by the table itself.
+
+    ``json_populate_recordset`` reads each object as a row of the table (a JSON array becomes a text[],
+    a string a timestamptz, an object or array a jsonb), so a whole batch is one parameter encoded
+    once by msgspec, instead of a bind and an execute per row with a JSON encode per jsonb value."""
     names = ", ".join(columns)
-    params = ", ".join(f"${i}" for i in range(1, len(columns) + 1))
-    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns[1:])
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c not in key)
     return (
-        f"INSERT INTO {SCHEMA}.{table} ({names}) VALUES ({params}) "
-        f"ON CONFLICT ({columns[0]}) DO UPDATE SET {updates}"
+        f"INSERT INTO {SCHEMA}.{table} ({names}) "
+        f"SELECT {names} FROM json_populate_recordset(NULL::{SCHEMA}.{table}, ${param}::json) "
+        f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
     )
 
 
-_UPSERT_JOBS = _upsert("jobs", JOB_COLUMNS)
-_UPSERT_NODES = _upsert("nodes", NODE_COLUMNS)
-_UPSERT_ATTEMPTS = (
-    f"INSERT INTO {SCHEMA}.attempts ({', '.join(ATTEMPT_COLUMNS)}) "
-    f"VALUES ({', '.join(f'${i}' for i in range(1, len(ATTEMPT_COLUMNS) + 1))}) "
-    "ON CONFLICT (job_id, attempt) DO UPDATE SET "
-    + ", ".join(f"{c} = EXCLUDED.{c}" for c in ATTEMPT_COLUMNS[2:])
-)
-# One statement for the whole archive part of a batch: unnest of column arrays is far cheaper than a
-# round trip per row. ON CONFLICT DO NOTHING keeps rows an earlier run archived (rebuild --keep-archive).
-_INSERT_EVENTS = (
-    f"INSERT INTO {ARCHIVE_TABLE} ({', '.join(EVENT_COLUMNS)}) "
+# The archive rows as column arrays (unnest), ON CONFLICT DO NOTHING keeping rows an earlier run archived
+# (rebuild --keep-archive); then the view rows. One statement for all of a batch's rows: a round trip
+# per table (or per row) cost more than the rows themselves. Each part reads only its own parameters, so
+# the order of the parts does not matter; an empty array writes nothing.
+_WRITE_ROWS = (
+    f"WITH archived AS (INSERT INTO {ARCHIVE_TABLE} ({', '.join(EVENT_COLUMNS)}) "
     "SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::timestamptz[], $5::jsonb[], $6::jsonb[]) "
-    "ON CONFLICT (seq) DO NOTHING"
+    "ON CONFLICT (seq) DO NOTHING), "
+    f"jobs AS ({_upsert_from_json('jobs', JOB_COLUMNS, ('job_id',), 7)}), "
+    f"nodes AS ({_upsert_from_json('nodes', NODE_COLUMNS, ('node_id',), 8)}) "
+    + _upsert_from_json("attempts", ATTEMPT_COLUMNS, ("job_id", "attempt"), 9)
 )
+# Lock the position row, check it and move it, in one statement: a second writer (or a reset) holding the
+# row makes this wait, then find the position moved. It runs before any table is written, as the lock
+# did before, so the tables are always locked after the position row (no deadlock with a reset).
+_MOVE_POSITION = f"UPDATE {SCHEMA}.projection_position SET seq = $3 WHERE name = $1 AND seq = $2"
+
+_rows_json = msgspec.json.Encoder()
+
+
+def _json_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Rows as the JSON array of objects ``json_populate_recordset`` reads (column name -> value)."""
+    return _rows_json.encode([dict(zip(columns, row, strict=True)) for row in rows]).decode()
 
 
 class Store:
@@ -164,25 +178,14 @@ class Store:
         """Apply one batch atomically, provided the stored position is still ``expected``."""
         conn = self.conn
         async with conn.transaction():
-            # FOR UPDATE: a second writer waits here until we commit, then sees the moved position.
-            found = await conn.fetchval(
-                f"SELECT seq FROM {SCHEMA}.projection_position WHERE name = $1 FOR UPDATE", self.name
-            )
-            if found != expected:
+            # Fenced first: a second writer waits here until we commit, then finds the position moved.
+            moved = await conn.execute(_MOVE_POSITION, self.name, expected, batch.last_seq)
+            if moved != "UPDATE 1":
+                found = await conn.fetchval(
+                    f"SELECT seq FROM {SCHEMA}.projection_position WHERE name = $1", self.name
+                )
                 raise PositionMoved(expected, found)
-            columns = list(zip(*batch.events, strict=True))
-            await conn.execute(_INSERT_EVENTS, *columns)
-            if batch.jobs:
-                await conn.executemany(_UPSERT_JOBS, batch.jobs)
-            if batch.nodes:
-                await conn.executemany(_UPSERT_NODES, batch.nodes)
-            if batch.attempts:
-                await conn.executemany(_UPSERT_ATTEMPTS, batch.attempts)
-            await conn.execute(
-                f"UPDATE {SCHEMA}.projection_position SET seq = $2 WHERE name = $1",
-                self.name,
-                batch.last_seq,
-            )
+            await conn.execute(_WRITE_ROWS, *_row_params(batch))
             if snapshot is not None:
                 await conn.execute(
                     f"INSERT INTO {SCHEMA}.projection_snapshot (name, seq, state) VALUES ($1, $2, $3) "
@@ -206,6 +209,17 @@ class Store:
             await self.conn.execute(
                 f"UPDATE {SCHEMA}.projection_position SET seq = 0 WHERE name = $1", self.name
             )
+
+
+def _row_params(batch: Batch) -> list[Any]:
+    """The parameters of ``_WRITE_ROWS``: the archive's six column arrays, then the view rows as JSON."""
+    archive: list[Sequence[Any]] = list(zip(*batch.events, strict=True)) or [() for _ in EVENT_COLUMNS]
+    return [
+        *archive,
+        _json_rows(JOB_COLUMNS, batch.jobs),
+        _json_rows(NODE_COLUMNS, batch.nodes),
+        _json_rows(ATTEMPT_COLUMNS, batch.attempts),
+    ]
 
 
 # -- reads, for `rally projector status` and the tests --------------------------------------------
