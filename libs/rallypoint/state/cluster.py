@@ -945,6 +945,7 @@ def _placement_refusal(
         if node is None:
             return Refusal("invalid", f"no node {placement.node_id}")
         indices = {g.index for g in node.gpus}
+        schedulable = node.schedulable  # once per node, not per GPU: judging a decision changes no node
         for gpu in placement.gpus:
             key = (placement.node_id, gpu)
             if gpu not in indices or key in seen:
@@ -952,7 +953,7 @@ def _placement_refusal(
             seen.add(key)
             if key in held:
                 continue  # a GPU the gang kept through the failure
-            if not node.schedulable:
+            if not schedulable:
                 return Refusal("overtaken", f"node {node.node_id} is {node.status}")
             if gpu in node.allocated:
                 return Refusal("invalid", f"GPU {gpu} of {node.node_id} is held by {node.allocated[gpu]}")
