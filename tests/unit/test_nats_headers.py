@@ -120,14 +120,46 @@ def test_random_blocks_parse_as_nats_py_parses_them() -> None:
     assert fast > 2000  # both paths were compared
 
 
-def _process_headers(client: Client, raw: bytes) -> dict[str, str] | None:
-    result: dict[str, str] | None = asyncio.run(client._process_headers(raw))
-    return result
+def _process_headers(client: Client, raw: bytes) -> object:
+    """What nats-py's message path gets for ``raw``: the headers, or the error raised (nats-py raises on
+    some malformed status lines; ours must raise the same)."""
+    try:
+        return asyncio.run(client._process_headers(raw))
+    except Exception as exc:
+        return type(exc), str(exc)
 
 
 @pytest.mark.parametrize("raw", FULL_MESSAGES + tuple(b"NATS/1.0\r\n" + s for s in SAMPLES if s))
 def test_whole_messages_status_lines_included_read_as_nats_py_reads_them(raw: bytes) -> None:
     assert _process_headers(FastHeadersClient(), raw) == _process_headers(Client(), raw)
+
+
+def test_random_whole_messages_read_as_nats_py_reads_them() -> None:
+    rng = random.Random(15)
+    firsts = [
+        b"\r\n",
+        b" 100 Idle Heartbeat\r\n",
+        b" 404 No Messages\r\n",
+        b" 503",
+        b" ",
+        b"",
+        b"\r",
+        b"x\r\n",
+    ]
+    for _ in range(5000):
+        raw = b"NATS/1.0" + rng.choice(firsts) + _random_block(rng)
+        assert _process_headers(FastHeadersClient(), raw) == _process_headers(Client(), raw), raw
+
+
+class _NoFallback(FastHeadersClient):
+    @staticmethod
+    def _parse_header_lines(raw: bytes) -> dict[str, str]:
+        raise AssertionError(f"nats-py's path parsed {raw!r}")
+
+
+def test_our_messages_take_the_fast_path_whole() -> None:
+    raw = b"NATS/1.0\r\n" + OURS
+    assert _process_headers(_NoFallback(), raw) == _process_headers(Client(), raw)
 
 
 class _Recording:

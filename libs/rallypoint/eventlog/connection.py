@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import nats.aio.client as nats_client
 from nats.aio.client import Client
 from nats.protocol import command as nats_command
 
@@ -130,6 +131,10 @@ _NAME = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
 _CANONICAL_BLOCK = re.compile(rf"(?:{_NAME}: [!-~]*\r\n|\r\n)*(?:{_NAME}: [!-~]*)?")
 _CANONICAL_LINE = re.compile(rf"({_NAME}): ([!-~]*)(?:\r\n|\Z)")
 
+#: ``NATS/1.0`` ends here; a space there starts an inline status, CRLF the header lines.
+_STATUS_AT = len(b"NATS/1.0")
+_FIRST_LINE = _STATUS_AT + 2
+
 _NatsParse = Callable[[bytes], dict[str, str]]
 #: nats-py's own parser (None in a nats-py without it: then the plain client is used).
 _NATS_PARSE: _NatsParse | None = getattr(Client, "_parse_header_lines", None)
@@ -139,12 +144,18 @@ def parse_header_lines(raw: bytes, fallback: _NatsParse) -> dict[str, str]:
     """nats-py's ``Client._parse_header_lines`` (``fallback``), exactly, at half its cost for the blocks we
     see: a canonical block (``_CANONICAL_BLOCK``) parses with one regex pass, since for it nats-py's
     per-line partition, strip, whitespace check and decode all change nothing; anything else is nats-py's."""
+    fields = _canonical_fields(raw)
+    return fallback(raw) if fields is None else fields
+
+
+def _canonical_fields(raw: bytes) -> dict[str, str] | None:
+    """The headers of a canonical block (``_CANONICAL_BLOCK``); None for any other block."""
     try:
         text = raw.decode("ascii")
     except UnicodeDecodeError:
-        return fallback(raw)
+        return None
     if _CANONICAL_BLOCK.fullmatch(text) is None:
-        return fallback(raw)
+        return None
     return dict(_CANONICAL_LINE.findall(text))
 
 
@@ -169,12 +180,17 @@ def _nats_internals_present() -> bool:
     send = getattr(Client, "_send_publish", None)
     if not isinstance(parse, staticmethod) or _NATS_PARSE is None or send is None:
         return False
+    if getattr(nats_client, "parse_email", None) is not None:
+        return False  # nats-py parses with fast_mail_parser then, not with _parse_header_lines
     params = list(inspect.signature(send).parameters)
     expected = ["self", "subject", "reply", "payload", "payload_size", "headers"]
     return (
         params == expected
         and callable(getattr(nats_command, "hpub_cmd", None))
-        and all(callable(getattr(Client, name, None)) for name in ("_send_command", "_flush_pending"))
+        and all(
+            callable(getattr(Client, name, None))
+            for name in ("_send_command", "_flush_pending", "_process_headers")
+        )
     )
 
 
@@ -189,6 +205,16 @@ class FastHeadersClient(Client):
     def _parse_header_lines(raw: bytes) -> dict[str, str]:
         assert _NATS_PARSE is not None  # CLIENT_CLASS is this class only when it is there
         return parse_header_lines(raw, _NATS_PARSE)
+
+    async def _process_headers(self, headers: bytes | None) -> dict[str, str] | None:
+        # A message's headers with no inline status (``NATS/1.0\r\n`` then the lines) and a canonical block:
+        # nats-py would slice twice and parse the lines with ``_parse_header_lines``, giving these. Anything
+        # else (status lines, heartbeats, other blocks) is nats-py's own path.
+        if headers and len(headers) > _FIRST_LINE and headers[_STATUS_AT:_FIRST_LINE] == b"\r\n":
+            fields = _canonical_fields(headers[_FIRST_LINE:])
+            if fields is not None:
+                return fields or None
+        return await super()._process_headers(headers)
 
     async def _send_publish(
         self, subject: str, reply: str, payload: bytes, payload_size: int, headers: dict[str, Any] | None
