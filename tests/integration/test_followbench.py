@@ -6,12 +6,12 @@ import json
 import subprocess
 import sys
 
-from rallypoint.runtime.followbench import total_events
+from rallypoint.runtime.followbench import Shape, total_events
 
 
 def test_the_follow_bench_follows_every_event_and_replays_the_same_state() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "rallypoint.runtime.followbench", "--nodes", "8", "--jobs", "20", "--json"],
+        [sys.executable, "-m", "rallypoint.runtime.followbench", *Shape(8, 20, 1, 4).args(), "--json"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -19,7 +19,7 @@ def test_the_follow_bench_follows_every_event_and_replays_the_same_state() -> No
     )
     figures = json.loads(result.stdout)
     # A leader, 8 nodes, and 20 lives of 6 events (submitted, queued, bound, started, 1 rank, completed).
-    assert figures["events"] == total_events(8, 20, 1) == 1 + 8 + 20 * 6
+    assert figures["events"] == total_events(Shape(8, 20, 1, 4)) == 1 + 8 + 20 * 6
     assert figures["jobs_completed"] == 20
     assert figures["replay_state_hash"] == figures["state_hash"]
     split = figures["split_us_per_event"]

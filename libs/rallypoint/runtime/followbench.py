@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +57,23 @@ from .follower import Follower
 GPUS_PER_NODE = 8
 #: Change feeds a follower feeds on every event (the scheduler's and the job controller's consumers).
 CHANGE_FEEDS = 2
-#: Appends in flight together: enough to keep the follower busy, as a cluster's many writers do.
+#: Appends in flight together by default: a burst, as a cluster's many writers make (``--in-flight 1``: one
+#: event at a time, each reaching the follower alone, as a quiet cluster's do).
 IN_FLIGHT = 64
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The log the bench writes: nodes, job lives of ``ranks`` ranks, appended ``in_flight`` at a time."""
+
+    nodes: int = 500
+    jobs: int = 3000
+    ranks: int = 1
+    in_flight: int = IN_FLIGHT
+
+    def args(self) -> list[str]:
+        counts = ("--nodes", self.nodes), ("--jobs", self.jobs), ("--ranks", self.ranks)
+        return [str(part) for pair in (*counts, ("--in-flight", self.in_flight)) for part in pair]
 
 
 def _node(i: int) -> NodeRegistered:
@@ -117,32 +133,32 @@ def _life(i: int, nodes: int, ranks: int) -> list[list[Event]]:
     ]
 
 
-def phases(nodes: int, jobs: int, ranks: int) -> Iterator[list[Event]]:
+def phases(shape: Shape) -> Iterator[list[Event]]:
     """The log in groups that may be appended concurrently: a leader, the nodes, then waves of jobs
-    (``IN_FLIGHT`` jobs at a time, each phase of their lives after the previous one, as a cluster runs
+    (``in_flight`` jobs at a time, each phase of their lives after the previous one, as a cluster runs
     them; a job's node is free again by the time the next wave binds to it)."""
     yield [LeaderEpochStarted(epoch=1, leader_id="bench", at=0.0)]
-    for start in range(0, nodes, IN_FLIGHT):
-        yield [_node(i) for i in range(start, min(start + IN_FLIGHT, nodes))]
-    wave = min(IN_FLIGHT, nodes)
-    for start in range(0, jobs, wave):
-        lives = [_life(i, nodes, ranks) for i in range(start, min(start + wave, jobs))]
+    for start in range(0, shape.nodes, shape.in_flight):
+        yield [_node(i) for i in range(start, min(start + shape.in_flight, shape.nodes))]
+    wave = min(shape.in_flight, shape.nodes)
+    for start in range(0, shape.jobs, wave):
+        lives = [_life(i, shape.nodes, shape.ranks) for i in range(start, min(start + wave, shape.jobs))]
         for phase in range(len(lives[0])):
             yield [event for life in lives for event in life[phase]]
 
 
-def total_events(nodes: int, jobs: int, ranks: int) -> int:
-    return sum(len(group) for group in phases(nodes, jobs, ranks))
+def total_events(shape: Shape) -> int:
+    return sum(len(group) for group in phases(shape))
 
 
 # -- the appending child ------------------------------------------------------------------------------
 
 
-async def _append_all(url: str, nodes: int, jobs: int, ranks: int) -> dict[str, float]:
+async def _append_all(url: str, shape: Shape) -> dict[str, float]:
     log = await EventLog.connect(url, name="followbench-writer")
     try:
         count, cpu = 0, time.process_time()
-        for group in phases(nodes, jobs, ranks):
+        for group in phases(shape):
             await asyncio.gather(
                 *(
                     log.append(subjects.for_event(e), e, msg_id=f"{count + k}", source="followbench")
@@ -155,8 +171,8 @@ async def _append_all(url: str, nodes: int, jobs: int, ranks: int) -> dict[str, 
         await log.close()
 
 
-def _writer_main(url: str, nodes: int, jobs: int, ranks: int) -> None:
-    print(json.dumps(asyncio.run(_append_all(url, nodes, jobs, ranks))))
+def _writer_main(url: str, shape: Shape) -> None:
+    print(json.dumps(asyncio.run(_append_all(url, shape))))
 
 
 # -- the follower under test ----------------------------------------------------------------------------
@@ -169,32 +185,27 @@ def _follower(log: EventLog) -> Follower:
     return follower
 
 
-async def _follow_live(url: str, nodes: int, jobs: int, ranks: int) -> dict[str, Any]:
+async def _follow_live(url: str, shape: Shape) -> dict[str, Any]:
     """Follow while the child appends; this process's CPU per event over the whole run."""
-    expected = total_events(nodes, jobs, ranks)
+    expected = total_events(shape)
     log = await EventLog.connect(url, name="followbench")
     follower = _follower(log)
     task = asyncio.create_task(follower.run())
     try:
         await asyncio.sleep(0.2)  # the subscription is in place before the first append
-        cpu, wall = time.process_time(), time.perf_counter()
+        start, wall = os.times(), time.perf_counter()
         writer = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "rallypoint.runtime.followbench",
             "--writer",
             url,
-            "--nodes",
-            str(nodes),
-            "--jobs",
-            str(jobs),
-            "--ranks",
-            str(ranks),
+            *shape.args(),
             stdout=subprocess.PIPE,
         )
         while follower.state.last_seq < expected:
-            await follower.next_change(5.0)
-        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            await asyncio.sleep(0.05)  # a look now and then: waking on every event would add to its cost
+        end, wall = os.times(), time.perf_counter() - wall
         out, _ = await writer.communicate()
         written = json.loads(out)
     finally:
@@ -202,7 +213,8 @@ async def _follow_live(url: str, nodes: int, jobs: int, ranks: int) -> dict[str,
         await log.close()
     return {
         "events": expected,
-        "follow_cpu_us_per_event": cpu / expected * 1e6,
+        "follow_cpu_us_per_event": (end.user + end.system - start.user - start.system) / expected * 1e6,
+        "follow_sys_us_per_event": (end.system - start.system) / expected * 1e6,  # of it, in the kernel
         "follow_wall_s": wall,
         "append_cpu_us_per_event": written["append_cpu_us"],
         "jobs_completed": sum(job.state == "completed" for job in follower.state.jobs.values()),
@@ -303,15 +315,16 @@ async def _replay(url: str, expected: int) -> dict[str, Any]:
         await log.close()
 
 
-async def _measure(url: str, nodes: int, jobs: int, ranks: int) -> dict[str, Any]:
-    live = await _follow_live(url, nodes, jobs, ranks)
+async def _measure(url: str, shape: Shape) -> dict[str, Any]:
+    live = await _follow_live(url, shape)
     split = await _split(url, live["events"])
     replay = await _replay(url, live["events"])
     receive = live["follow_cpu_us_per_event"] - split["decode_us"] - split["fold_us"]
     result: dict[str, Any] = {
-        "nodes": nodes,
-        "jobs": jobs,
-        "ranks_per_job": ranks,
+        "nodes": shape.nodes,
+        "jobs": shape.jobs,
+        "ranks_per_job": shape.ranks,
+        "in_flight": shape.in_flight,
         **live,
         "split_us_per_event": {
             "receive_incl_headers": receive,
@@ -335,12 +348,13 @@ def _rounded(value: Any) -> Any:
     return value
 
 
-def run_bench(nodes: int = 500, jobs: int = 3000, ranks: int = 1) -> dict[str, Any]:
+def run_bench(shape: Shape | None = None) -> dict[str, Any]:
+    shape = shape or Shape()
     with (
         tempfile.TemporaryDirectory(prefix="rally-followbench-") as tmp,
         NatsServer(Path(tmp) / "nats") as server,
     ):
-        return asyncio.run(_measure(server.url, nodes, jobs, ranks))
+        return asyncio.run(_measure(server.url, shape))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -348,14 +362,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--jobs", type=int, default=3000)
     parser.add_argument("--ranks", type=int, default=1, help="ranks per job (one RankExited each)")
+    parser.add_argument("--in-flight", type=int, default=IN_FLIGHT, help="appends in flight together")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.add_argument("--writer", metavar="URL", help=argparse.SUPPRESS)  # the appending child
     args = parser.parse_args(argv)
+    shape = Shape(args.nodes, args.jobs, args.ranks, args.in_flight)
     logging.getLogger("rallypoint.nats").setLevel(logging.ERROR)  # each connection's close is not news here
     if args.writer:
-        _writer_main(args.writer, args.nodes, args.jobs, args.ranks)
+        _writer_main(args.writer, shape)
         return 0
-    result = run_bench(args.nodes, args.jobs, args.ranks)
+    result = run_bench(shape)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0
 
