@@ -45,7 +45,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--nodes", type=int, default=12500)
     c.add_argument("--gpus-per-node", type=int, default=8)
     c.add_argument("--jobs", type=int, default=1000, help="HTTP submissions (and raw publishes) to time")
-    c.add_argument("--burst", type=int, default=2500, help="one-node gangs in the burst (at most nodes/4)")
+    c.add_argument(
+        "--burst",
+        type=int,
+        default=2500,
+        help="jobs in the burst of submissions (at most a quarter of the GPUs)",
+    )
+    c.add_argument(
+        "--burst-gpus", type=int, default=None, help="GPUs of each burst job (default: a whole node)"
+    )
+    c.add_argument(
+        "--capacity",
+        type=int,
+        default=2500,
+        help="one-node gangs in the burst of capacity (at most nodes/4; 0: skip)",
+    )
     c.add_argument("--silence", type=int, default=2500, help="nodes silenced at once (at most nodes/5)")
     c.add_argument("--fleets", type=int, default=4, help="processes serving the simulated nodes")
     c.add_argument(
@@ -67,11 +81,17 @@ def handle_cluster(args: argparse.Namespace) -> int:
     if args.nodes < 4 or args.jobs < 1 or args.fleets < 1:
         print("error: --nodes must be at least 4, --jobs and --fleets at least 1", file=sys.stderr)
         return 2
+    burst_gpus = args.gpus_per_node if args.burst_gpus is None else args.burst_gpus
+    if not 0 < burst_gpus <= args.gpus_per_node or args.capacity < 0:
+        print("error: --burst-gpus must be 1..--gpus-per-node, --capacity at least 0", file=sys.stderr)
+        return 2
     cfg = BenchConfig(
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
         jobs=args.jobs,
         burst=args.burst,
+        burst_gpus=burst_gpus,
+        capacity=args.capacity,
         silence=args.silence,
         fleets=args.fleets,
         heartbeat_interval_s=args.heartbeat_interval,

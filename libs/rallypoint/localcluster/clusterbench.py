@@ -11,13 +11,14 @@ virtual. In order, on the running cluster:
    appended straight to the log in halves around the HTTP halves (``raw_append_per_s``: the cluster
    reacts to those as to the API's); the CPU each process spent per accepted submission meanwhile
    (``submissions_cpu_ms_per_job``); then submit -> running;
-2. a burst of one-node gangs appended to the log at once: binds written per second (``binds_per_s``:
-   from the moment the first bind could be decided to the last one stored) and the live cycle
-   (``cycle_ms_live``: from the store time of the log position a cycle decided on to its first decision
-   stored; ``cycle_ms_live_from_start`` from the cycle's start, admissions and fold waits included),
-   all read from the log's store times so no service needs instrumenting; and the leader's own CPU per
-   deciding cycle meanwhile (``cycle_cpu_ms_live``, from its ``rally_scheduler_cycle_compute_cpu_seconds``);
-3. a burst of capacity: every node taken by long gangs, as many one-node gangs as the burst queued behind
+2. a burst of jobs (``--burst-gpus`` each; whole nodes by default) appended to the log at once: binds
+   per second (``binds_per_s``: from the moment the first bind could be decided to the last one stored),
+   the live cycle (``cycle_ms_live``: from the store time of the log position a cycle decided on to its
+   first decision stored; ``cycle_ms_live_from_start`` from the cycle's start, admissions and fold
+   waits included), all read from the log's store times so no service needs instrumenting; and the
+   leader's own CPU per deciding cycle meanwhile (``cycle_cpu_ms_live``, from its
+   ``rally_scheduler_cycle_compute_cpu_seconds``);
+3. a burst of capacity: every node taken by long gangs, ``--capacity`` one-node gangs queued behind
    them, then one gang of that many nodes cancelled: binds per second from its ``JobCancelled`` stored
    to the last waiting gang's bind stored (``capacity_binds_per_s``), and that cycle's CPU;
 4. mass silence: ``--silence`` nodes stop heartbeating at once; when each was flagged
@@ -74,6 +75,10 @@ class BenchConfig:
     gpus_per_node: int = 8
     jobs: int = 1000
     burst: int = 2500
+    #: GPUs of each job of the burst of submissions (8: one-node gangs on 8-GPU nodes)
+    burst_gpus: int = 8
+    #: one-node gangs queued behind a full cluster for the burst of capacity (0: no such phase)
+    capacity: int = 2500
     silence: int = 2500
     fleets: int = 4
     #: the seed's rate: 12,500 nodes send 2,500 heartbeats/s
@@ -195,7 +200,7 @@ async def _submissions(
 
 async def _burst(log: EventLog, watch: LogWatch, cfg: BenchConfig, count: int) -> dict[str, Any]:
     start = time.time()
-    ids = await append_burst(log, count, gpus=cfg.gpus_per_node, seconds=5, prefix="burst")
+    ids = await append_burst(log, count, gpus=cfg.burst_gpus, seconds=5, prefix="burst")
     appended = time.time() - start
     await watch.wait(lambda: all(j in watch.bound for j in ids), cfg.phase_timeout_s)
     binds = sorted(watch.bound[j] for j in ids if j in watch.bound)
@@ -220,6 +225,11 @@ async def _burst(log: EventLog, watch: LogWatch, cfg: BenchConfig, count: int) -
         **latency_summary(to_running, "burst_to_running_s"),
         "burst_completed": sum(j in watch.completed for j in ids),
     }
+
+
+def _burst_size(cfg: BenchConfig, nodes: int) -> int:
+    """The burst, at most a quarter of the cluster's GPUs (and at least one job)."""
+    return max(1, min(cfg.burst, nodes * cfg.gpus_per_node // 4 // cfg.burst_gpus))
 
 
 def _cycle_cpu(cluster: LocalCluster, leader: str) -> tuple[float, int]:
@@ -279,8 +289,10 @@ async def _capacity_burst(
     await asyncio.sleep(2.0)  # a cycle or two with every waiting gang queued and nowhere to go
     leader = _leader(watch)
     cpu_before = await asyncio.to_thread(_cycle_cpu, cluster, leader)
+    used_before = _cpu_seconds(cluster)
     await append_cancel(log, fillers[0])
     await watch.wait(lambda: all(j in watch.bound for j in waiting), cfg.phase_timeout_s)
+    used = _cpu_ms_per_job(used_before, _cpu_seconds(cluster), 1)
     cycle_cpu = await _cycle_cpu_ms(cluster, leader, cpu_before)
     freed = watch.cancelled.get(fillers[0])
     binds = sorted(watch.bound[j] for j in waiting if j in watch.bound)
@@ -299,6 +311,30 @@ async def _capacity_burst(
         "capacity_all_bound_s": _rounded(took),
         "capacity_binds_per_s": round(len(binds) / took, 1) if took else None,
         "capacity_cycle_cpu_ms": cycle_cpu,
+        # CPU ms each process spent from the cancel to the last bind: who shares the 2 cores meanwhile
+        "capacity_cpu_ms": used,
+        **(_capacity_timeline(watch, waiting, freed) if freed is not None else {}),
+    }
+
+
+def _capacity_timeline(watch: LogWatch, job_ids: list[str], freed: float) -> dict[str, Any]:
+    """Seconds after the capacity was freed: when the first binding cycle started, when the log position
+    it decided on was stored, and the store times of the binds' writes (an atomic batch's events are
+    stored within a few ms of each other; a gap of 50 ms or more starts the next write)."""
+    first = min((j for j in job_ids if j in watch.bound), key=lambda j: watch.bound[j], default=None)
+    if first is None:
+        return {}
+    decided_on = watch.stored_at.get(watch.bound_from[first])
+    writes: list[list[float]] = []
+    for t in sorted(watch.bound[j] for j in job_ids if j in watch.bound):
+        if writes and t - writes[-1][1] < 0.05:
+            writes[-1][1:] = [t, writes[-1][2] + 1]
+        else:
+            writes.append([t, t, 1])
+    return {
+        "capacity_cycle_start_s": _rounded(watch.bound_cycle[first] - freed),
+        "capacity_decided_on_s": _rounded(decided_on - freed if decided_on is not None else None),
+        "capacity_writes": [[_rounded(a - freed), _rounded(b - freed), int(n)] for a, b, n in writes],
     }
 
 
@@ -369,12 +405,12 @@ async def _drive(cluster: LocalCluster, fleets: FleetSet, cfg: BenchConfig) -> d
         _phase("submissions")
         out |= await _submissions(cluster, log, watch, cfg)
         _phase("burst")
-        burst = min(cfg.burst, cluster.nodes // 4 or 1)
         cpu_before = await asyncio.to_thread(_cycle_cpu, cluster, _leader(watch))
-        out |= await _burst(log, watch, cfg, burst)
+        out |= await _burst(log, watch, cfg, _burst_size(cfg, cluster.nodes))
         out["cycle_cpu_ms_live"] = await _cycle_cpu_ms(cluster, _leader(watch), cpu_before)
-        _phase("capacity burst")
-        out |= await _capacity_burst(cluster, log, watch, cfg, burst)
+        if capacity := min(cfg.capacity, cluster.nodes // 4):
+            _phase("capacity burst")
+            out |= await _capacity_burst(cluster, log, watch, cfg, capacity)
         _phase("mass silence")
         out |= await _silence(fleets, watch, cfg)
         _phase("leader kill")
@@ -450,7 +486,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     _phase("zombies")
     out |= zombie_run(cfg.zombie_jobs, timeout=cfg.phase_timeout_s * 3)
     _phase("core scheduler and event log benches")
-    pending = max(1, min(cfg.burst, cfg.nodes // 4))
+    pending = max(1, min(cfg.capacity or cfg.burst, cfg.nodes // 4))
     core = core_bench(nodes=cfg.nodes, gpus_per_node=cfg.gpus_per_node, pending=pending, seed=1, cycles=5)
     out["cycle_ms_core"] = core["cycle_ms"]["p50"]
     out["cycle_cpu_ms_core"] = core["cycle_cpu_ms"]["p50"]

@@ -45,6 +45,8 @@ class LogWatch:
     bound: dict[str, float] = field(default_factory=dict)
     #: job -> the log position its GangBound was computed from
     bound_from: dict[str, int] = field(default_factory=dict)
+    #: job -> the start of the cycle that bound it (its GangBound's ``at``)
+    bound_cycle: dict[str, float] = field(default_factory=dict)
     completed: dict[str, float] = field(default_factory=dict)
     queued: dict[str, float] = field(default_factory=dict)
     cancelled: dict[str, float] = field(default_factory=dict)
@@ -106,6 +108,7 @@ class LogWatch:
         elif isinstance(event, GangBound):
             self.bound.setdefault(event.job_id, stored)
             self.bound_from.setdefault(event.job_id, event.computed_at_seq)
+            self.bound_cycle.setdefault(event.job_id, event.at)
             self.cycles.setdefault(event.at, (stored, event.computed_at_seq))
         elif isinstance(event, JobPending):
             self.cycles.setdefault(event.at, (stored, event.computed_at_seq))
