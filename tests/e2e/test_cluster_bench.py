@@ -42,8 +42,8 @@ FIELDS = (
 def test_the_cluster_bench_reports_every_figure() -> None:
     argv = [
         sys.executable, "-m", "rallypoint.cli.main", "bench", "cluster", "--nodes", "40", "--jobs", "40",
-        "--burst", "8", "--capacity", "8", "--silence", "8", "--fleets", "2", "--zombie-jobs", "10", "--phase-timeout", "30",
-        "--heartbeat-interval", "1", "--json",
+        "--burst", "8", "--capacity", "8", "--silence", "8", "--fleets", "2", "--zombie-jobs", "10",
+        "--phase-timeout", "30", "--heartbeat-interval", "1", "--json",
     ]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=170, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
