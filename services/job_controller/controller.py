@@ -17,7 +17,8 @@ import contextlib
 import heapq
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
 
 import msgspec
 from nats.aio.client import Client
@@ -40,6 +41,7 @@ from rallypoint.control import (
 )
 from rallypoint.eventlog import EventLog, EventLogError
 from rallypoint.events import Event, subjects
+from rallypoint.observability import tracing
 from rallypoint.observability.instruments import JOB_CONTROLLER_ACTIONS
 from rallypoint.observability.tracing import span, trace_headers
 from rallypoint.protocol import KillReply, KillTask, LaunchReply, LaunchTask, StatusReply
@@ -49,6 +51,21 @@ from rallypoint.state import ClusterState
 _log = logging.getLogger("rallypoint.job_controller")
 
 SOURCE = "rallypoint/job-controller"
+
+T = TypeVar("T")
+
+# The counter's child per action kind, looked up once: ``labels()`` costs a lock and a dict build per call.
+_ACTIONS_COUNTED = {
+    kind: JOB_CONTROLLER_ACTIONS.labels(action=kind.__name__.lower()) for kind in (Launch, Kill, Append)
+}
+
+
+async def _all(calls: list[Awaitable[T]]) -> list[T]:
+    """``asyncio.gather`` of ``calls``; one call (a one-node gang, most jobs) is awaited as it is, without
+    the task and the gathering future gather would wrap it in."""
+    if len(calls) == 1:
+        return [await calls[0]]
+    return list(await asyncio.gather(*calls))
 
 
 class JobController:
@@ -169,11 +186,9 @@ class JobController:
     async def _execute(self, job_id: str, actions: list[Action]) -> None:
         try:
             for action in actions:
-                JOB_CONTROLLER_ACTIONS.labels(action=type(action).__name__.lower()).inc()
+                _ACTIONS_COUNTED[type(action)].inc()
                 if isinstance(action, Launch):
-                    # The launch joins the job's trace; its requests carry the context on to the agents.
-                    parent = self.follower.traces.context(job_id)
-                    with span("launch", parent, attributes={"rally.job_id": job_id}):
+                    with self._launch_span(job_id):
                         refusals = await self._launch(action)
                         if refusals is None:
                             await self._append(job_id, action.then)
@@ -195,6 +210,14 @@ class JobController:
             _log.warning("job %s: %s; will retry", job_id, exc)
         except Exception:
             _log.exception("job %s: unexpected error; will retry", job_id)
+
+    def _launch_span(self, job_id: str) -> contextlib.AbstractContextManager[object]:
+        """The launch joins the job's trace; its requests carry the context on to the agents. Without a
+        tracer, nothing: not even the no-op span and the lookup of the job's trace."""
+        if not tracing.enabled():
+            return contextlib.nullcontext()
+        parent = self.follower.traces.context(job_id)
+        return span("launch", parent, attributes={"rally.job_id": job_id})
 
     async def _until_ranks_exited(
         self, job_id: str, attempt: int, ranks: tuple[int, ...], timeout: float
@@ -247,7 +270,7 @@ class JobController:
             _log.warning("launch of %s on %s refused: %s", task.job_id, task.node_id, reply.error)
             return LaunchRefusal(node_id=task.node_id, code=reply.code, error=reply.error)
 
-        results = await asyncio.gather(*(one(t) for t in action.tasks))
+        results = await _all([one(t) for t in action.tasks])
         if all(r is True for r in results):
             return None
         return [r for r in results if isinstance(r, LaunchRefusal)]
@@ -276,7 +299,8 @@ class JobController:
             if not reply.ok:
                 _log.warning("kill of %s on %s failed: %s", action.job_id, node_id, reply.error)
 
-        await asyncio.gather(*(one(n) for n in action.node_ids))
+        if action.node_ids:
+            await _all([one(n) for n in action.node_ids])
 
     # -- nodes that answer again ------------------------------------------------------------------
 
