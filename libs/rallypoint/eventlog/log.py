@@ -203,18 +203,26 @@ class _Feed:
     (~10k msgs/s here) and its ``messages`` iterator answers flow control only every 0.25 s; the
     callback path answers it at once and runs ~5x faster. When the buffer is full the callback waits,
     nats-py's own queue fills, and the server's flow control holds further deliveries back.
+
+    A live follow waits here once per event, so the wait's timeout is one timer for all waits, moved only
+    when it fires before the current wait's deadline, rather than ``asyncio.timeout``'s timer per wait
+    (which cost ~6 us per event in every service).
     """
 
     def __init__(self, limit: int = 8192) -> None:
         self._buf: collections.deque[Msg] = collections.deque()
-        self._ready = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
         self._space = asyncio.Event()
         self._space.set()
         self._limit = limit
 
     async def cb(self, msg: Msg) -> None:
         self._buf.append(msg)
-        self._ready.set()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
         if len(self._buf) >= self._limit:
             self._space.clear()
             await self._space.wait()
@@ -222,13 +230,38 @@ class _Feed:
     async def batch(self, timeout: float) -> list[Msg]:
         """Everything buffered, waiting up to ``timeout`` for at least one message (else TimeoutError)."""
         if not self._buf:
-            self._ready.clear()
-            async with asyncio.timeout(timeout):
-                await self._ready.wait()
+            await self._wait(timeout)
         out = list(self._buf)
         self._buf.clear()
         self._space.set()
         return out
+
+    async def _wait(self, timeout: float) -> None:
+        """Until ``cb`` buffers a message, or TimeoutError after ``timeout``."""
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.time() + timeout
+        if self._timer is not None and self._timer.when() > self._deadline:
+            self._timer.cancel()  # a shorter timeout than the timer's: it must fire sooner
+            self._timer = None
+        if self._timer is None:
+            self._timer = loop.call_at(self._deadline, self._expire)
+        waiter = self._waiter = loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def _expire(self) -> None:
+        """The timer: end the wait whose deadline has passed, or fire again at the current wait's."""
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # nobody waits: the next wait sets the timer again
+        loop = waiter.get_loop()
+        if loop.time() >= self._deadline:
+            waiter.set_exception(TimeoutError())
+        else:
+            self._timer = loop.call_at(self._deadline, self._expire)
 
 
 class EventLog:
