@@ -138,18 +138,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         nc = await ctx.nats()
         last_seen: dict[str, float] = {}
         judge = HealthJudge(detection, nic_speed_gbps=nic_speeds)
-        decoder = msgspec.json.Decoder(Heartbeat)
+        decode = msgspec.json.Decoder(Heartbeat).decode
         ears = Ears(nc, time.time())
         add_health_check(ctx, ears.health, degraded=True)
+        # 2,500 heartbeats a second at scale: the counters' children are looked up once, not per beat
+        received = HEARTBEATS_RECEIVED.labels(result="ok")
+        undecodable = HEARTBEATS_RECEIVED.labels(result="undecodable")
 
         async def on_heartbeat(msg: Msg) -> None:
             try:
-                beat = decoder.decode(msg.data)
+                beat = decode(msg.data)
             except msgspec.DecodeError:
-                HEARTBEATS_RECEIVED.labels(result="undecodable").inc()
+                undecodable.inc()
                 _log.warning("undecodable heartbeat on %s", msg.subject)
                 return
-            HEARTBEATS_RECEIVED.labels(result="ok").inc()
+            received.inc()
             last_seen[beat.node_id] = time.time()
             judge.heard(beat)
 

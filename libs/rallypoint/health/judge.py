@@ -77,10 +77,24 @@ def health_event(t: Transition) -> NodeHealthChanged:
     )
 
 
-def _counters(beat: Heartbeat) -> tuple[object, ...]:
-    """The cumulative counters of a beat, compared whole: any change makes the beat notable."""
-    gpus = tuple((g.index, g.ecc_corrected, g.nvlink_errors) for g in beat.gpus)
-    return gpus, tuple((n.name, n.errors, n.link_downed) for n in beat.nics)
+def _same_gpu_counters(beat: Heartbeat, before: Heartbeat) -> bool:
+    """Whether two beats report the same GPUs, in order, with the same cumulative counters."""
+    if len(beat.gpus) != len(before.gpus):
+        return False
+    for g, b in zip(beat.gpus, before.gpus, strict=True):
+        if g.index != b.index or g.ecc_corrected != b.ecc_corrected or g.nvlink_errors != b.nvlink_errors:
+            return False
+    return True
+
+
+def _same_nic_counters(beat: Heartbeat, before: Heartbeat) -> bool:
+    """Whether two beats report the same ports, in order, with the same cumulative counters."""
+    if len(beat.nics) != len(before.nics):
+        return False
+    for n, m in zip(beat.nics, before.nics, strict=True):
+        if n.name != m.name or n.errors != m.errors or n.link_downed != m.link_downed:
+            return False
+    return True
 
 
 def _shortest_window_s(policy: DetectionPolicy) -> float:
@@ -135,20 +149,39 @@ class HealthJudge:
         self.signals.add(node_sample(beat, expected))
 
     def _quiet(self, beat: Heartbeat, expected: Mapping[str, float]) -> bool:
-        """Nothing in ``beat`` a sample would be notable for, against the raw baseline kept."""
-        before = self._baseline.get(beat.node_id)
-        hot = self.policy.hot_temperature_c
-        for g in beat.gpus:
-            if g.throttled or g.throttle_thermal or g.throttle_power_brake or g.throttle_hw_slowdown:
-                return False
-            if g.temperature_c > hot or g.ecc_uncorrectable or g.xid:
-                return False
+        """Nothing in ``beat`` a sample would be notable for, against the raw baseline kept.
+
+        Run for every heartbeat, so: GPU samples equal to the baseline's are quiet as it was (only quiet
+        beats become the baseline, and equal samples carry equal counters; an idle GPU reports the same
+        sample beat after beat); otherwise one pass over the GPUs and the counters compared pairwise
+        with the baseline's, what comparing ``_counters`` of both says without building them."""
         for n in beat.nics:
             if not n.link_up or n.speed_gbps < expected.get(n.name, 0.0):
                 return False
+        before = self._baseline.get(beat.node_id)
+        if before is not None and beat.gpus == before.gpus:
+            return _same_nic_counters(beat, before)
+        if not self._gpus_clean(beat):
+            return False
         if before is None:
             return not any(g.ecc_corrected or g.nvlink_errors for g in beat.gpus)
-        return _counters(beat) == _counters(before)
+        return _same_gpu_counters(beat, before) and _same_nic_counters(beat, before)
+
+    def _gpus_clean(self, beat: Heartbeat) -> bool:
+        """No GPU throttled, hot or with a hard fault."""
+        hot = self.policy.hot_temperature_c
+        for g in beat.gpus:
+            if (
+                g.throttled
+                or g.throttle_thermal
+                or g.throttle_power_brake
+                or g.throttle_hw_slowdown
+                or g.temperature_c > hot
+                or g.ecc_uncorrectable
+                or g.xid
+            ):
+                return False
+        return True
 
     def _expected_speeds(self, beat: Heartbeat) -> dict[str, float]:
         expected: dict[str, float] = {}
