@@ -54,6 +54,13 @@ SOURCE = "rallypoint/job-controller"
 
 T = TypeVar("T")
 
+#: Jobs whose commands or appends may be on the wire at once. A burst of binds (19,000 in a minute) would
+#: otherwise start as many launches and appends together: past the connection's outbound buffer every
+#: request fails at once (OutboundBufferLimitError), the agents' replies time out behind the queue, and
+#: every failure is tried again on the next pass (300k warnings in one 19k burst). Queued here instead,
+#: they go out as fast as the agents and the log answer. Waits for ranks to exit hold no slot.
+MAX_ACTIVE_JOBS = 256
+
 # The counter's child per action kind, looked up once: ``labels()`` costs a lock and a dict build per call.
 _ACTIONS_COUNTED = {
     kind: JOB_CONTROLLER_ACTIONS.labels(action=kind.__name__.lower()) for kind in (Launch, Kill, Append)
@@ -83,6 +90,7 @@ class JobController:
         preemption_grace_s: float = 30.0,
         recovery: RecoveryConfig | None = None,
         full_sweep_s: float = 60.0,
+        max_active_jobs: int = MAX_ACTIVE_JOBS,
     ) -> None:
         self.nc = nc
         self.log = log
@@ -103,6 +111,7 @@ class JobController:
         self._wakeups: list[tuple[float, str]] = []  # (time, job): a time limit to check then
         self._wake_at: dict[str, float] = {}  # the wakeup each job has in the heap
         self._last_full = float("-inf")
+        self._wire = asyncio.Semaphore(max_active_jobs)  # see MAX_ACTIVE_JOBS
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -188,28 +197,36 @@ class JobController:
             for action in actions:
                 _ACTIONS_COUNTED[type(action)].inc()
                 if isinstance(action, Launch):
-                    with self._launch_span(job_id):
-                        refusals = await self._launch(action)
-                        if refusals is None:
-                            await self._append(job_id, action.then)
-                        else:
-                            await self._refused(job_id, action, refusals)
+                    async with self._wire:
+                        await self._launch_then(job_id, action)
                 elif isinstance(action, Kill):
-                    await self._kill(action)
+                    async with self._wire:
+                        await self._kill(action)
                     if action.await_ranks:
                         await self._until_ranks_exited(
                             job_id, action.attempt, action.await_ranks, action.grace_s + 10.0
                         )
                     if action.then is not None:
                         job = self.follower.state.jobs[job_id]
-                        await self._append(job_id, with_lost_work(action.then, job, self.clock()))
+                        async with self._wire:
+                            await self._append(job_id, with_lost_work(action.then, job, self.clock()))
                 elif isinstance(action, Append):
-                    await self._append(job_id, action.event)
+                    async with self._wire:
+                        await self._append(job_id, action.event)
         except EventLogError as exc:
             # Level-triggered: the next pass reconciles the job again.
             _log.warning("job %s: %s; will retry", job_id, exc)
         except Exception:
             _log.exception("job %s: unexpected error; will retry", job_id)
+
+    async def _launch_then(self, job_id: str, action: Launch) -> None:
+        """Launch the gang's ranks, then append what the launch leads to (or the agents' refusals)."""
+        with self._launch_span(job_id):
+            refusals = await self._launch(action)
+            if refusals is None:
+                await self._append(job_id, action.then)
+            else:
+                await self._refused(job_id, action, refusals)
 
     def _launch_span(self, job_id: str) -> contextlib.AbstractContextManager[object]:
         """The launch joins the job's trace; its requests carry the context on to the agents. Without a
