@@ -128,7 +128,8 @@ class _ApiError(msgspec.Struct):
 
 
 class _PubAck(msgspec.Struct):
-    """A JetStream publish acknowledgement, as far as an append reads it; ``error`` (raw) when it is none."""
+    """A JetStream publish acknowledgement, as far as an append reads it (``error``: an error the answer
+    carries instead, raw; empty when none)."""
 
     stream: str
     seq: int
