@@ -46,6 +46,7 @@ from .metrics import PROMETHEUS_CONTENT_TYPE, read_index_metrics, render_metrics
 from .node_ops import add_node_routes
 from .openapi import openapi_document
 from .problems import PROBLEM_JSON, invalid_spec, not_found, problem, unavailable, unparseable
+from .readindex import ReadIndex, stream_tip
 from .reads import ready_to_read
 from .traced import trace_middleware
 from .views import job_links, queue_positions, render_checkpoints, render_job, render_node
@@ -556,6 +557,10 @@ def build_app(
     """
     config = config or ApiConfig()
     follower = follower or FoldFollower(log)
+    # Reads ask where the log ends through the connection this API appends with, the one its writes'
+    # acknowledgements came back on: a fold reading through a connection of its own may have lost it,
+    # and then a read must say "not visible yet", not "the log is unavailable" while appends succeed.
+    follower.read_index = ReadIndex(stream_tip(log, log.timeout))
     handlers = Handlers(log, follower, config)
     # problem_middleware outermost, so a 401 and whatever a handler raises are problem+json alike.
     app = web.Application(
