@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import msgspec
 import pytest
 
 from rallypoint.accounting.attempts import AttemptRecord
@@ -54,6 +56,7 @@ from rallypoint.events import (
 from rallypoint.infra import PostgresServer, free_port
 from rallypoint.projection import (
     ATTEMPT_COLUMNS,
+    EVENT_COLUMNS,
     SCHEMA,
     Batch,
     PositionMoved,
@@ -764,8 +767,16 @@ def awkward_node(gpus_free: int, last_seq: int) -> tuple[Any, ...]:
 
 
 def archive_row(seq: int) -> tuple[Any, ...]:
-    data = json.dumps({"text": AWKWARD, "n": seq})
-    return (seq, f"rally.job.j{seq}", "JobStarted", None, data, json.dumps({"source": AWKWARD}))
+    data = msgspec.Raw(json.dumps({"text": AWKWARD, "n": seq}).encode())
+    envelope = msgspec.Raw(json.dumps({"source": AWKWARD}).encode())
+    return (
+        seq,
+        f"rally.job.j{seq}",
+        "JobStarted",
+        dt.datetime.fromtimestamp(T0 + seq / 7, tz=dt.UTC),
+        data,
+        envelope,
+    )
 
 
 async def test_store_write_round_trips_every_value_and_fences(dsn: str, db: asyncpg.Connection) -> None:
@@ -788,8 +799,10 @@ async def test_store_write_round_trips_every_value_and_fences(dsn: str, db: asyn
         assert await fetch_attempts(db) == first.attempts
         assert (await fetch_attempts(db))[0][ATTEMPT_COLUMNS.index("started_s")] == T0 + 0.1 + 0.2
         assert await fetch_archive_seqs(db) == [1, 2]
-        data = await db.fetchval(f"SELECT data FROM {SCHEMA}.events WHERE seq = 1")
-        assert data == {"text": AWKWARD, "n": 1}
+        archived = await db.fetch(f"SELECT {', '.join(EVENT_COLUMNS)} FROM {SCHEMA}.events ORDER BY seq")
+        assert [tuple(r) for r in archived] == [
+            (*row[:4], json.loads(bytes(row[4])), json.loads(bytes(row[5]))) for row in first.events
+        ]
 
         second = Batch(
             first_seq=3,

@@ -436,7 +436,7 @@ _json = msgspec.json.Encoder()
 
 def _quarantine_row(item: Quarantined) -> EventRow:
     """The archive row of a quarantined message: its place in the log and why it was skipped."""
-    return (item.seq, item.subject, "quarantined", None, _json.encode(item).decode(), "{}")
+    return (item.seq, item.subject, "quarantined", None, msgspec.Raw(_json.encode(item)), msgspec.Raw(b"{}"))
 
 
 class _Step(Protocol[T_co]):

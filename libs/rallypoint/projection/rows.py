@@ -143,14 +143,15 @@ def event_time(rec: RecordedLike) -> dt.datetime | None:
 
 
 def event_row(rec: RecordedLike) -> EventRow:
-    """One ``events`` archive row, in ``schema.EVENT_COLUMNS`` order; JSON is pre-encoded text."""
+    """One ``events`` archive row, in ``schema.EVENT_COLUMNS`` order; its ``data`` and ``envelope`` are
+    JSON already encoded (``msgspec.Raw``), which the writer embeds as they are."""
     return (
         rec.seq,
         rec.subject,
         event_type(rec.event),
         event_time(rec),
-        _json.encode(rec.event).decode(),
-        _json.encode(dict(rec.envelope)).decode(),
+        msgspec.Raw(_json.encode(rec.event)),
+        msgspec.Raw(_json.encode(dict(rec.envelope))),
     )
 
 

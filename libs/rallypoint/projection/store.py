@@ -5,7 +5,8 @@ to the batch's last sequence provided it still holds the sequence the batch was 
 statement: lock, check and move), (2) writes the archive rows and the view rows (one statement for
 all of them). Either all of it commits or none of it does, so the views always equal the fold of the
 log up to the stored position. The check in (1) also fences a second projector (or a concurrent
-``rally projector rebuild``): whoever finds the position moved raises ``PositionMoved`` and re-synchronises instead of writing over the other.
+``rally projector rebuild``): whoever finds the position moved raises ``PositionMoved`` and
+re-synchronises instead of writing over the other.
 """
 
 from __future__ import annotations
@@ -84,32 +85,44 @@ async def connect(
     return conn
 
 
-def _upsert_from_json(table: str, columns: Sequence[str], key: Sequence[str], param: int) -> str:
-    """An upsert of every row of a JSON array of objects (``$param``), typed by the table itself.
+def _insert_from_json(
+    table: str,
+    columns: Sequence[str],
+    key: Sequence[str],
+    param: int,
+    *,
+    update: bool,
+    as_jsonb: bool = False,
+) -> str:
+    """An insert of every row of a JSON array of objects (``$param``), typed by the table itself; a row
+    whose key is there already is updated (``update``) or kept.
 
     ``json_populate_recordset`` reads each object as a row of the table (a JSON array becomes a text[],
     a string a timestamptz, an object or array a jsonb), so a whole batch is one parameter encoded
-    once by msgspec, instead of a bind and an execute per row with a JSON encode per jsonb value."""
+    once by msgspec, instead of a bind and an execute per row with a JSON encode per jsonb value.
+    ``as_jsonb``: parse the array as jsonb once, for rows that are mostly JSON values themselves (json
+    would be checked as text, then each value parsed again into its jsonb column)."""
     names = ", ".join(columns)
+    kind = "jsonb" if as_jsonb else "json"
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c not in key)
+    conflict = f"DO UPDATE SET {updates}" if update else "DO NOTHING"
     return (
         f"INSERT INTO {SCHEMA}.{table} ({names}) "
-        f"SELECT {names} FROM json_populate_recordset(NULL::{SCHEMA}.{table}, ${param}::json) "
-        f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
+        f"SELECT {names} FROM {kind}_populate_recordset(NULL::{SCHEMA}.{table}, ${param}::{kind}) "
+        f"ON CONFLICT ({', '.join(key)}) {conflict}"
     )
 
 
-# The archive rows as column arrays (unnest), ON CONFLICT DO NOTHING keeping rows an earlier run archived
-# (rebuild --keep-archive); then the view rows. One statement for all of a batch's rows: a round trip
-# per table (or per row) cost more than the rows themselves. Each part reads only its own parameters, so
-# the order of the parts does not matter; an empty array writes nothing.
+# Every row of a batch in one statement, each table's rows one JSON array (a round trip per table, or per
+# row, cost more than the rows themselves; so did asyncpg's per-element checks of column arrays). The
+# archive keeps rows an earlier run archived (rebuild --keep-archive): ON CONFLICT DO NOTHING. Each part
+# reads only its own parameter, so their order does not matter; an empty array writes nothing.
+_ARCHIVE_ROWS = _insert_from_json("events", EVENT_COLUMNS, ("seq",), 1, update=False, as_jsonb=True)
 _WRITE_ROWS = (
-    f"WITH archived AS (INSERT INTO {ARCHIVE_TABLE} ({', '.join(EVENT_COLUMNS)}) "
-    "SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::timestamptz[], $5::jsonb[], $6::jsonb[]) "
-    "ON CONFLICT (seq) DO NOTHING), "
-    f"jobs AS ({_upsert_from_json('jobs', JOB_COLUMNS, ('job_id',), 7)}), "
-    f"nodes AS ({_upsert_from_json('nodes', NODE_COLUMNS, ('node_id',), 8)}) "
-    + _upsert_from_json("attempts", ATTEMPT_COLUMNS, ("job_id", "attempt"), 9)
+    f"WITH archived AS ({_ARCHIVE_ROWS}), "
+    f"jobs AS ({_insert_from_json('jobs', JOB_COLUMNS, ('job_id',), 2, update=True)}), "
+    f"nodes AS ({_insert_from_json('nodes', NODE_COLUMNS, ('node_id',), 3, update=True)}) "
+    + _insert_from_json("attempts", ATTEMPT_COLUMNS, ("job_id", "attempt"), 4, update=True)
 )
 # Lock the position row, check it and move it, in one statement: a second writer (or a reset) holding the
 # row makes this wait, then find the position moved. It runs before any table is written, as the lock
@@ -211,11 +224,10 @@ class Store:
             )
 
 
-def _row_params(batch: Batch) -> list[Any]:
-    """The parameters of ``_WRITE_ROWS``: the archive's six column arrays, then the view rows as JSON."""
-    archive: list[Sequence[Any]] = list(zip(*batch.events, strict=True)) or [() for _ in EVENT_COLUMNS]
+def _row_params(batch: Batch) -> list[str]:
+    """The parameters of ``_WRITE_ROWS``: each table's rows as JSON."""
     return [
-        *archive,
+        _json_rows(EVENT_COLUMNS, batch.events),
         _json_rows(JOB_COLUMNS, batch.jobs),
         _json_rows(NODE_COLUMNS, batch.nodes),
         _json_rows(ATTEMPT_COLUMNS, batch.attempts),
