@@ -49,8 +49,9 @@ class IdleConfig:
     #: the seed's rate: 12,500 nodes send 2,500 heartbeats/s
     heartbeat_interval_s: float = 5.0
     seconds: float = 30.0
-    #: after every fold caught up: let the first full heartbeat periods and judge passes go by
-    settle_s: float = 10.0
+    #: after every fold caught up: past the services' first snapshot of the registrations (they check
+    #: every 30 s, ``following.SNAPSHOT_CHECK_S``), one-time work that is no part of the idle tax
+    settle_s: float = 35.0
 
 
 def _ticks(pid: int) -> int | None:
@@ -110,6 +111,23 @@ def heartbeats_received(cluster: LocalCluster) -> float | None:
     return float(found.group(1)) if found else None
 
 
+def log_sizes(cluster: LocalCluster) -> dict[str, int]:
+    """How long each process's log is now."""
+    return {path.stem: path.stat().st_size for path in (cluster.workdir / "logs").glob("*.log")}
+
+
+def saved_snapshots(cluster: LocalCluster, since: dict[str, int]) -> list[str]:
+    """The processes that saved a snapshot after ``since`` (their log sizes then): one-time work in the
+    window, said so beside the figures it inflates."""
+    saved = []
+    for name, offset in sorted(since.items()):
+        with (cluster.workdir / "logs" / f"{name}.log").open("rb") as log:
+            log.seek(offset)
+            if b"saved snapshot" in log.read():
+                saved.append(name)
+    return saved
+
+
 def cpu_ms_per_s(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
     """CPU milliseconds per second of wall time, by process, the busiest first."""
     spent = {name: (after[name] - before[name]) * 1000 / seconds for name in after if name in before}
@@ -129,9 +147,11 @@ async def _measure(cluster: LocalCluster, cfg: IdleConfig) -> dict[str, Any]:
     _phase(f"settling {cfg.settle_s:.0f} s, then measuring {cfg.seconds:.0f} s")
     await asyncio.sleep(cfg.settle_s)
     beats_before = await asyncio.to_thread(heartbeats_received, cluster)
+    logs = log_sizes(cluster)
     cpu_before, began = cpu_snapshot(cluster), time.monotonic()
     await asyncio.sleep(cfg.seconds)
     cpu_after, took = cpu_snapshot(cluster), time.monotonic() - began
+    snapshots = saved_snapshots(cluster, logs)
     beats_after = await asyncio.to_thread(heartbeats_received, cluster)
     per_process = cpu_ms_per_s(cpu_before, cpu_after, took)
     bench = per_process.pop("bench", 0.0)
@@ -144,6 +164,7 @@ async def _measure(cluster: LocalCluster, cfg: IdleConfig) -> dict[str, Any]:
         "cpu_ms_per_s_total": round(sum(per_process.values()), 1),
         "cpu_ms_per_s_bench_itself": bench,
         "heartbeats_per_s": None if beats is None else round(beats, 1),
+        "saved_snapshot_while_measured": snapshots,
         "monitor_cpu_us_per_heartbeat": (
             round(monitor * 1000 / beats, 1) if monitor is not None and beats else None
         ),
