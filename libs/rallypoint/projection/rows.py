@@ -13,6 +13,7 @@ the fold and saves it in the same snapshot.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
@@ -47,6 +48,13 @@ def timestamp(seconds: float | None) -> dt.datetime | None:
     """Event times are float epoch seconds; PostgreSQL keeps microseconds, so round there once."""
     if seconds is None:
         return None
+    return _utc(seconds)
+
+
+# A job's row is built again in every batch that touches it (about five times in a short job's life),
+# each time with the same few times: converted once, looked up after (datetimes are immutable).
+@functools.lru_cache(maxsize=16_384)
+def _utc(seconds: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(round(seconds, 6), tz=dt.UTC)
 
 
