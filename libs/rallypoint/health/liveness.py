@@ -112,22 +112,24 @@ def _scan(
     nodes, so ``silence_started`` and the policy's properties are inlined (the same comparisons) and a
     node with nothing to decide costs no call and no string."""
     quiet_s, unreachable, since = policy.quiet_s, policy.unreachable_after_s, hearing.since
-    scan = _Scan()
+    watched = 0
+    quiet: list[tuple[float, str]] = []
+    candidates: list[NodeView] = []
     heard = last_seen.get
     for n in nodes:
         status = n.status
         if status != "up" and status != "unreachable":
-            scan.candidates.append(n)
+            candidates.append(n)
             continue
-        scan.watched += 1
+        watched += 1
         start = heard(n.node_id, n.registered_at)
         start = start if start > since else since  # max(), without a call per node
         if now - start > quiet_s:
-            scan.quiet.append((start, n.node_id))
+            quiet.append((start, n.node_id))
         if status == "unreachable" or now - start > unreachable:
-            scan.candidates.append(n)
-    scan.quiet.sort()
-    return scan
+            candidates.append(n)
+    quiet.sort()
+    return _Scan(watched=watched, quiet=quiet, candidates=candidates)
 
 
 def mass_silence(
