@@ -47,6 +47,14 @@ def scrape(url: str) -> Samples:
     return samples
 
 
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
 def total(samples: Samples, name: str, **labels: str) -> float:
     """The sum of ``name``'s samples whose labels include ``labels``."""
     return sum(
@@ -101,6 +109,9 @@ def test_every_service_listed_in_cluster_json_serves_metrics(cluster: LocalClust
     expected |= {f"agent-{node}" for node in cluster.node_ids()}
     assert expected <= set(urls), sorted(urls)
     for name, url in urls.items():
+        # The cluster is ready once the API answers and every agent registered; a service still starting
+        # on a busy machine opens its port a moment later.
+        eventually(lambda url=url: answers(url), f"{name} to serve /metrics")
         samples = scrape(url)
         assert samples, name
         if name != "api" and not name.startswith("agent-"):
