@@ -1,7 +1,12 @@
 """Atomic batch appends against a real nats-server: all or nothing, fenced on the first message, split
-at the server's batch limit, a retried batch recognised, a deposed writer's whole batch refused."""
+at the server's batch limit, a retried batch recognised, a deposed writer's whole batch refused; a
+server whose limit is below ``MAX_BATCH`` refuses the larger batch whole and the writer splits at the
+limit it names."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -11,10 +16,12 @@ from rallypoint.eventlog import (
     MAX_BATCH,
     Append,
     AppendConflict,
+    BatchTooLarge,
     EventLog,
     Recorded,
     subject_matches,
 )
+from rallypoint.eventlog.log import SERVER_DEFAULT_BATCH
 from rallypoint.events import (
     GangBound,
     JobQueued,
@@ -24,6 +31,7 @@ from rallypoint.events import (
     TaskPlacement,
     subjects,
 )
+from rallypoint.infra import NatsServer
 from rallypoint.runtime.fencing import FencedWriter
 from rallypoint.runtime.follower import Follower
 
@@ -192,3 +200,34 @@ async def test_a_reused_id_with_other_content_is_not_our_batch(event_log: EventL
         await event_log.append_batch(
             theirs, source="test", expected_last_subject_seq=0, expected_subject_filter=TREE
         )
+
+
+@pytest.fixture
+def default_limit_server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A nats-server left at JetStream's own batch limit (1,000), below the ``MAX_BATCH`` we configure."""
+    server = NatsServer(tmp_path / "nats", max_batch=None).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_a_server_with_a_lower_batch_limit_gets_smaller_batches(
+    default_limit_server: NatsServer,
+) -> None:
+    log = await EventLog.connect(default_limit_server.url, name="test-batch-limit", create=True)
+    try:
+        assert log.max_batch == MAX_BATCH > SERVER_DEFAULT_BATCH
+        with pytest.raises(BatchTooLarge) as refused:
+            await log.append_batch(_binds("a", SERVER_DEFAULT_BATCH + 1), source="test")
+        assert refused.value.limit == log.max_batch == SERVER_DEFAULT_BATCH
+        assert await log.last_seq() == 0  # nothing of the refused batch was stored
+        # The writer splits a cycle's writes at the limit the server named, in order, fenced as ever.
+        writes = [*_binds("b", 2 * SERVER_DEFAULT_BATCH + 5), _queued("q")]
+        writer = _writer(log, 0)
+        log.max_batch = MAX_BATCH  # as a fresh connection starts: it learns the limit from the refusal
+        assert await writer.append_many(writes) == len(writes) == await log.last_seq()
+        assert [msg_id for _, _, msg_id in await _stored(log)] == [w.msg_id for w in writes]
+        assert log.max_batch == SERVER_DEFAULT_BATCH
+    finally:
+        await log.close()

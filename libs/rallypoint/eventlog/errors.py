@@ -10,6 +10,9 @@ CONFLICT_CODES = frozenset({WRONG_LAST_SEQUENCE, CONCURRENT_WRITE})
 # before the expected sequences): a retry of a batch that landed, or a writer deciding on a stale fold.
 DUPLICATE_IN_BATCH = 10201
 BATCH_CONFLICT_CODES = CONFLICT_CODES | {DUPLICATE_IN_BATCH}
+# "atomic publish batch is too large: N" (2.15.1): more messages than the server's
+# jetstream.limits.batch.max_msgs; nothing of the batch is stored.
+BATCH_TOO_LARGE = 10199
 
 
 class EventLogError(Exception):
@@ -31,6 +34,15 @@ class LogUnavailable(EventLogError):
     After a timeout the append may still have landed: retry with the same ``msg_id`` (within the
     stream's 2-minute duplicate window) to find out without writing twice.
     """
+
+
+class BatchTooLarge(EventLogError):
+    """The server takes at most ``limit`` messages in an atomic batch; nothing of this one was stored."""
+
+    def __init__(self, limit: int, size: int) -> None:
+        super().__init__(f"the server takes atomic batches of at most {limit} events, not {size}")
+        self.limit = limit
+        self.size = size
 
 
 class LogGap(EventLogError):

@@ -27,6 +27,7 @@ import collections
 import contextlib
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -48,8 +49,10 @@ from rallypoint.observability.tracing import trace_headers
 from .connection import NatsCredentials, connect_nats
 from .errors import (
     BATCH_CONFLICT_CODES,
+    BATCH_TOO_LARGE,
     CONFLICT_CODES,
     AppendConflict,
+    BatchTooLarge,
     LogGap,
     LogUnavailable,
     UndecodableEvent,
@@ -64,8 +67,13 @@ DUPLICATE_WINDOW_S = 120.0
 BATCH_ID = "Nats-Batch-Id"
 BATCH_SEQUENCE = "Nats-Batch-Sequence"
 BATCH_COMMIT = "Nats-Batch-Commit"
-#: nats-server's limit on the messages of one atomic batch (ADR-50; 1,001 is refused with 10199 on 2.15.1).
-MAX_BATCH = 1000
+#: The messages of one atomic batch our servers take: every config we ship sets nats-server's
+#: ``jetstream.limits.batch.max_msgs`` to this (deploy/nats, deploy/k8s, the embedded server), so a
+#: scheduler cycle of a few thousand decisions is one batch, one round trip and one fence.
+MAX_BATCH = 5000
+#: nats-server's own default (ADR-50; 1,001 is refused with 10199 on 2.15.1): a server left at it refuses
+#: a larger batch whole, and ``EventLog`` then keeps to the limit the refusal names.
+SERVER_DEFAULT_BATCH = 1000
 #: JetStream answers that mean "not decided yet" (10158: a message with this Nats-Msg-Id is in process;
 #: seen on 2.15.1 after a quorum loss, tests/integration/test_quorum.py).
 PENDING_CODES = frozenset({10158})
@@ -276,6 +284,8 @@ class EventLog:
         self.stream = stream
         self.timeout = timeout
         self._owns_connection = owns_connection
+        #: the largest atomic batch to send: ``MAX_BATCH`` until a server says its limit is lower
+        self.max_batch = MAX_BATCH
 
     @classmethod
     async def connect(
@@ -461,15 +471,16 @@ class EventLog:
         expected_last_subject_seq: int | None = None,
         expected_subject_filter: str | None = None,
     ) -> BatchResult:
-        """Append ``entries`` (1..MAX_BATCH) in order, all or none, guarded like ``append``.
+        """Append ``entries`` (1..``max_batch``) in order, all or none, guarded like ``append``.
 
         Outcomes as for ``append``: the sequences; ``AppendConflict`` when the guard failed or a
         message id is already stored by a batch that is not this one's earlier attempt; or
         ``LogUnavailable`` (nothing is known: the batch may have landed; a retry with the same
-        message ids is recognised as a duplicate).
+        message ids is recognised as a duplicate); or ``BatchTooLarge`` (nothing stored; ``max_batch``
+        is lowered to the server's limit, so the caller splits the batch and sends it again).
         """
-        if not 0 < len(entries) <= MAX_BATCH:
-            raise ValueError(f"an atomic batch holds 1..{MAX_BATCH} events, not {len(entries)}")
+        if not 0 < len(entries) <= self.max_batch:
+            raise ValueError(f"an atomic batch holds 1..{self.max_batch} events, not {len(entries)}")
         if expected_subject_filter is not None and expected_last_subject_seq is None:
             raise ValueError("expected_subject_filter needs expected_last_subject_seq")
         guard: dict[str, str] = {}
@@ -515,6 +526,10 @@ class EventLog:
     async def _batch_refused(self, entries: Sequence[Entry], error: _ApiError) -> BatchResult:
         """Map a refused batch to an outcome: an earlier attempt of it landed, a conflict, or unknown."""
         code, description = error.err_code, error.description
+        if code == BATCH_TOO_LARGE and (limit := _batch_limit(description)) < len(entries):
+            _log.warning("the server takes atomic batches of at most %d events: sending no more", limit)
+            self.max_batch = limit
+            raise BatchTooLarge(limit, len(entries))
         if code in BATCH_CONFLICT_CODES:
             landed = await self._landed(entries)
             if landed is not None:
@@ -729,3 +744,9 @@ class EventLog:
             return await self.js.stream_info(self.stream)
         except _UNAVAILABLE as exc:
             raise LogUnavailable(f"stream {self.stream} info got no answer") from exc
+
+
+def _batch_limit(description: str) -> int:
+    """The limit a "batch is too large: N" refusal names (nats-server's default when it names none)."""
+    found = re.search(r"(\d+)\s*$", description)
+    return int(found.group(1)) if found else SERVER_DEFAULT_BATCH

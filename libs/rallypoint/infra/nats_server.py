@@ -14,6 +14,8 @@ from types import TracebackType
 from typing import Self
 from urllib.parse import quote
 
+from rallypoint.eventlog.log import MAX_BATCH
+
 from .ports import free_port, port_open
 from .process import ManagedProcess, ServerStartError, await_until, respawn, wait_until
 
@@ -72,6 +74,7 @@ class NatsServer:
         cluster_name: str | None = None,
         cluster_port: int | None = None,
         routes: tuple[str, ...] = (),
+        max_batch: int | None = MAX_BATCH,
     ) -> None:
         self._own_dir = data_dir is None
         self.data_dir = (
@@ -87,6 +90,8 @@ class NatsServer:
         self.cluster_name = cluster_name
         self.cluster_port = cluster_port
         self.routes = routes
+        #: ``jetstream.limits.batch.max_msgs`` (None: nats-server's default, 1,000), as deploy/ sets it
+        self.max_batch = max_batch
         self._proc: ManagedProcess | None = None
 
     @property
@@ -157,14 +162,22 @@ class NatsServer:
         return args + (["--routes", ",".join(self.routes)] if self.routes else [])
 
     def _config_args(self) -> list[str]:
-        if self.accounts is None:
+        if self.accounts is None and self.max_batch is None:
             return []
         path = self.data_dir / "accounts.conf"
         # Owner-only before anything is written: the local config carries the passwords themselves.
         path.touch(mode=0o600, exist_ok=True)
         path.chmod(0o600)
-        path.write_text(self.accounts)
+        path.write_text((self.accounts or "") + self._limits())
         return ["--config", str(path)]
+
+    def _limits(self) -> str:
+        """The JetStream limits block of the config (the flags enable JetStream and name its store)."""
+        if self.max_batch is None:
+            return ""
+        return (
+            f"\njetstream {{\n  limits {{\n    batch {{\n      max_msgs: {self.max_batch}\n    }}\n  }}\n}}\n"
+        )
 
     def _ready(self) -> bool:
         # nats-server enables JetStream before its accept loop starts, so an accepting port means

@@ -5,9 +5,10 @@ tree's last sequence, so the next write of any older leader (which still expects
 refused by the server with 10071 and surfaces as ``AppendConflict``: safety comes from the log, not the
 lease. The scheduler fences ``rally.sched.>``, where it writes every decision of a cycle.
 
-``append_many`` writes a whole cycle's output as atomic batches (at most ``MAX_BATCH`` events each),
-every batch fenced on the tree's last sequence after the one before: a deposed leader loses its whole
-batch, never a part of it, and the writer does not wait for its fold between the writes of one cycle.
+``append_many`` writes a whole cycle's output as atomic batches (at most ``EventLog.max_batch`` events
+each: ``MAX_BATCH``, or less where a server's limit is lower), every batch fenced on the tree's last
+sequence after the one before: a deposed leader loses its whole batch, never a part of it, and the
+writer does not wait for its fold between the writes of one cycle.
 Events off the tree (the scheduler's admissions) may ride along; they are fenced the same way.
 """
 
@@ -17,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from rallypoint.eventlog import MAX_BATCH, Entry, EventLog, subject_matches
+from rallypoint.eventlog import BatchTooLarge, Entry, EventLog, subject_matches
 from rallypoint.events import Event, LeaderEpochStarted
 
 from .follower import Follower
@@ -84,16 +85,21 @@ class FencedWriter:
         ``AppendConflict`` (a newer leader) refuses a whole batch: the batches before it stay, as each
         single append before a refused one stays today."""
         last = 0
-        for start in range(0, len(writes), MAX_BATCH):
-            batch = writes[start : start + MAX_BATCH]
-            result = await self.log.append_batch(
-                batch,
-                source=self.source,
-                expected_last_subject_seq=self.fence,
-                expected_subject_filter=self.tree,
-            )
+        start = 0
+        while start < len(writes):
+            batch = writes[start : start + self.log.max_batch]
+            try:
+                result = await self.log.append_batch(
+                    batch,
+                    source=self.source,
+                    expected_last_subject_seq=self.fence,
+                    expected_subject_filter=self.tree,
+                )
+            except BatchTooLarge:
+                continue  # nothing stored, and the log now keeps to the server's limit: split again
             self.fence = self._fence_after(batch, result.first_seq)
             last = result.last_seq
+            start += len(batch)
         return last
 
     def _fence_after(self, batch: Sequence[Entry], first_seq: int) -> int:
