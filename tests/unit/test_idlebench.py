@@ -11,7 +11,8 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from rallypoint.localcluster.idlebench import _RECEIVED, _descendants, cpu_ms_per_s
+from rallypoint.infra.proccpu import descendants
+from rallypoint.localcluster.idlebench import _RECEIVED, cpu_ms_per_s
 from rallypoint.observability.instruments import HEARTBEATS_RECEIVED
 
 
@@ -35,13 +36,13 @@ def test_the_processes_under_a_process_are_found_below_a_wrapper() -> None:
     wrapper = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
     try:
         for _ in range(100):
-            found = _descendants(wrapper.pid)
+            found = descendants(wrapper.pid)
             if found:
                 break
             time.sleep(0.02)
         assert len(found) == 1
         assert Path(f"/proc/{found[0]}/comm").read_text().strip() == "sleep"
     finally:
-        for pid in _descendants(wrapper.pid):  # the sleep this test started
+        for pid in descendants(wrapper.pid):  # the sleep this test started
             os.kill(pid, signal.SIGTERM)
         wrapper.wait(10)

@@ -31,6 +31,7 @@ from rallypoint.eventlog import Append, EventLog, connect_nats
 from rallypoint.eventlog.setup import setup_log
 from rallypoint.events import GpuInfo, JobSpec, JobSubmitted, NodeRegistered, subjects
 from rallypoint.infra import ManagedProcess, NatsServer, free_port
+from rallypoint.infra.proccpu import cpu_seconds
 from rallypoint.jobs import job_id_for
 from rallypoint.security.tokens import create_token
 
@@ -94,8 +95,7 @@ async def raw_append(log: EventLog, count: int, *, concurrency: int, prefix: str
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu_seconds(pid) or 0.0
 
 
 async def _wait_ready(api_url: str, timeout: float) -> None:

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from rallypoint.eventlog import EventLog, connect_nats
+from rallypoint.infra.proccpu import cpu_seconds
 
 from .apibench import raw_append
 from .fleetprocs import FleetSet, RssSampler, start_fleets
@@ -136,15 +137,8 @@ def _cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
     if cluster.nats is not None and cluster.nats.pid is not None:
         pids["nats-server"] = cluster.nats.pid
     pids["bench"] = os.getpid()
-    ticks = os.sysconf("SC_CLK_TCK")
-    used = {}
-    for name, pid in pids.items():
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # gone (a fleet that stopped)
-        used[name] = (int(fields[11]) + int(fields[12])) / ticks
-    return used
+    # a process gone (a fleet that stopped) is left out
+    return {name: used for name, pid in pids.items() if (used := cpu_seconds(pid)) is not None}
 
 
 def _cpu_ms_per_job(before: dict[str, float], after: dict[str, float], jobs: int) -> dict[str, float]:

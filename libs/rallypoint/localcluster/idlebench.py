@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from rallypoint.eventlog import EventLog, connect_nats
+from rallypoint.infra.proccpu import tree_cpu_seconds
 
 from .clusterbench import NODES_PER_RACK, _cpu_seconds, _wait_caught_up, monitor_thresholds
 from .fleetprocs import start_fleets
@@ -54,40 +55,12 @@ class IdleConfig:
     settle_s: float = 35.0
 
 
-def _ticks(pid: int) -> int | None:
-    """User + system clock ticks of one process, None when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return int(fields[11]) + int(fields[12])
-
-
-def _descendants(root: int) -> list[int]:
-    """Every process under ``root`` (PostgreSQL's backends and workers, below a wrapper if it runs one)."""
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                parent[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found, frontier = [], [root]
-    while frontier:
-        children = [pid for pid, ppid in parent.items() if ppid in frontier]
-        found += children
-        frontier = children
-    return found
-
-
 def _postgres_seconds(cluster: LocalCluster) -> float | None:
     """CPU seconds of the PostgreSQL server and its live backends (a backend that exited is not counted:
     none does while the cluster idles, the projector keeps its pool)."""
     if cluster.postgres is None or cluster.postgres.pid is None:
         return None
-    root = cluster.postgres.pid
-    ticks = [t for pid in [root, *_descendants(root)] if (t := _ticks(pid)) is not None]
-    return sum(ticks) / os.sysconf("SC_CLK_TCK") if ticks else None
+    return tree_cpu_seconds(cluster.postgres.pid)
 
 
 def cpu_snapshot(cluster: LocalCluster) -> dict[str, float]:

@@ -33,6 +33,7 @@ from typing import Any
 import asyncpg
 
 from rallypoint.eventlog import EventLog, connect_nats
+from rallypoint.infra.proccpu import tree_cpu_seconds
 
 from .clusterbench import _cpu_seconds, _wait_caught_up
 from .fleetprocs import start_fleets
@@ -58,32 +59,12 @@ class ReactConfig:
     timeout_s: float = 120.0
 
 
-def _process_cpu(pid: int) -> float | None:
-    """CPU seconds (user + system) ``pid`` has used, None when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _postgres_cpu(cluster: LocalCluster) -> float:
-    """CPU seconds of the PostgreSQL server and its backends (children of the postmaster); a backend
-    that ended takes its share with it, but the projector keeps one connection throughout."""
+    """CPU seconds of the PostgreSQL server and its backends; a backend that ended takes its share with
+    it, but the projector keeps one connection throughout."""
     if cluster.postgres is None or cluster.postgres.pid is None:
         return 0.0
-    root = cluster.postgres.pid
-    total = _process_cpu(root) or 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == root:
-            total += _process_cpu(int(entry.name)) or 0.0
-    return total
+    return tree_cpu_seconds(cluster.postgres.pid) or 0.0
 
 
 def _cpu(cluster: LocalCluster) -> dict[str, float]:

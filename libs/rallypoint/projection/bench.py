@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 from rallypoint.eventlog import Recorded
@@ -37,6 +36,7 @@ from rallypoint.events import (
 )
 from rallypoint.events.codec import envelope_from_headers, envelope_headers
 from rallypoint.infra import PostgresServer
+from rallypoint.infra.proccpu import cpu_seconds
 
 from .rows import ReadModel
 from .store import Store
@@ -48,8 +48,10 @@ _SPEC = JobSpec(
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    used = cpu_seconds(pid)
+    if used is None:
+        raise RuntimeError(f"PostgreSQL backend {pid} is gone")
+    return used
 
 
 def _node(i: int) -> tuple[str, Event, float]:
