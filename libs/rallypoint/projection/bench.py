@@ -19,22 +19,9 @@ import time
 from typing import Any
 
 from rallypoint.eventlog import Recorded
-from rallypoint.events import (
-    Event,
-    GangBound,
-    GpuInfo,
-    JobCompleted,
-    JobQueued,
-    JobSpec,
-    JobStarted,
-    JobSubmitted,
-    LeaderEpochStarted,
-    NodeRegistered,
-    RankExited,
-    TaskPlacement,
-    subjects,
-)
+from rallypoint.events import Event, JobSubmitted, LeaderEpochStarted, subjects
 from rallypoint.events.codec import envelope_from_headers, envelope_headers
+from rallypoint.events.synthetic import job_life, node_name, registered_node
 from rallypoint.infra import PostgresServer
 from rallypoint.infra.proccpu import cpu_seconds
 
@@ -42,9 +29,6 @@ from .rows import ReadModel
 from .store import Store
 
 T0 = 1_760_000_000.0
-_SPEC = JobSpec(
-    name="bench", team="bench", gpus=1, gpus_per_task=1, ranks_per_task=1, command=("sleep", "10")
-)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -54,46 +38,19 @@ def _cpu_seconds(pid: int) -> float:
     return used
 
 
-def _node(i: int) -> tuple[str, Event, float]:
-    node_id = f"node-{i}"
-    gpus = tuple(GpuInfo(index=g, uuid=f"GPU-{i}-{g}", memory_mib=81559, nvlink_domain=0) for g in range(8))
-    event = NodeRegistered(
-        node_id=node_id,
-        address=f"10.0.{i // 256}.{i % 256}",
-        rack=f"rack-{i // 32}",
-        gpu_type="H100",
-        gpus=gpus,
-        cpu_milli=96_000,
-        memory_mib=1 << 20,
-        agent_instance="bench",
-        at=T0,
-    )
-    return subjects.node(node_id), event, T0
-
-
 def _job(j: int, nodes: int) -> list[tuple[str, Event, float]]:
     """A one-GPU job's life, 4 ms after the previous job's submission, running 10 s."""
-    job_id, t, node = f"job-{j}", T0 + 1 + j * 0.004, f"node-{j % nodes}"
-    placement = (TaskPlacement(task=0, node_id=node, gpus=((j // nodes) % 8,)),)
-    bound = GangBound(
-        job_id=job_id,
-        attempt=1,
-        epoch=1,
-        placements=placement,
-        computed_at_seq=1,
-        policy_version="bench",
-        now=t + 0.1,
-        at=t + 0.1,
+    at = T0 + 1 + j * 0.004
+    life = job_life(
+        f"job-{j}", node_id=node_name(j % nodes), gpus=((j // nodes) % 8,), ranks=1, at=at, run_s=10
     )
-    exited = RankExited(job_id=job_id, attempt=1, rank=0, node_id=node, exit_code=0, at=t + 10)
-    return [
-        (subjects.job(job_id), JobSubmitted(job_id=job_id, spec=_SPEC, submitted_at=t), t),
-        (subjects.admission(job_id), JobQueued(job_id=job_id, queue="bench", at=t + 0.01), t + 0.01),
-        (subjects.bind(job_id), bound, t + 0.1),
-        (subjects.job_control(job_id), JobStarted(job_id=job_id, attempt=1, at=t + 0.2), t + 0.2),
-        (subjects.agent_job(node, job_id), exited, t + 10),
-        (subjects.job_control(job_id), JobCompleted(job_id=job_id, attempt=1, at=t + 10.1), t + 10.1),
-    ]
+    return [_placed(e) for phase in life for e in phase]
+
+
+def _placed(event: Event) -> tuple[str, Event, float]:
+    """An event with its subject and its time (a submission's is ``submitted_at``, the others' ``at``)."""
+    at = event.submitted_at if isinstance(event, JobSubmitted) else getattr(event, "at")  # noqa: B009
+    return subjects.for_event(event), event, float(at)
 
 
 def history(nodes: int, jobs: int) -> list[Recorded]:
@@ -103,7 +60,8 @@ def history(nodes: int, jobs: int) -> list[Recorded]:
     # the scheduler's epoch: the fold ignores binds of an epoch it has not seen begin
     epoch = (subjects.EPOCH, LeaderEpochStarted(epoch=1, leader_id="bench", at=T0), T0)
     out = []
-    for seq, (subject, event, at) in enumerate([*(_node(i) for i in range(nodes)), epoch, *lives], 1):
+    nodes_up = [_placed(registered_node(i, at=T0)) for i in range(nodes)]
+    for seq, (subject, event, at) in enumerate([*nodes_up, epoch, *lives], 1):
         headers = envelope_headers(event, event_id=f"bench-{seq}", source="bench", subject=subject, at=at)
         out.append(Recorded(seq=seq, subject=subject, event=event, envelope=envelope_from_headers(headers)))
     return out

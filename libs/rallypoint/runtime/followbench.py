@@ -37,24 +37,14 @@ from rallypoint.eventlog import EventLog
 from rallypoint.eventlog.log import _Feed, _stream_seq, _to_recorded
 from rallypoint.events import (
     Event,
-    GangBound,
-    GpuInfo,
-    JobCompleted,
-    JobQueued,
-    JobSpec,
-    JobStarted,
-    JobSubmitted,
     LeaderEpochStarted,
-    NodeRegistered,
-    RankExited,
-    TaskPlacement,
     subjects,
 )
+from rallypoint.events.synthetic import GPUS_PER_NODE, job_life, node_name, registered_node
 from rallypoint.infra import NatsServer
 
 from .follower import Follower
 
-GPUS_PER_NODE = 8
 #: Change feeds a follower feeds on every event (the scheduler's and the job controller's consumers).
 CHANGE_FEEDS = 2
 #: Appends in flight together by default: a burst, as a cluster's many writers make (``--in-flight 1``: one
@@ -76,61 +66,12 @@ class Shape:
         return [str(part) for pair in (*counts, ("--in-flight", self.in_flight)) for part in pair]
 
 
-def _node(i: int) -> NodeRegistered:
-    node_id = f"n{i:05d}"
-    gpus = tuple(
-        GpuInfo(index=g, uuid=f"{node_id}-gpu{g}", memory_mib=81920, nvlink_domain=0)
-        for g in range(GPUS_PER_NODE)
-    )
-    return NodeRegistered(
-        node_id=node_id,
-        address=f"10.0.{i // 256}.{i % 256}:7070",
-        rack=f"r{i // 32}",
-        gpu_type="h100",
-        gpus=gpus,
-        cpu_milli=192000,
-        memory_mib=2_000_000,
-        agent_instance=f"{node_id}-agent",
-        at=1.0,
-    )
-
-
 def _life(i: int, nodes: int, ranks: int) -> list[list[Event]]:
-    """One job's events, phase by phase (each phase's events may land in any order among themselves)."""
-    job_id = f"job-{i:06d}"
-    node_id = f"n{i % nodes:05d}"
-    spec = JobSpec(
-        name=f"train-{i}",
-        team="bench",
-        gpus=GPUS_PER_NODE,
-        gpus_per_task=GPUS_PER_NODE,
-        ranks_per_task=ranks,
-        command=("python", "train.py"),
+    """Job ``i``'s events on a whole node, phase by phase."""
+    node = node_name(i % nodes)
+    return job_life(
+        f"job-{i:06d}", node_id=node, gpus=tuple(range(GPUS_PER_NODE)), ranks=ranks, at=100.0 + i, run_s=2.0
     )
-    at = 100.0 + i
-    place = (TaskPlacement(task=0, node_id=node_id, gpus=tuple(range(GPUS_PER_NODE))),)
-    bound = GangBound(
-        job_id=job_id,
-        attempt=1,
-        epoch=1,
-        placements=place,
-        computed_at_seq=1,
-        policy_version="bench",
-        now=at,
-        at=at,
-    )
-    exits: list[Event] = [
-        RankExited(job_id=job_id, attempt=1, rank=r, node_id=node_id, exit_code=0, at=at + 2)
-        for r in range(ranks)
-    ]
-    return [
-        [JobSubmitted(job_id=job_id, spec=spec, submitted_at=at)],
-        [JobQueued(job_id=job_id, queue="default", at=at)],
-        [bound],
-        [JobStarted(job_id=job_id, attempt=1, at=at + 1)],
-        exits,
-        [JobCompleted(job_id=job_id, attempt=1, at=at + 3)],
-    ]
 
 
 def phases(shape: Shape) -> Iterator[list[Event]]:
@@ -139,7 +80,7 @@ def phases(shape: Shape) -> Iterator[list[Event]]:
     them; a job's node is free again by the time the next wave binds to it)."""
     yield [LeaderEpochStarted(epoch=1, leader_id="bench", at=0.0)]
     for start in range(0, shape.nodes, shape.in_flight):
-        yield [_node(i) for i in range(start, min(start + shape.in_flight, shape.nodes))]
+        yield [registered_node(i, at=1.0) for i in range(start, min(start + shape.in_flight, shape.nodes))]
     wave = min(shape.in_flight, shape.nodes)
     for start in range(0, shape.jobs, wave):
         lives = [_life(i, shape.nodes, shape.ranks) for i in range(start, min(start + wave, shape.jobs))]
