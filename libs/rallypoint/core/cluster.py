@@ -78,12 +78,16 @@ class RunningColumns:
         self.t_job = np.zeros(cap, np.int64)  # task row -> job slot
         self.t_node = np.zeros(cap, np.int64)  # task row -> stable node key
         self.t_gpus = np.zeros(cap, np.int64)
+        # task row -> its place in ``rows_of[its job]``: a swap-remove re-points the moved row in O(1)
+        # (a list search there made freeing a 2,500-node gang cost ~30 ms when the moved rows were a
+        # gang as large)
+        self.t_pos = np.zeros(cap, np.int64)
 
     _JOB_COLS = (
         "gpus", "since", "start", "attained", "cls", "preemptible", "last_preempted", "gtype", "queue",
         "stopping", "elastic", "exp_end",
     )  # fmt: skip
-    _TASK_COLS = ("t_job", "t_node", "t_gpus")
+    _TASK_COLS = ("t_job", "t_node", "t_gpus", "t_pos")
 
     def _grow(self, names: tuple[str, ...], need: int) -> None:
         for name in names:
@@ -116,12 +120,13 @@ class RunningColumns:
         self._fill(s, job, gtype)
         self.n = s + 1
         self._grow(self._TASK_COLS, self.nt + len(tasks))
-        rows = []
+        rows: list[int] = []
         for key, g in tasks:
             r = self.nt
             self.t_job[r] = s
             self.t_node[r] = key
             self.t_gpus[r] = g
+            self.t_pos[r] = len(rows)
             rows.append(r)
             self.nt = r + 1
         self.rows_of[job.id] = rows
@@ -138,8 +143,7 @@ class RunningColumns:
                 for name in self._TASK_COLS:
                     a = getattr(self, name)
                     a[r] = a[last]
-                orows = self.rows_of[owner]
-                orows[orows.index(last)] = r
+                self.rows_of[owner][int(self.t_pos[r])] = r
             self.nt = last
         s = self.slot.pop(job_id)
         last = self.n - 1
