@@ -25,6 +25,8 @@ from rallypoint.events import JobCancelRequested, JobSpec, JobSubmitted, subject
 from rallypoint.events.subjects import TOKEN_PATTERN
 from rallypoint.jobs import (
     DEFAULT_MAX_GPUS_PER_NODE,
+    DEFAULT_PRIORITY,
+    PRIORITY_CLASSES,
     SpecError,
     check_fits_cluster,
     check_idempotency_key,
@@ -69,7 +71,8 @@ class ApiConfig:
     max_gpus_per_node: int = DEFAULT_MAX_GPUS_PER_NODE  # used until a node has registered
     fold_wait_s: float = 2.0  # how long a write waits for the fold before answering anyway
     ready_wait_s: float = 5.0  # how long a read waits for the fold to be current before 503
-    # the queue file the scheduler reads: each team's max_priority (None: every class for every team)
+    # the queue file the scheduler reads: its priority classes and default class, each team's max_priority,
+    # its orgs (None: the built-in classes, every class for every team, any team name)
     queues: Queues | None = None
 
 
@@ -105,6 +108,7 @@ class Handlers:
         self.follower = follower
         self.config = config
         self.submissions: Counter[str] = Counter()
+        self.priority_classes, self.default_priority = submission_classes(config.queues)
 
     @property
     def state(self) -> ClusterState:
@@ -248,7 +252,14 @@ class Handlers:
         # validate shapes only.
         largest = self.state.largest_node_gpus()
         max_per_node = largest if largest is not None else self.config.max_gpus_per_node
-        spec = validate_spec(payload, max_gpus_per_node=max_per_node)
+        spec = validate_spec(
+            payload,
+            max_gpus_per_node=max_per_node,
+            priority_classes=self.priority_classes,
+            default_priority=self.default_priority,
+        )
+        if self.config.queues is not None:
+            check_not_an_org(self.config.queues, spec.team)
         if largest is not None:
             check_fits_cluster(spec, self.state.total_gpus(), max_per_node)
         return spec
@@ -462,7 +473,7 @@ class Handlers:
         return web.Response(text=text, content_type=PROMETHEUS_CONTENT_TYPE)
 
     async def openapi(self, request: web.Request) -> web.Response:
-        return json_response(openapi_document())
+        return json_response(openapi_document(self.priority_classes, self.default_priority))
 
 
 def not_theirs(request: web.Request, job: JobView) -> web.Response | None:
@@ -476,6 +487,25 @@ def not_theirs(request: web.Request, job: JobView) -> web.Response | None:
     if who.may_act_for(job.spec.team):
         return None
     return forbidden(f"job {job.job_id} belongs to another team; this token acts for team {who.team!r}")
+
+
+def submission_classes(queues: Queues | None) -> tuple[tuple[str, ...], str]:
+    """The priority classes a submission may name, most important first, and the class of one that names
+    none: the queue file's, as the scheduler and the simulator read them, else the built-in ones."""
+    if queues is None:
+        return PRIORITY_CLASSES, DEFAULT_PRIORITY
+    values = queues.class_values()
+    return tuple(sorted(values, key=lambda name: -values[name])), queues.default_priority
+
+
+def check_not_an_org(queues: Queues, team: str) -> None:
+    """Refuse an org's name as a job's team: the scheduler would run it as a team of that name with
+    nominal 0, outside the org's limit. A name the file does not know stays a team (nominal 0)."""
+    if queues.org(team) is None:
+        return
+    teams = sorted(t.name for t in queues.teams if team in queues.lineage(t.name))
+    hint = f"submit for one of its teams: {', '.join(teams)}" if teams else "it has no teams"
+    raise SpecError("team", f"{team!r} is an org in the queue file, not a team; {hint}")
 
 
 def _team_from_token(payload: object, who: Principal) -> tuple[object, web.Response | None]:

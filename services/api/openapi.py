@@ -7,9 +7,10 @@ that every route the app serves is listed here, so the two cannot drift silently
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, get_args
 
-from rallypoint.jobs import PRIORITY_CLASSES, TOPOLOGY_LEVELS
+from rallypoint.jobs import DEFAULT_PRIORITY, PRIORITY_CLASSES, TOPOLOGY_LEVELS
 from rallypoint.jobs.validate import (
     IDEMPOTENCY_KEY_PATTERN,
     MAX_ARG_BYTES,
@@ -75,6 +76,17 @@ _JOB_LINKS = {
     ]
 }
 
+
+def _priority_schema(classes: Sequence[str], default: str) -> dict[str, Any]:
+    return {
+        "type": ["string", "null"],
+        "enum": [*classes, None],
+        "default": default,
+        "description": "One of this cluster's priority classes (its queue file's, else the built-in "
+        "ones), most important first. Left out: the cluster's default class.",
+    }
+
+
 _SCHEMAS: dict[str, Any] = {
     "JobSpec": {
         "type": "object",
@@ -114,11 +126,7 @@ _SCHEMAS: dict[str, Any] = {
                 "items": _EXEC_STRING,
                 "description": f"At most {MAX_COMMAND_BYTES} bytes as JSON in all.",
             },
-            "priority": {
-                "type": ["string", "null"],
-                "enum": [*PRIORITY_CLASSES, None],
-                "default": "training-standard",
-            },
+            "priority": _priority_schema(PRIORITY_CLASSES, DEFAULT_PRIORITY),
             "env": {
                 "type": ["object", "null"],
                 "maxProperties": MAX_ENV_VARS,
@@ -478,11 +486,20 @@ _REPLAYED = {
 }
 
 
-def openapi_document() -> dict[str, Any]:
-    return with_security(_document())
+def openapi_document(
+    priority_classes: Sequence[str] = PRIORITY_CLASSES, default_priority: str = DEFAULT_PRIORITY
+) -> dict[str, Any]:
+    """The document; ``priority_classes`` and ``default_priority`` are the cluster's (its queue file's),
+    so a client generated from it accepts the classes this API accepts."""
+    return with_security(_document(_job_spec_schema(priority_classes, default_priority)))
 
 
-def _document() -> dict[str, Any]:
+def _job_spec_schema(classes: Sequence[str], default: str) -> dict[str, Any]:
+    spec: dict[str, Any] = _SCHEMAS["JobSpec"]
+    return {**spec, "properties": {**spec["properties"], "priority": _priority_schema(classes, default)}}
+
+
+def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {
@@ -644,5 +661,5 @@ def _document() -> dict[str, Any]:
                 }
             },
         },
-        "components": {"schemas": {**_SCHEMAS, **history_schemas()}},
+        "components": {"schemas": {**_SCHEMAS, "JobSpec": job_spec, **history_schemas()}},
     }

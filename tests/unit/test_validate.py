@@ -101,6 +101,41 @@ def test_every_priority_class_is_accepted(priority: str) -> None:
     assert validate_spec(body(priority=priority)).priority == priority
 
 
+# --- a cluster's own priority classes (its queue file's) -------------------------------------------
+
+CLUSTER_CLASSES = ("urgent", "batch", "scavenger")
+
+
+def test_a_clusters_own_class_is_accepted() -> None:
+    spec = validate_spec(
+        body(priority="scavenger"), priority_classes=CLUSTER_CLASSES, default_priority="batch"
+    )
+    assert spec.priority == "scavenger"
+
+
+@pytest.mark.parametrize("given", [body(), body(priority=None)])
+def test_no_priority_gets_the_clusters_default(given: dict[str, Any]) -> None:
+    assert (
+        validate_spec(given, priority_classes=CLUSTER_CLASSES, default_priority="batch").priority == "batch"
+    )
+    # the default is the caller's to give with the built-in classes too (a queue file may name one)
+    assert validate_spec(given, default_priority="development").priority == "development"
+
+
+def test_a_builtin_class_the_cluster_lacks_is_refused_naming_the_clusters() -> None:
+    with pytest.raises(SpecError) as caught:
+        validate_spec(body(priority="production"), priority_classes=CLUSTER_CLASSES, default_priority="batch")
+    assert caught.value.field == "priority"
+    assert caught.value.detail == "'production' is not a priority class here; one of urgent, batch, scavenger"
+
+
+def test_a_cluster_without_classes_refuses_every_named_class() -> None:
+    assert validate_spec(body(), priority_classes=(), default_priority="batch").priority == "batch"
+    with pytest.raises(SpecError) as caught:
+        validate_spec(body(priority="batch"), priority_classes=(), default_priority="batch")
+    assert caught.value.field == "priority" and "defines no priority class" in caught.value.detail
+
+
 # --- rejected bodies: the field each error names ----------------------------------------------------
 
 REJECTED: list[tuple[str, object, str, str]] = [

@@ -110,8 +110,11 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         default=os.environ.get("RALLY_TEAM"),
         help="team (default $RALLY_TEAM, else the token's team)",
     )
+    # No choices: a cluster's queue file may define its own classes, which only the API knows.
     submit.add_argument(
-        "--priority", choices=PRIORITY_CLASSES, help="priority class (default training-standard)"
+        "--priority",
+        help="priority class, one the cluster's queue file defines "
+        f"(built-in: {', '.join(PRIORITY_CLASSES)}); default: the cluster's default class",
     )
     submit.add_argument("--name", help="job name (default: derived from the command)")
     submit.add_argument(
@@ -232,8 +235,12 @@ def _precheck(body: dict[str, Any]) -> str | None:
         return "error: command: is required, after `--` (rally submit --gpus 8 -- python train.py)"
     try:
         # Any node size passes here: the API knows the real one and fills gpus_per_task from it.
-        # A stand-in team when none is given: the API fills in the token's.
-        validate_spec({"team": "x", **body}, max_gpus_per_node=max(int(body["gpus"]), 1))
+        # A stand-in team when none is given: the API fills in the token's. The priority is left out:
+        # which classes exist is the cluster's queue file's to say, and the API names them on refusal.
+        validate_spec(
+            {"team": "x", **body, "priority": None},
+            max_gpus_per_node=max(int(body["gpus"]), 1),
+        )
     except SpecError as err:
         if err.field not in {"gpus_per_task", "ranks_per_task", "min_gpus", "max_gpus", "gpu_step"}:
             return f"error: {err.field}: {err.detail}"

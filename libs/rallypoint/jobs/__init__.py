@@ -3,6 +3,7 @@
 from .launch import launch_plan, master_port, rank_environment
 from .validate import (
     DEFAULT_MAX_GPUS_PER_NODE,
+    DEFAULT_PRIORITY,
     PRIORITY_CLASSES,
     TOPOLOGY_LEVELS,
     SpecError,
@@ -15,6 +16,7 @@ from .validate import (
 
 __all__ = [
     "DEFAULT_MAX_GPUS_PER_NODE",
+    "DEFAULT_PRIORITY",
     "PRIORITY_CLASSES",
     "TOPOLOGY_LEVELS",
     "SpecError",

@@ -18,7 +18,7 @@ import hashlib
 import json
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from itertools import accumulate
 from typing import Any, cast, get_args
 
@@ -69,6 +69,8 @@ PRIORITY_CLASSES: tuple[str, ...] = (
     "development",
     "best-effort",
 )
+#: The class of a job that names none, unless the cluster's queue file says otherwise.
+DEFAULT_PRIORITY = "training-standard"
 
 # Narrowest first: a preferred level wider than the required one could never be honoured.
 TOPOLOGY_LEVELS: tuple[str, ...] = get_args(TopologyLevel)
@@ -145,10 +147,18 @@ def _required(body: Mapping[str, Any], field: str) -> None:
 # --- the validator --------------------------------------------------------------------------------
 
 
-def validate_spec(body: object, *, max_gpus_per_node: int = DEFAULT_MAX_GPUS_PER_NODE) -> JobSpec:
+def validate_spec(
+    body: object,
+    *,
+    max_gpus_per_node: int = DEFAULT_MAX_GPUS_PER_NODE,
+    priority_classes: Sequence[str] = PRIORITY_CLASSES,
+    default_priority: str = DEFAULT_PRIORITY,
+) -> JobSpec:
     """Check a decoded submission body and return the ``JobSpec`` it describes, defaults filled in.
 
     ``max_gpus_per_node`` bounds ``gpus_per_task`` (a task lands on one node) and sets its default.
+    ``priority_classes`` are the classes this cluster accepts (its queue file's, most important first)
+    and ``default_priority`` the class of a job that names none: the defaults are the built-in ones.
     Raises ``SpecError`` for the first problem found, checked in a fixed order so the same body always
     names the same field.
     """
@@ -164,7 +174,7 @@ def validate_spec(body: object, *, max_gpus_per_node: int = DEFAULT_MAX_GPUS_PER
     team = _check_team(body)
     gpus, gpus_per_task, ranks_per_task = _check_shape(body, max_gpus_per_node)
     command = _check_command(body)
-    priority = _check_priority(body)
+    priority = _check_priority(body, priority_classes, default_priority)
     env = _check_env(body)
     time_limit_s = _int(body, "time_limit_s")
     if time_limit_s is not None and time_limit_s <= 0:
@@ -295,14 +305,13 @@ def _check_total(field: str, value: object, limit: int) -> None:
         raise SpecError(field, f"is {size} bytes as JSON; at most {limit}")
 
 
-def _check_priority(body: Mapping[str, Any]) -> str:
+def _check_priority(body: Mapping[str, Any], classes: Sequence[str], default: str) -> str:
     priority = _str(body, "priority")
     if priority is None:
-        return "training-standard"
-    if priority not in PRIORITY_CLASSES:
-        raise SpecError(
-            "priority", f"{priority!r} is not a priority class; one of {', '.join(PRIORITY_CLASSES)}"
-        )
+        return default
+    if priority not in classes:
+        accepted = ", ".join(classes) or "none (this cluster defines no priority class)"
+        raise SpecError("priority", f"{priority!r} is not a priority class here; one of {accepted}")
     return priority
 
 
