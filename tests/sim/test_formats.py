@@ -88,6 +88,10 @@ def test_queues(tmp_path: Path) -> None:
         queues_from_obj({"teams": [{"name": "a", "cohort": "nope"}], "cohorts": [{"name": "c"}]})
     with pytest.raises(QueuesError, match="default_priority"):
         queues_from_obj({"priority_classes": [{"name": "hi", "value": 1}]})
+    with pytest.raises(QueuesError, match="default_priority 'urgent'"):
+        queues_from_obj({"default_priority": "urgent"})  # not one of the built-in classes either
+    assert queues_from_obj({"priority_classes": []}).class_values() == {}  # no class at all: allowed
+    assert queues_from_obj({"default_priority": "development"}).default_priority == "development"
     p = tmp_path / "q.yaml"
     p.write_text("teams:\n  - {name: a, nominal: 4}\n")
     assert load_queues(p).teams[0].nominal == 4

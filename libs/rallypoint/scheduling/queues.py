@@ -137,7 +137,10 @@ def validate_queues(q: Queues) -> None:
     classes = [c.name for c in q.priority_classes or ()]
     if len(set(classes)) != len(classes):
         raise QueuesError("duplicate priority class")
-    if classes and q.default_priority not in classes:
+    # Checked against the built-in classes too when the file lists none: a default the scheduler does not
+    # know would value every job submitted without a class at 0. (``priority_classes: []``, no class at
+    # all, stays accepted: every class counts 0 there, docs/simulator.md.)
+    if (q.priority_classes is None or classes) and q.default_priority not in q.class_values():
         raise QueuesError(f"default_priority {q.default_priority!r} is not a priority class")
     known = {c.name for c in q.cohorts} | {"default"}
     class_names = q.class_values()
