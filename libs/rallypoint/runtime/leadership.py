@@ -27,6 +27,10 @@ class FencedLoop(Protocol):
 
     async def cycle(self) -> int: ...
 
+    def idle(self) -> None:
+        """A whole tick passed without a change: housekeeping that must stay off a burst's path."""
+        ...
+
 
 async def lead(loop: FencedLoop, lease: LeaderLease, stop: asyncio.Event, *, term: int) -> None:
     """Fence older leaders, then cycle on every change (event-driven requeue) and on a slow tick."""
@@ -34,8 +38,10 @@ async def lead(loop: FencedLoop, lease: LeaderLease, stop: asyncio.Event, *, ter
     while not stop.is_set() and lease.is_leader:
         loop.follower.changed.clear()
         await loop.cycle()
-        with contextlib.suppress(TimeoutError):
+        try:
             await asyncio.wait_for(loop.follower.changed.wait(), loop.tick_s)
+        except TimeoutError:
+            loop.idle()
 
 
 async def lead_while_elected(loop: FencedLoop, lease: LeaderLease, stop: asyncio.Event) -> None:
