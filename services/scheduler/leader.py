@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from rallypoint.eventlog import EventLog
-from rallypoint.events import JobRejected, subjects
+from rallypoint.events import subjects
 from rallypoint.observability import observe_writes
 from rallypoint.observability.instruments import (
     SCHEDULER_CYCLE_COMPUTE_CPU_SECONDS,
@@ -28,8 +28,8 @@ from rallypoint.observability.instruments import (
 )
 from rallypoint.runtime.fencing import FencedWriter
 from rallypoint.runtime.follower import Follower
-from rallypoint.scheduling import SchedulingPolicy, Write, admission_writes, decision_writes
-from rallypoint.scheduling.adapter import cycle_needed
+from rallypoint.scheduling import SchedulingPolicy, Write
+from rallypoint.scheduling.cycle import decide, writes_before_deciding
 from rallypoint.scheduling.repair import REPAIR_WAIT_S, repair_writes
 from rallypoint.state import ClusterState
 
@@ -126,29 +126,24 @@ class SchedulerLoop:
         the decisions instead of costing a round trip and a fold wait before them, and the binds reach the
         log first. Repairs and rejections are written first, in a write of their own, and folded before
         the decisions are computed: a repaired gang holds GPUs, a rejected job waits for nothing. The fold
-        is awaited once before each computation, never between the writes of one step. The twin test
-        replays these steps (``rallypoint.sim.twin.LiveSide.cycle``): change both together."""
+        is awaited once before each computation, never between the writes of one step. The two steps are
+        ``rallypoint.scheduling.cycle``'s, which the simulator's twin of this loop calls too."""
         await self.follower.wait_for(max(self.writer.fence, self._written))
         state = self.state
         now = self.clock()
         # The thread's CPU time of the steps that compute, summed around the awaits between them (the
         # fold runs in this thread while a write is awaited): the cycle's cost whatever else runs.
         cpu = time.thread_time()
-        admissions = admission_writes(state, at=now)
-        first = self._repairs(state, now)
+        first, admissions = writes_before_deciding(state, now, self._repairs(state, now))
         computed = time.thread_time() - cpu
-        if first or any(isinstance(w.event, JobRejected) for w in admissions):
-            first, admissions = [*first, *admissions], []
+        if first:
             await self.follower.wait_for(await self.writer.append_many(first))
             observe_writes((w.event for w in first), state, now, self.follower.traces)
-        if not cycle_needed(state):
-            return len(first)
         cpu = time.thread_time()
-        decisions = self.policy.decide_live(state, now, changed=self._changes.take())
-        writes = [
-            *decision_writes(decisions, state, epoch=self.epoch, policy_version=self.policy.version, at=now),
-            *admissions,
-        ]
+        decided = decide(self.policy, state, now, self._changes, epoch=self.epoch, admissions=admissions)
+        if decided is None:
+            return len(first)
+        _, writes = decided
         SCHEDULER_CYCLE_COMPUTE_CPU_SECONDS.observe(computed + time.thread_time() - cpu)
         self._written = await self.writer.append_many(writes)
         observe_writes((w.event for w in writes), state, now, self.follower.traces)

@@ -38,7 +38,6 @@ from rallypoint.events import (
     JobAttemptFailed,
     JobCompleted,
     JobPreempted,
-    JobRejected,
     JobResized,
     JobSpec,
     JobStarted,
@@ -49,9 +48,9 @@ from rallypoint.events import (
     NodeRegistered,
     PreemptionRequested,
 )
-from rallypoint.scheduling import SchedulingPolicy, admission_writes, build_snapshot, decision_writes
-from rallypoint.scheduling.adapter import cycle_needed
+from rallypoint.scheduling import SchedulingPolicy, build_snapshot
 from rallypoint.scheduling.config import core_queues
+from rallypoint.scheduling.cycle import decide, writes_before_deciding
 from rallypoint.scheduling.pending import NEVER_FITS
 from rallypoint.scheduling.queues import Queues
 from rallypoint.scheduling.writes import Write
@@ -215,22 +214,19 @@ class LiveSide:
     def cycle(self, now: float) -> LiveCycle:
         """The leader's cycle at ``now``: admissions (rejections folded first), then the decisions on the
         incrementally synced model; also the audit's decisions on a fresh snapshot."""
-        admissions = admission_writes(self.state, at=now)
-        if any(isinstance(w.event, JobRejected) for w in admissions):
-            for write in admissions:
-                self.append(write.event)
-            admissions = []
-        if not cycle_needed(self.state):
+        first, admissions = writes_before_deciding(self.state, now, repairs=())
+        for write in first:
+            self.append(write.event)
+        decided = decide(self.policy, self.state, now, self.changes, epoch=EPOCH, admissions=admissions)
+        if decided is None:
             # the leader skips the cycle: it decides nothing
             nothing = ct.Decisions(policy=self.policy.policy.name, now=now)
             return LiveCycle(nothing, nothing, None, admissions)
-        live = self.policy.decide_live(self.state, now, changed=self.changes.take())
+        live, writes = decided
         fresh = build_snapshot(
             self.state, now, queues=self.policy.queues, priority_classes=self.policy.priority_classes
         )
-        audit = schedule(fresh, self.policy.policy)
-        writes = decision_writes(live, self.state, epoch=EPOCH, policy_version=self.policy.version, at=now)
-        return LiveCycle(live, audit, fresh, [*writes, *admissions])
+        return LiveCycle(live, schedule(fresh, self.policy.policy), fresh, writes)
 
     def carry_out(self, writes: Sequence[Write], now: float) -> None:
         """Append the scheduler's writes, then what the job controller and the agents report when they
