@@ -43,6 +43,8 @@ class EvictionWatch:
         self.warned: set[Key] = set()
         self.lost_gpu_s = 0.0  # work lost to the evictions this watcher saw end
         self.ended = 0
+        # What the fold touched since the last look: a look costs the jobs changed, not every job ever.
+        self._changes = follower.changes()
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -53,8 +55,14 @@ class EvictionWatch:
 
     def step(self) -> Review:
         """One look at the fold; logs what changed since the last."""
+        changes = self._changes.take()
         seen = review(
-            self.follower.state, self.open, self.warned, self.clock(), overdue_after_s=self.overdue_after_s
+            self.follower.state,
+            self.open,
+            self.warned,
+            self.clock(),
+            overdue_after_s=self.overdue_after_s,
+            touched=None if changes.everything else changes.jobs,
         )
         for e in seen.began:
             what = (e.job_id, e.attempt, e.gpus, e.for_job, e.reason)

@@ -9,6 +9,8 @@ still holds GPUs its preemptor waits for), and which ended, with the time they t
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
+
 import msgspec
 
 from rallypoint.state import ACTIVE, ClusterState, JobView
@@ -54,12 +56,16 @@ def review(
     now: float,
     *,
     overdue_after_s: float,
+    touched: Collection[str] | None = None,
 ) -> Review:
     """Compare the fold's open requests with those ``known`` at the last review. ``warned``: the evictions
-    already reported overdue (each is reported once)."""
+    already reported overdue (each is reported once). ``touched``: the jobs the fold changed since the last
+    review (None: look at every job). Only an event about a job opens or closes its request, so the jobs
+    touched and the open evictions are all a review must look at: the answer is the same as over every
+    job, and its cost follows the events, not the jobs ever submitted."""
     current: dict[Key, Eviction] = {}
     began: list[Eviction] = []
-    for job in state.jobs.values():
+    for job in _candidates(state, known, touched):
         if not _requested(job):
             continue
         key = (job.job_id, job.attempt)
@@ -80,7 +86,18 @@ def review(
         e for key, e in sorted(current.items()) if key not in warned and now - e.seen_at > overdue_after_s
     ]
     ended = [_ended(state, e, now) for key, e in sorted(known.items()) if key not in current]
-    return Review(open=current, began=began, overdue=overdue, ended=ended)
+    began.sort(key=lambda e: (e.job_id, e.attempt))
+    return Review(open=dict(sorted(current.items())), began=began, overdue=overdue, ended=ended)
+
+
+def _candidates(
+    state: ClusterState, known: dict[Key, Eviction], touched: Collection[str] | None
+) -> Iterable[JobView]:
+    """Every job, or only those touched and those with an eviction open at the last review."""
+    if touched is None:
+        return state.jobs.values()
+    ids = set(touched) | {job_id for job_id, _ in known}
+    return [state.jobs[i] for i in sorted(ids) if i in state.jobs]
 
 
 def _ended(state: ClusterState, eviction: Eviction, now: float) -> Ended:
