@@ -2,7 +2,8 @@
 
 Writes go to the log and are answered only once the log acknowledged them; reads come from this
 instance's fold (``FoldFollower``), and wait until it holds every write the log had acknowledged when
-the read began (``reads.ready_to_read``), so a client reads its own write through any API replica.
+the read began (``reads.FoldReads``), so a client reads its own write through any API replica; or, with
+``?stale=true``, at once from whatever the fold holds (what an operator can still see while NATS is away).
 Validation is ``rallypoint.jobs``; the only thing decided here is which HTTP status says what.
 """
 
@@ -49,7 +50,7 @@ from .node_ops import add_node_routes
 from .openapi import openapi_document
 from .problems import PROBLEM_JSON, invalid_spec, not_found, problem, unavailable, unparseable
 from .readindex import ReadIndex, stream_tip
-from .reads import ready_to_read
+from .reads import FoldReads, ready_to_read
 from .traced import trace_middleware
 from .views import job_links, queue_positions, render_checkpoints, render_job, render_node
 
@@ -115,7 +116,8 @@ class Handlers:
         return self.follower.state
 
     async def _ready(self) -> web.Response | None:
-        """503 unless the fold holds every write acknowledged before the request, by any replica."""
+        """503 unless the fold holds every write acknowledged before the request, by any replica: what a
+        cancel's lookup waits for (the GETs are wrapped in ``FoldReads``, which also offers ``?stale``)."""
         return await ready_to_read(self.follower, self.config.ready_wait_s)
 
     # -- POST /v1/jobs -------------------------------------------------------------------------------
@@ -313,8 +315,6 @@ class Handlers:
         return job_id, self.state.jobs.get(job_id) if TOKEN_PATTERN.match(job_id) else None
 
     async def get_job(self, request: web.Request) -> web.Response:
-        if (not_ready := await self._ready()) is not None:
-            return not_ready
         job_id, job = self._lookup(request)
         if job is None:
             return not_found("job", job_id)
@@ -323,8 +323,6 @@ class Handlers:
         return json_response(render_job(job, queue_positions(self.state)))
 
     async def list_jobs(self, request: web.Request) -> web.Response:
-        if (not_ready := await self._ready()) is not None:
-            return not_ready
         query = request.query
         states: set[str] | None = None
         if query.get("state"):
@@ -389,8 +387,6 @@ class Handlers:
 
     async def get_checkpoints(self, request: web.Request) -> web.Response:
         """The job's checkpoints as the log tells them; ``latest_complete`` is what a restart resumes from."""
-        if (not_ready := await self._ready()) is not None:
-            return not_ready
         job_id, job = self._lookup(request)
         if job is None:
             return not_found("job", job_id)
@@ -440,14 +436,10 @@ class Handlers:
     # -- cluster, state, operations --------------------------------------------------------------------
 
     async def list_nodes(self, request: web.Request) -> web.Response:
-        if (not_ready := await self._ready()) is not None:
-            return not_ready
         nodes = [render_node(n) for _, n in sorted(self.state.nodes.items())]
         return json_response({"nodes": nodes, "count": len(nodes), "seq": self.state.last_seq})
 
     async def get_state(self, request: web.Request) -> web.Response:
-        if (not_ready := await self._ready()) is not None:
-            return not_ready
         return json_response({"seq": self.state.last_seq, "hash": self.state.hash()})
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -613,14 +605,16 @@ def build_app(
     app.on_startup.append(start_following)
     app.on_cleanup.append(stop_following)
     app.router.add_post("/v1/jobs", handlers.submit)
-    app.router.add_get("/v1/jobs", handlers.list_jobs)
-    app.router.add_get("/v1/jobs/{job_id}", handlers.get_job)
+    # the reads of the fold: linearizable, or stale when asked; each says which and at what log position
+    reads = FoldReads(follower, config.ready_wait_s)
+    app.router.add_get("/v1/jobs", reads(handlers.list_jobs))
+    app.router.add_get("/v1/jobs/{job_id}", reads(handlers.get_job))
     app.router.add_delete("/v1/jobs/{job_id}", handlers.cancel_job)
-    app.router.add_get("/v1/jobs/{job_id}/checkpoints", handlers.get_checkpoints)
-    app.router.add_get("/v1/nodes", handlers.list_nodes)
+    app.router.add_get("/v1/jobs/{job_id}/checkpoints", reads(handlers.get_checkpoints))
+    app.router.add_get("/v1/nodes", reads(handlers.list_nodes))
     # POST /v1/nodes/{id}/drain and /undrain: an operator's, admin tokens only
     add_node_routes(app, log, follower, config.source, config.fold_wait_s)
-    app.router.add_get("/v1/state", handlers.get_state)
+    app.router.add_get("/v1/state", reads(handlers.get_state))
     app.router.add_get("/v1/openapi.json", handlers.openapi)
     app.router.add_get("/healthz", handlers.healthz)
     app.router.add_get("/metrics", handlers.metrics)

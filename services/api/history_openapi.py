@@ -16,6 +16,7 @@ from rallypoint.jobs.history import JobHistory
 from rallypoint.state import TERMINAL
 
 from .history_views import FinishedJobs, LogChunk
+from .reads import document_fold_read
 
 _REF = "#/components/schemas/{name}"
 _JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -64,38 +65,51 @@ def history_paths() -> dict[str, Any]:
     window = [_query("since", _TIME, "From this time."), _query("until", _TIME, "Until this time.")]
     team = _query("team", {"type": "string"}, "Only this team (a team token sees only its own).")
     bad = _problem("An invalid query parameter.")
+    # the log itself is read: no stale view of it (``reads.refuses_stale``)
+    bad_or_stale = _problem("An invalid query parameter, or `stale=true` (not offered: these read the log).")
     return {
         "/v1/jobs/{job_id}/history": {
             "parameters": [_JOB_ID],
-            "get": {
-                "operationId": "getJobHistory",
-                "summary": "A job's whole story from the log: every attempt, reasons, preemptions, recovery",
-                "responses": {
-                    "200": _ok("The job's history.", "JobHistory"),
-                    "404": _problem("Unknown job."),
+            "get": document_fold_read(
+                {
+                    "operationId": "getJobHistory",
+                    "summary": "A job's whole story from the log: every attempt, reasons, preemptions, "
+                    "recovery",
+                    "responses": {
+                        "200": _ok("The job's history.", "JobHistory"),
+                        "404": _problem("Unknown job."),
+                    },
                 },
-            },
+                _problem,
+                stale=False,
+            ),
         },
         "/v1/jobs/{job_id}/logs": {
             "parameters": [_JOB_ID],
-            "get": {
-                "operationId": "getJobLogs",
-                "summary": "A chunk of one rank's output, read by its node's agent",
-                "parameters": [
-                    _query("rank", {"type": "integer", "minimum": 0}, "Which rank (default 0)."),
-                    _query("attempt", {"type": "integer", "minimum": 1}, "Which attempt (default current)."),
-                    _query("offset", {"type": "integer", "minimum": 0}, "Byte offset to read from."),
-                    _query("limit", {"type": "integer", "minimum": 1}, "Most bytes to return."),
-                ],
-                "responses": {
-                    "200": _ok("A chunk; ask again from next_offset.", "LogChunk"),
-                    "400": bad,
-                    "404": _problem("Unknown job or attempt."),
-                    "409": _problem("Nothing placed yet."),
-                    "502": _problem("The agent refused."),
-                    "503": _problem("The agent did not answer."),
+            "get": document_fold_read(
+                {
+                    "operationId": "getJobLogs",
+                    "summary": "A chunk of one rank's output, read by its node's agent",
+                    "parameters": [
+                        _query("rank", {"type": "integer", "minimum": 0}, "Which rank (default 0)."),
+                        _query(
+                            "attempt", {"type": "integer", "minimum": 1}, "Which attempt (default current)."
+                        ),
+                        _query("offset", {"type": "integer", "minimum": 0}, "Byte offset to read from."),
+                        _query("limit", {"type": "integer", "minimum": 1}, "Most bytes to return."),
+                    ],
+                    "responses": {
+                        "200": _ok("A chunk; ask again from next_offset.", "LogChunk"),
+                        "400": bad,
+                        "404": _problem("Unknown job or attempt."),
+                        "409": _problem("Nothing placed yet."),
+                        "502": _problem("The agent refused."),
+                        "503": _problem("The agent did not answer."),
+                    },
                 },
-            },
+                _problem,
+                stale=False,
+            ),
         },
         "/v1/history": {
             "get": {
@@ -107,7 +121,7 @@ def history_paths() -> dict[str, Any]:
                     _query("state", comma_list(TERMINAL), "Comma list of end states."),
                     _query("limit", {"type": "integer", "minimum": 1}, "The newest N."),
                 ],
-                "responses": {"200": _ok("Jobs, oldest end first.", "FinishedJobs"), "400": bad},
+                "responses": {"200": _ok("Jobs, oldest end first.", "FinishedJobs"), "400": bad_or_stale},
             }
         },
         "/v1/usage": {
@@ -121,14 +135,17 @@ def history_paths() -> dict[str, Any]:
                     _query("price_per_gpu_hour", {"type": "number"}, "Showback price."),
                     _query("now", _TIME, "Charge running attempts up to this time (default: now)."),
                 ],
-                "responses": {"200": _ok("Usage per group.", "UsageReport"), "400": bad},
+                "responses": {"200": _ok("Usage per group.", "UsageReport"), "400": bad_or_stale},
             }
         },
         "/v1/queues": {
-            "get": {
-                "operationId": "getQueues",
-                "summary": "Nominal, borrowed, used and pending GPUs per team and cohort",
-                "responses": {"200": _ok("Queues.", "QueuesReport")},
-            }
+            "get": document_fold_read(
+                {
+                    "operationId": "getQueues",
+                    "summary": "Nominal, borrowed, used and pending GPUs per team and cohort",
+                    "responses": {"200": _ok("Queues.", "QueuesReport")},
+                },
+                _problem,
+            )
         },
     }

@@ -26,7 +26,7 @@ from .auth import forbidden, principal
 from .fold import FoldFollower
 from .ledger import LedgerCache, job_events
 from .problems import not_found, problem, unavailable
-from .reads import ready_to_read
+from .reads import FoldReads, refuses_stale
 
 AGENT_TIMEOUT_S = 3.0
 READY_WAIT_S = 5.0  # how long a read waits for the fold to be current before 503 (as ApiConfig's)
@@ -125,8 +125,7 @@ class HistoryHandlers:
         return self.follower.state
 
     async def _job(self, request: web.Request) -> tuple[str, JobView | None, web.Response | None]:
-        if (not_ready := await ready_to_read(self.follower, READY_WAIT_S)) is not None:
-            return "", None, not_ready
+        # The route already waited until the fold held every acknowledged write (``FoldReads``).
         job_id = request.match_info["job_id"]
         job = self.state.jobs.get(job_id) if TOKEN_PATTERN.match(job_id) else None
         if job is None:
@@ -207,8 +206,6 @@ class HistoryHandlers:
     # -- GET /v1/queues ----------------------------------------------------------------------------
 
     async def queues_view(self, request: web.Request) -> web.Response:
-        if (not_ready := await ready_to_read(self.follower, READY_WAIT_S)) is not None:
-            return not_ready
         return _ok(queues_report(self.state, self.queues))
 
     # -- GET /v1/jobs/{job_id}/logs ----------------------------------------------------------------
@@ -280,8 +277,10 @@ def add_history_routes(
     app: web.Application, log: EventLog, follower: FoldFollower, queues: Any = None
 ) -> None:
     handlers = HistoryHandlers(log, follower, queues)
-    app.router.add_get("/v1/jobs/{job_id}/history", handlers.job_history)
-    app.router.add_get("/v1/jobs/{job_id}/logs", handlers.logs)
-    app.router.add_get("/v1/history", handlers.finished)
-    app.router.add_get("/v1/usage", handlers.usage)
-    app.router.add_get("/v1/queues", handlers.queues_view)
+    reads = FoldReads(follower, READY_WAIT_S)
+    # A job's history and logs find the job in the fold, then read the log (and an agent): no stale read.
+    app.router.add_get("/v1/jobs/{job_id}/history", reads(handlers.job_history, reads_log=True))
+    app.router.add_get("/v1/jobs/{job_id}/logs", reads(handlers.logs, reads_log=True))
+    app.router.add_get("/v1/history", refuses_stale(handlers.finished))
+    app.router.add_get("/v1/usage", refuses_stale(handlers.usage))
+    app.router.add_get("/v1/queues", reads(handlers.queues_view))  # the fold alone: stale reads too

@@ -29,6 +29,7 @@ from rallypoint.state import JobState
 from .auth import with_security
 from .dashboard import dashboard_paths
 from .history_openapi import comma_list, history_paths, history_schemas
+from .reads import document_fold_read
 
 _JOB_STATES = list(get_args(JobState))
 
@@ -46,6 +47,11 @@ def _json(description: str, schema: dict[str, Any], headers: dict[str, Any] | No
     if headers:
         out["headers"] = headers
     return out
+
+
+def _fold_read(operation: dict[str, Any]) -> dict[str, Any]:
+    """A read answered from this API's fold: ``stale``, the read headers, its 400 and 503."""
+    return document_fold_read(operation, _problem)
 
 
 _NULLABLE_INT = {"type": ["integer", "null"]}
@@ -556,39 +562,49 @@ def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
                         ),
                     },
                 },
-                "get": {
-                    "operationId": "listJobs",
-                    "summary": "List jobs in submission order",
-                    "parameters": [
-                        {
-                            "name": "state",
-                            "in": "query",
-                            "schema": comma_list(_JOB_STATES),
-                            "description": "Comma-separated states, e.g. `pending,running`.",
-                        },
-                        {"name": "team", "in": "query", "schema": {"type": "string"}},
-                        {
-                            "name": "limit",
-                            "in": "query",
-                            "schema": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 1000},
-                        },
-                        {
-                            "name": "after",
-                            "in": "query",
-                            "schema": {"type": "integer", "default": 0},
-                            "description": "Only jobs submitted after this stream sequence (paging cursor).",
-                        },
-                    ],
-                    "responses": {"200": _json("Jobs.", _ref("JobList")), "400": _problem("Bad query.")},
-                },
+                "get": _fold_read(
+                    {
+                        "operationId": "listJobs",
+                        "summary": "List jobs in submission order",
+                        "parameters": [
+                            {
+                                "name": "state",
+                                "in": "query",
+                                "schema": comma_list(_JOB_STATES),
+                                "description": "Comma-separated states, e.g. `pending,running`.",
+                            },
+                            {"name": "team", "in": "query", "schema": {"type": "string"}},
+                            {
+                                "name": "limit",
+                                "in": "query",
+                                "schema": {
+                                    "type": "integer",
+                                    "minimum": 1,
+                                    "maximum": 10000,
+                                    "default": 1000,
+                                },
+                            },
+                            {
+                                "name": "after",
+                                "in": "query",
+                                "schema": {"type": "integer", "default": 0},
+                                "description": "Only jobs submitted after this stream sequence "
+                                "(paging cursor).",
+                            },
+                        ],
+                        "responses": {"200": _json("Jobs.", _ref("JobList")), "400": _problem("Bad query.")},
+                    }
+                ),
             },
             "/v1/jobs/{job_id}": {
                 "parameters": [_JOB_ID],
-                "get": {
-                    "operationId": "getJob",
-                    "summary": "One job: state, pending reason, queue position, allocation",
-                    "responses": {"200": _json("The job.", _ref("Job")), "404": _problem("Unknown job.")},
-                },
+                "get": _fold_read(
+                    {
+                        "operationId": "getJob",
+                        "summary": "One job: state, pending reason, queue position, allocation",
+                        "responses": {"200": _json("The job.", _ref("Job")), "404": _problem("Unknown job.")},
+                    }
+                ),
                 "delete": {
                     "operationId": "cancelJob",
                     "summary": "Request cancellation (the job controller stops it)",
@@ -602,29 +618,35 @@ def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
             },
             "/v1/jobs/{job_id}/checkpoints": {
                 "parameters": [_JOB_ID],
-                "get": {
-                    "operationId": "listJobCheckpoints",
-                    "summary": "A job's checkpoints and the latest complete one",
-                    "responses": {
-                        "200": _json("The checkpoints, oldest step first.", _ref("CheckpointList")),
-                        "404": _problem("Unknown job."),
-                    },
-                },
+                "get": _fold_read(
+                    {
+                        "operationId": "listJobCheckpoints",
+                        "summary": "A job's checkpoints and the latest complete one",
+                        "responses": {
+                            "200": _json("The checkpoints, oldest step first.", _ref("CheckpointList")),
+                            "404": _problem("Unknown job."),
+                        },
+                    }
+                ),
             },
             "/v1/nodes": {
-                "get": {
-                    "operationId": "listNodes",
-                    "summary": "Registered nodes",
-                    "responses": {"200": _json("Nodes.", _ref("NodeList"))},
-                }
+                "get": _fold_read(
+                    {
+                        "operationId": "listNodes",
+                        "summary": "Registered nodes",
+                        "responses": {"200": _json("Nodes.", _ref("NodeList"))},
+                    }
+                )
             },
             **_node_action_paths(),
             "/v1/state": {
-                "get": {
-                    "operationId": "getState",
-                    "summary": "Fold position and state hash",
-                    "responses": {"200": _json("Position and hash.", _ref("State"))},
-                }
+                "get": _fold_read(
+                    {
+                        "operationId": "getState",
+                        "summary": "Fold position and state hash",
+                        "responses": {"200": _json("Position and hash.", _ref("State"))},
+                    }
+                )
             },
             "/v1/openapi.json": {
                 "get": {

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .account_format import format_history, format_queues, format_show, format_usage
-from .client import ApiClient, ApiError, ApiUnreachable, resolve_api_url
+from .client import ApiClient, ApiError, ApiUnreachable, resolve_api_url, stale_params
 from .jobs_cmds import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, _api_arg, parse_duration
+from .stale import add_stale_arg, error_line, note_stale
 
 GROUP_BY = ("team", "user", "class")
 TERMINAL = ("completed", "failed", "cancelled", "rejected")
@@ -89,6 +90,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
     queues = subparsers.add_parser("queues", help="nominal, borrowed, used, pending per team and cohort")
     _output_arg(queues)
+    add_stale_arg(queues)
     _api_arg(queues)
     queues.set_defaults(func=cmd_queues)
 
@@ -112,7 +114,7 @@ def _run(args: argparse.Namespace, body: Callable[[], int]) -> int:
     try:
         return body()
     except (ApiError, ApiUnreachable) as err:
-        print(err.line(), file=sys.stderr)
+        print(error_line(err, args), file=sys.stderr)
         return EXIT_ERROR
 
 
@@ -189,7 +191,12 @@ def _read_model_usage(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_queues(args: argparse.Namespace) -> int:
-    return _run(args, lambda: _emit(args, _get(args, "/v1/queues"), format_queues))
+    def queues() -> int:
+        body = _get(args, "/v1/queues", stale_params(args.stale))
+        note_stale(args, body)
+        return _emit(args, body, format_queues)
+
+    return _run(args, queues)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

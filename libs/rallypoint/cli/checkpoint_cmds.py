@@ -14,8 +14,9 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
-from .client import ApiClient, ApiError, ApiUnreachable, resolve_api_url
+from .client import ApiClient, ApiError, ApiUnreachable, resolve_api_url, stale_params
 from .jobs_cmds import EXIT_ERROR, EXIT_OK, _api_arg, format_table
+from .stale import add_stale_arg, error_line, note_stale
 
 LATEST_MARK = "*"
 
@@ -29,6 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("job_id", metavar="JOB")
     parser.add_argument("--json", action="store_true", help="print the API's JSON")
+    add_stale_arg(parser)
     _api_arg(parser)
     parser.set_defaults(func=cmd_checkpoints)
 
@@ -37,16 +39,17 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     client = ApiClient(resolve_api_url(args.api_url))
     path = f"/v1/jobs/{urllib.parse.quote(args.job_id, safe='')}/checkpoints"
     try:
-        body: dict[str, Any] = client.request("GET", path).body
+        body: dict[str, Any] = client.request("GET", path, params=stale_params(args.stale)).body
     except ApiError as err:
         if err.status == 404:
             print(f"error: no job {args.job_id!r} (list jobs with `rally jobs --all`)", file=sys.stderr)
         else:
-            print(err.line(), file=sys.stderr)
+            print(error_line(err, args), file=sys.stderr)
         return EXIT_ERROR
     except ApiUnreachable as err:
         print(err.line(), file=sys.stderr)
         return EXIT_ERROR
+    note_stale(args, body)
     if args.json:
         print(json.dumps(body, indent=2))
     else:

@@ -160,30 +160,46 @@ class ApiClient:
         return body
 
     def list_jobs(
-        self, *, state: str | None = None, team: str | None = None, limit: int | None = None
+        self,
+        *,
+        state: str | None = None,
+        team: str | None = None,
+        limit: int | None = None,
+        stale: bool = False,
     ) -> dict[str, Any]:
         """One JobList (the API's shape) of the jobs in submission order, following the API's pages up
-        to ``limit`` (all when None): every job, and the last page's ``next_after`` and ``seq``."""
+        to ``limit`` (all when None): every job, and the last page's ``next_after`` and ``seq``.
+        ``stale``: the API's last known view, without asking the event log (docs/api.md)."""
         jobs: list[dict[str, Any]] = []
         after: int | None = None
         while True:
             page_limit = None if limit is None else min(limit - len(jobs), 10_000)
-            body = self.request(
-                "GET", "/v1/jobs", params={"state": state, "team": team, "limit": page_limit, "after": after}
-            ).body
+            params = {
+                "state": state,
+                "team": team,
+                "limit": page_limit,
+                "after": after,
+                **stale_params(stale),
+            }
+            body = self.request("GET", "/v1/jobs", params=params).body
             jobs.extend(body["jobs"])
             after = body.get("next_after")
             if after is None or (limit is not None and len(jobs) >= limit):
                 return {**body, "jobs": jobs, "count": len(jobs)}
 
-    def list_nodes(self) -> dict[str, Any]:
-        """The API's NodeList, as it answers."""
-        body: dict[str, Any] = self.request("GET", "/v1/nodes").body
+    def list_nodes(self, *, stale: bool = False) -> dict[str, Any]:
+        """The API's NodeList, as it answers (``stale``: as ``list_jobs``)."""
+        body: dict[str, Any] = self.request("GET", "/v1/nodes", params=stale_params(stale)).body
         return body
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         body: dict[str, Any] = self.request("DELETE", f"/v1/jobs/{urllib.parse.quote(job_id, safe='')}").body
         return body
+
+
+def stale_params(stale: bool) -> dict[str, str]:
+    """The query parameters of a stale read (docs/api.md, "Reading what was written"); none without one."""
+    return {"stale": "true"} if stale else {}
 
 
 def _decode(raw: bytes) -> Any:

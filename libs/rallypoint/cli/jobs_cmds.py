@@ -22,6 +22,7 @@ from rallypoint.jobs import PRIORITY_CLASSES, TOPOLOGY_LEVELS, SpecError, valida
 
 from .client import ApiClient, ApiError, ApiUnreachable, resolve_api_url
 from .node_cmds import add_node_action_parsers
+from .stale import add_stale_arg, error_line, note_stale
 
 EXIT_OK = 0
 #: ``--wait`` on a job that ended without an exit code of its own (docker run's "not the program's" 125).
@@ -168,11 +169,13 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     jobs.add_argument("--team", help="only this team's jobs")
     jobs.add_argument("--limit", type=int, help="at most this many jobs")
     jobs.add_argument("--json", action="store_true", help="print the API's JSON")
+    add_stale_arg(jobs)
     _api_arg(jobs)
     jobs.set_defaults(func=cmd_jobs)
 
     nodes = subparsers.add_parser("nodes", help="list nodes (like sinfo -N)")
     nodes.add_argument("--json", action="store_true", help="print the API's JSON")
+    add_stale_arg(nodes)
     _api_arg(nodes)
     nodes.set_defaults(func=cmd_nodes)
     add_node_action_parsers(nodes, _api_arg)  # rally nodes drain|undrain NODE --reason TEXT
@@ -488,10 +491,11 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     client = ApiClient(resolve_api_url(args.api_url))
     state = args.state or (None if args.all else ACTIVE_STATES)
     try:
-        listing = client.list_jobs(state=state, team=args.team, limit=args.limit)
+        listing = client.list_jobs(state=state, team=args.team, limit=args.limit, stale=args.stale)
     except (ApiError, ApiUnreachable) as err:
-        print(err.line(), file=sys.stderr)
+        print(error_line(err, args), file=sys.stderr)
         return EXIT_ERROR
+    note_stale(args, listing)
     if args.json:  # the API's JobList, so scripts parse one shape whichever way they ask
         print(json.dumps(listing, indent=2))
     else:
@@ -502,10 +506,11 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def cmd_nodes(args: argparse.Namespace) -> int:
     client = ApiClient(resolve_api_url(args.api_url))
     try:
-        listing = client.list_nodes()
+        listing = client.list_nodes(stale=args.stale)
     except (ApiError, ApiUnreachable) as err:
-        print(err.line(), file=sys.stderr)
+        print(error_line(err, args), file=sys.stderr)
         return EXIT_ERROR
+    note_stale(args, listing)
     print(json.dumps(listing, indent=2) if args.json else format_nodes(listing["nodes"]))
     return EXIT_OK
 

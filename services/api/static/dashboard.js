@@ -24,14 +24,40 @@ function takeTokenFromUrl() {
 
 class Unauthorized extends Error {}
 
-async function api(path) {
+// While the event log is unreachable the API refuses its default (linearizable) reads with 503
+// log-unavailable; the page then asks again with ?stale=true and says it shows the API's last known view.
+const LOG_UNAVAILABLE = "https://rallypoint.dev/problems/log-unavailable";
+let staleSeq = null; // the log position of the stale answers of this render; null: none was stale
+
+async function get(path) {
   const headers = {};
   const token = localStorage.getItem(TOKEN_KEY);
   if (token) headers.Authorization = `Bearer ${token}`;
-  const response = await fetch(path, { headers });
+  return fetch(path, { headers });
+}
+
+async function logUnavailable(response) {
+  if (response.status !== 503) return false;
+  try { return (await response.json()).type === LOG_UNAVAILABLE; } catch (error) { return false; }
+}
+
+async function api(path) {
+  let response = await get(path);
+  if (await logUnavailable(response)) {
+    response = await get(`${path}${path.includes("?") ? "&" : "?"}stale=true`);
+    const seq = Number(response.headers.get("Rally-Log-Seq"));
+    if (response.ok) staleSeq = Math.max(staleSeq ?? 0, seq);
+  }
   if (response.status === 401) throw new Unauthorized(path);
   if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
   return response.json();
+}
+
+function showStale() {
+  const banner = document.getElementById("stale-banner");
+  banner.hidden = staleSeq === null;
+  banner.textContent = staleSeq === null ? ""
+    : `The event log is unreachable: showing this API's last known view (log position ${staleSeq}).`;
 }
 
 async function optional(path) {
@@ -394,6 +420,7 @@ async function renderHistory(view) {
 async function render() {
   const view = document.getElementById("view");
   const route = location.hash.replace(/^#\/?/, "");
+  staleSeq = null;
   try {
     if (route.startsWith("job/")) await renderJob(view, decodeURIComponent(route.slice(4)));
     else if (route === "history") await renderHistory(view);
@@ -404,6 +431,7 @@ async function render() {
     if (error instanceof Unauthorized) showLogin(localStorage.getItem(TOKEN_KEY) ? "the token was refused" : "");
     else document.getElementById("status").textContent = `error: ${error.message}`;
   }
+  showStale(); // gone again once every read of this render was answered normally
 }
 
 function start() {
