@@ -107,7 +107,7 @@ def seeded(seed: int) -> list[Job]:
     return jobs
 
 
-@pytest.mark.parametrize("seed", range(1, 5))
+@pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("policy", POLICIES)
 def test_seeded_contention_decides_the_same_in_the_simulator_and_live(policy: str, seed: int) -> None:
     _, cluster, queues = synthetic()
@@ -116,6 +116,8 @@ def test_seeded_contention_decides_the_same_in_the_simulator_and_live(policy: st
     assert report.cycles >= 20
     if policy == "rallypoint":  # what the comparison is for: preemptions and resizes were decided
         assert report.preemptions > 0 and report.resizes > 0
+        # and no job is evicted again and again (seed 0 once livelocked a reclaim: 1,056 preemptions)
+        assert report.preemptions < 25
 
 
 def philly_slice() -> tuple[list[Job], Cluster, Queues]:

@@ -247,8 +247,8 @@ class ClassLasOrder:
     - *tier* is 0 while the job fits in what its queue has left of its nominal quota (of some GPU type),
       else 1: work inside a guaranteed share is considered before borrowing work. This is the order
       reclaim already enforces (a queue within nominal may evict borrowers of any class); ordering the
-      same way keeps a
-      reclaim victim from being re-admitted ahead of the job it was evicted for;
+      same way keeps a reclaim victim from being re-admitted ahead of the job it was evicted for (both
+      measure the job's requested GPUs, ``j.gpus``: see ``RankPreemptor._within``);
     - *band* is the class value for classes of at least ``strict_class_min`` (every class when None):
       those are strictly first; lower classes share band 0, inside which the LAS level comes first and
       the class breaks ties;

@@ -7,7 +7,10 @@ allocate; here candidates are, cheapest first,
 2. *reclaim*: jobs of queues borrowing above nominal, when the preemptor's queue is within its nominal
    (the only case where equal or higher priority may be evicted: guaranteed quota comes back). A queue
    stops being a reclaim source as soon as what is already being evicted from it (this cycle, or by
-   victims still stopping) brings it down to its nominal;
+   victims still stopping) brings it down to its nominal. With ``borrowers_only`` (rallypoint) the
+   preemptor's queue must fit its requested GPUs, not only an elastic minimum, within nominal: the test
+   of ``ClassLasOrder``'s tier 0, so the preemptor is ordered before the borrowers it evicts when they
+   wait again and none of them is re-admitted into the GPUs freed for it (``RankPreemptor._within``);
 3. *priority*: jobs of strictly lower rank (class value; LAS: attained-service queue).
 
 Never: non-preemptible jobs or classes, jobs preempted less than ``preemption_protection_s`` ago, jobs
@@ -198,7 +201,7 @@ class _Walk(NamedTuple):
     level: str
     required: str | None
     quota_aware: bool  # the plan must pass the preemptor's queue's quota with the victims' usage gone
-    p_within: bool  # the preemptor fits within its queue's nominal quota
+    p_within: bool  # the preemptor fits within its queue's nominal quota (``RankPreemptor._within``)
     cand: Callable[[int], Candidate]  # candidate at a position of the cost order (shrinks first)
 
 
@@ -301,6 +304,18 @@ class RankPreemptor:
         rb = self._remaining_borrow(ctx, queue, gpu_type)
         return rb if quota_aware else rb - taken.get(queue, 0)
 
+    def _within(self, job: PendingJob, size: int, gpu_type: str, ctx: Ctx) -> bool:
+        """The preemptor's queue fits it within its nominal quota: it may reclaim borrowed quota.
+
+        With ``borrowers_only`` the test is made at the job's requested GPUs (``job.gpus``) even when the
+        plan is for a smaller elastic size: that is ``ClassLasOrder.tier``'s test, and a reclaim is only
+        fruitful if the preemptor is ordered (tier 0) before the borrowers it evicts once they wait again.
+        Measured at its minimum, an elastic job in tier 1 evicted a borrower for 4 GPUs, the borrower
+        (tier 1 too, less work left) was re-admitted first into the freed GPUs, and the job reclaimed again,
+        at every cycle (the livelock in docs/simulator.md)."""
+        gpus = max(size, job.gpus) if self.borrowers_only else size
+        return ctx.quota.within_nominal(ctx.ws, job.queue_name, gpu_type, gpus)
+
     def _evictions(
         self, job: PendingJob, size: int, gpu_type: str, rank: float, ctx: Ctx, view: RunningView
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -346,7 +361,7 @@ class RankPreemptor:
         keeps_nominal = (borrow >= gpus) | ~limited
         own = cols.queues.ids.get(job.queue_name, -1)
         reclaim = np.zeros(n, np.bool_)
-        within = ctx.quota.within_nominal(ctx.ws, job.queue_name, gpu_type, size)
+        within = self._within(job, size, gpu_type, ctx)
         if within:
             reclaim = base & (borrow > 0)  # reclaim stops at nominal (may overshoot by one victim)
         # another queue's victim: its queue must stay at or above nominal (no guaranteed share is taken);
@@ -393,7 +408,7 @@ class RankPreemptor:
             # rallypoint: the gang must also pass its queue's quota once the victims' usage is gone (a job
             # of a borrowing queue may evict its own queue's lower-ranked jobs or other borrowers)
             self._quota_aware and ctx.quota.limited(job.queue_name),
-            ctx.quota.within_nominal(ctx.ws, job.queue_name, gpu_type, size),
+            self._within(job, size, gpu_type, ctx),
             _candidates(ctx, view, shrinks, slots, kinds),
         )  # fmt: skip
         ws = ctx.ws
