@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rallypoint.eventlog.log import _Feed
+from rallypoint.eventlog.feeds import _Feed
 
 SLACK = 0.15  # a loaded 2-core machine may run a timer late, never early
 

@@ -23,7 +23,6 @@ See docs/architecture.md ("The log", "eventlog") for the contract. Design notes:
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import json
 import logging
@@ -37,8 +36,7 @@ import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.js.api import ConsumerConfig, DeliverPolicy, PubAck, RawStreamMsg, StorageType, StreamConfig
+from nats.js.api import PubAck, RawStreamMsg, StorageType, StreamConfig
 from nats.js.client import JetStreamContext
 
 from rallypoint.events import Event, decode, encode, envelope_from_headers, envelope_headers
@@ -46,7 +44,7 @@ from rallypoint.events.codec import Quarantined, decode_stored
 from rallypoint.events.subjects import STREAM_SUBJECTS
 from rallypoint.observability.tracing import trace_headers
 
-from .connection import NatsCredentials, connect_nats
+from .connection import FastHeadersClient, NatsCredentials, connect_nats
 from .errors import (
     BATCH_CONFLICT_CODES,
     BATCH_TOO_LARGE,
@@ -57,6 +55,7 @@ from .errors import (
     LogUnavailable,
     UndecodableEvent,
 )
+from .feeds import Delivery, DirectFeed, Feed, FeedReset, OrderedFeed
 
 _log = logging.getLogger(__name__)
 
@@ -184,93 +183,15 @@ def stored(item: Recorded | Quarantined) -> Event | Quarantined:
     return item if isinstance(item, Quarantined) else item.event
 
 
-def _to_recorded(msg: Msg, seq: int, quarantine: bool) -> Recorded | Quarantined:
-    item = decode_stored(msg.data, seq=seq, subject=msg.subject)
+def _to_recorded(delivery: Delivery, quarantine: bool) -> Recorded | Quarantined:
+    seq, subject = delivery.seq, delivery.subject
+    item = decode_stored(delivery.data, seq=seq, subject=subject)
     if isinstance(item, Quarantined):
         if not quarantine:
-            raise UndecodableEvent(seq, msg.subject, f"{item.reason}: {item.error}")
+            raise UndecodableEvent(seq, subject, f"{item.reason}: {item.error}")
         _log.error("quarantined the message at %s", item.describe(), extra={"seq": seq})
         return item
-    return Recorded(seq=seq, subject=msg.subject, event=item, envelope=envelope_from_headers(msg.headers))
-
-
-def _stream_seq(msg: Msg) -> int:
-    """Stream sequence from the JetStream reply subject, without nats-py's slower metadata parse."""
-    reply = msg.reply
-    tokens = reply.split(".") if reply else []
-    if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
-        return int(tokens[5])
-    if len(tokens) >= 11:  # $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>...
-        return int(tokens[7])
-    return int(msg.metadata.sequence.stream)
-
-
-class _Feed:
-    """Buffer between a subscription callback and an async generator, with backpressure.
-
-    A callback subscription, not ``next_msg``: nats-py's ``next_msg`` costs two tasks per message
-    (~10k msgs/s here) and its ``messages`` iterator answers flow control only every 0.25 s; the
-    callback path answers it at once and runs ~5x faster. When the buffer is full the callback waits,
-    nats-py's own queue fills, and the server's flow control holds further deliveries back.
-
-    A live follow waits here once per event, so the wait's timeout is one timer for all waits, moved only
-    when it fires before the current wait's deadline, rather than ``asyncio.timeout``'s timer per wait
-    (which cost ~6 us per event in every service).
-    """
-
-    def __init__(self, limit: int = 8192) -> None:
-        self._buf: collections.deque[Msg] = collections.deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self._deadline = 0.0
-        self._timer: asyncio.TimerHandle | None = None
-        self._space = asyncio.Event()
-        self._space.set()
-        self._limit = limit
-
-    async def cb(self, msg: Msg) -> None:
-        self._buf.append(msg)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-        if len(self._buf) >= self._limit:
-            self._space.clear()
-            await self._space.wait()
-
-    async def batch(self, timeout: float) -> list[Msg]:
-        """Everything buffered, waiting up to ``timeout`` for at least one message (else TimeoutError)."""
-        if not self._buf:
-            await self._wait(timeout)
-        out = list(self._buf)
-        self._buf.clear()
-        self._space.set()
-        return out
-
-    async def _wait(self, timeout: float) -> None:
-        """Until ``cb`` buffers a message, or TimeoutError after ``timeout``."""
-        loop = asyncio.get_running_loop()
-        self._deadline = loop.time() + timeout
-        if self._timer is not None and self._timer.when() > self._deadline:
-            self._timer.cancel()  # a shorter timeout than the timer's: it must fire sooner
-            self._timer = None
-        if self._timer is None:
-            self._timer = loop.call_at(self._deadline, self._expire)
-        waiter = self._waiter = loop.create_future()
-        try:
-            await waiter
-        finally:
-            self._waiter = None
-
-    def _expire(self) -> None:
-        """The timer: end the wait whose deadline has passed, or fire again at the current wait's."""
-        self._timer = None
-        waiter = self._waiter
-        if waiter is None or waiter.done():
-            return  # nobody waits: the next wait sets the timer again
-        loop = waiter.get_loop()
-        if loop.time() >= self._deadline:
-            waiter.set_exception(TimeoutError())
-        else:
-            self._timer = loop.call_at(self._deadline, self._expire)
+    return Recorded(seq=seq, subject=subject, event=item, envelope=envelope_from_headers(delivery.headers))
 
 
 class EventLog:
@@ -602,22 +523,16 @@ class EventLog:
             seq=seq, subject=raw.subject or "", event=event, envelope=envelope_from_headers(raw.headers)
         )
 
-    async def _subscribe(
-        self, from_seq: int, subjects: str, feed: _Feed
-    ) -> nats.js.JetStreamContext.PushSubscription:
-        # Ordered push consumer: server-side flow control, no acks, ~100k msgs/s (GUIDE §6); the
-        # client recreates it on gaps and missed heartbeats, and we re-check every sequence anyway.
-        return await self.js.subscribe(
-            subjects,
-            stream=self.stream,
-            cb=feed.cb,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            config=ConsumerConfig(opt_start_seq=max(1, from_seq)),
-            idle_heartbeat=2.0,
-            pending_msgs_limit=-1,
-            pending_bytes_limit=512 * 1024 * 1024,
-        )
+    async def _open_feed(self, from_seq: int, subjects: str) -> Feed:
+        """An ordered push consumer over ``subjects`` from ``from_seq``: read straight off the connection
+        when it is ours (``DirectFeed``), else through nats-py's ordered consumer."""
+        feed: DirectFeed | OrderedFeed
+        if isinstance(self.nc, FastHeadersClient):
+            feed = DirectFeed(self.nc, self.js, self.stream)
+        else:
+            feed = OrderedFeed(self.js, self.stream)
+        await feed.open(subjects, from_seq)
+        return feed
 
     async def replay(
         self,
@@ -650,8 +565,7 @@ class EventLog:
         if from_seq > end or (not stop_beyond and target < from_seq):
             return
         limit = end if stop_beyond else target
-        feed = _Feed()
-        sub = await self._subscribe(from_seq, subjects, feed)
+        feed = await self._open_feed(from_seq, subjects)
         last = from_seq - 1
         try:
             while True:
@@ -659,8 +573,13 @@ class EventLog:
                     batch = await feed.batch(stall_timeout)
                 except TimeoutError as exc:
                     raise LogGap(f"replay of {subjects} stalled after seq {last}, target {target}") from exc
-                for msg in batch:
-                    seq = _stream_seq(msg)
+                except FeedReset as reset:
+                    _log.warning("replay of %s: %s; resubscribing at %d", subjects, reset, last + 1)
+                    await feed.close()
+                    feed = await self._open_feed(last + 1, subjects)
+                    continue
+                for delivery in batch:
+                    seq = delivery.seq
                     if seq <= last:
                         continue  # redelivered after an ordered-consumer reset
                     if whole and seq != last + 1:
@@ -671,13 +590,12 @@ class EventLog:
                         raise LogGap(
                             f"replay of {subjects} jumped from {last} past its target {target} to {seq}"
                         )
-                    yield _to_recorded(msg, seq, quarantine)
+                    yield _to_recorded(delivery, quarantine)
                     last = seq
                     if seq == target and not stop_beyond:
                         return
         finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            await feed.close()
 
     async def follow(
         self,
@@ -697,9 +615,8 @@ class EventLog:
         next_seq = max(1, from_seq)
         backoff = 0.1
         while True:
-            feed = _Feed()
             try:
-                sub = await self._subscribe(next_seq, subjects, feed)
+                feed = await self._open_feed(next_seq, subjects)
             except (nats.js.errors.APIError, *_UNAVAILABLE) as exc:
                 _log.warning("follow %s: cannot subscribe at seq %d (%s); retrying", subjects, next_seq, exc)
                 await asyncio.sleep(backoff)
@@ -711,6 +628,9 @@ class EventLog:
                 while not resubscribe:
                     try:
                         batch = await feed.batch(probe_interval)
+                    except FeedReset as reset:
+                        _log.warning("follow %s: %s; resubscribing at %d", subjects, reset, next_seq)
+                        break
                     except TimeoutError:
                         try:
                             stored = await self.last_seq(None if whole else subjects)
@@ -725,19 +645,18 @@ class EventLog:
                             )
                             break
                         continue
-                    for msg in batch:
-                        seq = _stream_seq(msg)
+                    for delivery in batch:
+                        seq = delivery.seq
                         if seq < next_seq:
                             continue
                         if whole and seq != next_seq:
                             _log.warning("follow: expected seq %d, got %d; resubscribing", next_seq, seq)
                             resubscribe = True
                             break
-                        yield _to_recorded(msg, seq, quarantine)
+                        yield _to_recorded(delivery, quarantine)
                         next_seq = seq + 1
             finally:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
+                await feed.close()
 
     async def _stream_info(self) -> nats.js.api.StreamInfo:
         try:

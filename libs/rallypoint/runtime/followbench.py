@@ -1,13 +1,14 @@
 """What following the log costs each service per event: ``python -m rallypoint.runtime.followbench --json``.
 
 Every service (API, schedulers, job controller, health monitor, ...) receives every event of the log
-through one path: nats-py delivers the JetStream message (its headers parsed), ``EventLog.follow`` decodes
-it and ``Follower`` folds it into ``ClusterState``. This bench runs that path on a real embedded
-nats-server: a child process appends a realistic log (nodes registered, then each job's life: submitted,
-queued, bound, started, its ranks exited, completed) while this process follows it live with the very
-``Follower`` the services use, and reports the CPU this process spent per event (process time, so other
-load on the machine does not count). It then splits that cost, offline on the same messages: nats-py's
-header parse, the decode into a ``Recorded``, and the fold (``Follower._fold``); receiving is the rest.
+through one path: the connection hands the JetStream message over (``feeds.DirectFeed``),
+``EventLog.follow`` decodes it and ``Follower`` folds it into ``ClusterState``. This bench runs that path
+on a real embedded nats-server: a child process appends a realistic log (nodes registered, then each
+job's life: submitted, queued, bound, started, its ranks exited, completed) while this process follows
+it live with the very ``Follower`` the services use, and reports the CPU this process spent per event
+(process time, so other load on the machine does not count). It then splits that cost, offline on the
+same messages: the header parse, the decode into a ``Recorded``, and the fold (``Follower._fold``);
+receiving is the rest.
 Last, a fresh ``Follower`` replays the whole log (``catch_up``, the start of every service).
 
 The appending child reports its own CPU per append too: building a published message's headers is paid
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nats.aio.msg import Msg
-
 from rallypoint.eventlog import EventLog
-from rallypoint.eventlog.log import _Feed, _stream_seq, _to_recorded
+from rallypoint.eventlog.connection import FastHeadersClient, message_headers
+from rallypoint.eventlog.feeds import Delivery, DirectFeed, Feed
+from rallypoint.eventlog.log import _to_recorded
 from rallypoint.events import (
     Event,
     LeaderEpochStarted,
@@ -164,33 +164,25 @@ async def _follow_live(url: str, shape: Shape) -> dict[str, Any]:
     }
 
 
-class _HeaderTap:
-    """Keeps the raw header block of every message the connection parses (for the offline split)."""
-
-    def __init__(self, log: EventLog) -> None:
-        self.raw: list[bytes] = []
-        self.parse = log.nc._process_headers
-        original = self.parse
-
-        async def tap(headers: bytes) -> dict[str, str] | None:
-            if headers:
-                self.raw.append(bytes(headers))
-            return await original(headers)
-
-        log.nc._process_headers = tap  # type: ignore[method-assign]
-
-
-async def _capture(log: EventLog, expected: int) -> list[Msg]:
-    """Every message of the log as nats-py delivers it."""
-    feed = _Feed(limit=expected + 1)
-    sub = await log._subscribe(1, subjects.STREAM_SUBJECTS, feed)
-    msgs: list[Msg] = []
+async def _capture(log: EventLog, expected: int) -> tuple[list[Delivery], list[bytes]]:
+    """Every message of the log as the follow receives it, and each one's raw header block."""
+    raw: list[bytes] = []
+    feed: Feed
+    if isinstance(log.nc, FastHeadersClient):
+        direct = DirectFeed(log.nc, log.js, log.stream)
+        # Set before the consumer exists: its first deliveries may come before its creation is answered.
+        direct.tap = lambda headers: raw.append(headers) if headers else None
+        await direct.open(subjects.STREAM_SUBJECTS, 1)
+        feed = direct
+    else:
+        feed = await log._open_feed(1, subjects.STREAM_SUBJECTS)
+    deliveries: list[Delivery] = []
     try:
-        while len(msgs) < expected:
-            msgs.extend(m for m in await feed.batch(10.0) if m.data)
+        while len(deliveries) < expected:
+            deliveries.extend(d for d in await feed.batch(10.0) if d.data)
     finally:
-        await sub.unsubscribe()
-    return msgs
+        await feed.close()
+    return deliveries, raw
 
 
 def _cpu_us(work: Callable[[], object], per: int, rounds: int = 3) -> float:
@@ -207,22 +199,18 @@ async def _split(url: str, expected: int) -> dict[str, float]:
     """The follow path's parts, each timed alone over the same messages."""
     log = await EventLog.connect(url, name="followbench-split")
     try:
-        tap = _HeaderTap(log)
-        msgs = await _capture(log, expected)
-        raw = tap.raw[:expected]
-        parse = tap.parse
+        deliveries, raw = await _capture(log, expected)
+        raw = raw[:expected]
 
         def headers() -> None:
             for block in raw:
-                with contextlib.suppress(StopIteration):  # it never awaits: run it without a loop
-                    parse(block).send(None)
+                message_headers(block)
 
-        seqs = [_stream_seq(m) for m in msgs]
-        recs = [_to_recorded(m, s, True) for m, s in zip(msgs, seqs, strict=True)]
+        recs = [_to_recorded(d, True) for d in deliveries]
 
         def decode() -> None:
-            for m, s in zip(msgs, seqs, strict=True):
-                _to_recorded(m, s, True)
+            for d in deliveries:
+                _to_recorded(d, True)
 
         fold_cpu = float("inf")
         for _ in range(3):
@@ -232,8 +220,8 @@ async def _split(url: str, expected: int) -> dict[str, float]:
                 follower._fold(rec)
             fold_cpu = min(fold_cpu, time.process_time() - start)
         return {
-            "headers_us": _cpu_us(headers, len(raw)),
-            "decode_us": _cpu_us(decode, len(msgs)),
+            "headers_us": _cpu_us(headers, len(raw)) if raw else 0.0,
+            "decode_us": _cpu_us(decode, len(deliveries)),
             "fold_us": fold_cpu / len(recs) * 1e6,
         }
     finally:
@@ -270,7 +258,7 @@ async def _measure(url: str, shape: Shape) -> dict[str, Any]:
         **live,
         "split_us_per_event": {
             "receive_incl_headers": receive,
-            "of_which_nats_header_parse": split["headers_us"],
+            "of_which_header_parse": split["headers_us"],
             "decode": split["decode_us"],
             "fold": split["fold_us"],
         },
