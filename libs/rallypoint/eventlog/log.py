@@ -534,6 +534,22 @@ class EventLog:
         await feed.open(subjects, from_seq)
         return feed
 
+    async def _open_feed_within(self, from_seq: int, subjects: str, within: float) -> Feed:
+        """``_open_feed``, asked again while the server cannot answer (a meta leader being elected after a
+        server died: creating a consumer times out meanwhile), for up to ``within`` seconds; then
+        ``LogUnavailable``."""
+        deadline = time.monotonic() + within
+        backoff = 0.1
+        while True:
+            try:
+                return await self._open_feed(from_seq, subjects)
+            except (nats.js.errors.APIError, *_UNAVAILABLE) as exc:
+                if time.monotonic() + backoff >= deadline:
+                    raise LogUnavailable(f"no consumer on {subjects} from seq {from_seq}: {exc!r}") from exc
+                _log.info("replay of %s: no consumer yet (%r); asking again", subjects, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+
     async def replay(
         self,
         *,
@@ -565,7 +581,7 @@ class EventLog:
         if from_seq > end or (not stop_beyond and target < from_seq):
             return
         limit = end if stop_beyond else target
-        feed = await self._open_feed(from_seq, subjects)
+        feed = await self._open_feed_within(from_seq, subjects, stall_timeout)
         last = from_seq - 1
         try:
             while True:
@@ -576,7 +592,7 @@ class EventLog:
                 except FeedReset as reset:
                     _log.warning("replay of %s: %s; resubscribing at %d", subjects, reset, last + 1)
                     await feed.close()
-                    feed = await self._open_feed(last + 1, subjects)
+                    feed = await self._open_feed_within(last + 1, subjects, stall_timeout)
                     continue
                 for delivery in batch:
                     seq = delivery.seq
