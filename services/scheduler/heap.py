@@ -43,8 +43,7 @@ IDLE_MIN = 2_000
 
 def settle_heap() -> None:
     """Collect once, freeze what is left (the caught-up fold), and collect young objects less often."""
-    gc.collect()
-    gc.freeze()
+    _collect_and_freeze()
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, older, oldest)
 
@@ -82,7 +81,12 @@ class IdleTidy:
         if self.clock() - self._last_full >= self.full_every_s:
             gc.unfreeze()
             self._last_full = self.clock()
-        gc.collect()
-        gc.freeze()
+        _collect_and_freeze()
         self.tidied += 1
         return True
+
+
+def _collect_and_freeze() -> None:
+    """Free what is garbage now, then take every survivor out of all later collections."""
+    gc.collect()
+    gc.freeze()

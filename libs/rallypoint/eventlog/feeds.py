@@ -77,22 +77,30 @@ class Feed(Protocol):
     async def close(self) -> None: ...
 
 
-def ack_sequences(reply: str) -> tuple[int, int] | None:
-    """(stream sequence, delivery sequence) from a JetStream delivery's reply subject; None if it is not
-    one. ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>``, or with a domain and an
+class AckFields(NamedTuple):
+    """What a JetStream delivery's reply subject says of the message."""
+
+    stream_seq: int
+    delivery_seq: int
+    stored_ns: int  # when the server stored it
+
+
+def ack_fields(reply: str) -> AckFields | None:
+    """The fields of a JetStream delivery's reply subject; None if it is not one.
+    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>``, or with a domain and an
     account hash after ``ACK`` (and maybe a random token last)."""
     tokens = reply.split(".")
     if len(tokens) == 9:
-        return int(tokens[5]), int(tokens[6])
+        return AckFields(int(tokens[5]), int(tokens[6]), int(tokens[7]))
     if len(tokens) >= 11:
-        return int(tokens[7]), int(tokens[8])
+        return AckFields(int(tokens[7]), int(tokens[8]), int(tokens[9]))
     return None
 
 
 def stream_seq(msg: Msg) -> int:
     """A nats-py message's stream sequence, without nats-py's slower metadata parse."""
-    found = ack_sequences(msg.reply) if msg.reply else None
-    return found[0] if found is not None else int(msg.metadata.sequence.stream)
+    found = ack_fields(msg.reply) if msg.reply else None
+    return found.stream_seq if found is not None else int(msg.metadata.sequence.stream)
 
 
 class _Buffer:
@@ -305,10 +313,10 @@ class DirectFeed:
             return
         if self._reset is not None:
             return  # after a loss nothing more is taken from this consumer
-        found = ack_sequences(reply.decode()) if reply else None
+        found = ack_fields(reply.decode()) if reply else None
         if found is None:
             return  # not a delivery of this consumer
-        seq, delivery = found
+        seq, delivery = found.stream_seq, found.delivery_seq
         if delivery != self._next_delivery:
             self._lose(f"delivery {delivery} where {self._next_delivery} was next")
             return

@@ -20,6 +20,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from rallypoint.eventlog.feeds import ack_fields
 from rallypoint.events import (
     GangBound,
     JobCancelled,
@@ -84,13 +85,10 @@ class LogWatch:
             self._sub = None
 
     async def _on_msg(self, msg: Msg) -> None:
-        tokens = (msg.reply or "").split(".")
-        if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
-            seq, stored = int(tokens[5]), int(tokens[7]) / 1e9
-        elif len(tokens) >= 11:  # $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>...
-            seq, stored = int(tokens[7]), int(tokens[9]) / 1e9
-        else:
+        found = ack_fields(msg.reply or "")
+        if found is None:
             return
+        seq, stored = found.stream_seq, found.stored_ns / 1e9
         if seq <= self.last_seq:
             return  # redelivered after an ordered-consumer reset
         self.last_seq = seq
