@@ -29,6 +29,8 @@ FIELDS = (
     "cycle_cpu_ms_core",
     "capacity_binds_per_s",
     "capacity_cycle_cpu_ms",
+    "capacity_write_events_per_s",
+    "burst_write_events_per_s",
     "silence_flagged_max_s",
     "silence_threshold_s",
     "zombies",
@@ -60,6 +62,10 @@ def test_the_cluster_bench_reports_every_figure() -> None:
     # bound after the gang of 8 nodes was cancelled
     assert res["capacity_fillers"] == 5 and res["capacity_bound"] == 8
     assert 0 < res["capacity_first_bind_s"] <= res["capacity_all_bound_s"] < 30
+    # the leader's writes of that phase stored at least those 8 binds, at a rate of its own writes' time
+    assert res["capacity_write_events"] >= 8 and res["capacity_write_writes"] >= 1
+    per_s = res["capacity_write_events"] / res["capacity_write_seconds"]
+    assert res["capacity_write_events_per_s"] == pytest.approx(per_s, rel=0.05)
     # every silenced node flagged, none too early, none of the others
     assert res["silence_flagged"] == res["silence_nodes"] == 8
     # counted from the silencing signal; a node's last heartbeat was up to one interval (1 s) before it

@@ -20,7 +20,9 @@ virtual. In order, on the running cluster:
    ``rally_scheduler_cycle_compute_cpu_seconds``);
 3. a burst of capacity: every node taken by long gangs, ``--capacity`` one-node gangs queued behind
    them, then one gang of that many nodes cancelled: binds per second from its ``JobCancelled`` stored
-   to the last waiting gang's bind stored (``capacity_binds_per_s``), and that cycle's CPU;
+   to the last waiting gang's bind stored (``capacity_binds_per_s``), and that cycle's CPU; the rate the
+   leader's fenced writes stored events at meanwhile (``capacity_write_events_per_s``: its own
+   ``rally_scheduler_write_seconds``, from each batch's encode to the server's acknowledgement);
 4. mass silence: ``--silence`` nodes stop heartbeating at once; when each was flagged
    (``NodeHeartbeatLost``, then ``NodeLost``), counted from the silencing, against the thresholds;
 5. failover: the scheduler leader is killed (-9) until the next leader's epoch is stored;
@@ -49,6 +51,7 @@ from rallypoint.infra.proccpu import cpu_seconds
 
 from .apibench import raw_append
 from .fleetprocs import FleetSet, RssSampler, start_fleets
+from .leadermetrics import LeaderReading, cycle_cpu_ms, read_leader, write_rate
 from .leanhttp import submit_lean
 from .loadgen import (
     Submitted,
@@ -66,7 +69,6 @@ from .supervisor import LOCAL_SERVICE_ARGS, LocalCluster
 from .zombies import zombie_run
 
 CONCURRENCY = 16
-CYCLE_CPU_METRIC = "rally_scheduler_cycle_compute_cpu_seconds"
 NODES_PER_RACK = 32  # as `rally bench scheduler` cables its synthetic cluster
 
 
@@ -226,28 +228,8 @@ def _burst_size(cfg: BenchConfig, nodes: int) -> int:
     return max(1, min(cfg.burst, nodes * cfg.gpus_per_node // 4 // cfg.burst_gpus))
 
 
-def _cycle_cpu(cluster: LocalCluster, leader: str) -> tuple[float, int]:
-    """(CPU seconds, deciding cycles) the leader's cycles have computed so far, from its ``/metrics``."""
-    try:
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{cluster.health_ports[leader]}/metrics", timeout=5
-        ) as r:
-            text = r.read().decode()
-    except (OSError, KeyError):
-        return 0.0, 0
-    found = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in (f"{CYCLE_CPU_METRIC}_sum", f"{CYCLE_CPU_METRIC}_count"):
-            found[name.rsplit("_", 1)[1]] = float(value)
-    return found.get("sum", 0.0), int(found.get("count", 0))
-
-
-async def _cycle_cpu_ms(cluster: LocalCluster, leader: str, before: tuple[float, int]) -> float | None:
-    """Mean CPU ms of the leader's deciding cycles since ``before`` (a ``_cycle_cpu`` reading)."""
-    seconds, cycles = await asyncio.to_thread(_cycle_cpu, cluster, leader)
-    n = cycles - before[1]
-    return round((seconds - before[0]) * 1000 / n, 2) if n > 0 else None
+async def _leader_reading(cluster: LocalCluster, leader: str) -> LeaderReading:
+    return await asyncio.to_thread(read_leader, cluster.health_ports.get(leader))
 
 
 def _leader(watch: LogWatch) -> str:
@@ -282,12 +264,13 @@ async def _capacity_burst(
     await watch.wait(lambda: all(j in watch.queued for j in waiting), cfg.phase_timeout_s)
     await asyncio.sleep(2.0)  # a cycle or two with every waiting gang queued and nowhere to go
     leader = _leader(watch)
-    cpu_before = await asyncio.to_thread(_cycle_cpu, cluster, leader)
+    reading = await _leader_reading(cluster, leader)
     used_before = _cpu_seconds(cluster)
     await append_cancel(log, fillers[0])
     await watch.wait(lambda: all(j in watch.bound for j in waiting), cfg.phase_timeout_s)
     used = _cpu_ms_per_job(used_before, _cpu_seconds(cluster), 1)
-    cycle_cpu = await _cycle_cpu_ms(cluster, leader, cpu_before)
+    read_after = await _leader_reading(cluster, leader)
+    written = write_rate(reading, read_after)
     freed = watch.cancelled.get(fillers[0])
     binds = sorted(watch.bound[j] for j in waiting if j in watch.bound)
     for job_id in fillers[1:]:
@@ -304,7 +287,10 @@ async def _capacity_burst(
         "capacity_first_bind_s": _rounded(binds[0] - freed if binds and freed is not None else None),
         "capacity_all_bound_s": _rounded(took),
         "capacity_binds_per_s": round(len(binds) / took, 1) if took else None,
-        "capacity_cycle_cpu_ms": cycle_cpu,
+        "capacity_cycle_cpu_ms": cycle_cpu_ms(reading, read_after),
+        # the leader's fenced writes alone (encode, send, stored): binds written per second of writing
+        "capacity_write_events_per_s": written.pop("events_per_s"),
+        **{f"capacity_write_{k}": v for k, v in written.items()},
         # CPU ms each process spent from the cancel to the last bind: who shares the 2 cores meanwhile
         "capacity_cpu_ms": used,
         **(_capacity_timeline(watch, waiting, freed) if freed is not None else {}),
@@ -399,9 +385,11 @@ async def _drive(cluster: LocalCluster, fleets: FleetSet, cfg: BenchConfig) -> d
         _phase("submissions")
         out |= await _submissions(cluster, log, watch, cfg)
         _phase("burst")
-        cpu_before = await asyncio.to_thread(_cycle_cpu, cluster, _leader(watch))
+        reading = await _leader_reading(cluster, _leader(watch))
         out |= await _burst(log, watch, cfg, _burst_size(cfg, cluster.nodes))
-        out["cycle_cpu_ms_live"] = await _cycle_cpu_ms(cluster, _leader(watch), cpu_before)
+        read_after = await _leader_reading(cluster, _leader(watch))
+        out["cycle_cpu_ms_live"] = cycle_cpu_ms(reading, read_after)
+        out["burst_write_events_per_s"] = write_rate(reading, read_after)["events_per_s"]
         if capacity := min(cfg.capacity, cluster.nodes // 4):
             _phase("capacity burst")
             out |= await _capacity_burst(cluster, log, watch, cfg, capacity)
@@ -507,6 +495,7 @@ def _ratios(out: dict[str, Any]) -> dict[str, float | None]:
         "submissions_over_raw_append": ratio("submissions_per_s", "raw_append_per_s"),
         "binds_over_append": ratio("binds_per_s", "append_per_s"),
         "capacity_binds_over_append": ratio("capacity_binds_per_s", "append_per_s"),
+        "capacity_write_over_append": ratio("capacity_write_events_per_s", "append_per_s"),
         "cycle_live_over_core": ratio("cycle_ms_live", "cycle_ms_core"),
         "cycle_cpu_live_over_core": ratio("cycle_cpu_ms_live", "cycle_cpu_ms_core"),
         "capacity_cycle_cpu_over_core": ratio("capacity_cycle_cpu_ms", "cycle_cpu_ms_core"),

@@ -38,6 +38,17 @@ SCHEDULER_CYCLE_COMPUTE_CPU_SECONDS = Histogram(
     "however busy the machine is.",
     buckets=_CYCLE_BUCKETS,
 )
+SCHEDULER_WRITE_SECONDS = Histogram(
+    "rally_scheduler_write_seconds",
+    "Wall time of one fenced write of the active scheduler: its atomic batches encoded, sent and "
+    "acknowledged as stored (a cycle makes one or two).",
+    buckets=_CYCLE_BUCKETS,
+)
+SCHEDULER_EVENTS_WRITTEN = Counter(
+    "rally_scheduler_events_written",
+    "Events the active scheduler's fenced writes stored: binds, preemption requests, pending reasons, "
+    "admissions. Over rally_scheduler_write_seconds' sum: the rate its writes store events at.",
+)
 SCHEDULER_CYCLES = Counter(
     "rally_scheduler_cycles", "Scheduling cycles run by this instance while it leads.", ["result"]
 )
