@@ -24,5 +24,5 @@ def test_the_follow_bench_follows_every_event_and_replays_the_same_state() -> No
     assert figures["replay_state_hash"] == figures["state_hash"]
     split = figures["split_us_per_event"]
     assert figures["follow_cpu_us_per_event"] > 0
-    assert split["of_which_header_parse"] > 0 and split["decode"] > 0 and split["fold"] > 0
+    assert split["envelope_parse_when_read"] > 0 and split["decode"] > 0 and split["fold"] > 0
     assert figures["replay_events_per_s"] > 0

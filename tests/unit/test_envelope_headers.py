@@ -58,3 +58,23 @@ def test_random_layouts_read_as_a_scan_reads_them_after_the_memory_is_full() -> 
     assert (
         len(codec._ENVELOPE_LAYOUTS) == codec.MAX_ENVELOPE_LAYOUTS
     )  # layouts beyond it were read unremembered
+
+
+@pytest.mark.parametrize("headers", [h for h in CASES if h])
+def test_a_lazy_envelope_reads_as_the_parsed_headers_and_only_when_read(headers: dict[str, str]) -> None:
+    from rallypoint.eventlog.feeds import Delivery, LazyEnvelope
+
+    # the raw block as the connection hands it over: after NATS/1.0
+    raw = ("\r\n" + "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n").encode()
+    lazy = LazyEnvelope(raw)
+    assert lazy._fields is None, "nothing parsed before a read"
+    assert lazy == _scan(headers) and dict(lazy) == _scan(headers) and len(lazy) == len(_scan(headers))
+    assert lazy.get("id") == _scan(headers).get("id")
+    assert lazy._fields is not None and lazy._raw is None, "parsed once, the raw block let go"
+    assert Delivery(1, "rally.job.j1", b"{}", None, raw).header_fields() == headers
+
+
+def test_a_lazy_envelope_of_a_message_without_headers_is_empty() -> None:
+    from rallypoint.eventlog.feeds import LazyEnvelope
+
+    assert dict(LazyEnvelope(b"")) == {} and LazyEnvelope(None) == {}

@@ -29,7 +29,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import NamedTuple, Protocol, Self
 
 import msgspec
@@ -55,7 +55,7 @@ from .errors import (
     LogUnavailable,
     UndecodableEvent,
 )
-from .feeds import Delivery, DirectFeed, Feed, FeedReset, OrderedFeed
+from .feeds import Delivery, DirectFeed, Feed, FeedReset, LazyEnvelope, OrderedFeed
 
 _log = logging.getLogger(__name__)
 
@@ -90,12 +90,13 @@ _UNAVAILABLE = (
 
 
 class Recorded(msgspec.Struct, frozen=True):
-    """An event as stored: its stream sequence, subject, decoded event and CloudEvents attributes."""
+    """An event as stored: its stream sequence, subject, decoded event and CloudEvents attributes (from a
+    follow or a replay, a ``LazyEnvelope``: parsed when first read)."""
 
     seq: int
     subject: str
     event: Event
-    envelope: dict[str, str]
+    envelope: Mapping[str, str]
 
 
 class AppendResult(NamedTuple):
@@ -191,7 +192,9 @@ def _to_recorded(delivery: Delivery, quarantine: bool) -> Recorded | Quarantined
             raise UndecodableEvent(seq, subject, f"{item.reason}: {item.error}")
         _log.error("quarantined the message at %s", item.describe(), extra={"seq": seq})
         return item
-    return Recorded(seq=seq, subject=subject, event=item, envelope=envelope_from_headers(delivery.headers))
+    raw = delivery.raw_headers
+    envelope = envelope_from_headers(delivery.headers) if raw is None else LazyEnvelope(raw)
+    return Recorded(seq=seq, subject=subject, event=item, envelope=envelope)
 
 
 class EventLog:

@@ -7,6 +7,8 @@ service started from have no entry there: their later spans start traces of thei
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from opentelemetry.context import Context
 
 from rallypoint.events import JobInterrupted, JobSubmitted
@@ -24,7 +26,7 @@ class JobTraces:
     def note(self, rec: object) -> None:
         """Note what a ``Recorded`` tells (duck-typed: the event log imports this package)."""
         event, envelope = getattr(rec, "event", None), getattr(rec, "envelope", None)
-        if isinstance(event, JobSubmitted) and isinstance(envelope, dict):
+        if isinstance(event, JobSubmitted) and isinstance(envelope, Mapping):
             parent = envelope.get("traceparent")
             if parent:
                 self._parents.setdefault(event.job_id, parent)
