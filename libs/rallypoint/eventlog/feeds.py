@@ -100,6 +100,9 @@ class LazyEnvelope(Mapping[str, str]):
     def __len__(self) -> int:
         return len(self._parsed())
 
+    def get(self, key: str, default: Any = None) -> Any:  # Mapping's raises and catches KeyError
+        return self._parsed().get(key, default)
+
     def __repr__(self) -> str:
         return repr(self._parsed())
 
