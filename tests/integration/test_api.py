@@ -425,6 +425,9 @@ async def test_state_hash_matches_a_fresh_replay(client: Client, event_log: Even
 
 async def test_health_metrics_and_openapi(client: Client) -> None:
     await client.post("/v1/jobs", json=spec())
+    # /metrics reports the fold as it is (it does not wait for it, as reads do): a read first, which waits
+    # until the fold holds the submission the log acknowledged
+    assert (await client.get("/v1/jobs")).status == 200
     health = await client.get("/healthz")
     assert health.status == 200 and (await health.json())["status"] == "ok"
 

@@ -25,6 +25,7 @@ from nats.aio.client import Client
 from nats.protocol import command as nats_command
 
 from .errors import LogUnavailable
+from .wire import DirectParser, parser_internals_present
 
 _log = logging.getLogger("rallypoint.nats")
 
@@ -207,6 +208,7 @@ def _nats_internals_present() -> bool:
         return False
     return (
         params == expected
+        and parser_internals_present()
         and callable(getattr(nats_command, "hpub_cmd", None))
         and all(
             callable(getattr(Client, name, None))
@@ -225,11 +227,13 @@ class FastHeadersClient(Client):
 
     ``direct`` maps a subscription's id to a function that takes its messages raw, synchronously, in the
     order they arrive, instead of nats-py building a ``Msg`` and queueing it for a task: what the log's
-    follow reads (``feeds.DirectFeed``) with its own consumer protocol."""
+    follow reads (``feeds.DirectFeed``) with its own consumer protocol. The connection's parser
+    (``wire.DirectParser``) hands them over as it walks the bytes read."""
 
     def __init__(self) -> None:
         super().__init__()
         self.direct: dict[int, DirectHandler] = {}
+        self._ps = DirectParser(self)
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes) -> None:
         # nats-py's parser passes None for a message without headers, although it annotates bytes.

@@ -129,11 +129,11 @@ class AckFields(NamedTuple):
     stored_ns: int  # when the server stored it
 
 
-def ack_fields(reply: str) -> AckFields | None:
-    """The fields of a JetStream delivery's reply subject; None if it is not one.
-    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>``, or with a domain and an
-    account hash after ``ACK`` (and maybe a random token last)."""
-    tokens = reply.split(".")
+def ack_fields(reply: str | bytes) -> AckFields | None:
+    """The fields of a JetStream delivery's reply subject, as text or as the bytes the connection received;
+    None if it is not one. ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>``, or
+    with a domain and an account hash after ``ACK`` (and maybe a random token last)."""
+    tokens = reply.split(".") if isinstance(reply, str) else reply.split(b".")
     if len(tokens) == 9:
         return AckFields(int(tokens[5]), int(tokens[6]), int(tokens[7]))
     if len(tokens) >= 11:
@@ -355,7 +355,7 @@ class DirectFeed:
             return
         if self._reset is not None:
             return  # after a loss nothing more is taken from this consumer
-        found = ack_fields(reply.decode()) if reply else None
+        found = ack_fields(reply) if reply else None
         if found is None:
             return  # not a delivery of this consumer
         seq, delivery = found.stream_seq, found.delivery_seq
