@@ -13,6 +13,7 @@ import itertools
 from collections.abc import AsyncIterator
 
 import msgspec
+from prometheus_client import REGISTRY
 from rallypoint_services.scheduler.leader import SchedulerLoop
 
 from rallypoint.audit import verify_decisions
@@ -111,6 +112,26 @@ async def test_admissions_ride_after_the_decisions_in_the_same_write(event_log: 
     assert all(b.computed_at_seq < cycle[0].seq for b in binds)
     report = verify_decisions(((r.seq, r.event) for r in records), SchedulingPolicy("rallypoint"))
     assert report.ok and report.verified == 2, report
+
+
+async def test_the_leader_times_and_counts_its_writes_and_not_an_idle_cycle(event_log: EventLog) -> None:
+    def counted() -> tuple[float, float]:
+        return (
+            REGISTRY.get_sample_value("rally_scheduler_write_seconds_count") or 0.0,
+            REGISTRY.get_sample_value("rally_scheduler_events_written_total") or 0.0,
+        )
+
+    async with _leading(event_log) as loop:
+        await _register(event_log, "n1")
+        await _submit(event_log, "j0", 8)
+        writes, events = counted()
+        written = await _cycle(event_log, loop)
+        assert written >= 2 and counted() == (
+            writes + 1,
+            events + written,
+        )  # one write: the bind, the admission
+        assert await _cycle(event_log, loop) == 0
+        assert counted() == (writes + 1, events + written), "a cycle with nothing to write is not a write"
 
 
 async def test_a_rejection_is_folded_before_the_cycle_decides(event_log: EventLog) -> None:
