@@ -1,9 +1,11 @@
-"""Regression: a reclaim must not livelock (the A/B/C pattern of docs/simulator.md).
+"""Regression: a reclaim must not livelock (the A/B/C pattern of docs/simulator.md), and a guarantee covers
+an elastic gang's minimum.
 
 Queue ``a`` is within its nominal quota but its elastic gang C asks for more than it has left; queue
-``b`` borrows, with A running and B waiting. C used to reclaim A for its 4-GPU minimum while ordered in
-tier 1 (its 8 requested GPUs do not fit ``a``'s nominal), behind the borrowers (less work left): A came
-back first into the freed GPUs, C reclaimed B, B came back first, and so on, at every cycle. The driver
+``b`` borrows. C used to reclaim A for its 4-GPU minimum while ordered in tier 1 (its 8 requested GPUs do
+not fit ``a``'s nominal), behind the borrowers (less work left): A came back first into the freed GPUs,
+C reclaimed B, B came back first, and so on, at every cycle. The order's tier and reclaim now both
+measure C's minimum (``guaranteed_gpus``): C is in tier 0 and binds into what it reclaimed. The driver
 below applies each cycle's decisions as the simulator does (a victim stops at once and waits again) and
 runs the core again at the same instant while it preempts, then lets time pass.
 """
@@ -110,26 +112,49 @@ def elastic_c(gpus: int) -> PendingJob:
     )
 
 
-def test_a_reclaim_does_not_livelock_and_the_reclaiming_job_binds() -> None:
+def b_running() -> RunningJob:
+    """b's second borrower, running beside A: node s0r0n1 is full."""
+    return running("B", {"s0r0n1": (4, 5, 6, 7)}, team="b", expected_end=150.0, gpus_per_task=4)
+
+
+def test_an_elastic_gang_reclaims_for_its_minimum_once_and_binds() -> None:
+    # C asks for 8 GPUs, more than a has left of its nominal (6), but its minimum (4) fits: it is in tier
+    # 0, ahead of b's borrowers, so the one borrower reclaimed for it does not come back into its GPUs
+    # (before the fix: 32 reclaims at this instant, C never bound; after the first fix, no reclaim at all)
+    w = World(two_nodes(b_running()), [elastic_c(8)])
+    w.specs.update(A=A_SPEC, B=B_SPEC)
+    for now in (100.0, 101.0, 102.0):
+        w.instant(now)
+    assert sum(w.reclaims.values()) == 1, w.reclaims
+    assert w.bound_at == {"C": 100.0}
+    assert w.model.running["C"].gpus == 4, "bound at its minimum: the rest would be borrowed"
+
+
+def test_free_gpus_go_to_a_guaranteed_minimum_before_borrowers() -> None:
     w = World(two_nodes(), [B_SPEC, elastic_c(8)])
     w.specs["A"] = A_SPEC
     w.instant(100.0)
-    # C is not ordered before the borrowers (tier 1): evicting one for it would hand its GPUs back to
-    # the victim, so it reclaims nothing (before the fix: 32 reclaims at this instant, C never bound)
-    assert sum(w.reclaims.values()) <= 1, w.reclaims
-    assert "B" in w.bound_at
-    # A ends: its GPUs go to C, the first waiting job that fits them
+    # s0r0n1's 4 free GPUs: C's minimum is within a's nominal (tier 0), B borrows (tier 1)
+    assert w.bound_at == {"C": 100.0} and not w.reclaims
     w.end("A")
     w.instant(200.0)
-    assert w.bound_at.get("C") == 200.0
-    assert sum(w.reclaims.values()) <= 1, w.reclaims
+    assert w.bound_at.get("B") == 200.0 and not w.reclaims
+
+
+def test_a_job_whose_minimum_is_beyond_its_guarantee_reclaims_nothing() -> None:
+    # 8 GPUs at least, 6 left of a's nominal: C would borrow, so it waits in tier 1 behind the borrowers
+    # it would evict (their GPUs would go back to them): no reclaim, a fruitless preemption
+    c = pending("C", 8, gpt=4, submit=95.0, team="a", time_limit_s=3600.0)
+    w = World(two_nodes(b_running()), [c])
+    w.specs.update(A=A_SPEC, B=B_SPEC)
+    w.instant(100.0)
+    assert not w.reclaims and "C" not in w.bound_at
 
 
 def test_a_reclaim_for_a_job_in_tier_0_binds_it_at_once() -> None:
     # B already runs beside A and C asks for 4 GPUs, which fit a's nominal: C is ordered before b's
     # borrowers, so the one borrower reclaimed for it does not come back into its GPUs
-    b = running("B", {"s0r0n1": (4, 5, 6, 7)}, team="b", expected_end=150.0, gpus_per_task=4)
-    w = World(two_nodes(b), [elastic_c(4)])
+    w = World(two_nodes(b_running()), [elastic_c(4)])
     w.specs.update(A=A_SPEC, B=B_SPEC)
     w.instant(100.0)
     assert sum(w.reclaims.values()) == 1, w.reclaims

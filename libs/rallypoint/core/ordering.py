@@ -233,6 +233,14 @@ def _widen(key: int, rbits: int, sbits: int, wide: int) -> int:
     return (key >> (sbits + rbits)) << (wide + rbits) | (s + (1 << (wide - 1))) << rbits | r
 
 
+def guaranteed_gpus(job: PendingJob, elastic: bool) -> int:
+    """The GPUs a job must have to run: an elastic gang's minimum (with elastic scheduling on), else what
+    it asks for. The tier and reclaim measure this against a queue's nominal quota: a guarantee covers a
+    gang's minimum, and what an elastic gang takes beyond it is borrowed (as Volcano's reclaim measures a
+    PodGroup's minResources)."""
+    return job.min_gpus if elastic and job.min_gpus is not None else job.gpus
+
+
 def _prefix(band: int, level: int, p: int) -> int:
     """(-band, level, -class) packed into one int that sorts like the tuple (ClassLasOrder's heap)."""
     return ((_CLASS_SPAN - band) * _LEVEL_SPAN + level) * 2 * _CLASS_SPAN + _CLASS_SPAN - p
@@ -248,7 +256,8 @@ class ClassLasOrder:
       else 1: work inside a guaranteed share is considered before borrowing work. This is the order
       reclaim already enforces (a queue within nominal may evict borrowers of any class); ordering the
       same way keeps a reclaim victim from being re-admitted ahead of the job it was evicted for (both
-      measure the job's requested GPUs, ``j.gpus``: see ``RankPreemptor._within``);
+      measure ``guaranteed_gpus``: an elastic gang's minimum, else its request; see
+      ``RankPreemptor._within``);
     - *band* is the class value for classes of at least ``strict_class_min`` (every class when None):
       those are strictly first; lower classes share band 0, inside which the LAS level comes first and
       the class breaks ties;
@@ -292,7 +301,8 @@ class ClassLasOrder:
 
     @staticmethod
     def tier(queue: str, gpus: int, ctx: Ctx) -> int:
-        """0 while ``gpus`` more GPUs fit in ``queue``'s nominal quota (of some GPU type), else 1."""
+        """0 while ``gpus`` more GPUs (a job's ``guaranteed_gpus``) fit in ``queue``'s nominal quota (of some
+        GPU type), else 1."""
         qb = ctx.quota
         if not qb.limited(queue):
             return 1
@@ -422,6 +432,7 @@ class ClassLasOrder:
         unit = cfg.estimate_level_gpu_s
         ths = cfg.las_thresholds
         m = cfg.strict_class_min
+        elastic = cfg.elastic
         level = self.pending_level
         qb = ctx.quota
         types = ctx.idx.types
@@ -469,7 +480,8 @@ class ClassLasOrder:
             q = j.queue
             if q is None:
                 q = team
-            key = (base, team, q, j.gpus)
+            size = guaranteed_gpus(j, elastic)
+            key = (base, team, q, size)
             g = groups.get(key)
             if g is None:
                 if q in noms:
@@ -477,9 +489,9 @@ class ClassLasOrder:
                 else:
                     nl = noms[q] = [((q, t), qb.nominal(q, t)) for t in types] if qb.limited(q) else None
                 if nl:
-                    g = groups[key] = [r, (team, j.gpus, nl[0][0], nl[0][1], nl[1:])]
+                    g = groups[key] = [r, (team, size, nl[0][0], nl[0][1], nl[1:])]
                 else:  # unlimited queue (or no GPU type): always tier 1, its tier never tested again
-                    g = groups[key] = [r, (team, j.gpus, ("", ""), 0, [])]
+                    g = groups[key] = [r, (team, size, ("", ""), 0, [])]
                 heads.append((key, r))
             else:
                 nxt[g[0]] = r

@@ -8,9 +8,10 @@ allocate; here candidates are, cheapest first,
    (the only case where equal or higher priority may be evicted: guaranteed quota comes back). A queue
    stops being a reclaim source as soon as what is already being evicted from it (this cycle, or by
    victims still stopping) brings it down to its nominal. With ``borrowers_only`` (rallypoint) the
-   preemptor's queue must fit its requested GPUs, not only an elastic minimum, within nominal: the test
-   of ``ClassLasOrder``'s tier 0, so the preemptor is ordered before the borrowers it evicts when they
-   wait again and none of them is re-admitted into the GPUs freed for it (``RankPreemptor._within``);
+   preemptor's queue must fit its ``guaranteed_gpus`` (an elastic gang's minimum, else its request)
+   within nominal: the test of ``ClassLasOrder``'s tier 0, so the preemptor is ordered before the
+   borrowers it evicts when they wait again and none of them is re-admitted into the GPUs freed for it
+   (``RankPreemptor._within``);
 3. *priority*: jobs of strictly lower rank (class value; LAS: attained-service queue).
 
 Never: non-preemptible jobs or classes, jobs preempted less than ``preemption_protection_s`` ago, jobs
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 
 from rallypoint.core.context import Ctx
-from rallypoint.core.ordering import class_rank_array
+from rallypoint.core.ordering import class_rank_array, guaranteed_gpus
 from rallypoint.core.placement import LEVELS, Plan, level_rank, place
 from rallypoint.core.types import PendingJob, RunningJob
 
@@ -307,13 +308,13 @@ class RankPreemptor:
     def _within(self, job: PendingJob, size: int, gpu_type: str, ctx: Ctx) -> bool:
         """The preemptor's queue fits it within its nominal quota: it may reclaim borrowed quota.
 
-        With ``borrowers_only`` the test is made at the job's requested GPUs (``job.gpus``) even when the
-        plan is for a smaller elastic size: that is ``ClassLasOrder.tier``'s test, and a reclaim is only
+        With ``borrowers_only`` the test is made at ``guaranteed_gpus`` (an elastic gang's minimum, else
+        its request) when the plan is smaller: that is ``ClassLasOrder.tier``'s test, and a reclaim is only
         fruitful if the preemptor is ordered (tier 0) before the borrowers it evicts once they wait again.
-        Measured at its minimum, an elastic job in tier 1 evicted a borrower for 4 GPUs, the borrower
-        (tier 1 too, less work left) was re-admitted first into the freed GPUs, and the job reclaimed again,
-        at every cycle (the livelock in docs/simulator.md)."""
-        gpus = max(size, job.gpus) if self.borrowers_only else size
+        When the reclaim measured an elastic job at its minimum while the tier measured its request, a job
+        in tier 1 evicted a borrower, the borrower (tier 1 too, less work left) was re-admitted first into
+        the freed GPUs, and the job reclaimed again, at every cycle (the livelock in docs/simulator.md)."""
+        gpus = max(size, guaranteed_gpus(job, ctx.cfg.elastic)) if self.borrowers_only else size
         return ctx.quota.within_nominal(ctx.ws, job.queue_name, gpu_type, gpus)
 
     def _evictions(
