@@ -22,7 +22,8 @@ virtual. In order, on the running cluster:
    them, then one gang of that many nodes cancelled: binds per second from its ``JobCancelled`` stored
    to the last waiting gang's bind stored (``capacity_binds_per_s``), and that cycle's CPU; the rate the
    leader's fenced writes stored events at meanwhile (``capacity_write_events_per_s``: its own
-   ``rally_scheduler_write_seconds``, from each batch's encode to the server's acknowledgement);
+   ``rally_scheduler_write_seconds``, from each batch's encode until the leader's loop takes the server's
+   acknowledgement, so its folding meanwhile counts too);
 4. mass silence: ``--silence`` nodes stop heartbeating at once; when each was flagged
    (``NodeHeartbeatLost``, then ``NodeLost``), counted from the silencing, against the thresholds;
 5. failover: the scheduler leader is killed (-9) until the next leader's epoch is stored;
@@ -288,7 +289,8 @@ async def _capacity_burst(
         "capacity_all_bound_s": _rounded(took),
         "capacity_binds_per_s": round(len(binds) / took, 1) if took else None,
         "capacity_cycle_cpu_ms": cycle_cpu_ms(reading, read_after),
-        # the leader's fenced writes alone (encode, send, stored): binds written per second of writing
+        # the leader's fenced writes alone, as it sees them (encode to acknowledgement taken): binds
+        # written per second of writing
         "capacity_write_events_per_s": written.pop("events_per_s"),
         **{f"capacity_write_{k}": v for k, v in written.items()},
         # CPU ms each process spent from the cancel to the last bind: who shares the 2 cores meanwhile

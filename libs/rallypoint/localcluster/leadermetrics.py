@@ -3,7 +3,8 @@
 Two figures of a phase come from the difference of two readings: the CPU of each deciding cycle
 (``rally_scheduler_cycle_compute_cpu_seconds``) and the rate the leader's fenced writes stored events at
 (``rally_scheduler_events_written`` over the sum of ``rally_scheduler_write_seconds``): the time its
-writes took from the batch's encode to the server's acknowledgement, nothing of deciding in it.
+writes took from the batch's encode until its loop took the server's acknowledgement (what it folded
+meanwhile included), nothing of deciding in it.
 """
 
 from __future__ import annotations

@@ -40,8 +40,8 @@ SCHEDULER_CYCLE_COMPUTE_CPU_SECONDS = Histogram(
 )
 SCHEDULER_WRITE_SECONDS = Histogram(
     "rally_scheduler_write_seconds",
-    "Wall time of one fenced write of the active scheduler: its atomic batches encoded, sent and "
-    "acknowledged as stored (a cycle makes one or two).",
+    "Wall time of one fenced write of the active scheduler, as it sees it: its atomic batches encoded, "
+    "sent and their acknowledgement taken by its loop (a cycle makes one or two).",
     buckets=_CYCLE_BUCKETS,
 )
 SCHEDULER_EVENTS_WRITTEN = Counter(
