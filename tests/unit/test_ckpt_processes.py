@@ -146,7 +146,8 @@ def test_sigterm_saves_commits_and_exits_0(tmp_path: Path) -> None:
 
 def test_importing_the_client_loads_no_third_party_module() -> None:
     probe = (
-        "import sys, rallypoint.ckpt; print(sorted({'numpy', 'torch', 'msgspec', 'nats'} & set(sys.modules)))"
+        "import sys; from rallypoint.ckpt import Checkpointer, verify_checkpoint; "
+        "print(sorted({'numpy', 'torch', 'msgspec', 'nats'} & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
