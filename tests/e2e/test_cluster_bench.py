@@ -3,7 +3,7 @@
 40 simulated nodes in 2 fleet processes (a heartbeat a second, so the monitor's thresholds are 3 s and
 8 s), 40 HTTP submissions, a burst of 8 one-node gangs, a burst of capacity (the cluster filled, 8
 one-node gangs queued, a gang of 8 nodes cancelled), 8 nodes silenced, the leader killed, 10 short real
-jobs on 2 real agents for the zombie count.
+jobs on 2 real agents for the zombie count. Jobs of the bursts run 1 s (those of the submissions 2 s).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def test_the_cluster_bench_reports_every_figure() -> None:
     argv = [
         sys.executable, "-m", "rallypoint.cli.main", "bench", "cluster", "--nodes", "40", "--jobs", "40",
         "--burst", "8", "--capacity", "8", "--silence", "8", "--fleets", "2", "--zombie-jobs", "10",
-        "--phase-timeout", "30", "--heartbeat-interval", "1", "--json",
+        "--phase-timeout", "30", "--heartbeat-interval", "1", "--job-seconds", "1", "--json",
     ]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=170, check=False)
     assert done.returncode == 0, done.stderr[-3000:]

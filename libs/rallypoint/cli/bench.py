@@ -69,6 +69,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="seconds (default 5: the seed's 2,500/s at 12,500 nodes; the monitor's thresholds follow)",
     )
     c.add_argument("--zombie-jobs", type=int, default=500, help="short real jobs on 2 real agents (0: skip)")
+    c.add_argument(
+        "--job-seconds",
+        type=float,
+        default=5.0,
+        help="how long each job of the two bursts runs (the phases wait for them to complete)",
+    )
     c.add_argument("--phase-timeout", type=float, default=120.0, help="seconds each phase may wait")
     c.add_argument("--logs", type=Path, default=None, help="keep every process's log in this folder")
     c.add_argument("--json", action="store_true", help="print one JSON object")
@@ -85,6 +91,9 @@ def handle_cluster(args: argparse.Namespace) -> int:
     if not 0 < burst_gpus <= args.gpus_per_node or args.capacity < 0:
         print("error: --burst-gpus must be 1..--gpus-per-node, --capacity at least 0", file=sys.stderr)
         return 2
+    if not args.job_seconds > 0:
+        print("error: --job-seconds must be more than 0", file=sys.stderr)
+        return 2
     cfg = BenchConfig(
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
@@ -96,6 +105,7 @@ def handle_cluster(args: argparse.Namespace) -> int:
         fleets=args.fleets,
         heartbeat_interval_s=args.heartbeat_interval,
         zombie_jobs=args.zombie_jobs,
+        job_seconds=args.job_seconds,
         phase_timeout_s=args.phase_timeout,
         logs=args.logs,
     )

@@ -68,10 +68,13 @@ async def _register(log: EventLog, nodes: int) -> None:
         await log.append_batch(entries, source="rallypoint/apibench")
 
 
-async def raw_append(log: EventLog, count: int, *, concurrency: int, prefix: str) -> float:
+async def raw_append(
+    log: EventLog, count: int, *, concurrency: int, prefix: str, seconds: float = 10.0
+) -> float:
     """Appends per second of ``count`` JobSubmitted as the API appends them (subject, message id, expected
-    sequence 0, envelope headers), ``concurrency`` in flight: the API's work without HTTP."""
-    body = spec_body("raw", 1, 10)
+    sequence 0, envelope headers), ``concurrency`` in flight: the API's work without HTTP. Each job runs
+    ``seconds`` once started."""
+    body = spec_body("raw", 1, seconds)
     spec = JobSpec(**{**body, "team": TEAM, "command": tuple(body["command"])})
     numbers = iter(range(count))
 

@@ -88,6 +88,10 @@ class BenchConfig:
     #: the seed's rate: 12,500 nodes send 2,500 heartbeats/s
     heartbeat_interval_s: float = 5.0
     zombie_jobs: int = 500
+    #: how long each job of the two bursts runs once started (the phases wait for them to complete); the
+    #: submissions' jobs (and the appended ones beside them) run twice as long, and the burst of capacity
+    #: waits for them to end
+    job_seconds: float = 5.0
     #: per phase: how long to wait for what it waits on before reporting what happened so far
     phase_timeout_s: float = 120.0
     #: copy every process's log here before the cluster's folder goes (None: they go with it)
@@ -156,12 +160,14 @@ async def _submissions(
     # The raw reference before and after the HTTP run, so a change of load on the shared machine between
     # the two moves the reference as it moves the submissions (their harmonic mean: the same count each).
     raw_before = await raw_publish(watch.nc, cfg.jobs, concurrency=CONCURRENCY)
-    body = spec_body("bench-http", 1, 10)
+    body = spec_body("bench-http", 1, 2 * cfg.job_seconds)  # 10 s by default, as the bench always ran them
     half = max(1, cfg.jobs // 2)
     # The same JobSubmitted appended straight to the log, as many in halves around the HTTP halves
     # (append, HTTP, HTTP, append): the cluster reacts to these jobs as to the API's, so the ratio to
     # them is what HTTP and the API add, the cluster's own per-job work being on both sides.
-    appended_s = half / await raw_append(log, half, concurrency=CONCURRENCY, prefix="rawlog-a")
+    appended_s = half / await raw_append(
+        log, half, concurrency=CONCURRENCY, prefix="rawlog-a", seconds=2 * cfg.job_seconds
+    )
     cpu_before = _cpu_seconds(cluster)
     accepted: list[Submitted] = []
     took = 0.0
@@ -175,7 +181,9 @@ async def _submissions(
         took += seconds
         failed += refused
     cpu_after = _cpu_seconds(cluster)
-    appended_s += half / await raw_append(log, half, concurrency=CONCURRENCY, prefix="rawlog-b")
+    appended_s += half / await raw_append(
+        log, half, concurrency=CONCURRENCY, prefix="rawlog-b", seconds=2 * cfg.job_seconds
+    )
     raw_after = await raw_publish(watch.nc, cfg.jobs, concurrency=CONCURRENCY)
     ids = [s.job_id for s in accepted]
     await watch.wait(lambda: all(j in watch.started for j in ids), cfg.phase_timeout_s)
@@ -197,7 +205,7 @@ async def _submissions(
 
 async def _burst(log: EventLog, watch: LogWatch, cfg: BenchConfig, count: int) -> dict[str, Any]:
     start = time.time()
-    ids = await append_burst(log, count, gpus=cfg.burst_gpus, seconds=5, prefix="burst")
+    ids = await append_burst(log, count, gpus=cfg.burst_gpus, seconds=cfg.job_seconds, prefix="burst")
     appended = time.time() - start
     await watch.wait(lambda: all(j in watch.bound for j in ids), cfg.phase_timeout_s)
     binds = sorted(watch.bound[j] for j in ids if j in watch.bound)
@@ -261,7 +269,7 @@ async def _capacity_burst(
         await append_submitted(log, [job_id], gang_spec(job_id, size, cfg.gpus_per_node, 3600))
     await watch.wait(lambda: all(j in watch.started for j in fillers), cfg.phase_timeout_s)
     waiting = [f"wait-{i}" for i in range(count)]
-    await append_submitted(log, waiting, gang_spec("wait", 1, cfg.gpus_per_node, 5))
+    await append_submitted(log, waiting, gang_spec("wait", 1, cfg.gpus_per_node, cfg.job_seconds))
     await watch.wait(lambda: all(j in watch.queued for j in waiting), cfg.phase_timeout_s)
     await asyncio.sleep(2.0)  # a cycle or two with every waiting gang queued and nowhere to go
     leader = _leader(watch)
