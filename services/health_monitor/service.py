@@ -168,7 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ctx.stop.wait(), 1.0)
 
-        return await with_follower(ctx, watch)
+        # The nodes' events are all this monitor reads of the log: a job's many events are not its
+        # business, and folding them cost it CPU beside the heartbeats at every burst of jobs.
+        return await with_follower(ctx, watch, subjects=subjects.NODES)
 
     return run_service(run, config)
 

@@ -111,28 +111,38 @@ def _rounded(value: float | None, digits: int = 3) -> float | None:
 
 
 async def _wait_caught_up(cluster: LocalCluster, log: EventLog, timeout: float) -> None:
-    """Until every service's fold has applied the log as it is now (the registrations)."""
+    """Until every service's fold has applied the log as it is now (the registrations): the whole log, or
+    for a fold of part of it (``fold_subjects`` in its health report) the last event stored there."""
     target = await log.last_seq()
     deadline = time.monotonic() + timeout
+    subject_targets: dict[str, int] = {}
 
-    def behind() -> list[str]:
-        late = []
+    def folds() -> dict[str, dict[str, Any]]:
+        reports = {}
         for name in cluster.health_ports:
-            if name.startswith("fleet-"):
-                continue
-            _, body = cluster.health(name, "/healthz")
-            seq = (body.get("log") or {}).get("fold_seq") if isinstance(body, dict) else None
-            if seq is not None and seq < target:
-                late.append(name)
+            if not name.startswith("fleet-"):
+                _, body = cluster.health(name, "/healthz")
+                reports[name] = (body.get("log") or {}) if isinstance(body, dict) else {}
+        return reports
+
+    def api_seq() -> int:
         try:
             with urllib.request.urlopen(f"{cluster.api_url}/healthz", timeout=5) as response:
-                if json.loads(response.read()).get("seq", 0) < target:
-                    late.append("api")
+                return int(json.loads(response.read()).get("seq", 0))
         except OSError:
-            late.append("api")
-        return late
+            return 0
 
-    while late := await asyncio.to_thread(behind):
+    while True:
+        late = [] if await asyncio.to_thread(api_seq) >= target else ["api"]
+        for name, report in (await asyncio.to_thread(folds)).items():
+            subjects = report.get("fold_subjects")
+            if subjects is not None and subjects not in subject_targets:
+                subject_targets[subjects] = await log.last_seq(subjects)
+            seq = report.get("fold_seq")
+            if seq is not None and seq < (target if subjects is None else subject_targets[subjects]):
+                late.append(name)
+        if not late:
+            return
         if time.monotonic() > deadline:
             raise TimeoutError(f"services still folding the registrations after {timeout:.0f} s: {late}")
         await asyncio.sleep(1.0)

@@ -11,6 +11,7 @@ import msgspec
 from rallypoint.eventlog import EventLog, Recorded, SnapshotStore, stored
 from rallypoint.events import Event
 from rallypoint.events.codec import Quarantined
+from rallypoint.events.subjects import STREAM_SUBJECTS
 from rallypoint.observability.jobtraces import JobTraces
 from rallypoint.state import ClusterState
 
@@ -25,10 +26,15 @@ class Follower:
 
     A message this version cannot read is quarantined (kept in the state, logged), never a reason to
     stop: a service that stopped folding would stall without a word while its peers went on.
+
+    ``subjects`` narrows the fold to part of the log (the health monitor folds ``rally.node.>``): the
+    state then holds only what those events say, its ``last_seq`` is the last of them applied, and the
+    stream position it is compared with is the last stored on those subjects.
     """
 
-    def __init__(self, log: EventLog) -> None:
+    def __init__(self, log: EventLog, *, subjects: str = STREAM_SUBJECTS) -> None:
         self.log = log
+        self.subjects = subjects
         self.state = ClusterState()
         self.changed = asyncio.Event()
         # ``wait_for`` waiters by the sequence they wait for (smallest first): an applied event resolves
@@ -63,11 +69,13 @@ class Follower:
     async def catch_up(self) -> None:
         """Fold up to the log's last sequence (as of the call); wakes ``wait_for`` waiters as it goes, so a
         wait for a sequence this replay applies ends when it is applied, not at its timeout."""
-        async for rec in self.log.replay(from_seq=self.state.last_seq + 1, quarantine=True):
+        replay = self.log.replay(from_seq=self.state.last_seq + 1, subjects=self.subjects, quarantine=True)
+        async for rec in replay:
             self._fold(rec)
 
     async def run(self) -> None:
-        async for rec in self.log.follow(from_seq=self.state.last_seq + 1, quarantine=True):
+        follow = self.log.follow(from_seq=self.state.last_seq + 1, subjects=self.subjects, quarantine=True)
+        async for rec in follow:
             self._fold(rec)
             self.changed.set()
 
@@ -90,9 +98,14 @@ class Follower:
             else:
                 future.set_result(None)
 
+    @property
+    def partial(self) -> bool:
+        """True when this fold reads part of the log only (``subjects``)."""
+        return self.subjects != STREAM_SUBJECTS
+
     async def probe_stream(self) -> None:
-        """Record the stream's last sequence, to report how far this fold lags it."""
-        self.stream_seq = await self.log.last_seq()
+        """Record the last sequence stored on this fold's subjects, to report how far the fold lags it."""
+        self.stream_seq = await self.log.last_seq(self.subjects if self.partial else None)
 
     def position(self) -> tuple[int, int | None]:
         """(the sequence this fold has applied, the stream's last sequence when last probed)"""

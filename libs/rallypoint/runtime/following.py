@@ -1,7 +1,10 @@
 """The common body of a stateful service: a Follower at the log's tip, started from a snapshot.
 
-Every service folds the same ``ClusterState``, so they share one snapshot object (``cluster-state``): any
-service that saves one shortens every other service's next start to "snapshot + the tail of the log".
+Every service that folds the whole log folds the same ``ClusterState``, so they share one snapshot object
+(``cluster-state``): any service that saves one shortens every other service's next start to "snapshot +
+the tail of the log". A service that folds part of the log (``subjects``: the health monitor reads the
+nodes' subjects only) replays its part at start and neither reads nor writes that snapshot: it must not
+hold the rest of a state it does not keep up, nor give one to the others.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 from collections.abc import Awaitable, Callable
 
 from rallypoint.eventlog import EventLogError, SnapshotStore
+from rallypoint.events.subjects import STREAM_SUBJECTS
 
 from .follower import Follower
 from .health import add_health_check, set_fold_position
@@ -28,16 +32,19 @@ SNAPSHOT_CHECK_S = float(os.environ.get("RALLY_SNAPSHOT_CHECK_S", "30"))
 PROBE_S = 2.0
 
 
-async def open_follower(ctx: ServiceContext, *, snapshots: bool = True) -> Follower:
-    """Restore from the newest snapshot (if any), replay the tail, then follow in the background.
+async def open_follower(
+    ctx: ServiceContext, *, snapshots: bool = True, subjects: str = STREAM_SUBJECTS
+) -> Follower:
+    """Restore from the newest snapshot (if any), replay the tail, then follow in the background; with
+    ``subjects``, replay and follow those subjects only, without snapshots.
 
     The follow and snapshot tasks are cancelled when the service's exit stack closes. Health reports the
     service degraded while the log holds newer event versions than it reads, and unhealthy if following
     stops (never silently: the reason is logged)."""
     log = await ctx.event_log()
-    follower = Follower(log)
+    follower = Follower(log, subjects=subjects)
     store: SnapshotStore | None = None
-    if snapshots:
+    if snapshots and not follower.partial:
         try:
             store = await ctx.snapshots()
             if await follower.restore(store, SNAPSHOT_NAME):
@@ -45,12 +52,13 @@ async def open_follower(ctx: ServiceContext, *, snapshots: bool = True) -> Follo
         except (EventLogError, TimeoutError, OSError) as exc:
             _log.warning("no snapshot (%s); replaying from the start", exc)
     await follower.catch_up()
-    _log.info("caught up at seq %d", follower.state.last_seq)
+    only = f" on {subjects} (this fold reads those subjects only)" if follower.partial else ""
+    _log.info("caught up%s at seq %d", only, follower.state.last_seq)
     follow = asyncio.create_task(follower.run(), name="follow")
     follow.add_done_callback(lambda task: _follow_ended(task, follower))
     add_health_check(ctx, follower.degraded, degraded=True)
     add_health_check(ctx, lambda: ["following the log stopped"] if follow.done() else [], degraded=False)
-    set_fold_position(ctx, follower.position)
+    set_fold_position(ctx, follower.position, subjects=subjects if follower.partial else None)
     tasks = [follow, asyncio.create_task(_probe_periodically(follower), name="probe")]
     if store is not None:
         tasks.append(asyncio.create_task(_save_periodically(follower, store), name="snapshots"))
@@ -99,7 +107,9 @@ async def _save_periodically(follower: Follower, store: SnapshotStore) -> None:
             _log.warning("snapshot not saved: %s", exc)
 
 
-async def with_follower(ctx: ServiceContext, work: Callable[[Follower], Awaitable[None]]) -> int:
+async def with_follower(
+    ctx: ServiceContext, work: Callable[[Follower], Awaitable[None]], *, subjects: str = STREAM_SUBJECTS
+) -> int:
     """Run ``work`` with a live Follower (see ``open_follower``)."""
-    await work(await open_follower(ctx))
+    await work(await open_follower(ctx, subjects=subjects))
     return 0

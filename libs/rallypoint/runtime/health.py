@@ -10,7 +10,8 @@ Parts of a service add what they know with ``add_health_check`` (the log followe
 
 Every answer also says where the service stands with the log (``log``): whether it reaches it (NATS
 connected) and, for a service that folds it, the sequence its fold has applied, the stream's last sequence
-(probed every few seconds) and the lag between them. A service that lost its NATS connection is
+(probed every few seconds) and the lag between them; for a fold of part of the log, the last sequence
+stored on its subjects, which ``fold_subjects`` names. A service that lost its NATS connection is
 ``degraded`` (not ready), not ``unhealthy``: the client reconnects by itself and a restart would not bring
 the server back (a restart storm would only hit it harder when it returns); a closed connection is
 unhealthy.
@@ -40,23 +41,29 @@ _checks: weakref.WeakKeyDictionary[ServiceContext, tuple[list[HealthCheck], list
 )
 
 
-_positions: weakref.WeakKeyDictionary[ServiceContext, FoldPosition] = weakref.WeakKeyDictionary()
+_positions: weakref.WeakKeyDictionary[ServiceContext, tuple[FoldPosition, str | None]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def set_fold_position(ctx: ServiceContext, position: FoldPosition) -> None:
-    """Have ``/healthz`` report how far the service's fold lags the log."""
-    _positions[ctx] = position
+def set_fold_position(ctx: ServiceContext, position: FoldPosition, *, subjects: str | None = None) -> None:
+    """Have ``/healthz`` report how far the service's fold lags the log, or with ``subjects`` (a fold of
+    part of the log) the last sequence stored on them, and name them (``fold_subjects``)."""
+    _positions[ctx] = (position, subjects)
 
 
 def log_report(ctx: ServiceContext) -> dict[str, Any]:
     """Whether the service reaches the log, and how far behind its fold is (when it folds one)."""
     nc = ctx.nats_client
     report: dict[str, Any] = {"connected": nc is not None and nc.is_connected}
-    position = _positions.get(ctx)
-    if position is not None:
+    found = _positions.get(ctx)
+    if found is not None:
+        position, subjects = found
         fold_seq, stream_seq = position()
         lag = None if stream_seq is None else max(0, stream_seq - fold_seq)
         report.update(fold_seq=fold_seq, stream_seq=stream_seq, lag=lag)
+        if subjects is not None:
+            report["fold_subjects"] = subjects
     return report
 
 
