@@ -140,6 +140,8 @@ async def _round(
     seconds = time.monotonic() - began
     after = _cpu(cluster)
     completed = sum(j in watch.completed for j in ids)
+    gross = _per_job(before, after, max(1, completed), None, seconds)
+    net = _per_job(before, after, max(1, completed), idle, seconds)
     return {
         "jobs": len(ids),
         "completed": completed,
@@ -149,8 +151,11 @@ async def _round(
         "round_s": round(seconds, 2),
         "load_1m_before": round(load_before, 2),
         "load_1m_after": round(os.getloadavg()[0], 2),
-        "cpu_ms_per_job": _per_job(before, after, max(1, completed), None, seconds),
-        "net_cpu_ms_per_job": _per_job(before, after, max(1, completed), idle, seconds),
+        "cpu_ms_per_job": gross,
+        # Only for a process that spent a measurable time per job: CPU time is counted in clock ticks
+        # (10 ms), so one that used none in the round (the health monitor, which folds no job event)
+        # would show its idle rate taken off nothing, a negative cost.
+        "net_cpu_ms_per_job": {name: ms for name, ms in net.items() if name in gross},
     }
 
 
