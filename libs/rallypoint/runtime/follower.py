@@ -105,7 +105,7 @@ class Follower:
 
     async def probe_stream(self) -> None:
         """Record the last sequence stored on this fold's subjects, to report how far the fold lags it."""
-        self.stream_seq = await self.log.last_seq(self.subjects if self.partial else None)
+        self.stream_seq = await self.log.last_seq(self.subjects)  # the whole stream's: stream info
 
     def position(self) -> tuple[int, int | None]:
         """(the sequence this fold has applied, the stream's last sequence when last probed)"""
