@@ -110,9 +110,11 @@ def _rounded(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
-async def _wait_caught_up(cluster: LocalCluster, log: EventLog, timeout: float) -> None:
-    """Until every service's fold has applied the log as it is now (the registrations): the whole log, or
-    for a fold of part of it (``fold_subjects`` in its health report) the last event stored there."""
+async def _wait_caught_up(
+    cluster: LocalCluster, log: EventLog, timeout: float, *, poll_s: float = 1.0, what: str = "registrations"
+) -> None:
+    """Until every service's fold has applied the log as it is now (``what`` was appended): the whole log,
+    or for a fold of part of it (``fold_subjects`` in its health report) the last event stored there."""
     target = await log.last_seq()
     deadline = time.monotonic() + timeout
     subject_targets: dict[str, int] = {}
@@ -144,8 +146,8 @@ async def _wait_caught_up(cluster: LocalCluster, log: EventLog, timeout: float) 
         if not late:
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"services still folding the registrations after {timeout:.0f} s: {late}")
-        await asyncio.sleep(1.0)
+            raise TimeoutError(f"services still folding the {what} after {timeout:.0f} s: {late}")
+        await asyncio.sleep(poll_s)
 
 
 def _cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
@@ -251,6 +253,19 @@ async def _leader_reading(cluster: LocalCluster, leader: str) -> LeaderReading:
     return await asyncio.to_thread(read_leader, cluster.health_ports.get(leader))
 
 
+async def _settled_reading(cluster: LocalCluster, leader: str, timeout: float = 10.0) -> LeaderReading:
+    """The leader's reading once two in a row, 0.1 s apart, count the same writes."""
+    deadline = time.monotonic() + timeout
+    last = await _leader_reading(cluster, leader)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        now = await _leader_reading(cluster, leader)
+        if (now.writes, now.written) == (last.writes, last.written):
+            return now
+        last = now
+    return last
+
+
 def _leader(watch: LogWatch) -> str:
     return watch.epochs[-1][1] if watch.epochs else "scheduler-1"
 
@@ -280,10 +295,13 @@ async def _capacity_burst(
     await watch.wait(lambda: all(j in watch.started for j in fillers), cfg.phase_timeout_s)
     waiting = [f"wait-{i}" for i in range(count)]
     await append_submitted(log, waiting, gang_spec("wait", 1, cfg.gpus_per_node, cfg.job_seconds))
-    await watch.wait(lambda: all(j in watch.queued for j in waiting), cfg.phase_timeout_s)
-    await asyncio.sleep(2.0)  # a cycle or two with every waiting gang queued and nowhere to go
+    # Every waiting gang considered by a cycle and found nowhere to go (its first JobPending), that
+    # cycle's writes folded by every service and their time counted by the leader: the cancel alone
+    # starts what is measured.
+    await watch.wait(lambda: all(j in watch.pending for j in waiting), cfg.phase_timeout_s)
+    await _wait_caught_up(cluster, log, cfg.phase_timeout_s, poll_s=0.1, what="waiting gangs")
     leader = _leader(watch)
-    reading = await _leader_reading(cluster, leader)
+    reading = await _settled_reading(cluster, leader)
     used_before = _cpu_seconds(cluster)
     await append_cancel(log, fillers[0])
     await watch.wait(lambda: all(j in watch.bound for j in waiting), cfg.phase_timeout_s)

@@ -50,6 +50,8 @@ class LogWatch:
     bound_cycle: dict[str, float] = field(default_factory=dict)
     completed: dict[str, float] = field(default_factory=dict)
     queued: dict[str, float] = field(default_factory=dict)
+    #: job -> store time of its first JobPending (a cycle considered it and found nowhere to place it)
+    pending: dict[str, float] = field(default_factory=dict)
     cancelled: dict[str, float] = field(default_factory=dict)
     #: node -> store times of each of its NodeHeartbeatLost / NodeLost
     heartbeat_lost: dict[str, list[float]] = field(default_factory=dict)
@@ -109,6 +111,7 @@ class LogWatch:
             self.bound_cycle.setdefault(event.job_id, event.at)
             self.cycles.setdefault(event.at, (stored, event.computed_at_seq))
         elif isinstance(event, JobPending):
+            self.pending.setdefault(event.job_id, stored)
             self.cycles.setdefault(event.at, (stored, event.computed_at_seq))
         elif isinstance(event, JobCompleted):
             self.completed.setdefault(event.job_id, stored)
