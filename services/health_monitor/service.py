@@ -27,6 +27,7 @@ from rallypoint.events import subjects
 from rallypoint.health import Assessment, Decision, HealthPolicy, Hearing, assess
 from rallypoint.health.detection import DetectionPolicy
 from rallypoint.health.judge import HealthJudge
+from rallypoint.health.readlag import ReadLag
 from rallypoint.observability.instruments import HEARTBEATS_RECEIVED
 from rallypoint.protocol import Heartbeat
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
@@ -38,20 +39,26 @@ _log = logging.getLogger("rallypoint.health_monitor")
 SOURCE = "rallypoint/health-monitor"
 #: While verdicts are held, say so again this often (an operator must not miss a long hold).
 HOLD_REMINDER_S = 10.0
+#: Reading the heartbeats this late (seconds, beyond each node's usual delay): warned, and /healthz degraded.
+BEHIND_WARN_S = 1.0
 #: Decisions of one assessment appended at once: enough to hide the round trip, bounded for the server.
 APPENDS_IN_FLIGHT = 512
 
 
 class Ears:
-    """What this monitor knows of its own link: connected or not, and since when it hears without a break
-    (its start, its last reconnect, the end of its last hold). Logs every change loudly."""
+    """What this monitor knows of its own link: connected or not, since when it hears without a break
+    (its start, its last reconnect, the end of its last hold), and how far behind it reads the heartbeats
+    (``lag``, noted by the heartbeat handler). Logs every change loudly."""
 
     def __init__(self, nc: Client, now: float) -> None:
         self.nc = nc
         self.since = now
         self.held = ""
+        self.lag = ReadLag()
+        self.behind_s = 0.0
         self._reconnects = self._reconnect_count()
         self._reminded = now
+        self._lag_reminded = now
 
     def _reconnect_count(self) -> int:
         return int(self.nc.stats.get("reconnects", 0))
@@ -62,7 +69,19 @@ class Ears:
             self._reconnects = reconnects
             self.since = now
             _log.warning("reconnected to NATS: every node gets a full timeout from now before any verdict")
-        return Hearing(connected=self.nc.is_connected, since=self.since)
+        self._note_behind(self.lag.behind_s(), now)
+        return Hearing(connected=self.nc.is_connected, since=self.since, behind_s=self.behind_s)
+
+    def _note_behind(self, behind_s: float, now: float) -> None:
+        """Say so when this monitor starts reading the heartbeats late, every few seconds while it does,
+        and when it has caught up: its verdicts are that much later meanwhile."""
+        late, was_late = behind_s >= BEHIND_WARN_S, self.behind_s >= BEHIND_WARN_S
+        if late and (not was_late or now - self._lag_reminded >= HOLD_REMINDER_S):
+            _log.warning("reading heartbeats %.1f s late: silence is judged as of then", behind_s)
+            self._lag_reminded = now
+        elif was_late and not late:
+            _log.warning("heartbeats read on time again (%.1f s late)", behind_s)
+        self.behind_s = behind_s
 
     def heard(self, assessment: Assessment, now: float) -> None:
         """Record the hold (or its end) an assessment reports; while one lasts, remind every few seconds."""
@@ -85,7 +104,10 @@ class Ears:
         self.held = assessment.held
 
     def health(self) -> list[str]:
-        return [f"node verdicts held: {self.held}"] if self.held else []
+        problems = [f"node verdicts held: {self.held}"] if self.held else []
+        if self.behind_s >= BEHIND_WARN_S:
+            problems.append(f"reading heartbeats {self.behind_s:.1f} s late: silence judged that much later")
+        return problems
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -153,7 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _log.warning("undecodable heartbeat on %s", msg.subject)
                 return
             received.inc()
-            last_seen[beat.node_id] = time.time()
+            heard_at = time.time()
+            last_seen[beat.node_id] = heard_at
+            ears.lag.note(beat.node_id, beat.at, heard_at)
             judge.heard(beat)
 
         async def watch(follower: Follower) -> None:

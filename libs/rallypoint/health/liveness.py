@@ -21,6 +21,11 @@ An outage is not a massacre. Silence proves something only when the monitor can 
    Verdicts that rest on what *was* heard (a node answering again) still go through. A mass
    silence that lasts ``mass_silence_max_hold_s`` (10 lost timeouts by default) while the monitor is
    connected is believed: a rack that lost power stays dead, and its gangs must be replaced eventually.
+4. **Judged as of what was read.** A monitor short of CPU reads the heartbeats late; while that delay grows,
+   the heartbeats a node sent wait unread and the node looks silent. ``Hearing.behind_s`` (``readlag``:
+   how far behind the heartbeats it handles last are, beyond each node's usual delay) moves the moment
+   silence is judged at back by as much, so a backlog of the monitor's own flags no node; a node that
+   really fell silent is flagged that much later.
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ class Hearing(msgspec.Struct, frozen=True, kw_only=True):
     connected: bool = True
     #: Since when it has heard the bus without a break: its start, its last reconnect, the end of a hold.
     since: float
+    #: How far behind it reads the heartbeats (``readlag``): silence is judged as of ``now`` minus this,
+    #: the moment up to which it has read, so its own backlog is not taken for the nodes' silence.
+    behind_s: float = 0.0
 
 
 class MassSilence(msgspec.Struct, frozen=True, kw_only=True):
@@ -112,6 +120,7 @@ def _scan(
     nodes, so ``silence_started`` and the policy's properties are inlined (the same comparisons) and a
     node with nothing to decide costs no call and no string."""
     quiet_s, unreachable, since = policy.quiet_s, policy.unreachable_after_s, hearing.since
+    now -= hearing.behind_s  # silence as of what has been read
     watched = 0
     quiet: list[tuple[float, str]] = []
     candidates: list[NodeView] = []
@@ -207,7 +216,8 @@ def _node_decisions(
 ) -> list[Decision]:
     out: list[Decision] = []
     seen = silence_started(node, last_seen, hearing)
-    silent = now - seen
+    read_up_to = now - hearing.behind_s
+    silent = read_up_to - seen
     incarnation = f"{node.node_id}:{node.agent_instance}"
     heard = last_seen.get(node.node_id)
     if node.status == "up" and silent > policy.unreachable_after_s and not hold_silence:
@@ -229,7 +239,7 @@ def _node_decisions(
     elif (
         node.status in ("unreachable", "lost")
         and heard is not None
-        and now - heard <= policy.unreachable_after_s
+        and read_up_to - heard <= policy.unreachable_after_s
     ):
         # A lost node whose agent answers again returns to service by itself; the job controller kills
         # whatever ranks it still runs for attempts that moved on. Only a heartbeat heard counts: a grace
