@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from rallypoint.events import GpuInfo, NodeHeartbeatLost, NodeRegistered
+from rallypoint.events import GpuInfo, NodeHeartbeatLost, NodeRecovered, NodeRegistered
 from rallypoint.health import HealthPolicy, Hearing, assess
 from rallypoint.health.readlag import ReadLag
 from rallypoint.state import ClusterState
@@ -100,3 +100,19 @@ def test_nodes_whose_heartbeats_wait_unread_are_not_flagged_and_a_silent_one_is_
     (lost,) = (d.event for d in behind.decisions)
     assert isinstance(lost, NodeHeartbeatLost) and lost.at == now  # judged as of then, recorded now
     assert not behind.held
+
+
+def test_a_node_flagged_before_the_monitor_fell_behind_is_recovered_only_by_a_new_heartbeat() -> None:
+    """n1 was flagged unreachable at 100 s, last heard at 96 s. At 101 s the monitor reads 5 s late:
+    as of what it has read n1 was heard 0 s ago, but that is the heartbeat the verdict was made on."""
+    state = _nodes(3)
+    nodes = list(state.nodes.values())
+    last_seen = {n.node_id: 99.5 for n in nodes} | {"n1": 96.0}
+    (flagged,) = assess(nodes, last_seen, 100.0, POLICY, hearing=Hearing(since=0.0)).decisions
+    state.apply(state.last_seq + 1, flagged.event)
+    nodes = list(state.nodes.values())
+    later = assess(nodes, last_seen, 101.0, POLICY, hearing=Hearing(since=0.0, behind_s=5.0))
+    assert later.decisions == ()
+    last_seen["n1"] = 100.8  # a heartbeat of n1 handled now
+    (recovered,) = assess(nodes, last_seen, 101.0, POLICY, hearing=Hearing(since=0.0, behind_s=5.0)).decisions
+    assert isinstance(recovered.event, NodeRecovered) and recovered.node_id == "n1"

@@ -239,11 +239,12 @@ def _node_decisions(
     elif (
         node.status in ("unreachable", "lost")
         and heard is not None
-        and read_up_to - heard <= policy.unreachable_after_s
+        and now - heard <= policy.unreachable_after_s
     ):
         # A lost node whose agent answers again returns to service by itself; the job controller kills
         # whatever ranks it still runs for attempts that moved on. Only a heartbeat heard counts: a grace
-        # period is no evidence that a node is back.
+        # period is no evidence that a node is back. Measured from now, not from what was read: a delay
+        # that grew since the verdict must not pass the heartbeat heard before it for a new one.
         out.append(
             Decision(
                 node_id=node.node_id,
