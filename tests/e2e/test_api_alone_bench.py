@@ -37,4 +37,9 @@ def test_api_bench_reports_submissions_beside_both_raw_references() -> None:
     over_append = res["submissions_per_s"] / res["raw_append_per_s"]
     assert abs(res["submissions_over_raw"] - over_raw) < 0.002
     assert abs(res["submissions_over_raw_append"] - over_append) < 0.002
+    # the bare HTTP front beside them (it raises if it refused one request)
+    assert res["http_ceiling_per_s"] > 0
+    assert abs(res["http_ceiling_over_raw"] - res["http_ceiling_per_s"] / res["raw_publish_per_s"]) < 0.002
+    over_ceiling = res["submissions_per_s"] / res["http_ceiling_per_s"]
+    assert abs(res["submissions_over_http_ceiling"] - over_ceiling) < 0.002
     assert res["api_cpu_ms_per_submission"] > 0

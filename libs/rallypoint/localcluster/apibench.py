@@ -10,7 +10,9 @@ then alternates rounds, ``concurrency`` in flight each: the raw reference of ``r
 (``loadgen.raw_publish``: acked publishes of a JobSubmitted-sized message into a scratch stream),
 acked appends of the very event the API appends into the same log (``raw_append``: its
 ``JobSubmitted``, subject, message id, expected sequence 0 and envelope headers, ``EventLog.append``),
-and HTTP submissions (``leanhttp``). Alternating rounds see the
+requests to a bare HTTP front that only publishes each into the scratch stream (``httpceiling``: what
+HTTP alone costs here, so the most any API could accept), and HTTP submissions to the API
+(``leanhttp``). Alternating rounds see the
 same load on a shared machine; the ratio is over the totals of all rounds. Also the CPU each process
 spent per job in the HTTP rounds (the API, nats-server, this driver).
 """
@@ -35,6 +37,7 @@ from rallypoint.infra.proccpu import cpu_seconds
 from rallypoint.jobs import job_id_for
 from rallypoint.security.tokens import create_token
 
+from .httpceiling import http_ceiling
 from .leanhttp import submit_lean
 from .loadgen import raw_publish, spec_body
 
@@ -125,7 +128,7 @@ async def _drive(
         log = await setup_log(nc)
         await _register(log, cfg.nodes)
         await _wait_ready(api_url, timeout=300)
-        append_s = http_s = publish_s = 0.0
+        append_s = http_s = publish_s = ceiling_s = 0.0
         accepted = failed = 0
         cpu = {"api": 0.0, "driver": 0.0}
         body = {**spec_body("bench-http", 1, 10), "team": TEAM}
@@ -133,6 +136,9 @@ async def _drive(
             rate = await raw_append(log, cfg.jobs, concurrency=cfg.concurrency, prefix=f"raw{r}")
             append_s += cfg.jobs / rate
             publish_s += cfg.jobs / await raw_publish(nc, cfg.jobs, concurrency=cfg.concurrency)
+            ceiling_s += cfg.jobs / await http_ceiling(
+                nc, nats_url, cfg.jobs, concurrency=cfg.concurrency, body=body, token=token
+            )
             before = {"api": _cpu_seconds(api.pid), "driver": _cpu_seconds(os.getpid())}
             ok, took, refused = await submit_lean(
                 api_url, cfg.jobs, concurrency=cfg.concurrency, body=body, prefix=f"http{r}",
@@ -146,10 +152,14 @@ async def _drive(
         raw_rate = cfg.rounds * cfg.jobs / append_s
         publish_rate = cfg.rounds * cfg.jobs / publish_s
         http_rate = accepted / http_s if http_s else 0.0
+        ceiling_rate = cfg.rounds * cfg.jobs / ceiling_s
         return {
             "submissions_per_s": round(http_rate, 1),
             "raw_publish_per_s": round(publish_rate, 1),
             "submissions_over_raw": round(http_rate / publish_rate, 3),
+            "http_ceiling_per_s": round(ceiling_rate, 1),
+            "http_ceiling_over_raw": round(ceiling_rate / publish_rate, 3),
+            "submissions_over_http_ceiling": round(http_rate / ceiling_rate, 3),
             "raw_append_per_s": round(raw_rate, 1),
             "submissions_over_raw_append": round(http_rate / raw_rate, 3),
             "submissions": accepted,

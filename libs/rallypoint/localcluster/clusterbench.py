@@ -7,7 +7,10 @@ virtual. In order, on the running cluster:
 
 1. submissions: ``--jobs`` HTTP submissions, 16 in flight (``leanhttp``: a load generator that costs
    the shared cores little), beside as many raw acked JetStream publishes at the same concurrency on
-   the same server, before and after (``raw_publish_per_s``), and as many of the API's JobSubmitted
+   the same server, before and after (``raw_publish_per_s``), as many requests accepted by a bare HTTP
+   front that only publishes each into the same scratch stream, before and after too
+   (``http_ceiling_per_s``, ``httpceiling``: the most any HTTP API could accept here), and as many of
+   the API's JobSubmitted
    appended straight to the log in halves around the HTTP halves (``raw_append_per_s``: the cluster
    reacts to those as to the API's); the CPU each process spent per accepted submission meanwhile
    (``submissions_cpu_ms_per_job``); then submit -> running;
@@ -54,6 +57,8 @@ from rallypoint.infra.proccpu import cpu_seconds
 
 from .apibench import raw_append
 from .fleetprocs import FleetSet, RssSampler, start_fleets
+from .http import auth_headers
+from .httpceiling import http_ceiling
 from .leadermetrics import LeaderReading, cycle_cpu_ms, read_leader, write_rate
 from .leanhttp import submit_lean
 from .loadgen import (
@@ -175,6 +180,9 @@ async def _submissions(
     # the two moves the reference as it moves the submissions (their harmonic mean: the same count each).
     raw_before = await raw_publish(watch.nc, cfg.jobs, concurrency=CONCURRENCY)
     body = spec_body("bench-http", 1, 2 * cfg.job_seconds)  # 10 s by default, as the bench always ran them
+    # What HTTP alone leaves of the raw rate on these cores now: a bare front, around the HTTP run too.
+    token = auth_headers(cluster.api_url).get("Authorization", "").removeprefix("Bearer ") or None
+    ceiling = [await _ceiling(cluster, watch, cfg, body, token)]
     half = max(1, cfg.jobs // 2)
     # The same JobSubmitted appended straight to the log, as many in halves around the HTTP halves
     # (append, HTTP, HTTP, append): the cluster reacts to these jobs as to the API's, so the ratio to
@@ -198,6 +206,7 @@ async def _submissions(
     appended_s += half / await raw_append(
         log, half, concurrency=CONCURRENCY, prefix="rawlog-b", seconds=2 * cfg.job_seconds
     )
+    ceiling.append(await _ceiling(cluster, watch, cfg, body, token))
     raw_after = await raw_publish(watch.nc, cfg.jobs, concurrency=CONCURRENCY)
     ids = [s.job_id for s in accepted]
     await watch.wait(lambda: all(j in watch.started for j in ids), cfg.phase_timeout_s)
@@ -210,11 +219,22 @@ async def _submissions(
         "raw_publish_before_per_s": round(raw_before, 1),
         "raw_publish_after_per_s": round(raw_after, 1),
         "raw_append_per_s": round(2 * half / appended_s, 1),
+        "http_ceiling_per_s": round(2 / (1 / ceiling[0] + 1 / ceiling[1]), 1),
+        "http_ceiling_before_per_s": round(ceiling[0], 1),
+        "http_ceiling_after_per_s": round(ceiling[1], 1),
         "submissions_cpu_ms_per_job": _cpu_ms_per_job(cpu_before, cpu_after, max(1, len(accepted))),
         **latency_summary([s.latency_s for s in accepted], "submit_latency_s"),
         "submitted_running": len(to_running),
         **latency_summary(to_running, "submit_to_running_s"),
     }
+
+
+async def _ceiling(
+    cluster: LocalCluster, watch: LogWatch, cfg: BenchConfig, body: dict[str, Any], token: str | None
+) -> float:
+    return await http_ceiling(
+        watch.nc, cluster.nats_url, cfg.jobs, concurrency=CONCURRENCY, body=body, token=token
+    )
 
 
 async def _burst(log: EventLog, watch: LogWatch, cfg: BenchConfig, count: int) -> dict[str, Any]:
@@ -544,6 +564,8 @@ def _ratios(out: dict[str, Any]) -> dict[str, float | None]:
     return {
         "submissions_over_raw": ratio("submissions_per_s", "raw_publish_per_s"),
         "submissions_over_raw_append": ratio("submissions_per_s", "raw_append_per_s"),
+        "submissions_over_http_ceiling": ratio("submissions_per_s", "http_ceiling_per_s"),
+        "http_ceiling_over_raw": ratio("http_ceiling_per_s", "raw_publish_per_s"),
         "binds_over_append": ratio("binds_per_s", "append_per_s"),
         "capacity_binds_over_append": ratio("capacity_binds_per_s", "append_per_s"),
         "capacity_write_over_append": ratio("capacity_write_events_per_s", "append_per_s"),
