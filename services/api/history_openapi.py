@@ -91,7 +91,12 @@ def history_paths() -> dict[str, Any]:
                     "operationId": "getJobLogs",
                     "summary": "A chunk of one rank's output, read by its node's agent",
                     "parameters": [
-                        _query("rank", {"type": "integer", "minimum": 0}, "Which rank (default 0)."),
+                        _query(
+                            "rank",
+                            {"type": "integer", "minimum": 0},
+                            "Which rank (default: the rank whose exit failed the attempt, else 0; the "
+                            "answer's `rank` says which).",
+                        ),
                         _query(
                             "attempt", {"type": "integer", "minimum": 1}, "Which attempt (default current)."
                         ),

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from rallypoint.accounting import GROUP_BY, FinishedJob, finished_jobs, queues_report, usage
+from rallypoint.accounting import GROUP_BY, AttemptRecord, FinishedJob, finished_jobs, queues_report, usage
 from rallypoint.eventlog import EventLog
 from rallypoint.events import subjects
 from rallypoint.events.subjects import TOKEN_PATTERN
@@ -57,6 +57,9 @@ class LogChunk(msgspec.Struct, kw_only=True):
     text: str
     attempt_ended: bool
     eof: bool
+    #: the rank whose non-zero exit failed (or, while its gang stops, is failing) the attempt: the default
+    #: ``rank``; null when no rank's exit did
+    failed_rank: int | None = None
 
 
 class FinishedJobs(msgspec.Struct, kw_only=True):
@@ -102,6 +105,11 @@ def int_param(query: Any, name: str, default: int | None, *, minimum: int = 0) -
     if value < minimum:
         raise BadParam(name, f"{name} must be at least {minimum}")
     return value
+
+
+def default_rank(record: AttemptRecord) -> int:
+    """The rank whose log a user wants when naming none: the one whose exit failed the attempt, else 0."""
+    return record.failed_rank if record.failed_rank is not None else 0
 
 
 def rank_node(job: JobView, placements: Any, rank: int) -> str | None:
@@ -218,7 +226,7 @@ class HistoryHandlers:
         # The fold mutates ``job`` in place while this handler awaits: decide on the attempt seen now.
         current = job.attempt
         try:
-            rank = int_param(query, "rank", 0) or 0
+            asked_rank = int_param(query, "rank", None)
             attempt = int_param(query, "attempt", None, minimum=1) or current
             offset = int_param(query, "offset", 0) or 0
             limit = int_param(query, "limit", DEFAULT_LOG_CHUNK, minimum=1) or DEFAULT_LOG_CHUNK
@@ -232,6 +240,7 @@ class HistoryHandlers:
                 detail = f"job {job_id} is {job.state}; no rank of it has been placed yet"
                 return problem(409, "Not placed yet", detail, slug="not-placed", state=job.state)
             return problem(404, "No such attempt", f"job {job_id} has no attempt {attempt}", slug="not-found")
+        rank = default_rank(record) if asked_rank is None else asked_rank
         node_id = rank_node(job, record.placements, rank)
         if node_id is None:
             return _invalid("rank", f"rank {rank} was not placed in attempt {attempt}")
@@ -259,6 +268,7 @@ class HistoryHandlers:
             text=reply.text,
             attempt_ended=ended,
             eof=ended and reply.next_offset >= reply.size,
+            failed_rank=record.failed_rank,
         )
         return _ok(chunk)
 

@@ -242,6 +242,20 @@ def test_logs_follow_streams_a_rank_until_it_ends(story: Story, capsys: pytest.C
         assert chunks[-1]["eof"] and {c["rank"] for c in chunks} == {int(rank)}
         texts.append("".join(c["text"] for c in chunks))
     assert any("failing" in text for text in texts)
+    # Naming no rank shows the one whose exit failed the attempt, the rank `rally show` names too.
+    (first, _) = rally_json(capsys, "show", story.retried)["attempts"]
+    chunks = [
+        json.loads(line) for line in _lines(capsys, "logs", story.retried, "--attempt", "1", "-o", "json")
+    ]
+    assert first["failed_rank"] in (0, 1) and {c["rank"] for c in chunks} == {first["failed_rank"]}
+    assert {c["failed_rank"] for c in chunks} == {first["failed_rank"]}
+    shown_text = "".join(c["text"] for c in chunks)
+    assert "failing" in shown_text and shown_text == texts[first["failed_rank"]]
+    capsys.readouterr()
+    assert main(["logs", story.retried, "--attempt", "1"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out == shown_text
+    assert f"showing rank {first['failed_rank']}, whose exit failed attempt 1" in printed.err
 
 
 def _lines(capsys: pytest.CaptureFixture[str], *argv: str) -> list[str]:

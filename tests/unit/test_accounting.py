@@ -25,6 +25,7 @@ from rallypoint.events import (
     LeaderEpochStarted,
     NodeRegistered,
     PreemptionRequested,
+    RankExited,
     TaskPlacement,
     decode,
     encode,
@@ -174,6 +175,51 @@ def test_retries_are_attempts_of_their_own() -> None:
     assert finished_jobs(state, ledger, team="cv") == []
     assert finished_jobs(state, ledger, states={"completed"}) == []
     assert finished_jobs(state, ledger, since=12.5) == []
+
+
+def two_ranks_exit(job_id: str, attempt: int, first: tuple[int, int], then: tuple[int, int]) -> list[Event]:
+    """Rank ``first[0]`` exits ``first[1]``, then rank ``then[0]`` exits ``then[1]`` (stopped after it)."""
+    return [
+        RankExited(job_id=job_id, attempt=attempt, rank=rank, node_id="n1", exit_code=code, at=6.0 + i)
+        for i, (rank, code) in enumerate((first, then))
+    ]
+
+
+def test_the_rank_whose_exit_failed_an_attempt_is_kept_and_no_other() -> None:
+    flaky = [event for _, event in retried_then_failed()[len(LEADERS) :]]
+    events = seqd(
+        *flaky[:3],
+        # rank 1 fails, rank 0 is stopped after it: the first non-zero exit in the log is the failing rank
+        *two_ranks_exit("flaky", 1, (1, 3), (0, -15)),
+        flaky[3],
+        flaky[4],
+        flaky[5],
+        *two_ranks_exit("flaky", 2, (0, 3), (1, -15)),
+        flaky[6],
+        # a later exit of an ended attempt changes nothing
+        *two_ranks_exit("flaky", 2, (1, 9), (1, 9)),
+    )
+    _, ledger = fold_attempts(events)
+    assert [(a.attempt, a.failed_rank) for a in ledger.of("flaky")] == [(1, 1), (2, 0)]
+
+
+def test_a_rank_stopped_by_a_preemption_or_a_time_limit_failed_nothing() -> None:
+    low = [event for _, event in preempted_then_completed()[len(LEADERS) :]]
+    limited = [
+        submit("slow", 2),
+        bind("slow", 1, 5.0, (4, 5)),
+        JobStarted(job_id="slow", attempt=1, at=5.0),
+        *two_ranks_exit("slow", 1, (0, -15), (1, -15)),
+        JobFailed(job_id="slow", attempt=1, reason="time limit of 1 s exceeded", at=9.0),
+    ]
+    preempted = [*low[:4], *two_ranks_exit("low", 1, (0, 143), (1, 143)), *low[4:]]
+    running = [*low[:3], RankExited(job_id="low", attempt=1, rank=2, node_id="n1", exit_code=1, at=12.0)]
+    _, ledger = fold_attempts(seqd(*preempted, *limited))
+    assert [a.failed_rank for a in ledger.of("low")] == [None, None]
+    assert [a.failed_rank for a in ledger.of("slow")] == [None]
+    # while its gang is being stopped, the attempt already names the rank that failed it
+    _, ledger = fold_attempts(seqd(*running))
+    assert ledger.of("low")[0].failed_rank == 2
 
 
 def test_a_stale_leaders_bind_opens_no_attempt() -> None:

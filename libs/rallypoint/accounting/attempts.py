@@ -21,6 +21,7 @@ from rallypoint.events import (
     Event,
     JobPreempted,
     JobSubmitted,
+    RankExited,
     TaskPlacement,
 )
 from rallypoint.events.codec import Quarantined
@@ -62,6 +63,10 @@ class AttemptRecord(msgspec.Struct, kw_only=True):
     lost_gpu_s: float = 0.0
     resume_step: int | None = None
     last_seq: int = 0
+    #: the first rank whose non-zero exit the log recorded for this attempt, kept once the attempt has
+    #: ended only when a rank's exit failed it (its ending event carries an exit code): the rank whose log
+    #: says why, which ``rally logs`` shows by default. Ranks stopped afterwards exit non-zero too, later.
+    failed_rank: int | None = None
 
     @property
     def nodes(self) -> list[str]:
@@ -108,7 +113,17 @@ class AttemptLedger(msgspec.Struct, kw_only=True):
         job = state.jobs.get(job_id) if job_id is not None else None
         if job is None:
             return []
+        if isinstance(event, RankExited):
+            return self._rank_exited(event, seq)
         return self._observe(before, job, seq, event)
+
+    def _rank_exited(self, event: RankExited, seq: int) -> list[AttemptRecord]:
+        rec = self.attempt(event.job_id, event.attempt)
+        if rec is None or rec.ended_at is not None or event.exit_code == 0 or rec.failed_rank is not None:
+            return []
+        rec.failed_rank = event.rank
+        rec.last_seq = seq
+        return [rec]
 
     def apply_stored(self, state: ClusterState, seq: int, item: Event | Quarantined) -> list[AttemptRecord]:
         if isinstance(item, Quarantined):
@@ -171,6 +186,8 @@ def _close(rec: AttemptRecord, event: Event, seq: int) -> None:
     rec.lost_gpu_s = float(getattr(event, "lost_gpu_s", 0.0))
     if isinstance(event, JobPreempted):
         rec.preempted_for = event.for_job
+    if rec.exit_code is None:
+        rec.failed_rank = None  # no rank's exit ended it (a preemption, a lost node, a time limit, ...)
     rec.last_seq = seq
 
 

@@ -96,7 +96,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
     logs = subparsers.add_parser("logs", help="a rank's output, from its node's agent")
     logs.add_argument("job_id")
-    logs.add_argument("--rank", type=int, default=0, help="which rank (default 0)")
+    logs.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        help="which rank (default: the one whose exit failed the attempt, else 0)",
+    )
     logs.add_argument("--attempt", type=int, help="which attempt (default: the current one)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the attempt ends")
     logs.add_argument("--poll", type=float, default=0.5, help=argparse.SUPPRESS)
@@ -216,6 +221,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
                 raise
             if args.attempt is None:
                 args.attempt = chunk["attempt"]  # stay on the attempt we started with
+            if args.rank is None:
+                args.rank = chunk["rank"]  # and on its rank, even if another one fails meanwhile
+                if args.rank == chunk.get("failed_rank") and args.output != "json":
+                    shown = f"rank {args.rank}, whose exit failed attempt {args.attempt}"
+                    print(f"(showing {shown}; --rank N for another)", file=sys.stderr)
             if args.output == "json":
                 print(json.dumps(chunk), flush=True)
             elif chunk["text"]:

@@ -133,6 +133,7 @@ def attempt_row(rec: AttemptRecord) -> AttemptRow:
         rec.lost_gpu_s,
         rec.resume_step,
         rec.last_seq,
+        rec.failed_rank,
     )
 
 

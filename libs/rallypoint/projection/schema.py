@@ -81,6 +81,7 @@ ATTEMPT_COLUMNS: tuple[str, ...] = (
     "lost_gpu_s",
     "resume_step",
     "last_seq",
+    "failed_rank",
 )
 
 MIGRATIONS: tuple[str, ...] = (
@@ -192,6 +193,8 @@ MIGRATIONS: tuple[str, ...] = (
     f"CREATE INDEX IF NOT EXISTS attempts_team_started ON {SCHEMA}.attempts (team, started_s)",
     # Added with node health (NodeHealthChanged): healthy, suspect, degraded (cordoned) or failed.
     f"ALTER TABLE {SCHEMA}.nodes ADD COLUMN IF NOT EXISTS health text NOT NULL DEFAULT 'healthy'",
+    # Added with the failing rank (``AttemptRecord.failed_rank``): the rank whose exit failed the attempt.
+    f"ALTER TABLE {SCHEMA}.attempts ADD COLUMN IF NOT EXISTS failed_rank integer",
 )
 
 # Tables a rebuild empties. The archive is listed separately because an operator may keep it.
