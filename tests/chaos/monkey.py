@@ -46,7 +46,7 @@ from rallypoint.events import GangBound, TaskPlacement, subjects
 from rallypoint.events.codec import Quarantined
 from rallypoint.localcluster import LocalCluster
 from rallypoint.localcluster.http import call
-from rallypoint.localcluster.supervisor import SCHEDULERS, SINGLETONS
+from rallypoint.localcluster.supervisor import LOCAL_SERVICE_ARGS, SCHEDULERS, SINGLETONS
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.state import ACTIVE, ClusterState
 
@@ -61,6 +61,9 @@ POISON = (
 )
 #: The local cluster's scheduler policy (no queue file): the audit recomputes its decisions.
 POLICY = SchedulingPolicy("rallypoint")
+# the local cluster's scheduler's --repair-wait: the audit recomputes its requeues with it
+_SCHEDULER_ARGS = LOCAL_SERVICE_ARGS["scheduler"]
+REPAIR_WAIT_S = float(_SCHEDULER_ARGS[_SCHEDULER_ARGS.index("--repair-wait") + 1])
 
 
 @dataclass
@@ -316,10 +319,12 @@ class Monkey:
 
     def audit(self) -> list[str]:
         """The whole log through the audit: every decision recomputed identically, only the forged refused."""
-        report = verify_decisions(asyncio.run(read_history(self.cluster.nats_url, None)), POLICY)
+        history = asyncio.run(read_history(self.cluster.nats_url, None))
+        report = verify_decisions(history, POLICY, repair_wait_s=REPAIR_WAIT_S)
         refused = sorted(r.seq for r in report.refused)
         self.result.audit = (
             f"{report.decisions} decisions, {report.verified} recomputed identically, "
+            f"{report.repairs_verified} of {report.repairs} repairs, "
             f"{len(report.mismatches)} differ, {report.other_policy} under another policy, "
             f"refused seqs {refused}"
         )

@@ -29,6 +29,7 @@ import cluster_jobs
 import pytest
 
 from rallypoint.agent import workdir
+from rallypoint.audit import verify_decisions
 from rallypoint.eventlog import EventLog
 from rallypoint.events import (
     CheckpointCommitted,
@@ -43,11 +44,15 @@ from rallypoint.events import (
 )
 from rallypoint.localcluster import LocalCluster
 from rallypoint.localcluster.http import call
+from rallypoint.localcluster.supervisor import LOCAL_SERVICE_ARGS
+from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.state import ClusterState
 
 pytestmark = pytest.mark.slow
 
 TERMINAL = {"completed", "failed", "cancelled", "rejected"}
+_SCHEDULER_ARGS = LOCAL_SERVICE_ARGS["scheduler"]
+LOCAL_REPAIR_WAIT_S = float(_SCHEDULER_ARGS[_SCHEDULER_ARGS.index("--repair-wait") + 1])
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_numpy.py"
 
 
@@ -200,6 +205,10 @@ def test_a_hung_node_is_replaced_in_its_rack_and_the_gang_resumes_to_the_uninter
     assert_never_released(events, job_id, first)
     assert final_digests(checkpoints, 2) == uninterrupted(tmp_path / "baseline", 2, steps, every)
     assert done["recovery"]["user_failures"] == 0 and done["recovery"]["infra_failures"] == 1
+    # the audit finds the live repair again: the fold at its sequence, the scheduler's repair rule
+    report = verify_decisions(events, SchedulingPolicy("rallypoint"), repair_wait_s=LOCAL_REPAIR_WAIT_S)
+    assert report.repairs >= 1 and report.repairs_verified == report.repairs, report
+    assert report.ok, report
 
     # the hung node answers again: back in service, and the ranks it still ran for attempt 1 are killed
     deadline = time.monotonic() + 30

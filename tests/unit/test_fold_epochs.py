@@ -430,7 +430,7 @@ def test_the_audit_fails_on_a_forged_or_stale_decision_and_lists_it() -> None:
     assert report.mismatches == [] and report.verified == 0  # refused ones are not also mismatches
 
 
-def test_the_audit_lists_an_overtaken_decision_without_failing_on_it() -> None:
+def test_the_audit_lists_an_overtaken_decision_and_still_recomputes_it() -> None:
     history = numbered(
         [epoch(1), node("h1"), submit("j"), JobCancelRequested(job_id="j", at=2.5), pending("j", 1)]
     )
@@ -438,8 +438,11 @@ def test_the_audit_lists_an_overtaken_decision_without_failing_on_it() -> None:
         (6, JobRequeued(job_id="j", attempt=0, reason="r", epoch=1, computed_at_seq=0, now=1.0, at=1.0))
     )
     report = verify_decisions(history, SchedulingPolicy("rallypoint"))
-    assert report.ok and report.refused == []
+    assert report.refused == []
     assert [(r.seq, r.refusal) for r in report.overtaken] == [(6, "overtaken")]
+    # no gang was interrupted at seq 0, so no scheduler requeued one: this requeue was made up, and fails
+    # the audit (test_audit_repairs: one the scheduler did make, overtaken by a cancel, passes)
+    assert not report.ok and [(m.seq, m.recomputed) for m in report.mismatches] == [(6, "no repair")]
 
 
 def test_decisions_under_another_policy_fail_the_audit_unless_allowed() -> None:

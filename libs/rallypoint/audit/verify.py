@@ -15,6 +15,12 @@ audit. One ``overtaken`` (right when computed, but the job or a node changed bef
 race no fencing prevents) is listed and does not fail it: its recomputation still checks the decision.
 A decision made under another policy version cannot be recomputed with this one: it fails the audit
 unless the caller allows other policies (a log that spans a policy change).
+
+Repairs (``GangRepaired``: replacement nodes swapped in, or an elastic gang shrunk to its healthy part)
+and requeues (``JobRequeued``: no replacement in time) record their ``computed_at_seq`` and ``now`` too:
+``repair_writes`` on the fold at that sequence, on a model built from it, at that ``now`` must give each
+of them again. Whether a gang has waited long enough to be shrunk or requeued depends on the
+scheduler's repair wait (``--repair-wait``), which the caller supplies as it supplies the queues.
 """
 
 from __future__ import annotations
@@ -25,14 +31,27 @@ from collections.abc import Iterable
 import msgspec
 
 from rallypoint.core.types import Decisions
-from rallypoint.events import Event, GangBound, GangResized, JobPending, PreemptionRequested, TaskPlacement
+from rallypoint.events import (
+    Event,
+    GangBound,
+    GangRepaired,
+    GangResized,
+    JobPending,
+    JobRequeued,
+    PreemptionRequested,
+    TaskPlacement,
+)
 from rallypoint.events.codec import Quarantined
 from rallypoint.scheduling import SchedulingPolicy, resized_placements
+from rallypoint.scheduling.model_sync import ModelSync
+from rallypoint.scheduling.repair import REPAIR_WAIT_S, repair_writes
 from rallypoint.state import ClusterState, Decision, decision_refusal
 
 Recomputable = GangBound | PreemptionRequested | GangResized | JobPending
+Repair = GangRepaired | JobRequeued
 #: (seq, now) -> the decisions made in the cycle that folded the log to seq and ran at now.
 Cycles = dict[int, dict[float, list[tuple[int, Recomputable]]]]
+RepairCycles = dict[int, dict[float, list[tuple[int, Repair]]]]
 
 
 class Mismatch(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,6 +81,10 @@ class AuditReport(msgspec.Struct, kw_only=True):
     # differs is a mismatch too
     reasons: int = 0
     reasons_verified: int = 0
+    # repairs and requeues of interrupted gangs, recomputed with the scheduler's repair wait
+    repairs: int = 0
+    repairs_verified: int = 0
+    repair_wait_s: float = REPAIR_WAIT_S
     other_policy: int = 0
     other_policy_seqs: list[int] = []
     allow_other_policies: bool = False
@@ -83,25 +106,29 @@ def verify_decisions(
     policy: SchedulingPolicy,
     *,
     allow_other_policies: bool = False,
+    repair_wait_s: float = REPAIR_WAIT_S,
 ) -> AuditReport:
-    """``records`` are (seq, event) in log order; every decision made under ``policy`` is recomputed and
-    every fenced decision judged as the fold judged it."""
+    """``records`` are (seq, event) in log order; every decision made under ``policy`` (and every repair,
+    with the scheduler's ``repair_wait_s``) is recomputed and every fenced decision judged as the fold
+    judged it."""
     history = list(records)
-    report = AuditReport(policy_version=policy.version, allow_other_policies=allow_other_policies)
+    report = AuditReport(
+        policy_version=policy.version, allow_other_policies=allow_other_policies, repair_wait_s=repair_wait_s
+    )
     cycles = _cycles(history, policy, report)
+    repairs = _repair_cycles(history, policy, report)
     outcomes: dict[int, Mismatch | None] = {}
     state = ClusterState()
-    if 0 in cycles:
-        _check(state, cycles.pop(0), policy, outcomes)
+    _recompute_at(0, state, cycles, repairs, policy, repair_wait_s, outcomes)
     for seq, item in history:
         if isinstance(item, Decision):
             _judge(state, seq, item, report)
         state.apply_stored(seq, item)
         if isinstance(item, Quarantined):
             report.quarantined.append(seq)
-        if seq in cycles:
-            _check(state, cycles.pop(seq), policy, outcomes)
-    _tally(outcomes, report, {seq for seq, item in history if isinstance(item, JobPending)})
+        _recompute_at(seq, state, cycles, repairs, policy, repair_wait_s, outcomes)
+    kinds = {seq: _kind(item) for seq, item in history}
+    _tally(outcomes, report, kinds)
     report.final_seq = state.last_seq
     report.final_hash = state.hash()
     return report
@@ -130,6 +157,47 @@ def _cycles(
     return cycles
 
 
+def _repair_cycles(
+    history: list[tuple[int, Event | Quarantined]], policy: SchedulingPolicy, report: AuditReport
+) -> RepairCycles:
+    """Repairs and requeues grouped by the (seq, now) of the cycle that made them. A requeue names no
+    policy (no policy rule decides it); a repair made under another policy version is not recomputed."""
+    cycles: RepairCycles = defaultdict(lambda: defaultdict(list))
+    for seq, event in history:
+        if not isinstance(event, Repair):
+            continue
+        report.repairs += 1
+        if isinstance(event, GangRepaired) and event.policy_version != policy.version:
+            report.other_policy += 1
+            report.other_policy_seqs.append(seq)
+            continue
+        cycles[event.computed_at_seq][event.now].append((seq, event))
+    return cycles
+
+
+def _recompute_at(
+    seq: int,
+    state: ClusterState,
+    cycles: Cycles,
+    repairs: RepairCycles,
+    policy: SchedulingPolicy,
+    repair_wait_s: float,
+    outcomes: dict[int, Mismatch | None],
+) -> None:
+    """The decisions and repairs of the cycles that folded the log to ``seq`` (``state`` is there now)."""
+    if seq in repairs:
+        _check_repairs(state, repairs.pop(seq), repair_wait_s, outcomes)
+    if seq in cycles:
+        _check(state, cycles.pop(seq), policy, outcomes)
+
+
+def _kind(item: Event | Quarantined) -> str:
+    """How ``_tally`` counts a recomputed entry: a pending reason, a repair or a decision."""
+    if isinstance(item, JobPending):
+        return "reason"
+    return "repair" if isinstance(item, Repair) else "decision"
+
+
 def _judge(state: ClusterState, seq: int, event: Decision, report: AuditReport) -> None:
     """Would the fold apply ``event`` here? (Asked before it is applied, as the fold asks.)"""
     refusal = decision_refusal(state, event)
@@ -141,17 +209,19 @@ def _judge(state: ClusterState, seq: int, event: Decision, report: AuditReport) 
     (report.overtaken if refusal.kind == "overtaken" else report.refused).append(refused)
 
 
-def _tally(outcomes: dict[int, Mismatch | None], report: AuditReport, reasons: set[int]) -> None:
-    """A refused decision is reported as refused, not again as a mismatch (nor as verified). ``reasons``:
-    the sequences of pending reasons, counted apart from the decisions."""
+def _tally(outcomes: dict[int, Mismatch | None], report: AuditReport, kinds: dict[int, str]) -> None:
+    """A refused decision is reported as refused, not again as a mismatch (nor as verified). ``kinds``:
+    each sequence's kind, so pending reasons and repairs are counted apart from the decisions."""
     refused = {r.seq for r in report.refused}
     for seq, mismatch in sorted(outcomes.items()):
         if seq in refused:
             continue
         if mismatch is not None:
             report.mismatches.append(mismatch)
-        elif seq in reasons:
+        elif kinds[seq] == "reason":
             report.reasons_verified += 1
+        elif kinds[seq] == "repair":
+            report.repairs_verified += 1
         else:
             report.verified += 1
 
@@ -196,10 +266,46 @@ def _check(
         recomputed = policy.decide(state, now)
         for seq, event in decisions:
             got, want = _outcome(state, event, recomputed)
-            outcomes[seq] = (
-                None
-                if got == want
-                else Mismatch(
-                    seq=seq, job_id=event.job_id, kind=type(event).__name__, recorded=want, recomputed=got
-                )
-            )
+            outcomes[seq] = _compared(seq, event, want, got)
+
+
+def _compared(seq: int, event: Recomputable | Repair, recorded: str, recomputed: str) -> Mismatch | None:
+    """None when the recomputation gave the recorded decision again, else the mismatch."""
+    if recorded == recomputed:
+        return None
+    return Mismatch(
+        seq=seq, job_id=event.job_id, kind=type(event).__name__, recorded=recorded, recomputed=recomputed
+    )
+
+
+def _repair_outcome(event: Repair | None) -> str:
+    """A repair as comparable text: the whole new gang, the swaps and whether it shrank; a requeue's
+    reason (which names the repair wait it waited out)."""
+    if event is None:
+        return "no repair"
+    if isinstance(event, JobRequeued):
+        return f"requeued: {event.reason}"
+    swaps = msgspec.json.encode(event.swaps).decode()
+    return f"repaired {_encoded(event.placements)} swaps {swaps}" + (" shrunk" if event.shrunk else "")
+
+
+def _check_repairs(
+    state: ClusterState,
+    by_now: dict[float, list[tuple[int, Repair]]],
+    repair_wait_s: float,
+    outcomes: dict[int, Mismatch | None],
+) -> None:
+    """Each cycle's repairs recomputed together, as the leader computes them (replacements found for one
+    gang are not free for the next), on a model built afresh from the fold."""
+    for now, repairs in sorted(by_now.items()):
+        model = ModelSync().sync(state)
+        writes = repair_writes(
+            state, model, now, epoch=0, policy_version="", at=now, repair_wait_s=repair_wait_s
+        )
+        recomputed: dict[str, Repair] = {}
+        for write in writes:
+            if isinstance(write.event, Repair):
+                recomputed[write.event.job_id] = write.event
+        for seq, event in repairs:
+            got = _repair_outcome(recomputed.get(event.job_id))
+            outcomes[seq] = _compared(seq, event, _repair_outcome(event), got)

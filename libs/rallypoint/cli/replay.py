@@ -87,13 +87,30 @@ async def read_history(nats_url: str, to_seq: int | None) -> History:
         await log.close()
 
 
+def _seconds(text: str) -> float:
+    """A number of seconds, zero or more (argparse names the option in its error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be zero or more seconds, got {text!r}")
+    return value
+
+
 def _verify(args: argparse.Namespace) -> int:
     from rallypoint.audit import verify_decisions
     from rallypoint.scheduling import SchedulingPolicy, load_queue_config
+    from rallypoint.scheduling.repair import REPAIR_WAIT_S
 
     queues, classes = load_queue_config(args.queues)
     policy = SchedulingPolicy(args.policy, queues=queues, priority_classes=classes)
-    report = verify_decisions(_history(args), policy, allow_other_policies=args.allow_other_policies)
+    report = verify_decisions(
+        _history(args),
+        policy,
+        allow_other_policies=args.allow_other_policies,
+        repair_wait_s=REPAIR_WAIT_S if args.repair_wait is None else args.repair_wait,
+    )
     if args.json:
         print(msgspec.json.encode(report).decode())
     else:
@@ -112,6 +129,11 @@ def audit_lines(report: AuditReport) -> list[str]:
     ]
     if report.reasons:
         lines.append(f"pending reasons: {report.reasons_verified} of {report.reasons} recomputed identically")
+    if report.repairs:
+        lines.append(
+            f"repairs and requeues: {report.repairs_verified} of {report.repairs} recomputed identically "
+            f"(repair wait {report.repair_wait_s:g} s)"
+        )
     lines += [
         f"  seq {m.seq} {m.kind} {m.job_id}: recorded {m.recorded}, recomputed {m.recomputed}"
         for m in report.mismatches
@@ -232,7 +254,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--verify-decisions",
         action="store_true",
-        help="recompute every recorded bind and preemption from the log and judge every fenced decision "
+        help="recompute every recorded bind, preemption, resize, pending reason and repair from the log and "
+        "judge every fenced decision "
         "as the fold does; exit 1 if any differs, was refused (not its leader's epoch, invalid) or was "
         "made under another policy",
     )
@@ -245,4 +268,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--policy", default="rallypoint", help="policy the scheduler ran (for --verify-decisions)"
     )
     parser.add_argument("--queues", default=None, help="queue configuration the scheduler ran with")
+    parser.add_argument(
+        "--repair-wait",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="the scheduler's --repair-wait (for --verify-decisions; default: the scheduler's default): how "
+        "long an interrupted gang waited for replacement nodes before it was shrunk or requeued",
+    )
     parser.set_defaults(func=_run)
