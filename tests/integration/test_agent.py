@@ -434,9 +434,11 @@ async def test_the_agent_leaves_no_zombie(
     of its container does): every child of the agent is reaped."""
     agent = agent_env(subreaper=True)
     await first_heartbeat(event_log)
+    # ranks without GPUs: tasks this close together on the same GPUs would stop each other (a rank of
+    # another attempt on a GPU a launch gets is stale)
     for j in range(10):
-        assert (await launch(event_log, task(f"short-{j}", ["true"], ranks=4))).ok
-    sleeper = task("job-lost", [PY, "-c", "import time; time.sleep(60)"], ranks=1)
+        assert (await launch(event_log, task(f"short-{j}", ["true"], ranks=4, gpus_per_rank=0))).ok
+    sleeper = task("job-lost", [PY, "-c", "import time; time.sleep(60)"], ranks=1, gpus_per_rank=0)
     assert (await launch(event_log, sleeper)).ok
     pid_file = tmp_path / "work" / "job-lost" / "0" / "rank-0.pid"
     await wait_until(lambda: files_exist(pid_file), "the sleeper's wrapper")

@@ -59,8 +59,16 @@ IGNORE_TERM = (
 
 
 def make_task(
-    job_id: str, command: list[str], *, ranks: int = 2, attempt: int = 0, env: dict[str, str] | None = None
+    job_id: str,
+    command: list[str],
+    *,
+    ranks: int = 2,
+    attempt: int = 0,
+    env: dict[str, str] | None = None,
+    first_gpu: int = 0,
 ) -> LaunchTask:
+    """Two GPUs a rank from ``first_gpu`` on: tasks running side by side need GPUs of their own (a rank
+    of another attempt on a GPU a launch gets is stale, and killed first)."""
     return LaunchTask(
         job_id=job_id,
         attempt=attempt,
@@ -70,7 +78,10 @@ def make_task(
         local_world_size=ranks,
         master_addr="10.0.0.7",
         master_port=23456,
-        ranks=tuple(RankSpec(rank=ranks + r, local_rank=r, gpus=(2 * r, 2 * r + 1)) for r in range(ranks)),
+        ranks=tuple(
+            RankSpec(rank=ranks + r, local_rank=r, gpus=(first_gpu + 2 * r, first_gpu + 2 * r + 1))
+            for r in range(ranks)
+        ),
         command=tuple(command),
         env=env or {},
     )
@@ -167,7 +178,7 @@ def test_launch_is_idempotent_across_launcher_instances(work: Path, tmp_path: Pa
 def test_kill_sigterm_then_sigkill_after_grace(work: Path, tmp_path: Path) -> None:
     launcher = RankLauncher(work)
     launcher.launch(make_task("job-c", [PY, "-c", "import time; time.sleep(60)"], ranks=1))
-    stubborn = make_task("job-d", [PY, "-c", IGNORE_TERM], ranks=1)
+    stubborn = make_task("job-d", [PY, "-c", IGNORE_TERM], ranks=1, first_gpu=2)
     launcher.launch(stubborn)
     wait_for(lambda: "up" in launcher.log_path("job-d", 0, 1).read_text())
     assert launcher.kill("job-c", 0, grace_s=5.0) == 1
@@ -178,11 +189,34 @@ def test_kill_sigterm_then_sigkill_after_grace(work: Path, tmp_path: Path) -> No
     assert launcher.kill("job-c", 0) == 0  # nothing left to stop
 
 
+def test_a_stale_rank_on_a_gpu_the_log_gave_away_is_killed_before_the_new_rank_starts(
+    work: Path, tmp_path: Path
+) -> None:
+    launcher = RankLauncher(work)
+    # attempt 1 of a gang, its node cut off meanwhile: the log moved the gang on, its rank here runs on,
+    # deaf to SIGTERM
+    launcher.launch(make_task("old", [PY, "-c", IGNORE_TERM], ranks=2, attempt=1))
+    wait_for(lambda: all("up" in launcher.log_path("old", 1, r).read_text() for r in (2, 3)))
+    side = make_task("side", [PY, "-c", "import time; time.sleep(60)"], ranks=1, first_gpu=6)
+    launcher.launch(side)
+    # the node is back and the log gives GPU 3 (rank 3's) to another job: that whole stale attempt goes
+    newcomer = make_task("new", [PY, "-c", "print('started', flush=True)"], ranks=1, first_gpu=3)
+    outcome = launcher.launch(newcomer)
+    assert outcome.evicted == (("old", 1),) and outcome.started == (1,)
+    # killed (no grace: SIGTERM is ignored) and its exits recorded before the new rank was spawned
+    old_exits = {(e.rank, e.exit_code) for e in launcher.poll() if e.job_id == "old"}
+    assert old_exits == {(2, 128 + signal.SIGKILL), (3, 128 + signal.SIGKILL)}
+    # a rank on other GPUs is left alone, and a resent launch of the new task evicts nothing
+    assert {s.job_id: s.exit_code for s in launcher.status()}["side"] is None
+    assert launcher.launch(newcomer).evicted == ()
+    launcher.kill("side", 0, grace_s=0.0)
+
+
 def test_readoption_after_the_launcher_is_discarded(work: Path, tmp_path: Path) -> None:
     go = tmp_path / "go"
     old = RankLauncher(work)
     old.launch(make_task("job-e", [PY, "-c", WAIT_FOR_FILE, str(go)]))
-    quick = make_task("job-f", [PY, "-c", "raise SystemExit(3)"], ranks=1)
+    quick = make_task("job-f", [PY, "-c", "raise SystemExit(3)"], ranks=1, first_gpu=4)
     old.launch(quick)
     # every rank the new launcher is asked about must have been started (each wrapper writes its own pid)
     wait_for(lambda: all((work / "job-e" / "0" / f"rank-{r}.pid").exists() for r in (2, 3)))
@@ -306,7 +340,7 @@ def run_short_ranks(launcher: RankLauncher, jobs: int, ranks: int, wave: int = 1
     for first in range(0, jobs, wave):
         batch = range(first, min(first + wave, jobs))
         for j in batch:
-            launcher.launch(make_task(f"short-{j}", ["true"], ranks=ranks))
+            launcher.launch(make_task(f"short-{j}", ["true"], ranks=ranks, first_gpu=2 * ranks * (j - first)))
         exits += wait_exits(launcher, len(batch) * ranks, timeout=60.0)
         for exit in exits[-len(batch) * ranks :]:
             launcher.mark_reported(exit)
@@ -328,7 +362,7 @@ def test_wrappers_of_a_discarded_launcher_are_reaped_by_the_next(work: Path, tmp
     before = zombie_children()
     old = RankLauncher(work)
     old.launch(make_task("job-z", [PY, "-c", WAIT_FOR_FILE, str(go)], ranks=3))
-    old.launch(make_task("job-y", ["true"], ranks=3))
+    old.launch(make_task("job-y", ["true"], ranks=3, first_gpu=6))
     wait_for(lambda: all((work / "job-z" / "0" / f"rank-{r}.pid").exists() for r in (3, 4, 5)))
     wait_for(lambda: len(list((work / "job-y" / "0").glob("rank-*.exit"))) == 3)
     old.forget_processes()  # an in-process agent restart: the wrappers are our children, unhandled

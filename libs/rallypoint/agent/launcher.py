@@ -4,7 +4,8 @@ The launcher keeps no state that matters in memory: everything it knows is in ``
 new launcher on the same directory (an agent restart) re-adopts running ranks and reports the exits
 that happened while nobody was watching. The agent drives it:
 
-- ``launch(task)``  start the ranks of a task; ranks already started are never started again;
+- ``launch(task)``  start the ranks of a task; ranks already started are never started again; a rank of
+  another attempt still on one of its GPUs is stale (the log gave the GPU away) and is SIGKILLed first;
 - ``kill(job, attempt, grace_s)``  SIGTERM to each rank's process group, SIGKILL once the grace is over;
 - ``poll()``  called every ~0.1-0.5 s: reaps, escalates kills, returns exits not yet handed out;
 - ``mark_reported(exit)``  after RankExited is safely in the log, so a restart does not report it again;
@@ -52,6 +53,9 @@ STARTUP_GRACE_S = 10.0
 REPORT_LINGER_S = 30.0
 # Finding orphans means reading every /proc/<pid>/stat of the host: not on every poll.
 ORPHAN_SWEEP_INTERVAL_S = 2.0
+# How long a launch waits for the stale ranks it SIGKILLed to exit and free its GPUs (normally
+# milliseconds); past it the launch goes ahead and says which ranks still hold them.
+EVICTION_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ class RankExit:
 class LaunchOutcome:
     started: tuple[int, ...]
     already: tuple[int, ...]
+    #: (job, attempt) of the stale ranks stopped first because they held GPUs of this task
+    evicted: tuple[tuple[str, int], ...] = ()
 
     @property
     def already_running(self) -> bool:
@@ -167,6 +173,7 @@ class RankLauncher:
         return found
 
     def launch(self, task: LaunchTask) -> LaunchOutcome:
+        evicted = self._evict(task)
         directory = workdir.attempt_dir(self.work_dir, task.job_id, task.attempt)
         started: list[int] = []
         already: list[int] = []
@@ -211,7 +218,67 @@ class RankLauncher:
                         raise
                     self._record_exec_failure(record, exc)
                 started.append(spec.rank)
-        return LaunchOutcome(started=tuple(started), already=tuple(already))
+        return LaunchOutcome(started=tuple(started), already=tuple(already), evicted=evicted)
+
+    def _evict(self, task: LaunchTask) -> tuple[tuple[str, int], ...]:
+        """Stop every rank of another attempt that holds a GPU this task's ranks get, and wait until they
+        have exited. The log gave those GPUs to this task, so such a rank is stale: its attempt ended
+        while this node could not be told (lost, unreachable, a kill that never arrived). Left running,
+        it would hold the GPU's memory under the new rank. It gets no grace: its gang has moved on."""
+        wanted = {gpu for spec in task.ranks for gpu in spec.gpus}
+        if not wanted:
+            return ()
+        with self._lock:
+            now = self._clock()
+            live = [r for r in self._ranks.values() if r.exit is None]
+            attempts = tuple(
+                sorted(
+                    {
+                        (r.job_id, r.attempt)
+                        for r in live
+                        if (r.job_id, r.attempt) != (task.job_id, task.attempt)
+                        and wanted.intersection(r.gpus)
+                    }
+                )
+            )
+            # the whole stale attempt: its other ranks here are as stale, and hold GPUs the log has freed
+            squatters = [r for r in live if (r.job_id, r.attempt) in attempts]
+            for job_id, attempt in attempts:
+                held = {g for r in squatters if (r.job_id, r.attempt) == (job_id, attempt) for g in r.gpus}
+                _log.warning(
+                    "%s attempt %d still runs here, on GPUs %s of which %s go to %s attempt %d: killing it",
+                    job_id, attempt, sorted(held), sorted(held & wanted), task.job_id, task.attempt,
+                )  # fmt: skip
+            for record in squatters:
+                self._kill_now(record, now)
+        self._await_exits(squatters, EVICTION_WAIT_S)
+        return attempts
+
+    def _kill_now(self, record: _Rank, now: float) -> None:
+        """SIGKILL a rank at once, whatever kill was asked of it before (lock held)."""
+        workdir.write_atomic(record.file("kill"), {"requested_at": now, "grace_s": 0.0})
+        record.kill_deadline = now
+        self._refresh_pids(record)
+        self._enforce_kill(record, now)
+
+    def _await_exits(self, records: list[_Rank], timeout: float) -> None:
+        """Until every one of ``records`` has exited (its exit recorded, handed out by a later poll)."""
+        deadline = time.monotonic() + timeout
+        while records:
+            with self._lock:
+                self._reap()
+                now = self._clock()
+                for record in records:
+                    if record.exit is None:
+                        self._watch(record, now)
+                records = [r for r in records if r.exit is None]
+            if not records:
+                return
+            if time.monotonic() >= deadline:
+                held = ", ".join(f"{r.job_id} attempt {r.attempt} rank {r.rank}" for r in records)
+                _log.error("still running %.0f s after SIGKILL, holding GPUs: %s", timeout, held)
+                return
+            time.sleep(0.02)
 
     def kill(self, job_id: str, attempt: int, grace_s: float = 5.0) -> int:
         """Stop every unfinished rank of (job, attempt); returns how many were signalled or marked.

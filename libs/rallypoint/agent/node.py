@@ -407,11 +407,12 @@ class NodeAgent:
                 record_span(f"rank {rank} running", None, start_s=now, end_s=now, attributes=started)
         RANK_LAUNCHES.labels(result="already_running" if outcome.already_running else "started").inc()
         _log.info(
-            "launch %s attempt %d: started ranks %s, already %s",
+            "launch %s attempt %d: started ranks %s, already %s%s",
             task.job_id,
             task.attempt,
             list(outcome.started),
             list(outcome.already),
+            "".join(f"; stopped stale {job} attempt {attempt} first" for job, attempt in outcome.evicted),
         )
         return _json.encode(
             LaunchReply(
