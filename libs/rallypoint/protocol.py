@@ -39,6 +39,7 @@ REFUSED_BAD_REQUEST = "bad_request"  # the task did not decode (controller and a
 REFUSED_WRONG_NODE = "wrong_node"  # the task names another node (the bind and the agents disagree)
 REFUSED_UNKNOWN_GPUS = "unknown_gpus"  # GPUs this node no longer has (it changed under the bind)
 REFUSED_EMPTY_COMMAND = "empty_command"  # the job's spec cannot run: no command
+REFUSED_SUPERSEDED = "superseded"  # a newer attempt of the job runs on the node: this launch came too late
 
 
 class LaunchReply(msgspec.Struct, frozen=True, kw_only=True):

@@ -16,6 +16,7 @@ from rallypoint.control import LaunchRefusal, refusal_event
 from rallypoint.events import JobAttemptFailed, JobFailed
 from rallypoint.protocol import (
     REFUSED_EMPTY_COMMAND,
+    REFUSED_SUPERSEDED,
     REFUSED_UNKNOWN_GPUS,
     REFUSED_WRONG_NODE,
     LaunchReply,
@@ -103,6 +104,9 @@ def test_a_refusal_without_a_code_or_no_refusal_at_all_keeps_retrying_the_launch
     old_agent = LaunchRefusal(node_id="n1", code="", error="empty command")
     assert refusal_event(job, [old_agent], 10.0, CONFIG) is None
     assert refusal_event(job, [], 10.0, CONFIG) is None  # only timeouts: the node may be slow
+    # a launch that came too late for a node already running the next attempt says nothing of this one
+    late = LaunchRefusal(node_id="n1", code=REFUSED_SUPERSEDED, error="attempt 2 of j runs here")
+    assert refusal_event(job, [late], 10.0, CONFIG) is None
 
 
 def test_an_older_agents_reply_without_a_code_still_decodes() -> None:

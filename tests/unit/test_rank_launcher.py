@@ -212,6 +212,15 @@ def test_a_stale_rank_on_a_gpu_the_log_gave_away_is_killed_before_the_new_rank_s
     launcher.kill("side", 0, grace_s=0.0)
 
 
+def test_a_launch_of_an_attempt_older_than_one_running_starts_nothing_and_kills_nothing(work: Path) -> None:
+    launcher = RankLauncher(work)
+    launcher.launch(make_task("gang", [PY, "-c", "import time; time.sleep(60)"], ranks=1, attempt=2))
+    late = launcher.launch(make_task("gang", [PY, "-c", "pass"], ranks=1, attempt=1))
+    assert (late.superseded_by, late.started, late.evicted) == (2, (), ())
+    assert [(s.attempt, s.exit_code) for s in launcher.status()] == [(2, None)]
+    launcher.kill("gang", 2, grace_s=0.0)
+
+
 def test_readoption_after_the_launcher_is_discarded(work: Path, tmp_path: Path) -> None:
     go = tmp_path / "go"
     old = RankLauncher(work)

@@ -75,6 +75,8 @@ class LaunchOutcome:
     already: tuple[int, ...]
     #: (job, attempt) of the stale ranks stopped first because they held GPUs of this task
     evicted: tuple[tuple[str, int], ...] = ()
+    #: a newer attempt of the job runs here: nothing was started (a launch that came too late)
+    superseded_by: int | None = None
 
     @property
     def already_running(self) -> bool:
@@ -173,6 +175,14 @@ class RankLauncher:
         return found
 
     def launch(self, task: LaunchTask) -> LaunchOutcome:
+        newer = self._newer_attempt(task)
+        if newer is not None:
+            # a launch that arrives late, after the log moved the job on and this node started the next
+            # attempt: starting it would put two attempts on the same GPUs, evicting would kill the live one
+            _log.warning(
+                "not launching %s attempt %d: attempt %d runs here", task.job_id, task.attempt, newer
+            )
+            return LaunchOutcome(started=(), already=(), superseded_by=newer)
         evicted = self._evict(task)
         directory = workdir.attempt_dir(self.work_dir, task.job_id, task.attempt)
         started: list[int] = []
@@ -219,6 +229,13 @@ class RankLauncher:
                     self._record_exec_failure(record, exc)
                 started.append(spec.rank)
         return LaunchOutcome(started=tuple(started), already=tuple(already), evicted=evicted)
+
+    def _newer_attempt(self, task: LaunchTask) -> int | None:
+        """The newest attempt of the task's job with a rank running here, if newer than the task's."""
+        with self._lock:
+            attempts = [r.attempt for r in self._ranks.values() if r.job_id == task.job_id and r.exit is None]
+        newest = max(attempts, default=None)
+        return newest if newest is not None and newest > task.attempt else None
 
     def _evict(self, task: LaunchTask) -> tuple[tuple[str, int], ...]:
         """Stop every rank of another attempt that holds a GPU this task's ranks get, and wait until they

@@ -48,6 +48,7 @@ from rallypoint.observability.tracing import SpanKind, context_from_headers, rec
 from rallypoint.protocol import (
     REFUSED_BAD_REQUEST,
     REFUSED_EMPTY_COMMAND,
+    REFUSED_SUPERSEDED,
     REFUSED_UNKNOWN_GPUS,
     REFUSED_WRONG_NODE,
     Heartbeat,
@@ -401,6 +402,10 @@ class NodeAgent:
         parent = context_from_headers(msg.headers)  # the job controller's launch span
         with span("agent.launch", parent, kind=SpanKind.SERVER, attributes=_attrs(task)):
             outcome = await asyncio.to_thread(self.launcher.launch, task)
+            if outcome.superseded_by is not None:
+                newer, job = outcome.superseded_by, task.job_id
+                error = f"attempt {newer} of {job} runs here; attempt {task.attempt} is over"
+                return _json.encode(LaunchReply(ok=False, error=error, code=REFUSED_SUPERSEDED))
             now = self._clock()
             for rank in outcome.started:  # one span per rank it started, in the job's trace
                 started = {"rally.rank": rank}
