@@ -34,6 +34,7 @@ import cluster_jobs
 import msgspec
 import pytest
 
+from rallypoint.audit import verify_decisions
 from rallypoint.eventlog import EventLog
 from rallypoint.events import (
     CheckpointCommitted,
@@ -47,7 +48,9 @@ from rallypoint.events import (
 )
 from rallypoint.localcluster import LocalCluster
 from rallypoint.localcluster.http import call
+from rallypoint.localcluster.supervisor import LOCAL_SERVICE_ARGS
 from rallypoint.protocol import Heartbeat
+from rallypoint.scheduling import SchedulingPolicy
 
 pytestmark = pytest.mark.slow
 
@@ -390,3 +393,21 @@ def test_uncorrectable_ecc_fails_the_node_evicts_now_and_waits_for_an_operator(c
     assert view["schedulable"] and view["health"] == "healthy" and view["status"] == "up"
     time.sleep(5)  # and the monitor does not take it back out: its GPUs read clean
     assert health_of(cluster, broken) == "healthy"
+
+
+def test_every_decision_and_repair_of_these_scenarios_audits(cluster: LocalCluster) -> None:
+    """Last in the module: the whole log of the scenarios above (stragglers replaced, cordons, drains,
+    evictions) through the audit, every repair recomputed with the local scheduler's repair wait."""
+
+    async def read() -> list[tuple[int, Event]]:
+        log = await EventLog.connect(cluster.nats_url, name="e2e-degraded-audit", create=False)
+        try:
+            return [(rec.seq, rec.event) async for rec in log.replay()]
+        finally:
+            await log.close()
+
+    args = LOCAL_SERVICE_ARGS["scheduler"]
+    wait = float(args[args.index("--repair-wait") + 1])
+    report = verify_decisions(asyncio.run(read()), SchedulingPolicy("rallypoint"), repair_wait_s=wait)
+    assert report.ok, msgspec.to_builtins(report)
+    assert report.repairs_verified == report.repairs and report.verified > 0
