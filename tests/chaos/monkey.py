@@ -46,7 +46,7 @@ from rallypoint.events import GangBound, TaskPlacement, subjects
 from rallypoint.events.codec import Quarantined
 from rallypoint.localcluster import LocalCluster
 from rallypoint.localcluster.http import call
-from rallypoint.localcluster.supervisor import LOCAL_SERVICE_ARGS, SCHEDULERS, SINGLETONS
+from rallypoint.localcluster.supervisor import SCHEDULERS, SINGLETONS, local_service_seconds
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.state import ACTIVE, ClusterState
 
@@ -62,8 +62,7 @@ POISON = (
 #: The local cluster's scheduler policy (no queue file): the audit recomputes its decisions.
 POLICY = SchedulingPolicy("rallypoint")
 # the local cluster's scheduler's --repair-wait: the audit recomputes its requeues with it
-_SCHEDULER_ARGS = LOCAL_SERVICE_ARGS["scheduler"]
-REPAIR_WAIT_S = float(_SCHEDULER_ARGS[_SCHEDULER_ARGS.index("--repair-wait") + 1])
+REPAIR_WAIT_S = local_service_seconds("scheduler", "--repair-wait")
 
 
 @dataclass

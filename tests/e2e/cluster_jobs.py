@@ -3,12 +3,16 @@
 ``submit`` posts a job (a 1-GPU, 1-rank task of team ``e2e`` unless told otherwise) and returns its id;
 ``job`` reads its view. Both assert the API's answer, so a test fails on the request that went wrong.
 A test module with other defaults binds them once: ``submit = partial(cluster_jobs.submit, team="obs")``.
+``log_records`` reads the whole log, for the tests that check it.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+from rallypoint.eventlog import EventLog
+from rallypoint.events import Event
 from rallypoint.localcluster import LocalCluster
 from rallypoint.localcluster.http import call
 
@@ -42,3 +46,16 @@ def job(cluster: LocalCluster, job_id: str) -> dict[str, Any]:
     status, view = call("GET", f"{cluster.api_url}/v1/jobs/{job_id}")
     assert status == 200, view
     return dict(view)
+
+
+def log_records(cluster: LocalCluster, name: str) -> list[tuple[int, Event]]:
+    """The cluster's whole log as (seq, event), read over a connection named ``name``."""
+
+    async def read() -> list[tuple[int, Event]]:
+        log = await EventLog.connect(cluster.nats_url, name=name, create=False)
+        try:
+            return [(rec.seq, rec.event) async for rec in log.replay()]
+        finally:
+            await log.close()
+
+    return asyncio.run(read())

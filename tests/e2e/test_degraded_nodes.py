@@ -48,7 +48,7 @@ from rallypoint.events import (
 )
 from rallypoint.localcluster import LocalCluster
 from rallypoint.localcluster.http import call
-from rallypoint.localcluster.supervisor import LOCAL_SERVICE_ARGS
+from rallypoint.localcluster.supervisor import local_service_seconds
 from rallypoint.protocol import Heartbeat
 from rallypoint.scheduling import SchedulingPolicy
 
@@ -130,14 +130,7 @@ def cancel(cluster: LocalCluster, *job_ids: str) -> None:
 
 
 def history(cluster: LocalCluster) -> list[Event]:
-    async def read() -> list[Event]:
-        log = await EventLog.connect(cluster.nats_url, name="e2e-degraded", create=False)
-        try:
-            return [rec.event async for rec in log.replay()]
-        finally:
-            await log.close()
-
-    return asyncio.run(read())
+    return [event for _, event in cluster_jobs.log_records(cluster, "e2e-degraded")]
 
 
 def health_changes(cluster: LocalCluster, node_id: str | None = None) -> list[NodeHealthChanged]:
@@ -398,16 +391,8 @@ def test_uncorrectable_ecc_fails_the_node_evicts_now_and_waits_for_an_operator(c
 def test_every_decision_and_repair_of_these_scenarios_audits(cluster: LocalCluster) -> None:
     """Last in the module: the whole log of the scenarios above (stragglers replaced, cordons, drains,
     evictions) through the audit, every repair recomputed with the local scheduler's repair wait."""
-
-    async def read() -> list[tuple[int, Event]]:
-        log = await EventLog.connect(cluster.nats_url, name="e2e-degraded-audit", create=False)
-        try:
-            return [(rec.seq, rec.event) async for rec in log.replay()]
-        finally:
-            await log.close()
-
-    args = LOCAL_SERVICE_ARGS["scheduler"]
-    wait = float(args[args.index("--repair-wait") + 1])
-    report = verify_decisions(asyncio.run(read()), SchedulingPolicy("rallypoint"), repair_wait_s=wait)
+    records = cluster_jobs.log_records(cluster, "e2e-degraded-audit")
+    wait = local_service_seconds("scheduler", "--repair-wait")
+    report = verify_decisions(records, SchedulingPolicy("rallypoint"), repair_wait_s=wait)
     assert report.ok, msgspec.to_builtins(report)
     assert report.repairs_verified == report.repairs and report.verified > 0

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import os
@@ -30,7 +29,6 @@ import pytest
 
 from rallypoint.agent import workdir
 from rallypoint.audit import verify_decisions
-from rallypoint.eventlog import EventLog
 from rallypoint.events import (
     CheckpointCommitted,
     Event,
@@ -44,15 +42,14 @@ from rallypoint.events import (
 )
 from rallypoint.localcluster import LocalCluster
 from rallypoint.localcluster.http import call
-from rallypoint.localcluster.supervisor import LOCAL_SERVICE_ARGS
+from rallypoint.localcluster.supervisor import local_service_seconds
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.state import ClusterState
 
 pytestmark = pytest.mark.slow
 
 TERMINAL = {"completed", "failed", "cancelled", "rejected"}
-_SCHEDULER_ARGS = LOCAL_SERVICE_ARGS["scheduler"]
-LOCAL_REPAIR_WAIT_S = float(_SCHEDULER_ARGS[_SCHEDULER_ARGS.index("--repair-wait") + 1])
+LOCAL_REPAIR_WAIT_S = local_service_seconds("scheduler", "--repair-wait")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_numpy.py"
 
 
@@ -80,14 +77,7 @@ def wait_for(cluster: LocalCluster, job_id: str, states: set[str], timeout: floa
 
 
 def history(cluster: LocalCluster) -> list[tuple[int, Event]]:
-    async def read() -> list[tuple[int, Event]]:
-        log = await EventLog.connect(cluster.nats_url, name="e2e-recovery", create=False)
-        try:
-            return [(rec.seq, rec.event) async for rec in log.replay()]
-        finally:
-            await log.close()
-
-    return asyncio.run(read())
+    return cluster_jobs.log_records(cluster, "e2e-recovery")
 
 
 def of_job(events: list[tuple[int, Event]], job_id: str) -> list[Event]:

@@ -73,7 +73,7 @@ from .loadgen import (
     spec_body,
 )
 from .logwatch import LogWatch
-from .supervisor import LOCAL_SERVICE_ARGS, LocalCluster
+from .supervisor import LocalCluster, local_service_seconds
 from .zombies import zombie_run
 
 CONCURRENCY = 16
@@ -108,9 +108,9 @@ class BenchConfig:
 def monitor_thresholds(heartbeat_interval_s: float) -> tuple[float, float]:
     """(unreachable, lost) seconds for the health monitor: the local cluster's 3 s and 8 s at one
     heartbeat a second; at a longer period, 3 and 6 missed heartbeats (the production 30 s at 5 s)."""
-    args = LOCAL_SERVICE_ARGS["health-monitor"]
-    local = (float(args[args.index("--unreachable-after") + 1]), float(args[args.index("--lost-after") + 1]))
-    return max(local[0], 3 * heartbeat_interval_s), max(local[1], 6 * heartbeat_interval_s)
+    unreachable = local_service_seconds("health-monitor", "--unreachable-after")
+    lost = local_service_seconds("health-monitor", "--lost-after")
+    return max(unreachable, 3 * heartbeat_interval_s), max(lost, 6 * heartbeat_interval_s)
 
 
 def _rounded(value: float | None, digits: int = 3) -> float | None:

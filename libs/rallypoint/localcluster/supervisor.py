@@ -64,6 +64,13 @@ LOCAL_SERVICE_ARGS: dict[str, tuple[str, ...]] = {
 }
 
 
+def local_service_seconds(service: str, flag: str) -> float:
+    """The seconds ``flag`` gives ``service`` in the local cluster (``LOCAL_SERVICE_ARGS``): what a bench
+    or an audit of a local cluster's log must assume, e.g. the scheduler's ``--repair-wait``."""
+    args = LOCAL_SERVICE_ARGS[service]
+    return float(args[args.index(flag) + 1])
+
+
 def _revive(name: str, server: NatsServer | PostgresServer) -> bool:
     """Restart ``server`` if it died; True if it did and is back."""
     if server.running():
