@@ -42,6 +42,7 @@ from rallypoint.state import ClusterState, JobState, JobView
 
 from .auth import auth_middleware, forbidden, principal
 from .dashboard import add_dashboard_routes
+from .fairuse import FairUse, refusal_metrics, too_many
 from .fold import FoldFollower, quarantine_metrics
 from .history_views import add_history_routes
 from .http_metrics import metrics_middleware
@@ -110,6 +111,7 @@ class Handlers:
         self.config = config
         self.submissions: Counter[str] = Counter()
         self.priority_classes, self.default_priority = submission_classes(config.queues)
+        self.fair_use = FairUse(config.queues)
 
     @property
     def state(self) -> ClusterState:
@@ -175,11 +177,14 @@ class Handlers:
             return invalid_spec(err)
         if (refusal := self._priority_refusal(who, spec)) is not None:
             self.submissions["forbidden"] += 1
+            self.fair_use.count_refusal(spec.team, "priority")
             return forbidden(refusal, field="priority")
 
         existing = self.state.jobs.get(job_id)
         if existing is not None:
             return self._replayed(existing, spec, key)
+        if (limited := await self._fair_use_refusal(who, spec, job_id, key)) is not None:
+            return limited
 
         event = JobSubmitted(
             job_id=job_id, spec=spec, submitted_at=time.time(), idempotency_key=key, submitted_by=who.user
@@ -197,6 +202,7 @@ class Handlers:
             # The job exists (a concurrent retry won, or the fold has not seen it yet): find it.
             return await self._replayed_after_conflict(job_id, spec, key)
         except LogUnavailable as exc:
+            self.fair_use.withdraw(job_id)
             self.submissions["unavailable"] += 1
             return unavailable(
                 f"the event log did not acknowledge the submission ({exc}); retry with the "
@@ -241,6 +247,28 @@ class Handlers:
             job_id=job_id,
             seq=seq,
         )
+
+    async def _fair_use_refusal(
+        self, who: Principal, spec: JobSpec, job_id: str, key: str | None
+    ) -> web.Response | None:
+        """429 beyond the team's pending cap or submission rate (``fairuse.py``), unless the request is
+        the retry of a submission the log already holds: that one is answered as before, never 429."""
+        refusal = self.fair_use.admit(who, spec.team, job_id, self.state)
+        if refusal is None:
+            return None
+        if key is not None and (job := await self._in_log(job_id)) is not None:
+            return self._replayed(job, spec, key)
+        self.submissions["limited"] += 1
+        return too_many(refusal)
+
+    async def _in_log(self, job_id: str) -> JobView | None:
+        """The job, once this instance's fold has read the log to its current end (None: not there)."""
+        try:
+            last = await self.log.last_seq()
+        except LogUnavailable:
+            return None
+        await self.follower.wait_for_seq(last, self.config.fold_wait_s)
+        return self.state.jobs.get(job_id)
 
     def _priority_refusal(self, who: Principal, spec: JobSpec) -> str | None:
         # An admin may submit above a team's ceiling (an operator's override, as a Slurm admin's QOS).
@@ -460,6 +488,7 @@ class Handlers:
         text += quarantine_metrics(self.state)
         index = self.follower.read_index
         text += read_index_metrics(index.reads, index.asked)
+        text += refusal_metrics(self.fair_use.refusals)
         # the process's instruments: HTTP requests and latency (http_metrics), process and Python collectors
         text += generate_latest(REGISTRY).decode()
         return web.Response(text=text, content_type=PROMETHEUS_CONTENT_TYPE)

@@ -49,6 +49,21 @@ def _json(description: str, schema: dict[str, Any], headers: dict[str, Any] | No
     return out
 
 
+# A team token beyond its queue file's max_pending_jobs or submissions_per_minute (services/api/fairuse.py).
+_FAIR_USE_LIMIT: dict[str, Any] = {
+    **_problem(
+        "Beyond a fair-use limit of the team's queue file (the problem's limit: max_pending_jobs or "
+        "submissions_per_minute); nothing was appended. A retry of an accepted submission is never refused."
+    ),
+    "headers": {
+        "Retry-After": {
+            "description": "Seconds to wait before submitting again.",
+            "schema": {"type": "integer"},
+        }
+    },
+}
+
+
 def _fold_read(operation: dict[str, Any]) -> dict[str, Any]:
     """A read answered from this API's fold: ``stale``, the read headers, its 400 and 503."""
     return document_fold_read(operation, _problem)
@@ -552,10 +567,15 @@ def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
                             "The body is not labelled application/json or application/cloudevents+json "
                             "(a form or text body), or is a CloudEvents batch."
                         ),
+                        "403": _problem(
+                            "A team token submitting for another team, or at a priority class the queue file "
+                            "does not grant its team (field: team or priority)."
+                        ),
                         "422": _problem(
                             "Invalid spec, larger than the cluster, or a reused key with "
                             "another spec; nothing was appended."
                         ),
+                        "429": _FAIR_USE_LIMIT,
                         "503": _problem(
                             "The event log did not acknowledge, or this instance cannot see the appended job "
                             "yet; retry with the same key."

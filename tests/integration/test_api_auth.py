@@ -277,8 +277,13 @@ async def test_team_cannot_submit_above_its_max_priority(
         await submit_ok(client, tokens.nlp, spec(priority=allowed, name=f"job-{allowed}"))
 
 
-async def test_team_without_a_ceiling_and_admin_may_use_any_class(client: Client, tokens: Tokens) -> None:
-    await submit_ok(client, tokens.vision, spec(team="vision", priority="production"))
+async def test_team_without_a_ceiling_may_use_every_class_but_production_and_admin_any(
+    client: Client, tokens: Tokens
+) -> None:
+    await submit_ok(client, tokens.vision, spec(team="vision", priority="training-high"))
+    # production is reserved for teams the queue file grants it (tests/integration/test_api_fair_use.py)
+    refused = await submit(client, tokens.vision, spec(team="vision", priority="production"))
+    await assert_problem(refused, 403, "priority")
     await submit_ok(client, tokens.admin, spec(team="nlp", priority="production"))
 
 

@@ -146,7 +146,9 @@ def test_max_priority_must_be_a_class() -> None:
     queues = queues_from_obj({"teams": [{"name": "nlp", "max_priority": "development"}]})
     assert queues.priority_refusal("nlp", "training-standard") is not None
     assert queues.priority_refusal("nlp", "best-effort") is None
-    assert queues.priority_refusal("other", "production") is None
+    assert queues.priority_refusal("other", "training-high") is None
+    # production is reserved: a team the file does not grant it may not use it (tests/unit/test_fairuse.py)
+    assert queues.priority_refusal("other", "production") is not None
     with pytest.raises(QueuesError, match="max_priority"):
         queues_from_obj({"teams": [{"name": "nlp", "max_priority": "urgent"}]})
 

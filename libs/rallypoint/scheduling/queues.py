@@ -15,6 +15,13 @@
       - {name: nlp, parent: language, cohort: all, nominal: 64, borrowing_limit: 128, weight: 2,
          max_priority: training-high}
 
+Fair use (enforced by the API at submission; docs/api.md): a team's ``max_pending_jobs`` caps its jobs
+waiting for the scheduler, ``submissions_per_minute`` (with ``submission_burst``, a token bucket) its
+submission rate, and ``priorities`` lists the classes it may ask for. An org may set them too: a team
+without its own value takes its nearest org's. Unset everywhere: no cap, no rate limit, and every class
+but ``production`` (``RESERVED_PRIORITIES``: granted only by naming it in ``priorities``, or by a
+``max_priority`` at or above it).
+
 ``nominal`` is the team's guaranteed GPUs; ``borrowing_limit`` caps how many GPUs above nominal it may borrow
 from idle quota in its cohort (None: unlimited); ``lending_limit`` how many of its nominal GPUs others may
 borrow; ``weight`` its fair-share weight; ``max_priority`` the most important class its jobs may ask for
@@ -28,6 +35,8 @@ org, an org's ``parent`` another org. Jobs name teams, never orgs; names are uni
 
 from __future__ import annotations
 
+import math
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +45,31 @@ import msgspec
 from rallypoint.configfile import read_structured
 from rallypoint.core.types import DEFAULT_PRIORITY_CLASSES
 
+#: Classes no team may use unless the queue file grants them (``priorities``, or ``max_priority``): one
+#: team submitting everything as production would preempt every other team's work.
+RESERVED_PRIORITIES: frozenset[str] = frozenset({"production"})
+
 
 class QueuesError(ValueError):
     """A queue configuration is malformed."""
+
+
+class FairUse(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The fair-use keys a team or an org may set (None: not set here, inherited from the nearest org)."""
+
+    max_pending_jobs: int | None = None
+    submissions_per_minute: float | None = None
+    submission_burst: int | None = None
+    priorities: list[str] | None = None
+
+
+class TeamLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """A team's fair-use limits once inherited (None: unlimited). ``burst``: the bucket's size, a minute's
+    worth of submissions unless the file says otherwise."""
+
+    max_pending_jobs: int | None
+    submissions_per_minute: float | None
+    burst: int
 
 
 class PriorityClass(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -51,13 +82,13 @@ class Cohort(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     name: str
 
 
-class Org(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Org(FairUse, frozen=True, kw_only=True, forbid_unknown_fields=True):
     name: str
     parent: str | None = None
     limit: int | None = None
 
 
-class Team(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Team(FairUse, frozen=True, kw_only=True, forbid_unknown_fields=True):
     name: str
     parent: str | None = None
     nominal: int = 0
@@ -113,18 +144,55 @@ class Queues(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         classes = self.priority_classes if self.priority_classes is not None else DEFAULT_PRIORITY_CLASSES
         return {c.name: c.value for c in classes}
 
-    def priority_refusal(self, team: str, priority: str) -> str | None:
-        """Why ``team`` may not submit at ``priority`` (None: it may): above its ``max_priority``."""
-        ceiling = self.team(team).max_priority
-        if ceiling is None:
-            return None
+    def inherited(self, team: str, key: str) -> Any:
+        """A fair-use key's value for ``team``: its own, else its nearest org's that sets it (None: unset)."""
+        holders: list[FairUse] = [self.team(team)]
+        holders += [org for name in self.lineage(team) if (org := self.org(name)) is not None]
+        for holder in holders:
+            value = getattr(holder, key)
+            if value is not None:
+                return value
+        return None
+
+    def limits(self, team: str) -> TeamLimits:
+        rate: float | None = self.inherited(team, "submissions_per_minute")
+        burst: int | None = self.inherited(team, "submission_burst")
+        return TeamLimits(
+            max_pending_jobs=self.inherited(team, "max_pending_jobs"),
+            submissions_per_minute=rate,
+            burst=burst if burst is not None else max(1, math.ceil(rate or 1)),
+        )
+
+    def granted_priorities(self, team: str) -> list[str]:
+        """The classes ``team`` may use, most important first (its ``max_priority`` may narrow them)."""
         values = self.class_values()
-        if values.get(priority, 0) <= values[ceiling]:
+        listed: list[str] | None = self.inherited(team, "priorities")
+        if listed is not None:
+            granted = set(listed)
+        elif self.team(team).max_priority is not None:
+            granted = set(values)  # an explicit ceiling grants every class up to it, reserved ones too
+        else:
+            granted = set(values) - RESERVED_PRIORITIES
+        return sorted(granted & values.keys(), key=lambda n: (-values[n], n))
+
+    def priority_refusal(self, team: str, priority: str) -> str | None:
+        """Why ``team`` may not submit at ``priority`` (None: it may): above its ``max_priority``, or not
+        among its granted classes."""
+        ceiling = self.team(team).max_priority
+        values = self.class_values()
+        if ceiling is not None and values.get(priority, 0) > values[ceiling]:
+            allowed = sorted((n for n, v in values.items() if v <= values[ceiling]), key=lambda n: -values[n])
+            return (
+                f"team {team!r} may submit at priority {ceiling!r} or below ({', '.join(allowed)}); "
+                f"{priority!r} is above it"
+            )
+        granted = self.granted_priorities(team)
+        if priority in granted:
             return None
-        allowed = sorted((n for n, v in values.items() if v <= values[ceiling]), key=lambda n: -values[n])
+        why = "reserved; the queue file must grant it" if priority in RESERVED_PRIORITIES else "not granted"
         return (
-            f"team {team!r} may submit at priority {ceiling!r} or below ({', '.join(allowed)}); "
-            f"{priority!r} is above it"
+            f"team {team!r} may not submit at priority {priority!r} ({why}); "
+            f"its classes: {', '.join(granted) or 'none'}"
         )
 
 
@@ -149,7 +217,33 @@ def validate_queues(q: Queues) -> None:
             raise QueuesError(f"team {t.name}: unknown cohort {t.cohort!r}")
         if t.max_priority is not None and t.max_priority not in class_names:
             raise QueuesError(f"team {t.name}: max_priority {t.max_priority!r} is not a priority class")
+    holders: list[tuple[str, FairUse]] = [(f"team {t.name}", t) for t in q.teams]
+    holders += [(f"org {o.name}", o) for o in q.orgs]
+    for where, holder in holders:
+        _validate_fair_use(where, holder, class_names.keys())
     _validate_orgs(q)
+    for t in q.teams:
+        if q.inherited(t.name, "submission_burst") and not q.inherited(t.name, "submissions_per_minute"):
+            raise QueuesError(
+                f"team {t.name}: submission_burst without submissions_per_minute (its own or an org's)"
+            )
+
+
+def _validate_fair_use(where: str, holder: FairUse, classes: Collection[str]) -> None:
+    """Each fair-use key positive, and ``priorities`` a non-empty list of distinct, known classes."""
+    for key in ("max_pending_jobs", "submissions_per_minute", "submission_burst"):
+        value = getattr(holder, key)
+        if value is not None and not value > 0:
+            raise QueuesError(f"{where}: {key} must be > 0, got {value}")
+    if holder.priorities is None:
+        return
+    if not holder.priorities:
+        raise QueuesError(f"{where}: priorities must name at least one class (leave it out for the default)")
+    if len(set(holder.priorities)) != len(holder.priorities):
+        raise QueuesError(f"{where}: priorities lists a class twice")
+    unknown = [p for p in holder.priorities if p not in classes]
+    if unknown:
+        raise QueuesError(f"{where}: priorities names {unknown[0]!r}, which is not a priority class")
 
 
 def _validate_orgs(q: Queues) -> None:
