@@ -40,7 +40,7 @@ from rallypoint.scheduling.queues import Queues
 from rallypoint.security.tokens import Principal, TokenStore
 from rallypoint.state import ClusterState, JobState, JobView
 
-from .auth import auth_middleware, forbidden, principal
+from .auth import auth_middleware, forbidden, not_theirs, principal
 from .dashboard import add_dashboard_routes
 from .fairuse import FairUse, refusal_metrics, too_many
 from .fold import FoldFollower, quarantine_metrics
@@ -53,7 +53,7 @@ from .problems import PROBLEM_JSON, invalid_spec, not_found, problem, unavailabl
 from .readindex import ReadIndex, stream_tip
 from .reads import FoldReads, ready_to_read
 from .traced import trace_middleware
-from .views import job_links, queue_positions, render_checkpoints, render_job, render_node
+from .views import audience, job_links, queue_positions, render_checkpoints, render_job, render_node
 
 _log = logging.getLogger("rallypoint.api")
 
@@ -348,7 +348,8 @@ class Handlers:
             return not_found("job", job_id)
         if (refused := not_theirs(request, job)) is not None:
             return refused
-        return json_response(render_job(job, queue_positions(self.state)))
+        reader = audience(request, self.state.jobs)
+        return json_response(render_job(job, queue_positions(self.state), reader))
 
     async def list_jobs(self, request: web.Request) -> web.Response:
         query = request.query
@@ -403,9 +404,10 @@ class Handlers:
         )
         page = matching[:limit]
         positions = queue_positions(self.state)
+        reader = audience(request, self.state.jobs)
         return json_response(
             {
-                "jobs": [render_job(j, positions) for j in page],
+                "jobs": [render_job(j, positions, reader) for j in page],
                 "count": len(page),
                 # Cursor for the next page: pass it back as ?after=; null when this page is the last.
                 "next_after": page[-1].submitted_seq if len(matching) > limit else None,
@@ -464,7 +466,8 @@ class Handlers:
     # -- cluster, state, operations --------------------------------------------------------------------
 
     async def list_nodes(self, request: web.Request) -> web.Response:
-        nodes = [render_node(n) for _, n in sorted(self.state.nodes.items())]
+        reader = audience(request, self.state.jobs)
+        nodes = [render_node(n, reader) for _, n in sorted(self.state.nodes.items())]
         return json_response({"nodes": nodes, "count": len(nodes), "seq": self.state.last_seq})
 
     async def get_state(self, request: web.Request) -> web.Response:
@@ -495,19 +498,6 @@ class Handlers:
 
     async def openapi(self, request: web.Request) -> web.Response:
         return json_response(openapi_document(self.priority_classes, self.default_priority))
-
-
-def not_theirs(request: web.Request, job: JobView) -> web.Response | None:
-    """403 when the caller's token may not act for the job's team (None: it may).
-
-    403, not a 404 that would pretend the job does not exist: a job's existence is not secret here
-    (ids are opaque, and Slurm's squeue and Kueue's visibility API show other teams' queued jobs), and
-    "wrong token" is what a user holding two teams' tokens needs to hear. The owning team is not named.
-    """
-    who = principal(request)
-    if who.may_act_for(job.spec.team):
-        return None
-    return forbidden(f"job {job.job_id} belongs to another team; this token acts for team {who.team!r}")
 
 
 def submission_classes(queues: Queues | None) -> tuple[tuple[str, ...], str]:

@@ -16,8 +16,9 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from rallypoint.security.tokens import ANONYMOUS_ADMIN, Principal, TokenStore
+from rallypoint.state import JobView
 
-from .problems import problem
+from .problems import not_found, problem
 
 PUBLIC_PATHS: frozenset[str] = frozenset({"/healthz", "/readyz", "/metrics", "/v1/openapi.json", "/"})
 #: The dashboard's static files (``dashboard.py``): no data in them; the page reads the API with a token.
@@ -41,6 +42,17 @@ def forbidden(detail: str, *, field: str | None = None) -> web.Response:
 def principal(request: web.Request) -> Principal:
     """The authenticated caller (an anonymous admin when the app runs without a token store)."""
     return request.get(PRINCIPAL, ANONYMOUS_ADMIN)
+
+
+def not_theirs(request: web.Request, job: JobView) -> web.Response | None:
+    """404 when the caller's token may not act for the job's team (None: it may).
+
+    The very 404 of a job that does not exist, not a 403: a team token learns nothing of another team's
+    jobs, not even that an id it guessed or read somewhere is one (docs/api.md, "What a team sees").
+    """
+    if principal(request).may_act_for(job.spec.team):
+        return None
+    return not_found("job", job.job_id)
 
 
 def bearer_token(header: str | None) -> str | None:
@@ -102,8 +114,8 @@ def with_security(document: dict[str, Any]) -> dict[str, Any]:
 
 _UNAUTHORIZED = "No token, or an unknown or revoked one (with `WWW-Authenticate: Bearer`)."
 _FORBIDDEN = (
-    "The token's team may not do this: another team's job, another team in the body, or a priority "
-    "class above the team's `max_priority`."
+    "The token's team may not do this: another team in the body or the query, an admin's operation, or a "
+    "priority class above the team's `max_priority`. Another team's job is a 404, as a missing one."
 )
 
 

@@ -22,11 +22,12 @@ from rallypoint.jobs.history import job_history
 from rallypoint.protocol import LogsReply, LogsRequest
 from rallypoint.state import TERMINAL, ClusterState, JobView
 
-from .auth import forbidden, principal
+from .auth import forbidden, not_theirs, principal
 from .fold import FoldFollower
 from .ledger import LedgerCache, job_events
 from .problems import not_found, problem, unavailable
 from .reads import FoldReads, refuses_stale
+from .views import audience
 
 AGENT_TIMEOUT_S = 3.0
 READY_WAIT_S = 5.0  # how long a read waits for the fold to be current before 503 (as ApiConfig's)
@@ -36,6 +37,13 @@ _json = msgspec.json.Encoder()
 
 def _ok(body: Any) -> web.Response:
     return web.Response(body=_json.encode(body), content_type="application/json")
+
+
+def _shown(request: web.Request, jobs: Any, body: msgspec.Struct) -> web.Response:
+    """``body`` as the caller may see it: another team's job ids in it (the job a preemption made room
+    for, a pending reason naming its victims) redacted for a team token (``views.Audience``)."""
+    reader = audience(request, jobs)
+    return _ok(body if reader.sees_all else reader.scrub(msgspec.to_builtins(body)))
 
 
 def _invalid(field: str, detail: str) -> web.Response:
@@ -138,10 +146,8 @@ class HistoryHandlers:
         job = self.state.jobs.get(job_id) if TOKEN_PATTERN.match(job_id) else None
         if job is None:
             return job_id, None, not_found("job", job_id)
-        who = principal(request)
-        if not who.may_act_for(job.spec.team):
-            detail = f"job {job_id} belongs to another team; this token acts for team {who.team!r}"
-            return job_id, None, forbidden(detail)
+        if (refused := not_theirs(request, job)) is not None:
+            return job_id, None, refused
         return job_id, job, None
 
     # -- GET /v1/jobs/{job_id}/history -------------------------------------------------------------
@@ -153,7 +159,7 @@ class HistoryHandlers:
         history = job_history(await job_events(self.log, job_id), job_id)
         if history is None:
             return not_found("job", job_id)
-        return _ok(history)
+        return _shown(request, self.state.jobs, history)
 
     # -- GET /v1/history ---------------------------------------------------------------------------
 
@@ -177,7 +183,8 @@ class HistoryHandlers:
         state, ledger = await self.cache.current()
         rows = finished_jobs(state, ledger, team=team, since=since, until=until, states=states)
         shown = rows[-limit:] if limit is not None else rows
-        return _ok(FinishedJobs(jobs=shown, count=len(shown), total=len(rows), seq=state.last_seq))
+        body = FinishedJobs(jobs=shown, count=len(shown), total=len(rows), seq=state.last_seq)
+        return _shown(request, state.jobs, body)
 
     # -- GET /v1/usage -----------------------------------------------------------------------------
 

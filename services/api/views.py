@@ -1,16 +1,105 @@
-"""JSON shapes of jobs and nodes, read from the fold. Presentation only: no state is changed here."""
+"""JSON shapes of jobs and nodes, read from the fold. Presentation only: no state is changed here.
+
+Every view is rendered for an ``Audience``: an admin sees every job; a team token sees its own team's jobs
+in full and of another team's only that they exist (counts, GPUs held, queue positions), never their ids or
+names, not even inside a message ("preempting 1 job (j-...)" reads "preempting 1 job (another team's
+job)"). Handlers list only what the audience may see; the audience redacts what is left in between.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
+from aiohttp import web
 
+from rallypoint.security.tokens import Principal
 from rallypoint.state import ClusterState, JobView, NodeView
+
+from .auth import principal
 
 # What a pending job shows before the scheduler has said anything about it.
 AWAITING_CODE = "AwaitingScheduler"
 AWAITING_MESSAGE = "submitted; the scheduler has not looked at it yet"
+
+
+#: What a team token reads where another team's job id stood: the job is counted, never named.
+OTHER_TEAM_JOB = "another team's job"
+#: The ids this API hands out (``jobs.new_job_id``, ``jobs.job_id_for``): a word of this shape is hidden
+#: unless it names a job the reader may see, even when this fold does not know it (deny by default).
+_API_JOB_ID = re.compile(r"j-[0-9a-f]{12}")
+#: A word that may be a job id (ids are subject tokens: ``events.subjects.TOKEN_PATTERN``).
+_WORD = re.compile(r"[\w-]+")
+#: The same with the "job " messages put before an id, replaced with it: a hidden one reads "would delay
+#: another team's job", not "would delay job another team's job".
+_JOB_WORD = re.compile(r"(?:\bjob )?(?<![\w-])([\w-]+)")
+
+
+class Audience:
+    """Who a view is rendered for, and so which job ids it may carry: every one for an admin, the own
+    team's for a team token. ``text`` and ``scrub`` put ``OTHER_TEAM_JOB`` in place of any other."""
+
+    def __init__(self, team: str | None, jobs: Mapping[str, JobView]) -> None:
+        self.team = team  # None: an admin, who sees everything
+        self.jobs = jobs
+
+    @classmethod
+    def of(cls, who: Principal, jobs: Mapping[str, JobView]) -> Audience:
+        # A token that is neither an admin's nor a team's sees no job (an empty team owns none).
+        return cls(None if who.admin else who.team or "", jobs)
+
+    @property
+    def sees_all(self) -> bool:
+        return self.team is None
+
+    def sees(self, job_id: str) -> bool:
+        if self.team is None:
+            return True
+        job = self.jobs.get(job_id)
+        return job is not None and job.spec.team == self.team
+
+    def job_ref(self, job_id: str | None) -> str | None:
+        """A field that holds one job id: the id, or ``OTHER_TEAM_JOB`` when it is not the reader's."""
+        if job_id is None or self.sees(job_id):
+            return job_id
+        return OTHER_TEAM_JOB
+
+    def text(self, message: str) -> str:
+        """``message`` with every job id the reader may not see replaced by ``OTHER_TEAM_JOB``."""
+        if self.team is None or not message:
+            return message
+        # Most messages name no job: find that out with set operations, not a Python call per word
+        # (a page of 1,000 pending jobs is read through here).
+        words = set(_WORD.findall(message))
+        named = (words & self.jobs.keys()) | (words & set(_API_JOB_ID.findall(message)))
+        hidden = {word for word in named if not self.sees(word)}
+        if not hidden:
+            return message
+        return _JOB_WORD.sub(lambda m: OTHER_TEAM_JOB if m.group(1) in hidden else m.group(0), message)
+
+    def scrub(self, value: Any, *, keep: frozenset[str] = frozenset({"spec"})) -> Any:
+        """``value`` (JSON builtins) with ``text`` applied to every string, except under the keys in
+        ``keep`` (a job's own spec is shown as it was submitted)."""
+        if self.team is None:
+            return value
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, list):
+            return [self.scrub(item, keep=keep) for item in value]
+        if isinstance(value, dict):
+            return {k: v if k in keep else self.scrub(v, keep=keep) for k, v in value.items()}
+        return value
+
+
+#: The audience of the views only an admin reaches (``node_ops``): nothing is hidden.
+EVERYONE = Audience(None, {})
+
+
+def audience(request: web.Request, jobs: Mapping[str, JobView]) -> Audience:
+    """Who ``request``'s answer is for, as its token says (``jobs``: the fold's, to tell whose an id is)."""
+    return Audience.of(principal(request), jobs)
 
 
 def job_links(job_id: str) -> dict[str, str]:
@@ -28,7 +117,7 @@ def queue_positions(state: ClusterState) -> dict[str, int]:
     }
 
 
-def pending_reason(job: JobView) -> dict[str, Any] | None:
+def pending_reason(job: JobView, reader: Audience) -> dict[str, Any] | None:
     """Why the job waits: the scheduler's code and message with numbers, how many jobs are ahead of it in
     the policy's order, and when the scheduler said so (reasons are refreshed as their numbers change)."""
     if job.state != "pending":
@@ -38,14 +127,16 @@ def pending_reason(job: JobView) -> dict[str, Any] | None:
     if job.pending_code:
         return {
             "code": job.pending_code,
-            "message": job.pending_message,
+            "message": reader.text(job.pending_message),
             "jobs_ahead": job.pending_position,
             "updated_at": job.pending_at,
         }
     return {"code": AWAITING_CODE, "message": AWAITING_MESSAGE}
 
 
-def render_job(job: JobView, positions: dict[str, int]) -> dict[str, Any]:
+def render_job(job: JobView, positions: dict[str, int], reader: Audience) -> dict[str, Any]:
+    """The job as ``reader`` may see it: only ``render_job`` of a job the reader may see is ever asked
+    for; what names other jobs (the reasons, the job it is preempted for) is redacted for it."""
     spec = job.spec
     return {
         "job_id": job.job_id,
@@ -59,7 +150,7 @@ def render_job(job: JobView, positions: dict[str, int]) -> dict[str, Any]:
         "gpus_per_task": spec.gpus_per_task,
         "ranks_per_task": spec.ranks_per_task,
         "world_size": job.world_size,
-        "pending_reason": pending_reason(job),
+        "pending_reason": pending_reason(job, reader),
         "queue_position": positions.get(job.job_id),
         "allocation": [
             {"task": p.task, "node_id": p.node_id, "gpus": list(p.gpus)}
@@ -71,12 +162,12 @@ def render_job(job: JobView, positions: dict[str, int]) -> dict[str, Any]:
         "started_at": job.started_at,
         "ended_at": job.ended_at,
         "exit_code": job.exit_code,
-        "reason": job.reason or None,
+        "reason": reader.text(job.reason) or None,
         "cancel_requested": job.cancel_requested,
         "preemptions": job.preemptions,
         "last_preempted_at": job.last_preempted_at,
-        "preempting_for": job.preempt_for,
-        "recovery": render_recovery(job),
+        "preempting_for": reader.job_ref(job.preempt_for),
+        "recovery": render_recovery(job, reader),
         "submitted_seq": job.submitted_seq,
         "last_seq": job.last_seq,
         "spec": msgspec.to_builtins(spec),
@@ -84,7 +175,7 @@ def render_job(job: JobView, positions: dict[str, int]) -> dict[str, Any]:
     }
 
 
-def render_recovery(job: JobView) -> dict[str, Any]:
+def render_recovery(job: JobView, reader: Audience) -> dict[str, Any]:
     """What failures cost the job so far, and what it resumes from."""
     latest = job.latest_checkpoint()
     return {
@@ -97,18 +188,19 @@ def render_recovery(job: JobView) -> dict[str, Any]:
         "lost_gpu_s": job.lost_gpu_s,
         "resume_step": job.resume_step,
         "latest_checkpoint_step": latest.step if latest is not None else None,
-        "attempts": list(job.attempt_reasons),
+        "attempts": [reader.text(reason) for reason in job.attempt_reasons],
     }
 
 
-def render_node(node: NodeView) -> dict[str, Any]:
+def render_node(node: NodeView, reader: Audience = EVERYONE) -> dict[str, Any]:
+    """The node as ``reader`` may see it: another team's GPUs count as allocated, its jobs are not listed."""
     return {
         "node_id": node.node_id,
         "address": node.address,
         "rack": node.rack,
         "spine": node.spine,
         "status": node.status,
-        "status_reason": node.status_reason or None,
+        "status_reason": reader.text(node.status_reason) or None,
         "health": node.health,
         "health_since": node.health_since or None,
         "health_evidence": [msgspec.to_builtins(e) for e in node.health_evidence],
@@ -120,7 +212,7 @@ def render_node(node: NodeView) -> dict[str, Any]:
             "free": len(node.free_gpus()) if node.schedulable else 0,
             "allocated": len(node.allocated),
         },
-        "jobs": sorted(set(node.allocated.values())),
+        "jobs": sorted(job_id for job_id in set(node.allocated.values()) if reader.sees(job_id)),
         "registered_at": node.registered_at,
     }
 
