@@ -247,7 +247,7 @@ async def _record(follower: Follower, decisions: Sequence[Decision]) -> None:
             for d in decisions:
                 try:
                     seq = await follower.log.append(
-                        subjects.node(d.node_id), d.event, msg_id=d.msg_id, source=SOURCE
+                        subjects.for_event(d.event), d.event, msg_id=d.msg_id, source=SOURCE
                     )
                 except (EventLogError, TimeoutError) as exc:
                     _log.warning("could not record %s: %s", type(d.event).__name__, exc)

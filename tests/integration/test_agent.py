@@ -182,7 +182,7 @@ async def test_agent_registers_heartbeats_launches_reports_and_kills(
     beat = await first_heartbeat(event_log)
     assert beat.node_id == NODE and len(beat.gpus) == 4 and beat.ranks == ()
 
-    [registered] = await events_on(event_log, subjects.node(NODE))
+    [registered] = await events_on(event_log, subjects.node_registration(NODE))
     assert isinstance(registered, NodeRegistered)
     assert (registered.rack, registered.spine, registered.gpu_type) == ("rack-3", "spine-1", "sim-h100")
     assert [g.nvlink_domain for g in registered.gpus] == [0, 0, 1, 1]
@@ -252,7 +252,7 @@ async def test_exit_during_an_agent_crash_is_reported_by_the_next_agent(
     agent_env()
     await wait_until(lambda: _has(rank_exits(event_log, "job-9"), 2), "RankExited after restart")
     assert await rank_exits(event_log, "job-9") == {0: 3, 1: 4}
-    node_events = await events_on(event_log, subjects.node(NODE))
+    node_events = await events_on(event_log, subjects.node_registration(NODE))
     registrations = [e for e in node_events if isinstance(e, NodeRegistered)]
     assert len(registrations) == 2
     assert registrations[0].agent_instance == beat.agent_instance != registrations[1].agent_instance

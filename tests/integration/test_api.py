@@ -67,7 +67,7 @@ def node_event(i: int) -> NodeRegistered:
 async def register_nodes(log: EventLog) -> None:
     for i in range(NODES):
         await log.append(
-            subjects.node(f"n{i}"), node_event(i), msg_id=f"n{i}:0:NodeRegistered", source="test"
+            subjects.node_registration(f"n{i}"), node_event(i), msg_id=f"n{i}:0:NodeRegistered", source="test"
         )
 
 

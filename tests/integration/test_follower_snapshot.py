@@ -22,7 +22,7 @@ async def _events(log: EventLog, first: int, count: int) -> None:
 async def test_snapshot_plus_tail_equals_a_full_replay(event_log: EventLog) -> None:
     gpus = tuple(GpuInfo(index=i, uuid=f"u{i}", memory_mib=1, nvlink_domain=0) for i in range(8))
     await event_log.append(
-        subjects.node("n1"),
+        subjects.node_registration("n1"),
         NodeRegistered(
             node_id="n1",
             address="a",

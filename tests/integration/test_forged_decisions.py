@@ -45,7 +45,7 @@ async def _register(log: EventLog, node_id: str) -> None:
         node_id=node_id, address="h", rack="r", gpu_type="H100", gpus=gpus, cpu_milli=1, memory_mib=1,
         agent_instance="a", at=1.0,
     )  # fmt: skip
-    await log.append(subjects.node(node_id), event, msg_id=f"{node_id}:reg", source="test")
+    await log.append(subjects.node_registration(node_id), event, msg_id=f"{node_id}:reg", source="test")
 
 
 async def _submit(log: EventLog, job_id: str, gpu_type: str) -> None:

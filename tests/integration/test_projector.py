@@ -182,8 +182,8 @@ def bind(
 async def append_lifecycle(w: Writer) -> None:
     """A realistic little history: two gangs finish, one is cancelled, one fails, nodes come and go."""
     job, sched = subjects.job, subjects.bind
-    await w.put(subjects.node("node-a"), node("node-a", "rack-1"))
-    await w.put(subjects.node("node-b"), node("node-b", "rack-2"))
+    await w.put(subjects.node_registration("node-a"), node("node-a", "rack-1"))
+    await w.put(subjects.node_registration("node-b"), node("node-b", "rack-2"))
     await w.put(subjects.EPOCH, LeaderEpochStarted(epoch=1, leader_id="sched-0", at=T0 + 1))
     # train-1: a 16-GPU gang over both nodes, runs to completion.
     await w.put(job("train-1"), JobSubmitted(job_id="train-1", spec=spec("llama", 16), submitted_at=T0 + 2))
@@ -251,13 +251,13 @@ async def append_lifecycle(w: Writer) -> None:
     await w.put(job("ft-4"), JobSubmitted(job_id="ft-4", spec=spec("finetune", 8), submitted_at=T0 + 170))
     await w.put(sched("ft-4"), bind("ft-4", 1, [("node-a", tuple(range(8)))], T0 + 171))
     await w.put(subjects.job_control("ft-4"), JobStarted(job_id="ft-4", attempt=1, at=T0 + 172))
-    await w.put(subjects.node("node-b"), NodeHeartbeatLost(node_id="node-b", last_seen=T0 + 175, at=T0 + 180))
-    await w.put(subjects.node("node-b"), NodeRecovered(node_id="node-b", at=T0 + 185))
+    await w.put(subjects.node_health("node-b"), NodeHeartbeatLost(node_id="node-b", last_seen=T0 + 175, at=T0 + 180))
+    await w.put(subjects.node_health("node-b"), NodeRecovered(node_id="node-b", at=T0 + 185))
     await w.put(
         subjects.job_control("ft-4"),
         JobFailed(job_id="ft-4", attempt=1, reason="rank 3 exited 137", exit_code=137, at=T0 + 190),
     )
-    await w.put(subjects.node("node-b"), NodeDrained(node_id="node-b", reason="xid 79", at=T0 + 200))
+    await w.put(subjects.node_health("node-b"), NodeDrained(node_id="node-b", reason="xid 79", at=T0 + 200))
     # pre-5 is preempted for a more important job, waits again, and finishes on its second attempt.
     await w.put(
         job("pre-5"),
@@ -295,8 +295,8 @@ async def append_rounds(w: Writer, rounds: int, *, start: int = 0) -> None:
     """Bulk traffic: each round fills nodes c and d with 1-GPU jobs and runs them to completion."""
     slots = [(n, (g,)) for n in ("node-c", "node-d") for g in range(8)]
     if start == 0:
-        await w.put(subjects.node("node-c"), node("node-c", "rack-1"))
-        await w.put(subjects.node("node-d"), node("node-d", "rack-2"))
+        await w.put(subjects.node_registration("node-c"), node("node-c", "rack-1"))
+        await w.put(subjects.node_registration("node-d"), node("node-d", "rack-2"))
     for r in range(start, start + rounds):
         ids = [f"r{r}-{i}" for i in range(len(slots))]
         at = T0 + 1000 + r * 10

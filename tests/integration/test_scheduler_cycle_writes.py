@@ -46,7 +46,7 @@ async def _register(log: EventLog, node_id: str) -> None:
         node_id=node_id, address="h", rack=f"rack-{node_id[-1]}", gpu_type="sim", gpus=gpus, cpu_milli=1000,
         memory_mib=1000, agent_instance="a", at=1.0,
     )  # fmt: skip
-    await log.append(subjects.node(node_id), event, msg_id=f"{node_id}:reg", source="test")
+    await log.append(subjects.node_registration(node_id), event, msg_id=f"{node_id}:reg", source="test")
 
 
 async def _submit(log: EventLog, job_id: str, gpus: int) -> None:

@@ -48,7 +48,7 @@ async def _node(log: EventLog, node_id: str) -> None:
         node_id=node_id, address="h", rack="r0", gpu_type="sim", gpus=gpus, cpu_milli=1, memory_mib=1,
         agent_instance="a", at=1.0,
     )  # fmt: skip
-    await _append(log, subjects.node(node_id), event, f"{node_id}:reg")
+    await _append(log, subjects.node_registration(node_id), event, f"{node_id}:reg")
 
 
 async def _job(log: EventLog, job_id: str, *, elastic: bool) -> None:

@@ -45,7 +45,7 @@ async def _register(log: EventLog, node_id: str) -> None:
         agent_instance="a",
         at=1.0,
     )
-    await log.append(subjects.node(node_id), event, msg_id=f"{node_id}:reg", source="test")
+    await log.append(subjects.node_registration(node_id), event, msg_id=f"{node_id}:reg", source="test")
 
 
 async def _submit(log: EventLog, job_id: str, priority: str) -> None:

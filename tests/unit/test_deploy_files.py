@@ -247,7 +247,9 @@ ALL_SERVICES_COMMON = [
     ("pub", "$JS.API.STREAM.CREATE.KV_rally-leader", False),
     ("pub", "$JS.API.CONSUMER.DELETE.RALLY.someone", False),
     ("pub", "_INBOX.someone.else", False),
-    ("sub", "_INBOX.abc.def", True),
+    # replies arrive in each identity's own inboxes (below), never in a shared or another's one
+    ("sub", "_INBOX.abc.def", False),
+    ("sub", "_INBOX.>", False),
     ("sub", "rally.job.j1", False),  # the log is read through consumers, never by plain subscription
 ]
 
@@ -259,21 +261,26 @@ MATRIX = (
         ("api", "pub", "rally.queue.j1", False),
         ("api", "pub", "rally.agent.sim-node-1.job.j1", False),
         ("api", "pub", "q.inventory.nodes", True),
-        ("api", "pub", "rally.node.n1", True),  # operator drain and undrain (docs/health.md)
+        ("api", "pub", "rally.node.n1.op", True),  # operator drain and undrain (docs/health.md)
+        ("api", "pub", "rally.node.n1.health", False),  # never the health monitor's verdicts
+        ("api", "pub", "rally.node.n1.agent", False),  # nor a node's registration
+        ("api", "pub", "rally.node.n1", False),
         ("api", "pub", "rally.sched.bind.j1", False),
         ("api", "pub", "cmd.agent.n1.launch", False),
         ("api", "sub", "hb.n1", False),
         ("inventory", "sub", "q.inventory.nodes", True),
-        ("inventory", "pub", "rally.node.n1", False),
+        ("inventory", "pub", "rally.node.n1.health", False),
         ("health-monitor", "sub", "hb.n1", True),
-        ("health-monitor", "pub", "rally.node.n1", True),
+        ("health-monitor", "pub", "rally.node.n1.health", True),
+        ("health-monitor", "pub", "rally.node.n1.op", False),
+        ("health-monitor", "pub", "rally.node.n1.agent", False),
         ("health-monitor", "pub", "rally.job.j1", False),
         ("scheduler", "pub", "rally.sched.epoch", True),
         ("scheduler", "pub", "rally.sched.bind.j1", True),
         ("scheduler", "pub", "rally.job.j1", False),
         ("scheduler", "pub", "rally.queue.j1", True),
         ("scheduler", "pub", "$KV.rally-leader.scheduler", True),
-        ("scheduler", "pub", "rally.node.n1", False),
+        ("scheduler", "pub", "rally.node.n1.health", False),
         ("scheduler", "pub", "cmd.agent.n1.launch", False),
         ("job-controller", "pub", "rally.job.j1", False),
         ("job-controller", "pub", "rally.ctl.job.j1", True),
@@ -281,7 +288,7 @@ MATRIX = (
         ("job-controller", "pub", "rally.sched.epoch", False),
         ("job-controller", "pub", "$KV.rally-leader.scheduler", False),
         ("projector", "pub", "rally.job.j1", False),
-        ("projector", "pub", "rally.node.n1", False),
+        ("projector", "pub", "rally.node.n1.health", False),
         ("preemption", "pub", "rally.job.j1", False),
         # the scheduler writes the preemption requests; the old preemption tree is nobody's to write
         ("preemption", "pub", "rally.preempt.request.j1", False),
@@ -298,8 +305,12 @@ MATRIX = (
         # an agent speaks only for its own node
         (AGENT, "pub", "hb.sim-node-1", True),
         (AGENT, "pub", "hb.sim-node-2", False),
-        (AGENT, "pub", "rally.node.sim-node-1", True),
-        (AGENT, "pub", "rally.node.sim-node-2", False),
+        (AGENT, "pub", "rally.node.sim-node-1.agent", True),
+        (AGENT, "pub", "rally.node.sim-node-2.agent", False),
+        # a node never judges itself (NodeLost, NodeDrained: the health monitor's and the operator's)
+        (AGENT, "pub", "rally.node.sim-node-1.health", False),
+        (AGENT, "pub", "rally.node.sim-node-1.op", False),
+        (AGENT, "pub", "rally.node.sim-node-1", False),
         (AGENT, "pub", "rally.agent.sim-node-1.job.j1", True),
         (AGENT, "pub", "rally.agent.sim-node-1.ckpt.j1", True),
         (AGENT, "pub", "rally.agent.sim-node-2.job.j1", False),
@@ -327,6 +338,8 @@ MATRIX = (
         for role in SERVICES
     ]
     + [(user_of(role), "pub", "rally.sched.epoch", False) for role in SERVICES if role != "scheduler"]
+    + [(user_of(role), "sub", f"_INBOX.{user_of(role)}.abc.def", True) for role in SERVICES]
+    + [(user_of(role), "sub", "_INBOX.scheduler.abc", role == "scheduler") for role in SERVICES]
 )
 
 
@@ -342,7 +355,7 @@ def test_permission_matrix(
 def test_responders_may_answer_requests_without_publishing_on_inbox(users: dict[str, dict[str, Any]]) -> None:
     for role in SERVICES:
         perms = users[user_of(role)]["permissions"]
-        serves = [s for s in _as_list(perms["subscribe"]["allow"]) if s != "_INBOX.>"]
+        serves = [s for s in _as_list(perms["subscribe"]["allow"]) if not s.startswith("_INBOX.")]
         if serves:  # it answers requests on these subjects
             assert perms.get("allow_responses") == "true", role
 

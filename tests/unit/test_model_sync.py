@@ -35,6 +35,7 @@ from rallypoint.events import (
     NodeLost,
     NodeRecovered,
     NodeRegistered,
+    NodeUndrained,
     PreemptionRequested,
     TaskPlacement,
 )
@@ -96,6 +97,8 @@ class World:
                 at=self.now,
             )
         )
+        if self.state.nodes[node_id].held_registration is not None:  # other hardware: an operator accepts it
+            self.apply(NodeUndrained(node_id=node_id, reason="reshaped", undrained_by="ops", at=self.now))
 
     def submit(
         self,
@@ -427,6 +430,17 @@ def test_the_signatures_hold_every_field_the_bridge_reads() -> None:
         ),
         "degraded_at": (3.0,),
         "out_since": 4.0,
+        "held_registration": NodeRegistered(
+            node_id="n0",
+            address="x",
+            rack="x",
+            gpu_type="x",
+            gpus=(),
+            cpu_milli=1,
+            memory_mib=1,
+            agent_instance="x",
+            at=1.0,
+        ),
     }
     pending_only: dict[str, object] = {
         "last_checkpoint_at": 1.0,

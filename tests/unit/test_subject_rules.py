@@ -22,7 +22,10 @@ from rallypoint.events import (
     JobStarted,
     JobSubmitted,
     LeaderEpochStarted,
+    NodeDrained,
     NodeLost,
+    NodeRegistered,
+    NodeUndrained,
     PreemptionRequested,
     RankExited,
     encode,
@@ -40,6 +43,13 @@ def submitted(job_id: str = "j1") -> JobSubmitted:
 
 def rank_exit(node_id: str = "n1", job_id: str = "j1") -> RankExited:
     return RankExited(job_id=job_id, attempt=1, rank=0, node_id=node_id, exit_code=0, at=2.0)
+
+
+def registration(node_id: str = "n1") -> NodeRegistered:
+    return NodeRegistered(
+        node_id=node_id, address="a", rack="r", gpu_type="g", gpus=(), cpu_milli=1, memory_mib=1,
+        agent_instance="i", at=1.0,
+    )  # fmt: skip
 
 
 def commit(node_id: str = "n1") -> CheckpointCommitted:
@@ -92,7 +102,11 @@ def test_every_event_type_has_a_subject() -> None:
         (JobCompleted(job_id="j1", attempt=1, at=1.0), "rally.ctl.job.j1"),
         (rank_exit(), "rally.agent.n1.job.j1"),
         (commit(), "rally.agent.n1.ckpt.j1"),
-        (NodeLost(node_id="n1", reason="x", at=1.0), "rally.node.n1"),
+        (NodeLost(node_id="n1", reason="x", at=1.0), "rally.node.n1.health"),
+        (NodeDrained(node_id="n1", reason="x", at=1.0), "rally.node.n1.health"),
+        (NodeDrained(node_id="n1", reason="x", at=1.0, drained_by="alice"), "rally.node.n1.op"),
+        (NodeUndrained(node_id="n1", reason="x", undrained_by="alice", at=1.0), "rally.node.n1.op"),
+        (registration(), "rally.node.n1.agent"),
         (LeaderEpochStarted(epoch=1, leader_id="a", at=1.0), "rally.sched.epoch"),
         (LeaderEpochStarted(epoch=1, leader_id="a", role="preemption", at=1.0), "rally.preempt.epoch"),
         # the scheduler's preemption requests are on its fenced tree; the old service's stay readable
@@ -117,6 +131,14 @@ def test_the_subject_of_an_event(event: Event, subject: str) -> None:
         # ... nor in its own subject tree with another node's id
         (commit("n2"), "rally.agent.n1.ckpt.j1"),
         (NodeLost(node_id="n2", reason="x", at=1.0), "rally.agent.n1.job.j1"),
+        # a node agent cannot judge its own node, the API cannot pose as the health monitor ...
+        (NodeLost(node_id="n1", reason="x", at=1.0), "rally.node.n1.agent"),
+        (NodeLost(node_id="n1", reason="x", at=1.0), "rally.node.n1.op"),
+        (NodeDrained(node_id="n1", reason="x", at=1.0), "rally.node.n1.op"),
+        # ... nor an operator's drain be written on the monitor's subject, nor a registration anywhere else
+        (NodeDrained(node_id="n1", reason="x", at=1.0, drained_by="alice"), "rally.node.n1.health"),
+        (registration(), "rally.node.n1.health"),
+        (registration(), "rally.node.n1"),
         # the old subjects of agent events
         (rank_exit(), "rally.job.j1"),
         (commit(), "rally.ckpt.j1"),

@@ -1,9 +1,10 @@
 """A fleet of simulated nodes served by one process: the scale harness's stand-in for thousands of agents.
 
 One asyncio loop and one NATS connection serve many nodes, each speaking the node agent's protocol on its
-own subjects, exactly as ``rallypoint.agent.node`` does: ``NodeRegistered`` appended on ``rally.node.<id>``
-with the same message id, heartbeats on ``hb.<id>`` every ``heartbeat_interval_s`` (spread over the
-period, not in one clump), ``launch`` / ``kill`` / ``status`` answered on ``cmd.agent.<id>.<verb>``, and
+own subjects, exactly as ``rallypoint.agent.node`` does: ``NodeRegistered`` appended on
+``rally.node.<id>.agent`` with the same message id, heartbeats on ``hb.<id>`` every
+``heartbeat_interval_s`` (spread over the period, not in one clump), ``launch`` / ``kill`` / ``status``
+answered on ``cmd.agent.<id>.<verb>``, and
 ``RankExited`` appended for every rank with the agent's deterministic message id.
 
 Ranks are virtual: no process is started. A rank of ``sleep N`` "runs" N seconds and exits 0, ``true``
@@ -191,7 +192,7 @@ class Fleet:
             at=self.clock(),
         )
         msg_id = f"{node.node_id}:{node.instance}:NodeRegistered"
-        await self._append_until_stored(subjects.node(node.node_id), event, msg_id)
+        await self._append_until_stored(subjects.for_event(event), event, msg_id)
         node.registered = True
         if not node.silent:
             await self._beat(node)  # its first heartbeat at once, as an agent's

@@ -117,7 +117,7 @@ class NodeAgent:
         clock: Callable[[], float] = time.time,
     ) -> None:
         # Validate the node id once, up front: it becomes a subject token and a msg-id prefix.
-        subjects.node(config.node_id)
+        subjects.node_registration(config.node_id)
         self.log = log
         self.backend = backend
         self.launcher = launcher
@@ -210,7 +210,7 @@ class NodeAgent:
             at=self._clock(),
         )
         self.registered_seq = await self._append_until_stored(
-            subjects.node(cfg.node_id), event, f"{cfg.node_id}:{cfg.instance}:NodeRegistered"
+            subjects.for_event(event), event, f"{cfg.node_id}:{cfg.instance}:NodeRegistered"
         )
         return self.registered_seq
 

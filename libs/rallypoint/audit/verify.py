@@ -38,6 +38,8 @@ from rallypoint.events import (
     GangResized,
     JobPending,
     JobRequeued,
+    JobStarted,
+    NodeRegistered,
     PreemptionRequested,
     TaskPlacement,
 )
@@ -46,6 +48,8 @@ from rallypoint.scheduling import SchedulingPolicy, resized_placements
 from rallypoint.scheduling.model_sync import ModelSync
 from rallypoint.scheduling.repair import REPAIR_WAIT_S, repair_writes
 from rallypoint.state import ClusterState, Decision, decision_refusal
+
+from .writers import Trespass, WriterCheck
 
 Recomputable = GangBound | PreemptionRequested | GangResized | JobPending
 Repair = GangRepaired | JobRequeued
@@ -94,11 +98,17 @@ class AuditReport(msgspec.Struct, kw_only=True):
     final_seq: int = 0
     final_hash: str = ""
     quarantined: list[int] = []  # sequences of the messages the fold skipped
+    # events their writer had no right to, or its rules never give (``writers``): the audit fails
+    trespasses: list[Trespass] = []
+    # node -> the sequences of its re-registrations that changed its hardware, held for an operator
+    held_registrations: dict[str, list[int]] = {}
+    # job -> the attempts the log started (JobStarted), in order
+    attempts: dict[str, list[int]] = {}
 
     @property
     def ok(self) -> bool:
         unverifiable = self.other_policy and not self.allow_other_policies
-        return not self.mismatches and not self.refused and not unverifiable
+        return not self.mismatches and not self.refused and not unverifiable and not self.trespasses
 
 
 def verify_decisions(
@@ -119,16 +129,22 @@ def verify_decisions(
     repairs = _repair_cycles(history, policy, report)
     outcomes: dict[int, Mismatch | None] = {}
     state = ClusterState()
+    writers = WriterCheck()
     _recompute_at(0, state, cycles, repairs, policy, repair_wait_s, outcomes)
     for seq, item in history:
         if isinstance(item, Decision):
             _judge(state, seq, item, report)
-        state.apply_stored(seq, item)
         if isinstance(item, Quarantined):
+            writers.misplaced(seq, item)
             report.quarantined.append(seq)
+        else:
+            writers.before_apply(state, seq, item)
+        state.apply_stored(seq, item)
+        _note_lifecycle(state, seq, item, report)
         _recompute_at(seq, state, cycles, repairs, policy, repair_wait_s, outcomes)
     kinds = {seq: _kind(item) for seq, item in history}
     _tally(outcomes, report, kinds)
+    report.trespasses = writers.trespasses
     report.final_seq = state.last_seq
     report.final_hash = state.hash()
     return report
@@ -189,6 +205,16 @@ def _recompute_at(
         _check_repairs(state, repairs.pop(seq), repair_wait_s, outcomes)
     if seq in cycles:
         _check(state, cycles.pop(seq), policy, outcomes)
+
+
+def _note_lifecycle(state: ClusterState, seq: int, item: Event | Quarantined, report: AuditReport) -> None:
+    """What the audit names besides decisions: the attempts it saw start, the registrations held."""
+    if isinstance(item, JobStarted):
+        report.attempts.setdefault(item.job_id, []).append(item.attempt)
+    elif isinstance(item, NodeRegistered):
+        node = state.nodes.get(item.node_id)
+        if node is not None and node.held_registration is item:
+            report.held_registrations.setdefault(item.node_id, []).append(seq)
 
 
 def _kind(item: Event | Quarantined) -> str:

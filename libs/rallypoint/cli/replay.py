@@ -134,6 +134,8 @@ def audit_lines(report: AuditReport) -> list[str]:
             f"repairs and requeues: {report.repairs_verified} of {report.repairs} recomputed identically "
             f"(repair wait {report.repair_wait_s:g} s)"
         )
+    lines += attempt_lines(report)
+    lines.append(f"writers: {len(report.trespasses)} event(s) not their writer's")
     lines += [
         f"  seq {m.seq} {m.kind} {m.job_id}: recorded {m.recorded}, recomputed {m.recomputed}"
         for m in report.mismatches
@@ -155,6 +157,23 @@ def audit_lines(report: AuditReport) -> list[str]:
         lines.append(
             f"quarantined (skipped by the fold, as by every service): seq {_seq_list(report.quarantined)}"
         )
+    if report.trespasses:
+        lines.append("not their writer's (forged, or against its rules; the fold applied none of them):")
+        lines += [f"  {t.describe()}" for t in report.trespasses]
+    for node_id, seqs in sorted(report.held_registrations.items()):
+        lines.append(
+            f"held for an operator: node {node_id} re-registered with other hardware at seq {_seq_list(seqs)}"
+        )
+    return lines
+
+
+def attempt_lines(report: AuditReport, *, most: int = 20) -> list[str]:
+    """The attempts the audit saw start, a job a line (the first ``most`` jobs)."""
+    jobs = sorted(report.attempts.items())
+    lines = [f"attempts: {sum(len(a) for _, a in jobs)} started, of {len(jobs)} jobs"]
+    lines += [f"  {job_id} attempt {_seq_list(attempts)}" for job_id, attempts in jobs[:most]]
+    if len(jobs) > most:
+        lines.append(f"  ... and {len(jobs) - most} more jobs (-o json lists every one)")
     return lines
 
 

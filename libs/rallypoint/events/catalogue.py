@@ -243,7 +243,8 @@ class CheckpointDeleted(_Event, tag="CheckpointDeleted.v1", frozen=True, kw_only
 
 
 # ---------------------------------------------------------------------------------------------------
-# Node lifecycle — subject rally.node.<node_id>
+# Node lifecycle — under rally.node.<node_id>.>: .agent (the node's agent: NodeRegistered), .health (the
+# health monitor's verdicts and drains), .op (an operator's drain and undrain, through the API)
 # ---------------------------------------------------------------------------------------------------
 
 

@@ -4,9 +4,11 @@ Everything in the log lives under ``rally.`` (the stream's only subject filter).
 commands and queries use other prefixes on purpose: they are not facts and never enter the log.
 
 Each subject branch has exactly one writer, so that NATS permissions (``rallypoint.security``) decide who may
-write which event: the API writes ``rally.job.<id>``, the scheduler ``rally.sched.>`` and
-``rally.queue.<id>``, the job controller ``rally.ctl.job.<id>``, the health monitor and a node's own agent
-``rally.node.<id>``, a node agent ``rally.agent.<its node>.>``, the checkpoint service ``rally.ckpt.<id>``.
+write which event: the API writes ``rally.job.<id>`` and an operator's ``rally.node.<id>.op``, the
+scheduler ``rally.sched.>`` and ``rally.queue.<id>``, the job controller ``rally.ctl.job.<id>``, the health
+monitor ``rally.node.<id>.health``, a node's own agent ``rally.node.<its node>.agent`` (its registration) and
+``rally.agent.<its node>.>``, the checkpoint service ``rally.ckpt.<id>``. Every fact about a node lives under
+``rally.node.<id>.>`` (``NODES``), so one filter reads them all and a writer can condition on all of them.
 ``rally.preempt.>`` holds the preemption requests (and epochs) an older preemption service wrote before the
 scheduler wrote every decision; nobody writes there any more. ``for_event`` gives the one subject an event may
 be stored on; the codec quarantines an event found anywhere else (``admissible``), so a write that slipped
@@ -82,8 +84,24 @@ def agent_checkpoint(node_id: str, job_id: str) -> str:
 CHECKPOINT_FILTERS = (CHECKPOINTS, "rally.agent.*.ckpt.*")
 
 
-def node(node_id: str) -> str:
-    return f"rally.node.{_token(node_id)}"
+def node_health(node_id: str) -> str:
+    """The health monitor's verdicts on a node: silence, loss, recovery, signals, its automatic drains."""
+    return f"rally.node.{_token(node_id)}.health"
+
+
+def node_operator(node_id: str) -> str:
+    """An operator's drain and undrain of a node, written by the API for an admin token."""
+    return f"rally.node.{_token(node_id)}.op"
+
+
+def node_registration(node_id: str) -> str:
+    """A node agent's NodeRegistered: only that node's own agent user may write here."""
+    return f"rally.node.{_token(node_id)}.agent"
+
+
+def node_facts(node_id: str) -> str:
+    """Every fact about one node, whoever wrote it: what a writer conditions on to see all of them."""
+    return f"rally.node.{_token(node_id)}.>"
 
 
 def bind(job_id: str) -> str:
@@ -152,15 +170,19 @@ _JOB_CONTROL = (
     ev.JobCancelled,
     ev.JobResized,
 )
-_NODE_STATE = (
-    ev.NodeRegistered,
+_NODE_VERDICTS = (
     ev.NodeHeartbeatLost,
-    ev.NodeDrained,
     ev.NodeLost,
     ev.NodeRecovered,
-    ev.NodeUndrained,
     ev.NodeHealthChanged,
 )
+#: Who ``NodeDrained.drained_by`` names when the health monitor drained a node; anyone else is an operator.
+HEALTH_MONITOR = "health-monitor"
+
+
+def _drained(e: ev.NodeDrained) -> str:
+    return (node_health if e.drained_by == HEALTH_MONITOR else node_operator)(e.node_id)
+
 
 _SUBJECT_OF: dict[type, Callable[[Any], str]] = {
     ev.JobSubmitted: lambda e: job(e.job_id),
@@ -172,7 +194,10 @@ _SUBJECT_OF: dict[type, Callable[[Any], str]] = {
     ev.CheckpointCommitted: lambda e: agent_checkpoint(e.node_id, e.job_id),
     ev.CheckpointVerified: lambda e: checkpoint(e.job_id),
     ev.CheckpointDeleted: lambda e: checkpoint(e.job_id),
-    **{t: (lambda e: node(e.node_id)) for t in _NODE_STATE},
+    ev.NodeRegistered: lambda e: node_registration(e.node_id),
+    **{t: (lambda e: node_health(e.node_id)) for t in _NODE_VERDICTS},
+    ev.NodeDrained: _drained,
+    ev.NodeUndrained: lambda e: node_operator(e.node_id),
     ev.LeaderEpochStarted: lambda e: epoch(e.role),
     ev.GangBound: lambda e: bind(e.job_id),
     ev.JobPending: lambda e: pending(e.job_id),

@@ -65,7 +65,7 @@ def _node(i: int) -> NodeRegistered:
 async def _register(log: EventLog, nodes: int) -> None:
     for start in range(0, nodes, 1000):
         entries = [
-            Append(subjects.node(f"node-{i + 1}"), _node(i), f"node-{i + 1}:0:NodeRegistered")
+            Append(subjects.node_registration(f"node-{i + 1}"), _node(i), f"node-{i + 1}:0:NodeRegistered")
             for i in range(start, min(nodes, start + 1000))
         ]
         await log.append_batch(entries, source="rallypoint/apibench")

@@ -17,6 +17,7 @@ from .cluster import (
     ResizeView,
     decision_refusal,
     decision_role,
+    launched_on,
 )
 from .indexes import Touched
 
@@ -38,4 +39,5 @@ __all__ = [
     "Touched",
     "decision_refusal",
     "decision_role",
+    "launched_on",
 ]

@@ -109,6 +109,9 @@ class NodeView(msgspec.Struct, kw_only=True):
     #: Since when the node is out of service for the gangs on it (drained or cordoned; None: it is not):
     #: a drain policy that waits for a job's next checkpoint counts from here.
     out_since: float | None = None
+    #: A re-registration that changed what the scheduler places on (GPUs, GPU type, rack, spine): not
+    #: applied, the node drained until an operator's undrain accepts it (``_on_undrained``).
+    held_registration: NodeRegistered | None = None
 
     @property
     def gpu_count(self) -> int:
@@ -239,7 +242,9 @@ class JobView(msgspec.Struct, kw_only=True):
 #: misplaced, see ``events.subjects.admissible``; 7: only the current epoch's decisions count, and a bind or
 #: repair must keep the job's spec, see ``decision_refusal``; 8: node health verdicts, ``NodeHealthChanged``).
 #: 9: a pending job keeps its position and when its reason was written (``pending_position``, ``pending_at``).
-FOLD_VERSION = 9
+#: 10: a rank exit counts only from the node its rank runs on (``foreign_exits``); a re-registration that
+#: changes a node's hardware is held for an operator (``NodeView.held_registration``).
+FOLD_VERSION = 10
 
 
 # A job's placements, whether it holds their GPUs, and its pending resize (which holds GPUs too): an event
@@ -263,6 +268,9 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
     # Decisions whose epoch is not their leader's current one: a deposed leader's, or forged.
     stale_decisions: int = 0
     orphans: int = 0
+    # RankExited naming a rank that its attempt does not run on that node: a node speaking for ranks it
+    # never launched. Counted, never applied.
+    foreign_exits: int = 0
     # Messages no fold of this version can apply (undecodable, unknown or newer event types): skipped and
     # kept here, so every fold of one log skips the same ones and the hash covers them.
     quarantine: QuarantineLog = msgspec.field(default_factory=QuarantineLog)
@@ -537,8 +545,18 @@ def _on_started(state: ClusterState, seq: int, e: JobStarted) -> None:
 
 def _on_rank_exited(state: ClusterState, seq: int, e: RankExited) -> None:
     job = _job(state, e.job_id, seq)
-    if job is not None and job.state in LAUNCHED and job.attempt == e.attempt:
-        job.ranks_exited[e.rank] = e.exit_code
+    if job is None or job.state not in LAUNCHED or job.attempt != e.attempt:
+        return
+    if not launched_on(job, e.node_id, e.rank):
+        state.foreign_exits += 1
+        return
+    job.ranks_exited[e.rank] = e.exit_code
+
+
+def launched_on(job: JobView, node_id: str, rank: int) -> bool:
+    """True when the job's current attempt runs ``rank`` on ``node_id`` (ranks are task-major)."""
+    task = rank // job.spec.ranks_per_task
+    return rank >= 0 and any(p.task == task and p.node_id == node_id for p in job.placements)
 
 
 def _on_completed(state: ClusterState, seq: int, e: JobCompleted) -> None:
@@ -569,7 +587,35 @@ def _on_cancelled(state: ClusterState, seq: int, e: JobCancelled) -> None:
         job.reason = "cancelled"
 
 
+def _hardware(e: NodeRegistered | NodeView) -> tuple[object, ...]:
+    """What the scheduler places on: a change of it under running gangs is not an agent's to make."""
+    return (e.gpus, e.gpu_type, e.rack, e.spine)
+
+
 def _on_node_registered(state: ClusterState, seq: int, e: NodeRegistered) -> None:
+    existing = state.nodes.get(e.node_id)
+    if existing is not None and _hardware(existing) != _hardware(e):
+        _hold_registration(existing, e)
+        return
+    _register(state, e)
+
+
+def _hold_registration(node: NodeView, e: NodeRegistered) -> None:
+    """Drain the node and keep the new registration aside until an operator undrains it."""
+    node.held_registration = e
+    if node.status == "lost":
+        return  # nothing runs there; the undrain that accepts it needs the node heard again first
+    node.status = "drained"
+    node.status_reason = (
+        f"re-registered as {len(e.gpus)} {e.gpu_type} GPUs in {e.rack}/{e.spine} "
+        f"(was {len(node.gpus)} {node.gpu_type} in {node.rack}/{node.spine}): "
+        "held until an operator undrains it"
+    )
+    if node.out_since is None:
+        node.out_since = e.at
+
+
+def _register(state: ClusterState, e: NodeRegistered) -> None:
     existing = state.nodes.get(e.node_id)
     # A restarted agent re-registers: keep what its GPUs are bound to, the log still says so.
     allocated = existing.allocated if existing is not None else {}
@@ -629,7 +675,9 @@ def _on_recovered(state: ClusterState, seq: int, e: NodeRecovered) -> None:
     # The health monitor's verdict on silence (unreachable or lost -> heard again) never undoes a drain:
     # its appends are not fenced, so one decided on a view from before an operator's drain may land after it.
     node = _node(state, e.node_id)
-    if node is not None and node.status != "drained":
+    if node is not None and node.held_registration is not None and node.status == "lost":
+        _hold_registration(node, node.held_registration)  # heard again: still waits for the operator
+    elif node is not None and node.status != "drained":
         node.status = "up"
         node.status_reason = ""
 
@@ -638,6 +686,9 @@ def _on_undrained(state: ClusterState, seq: int, e: NodeUndrained) -> None:
     # Only a drained node returns to service: an undrain racing a NodeLost leaves the node lost.
     node = _node(state, e.node_id)
     if node is not None and node.status == "drained":
+        if node.held_registration is not None:  # the operator accepts the node's new hardware
+            _register(state, node.held_registration)
+            node = state.nodes[e.node_id]
         node.status = "up"
         node.status_reason = ""
     if node is not None and node.status == "up":
