@@ -21,6 +21,7 @@ from rallypoint.events import (
     NodeDrained,
     NodeHealthChanged,
     NodeRegistered,
+    RankExited,
     TaskPlacement,
 )
 from rallypoint.observability import ClusterCollector, fragmented_gpus
@@ -140,3 +141,17 @@ def test_queue_usage_goodput_and_quota() -> None:
     assert got[("rally_team_goodput_ratio", "team=nlp")] == 0.5
     assert got[("rally_job_preemptions_total", "reason=unknown,team=nlp")] == 1
     assert got[("rally_team_nominal_quota_gpus", "gpu_type=*,team=nlp")] == 8
+
+
+def test_refused_facts_are_counted_by_kind_with_zeros() -> None:
+    assert {k: v for k, v in samples(fold(*CLUSTER)).items() if k[0] == "rally_refused_facts"} == {
+        ("rally_refused_facts", "kind=foreign_rank_exit"): 0,
+        ("rally_refused_facts", "kind=misplaced"): 0,
+        ("rally_refused_facts", "kind=held_registration"): 0,
+    }
+    # "big" runs its one rank on n1: n2 reporting it is a node speaking for a rank it does not run
+    forged = RankExited(job_id="big", attempt=1, rank=0, node_id="n2", exit_code=1, at=11.0)
+    moved = node("n3", "r9", gpu_type="A100")
+    got = samples(fold(*CLUSTER, forged, moved))
+    assert got[("rally_refused_facts", "kind=foreign_rank_exit")] == 1
+    assert got[("rally_refused_facts", "kind=held_registration")] == 1

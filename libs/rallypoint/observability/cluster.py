@@ -45,7 +45,27 @@ def cluster_families(state: ClusterState, now: float, queues: Sequence[Queue] = 
         *_team_families(state, now, queues),
         _checkpoint_saves(state.jobs.values()),
         _gauge("rally_log_fold_seq", "Last stream sequence this fold applied.", [((), state.last_seq)]),
+        _refused_facts(state),
     ]
+
+
+def _refused_facts(state: ClusterState) -> Metric:
+    """Facts the fold refused to believe, by kind: zero series included, so an alert can watch each."""
+    kinds = {
+        # a node speaking for ranks it does not run (docs/security.md)
+        "foreign_rank_exit": state.foreign_exits,
+        # stored where its writer may not write: quarantined as misplaced
+        "misplaced": state.quarantine.by_reason.get("misplaced", 0),
+        # a re-registration that changed a node's hardware, held for an operator
+        "held_registration": sum(1 for n in state.nodes.values() if n.held_registration is not None),
+    }
+    return _gauge(
+        "rally_refused_facts",
+        "Events the fold did not apply because their writer had no right to them (or, held_registration, "
+        "not without an operator), by kind; rally replay --verify-decisions names each.",
+        (((kind,), count) for kind, count in kinds.items()),
+        ["kind"],
+    )
 
 
 def _gauge(
