@@ -5,11 +5,11 @@ work down the queue. The queue file (``scheduling/queues.py``) sets, per team or
 ``max_pending_jobs`` and ``submissions_per_minute`` with ``submission_burst``; this module decides whether
 a submission is within them. Beyond either the API answers 429 with ``Retry-After`` (``services/api/app.py``).
 
-- The pending cap reads the fold: the team's jobs waiting for the scheduler (``ClusterState.pending_jobs``:
-  pending, not being cancelled), plus the ones this replica admitted that the fold has not applied yet
-  (appending, or appended and not folded: the API answers 202 before its fold applies the job). Another
-  replica's admissions of the last moments are not seen, so N replicas may overshoot by what they admit
-  concurrently, never by more.
+- The pending cap reads the fold: the team's jobs waiting for the scheduler (pending, not being cancelled:
+  ``ClusterState.pending_count``, kept by the fold's index, so a check does not walk the queue), plus the
+  ones this replica admitted that the fold has not applied yet (appending, or appended and not folded: the
+  API answers 202 before its fold applies the job). Another replica's admissions of the last moments are
+  not seen, so N replicas may overshoot by what they admit concurrently, never by more.
 - The rate is a token bucket per team, in this replica's memory: N replicas behind a load balancer admit
   up to N times the rate. Sharing the bucket (a KV compare-and-set per submission) would cost a round trip
   to NATS on every submission, the API's hottest path.
@@ -85,7 +85,6 @@ class FairUse:
         self.buckets: dict[str, TokenBucket] = {}
         self.admitted: dict[str, tuple[str, float]] = {}  # job id -> (team, when admitted)
         self.refusals: Counter[tuple[str, str]] = Counter()
-        self._pending: tuple[int, Counter[str]] = (-1, Counter())  # (fold seq, pending jobs by team)
 
     def admit(self, who: Principal, team: str, job_id: str, state: ClusterState) -> Refusal | None:
         """Admit ``job_id`` for ``team`` (None) or say which limit refuses it. An admitted job counts as
@@ -116,7 +115,7 @@ class FairUse:
     def _over_pending_cap(self, team: str, cap: int | None, state: ClusterState) -> Refusal | None:
         if cap is None:
             return None
-        waiting = self._pending_in_fold(state)[team] + self._admitted_unfolded(team, state)
+        waiting = state.pending_count(team) + self._admitted_unfolded(team, state)
         if waiting < cap:
             return None
         return Refusal(
@@ -140,15 +139,6 @@ class FairUse:
             f"(burst {burst}); retry in {wait_s:.1f} s",
             max(1, math.ceil(wait_s)),
         )
-
-    def _pending_in_fold(self, state: ClusterState) -> Counter[str]:
-        """Pending jobs by team, counted once per fold position: a burst of submissions between two
-        applied events reads one count instead of walking the queue each time."""
-        seq, counts = self._pending
-        if seq != state.last_seq:
-            counts = Counter(job.spec.team for job in state.pending_jobs())
-            self._pending = (state.last_seq, counts)
-        return counts
 
     def _admitted_unfolded(self, team: str, state: ClusterState) -> int:
         """This replica's admissions for ``team`` that the fold does not show yet; the ones it shows (or

@@ -4,6 +4,7 @@ random histories, and it stays outside the hash and the snapshots."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -87,6 +88,8 @@ def assert_index_agrees(state: ClusterState, now: float) -> None:
     ready = [j for j in scan_pending(state) if j.retry_at is None or j.retry_at <= now]
     assert state.ready_jobs(now) == ready
     assert indexed_totals(state) == scan_totals(state)
+    waiting = Counter(j.spec.team for j in scan_pending(state))
+    assert {team: state.pending_count(team) for team in {*waiting, "nobody"}} == {**waiting, "nobody": 0}
 
 
 # --- random histories, drawn against the state so that most decisions apply ------------------------
@@ -114,7 +117,7 @@ def submitted(job_id: str, gpus: int) -> JobSubmitted:
     most = 2 * gpus if int(job_id[1:]) % 3 == 0 else None
     spec = JobSpec(
         name=job_id,
-        team="t",
+        team=f"t{int(job_id[1:]) % 3}",  # three teams: the index counts pending jobs by team
         gpus=gpus,
         gpus_per_task=gpus,
         ranks_per_task=1,

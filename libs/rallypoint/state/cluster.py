@@ -349,6 +349,10 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         """Jobs waiting for a bind (not being cancelled), in arrival order (the log's order)."""
         return list(self._index().jobs_of(PENDING))
 
+    def pending_count(self, team: str) -> int:
+        """How many of ``team``'s jobs ``pending_jobs`` lists, without listing them."""
+        return self._index().pending_count(team)
+
     def ready_jobs(self, now: float) -> list[JobView]:
         """Pending jobs the scheduler may bind at ``now``: a retried job waits out its backoff first."""
         index = self._index()

@@ -104,6 +104,10 @@ class StateIndex:
         self._ordinals = itertools.count()
         self._jobs: dict[str, tuple[int, _Key]] = {}  # job id -> (class mask, its key in the lists)
         self._ordered: dict[int, _Ordered] = {bit: _Ordered() for bit in _CLASSES}
+        # Pending jobs by team, and each pending job's team: the API's fair-use cap reads the count on
+        # every submission of a capped team, which a walk of the whole queue would make cost its length.
+        self._pending_by_team: Counter[str] = Counter()
+        self._pending_team: dict[str, str] = {}
         # Pending jobs waiting out a retry backoff (few): "ready at now" is every pending job once now is
         # past the latest of theirs.
         self._retrying: dict[str, float] = {}
@@ -139,6 +143,22 @@ class StateIndex:
                 self._ordered[bit].remove(key)
             elif new_mask & bit and not old_mask & bit and job is not None:
                 self._ordered[bit].add(key, job)
+        self._count_pending(job_id, job if new_mask & PENDING else None)
+
+    def _count_pending(self, job_id: str, pending: JobView | None) -> None:
+        """Move ``job_id`` out of its team's pending count, and into it again while it is ``pending``."""
+        team = self._pending_team.pop(job_id, None)
+        if team is not None:
+            self._pending_by_team[team] -= 1
+            if not self._pending_by_team[team]:
+                del self._pending_by_team[team]
+        if pending is not None:
+            self._pending_team[job_id] = pending.spec.team
+            self._pending_by_team[pending.spec.team] += 1
+
+    def pending_count(self, team: str) -> int:
+        """How many of ``team``'s jobs are in the PENDING class."""
+        return self._pending_by_team[team]
 
     def jobs_of(self, bit: int) -> list[JobView]:
         """The jobs of class ``bit`` in arrival order (``submitted_seq``). Do not mutate: copy it."""
