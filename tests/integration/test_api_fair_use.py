@@ -118,6 +118,27 @@ async def test_a_retry_of_an_accepted_key_is_answered_as_before_never_429(
     assert await submitted(event_log) == 3
 
 
+async def test_a_retry_through_another_replica_is_not_refused_either(
+    client: Client,
+    event_log: EventLog,
+    tokens: Tokens,  # noqa: F811
+) -> None:
+    """This replica's bucket is empty when a retry of what another replica accepted arrives here: it is
+    answered as the other did (202 replayed), found in the fold, or in the log when the fold lags."""
+    another = build_app(
+        event_log, config=ApiConfig(source="test-api-a", queues=QUEUES), auth=TokenStore(tokens.path)
+    )
+    async with test_utils.TestClient(test_utils.TestServer(another)) as other:
+        for i in range(3):
+            await submit_ok(client, tokens.vision, vision(name=f"b{i}"))
+        job_id = await submit_ok(other, tokens.vision, vision(name="keyed"), key="build-8")
+        again = await submit(client, tokens.vision, vision(name="keyed"), key="build-8")
+        assert again.status == 202, await again.text()
+        assert again.headers["Idempotent-Replayed"] == "true"
+        assert (await again.json())["job_id"] == job_id
+    assert await submitted(event_log) == 4
+
+
 # --- jobs waiting -----------------------------------------------------------------------------------------
 
 
