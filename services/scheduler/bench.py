@@ -62,7 +62,11 @@ async def _write_all(log: EventLog, events: list[tuple[str, Event, str]]) -> Non
 
 async def _setup(log: EventLog, nodes: int, gpus_per_node: int, pending: int, admit: bool) -> None:
     await _write_all(
-        log, [(subjects.node_registration(f"n{i:05d}"), _node(i, gpus_per_node), f"n{i}:reg") for i in range(nodes)]
+        log,
+        [
+            (subjects.node_registration(f"n{i:05d}"), _node(i, gpus_per_node), f"n{i}:reg")
+            for i in range(nodes)
+        ],
     )
     jobs = [_job(i, gpus_per_node) for i in range(pending)]
     await _write_all(log, [(subjects.job(j.job_id), j, f"{j.job_id}:0:JobSubmitted") for j in jobs])

@@ -46,7 +46,8 @@ async def _fill(log: EventLog) -> int:
             node_id=node, address=f"10.0.0.{i}", rack="r0", gpu_type="H100", gpus=gpus,
             cpu_milli=96000, memory_mib=1 << 20, agent_instance="test", at=1.0,
         )  # fmt: skip
-        await log.append(subjects.node_registration(node), event, msg_id=f"{node}:0:NodeRegistered", source="test")
+        subject = subjects.node_registration(node)
+        await log.append(subject, event, msg_id=f"{node}:0:NodeRegistered", source="test")
     spec = JobSpec(
         name="too-big", team="demo", gpus=64, gpus_per_task=8, ranks_per_task=1, command=("sleep", "1")
     )

@@ -44,7 +44,9 @@ async def register_nodes(log: EventLog) -> None:
             node_id=f"n{i}", address=f"10.0.0.{i}", rack="r0", gpu_type="H100", gpus=gpus,
             cpu_milli=96000, memory_mib=1 << 20, agent_instance="test", at=1.0,
         )  # fmt: skip
-        await log.append(subjects.node_registration(f"n{i}"), event, msg_id=f"n{i}:0:NodeRegistered", source="test")
+        await log.append(
+            subjects.node_registration(f"n{i}"), event, msg_id=f"n{i}:0:NodeRegistered", source="test"
+        )
 
 
 async def events_of(log: EventLog, kind: type[E]) -> list[E]:

@@ -56,7 +56,9 @@ async def test_settle_freezes_the_caught_up_fold_only_when_asked(
             agent_instance="test",
             at=1.0,
         )
-        await event_log.append(subjects.node_registration(f"n{i}"), node, msg_id=f"n{i}:0:NodeRegistered", source="t")
+        await event_log.append(
+            subjects.node_registration(f"n{i}"), node, msg_id=f"n{i}:0:NodeRegistered", source="t"
+        )
 
     settled = _child(nats_server.url, "settle")
     assert settled["nodes"] == 3  # settled after the catch-up: the fold it froze is the whole log

@@ -58,7 +58,9 @@ async def _register_nodes(log: EventLog) -> None:
             node_id=f"n{i}", address=f"10.0.0.{i}", rack="r0", gpu_type="H100", gpus=gpus,
             cpu_milli=1000, memory_mib=1024, agent_instance="test", at=1.0,
         )  # fmt: skip
-        await log.append(subjects.node_registration(f"n{i}"), node, msg_id=f"n{i}:0:NodeRegistered", source="test")
+        await log.append(
+            subjects.node_registration(f"n{i}"), node, msg_id=f"n{i}:0:NodeRegistered", source="test"
+        )
 
 
 def _start_api(server: NatsServer, workdir: Path, name: str, port: int, tokens: Path) -> ManagedProcess:

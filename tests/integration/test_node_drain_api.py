@@ -84,10 +84,13 @@ async def test_unknown_node_and_blank_reason(api: Client, event_log: EventLog, t
 
 async def _lose(log: EventLog, node: str) -> None:
     await log.append(
-        subjects.node_health(node), NodeHeartbeatLost(node_id=node, last_seen=1.0, at=2.0), msg_id="hb", source="t"
+        subjects.node_health(node),
+        NodeHeartbeatLost(node_id=node, last_seen=1.0, at=2.0),
+        msg_id="hb",
+        source="t",
     )
-    await log.append(subjects.node_health(node), NodeLost(node_id=node, reason="no heartbeat for 31 s", at=3.0),
-                     msg_id="lost", source="t")  # fmt: skip
+    lost = NodeLost(node_id=node, reason="no heartbeat for 31 s", at=3.0)
+    await log.append(subjects.node_health(node), lost, msg_id="lost", source="t")
 
 
 async def test_undrain_of_a_lost_node_is_409(api: Client, event_log: EventLog, tokens: Tokens) -> None:  # noqa: F811

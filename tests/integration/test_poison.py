@@ -65,7 +65,9 @@ async def register_node(log: EventLog, node_id: str) -> int:
         agent_instance="test",
         at=time.time(),
     )
-    return await log.append(subjects.node_registration(node_id), event, msg_id=f"{node_id}:reg", source="test")
+    return await log.append(
+        subjects.node_registration(node_id), event, msg_id=f"{node_id}:reg", source="test"
+    )
 
 
 async def submit(log: EventLog, job_id: str) -> int:

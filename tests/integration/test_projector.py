@@ -251,7 +251,9 @@ async def append_lifecycle(w: Writer) -> None:
     await w.put(job("ft-4"), JobSubmitted(job_id="ft-4", spec=spec("finetune", 8), submitted_at=T0 + 170))
     await w.put(sched("ft-4"), bind("ft-4", 1, [("node-a", tuple(range(8)))], T0 + 171))
     await w.put(subjects.job_control("ft-4"), JobStarted(job_id="ft-4", attempt=1, at=T0 + 172))
-    await w.put(subjects.node_health("node-b"), NodeHeartbeatLost(node_id="node-b", last_seen=T0 + 175, at=T0 + 180))
+    await w.put(
+        subjects.node_health("node-b"), NodeHeartbeatLost(node_id="node-b", last_seen=T0 + 175, at=T0 + 180)
+    )
     await w.put(subjects.node_health("node-b"), NodeRecovered(node_id="node-b", at=T0 + 185))
     await w.put(
         subjects.job_control("ft-4"),
