@@ -2,7 +2,8 @@
 
 A thin shell: the projection, its batching, the exactly-once write and the PostgreSQL reconnects all
 live in ``rallypoint.projection``. Run one replica per database; a second one is safe (the position
-row fences it) but only wastes work re-synchronising. See docs/projector.md.
+row fences it) but only wastes work re-synchronising. An event PostgreSQL refuses is quarantined, not
+retried: ``/healthz`` says degraded and names it, ``/metrics`` counts it. See docs/projector.md.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import argparse
 import os
 from collections.abc import Sequence
 
-from rallypoint.projection import DEFAULT_NAME, Projector
+from rallypoint.projection import DEFAULT_NAME, Projector, QuarantineCollector
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
+from rallypoint.runtime.health import add_health_check
+from rallypoint.runtime.metrics import add_collector
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             snapshot_every=args.snapshot_every,
         )
         ctx.stack.push_async_callback(projector.close)
+        add_health_check(ctx, projector.degraded, degraded=True)
+        add_collector(ctx, QuarantineCollector(projector))
         await projector.run(ctx.stop)
         return 0
 

@@ -4,6 +4,9 @@
 sequence 1, through the same ``Projector`` the service runs (so rebuild and incremental projection
 cannot drift apart). A projector service left running meanwhile is safe: its next batch finds the
 position moved and re-synchronises instead of writing over the rebuild.
+
+``status`` names the events PostgreSQL refused, which the projection quarantined instead of projecting
+(docs/projector.md says what an operator does about them).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import json
 import sys
 import time
 from typing import Any
+
+from rallypoint.cli.output import add_output_args, wants_json
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
@@ -65,10 +70,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     rebuild.set_defaults(func=_rebuild)
 
-    status = actions.add_parser("status", help="projection position against the log's last sequence")
+    status = actions.add_parser(
+        "status", help="projection position against the log's last sequence, and quarantined events"
+    )
     _add_connection_args(status)
-    status.add_argument("--json", action="store_true", help="print one JSON object")
+    add_output_args(status)
+    status.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=20,
+        help="name at most this many quarantined events (default %(default)s)",
+    )
     status.set_defaults(func=_status)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def _resolve(args: argparse.Namespace) -> None:
@@ -129,6 +152,12 @@ async def _rebuild_async(args: argparse.Namespace, dsn: str) -> int:
         f"rebuilt projection {args.name!r} to seq {position}: {projector.events_written} events in "
         f"{projector.batches_written} batches, {elapsed:.2f}s"
     )
+    if projector.quarantined_total:
+        print(
+            f"rally projector rebuild: {projector.quarantined_total} events refused by PostgreSQL were "
+            "quarantined, not projected; `rally projector status` lists them",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -141,17 +170,22 @@ def _status(args: argparse.Namespace) -> int:
     except Exception as exc:  # any failure to reach either side is the answer the operator needs
         print(f"rally projector status: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    if args.json:
+    if wants_json(args):
         print(json.dumps(report, sort_keys=True))
-    else:
-        for key, value in report.items():
-            print(f"{key:>14}: {value}")
+        return 0
+    named = report.pop("quarantined")
+    for key, value in report.items():
+        print(f"{key:>17}: {value}")
+    for event in named:
+        print(f"  seq {event['seq']} on {event['subject']}: {event['type']}: {event['error']}")
     return 0
 
 
 async def _status_async(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
+    import msgspec
+
     from rallypoint.eventlog import EventLog
-    from rallypoint.projection import SCHEMA, connect
+    from rallypoint.projection import QUARANTINE_TABLE, SCHEMA, QuarantinedRow, connect, fetch_quarantined
 
     log = await EventLog.connect(
         args.nats_url, name="rally-projector-status", stream=args.stream, create=False
@@ -165,6 +199,7 @@ async def _status_async(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
         # Read-only on purpose: status must not create the schema on a database it was pointed at by mistake.
         exists = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", f"{SCHEMA}.projection_position")
         position = snapshot = jobs = nodes = events = None
+        quarantined_total, quarantined = 0, list[QuarantinedRow]()
         if exists:
             position = await conn.fetchval(
                 f"SELECT seq FROM {SCHEMA}.projection_position WHERE name = $1", args.name
@@ -175,6 +210,9 @@ async def _status_async(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
             jobs = await conn.fetchval(f"SELECT count(*) FROM {SCHEMA}.jobs")
             nodes = await conn.fetchval(f"SELECT count(*) FROM {SCHEMA}.nodes")
             events = await conn.fetchval(f"SELECT count(*) FROM {SCHEMA}.events")
+        # Created by a later migration than the rest: absent until a newer projector has connected.
+        if exists and await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", QUARANTINE_TABLE):
+            quarantined_total, quarantined = await fetch_quarantined(conn, args.name, args.limit)
     finally:
         await conn.close()
     pos = int(position or 0)
@@ -188,4 +226,6 @@ async def _status_async(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
         "jobs": jobs,
         "nodes": nodes,
         "archived": events,
+        "quarantined_total": quarantined_total,
+        "quarantined": [msgspec.to_builtins(row) for row in quarantined],
     }

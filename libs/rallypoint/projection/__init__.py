@@ -5,28 +5,54 @@ migrations, ``store`` the fenced batch transaction, ``projector`` the batching l
 ``rally projector`` drive. See docs/projector.md.
 """
 
+from .metrics import QuarantineCollector
 from .projector import LogReader, ProjectionError, Projector, RetryPolicy
-from .rows import Batch, ReadModel, RecordedLike, attempt_row, event_row, job_row, node_row
-from .schema import ATTEMPT_COLUMNS, EVENT_COLUMNS, JOB_COLUMNS, MIGRATIONS, NODE_COLUMNS, SCHEMA
+from .rows import (
+    Batch,
+    ReadModel,
+    RecordedLike,
+    RefusedEvent,
+    attempt_row,
+    event_row,
+    job_row,
+    node_row,
+    storable_text,
+)
+from .schema import (
+    ATTEMPT_COLUMNS,
+    EVENT_COLUMNS,
+    JOB_COLUMNS,
+    MIGRATIONS,
+    NODE_COLUMNS,
+    QUARANTINE_COLUMNS,
+    QUARANTINE_TABLE,
+    SCHEMA,
+)
 from .store import (
+    DATA_ERRORS,
     DEFAULT_NAME,
     TRANSIENT_ERRORS,
     PositionMoved,
+    QuarantinedRow,
     Store,
     connect,
     fetch_archive_seqs,
     fetch_attempts,
     fetch_jobs,
     fetch_nodes,
+    fetch_quarantined,
 )
 
 __all__ = [
     "ATTEMPT_COLUMNS",
+    "DATA_ERRORS",
     "DEFAULT_NAME",
     "EVENT_COLUMNS",
     "JOB_COLUMNS",
     "MIGRATIONS",
     "NODE_COLUMNS",
+    "QUARANTINE_COLUMNS",
+    "QUARANTINE_TABLE",
     "SCHEMA",
     "TRANSIENT_ERRORS",
     "Batch",
@@ -34,8 +60,11 @@ __all__ = [
     "PositionMoved",
     "ProjectionError",
     "Projector",
+    "QuarantineCollector",
+    "QuarantinedRow",
     "ReadModel",
     "RecordedLike",
+    "RefusedEvent",
     "RetryPolicy",
     "Store",
     "attempt_row",
@@ -45,6 +74,8 @@ __all__ = [
     "fetch_attempts",
     "fetch_jobs",
     "fetch_nodes",
+    "fetch_quarantined",
     "job_row",
     "node_row",
+    "storable_text",
 ]

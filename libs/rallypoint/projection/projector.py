@@ -12,9 +12,16 @@ How a restart stays exactly-once in effect (the log delivers at least once):
    the batch's last sequence it did land; at the old position it did not (retry); anything else means
    another writer moved it, and the projector re-synchronises from step 1.
 
-A message the fold cannot read is quarantined (``rallypoint.events.codec``): the fold keeps it, the
-archive gets a row of type ``quarantined`` for it, and it is written in a transaction of its own, so the
-projection never stops on it and stays equal to every other fold of the log.
+A message the fold cannot read is quarantined (``rallypoint.events.codec``): the fold keeps it and the
+archive gets a row of type ``quarantined`` for it, so the projection never stops on it and stays equal
+to every other fold of the log.
+
+An event PostgreSQL refuses to store (``store.DATA_ERRORS``: a NUL in a string, a number out of a
+column's range) is quarantined too, never retried forever: the batch that held it is rolled back, the
+fold re-synchronised, and its events written one transaction each; the refused one's transaction holds
+only its quarantine row (``rally.projection_quarantine``), an archive row of type ``quarantined`` and
+the position moved past it. The fold still applies it (it stays equal to every other fold); only that
+event's rows are missing from the views. ``/healthz`` is degraded while any is quarantined.
 """
 
 from __future__ import annotations
@@ -24,7 +31,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from functools import partial
 from typing import Any, Literal, Protocol, TypeVar
 
 import msgspec
@@ -32,12 +38,16 @@ import msgspec
 from rallypoint.eventlog import LogUnavailable
 from rallypoint.events.codec import Quarantined
 
-from .rows import Batch, EventRow, ReadModel, RecordedLike
-from .store import DEFAULT_NAME, TRANSIENT_ERRORS, PositionMoved, Store
+from .rows import Batch, ReadModel, RecordedLike, RefusedEvent, refusal_batch
+from .store import DATA_ERRORS, DEFAULT_NAME, TRANSIENT_ERRORS, PositionMoved, QuarantinedRow, Store
 
 log = logging.getLogger("rallypoint.projection")
 
 Stored = RecordedLike | Quarantined  # what the log holds at one sequence, as the projector reads it
+
+# The quarantined events a projector keeps in memory to name them (in /healthz); it counts all of them.
+KEPT_REFUSALS = 20
+NAMED_IN_HEALTH = 5
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -121,6 +131,9 @@ class Projector:
         self.events_written = 0
         self.retries = 0
         self.resyncs = 0
+        # The events PostgreSQL refused (this projection's quarantine table, read at each sync).
+        self.quarantined_total = 0
+        self.quarantined: list[RefusedEvent] = []
 
     @property
     def position(self) -> int:
@@ -176,7 +189,7 @@ class Projector:
 
     async def sync(self) -> int:
         """Rebuild the in-memory fold to exactly the stored position, without writing anything."""
-        position, snapshot = await self._retrying("sync", _read_position_and_snapshot)
+        position, snapshot, (total, refused) = await self._retrying("sync", _read_stored_state)
         log_last = await self.log.last_seq()
         if position > log_last:
             raise ProjectionError(
@@ -193,10 +206,7 @@ class Projector:
                 model = ReadModel()
         if model.position < position:
             async for rec in self.log.replay(from_seq=model.position + 1, to_seq=position, quarantine=True):
-                if isinstance(rec, Quarantined):
-                    model.state.apply_stored(rec.seq, rec)
-                else:
-                    model.apply(rec.seq, rec.event)
+                model.apply_stored(rec)
         if model.position != position:
             raise ProjectionError(
                 f"projection {self.name!r} is at seq {position} but the log folds only to "
@@ -205,6 +215,7 @@ class Projector:
         self.model = model
         self._snapshot_seq = snapshot[0] if snapshot is not None and snapshot[0] <= position else 0
         self._synced = True
+        self.quarantined_total, self.quarantined = total, [_refused(row) for row in refused]
         log.info("projection %r synchronised at seq %d", self.name, position)
         return position
 
@@ -218,6 +229,20 @@ class Projector:
         self.model = ReadModel()
         self._snapshot_seq = 0
         self._synced = True
+        self.quarantined_total, self.quarantined = 0, []
+
+    def degraded(self) -> list[str]:
+        """Why ``/healthz`` says degraded: events PostgreSQL refused, whose rows the views lack."""
+        if not self.quarantined_total:
+            return []
+        named = self.quarantined[:NAMED_IN_HEALTH]
+        lines = [f"quarantined {refused.describe()}" for refused in named]
+        if self.quarantined_total > len(named):
+            lines.append(
+                f"{self.quarantined_total - len(named)} more events quarantined; "
+                "`rally projector status` lists them"
+            )
+        return lines
 
     # -- projecting ------------------------------------------------------------------------
 
@@ -357,27 +382,35 @@ class Projector:
         return records, False, getter
 
     async def _apply(self, records: list[Stored]) -> None:
-        """Commit a batch in log order: each run of events in one transaction, a quarantined message alone."""
-        run: list[RecordedLike] = []
+        """Commit a batch in one transaction; should PostgreSQL refuse it, its events one at a time."""
+        try:
+            # A batch of one (the usual case while following) is quarantined at once if refused.
+            await self._commit(
+                _fold_of(self.model, records), refused=records[0] if len(records) == 1 else None
+            )
+        except DATA_ERRORS as exc:
+            log.warning(
+                "projection %r: PostgreSQL refused the batch %d..%d (%s: %s); writing its events one by one",
+                self.name,
+                records[0].seq,
+                records[-1].seq,
+                type(exc).__name__,
+                exc,
+            )
+            await self._apply_one_by_one(records)
+
+    async def _apply_one_by_one(self, records: list[Stored]) -> None:
+        """Each record in a transaction of its own, a refused one quarantined in its place."""
+        await self.sync()  # the failed commit dropped the fold; back to the stored position
         for item in records:
-            if isinstance(item, Quarantined):
-                if run:
-                    await self._commit(partial(self.model.fold, run))
-                    run = []
-                await self._commit(partial(self._fold_quarantined, item))
-            else:
-                run.append(item)
-        if run:
-            await self._commit(partial(self.model.fold, run))
+            await self._commit(_fold_of(self.model, [item]), refused=item)
 
-    def _fold_quarantined(self, item: Quarantined) -> Batch | None:
-        if item.seq <= self.model.position:
-            return None  # a redelivery
-        self.model.state.apply_stored(item.seq, item)
-        return Batch(first_seq=item.seq, last_seq=item.seq, events=[_quarantine_row(item)], jobs=[], nodes=[])
+    async def _commit(self, fold: Callable[[], Batch | None], *, refused: Stored | None = None) -> None:
+        """Fold (``fold`` moves ``self.model``) and write the batch it returns, fenced on the position.
 
-    async def _commit(self, fold: Callable[[], Batch | None]) -> None:
-        """Fold (``fold`` moves ``self.model``) and write the batch it returns, fenced on the position."""
+        With ``refused`` (a batch of that one record), a batch PostgreSQL refuses is replaced by the
+        record's quarantine: the fold keeps the record applied, the database gets no row of it.
+        """
         before = self.model.position
         try:
             batch = fold()
@@ -386,7 +419,13 @@ class Projector:
             snapshot = None
             if self.snapshot_every > 0 and batch.last_seq - self._snapshot_seq >= self.snapshot_every:
                 snapshot = self.model.encode()
-            await self._write(batch, before, snapshot)
+            try:
+                await self._write(batch, before, snapshot)
+            except DATA_ERRORS as exc:
+                if refused is None:
+                    raise
+                batch = self._quarantine(refused, exc)
+                await self._write(batch, before, snapshot)
         except BaseException:
             # The fold moved ahead of what may have been committed; never keep it (a cancelled task or
             # a non-transient error leaves an unknown commit state). The next sync re-reads the truth.
@@ -398,6 +437,18 @@ class Projector:
             self._snapshot_seq = batch.last_seq
         self.batches_written += 1
         self.events_written += len(batch.events)
+        self._count_quarantined(batch)
+
+    def _quarantine(self, item: Stored, exc: BaseException) -> Batch:
+        refused = RefusedEvent.of(item, _explain(exc))
+        log.warning("projection %r: quarantined %s", self.name, refused.describe(), extra={"seq": item.seq})
+        return refusal_batch(item, refused)
+
+    def _count_quarantined(self, batch: Batch) -> None:
+        for seq, subject, tag, error, _data in batch.quarantined:
+            self.quarantined_total += 1
+            if len(self.quarantined) < KEPT_REFUSALS:
+                self.quarantined.append(RefusedEvent(seq=seq, subject=subject, event_type=tag, error=error))
 
     async def _write(self, batch: Batch, before: int, snapshot: bytes | None) -> None:
         uncertain = False
@@ -431,17 +482,29 @@ async def _cancel_until_done(task: asyncio.Task[None]) -> None:
         log.debug("pump ended with %r", task.exception())
 
 
-_json = msgspec.json.Encoder()
+def _fold_of(model: ReadModel, records: list[Stored]) -> Callable[[], Batch | None]:
+    """``model.fold(records)``, for ``Projector._commit`` to run."""
+    return lambda: model.fold(records)
 
 
-def _quarantine_row(item: Quarantined) -> EventRow:
-    """The archive row of a quarantined message: its place in the log and why it was skipped."""
-    return (item.seq, item.subject, "quarantined", None, msgspec.Raw(_json.encode(item)), msgspec.Raw(b"{}"))
+def _explain(exc: BaseException) -> str:
+    """PostgreSQL's refusal in one line: its class, SQLSTATE, message and detail (which names the value)."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    detail = getattr(exc, "detail", None)
+    text = type(exc).__name__ + (f" (SQLSTATE {sqlstate})" if sqlstate else "") + f": {exc}"
+    return text + (f" ({detail})" if detail else "")
+
+
+def _refused(row: QuarantinedRow) -> RefusedEvent:
+    return RefusedEvent(seq=row.seq, subject=row.subject, event_type=row.type, error=row.error)
 
 
 class _Step(Protocol[T_co]):
     async def __call__(self, store: Store, /) -> T_co: ...
 
 
-async def _read_position_and_snapshot(store: Store) -> tuple[int, tuple[int, bytes] | None]:
-    return await store.position(), await store.snapshot()
+async def _read_stored_state(
+    store: Store,
+) -> tuple[int, tuple[int, bytes] | None, tuple[int, list[QuarantinedRow]]]:
+    """The position, the snapshot and the quarantined events (counted, the first few named)."""
+    return await store.position(), await store.snapshot(), await store.quarantined(KEPT_REFUSALS)

@@ -5,6 +5,10 @@ rule of it) and remembers which rows each event may have changed, so a batch wri
 The rows themselves are functions of the fold's ``JobView`` / ``NodeView``, so a row written
 incrementally and a row written by a rebuild from zero are equal by construction.
 
+An event PostgreSQL refuses to store (``RefusedEvent``: a NUL in a string, a number out of a column's
+range) still moves the fold, like every other fold of the log; only its rows are missing, and the
+next event that touches the same job or node writes their rows from the fold again.
+
 The one thing the fold does not keep is when a node row last changed (``NodeView`` has no sequence;
 a bind or release changes ``gpus_free`` through a job event), so ``ReadModel`` keeps that map beside
 the fold and saves it in the same snapshot.
@@ -21,12 +25,14 @@ import msgspec
 
 from rallypoint.accounting.attempts import AttemptLedger, AttemptRecord
 from rallypoint.events import Event, event_type
+from rallypoint.events.codec import MAX_QUARANTINE_TEXT, Quarantined
 from rallypoint.state import ACTIVE, ClusterState, JobView, NodeView
 
 JobRow = tuple[Any, ...]
 NodeRow = tuple[Any, ...]
 EventRow = tuple[Any, ...]
 AttemptRow = tuple[Any, ...]
+QuarantineRow = tuple[Any, ...]
 
 _json = msgspec.json.Encoder()
 
@@ -164,6 +170,67 @@ def event_row(rec: RecordedLike) -> EventRow:
     )
 
 
+def quarantine_row(item: Quarantined) -> EventRow:
+    """The archive row of a message no fold can read: its place in the log and why it was skipped."""
+    return _skipped_row(item.seq, item.subject, item.event_type, item.reason, item.error)
+
+
+def _skipped_row(seq: int, subject: str, tag: str, reason: str, error: str) -> EventRow:
+    # Every string made storable: an error may quote the value that could not be read, NUL and all.
+    data = {
+        "seq": seq,
+        "subject": storable_text(subject),
+        "event_type": storable_text(tag),
+        "reason": reason,
+        "error": storable_text(error),
+    }
+    envelope = msgspec.Raw(b"{}")
+    return (seq, storable_text(subject), "quarantined", None, msgspec.Raw(_json.encode(data)), envelope)
+
+
+def storable_text(text: str, limit: int | None = None) -> str:
+    """``text`` (cut to ``limit`` characters) with every NUL written out as ``\\u0000``: PostgreSQL's
+    text and jsonb hold any character but NUL. For what the projector says about an event, never for
+    the event itself (that is stored as it is, or quarantined)."""
+    return (text if limit is None else text[:limit]).replace("\x00", "\\u0000")
+
+
+class RefusedEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """An event PostgreSQL refused to store, where it is in the log and why (texts made storable)."""
+
+    seq: int
+    subject: str
+    event_type: str
+    error: str
+
+    @classmethod
+    def of(cls, item: RecordedLike | Quarantined, error: str) -> RefusedEvent:
+        tag = item.event_type if isinstance(item, Quarantined) else event_type(item.event)
+        return cls(
+            seq=item.seq,
+            subject=storable_text(item.subject),
+            event_type=storable_text(tag, MAX_QUARANTINE_TEXT),
+            error=storable_text(error, 4 * MAX_QUARANTINE_TEXT),
+        )
+
+    def describe(self) -> str:
+        return f"seq {self.seq} on {self.subject}: {self.event_type} refused by PostgreSQL: {self.error}"
+
+
+def refusal_batch(item: RecordedLike | Quarantined, refused: RefusedEvent) -> Batch:
+    """What replaces the rows of a refused event: its quarantine row and an archive row saying so, at
+    its sequence (so the archive still holds every sequence once), and no view row."""
+    data = _json.encode(item if isinstance(item, Quarantined) else item.event)
+    return Batch(
+        first_seq=item.seq,
+        last_seq=item.seq,
+        events=[_skipped_row(item.seq, refused.subject, refused.event_type, "refused", refused.error)],
+        jobs=[],
+        nodes=[],
+        quarantined=[(refused.seq, refused.subject, refused.event_type, refused.error, data)],
+    )
+
+
 class Batch(msgspec.Struct, frozen=True, kw_only=True):
     """Everything one transaction writes: the archive rows, the changed view rows, the new position."""
 
@@ -173,6 +240,7 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
     jobs: list[JobRow]
     nodes: list[NodeRow]
     attempts: list[AttemptRow] = []
+    quarantined: list[QuarantineRow] = []  # events refused by PostgreSQL, in ``QUARANTINE_COLUMNS`` order
 
 
 class _Snapshot(msgspec.Struct, kw_only=True):
@@ -253,7 +321,15 @@ class ReadModel:
         jobs = {j for j, key in before_jobs.items() if self._job_key(j) != key}
         return jobs, nodes
 
-    def fold(self, records: Iterable[RecordedLike]) -> Batch | None:
+    def apply_stored(self, item: RecordedLike | Quarantined) -> tuple[set[str], set[str]]:
+        """Fold what the log holds at one sequence: an event, or a message no fold can read (skipped
+        as every fold skips it, kept in the fold's quarantine log)."""
+        if isinstance(item, Quarantined):
+            self.state.apply_stored(item.seq, item)
+            return set(), set()
+        return self.apply(item.seq, item.event)
+
+    def fold(self, records: Iterable[RecordedLike | Quarantined]) -> Batch | None:
         """Apply a batch; records at or below the current position are skipped (redeliveries)."""
         touched_jobs: set[str] = set()
         touched_nodes: set[str] = set()
@@ -264,10 +340,10 @@ class ReadModel:
             if rec.seq <= self.position:
                 continue
             first = first or rec.seq
-            jobs, nodes = self.apply(rec.seq, rec.event)
+            jobs, nodes = self.apply_stored(rec)
             touched_jobs |= jobs
             touched_nodes |= nodes
-            events.append(event_row(rec))
+            events.append(quarantine_row(rec) if isinstance(rec, Quarantined) else event_row(rec))
         if not events:
             return None
         return Batch(

@@ -84,6 +84,10 @@ ATTEMPT_COLUMNS: tuple[str, ...] = (
     "failed_rank",
 )
 
+# Events PostgreSQL refused to store (NUL in text, a number out of range...): quarantined, not projected.
+# ``data`` is the event's JSON as bytes, kept faithfully where no text or jsonb column could hold it.
+QUARANTINE_COLUMNS: tuple[str, ...] = ("seq", "subject", "type", "error", "data")
+
 MIGRATIONS: tuple[str, ...] = (
     f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}",
     # The audit archive: one row per log entry, keyed by stream sequence so a redelivered event
@@ -195,8 +199,23 @@ MIGRATIONS: tuple[str, ...] = (
     f"ALTER TABLE {SCHEMA}.nodes ADD COLUMN IF NOT EXISTS health text NOT NULL DEFAULT 'healthy'",
     # Added with the failing rank (``AttemptRecord.failed_rank``): the rank whose exit failed the attempt.
     f"ALTER TABLE {SCHEMA}.attempts ADD COLUMN IF NOT EXISTS failed_rank integer",
+    # Added with issue 30: the events PostgreSQL refused, each written in the transaction that moved the
+    # position past it, so the projector goes on and an operator can see what the views lack.
+    f"""
+    CREATE TABLE IF NOT EXISTS {SCHEMA}.projection_quarantine (
+        name            text        NOT NULL,
+        seq             bigint      NOT NULL,
+        subject         text        NOT NULL,
+        type            text        NOT NULL,
+        error           text        NOT NULL,
+        data            bytea       NOT NULL,
+        quarantined_at  timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (name, seq)
+    )
+    """,
 )
 
 # Tables a rebuild empties. The archive is listed separately because an operator may keep it.
 VIEW_TABLES: tuple[str, ...] = (f"{SCHEMA}.jobs", f"{SCHEMA}.nodes", f"{SCHEMA}.attempts")
 ARCHIVE_TABLE = f"{SCHEMA}.events"
+QUARANTINE_TABLE = f"{SCHEMA}.projection_quarantine"

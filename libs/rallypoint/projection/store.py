@@ -27,6 +27,8 @@ from .schema import (
     JOB_COLUMNS,
     MIGRATIONS,
     NODE_COLUMNS,
+    QUARANTINE_COLUMNS,
+    QUARANTINE_TABLE,
     SCHEMA,
     VIEW_TABLES,
 )
@@ -45,6 +47,17 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.InsufficientResourcesError,
     asyncpg.exceptions.TransactionRollbackError,
+)
+
+# Errors that come from what one event holds, not from the server or the network: PostgreSQL refused a
+# value (a NUL in text or jsonb, a number out of a column's range, an impossible timestamp: class 22), a
+# constraint (class 23: a NaN encodes as JSON null, which a NOT NULL column refuses), or a size limit
+# (class 54: a key too long for its index). Retrying the same rows can only fail again, so the projector
+# quarantines the event (``projector.Projector``) instead of retrying it forever.
+DATA_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.DataError,
+    asyncpg.exceptions.IntegrityConstraintViolationError,
+    asyncpg.exceptions.ProgramLimitExceededError,
 )
 
 # A fixed key so that concurrent projectors serialise their CREATE ... IF NOT EXISTS (PostgreSQL can
@@ -129,6 +142,13 @@ _WRITE_ROWS = (
 # did before, so the tables are always locked after the position row (no deadlock with a reset).
 _MOVE_POSITION = f"UPDATE {SCHEMA}.projection_position SET seq = $3 WHERE name = $1 AND seq = $2"
 
+_INSERT_QUARANTINED = (
+    f"INSERT INTO {QUARANTINE_TABLE} (name, {', '.join(QUARANTINE_COLUMNS)}) "
+    f"VALUES ($1, {', '.join(f'${i + 2}' for i in range(len(QUARANTINE_COLUMNS)))}) "
+    "ON CONFLICT (name, seq) DO UPDATE SET "
+    + ", ".join(f"{c} = EXCLUDED.{c}" for c in QUARANTINE_COLUMNS if c != "seq")
+)
+
 _rows_json = msgspec.json.Encoder()
 
 
@@ -199,6 +219,8 @@ class Store:
                 )
                 raise PositionMoved(expected, found)
             await conn.execute(_WRITE_ROWS, *_row_params(batch))
+            if batch.quarantined:  # rare: one refused event per batch, so one statement each is fine
+                await conn.executemany(_INSERT_QUARANTINED, [(self.name, *row) for row in batch.quarantined])
             if snapshot is not None:
                 await conn.execute(
                     f"INSERT INTO {SCHEMA}.projection_snapshot (name, seq, state) VALUES ($1, $2, $3) "
@@ -208,8 +230,12 @@ class Store:
                     snapshot,
                 )
 
+    async def quarantined(self, limit: int) -> tuple[int, list[QuarantinedRow]]:
+        return await fetch_quarantined(self.conn, self.name, limit)
+
     async def reset(self, *, keep_archive: bool = False) -> None:
-        """Empty the views, the snapshot and the position (and the archive) in one transaction."""
+        """Empty the views, the snapshot, the quarantine and the position (and the archive) in one
+        transaction: a rebuild quarantines again whatever PostgreSQL still refuses."""
         tables = list(VIEW_TABLES) + ([] if keep_archive else [ARCHIVE_TABLE])
         async with self.conn.transaction():
             # Lock the position row first, like a batch does, so a running projector's in-flight
@@ -219,9 +245,20 @@ class Store:
             )
             await self.conn.execute(f"TRUNCATE {', '.join(tables)}")
             await self.conn.execute(f"DELETE FROM {SCHEMA}.projection_snapshot WHERE name = $1", self.name)
+            await self.conn.execute(f"DELETE FROM {QUARANTINE_TABLE} WHERE name = $1", self.name)
             await self.conn.execute(
                 f"UPDATE {SCHEMA}.projection_position SET seq = 0 WHERE name = $1", self.name
             )
+
+
+class QuarantinedRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of ``rally.projection_quarantine`` as read back (``data``, the event itself, left out)."""
+
+    seq: int
+    subject: str
+    type: str
+    error: str
+    quarantined_at: str  # ISO 8601
 
 
 def _row_params(batch: Batch) -> list[str]:
@@ -256,3 +293,27 @@ async def fetch_attempts(conn: asyncpg.Connection) -> list[tuple[Any, ...]]:
 
 async def fetch_archive_seqs(conn: asyncpg.Connection) -> list[int]:
     return [int(r[0]) for r in await conn.fetch(f"SELECT seq FROM {ARCHIVE_TABLE} ORDER BY seq")]
+
+
+async def fetch_quarantined(
+    conn: asyncpg.Connection, name: str, limit: int
+) -> tuple[int, list[QuarantinedRow]]:
+    """How many events projection ``name`` quarantined, and the first ``limit`` of them in log order."""
+    total = await conn.fetchval(f"SELECT count(*) FROM {QUARANTINE_TABLE} WHERE name = $1", name)
+    rows = await conn.fetch(
+        f"SELECT seq, subject, type, error, quarantined_at FROM {QUARANTINE_TABLE} "
+        "WHERE name = $1 ORDER BY seq LIMIT $2",
+        name,
+        limit,
+    )
+    found = [
+        QuarantinedRow(
+            seq=int(r["seq"]),
+            subject=r["subject"],
+            type=r["type"],
+            error=r["error"],
+            quarantined_at=r["quarantined_at"].isoformat(),
+        )
+        for r in rows
+    ]
+    return int(total), found
