@@ -19,6 +19,7 @@ from rallypoint.agent.backend import GpuBackend
 from rallypoint.agent.launcher import RankLauncher
 from rallypoint.agent.node import AgentConfig, NodeAgent, new_instance_id
 from rallypoint.agent.nvml_backend import NvmlGpus, NvmlUnavailable
+from rallypoint.agent.rankuser import RankUserRefused, requested_rank_user, resolve_rank_user
 from rallypoint.agent.sim_backend import DEFAULT_MEMORY_MIB, SimulatedGpus
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 
@@ -72,8 +73,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between heartbeats")
     parser.add_argument(
         "--run-as",
-        default=env.get("RALLY_RANK_USER"),
-        help="when the agent is root, run ranks as this user (env RALLY_RANK_USER; default: its own)",
+        default=requested_rank_user(),
+        help="the unprivileged user ranks run as (env RALLY_RANK_USER; default nobody); needs a root agent",
+    )
+    parser.add_argument(
+        "--rank-path",
+        action="append",
+        type=Path,
+        default=[Path(p) for p in env.get("RALLY_RANK_PATHS", "").split(os.pathsep) if p],
+        help="a folder every rank may reach besides its own, e.g. datasets or a scratch space; repeat it "
+        f"(env RALLY_RANK_PATHS, {os.pathsep}-separated)",
+    )
+    parser.add_argument(
+        "--allow-root-ranks",
+        action="store_true",
+        default=env.get("RALLY_ALLOW_ROOT_RANKS", "") == "1",
+        help="when ranks cannot run as --run-as, run them as the agent's own user (root, or its user) "
+        "instead of refusing to start; every job can then read this agent's credentials "
+        "(env RALLY_ALLOW_ROOT_RANKS=1)",
     )
     return parser
 
@@ -100,10 +117,17 @@ async def agent_main(ctx: ServiceContext, args: argparse.Namespace) -> int:
         return 2
     ctx.stack.callback(backend.close)
     work_dir = Path(args.work_dir or Path(".rally") / "agent" / args.node_id)
+    try:
+        run_as = await asyncio.to_thread(
+            partial(resolve_rank_user, args.run_as, work_dir, allow_own_user=args.allow_root_ranks)
+        )
+    except RankUserRefused as exc:
+        _log.error("%s", exc)
+        return 2
     # This process spawns nothing but rank wrappers, and in its container it is PID 1, the parent of
     # every orphan: reap those too (issue 15: defunct processes piling up under the agent).
     launcher = await asyncio.to_thread(
-        partial(RankLauncher, work_dir, reap_orphans=True, run_as=args.run_as if os.geteuid() == 0 else None)
+        partial(RankLauncher, work_dir, reap_orphans=True, run_as=run_as, shared_paths=args.rank_path)
     )
     # Waits for the NATS server if it is not up yet: a node agent may boot before it.
     log = await ctx.event_log()

@@ -84,6 +84,7 @@ def seqs(history: list[Recorded], kind: type, job_id: str) -> list[int]:
 def test_an_elastic_gang_grows_shrinks_for_production_and_completes_after_every_rank(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
+    out = cluster.give_to_ranks(cluster.shared_dir / tmp_path.name)  # ranks are unprivileged (issue 30)
     # attempt 1 runs until stopped; the relaunch at the new size ends rank by rank (rank r after 1 + 2r s)
     sleep = '$( [ "$RALLY_ATTEMPT" = 1 ] && echo 300 || echo $((1 + 2 * RANK)) )'
     elastic = submit(
@@ -96,7 +97,7 @@ def test_an_elastic_gang_grows_shrinks_for_production_and_completes_after_every_
             "gpus_per_task": 8,
             "ranks_per_task": 2,
             "priority": "best-effort",
-            "command": probe(tmp_path, sleep),
+            "command": probe(out, sleep),
         },
     )
     wait_state(cluster, elastic, {"running"})
@@ -104,15 +105,15 @@ def test_an_elastic_gang_grows_shrinks_for_production_and_completes_after_every_
     (grown,) = [history[s - history[0].seq].event for s in seqs(history, GangBound, elastic)]
     assert isinstance(grown, GangBound) and sum(len(p.gpus) for p in grown.placements) == 16
     deadline = time.monotonic() + 20
-    while len(list(tmp_path.glob(f"{elastic}-rank*.json"))) < 4 and time.monotonic() < deadline:
+    while len(list(out.glob(f"{elastic}-rank*.json"))) < 4 and time.monotonic() < deadline:
         time.sleep(0.2)
-    first = [json.loads(p.read_text()) for p in sorted(tmp_path.glob(f"{elastic}-rank*.json"))]
+    first = [json.loads(p.read_text()) for p in sorted(out.glob(f"{elastic}-rank*.json"))]
     assert {(s["WORLD_SIZE"], s["RALLY_ATTEMPT"]) for s in first} == {("4", "1")} and len(first) == 4
 
     prod = submit(
         cluster,
         {"name": "prod", "gpus": 8, "gpus_per_task": 8, "ranks_per_task": 1, "priority": "production",
-         "command": probe(tmp_path, "1")},
+         "command": probe(out, "1")},
     )  # fmt: skip
     assert wait_state(cluster, prod, TERMINAL, timeout=60)["state"] == "completed"
     assert wait_state(cluster, elastic, TERMINAL, timeout=60)["state"] == "completed"
@@ -147,7 +148,7 @@ def test_an_elastic_gang_grows_shrinks_for_production_and_completes_after_every_
     ranks = 2 if last == 2 else 4
     last_exits = [s for s in seqs(history, RankExited, elastic) if events[s].attempt == last]  # type: ignore[union-attr]
     assert len(last_exits) == ranks and max(last_exits) < completed
-    relaunched = [json.loads((tmp_path / f"{elastic}-rank{r}.json").read_text()) for r in range(ranks)]
+    relaunched = [json.loads((out / f"{elastic}-rank{r}.json").read_text()) for r in range(ranks)]
     assert {(s["WORLD_SIZE"], s["RALLY_ATTEMPT"]) for s in relaunched} == {(str(ranks), str(last))}
 
     report = verify_decisions(

@@ -41,8 +41,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 @pytest.fixture
-def probes(tmp_path: Path) -> Path:
-    return tmp_path / "ranks"
+def probes(cluster: LocalCluster, tmp_path: Path) -> Path:
+    # where ranks, which run as an unprivileged user in a sandbox, may write (issue 30)
+    return cluster.give_to_ranks(cluster.shared_dir / tmp_path.name)
 
 
 def submit(

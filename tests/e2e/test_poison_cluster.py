@@ -82,12 +82,13 @@ def wait_terminal(cluster: LocalCluster, job_id: str, timeout: float = 60.0) -> 
 
 def test_poison_stops_nothing_and_every_fold_agrees(cluster: LocalCluster, tmp_path: Path) -> None:
     poison = publish_poison(cluster)
-    assert wait_terminal(cluster, submit(cluster, "after-poison", tmp_path))["state"] == "completed"
+    probes = cluster.give_to_ranks(cluster.shared_dir / tmp_path.name)  # ranks are unprivileged (issue 30)
+    assert wait_terminal(cluster, submit(cluster, "after-poison", probes))["state"] == "completed"
 
     # A restarted service catches up over both messages instead of crash-looping, and acts on the next job.
     cluster.kill("job-controller", signal.SIGKILL)
     cluster.restart("job-controller")
-    assert wait_terminal(cluster, submit(cluster, "after-restart", tmp_path))["state"] == "completed"
+    assert wait_terminal(cluster, submit(cluster, "after-restart", probes))["state"] == "completed"
     assert not cluster.dead_services()
 
     status, health = call("GET", f"{cluster.api_url}/healthz")

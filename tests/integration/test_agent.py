@@ -100,10 +100,17 @@ async def agent_env(
 ) -> AsyncIterator[Callable[..., Agent]]:
     started: list[Agent] = []
     work_dir = tmp_path / "work"
+    # The folder the ranks and the test share: ranks run as an unprivileged user and see, of tmp_path
+    # (0700), only what their sandbox shows them (issue 30)
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
 
     def start(*extra: str, subreaper: bool = False) -> Agent:
         log_path = tmp_path / f"agent-{len(started)}.log"
-        agent = Agent(nats_server.url, work_dir, log_path, *extra, subreaper=subreaper)
+        agent = Agent(
+            nats_server.url, work_dir, log_path, "--rank-path", str(shared), *extra, subreaper=subreaper
+        )
         started.append(agent)
         return agent
 
@@ -232,7 +239,7 @@ async def test_exit_during_an_agent_crash_is_reported_by_the_next_agent(
 ) -> None:
     first = agent_env()
     beat = await first_heartbeat(event_log)
-    go = tmp_path / "go"
+    go = tmp_path / "shared" / "go"
     wait_then_exit = [
         PY,
         "-c",
@@ -383,10 +390,11 @@ async def test_checkpoint_reports_are_appended_once_each_and_before_the_rank_exi
     await event_log.js.update_stream(config)
     first = agent_env()
     await first_heartbeat(event_log)
-    assert (await launch(event_log, task("job-c", [PY, "-c", REPORTING_RANK, str(tmp_path)]))).ok
+    shared = tmp_path / "shared"
+    assert (await launch(event_log, task("job-c", [PY, "-c", REPORTING_RANK, str(shared)]))).ok
 
     await wait_until(lambda: has_commits(event_log, "job-c", {110, 210}), "the first commits")
-    await wait_until(lambda: files_exist(tmp_path / "partial-0", tmp_path / "partial-1"), "half lines")
+    await wait_until(lambda: files_exist(shared / "partial-0", shared / "partial-1"), "half lines")
 
     async def progress_shown() -> bool:
         return await progress_of(event_log, "job-c") == {0: (3, 0.5), 1: (3, 1.5)}
@@ -396,8 +404,8 @@ async def test_checkpoint_reports_are_appended_once_each_and_before_the_rank_exi
     assert sorted(await commits(event_log, "job-c")) == [110, 210]
 
     await first.crash()
-    (tmp_path / "go").write_text("")  # the ranks finish the half line and commit again, unwatched
-    await wait_until(lambda: files_exist(tmp_path / "written-0", tmp_path / "written-1"), "commits")
+    (shared / "go").write_text("")  # the ranks finish the half line and commit again, unwatched
+    await wait_until(lambda: files_exist(shared / "written-0", shared / "written-1"), "commits")
     agent_env()
     await wait_until(lambda: has_commits(event_log, "job-c", {120, 130, 220, 230}), "commits after restart")
 

@@ -146,7 +146,7 @@ def test_ranks_get_the_contract_environment_logs_and_exit_codes(
         "RALLY_JOB_ID": "job-a",
         "RALLY_ATTEMPT": "0",
         "USER_VAR": "x",
-        "INHERITED": "from-agent",
+        "INHERITED": None,  # nothing of the agent's environment but its allow-list (issue 30)
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "RALLY_REPORT_FILE": str(work.absolute() / "job-a" / "0" / "rank-2.report"),
     }

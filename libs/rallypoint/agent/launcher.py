@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,14 +120,20 @@ class RankLauncher:
         *,
         python: str = sys.executable,
         clock: Callable[[], float] = time.time,
-        base_env: dict[str, str] | None = None,
+        base_env: Mapping[str, str] | None = None,
         reap_orphans: bool = False,
         run_as: str | None = None,
+        shared_paths: Sequence[Path] = (),
     ) -> None:
         self.work_dir = Path(work_dir)
         # the user ranks run as when this process is root (rankuser); None: this process's own user
         self._run_as = run_as
+        # folders every rank may reach besides its own (datasets, a scratch space): its sandbox shows them
+        self._shared = tuple(str(Path(p).absolute()) for p in shared_paths)
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        # Only the agent enters its work dir: every job's task file (its env) and logs are in it. A rank
+        # reaches its own attempt's folder alone, through its sandbox (``ranksandbox``).
+        self.work_dir.chmod(0o700)
         self._python = python
         self._clock = clock
         self._base_env = base_env
@@ -214,11 +220,8 @@ class RankLauncher:
                     continue
                 record.claimed_at = now
                 self._ranks[key] = record
-                env = dict(os.environ if self._base_env is None else self._base_env)
-                # CUDA numbers GPUs fastest-first by default; NVML (and so our GPU indices, placements
-                # and CUDA_VISIBLE_DEVICES) numbers them in PCI bus order. Make CUDA agree.
-                env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-                env.update(rank_environment(task, spec))
+                # Built from an allow-list, never a copy of ours: the agent's bus credentials stay here.
+                env = rank_environment(task, spec, os.environ if self._base_env is None else self._base_env)
                 # the training client appends checkpoint commits and step progress here (reports.py)
                 env["RALLY_REPORT_FILE"] = str(record.file("report").absolute())
                 try:
@@ -398,10 +401,11 @@ class RankLauncher:
             "-m",
             "rallypoint.agent.rankwrap",
             "--dir",
-            str(record.directory),
+            str(record.directory.absolute()),  # the wrapper starts in that folder
             "--rank",
             str(record.rank),
             *(["--user", self._run_as] if self._run_as else []),
+            *(f"--reach={path}" for path in self._shared if self._run_as),
             "--",
             *command,
         ]
@@ -414,6 +418,8 @@ class RankLauncher:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
+                # not the agent's own folder, where its configuration may lie
+                cwd=record.directory,
                 start_new_session=True,
                 close_fds=True,
             )

@@ -1,12 +1,18 @@
-"""Which OS user ranks run as: never root when an unprivileged one can run them.
+"""Which OS user ranks run as: an unprivileged one, distinct from the agent's, or none at all.
 
-A rank runs whatever command a job asked for. When the agent runs as root, as it does on a dev box or in
-a privileged container, the rank wrapper drops the rank to an unprivileged user (``rankwrap --user``).
-The wrapper itself stays root, so it can still write the exit record and signal the rank's group. The
-local cluster picks ``$RALLY_RANK_USER`` or ``nobody``, but only when that user can start the cluster's
-Python and enter its work folder (``usable_rank_user``). Otherwise every rank would fail to start: for
-example, an interpreter under ``/root`` (mode 700) that ``nobody`` cannot execute. In that case the ranks
-stay root and the reason is logged.
+A rank runs whatever command a job asked for, so it must hold nothing of the agent: not its environment
+(``rank_environment`` is an allow-list), not its user. When the agent runs as root, as it does on a dev box
+or in a privileged container, the rank wrapper drops the rank to an unprivileged user (``rankwrap --user``)
+inside a mount namespace that lets that user reach the interpreter and the rank's own folders
+(``ranksandbox``). The wrapper itself stays root, so it can still write the exit record and signal the
+rank's group. The user is ``$RALLY_RANK_USER`` or ``nobody``; the agent probes at start that it can really
+run a rank (``rank_user_problem``: the sandbox is built, the interpreter starts as that user and imports
+the wrapper).
+
+When it cannot (no such user, no CAP_SYS_ADMIN for the sandbox, an agent that is not root and so cannot
+switch users), ranks would run with the agent's own identity and could read its credentials: the agent
+refuses to start unless its operator allowed exactly that (``--allow-root-ranks``), and then says so in a
+WARNING (``resolve_rank_user``).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +29,16 @@ _log = logging.getLogger(__name__)
 
 RANK_USER_ENV = "RALLY_RANK_USER"
 DEFAULT_RANK_USER = "nobody"
+ALLOW_FLAG = "--allow-root-ranks"
+
+
+class RankUserRefused(RuntimeError):
+    """Ranks cannot run as an unprivileged user here and the operator did not allow the agent's own."""
+
+
+def requested_rank_user() -> str:
+    """The user ranks should run as: ``$RALLY_RANK_USER``, else ``nobody``."""
+    return os.environ.get(RANK_USER_ENV) or DEFAULT_RANK_USER
 
 
 def drop_to(user: str) -> tuple[int, int, dict[str, str]]:
@@ -37,38 +54,65 @@ def give_to(path: Path, user: str) -> None:
     os.chown(path, uid, gid)
 
 
-def usable_rank_user(work_dir: Path, *, python: str = sys.executable) -> str | None:
-    """The user ranks should run as; None: as this process's user (not root, or no usable other)."""
-    if os.geteuid() != 0:
-        return None  # already unprivileged: nothing to drop
-    user = os.environ.get(RANK_USER_ENV) or DEFAULT_RANK_USER
+def own_user() -> str:
+    """This process's user, by name when it has one (what ranks run as without a drop)."""
     try:
-        uid, gid, env = drop_to(user)
+        return pwd.getpwuid(os.geteuid()).pw_name
     except KeyError:
-        _log.warning("no user %r on this host: ranks run as root", user)
-        return None
+        return f"uid {os.geteuid()}"
+
+
+def rank_user_problem(user: str, work_dir: Path, *, python: str = sys.executable) -> str | None:
+    """Why ranks cannot run as ``user`` under ``work_dir``; None when they can (probed for real)."""
+    if os.geteuid() != 0:
+        return f"the agent runs as {own_user()}, not root: it cannot start ranks as another user"
     try:
-        # What a rank of the local cluster does first: start the interpreter, in the work folder, and
-        # reach the folders under it (the checkpoint root is then handed to the user).
-        reach = "import os, sys; sys.exit(0 if os.access(sys.argv[1], os.X_OK) else 3)"
+        uid, _, _ = drop_to(user)
+    except KeyError:
+        return f"no user {user!r} on this host"
+    if uid == 0:
+        return f"user {user!r} is root"
+    return _probe(user, work_dir, python)
+
+
+def _probe(user: str, work_dir: Path, python: str) -> str | None:
+    """Start what a rank starts, in a folder placed as an attempt's, as ``user`` in its sandbox."""
+    folder = work_dir / ".rank-probe" / "0"
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
         probe = subprocess.run(
-            [python, "-c", reach, str(work_dir)],
-            cwd=work_dir,
-            user=uid,
-            group=gid,
-            extra_groups=[],
-            env={**os.environ, **env},
+            [python, "-m", "rallypoint.agent.ranksandbox", "--user", user, "--dir", str(folder)],
             capture_output=True,
-            timeout=30,
+            timeout=60,
             check=False,
         )
     except (OSError, subprocess.SubprocessError) as exc:
-        _log.warning("user %r cannot run ranks here (%s): ranks run as root", user, exc)
+        return f"the probe did not run: {exc}"
+    finally:
+        shutil.rmtree(folder.parent, ignore_errors=True)
+    if probe.returncode == 0:
         return None
-    if probe.returncode != 0:
-        reason = probe.stderr.decode(errors="replace").strip().splitlines()[-1:] or [
-            f"exit {probe.returncode}"
-        ]
-        _log.warning("user %r cannot run %s in %s (%s): ranks run as root", user, python, work_dir, reason[0])
-        return None
-    return user
+    lines = probe.stderr.decode(errors="replace").strip().splitlines()
+    why = lines[-1] if lines else f"exit {probe.returncode}"
+    return f"{python} did not start as {user!r} in {work_dir}: {why}"
+
+
+def resolve_rank_user(
+    user: str, work_dir: Path, *, allow_own_user: bool, python: str = sys.executable
+) -> str | None:
+    """The user ranks run as (None: the agent's own, allowed by its operator); RankUserRefused when
+    ``user`` cannot run them and the agent's own user was not allowed."""
+    problem = rank_user_problem(user, work_dir, python=python)
+    if problem is None:
+        _log.info("ranks run as %s, in a sandbox of their own", user)
+        return user
+    if not allow_own_user:
+        raise RankUserRefused(
+            f"ranks cannot run as {user!r} ({problem}); refusing to run them as {own_user()}, whose "
+            f"credentials they could read. Fix that, set {RANK_USER_ENV}, or pass {ALLOW_FLAG}"
+        )
+    _log.warning(
+        "RANKS RUN AS %s, THE AGENT'S OWN USER (%s): every job can read this agent's credentials (%s)",
+        own_user().upper(), problem, ALLOW_FLAG,
+    )  # fmt: skip
+    return None

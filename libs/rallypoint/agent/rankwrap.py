@@ -10,7 +10,10 @@ One wrapper per rank, started by the agent in a session of its own so the rank s
 4. waits, and writes the exit code once, atomically, to ``rank-<r>.exit`` (see ``workdir`` for codes).
 
 With ``--user`` (the agent runs as root; ``rankuser``) the command runs as that user, and the wrapper
-stays root to keep its records. The rank's report file is created first and handed to that user.
+stays root to keep its records. The rank's report file is created first and handed to that user, and the
+wrapper builds the rank's mount namespace (``ranksandbox``): the rank reaches the interpreter, the package,
+its own attempt folder and checkpoint folder, and nothing else of the folders its user cannot enter. The
+rank starts in its attempt folder, never in the agent's.
 
 The wrapper is a child subreaper: a process the rank started and then abandoned (a double-forked
 helper, the children of a shell that exited) is re-parented to the wrapper rather than to PID 1 -
@@ -39,7 +42,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from rallypoint.agent import rankuser, workdir
+from rallypoint.agent import ranksandbox, rankuser, workdir
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -95,21 +98,33 @@ def _finish(directory: Path, rank: int, exit_code: int) -> None:
     )
 
 
-def _as_user(user: str | None) -> dict[str, Any]:
-    """Popen arguments that start the rank as ``user`` (none: as the wrapper's own user)."""
+def _as_user(user: str | None, directory: Path, shared: list[str]) -> dict[str, Any]:
+    """Popen arguments that start the rank as ``user`` in its sandbox (none: as the wrapper's own user)."""
     if user is None:
         return {}
-    uid, gid, env = rankuser.drop_to(user)
+    try:
+        uid, gid, env = rankuser.drop_to(user)
+    except KeyError:
+        raise PermissionError(f"no user {user!r} on this host") from None
     report = os.environ.get("RALLY_REPORT_FILE")
     if report:
         # The training client appends to it; the folder is root's, so the file must exist and be theirs.
         Path(report).touch()
         os.chown(report, uid, gid)
+    # Before the drop, as root: the rank sees what it needs of the agent's folders, nothing else.
+    ranksandbox.enter(uid, gid, str(directory), os.environ.get("RALLY_CHECKPOINT_DIR"), shared)
     # setgroups, setgid, setuid happen before preexec_fn, so the parent-death signal set there survives.
     return {"user": uid, "group": gid, "extra_groups": [], "env": {**os.environ, **env}}
 
 
-def run(directory: Path, rank: int, command: list[str], *, user: str | None = None) -> int:
+def run(
+    directory: Path,
+    rank: int,
+    command: list[str],
+    *,
+    user: str | None = None,
+    shared: list[str] | None = None,
+) -> int:
     exit_path = workdir.rank_file(directory, rank, "exit")
     if exit_path.exists():
         print(f"rankwrap: rank {rank} already has an exit record; not starting", file=sys.stderr)
@@ -140,7 +155,8 @@ def run(directory: Path, rank: int, command: list[str], *, user: str | None = No
             process_group=0,
             preexec_fn=_pdeathsig(os.getpid()),
             close_fds=True,
-            **_as_user(user),
+            cwd=directory,
+            **_as_user(user, directory, shared or []),
         )
     except FileNotFoundError as exc:
         print(f"rankwrap: cannot start rank {rank}: {exc}", file=sys.stderr)
@@ -178,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", required=True, type=Path, help="the attempt directory")
     parser.add_argument("--rank", required=True, type=int)
     parser.add_argument("--user", default=None, help="run the command as this user (the wrapper is root)")
+    parser.add_argument(
+        "--reach", action="append", default=[], help="a folder shared with every rank (with --user)"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
     args = parser.parse_args(argv)
     command = list(args.command)
@@ -185,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         command = command[1:]
     if not command:
         parser.error("no command given")
-    return run(args.dir, args.rank, command, user=args.user)
+    return run(args.dir, args.rank, command, user=args.user, shared=args.reach)
 
 
 if __name__ == "__main__":

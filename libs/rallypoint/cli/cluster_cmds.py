@@ -43,6 +43,7 @@ def _up(args: argparse.Namespace) -> int:
         postgres_dsn=args.postgres_dsn,
         api_port=args.api_port,
         queues=_queue_file(args, workdir),
+        allow_root_ranks=args.allow_root_ranks,
     )
     # Ctrl-C and SIGTERM both stop everything `rally up` started. SIGINT is installed explicitly too: a
     # process started in the background by a script inherits SIGINT as ignored, and Python then keeps it so.
@@ -61,6 +62,7 @@ def _up(args: argparse.Namespace) -> int:
         if cluster.with_projector:
             print(f"  SQL   {cluster.postgres_dsn}")
         print(f"  logs  {workdir.resolve() / 'logs'}")
+        print(f"  ranks {_rank_identity(cluster.rank_user)}")
         teams = ", ".join(cluster.teams)
         print(f"  tokens {TOKENS_FILE} (admin; teams {teams}): `rally` here uses the admin one")
         if cluster.queues is not None:
@@ -83,6 +85,16 @@ def _up(args: argparse.Namespace) -> int:
         TOKENS_FILE.unlink(missing_ok=True)
         for lock in locks:
             lock.close()
+
+
+def _rank_identity(rank_user: str | None) -> str:
+    """Which user the ranks run as, always said: loudly when it is ours (``--allow-root-ranks``)."""
+    from rallypoint.agent.rankuser import own_user
+
+    if rank_user is not None:
+        return f"run as {rank_user}, each in a sandbox of its own (no cluster credential reaches them)"
+    who = own_user().upper()
+    return f"RUN AS {who}, THIS CLUSTER'S OWN USER (--allow-root-ranks): any job can read its credentials"
 
 
 def _queue_file(args: argparse.Namespace, workdir: Path) -> Path | None:
@@ -141,6 +153,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "written for this cluster: four teams in one cohort, borrowing, an org with a limit)",
     )
     queues.add_argument("--no-queues", action="store_true", help="run without quotas (no queue file)")
+    up.add_argument(
+        "--allow-root-ranks",
+        action="store_true",
+        help="when ranks cannot run as an unprivileged user (RALLY_RANK_USER, default nobody), run them as "
+        "this process's user instead of refusing to start: any job could then read the cluster's credentials",
+    )
     up.set_defaults(func=_up)
     demo = subparsers.add_parser("demo", help="start a local cluster, run a mixed batch of jobs, summarize")
     _add_shape(demo)

@@ -81,9 +81,34 @@ def launch_plan(
     return tasks
 
 
-def rank_environment(task: LaunchTask, rank: RankSpec) -> dict[str, str]:
-    """The environment one rank process sees, on top of the agent's own."""
-    env = dict(task.env)
+#: What a rank inherits of its agent's environment: where programs and libraries are, the locale, the time
+#: zone and the temporary folder. Nothing else: the agent's bus identity, tokens, DSNs and whatever else its
+#: operator set stay with the agent (issue 30). A job that needs more says so in its own ``env``.
+INHERITED_VARIABLES: frozenset[str] = frozenset(
+    {"PATH", "LD_LIBRARY_PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR"}
+)
+INHERITED_PREFIXES: tuple[str, ...] = ("LC_",)
+
+
+def inherited_environment(agent_env: Mapping[str, str]) -> dict[str, str]:
+    """The allow-listed part of the agent's environment a rank starts from (``INHERITED_VARIABLES``)."""
+    return {
+        name: value
+        for name, value in agent_env.items()
+        if name in INHERITED_VARIABLES or name.startswith(INHERITED_PREFIXES)
+    }
+
+
+def rank_environment(
+    task: LaunchTask, rank: RankSpec, agent_env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The whole environment of one rank process: the allow-listed base of the agent's (``agent_env``),
+    the job's own ``env``, then the torchrun contract and Rallypoint's variables, which nothing overrides."""
+    env = inherited_environment(agent_env or {})
+    # CUDA numbers GPUs fastest-first by default; NVML (and so our GPU indices, placements and
+    # CUDA_VISIBLE_DEVICES) numbers them in PCI bus order. Make CUDA agree, unless the job says otherwise.
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env.update(task.env)
     env.update(
         {
             "RALLY_JOB_ID": task.job_id,

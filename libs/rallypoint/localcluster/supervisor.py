@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 
 from rallypoint.agent import workdir
-from rallypoint.agent.rankuser import give_to, usable_rank_user
+from rallypoint.agent.rankuser import give_to, requested_rank_user, resolve_rank_user
 from rallypoint.infra import ManagedProcess, NatsServer, PostgresServer, ServerStartError, free_port
 from rallypoint.scheduling.queues import load_queues
 from rallypoint.security import ADMIN, agent_user
@@ -113,6 +113,7 @@ class LocalCluster:
         service_args: dict[str, Sequence[str]] | None = None,
         with_agents: bool = True,
         queues: Path | None = None,
+        allow_root_ranks: bool = False,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1 or racks < 1:
             raise ValueError("nodes, gpus per node and racks must all be at least 1")
@@ -147,8 +148,10 @@ class LocalCluster:
         )
         self.admin_token = ""
         self.team_tokens: dict[str, str] = {}
-        # the unprivileged user ranks run as when we are root (chosen at start); None: our own user
+        # the unprivileged user ranks run as (chosen at start); None: our own user, which only
+        # ``allow_root_ranks`` permits (else the start is refused: ranks could read our credentials)
         self.rank_user: str | None = None
+        self.allow_root_ranks = allow_root_ranks
 
     # -- addresses --------------------------------------------------------------------------------
 
@@ -208,6 +211,12 @@ class LocalCluster:
         """Where the jobs' checkpoints live: the local stand-in for a shared filesystem."""
         return self.workdir / "checkpoints"
 
+    @property
+    def shared_dir(self) -> Path:
+        """A folder every rank may read and write besides its own (the local stand-in for a shared
+        scratch filesystem; each agent's ``--rank-path``). Tests give their ranks' output folders here."""
+        return self.workdir / "shared"
+
     def rack_of(self, index: int) -> str:
         # Contiguous blocks, as racks are cabled: nodes 1-2 in rack-1, 3-4 in rack-2 for 4 nodes / 2 racks.
         return f"rack-{index * self.racks // self.nodes + 1}"
@@ -216,6 +225,8 @@ class LocalCluster:
 
     def start(self, *, timeout: float = 60.0) -> None:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        if self.agent_nodes():
+            self._choose_rank_user()  # first: a refusal starts nothing
         if self._nats_url is None:
             assert self.credentials is not None
             accounts = render_accounts(self.agent_nodes(), password=literal(self.credentials.passwords))
@@ -237,8 +248,6 @@ class LocalCluster:
             self.start_service(name, name, extra)
         for instance in SCHEDULERS:
             self.start_service(instance, "scheduler", ["--instance", instance])
-        if self.agent_nodes():
-            self._choose_rank_user()
         for index, node_id in enumerate(self.agent_nodes()):
             self.start_service(f"agent-{node_id}", "agent", self._agent_args(index, node_id))
         self.wait_ready(timeout=timeout)
@@ -260,11 +269,15 @@ class LocalCluster:
             pool.submit(asyncio.run, setup()).result()
 
     def _choose_rank_user(self) -> None:
-        """Ranks run as an unprivileged user when we are root and it can run them (``rankuser``)."""
-        self.rank_user = usable_rank_user(self.workdir)
-        if self.rank_user is not None:
-            self.give_to_ranks(self.checkpoint_root)
-            _log.info("ranks run as %s", self.rank_user)
+        """Ranks run as an unprivileged user in a sandbox of their own (``rankuser``), or as ours only
+        with ``allow_root_ranks``; RankUserRefused otherwise."""
+        agents = self.workdir / "agents"
+        agents.mkdir(parents=True, exist_ok=True)
+        self.rank_user = resolve_rank_user(
+            requested_rank_user(), agents, allow_own_user=self.allow_root_ranks
+        )
+        self.give_to_ranks(self.checkpoint_root)
+        self.give_to_ranks(self.shared_dir)
 
     def give_to_ranks(self, path: Path) -> Path:
         """Create ``path`` and let the ranks write in it (they may run as another user than ours)."""
@@ -315,7 +328,9 @@ class LocalCluster:
             str(self.workdir / "agents" / node_id),
             "--fault-file",
             str(self.fault_file(node_id)),
-            *(["--run-as", self.rank_user] if self.rank_user else []),
+            "--rank-path",
+            str(self.shared_dir),
+            *(["--run-as", self.rank_user] if self.rank_user else ["--allow-root-ranks"]),
         ]
 
     def fault_file(self, node_id: str) -> Path:
