@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
@@ -16,6 +19,8 @@ import nats
 import pytest
 
 from rallypoint.infra import NatsServer, PostgresServer, free_port, port_open
+from rallypoint.infra.postgres import APP_ROLE, SUPERUSER
+from rallypoint.infra.tempdirs import owned_tempdir
 
 
 def _gone(pid: int) -> bool:
@@ -74,6 +79,69 @@ async def test_postgres_starts_answers_and_stops() -> None:
     assert not base.exists()
     if os.geteuid() == 0:
         assert server.os_user != "root"
+
+
+@pytest.fixture
+def no_client_password(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No other password source for libpq or asyncpg, so a connection without one really has none."""
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    monkeypatch.setenv("PGPASSFILE", str(tmp_path / "no-pgpass"))
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[Path]:
+    # Short, under /tmp: a socket's path holds ~107 bytes, and postgres (another user under root) enters it.
+    path = Path(tempfile.mkdtemp(prefix="rally-pgsock-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.usefixtures("no_client_password")
+async def test_postgres_refuses_a_connection_without_the_generated_password(socket_dir: Path) -> None:
+    """No trust anywhere (issue 30): over TCP and the Unix socket, the superuser and the read models' role
+    need the generated password; the DSN carries it, the 0600 credentials file holds both."""
+    server = await PostgresServer(unix_socket_dir=socket_dir).astart()
+    try:
+        rules = [line.split() for line in (server.pgdata / "pg_hba.conf").read_text().splitlines()]
+        methods = {rule[-1] for rule in rules if rule and not rule[0].startswith("#")}
+        assert methods == {"scram-sha-256"}, methods
+        passwords = json.loads(server.credentials_file.read_text())
+        assert server.credentials_file.stat().st_mode & 0o777 == 0o600
+        for host in ("127.0.0.1", str(socket_dir)):
+            for user in (SUPERUSER, APP_ROLE):
+                where = {"host": host, "port": server.port, "user": user, "database": server.database}
+                for password in (None, "", "wrong"):
+                    with pytest.raises(asyncpg.InvalidPasswordError):
+                        await asyncpg.connect(**where, password=password)
+                conn = await asyncpg.connect(**where, password=passwords[user])
+                assert await conn.fetchval("SELECT current_user") == user
+                await conn.close()
+        conn = await asyncpg.connect(server.dsn)
+        privileges = "SELECT rolsuper, rolcreaterole, rolcreatedb FROM pg_roles WHERE rolname = current_user"
+        assert tuple(await conn.fetchrow(privileges)) == (False, False, False)
+        owner = "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = current_database()"
+        assert await conn.fetchval(owner) == APP_ROLE
+        await conn.close()
+    finally:
+        await server.astop()
+
+
+@pytest.mark.usefixtures("no_client_password")
+def test_postgres_started_again_over_its_folder_reads_its_passwords_back() -> None:
+    folder = owned_tempdir("rally-pg-")  # under /tmp: postgres, another user under root, can enter it
+    first = PostgresServer(folder).start()
+    again: PostgresServer | None = None
+    try:
+        first.stop(remove_data=False)
+        # Its start connects as the superuser (the role and database exist): the password was read back.
+        again = PostgresServer(folder, port=first.port).start()
+        assert again.dsn == first.dsn and again.dsn_for("postgres") == first.dsn_for("postgres")
+    finally:
+        if again is not None:
+            again.stop(remove_data=False)
+        first.stop(remove_data=True)
 
 
 def test_servers_die_with_a_killed_parent(tmp_path: Path) -> None:

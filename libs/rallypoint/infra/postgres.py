@@ -12,19 +12,34 @@ unprivileged OS user (``subprocess`` ``user=``/``group=``): ``RALLY_PG_OS_USER``
 above it must be traversable by it (the default temporary directory under ``/tmp`` is). When the wheel's
 binaries are not (a checkout under ``/root`` or in a ``mktemp -d`` folder), the install is copied into the
 server's own folder, which that user can reach, and removed with it.
+
+Authentication: no ``trust`` anywhere. initdb gives the superuser a generated password and writes
+``scram-sha-256`` for every local and host line of ``pg_hba.conf``; the server then creates a second role,
+``rally``, neither superuser nor able to create roles or databases, that owns the database and is what
+``dsn`` connects as (the projector, read-model queries). Both passwords live in the server's
+``credentials.json`` (mode 0600, ours; a server started again over the same folder reads them back) and
+reach ``psql`` through its environment, never a command line. The ``rally`` role's password is sent as a
+SCRAM verifier computed here, so the plain password never reaches the server's statement log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
+import hmac
 import importlib.util
+import json
 import os
 import pwd
+import re
+import secrets
 import shutil
 import signal
 import stat
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -35,7 +50,14 @@ from .tempdirs import owned_tempdir
 
 _HOST = "127.0.0.1"
 SUPERUSER = "postgres"
+#: The role the read models are written and read as: owns its database, nothing more.
+APP_ROLE = "rally"
 DEFAULT_OS_USER = "rallypoint-pg"
+CREDENTIALS_FILE = "credentials.json"
+_AUTH = "scram-sha-256"
+_SCRAM_ITERATIONS = 4096  # PostgreSQL's own default (scram_iterations)
+# A plain identifier: it is written into SQL and into the DSN as it is.
+_DATABASE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
 def postgres_bin_dir() -> Path:
@@ -116,11 +138,51 @@ def _reachable_install(bin_dir: Path, base_dir: Path, account: pwd.struct_passwd
     return copied_bin
 
 
+def _generated_password() -> str:
+    # Hex: it rides in postgresql:// URLs as it is, and 192 bits need no limit on guesses.
+    return secrets.token_hex(24)
+
+
+def scram_verifier(password: str, *, salt: bytes | None = None, iterations: int = _SCRAM_ITERATIONS) -> str:
+    """What PostgreSQL stores for a SCRAM-SHA-256 password (RFC 5802 and 7677):
+    ``SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>``, which ``CREATE ROLE ... PASSWORD`` takes
+    as the password itself."""
+    salt = salt if salt is not None else secrets.token_bytes(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    stored_key = hashlib.sha256(hmac.digest(salted, b"Client Key", "sha256")).digest()
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+    encoded = [base64.b64encode(raw).decode() for raw in (salt, stored_key, server_key)]
+    return f"SCRAM-SHA-256${iterations}:{encoded[0]}${encoded[1]}:{encoded[2]}"
+
+
+def _provision_script(role: str, verifier: str, database: str) -> str:
+    """psql input creating ``role`` (no superuser, no role or database creation) and ``database`` owned
+    by it, each only when missing (a server started again over its folder)."""
+    create_role = f"CREATE ROLE {role} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD ''{verifier}''"
+    return (
+        f"SELECT '{create_role}' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}')\\gexec\n"
+        f"SELECT 'CREATE DATABASE {database} OWNER {role}' "
+        f"WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '{database}')\\gexec\n"
+    )
+
+
+def _write_private(path: Path, text: str, *, owner: pwd.struct_passwd | None = None) -> None:
+    """Create ``path`` (it must not exist) readable by its owner alone, then write ``text``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        if owner is not None:
+            os.fchown(handle.fileno(), owner.pw_uid, owner.pw_gid)
+        handle.write(text)
+
+
 class PostgresServer:
     """One PostgreSQL server with a database created for us; sync and async context manager.
 
-    ``dsn`` is ``postgresql://postgres@127.0.0.1:<port>/<database>`` (trust auth, local only).
+    ``dsn`` is ``postgresql://rally:<password>@127.0.0.1:<port>/<database>``: the database's owner, no
+    superuser. ``dsn_for(database)`` connects as the superuser (tests create and drop their own databases
+    with it). Both passwords are generated (``credentials_file``, 0600) and checked with SCRAM.
     ``durable=False`` (the default, for tests) turns fsync off: ~10x faster DDL, unsafe on power loss.
+    ``unix_socket_dir``: listen on a Unix socket there too (default: TCP only).
     """
 
     def __init__(
@@ -131,7 +193,10 @@ class PostgresServer:
         database: str = "rallypoint",
         durable: bool = False,
         start_timeout: float = 30.0,
+        unix_socket_dir: Path | None = None,
     ) -> None:
+        if not _DATABASE_NAME.match(database) or database == SUPERUSER:
+            raise ValueError(f"database {database!r}: a lower-case identifier other than {SUPERUSER!r}")
         self._own_dir = data_dir is None
         # Our own folder is named for this process: the next server removes it if we die unable to.
         self.base_dir = Path(data_dir) if data_dir is not None else owned_tempdir("rally-pg-")
@@ -141,7 +206,10 @@ class PostgresServer:
         self.database = database
         self.durable = durable
         self.start_timeout = start_timeout
+        self.unix_socket_dir = unix_socket_dir
         self._account = _ensure_os_user()
+        # Replaced by the folder's own when it already holds an initialized server (``_initdb``).
+        self._passwords = {SUPERUSER: _generated_password(), APP_ROLE: _generated_password()}
         self._proc: ManagedProcess | None = None
         self._bin_dir: Path | None = None
 
@@ -163,10 +231,20 @@ class PostgresServer:
 
     @property
     def dsn(self) -> str:
-        return f"postgresql://{SUPERUSER}@{_HOST}:{self.port}/{self.database}"
+        """The database's owner (no superuser), with its password: what the read models connect as."""
+        return self._dsn(APP_ROLE, self.database)
 
     def dsn_for(self, database: str) -> str:
-        return f"postgresql://{SUPERUSER}@{_HOST}:{self.port}/{database}"
+        """The superuser, with its password, on ``database``."""
+        return self._dsn(SUPERUSER, database)
+
+    def _dsn(self, role: str, database: str) -> str:
+        return f"postgresql://{role}:{self._passwords[role]}@{_HOST}:{self.port}/{database}"
+
+    @property
+    def credentials_file(self) -> Path:
+        """Both roles' passwords (JSON, mode 0600, owned by whoever started the server)."""
+        return self.base_dir / CREDENTIALS_FILE
 
     @property
     def pid(self) -> int | None:
@@ -187,30 +265,58 @@ class PostgresServer:
     def _initdb(self) -> None:
         self.base_dir.mkdir(parents=True, exist_ok=True)
         if (self.pgdata / "PG_VERSION").exists():
+            self._load_credentials()
             return
         if self._account is not None:
             _check_traversable(self.base_dir, self._account)
             os.chown(self.base_dir, self._account.pw_uid, self._account.pw_gid)
-        result = subprocess.run(
-            [
-                str(self.bin_dir / "initdb"),
-                "-D",
-                str(self.pgdata),
-                "-U",
-                SUPERUSER,
-                "--auth=trust",
-                "--encoding=UTF8",
-                "--locale=C",
-                "--no-sync",
-                "--no-instructions",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            **self._run_as(),  # type: ignore[call-overload]
-        )
+        self.credentials_file.unlink(missing_ok=True)  # left by an initdb that failed half-way
+        _write_private(self.credentials_file, json.dumps(self._passwords))
+        with self._initdb_password_file() as password_file:
+            result = subprocess.run(
+                [
+                    str(self.bin_dir / "initdb"),
+                    "-D",
+                    str(self.pgdata),
+                    "-U",
+                    SUPERUSER,
+                    f"--pwfile={password_file}",
+                    f"--auth-local={_AUTH}",
+                    f"--auth-host={_AUTH}",
+                    "--encoding=UTF8",
+                    "--locale=C",
+                    "--no-sync",
+                    "--no-instructions",
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+                **self._run_as(),  # type: ignore[call-overload]
+            )
         if result.returncode != 0:
             raise ServerStartError(f"initdb failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+
+    @contextlib.contextmanager
+    def _initdb_password_file(self) -> Iterator[Path]:
+        """The superuser's password for initdb (``--pwfile``), readable only by the user initdb runs as,
+        and removed as soon as initdb is done."""
+        path = self.base_dir / "initdb-password"
+        path.unlink(missing_ok=True)
+        _write_private(path, self._passwords[SUPERUSER] + "\n", owner=self._account)
+        try:
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
+
+    def _load_credentials(self) -> None:
+        try:
+            stored = json.loads(self.credentials_file.read_text())
+            self._passwords = {role: str(stored[role]) for role in (SUPERUSER, APP_ROLE)}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ServerStartError(
+                f"{self.pgdata} is initialized but {self.credentials_file} holds no passwords ({exc!r}): "
+                "nothing could connect; remove the folder to start afresh"
+            ) from exc
 
     def _spawn(self) -> ManagedProcess:
         if self._proc is not None and self._proc.running():
@@ -226,9 +332,10 @@ class PostgresServer:
             str(self.port),
             "-c",
             f"listen_addresses={_HOST}",
-            # No Unix socket: its path length limit (~107 bytes) breaks deep temp dirs, and TCP suffices.
+            # No Unix socket unless asked: its path length limit (~107 bytes) breaks deep temp dirs, and
+            # TCP suffices.
             "-c",
-            "unix_socket_directories=",
+            f"unix_socket_directories={self._socket_dir()}",
             "-c",
             "max_connections=200",
         ]
@@ -253,6 +360,14 @@ class PostgresServer:
         )
         return self._proc
 
+    def _socket_dir(self) -> str:
+        if self.unix_socket_dir is None:
+            return ""
+        self.unix_socket_dir.mkdir(parents=True, exist_ok=True)
+        if self._account is not None:
+            os.chown(self.unix_socket_dir, self._account.pw_uid, self._account.pw_gid)
+        return str(self.unix_socket_dir)
+
     def _ready(self) -> bool:
         return port_open(_HOST, self.port) and self._postmaster_status() == "ready"
 
@@ -263,46 +378,26 @@ class PostgresServer:
             return None
         return lines[7].strip() if len(lines) > 7 else None
 
-    def _create_database(self) -> None:
-        if self.database == SUPERUSER:
-            return
+    def _provision(self) -> None:
+        """The ``rally`` role and its database (``_provision_script``), as the superuser."""
+        script = _provision_script(APP_ROLE, scram_verifier(self._passwords[APP_ROLE]), self.database)
+        # The script on stdin and the password in the environment: neither shows in `ps`.
         result = subprocess.run(
             [
                 str(self.bin_dir / "psql"),
-                "-h",
-                _HOST,
-                "-p",
-                str(self.port),
-                "-U",
-                SUPERUSER,
-                "-d",
-                SUPERUSER,
-                "-tAc",
-                f"SELECT 1 FROM pg_database WHERE datname = '{self.database}'",
+                *("-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "-"),
+                *("-h", _HOST, "-p", str(self.port), "-U", SUPERUSER, "-d", SUPERUSER),
             ],
+            input=script,
+            env={**os.environ, "PGPASSWORD": self._passwords[SUPERUSER]},
             capture_output=True,
             text=True,
             check=False,
         )
-        if result.returncode == 0 and result.stdout.strip() == "1":
-            return
-        created = subprocess.run(
-            [
-                str(self.bin_dir / "createdb"),
-                "-h",
-                _HOST,
-                "-p",
-                str(self.port),
-                "-U",
-                SUPERUSER,
-                self.database,
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if created.returncode != 0:
-            raise ServerStartError(f"createdb {self.database} failed:\n{created.stderr}")
+        if result.returncode != 0:
+            raise ServerStartError(
+                f"creating role {APP_ROLE} and database {self.database} failed:\n{result.stderr}"
+            )
 
     def start(self) -> Self:
         for attempt in range(3):
@@ -317,7 +412,7 @@ class PostgresServer:
                 if self._fixed_port is not None or attempt == 2:
                     raise
                 self.port = 0
-        self._create_database()
+        self._provision()
         return self
 
     def restart(self) -> Self:
@@ -351,7 +446,7 @@ class PostgresServer:
                 if self._fixed_port is not None or attempt == 2:
                     raise
                 self.port = 0
-        await asyncio.to_thread(self._create_database)
+        await asyncio.to_thread(self._provision)
         return self
 
     def stop(self, *, remove_data: bool | None = None) -> None:

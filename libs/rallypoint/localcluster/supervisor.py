@@ -53,6 +53,8 @@ SCHEDULERS = ("scheduler-1", "scheduler-2")
 DEFAULT_TEAMS: tuple[str, ...] = default_queues.TEAMS
 # Services that read the queue file, when the cluster has one.
 QUEUE_READERS: frozenset[str] = frozenset({"api", "scheduler", "preemption"})
+# Where the projector finds its PostgreSQL DSN (services/projector: --postgres-dsn's default).
+POSTGRES_DSN_ENV = "RALLY_POSTGRES_DSN"
 
 # The local cluster reacts faster than the production defaults, so a hung node's gang is back on a
 # replacement within seconds: silent 3 s -> unreachable, 8 s -> lost (detection within 10 s); a failed
@@ -244,8 +246,7 @@ class LocalCluster:
         for name in SINGLETONS:
             if name == "projector" and not self.with_projector:
                 continue
-            extra = ["--postgres-dsn", self.postgres_dsn] if name == "projector" else []
-            self.start_service(name, name, extra)
+            self.start_service(name, name)
         for instance in SCHEDULERS:
             self.start_service(instance, "scheduler", ["--instance", instance])
         for index, node_id in enumerate(self.agent_nodes()):
@@ -306,11 +307,16 @@ class LocalCluster:
         path.chmod(0o600)
         path.write_text(json.dumps({"admin": self.admin_token, "teams": self.team_tokens}, indent=2) + "\n")
 
-    def _nats_env(self, name: str, service: str) -> dict[str, str]:
-        if self.credentials is None:
-            return self.env
-        user = agent_user(name.removeprefix("agent-")) if service == "agent" else service
-        return {**self.env, **self.credentials.env_for(user)}
+    def _service_env(self, name: str, service: str) -> dict[str, str]:
+        """The service's environment: its own NATS user and, for the projector alone, the PostgreSQL DSN.
+        Secrets go here, never on a command line, which every local user can read in `ps`."""
+        env = {key: value for key, value in self.env.items() if key != POSTGRES_DSN_ENV}
+        if self.credentials is not None:
+            user = agent_user(name.removeprefix("agent-")) if service == "agent" else service
+            env.update(self.credentials.env_for(user))
+        if service == "projector":
+            env[POSTGRES_DSN_ENV] = self.postgres_dsn
+        return env
 
     def _agent_args(self, index: int, node_id: str) -> list[str]:
         return [
@@ -362,7 +368,7 @@ class LocalCluster:
             self.health_ports[name] = self.health_ports.get(name) or free_port()
             argv += ["--health-port", str(self.health_ports[name])]
         self._argv[name] = argv
-        self._env[name] = self._nats_env(name, service)
+        self._env[name] = self._service_env(name, service)
         proc = ManagedProcess(
             argv, log_path=self.workdir / "logs" / f"{name}.log", env=self._env[name], cwd=self.workdir
         )
