@@ -335,7 +335,16 @@ _SCHEMAS: dict[str, Any] = {
                     "allocated": {"type": "integer"},
                 },
             },
-            "jobs": {"type": "array", "items": {"type": "string"}},
+            "busy_gpus": {
+                "type": "array",
+                "items": {"type": "integer"},
+                "description": "Indexes of the GPUs a job holds, any team's.",
+            },
+            "jobs": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "The jobs on the node: all for an admin, the own team's for a team token.",
+            },
             "registered_at": {"type": "number"},
         },
     },

@@ -212,6 +212,8 @@ def render_node(node: NodeView, reader: Audience = EVERYONE) -> dict[str, Any]:
             "free": len(node.free_gpus()) if node.schedulable else 0,
             "allocated": len(node.allocated),
         },
+        # which GPUs are held, whoever holds them: a team's dashboard shows another team's as busy
+        "busy_gpus": sorted(node.allocated),
         "jobs": sorted(job_id for job_id in set(node.allocated.values()) if reader.sees(job_id)),
         "registered_at": node.registered_at,
     }

@@ -288,9 +288,12 @@ async def test_nodes_show_another_teams_gpus_busy_without_its_jobs(scene: Scene)
     admin = {n["node_id"]: n for n in (await _json(scene, "admin", "/v1/nodes"))["nodes"]}
     nlp_ids = {j.job_id for j in scene.of("nlp")}
     for node_id, seen in nodes.items():
-        assert seen["gpus"] == admin[node_id]["gpus"]  # another team's GPUs still count as allocated
+        # another team's GPUs still count as allocated, and which they are (the dashboard draws them busy)
+        assert seen["gpus"] == admin[node_id]["gpus"]
+        assert seen["busy_gpus"] == admin[node_id]["busy_gpus"]
         assert seen["jobs"] == [j for j in admin[node_id]["jobs"] if j in nlp_ids]
     assert sum(n["gpus"]["allocated"] for n in nodes.values()) == 8  # vision's running job, unnamed
+    assert sorted(len(n["busy_gpus"]) for n in nodes.values()) == [0, 8]
     assert all(n["jobs"] == [] for n in nodes.values())
 
 

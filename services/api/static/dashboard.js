@@ -150,16 +150,21 @@ function heatMap(nodes, owners) {
       const status = node.status === "up" ? "" : ` (${node.status})`;
       group.append(svg("text", { x: 0, y: y + cell - 4, class: node.status === "up" ? "" : "label" },
         `${node.node_id}${status}`, title(`${node.node_id} ${node.gpu_type} ${node.status} ${node.status_reason || ""}`)));
+      // GPUs held by a job this token may not see (another team's): busy, with no job named
+      const busy = new Set(node.busy_gpus || []);
       for (let gpu = 0; gpu < node.gpus.total; gpu++) {
         const owner = owners.get(`${node.node_id}/${gpu}`);
+        const unseen = !owner && busy.has(gpu);
         const state = NODE_COLORS[node.status] ? (node.status === "drained" ? "draining" : "unhealthy")
-          : owner ? "busy" : "free";
-        const fill = NODE_COLORS[node.status] || (owner ? teamColor(owner.team) : "var(--free)");
+          : owner || unseen ? "busy" : "free";
+        const fill = NODE_COLORS[node.status]
+          || (owner ? teamColor(owner.team) : unseen ? "var(--other-team)" : "var(--free)");
         const rect = svg("rect", {
           class: "gpu", x: labelWidth + gpu * (cell + gap), y, width: cell, height: cell, rx: 3, fill,
           "data-node": node.node_id, "data-gpu": gpu, "data-state": state,
           "data-job": owner ? owner.job_id : null, "data-team": owner ? owner.team : null,
-        }, title(owner ? `GPU ${gpu}: ${owner.name} (${owner.team}) ${owner.state}` : `GPU ${gpu}: ${state}`));
+        }, title(owner ? `GPU ${gpu}: ${owner.name} (${owner.team}) ${owner.state}`
+          : unseen ? `GPU ${gpu}: busy (another team's job)` : `GPU ${gpu}: ${state}`));
         if (owner) {
           rect.style.cursor = "pointer";
           rect.addEventListener("click", () => { location.hash = `#/job/${owner.job_id}`; });
@@ -173,9 +178,10 @@ function heatMap(nodes, owners) {
   return container;
 }
 
-function legend(teams) {
+function legend(teams, othersBusy) {
   const items = [["free", "var(--free)"], ["draining", "var(--drained)"], ["unhealthy", "var(--unhealthy)"],
-    ...teams.map((t) => [`busy: ${t}`, teamColor(t)])];
+    ...teams.map((t) => [`busy: ${t}`, teamColor(t)]),
+    ...(othersBusy ? [["busy: another team", "var(--other-team)"]] : [])];
   return el("div", { class: "legend" },
     ...items.map(([label, color]) => el("span", {}, el("i", { style: `background:${color}` }), label)));
 }
@@ -250,6 +256,8 @@ async function renderCluster(view) {
     api("/v1/jobs?state=pending&limit=10000"), api("/v1/state"), optional("/v1/queues"),
   ]);
   const owners = gpuOwners(active.jobs);
+  // a team token lists only its own jobs: the GPUs the others hold are busy with no owner here
+  const othersBusy = nodes.nodes.some((n) => (n.busy_gpus || []).some((g) => !owners.has(`${n.node_id}/${g}`)));
   const teams = [...new Set(active.jobs.map((j) => j.team))].sort();
   [...new Set([...teams, ...pending.jobs.map((j) => j.team)])].sort().forEach(teamColor);
   const total = nodes.nodes.reduce((sum, n) => sum + n.gpus.total, 0);
@@ -260,7 +268,7 @@ async function renderCluster(view) {
   document.getElementById("status").textContent =
     `${nodes.nodes.length} nodes · ${total} GPUs · ${free} free · ${pending.jobs.length} waiting · log seq ${fold.seq}`;
   view.replaceChildren(el("div", { class: "panels" },
-    el("div", { class: "panel" }, el("h2", {}, "Cluster"), legend(teams), heatMap(nodes.nodes, owners)),
+    el("div", { class: "panel" }, el("h2", {}, "Cluster"), legend(teams, othersBusy), heatMap(nodes.nodes, owners)),
     el("div", {},
       el("div", { class: "panel" }, el("h2", {}, "Queue"), queueTable(pending.jobs)),
       el("div", { class: "panel" }, el("h2", {}, "Teams"), table,
