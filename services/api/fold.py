@@ -23,7 +23,7 @@ from typing import get_args
 from rallypoint.eventlog import EventLog, SnapshotStore
 from rallypoint.events.codec import QuarantineReason
 from rallypoint.runtime.follower import Follower
-from rallypoint.runtime.following import SNAPSHOT_NAME
+from rallypoint.runtime.following import save_periodically
 from rallypoint.state import ClusterState
 
 from .readindex import ReadIndex, stream_tip
@@ -82,6 +82,7 @@ class FoldFollower:
         # Where the log ends, asked of the server before a read (concurrent reads share the question).
         self.read_index = ReadIndex(stream_tip(log, log.timeout))
         self._task: asyncio.Task[None] | None = None
+        self._saver: asyncio.Task[None] | None = None  # saves the API's own snapshot once caught up
 
     @property
     def state(self) -> ClusterState:
@@ -94,6 +95,9 @@ class FoldFollower:
             self._task = asyncio.create_task(self._run(), name="api-fold")
 
     async def stop(self) -> None:
+        saver, self._saver = self._saver, None
+        if saver is not None:
+            saver.cancel()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -115,18 +119,12 @@ class FoldFollower:
         return self._task is not None and not self._task.done()
 
     async def _run(self) -> None:
-        if self.snapshots is not None:
-            try:
-                if await self.follower.restore(self.snapshots, SNAPSHOT_NAME):
-                    _log.info("restored state at seq %d from snapshot", self.state.last_seq)
-            except Exception as exc:  # a missing or unreadable snapshot only costs a longer replay
-                _log.warning("no snapshot (%s); replaying from the start", exc)
+        await self._restore()
         while True:
             try:
                 await self.follower.catch_up()
-                if self.settle and not self.caught_up.is_set():
-                    settle_heap()
-                self.caught_up.set()
+                if not self.caught_up.is_set():
+                    self._caught_up_first()
                 self.following = True
                 await self.follower.run()
             except asyncio.CancelledError:
@@ -143,6 +141,26 @@ class FoldFollower:
                     exc,
                 )
                 await asyncio.sleep(RETRY_DELAY_S)
+
+    async def _restore(self) -> None:
+        if self.snapshots is None:
+            return
+        try:
+            if await self.follower.restore(self.snapshots):
+                _log.info("restored state at seq %d from snapshot", self.state.last_seq)
+        except Exception as exc:  # a missing or unreadable snapshot only costs a longer replay
+            _log.warning("no snapshot (%s); replaying from the start", exc)
+
+    def _caught_up_first(self) -> None:
+        """The initial replay is done: reads may be answered, and from here on the API saves its own
+        snapshot (no other role's is its to restore) as every service that folds the whole log does."""
+        if self.settle:
+            settle_heap()
+        if self.snapshots is not None:
+            self._saver = asyncio.create_task(
+                save_periodically(self.follower, self.snapshots), name="api-snapshots"
+            )
+        self.caught_up.set()
 
     # -- waiting ---------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from rallypoint.eventlog import (
     LogUnavailable,
     Recorded,
     SnapshotStore,
+    StateSnapshot,
     UndecodableEvent,
 )
 from rallypoint.events import (
@@ -259,17 +260,17 @@ async def test_stale_scheduler_is_fenced_by_a_new_epoch(event_log: EventLog) -> 
 
 
 async def test_snapshot_store_round_trip(event_log: EventLog) -> None:
-    bucket = f"snap-{time.monotonic_ns()}"
-    store = await SnapshotStore.open(event_log.js, bucket=bucket)
+    role = f"snap-{time.monotonic_ns()}"
+    store = await SnapshotStore.open(event_log.js, role)
     try:
-        assert await store.load("scheduler") is None
+        assert await store.load() is None
         payload = bytes(range(256)) * 4096  # 1 MiB: bigger than one NATS message
-        await store.save("scheduler", 41, payload)
-        await store.save("scheduler", 42, payload + b"!")
-        assert await store.load("scheduler") == (42, payload + b"!")
-        assert await store.load("projector") is None
+        await store.save(event_log, StateSnapshot(41, "a" * 64, payload), 1)
+        await store.save(event_log, StateSnapshot(42, "b" * 64, payload + b"!"), 1)
+        assert await store.load() == StateSnapshot(42, "b" * 64, payload + b"!")
+        assert await event_log.last_seq(subjects.snapshot_taken(role)) == 2  # each save recorded
     finally:
-        await event_log.js.delete_object_store(bucket)
+        await event_log.js.delete_object_store(f"rally-snapshots-{role}")
 
 
 async def test_unreachable_log_is_unavailable() -> None:

@@ -1,11 +1,16 @@
-"""A service started from the shared snapshot plus the log's tail ends in the state a full replay gives."""
+"""A service started from its own snapshot plus the log's tail ends in the state a full replay gives."""
 
 from __future__ import annotations
 
-from rallypoint.eventlog import EventLog, SnapshotStore
-from rallypoint.events import GpuInfo, JobSpec, JobSubmitted, NodeRegistered, subjects
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from rallypoint.eventlog import EventLog, SnapshotStore, StateSnapshot
+from rallypoint.events import GpuInfo, JobSpec, JobSubmitted, NodeRegistered, SnapshotTaken, subjects
 from rallypoint.runtime.follower import Follower
-from rallypoint.runtime.following import SNAPSHOT_NAME
+from rallypoint.state import FOLD_VERSION
 
 
 async def _events(log: EventLog, first: int, count: int) -> None:
@@ -19,7 +24,18 @@ async def _events(log: EventLog, first: int, count: int) -> None:
         )
 
 
-async def test_snapshot_plus_tail_equals_a_full_replay(event_log: EventLog) -> None:
+@pytest.fixture
+async def store(event_log: EventLog) -> AsyncIterator[SnapshotStore]:
+    """A role's snapshot store of its own on the session's server (a role name no other test uses)."""
+    role = f"role-{uuid.uuid4().hex[:12]}"
+    snapshots = await SnapshotStore.open(event_log.js, role)
+    try:
+        yield snapshots
+    finally:
+        await event_log.js.delete_object_store(f"rally-snapshots-{role}")
+
+
+async def test_snapshot_plus_tail_equals_a_full_replay(event_log: EventLog, store: SnapshotStore) -> None:
     gpus = tuple(GpuInfo(index=i, uuid=f"u{i}", memory_mib=1, nvlink_domain=0) for i in range(8))
     await event_log.append(
         subjects.node_registration("n1"),
@@ -38,28 +54,35 @@ async def test_snapshot_plus_tail_equals_a_full_replay(event_log: EventLog) -> N
         source="test",
     )
     await _events(event_log, 0, 20)
-    store = await SnapshotStore.open(event_log.js)
     first = Follower(event_log)
     await first.catch_up()
-    assert await first.save(store, SNAPSHOT_NAME) == 21
+    assert await first.save(store) == 21
+    # The save is recorded in the log, after the state it describes, on the role's own subject.
+    record = (await event_log.get(22)).event
+    assert isinstance(record, SnapshotTaken)
+    assert record == SnapshotTaken(
+        role=store.role, seq=21, state_hash=first.state.hash(), fold_version=FOLD_VERSION, at=record.at
+    )
+    assert await event_log.last_seq(subjects.snapshot_taken(store.role)) == 22
 
     await _events(event_log, 20, 15)
     restarted = Follower(event_log)
-    assert await restarted.restore(store, SNAPSHOT_NAME)
+    assert await restarted.restore(store)
     assert restarted.state.last_seq == 21  # started from the snapshot, not from zero
     await restarted.catch_up()
 
     full = Follower(event_log)
     await full.catch_up()
-    assert restarted.state.last_seq == full.state.last_seq == 36
-    assert restarted.state.hash() == full.state.hash()
+    assert restarted.state.last_seq == full.state.last_seq == 37
+    assert restarted.state.hash() == full.state.hash()  # the fold skips SnapshotTaken, as a replay does
 
 
-async def test_an_unreadable_snapshot_falls_back_to_a_full_replay(event_log: EventLog) -> None:
+async def test_an_unreadable_snapshot_falls_back_to_a_full_replay(
+    event_log: EventLog, store: SnapshotStore
+) -> None:
     await _events(event_log, 0, 3)
-    store = await SnapshotStore.open(event_log.js)
-    await store.save(SNAPSHOT_NAME, 3, b"not a cluster state")
+    await store.save(event_log, StateSnapshot(3, "0" * 64, b"not a cluster state"), FOLD_VERSION)
     follower = Follower(event_log)
-    assert not await follower.restore(store, SNAPSHOT_NAME)
+    assert not await follower.restore(store)
     await follower.catch_up()
-    assert follower.state.last_seq == 3 and len(follower.state.jobs) == 3
+    assert follower.state.last_seq == 4 and len(follower.state.jobs) == 3

@@ -25,6 +25,7 @@ import yaml
 from rallypoint.security import SERVICE_ROLES
 from rallypoint.security.deployfiles import COMPOSE_NODES, K8S_NODES, drifted, read_nodes
 from rallypoint.security.natsconf import render_accounts
+from rallypoint.security.permissions import SNAPSHOT_ROLES
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -333,10 +334,13 @@ MATRIX = (
         for direction, subject, allowed in ALL_SERVICES_COMMON
     ]
     + [
-        # snapshots: every service folding the log keeps one in the object store rally-snapshots
-        (user_of(role), "pub", "$O.rally-snapshots.C.abc", role not in ("projector", "agent"))
+        # snapshots: each service folding the whole log writes its own bucket and record, no other's
+        (user_of(role), "pub", f"{prefix}{owner}{suffix}", role == owner and role in SNAPSHOT_ROLES)
         for role in SERVICES
+        for owner in ("scheduler", "api", role)
+        for prefix, suffix in (("$O.rally-snapshots-", ".C.abc"), ("rally.snap.", ""))
     ]
+    + [(user_of(role), "pub", "$O.rally-snapshots.C.abc", False) for role in SERVICES]  # the old shared one
     + [(user_of(role), "pub", "rally.sched.epoch", False) for role in SERVICES if role != "scheduler"]
     + [(user_of(role), "sub", f"_INBOX.{user_of(role)}.abc.def", True) for role in SERVICES]
     + [(user_of(role), "sub", "_INBOX.scheduler.abc", role == "scheduler") for role in SERVICES]

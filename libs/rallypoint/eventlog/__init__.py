@@ -25,14 +25,14 @@ from .log import (
     stored,
     subject_matches,
 )
-from .snapshots import SNAPSHOT_BUCKET, SnapshotStore
+from .snapshots import SNAPSHOT_OBJECT, SnapshotStore, StateSnapshot
 
 __all__ = [
     "CONCURRENT_WRITE",
     "CONFLICT_CODES",
     "DUPLICATE_IN_BATCH",
     "MAX_BATCH",
-    "SNAPSHOT_BUCKET",
+    "SNAPSHOT_OBJECT",
     "WRONG_LAST_SEQUENCE",
     "Append",
     "AppendConflict",
@@ -47,6 +47,7 @@ __all__ = [
     "NatsCredentials",
     "Recorded",
     "SnapshotStore",
+    "StateSnapshot",
     "UndecodableEvent",
     "connect_nats",
     "stored",

@@ -6,22 +6,26 @@ the stream and buckets made here, and a service that finds no stream fails at st
 
 from __future__ import annotations
 
+import contextlib
+
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import KeyValueConfig, StorageType
 
-from rallypoint.security.permissions import LEADER_BUCKET
+from rallypoint.security.permissions import LEADER_BUCKET, SNAPSHOT_ROLES
 
 from .log import EventLog
 from .snapshots import SnapshotStore
 
 #: The leader lease's TTL in the bucket; services asking for another one use the bucket's (runtime.leader).
 LEASE_TTL_S = 3.0
+SHARED_SNAPSHOT_BUCKET = "rally-snapshots"
 
 
 async def setup_log(nc: Client, *, replicas: int = 1, lease_ttl: float = LEASE_TTL_S) -> EventLog:
-    """Create (or bring to our configuration) the ``RALLY`` stream, the leader-lease bucket and the
-    snapshot store, with ``replicas`` replicas each. Idempotent; needs a user allowed to create streams."""
+    """Create (or bring to our configuration) the ``RALLY`` stream, the leader-lease bucket and each
+    snapshotting role's own snapshot bucket, with ``replicas`` replicas each. Idempotent; needs a user
+    allowed to create streams."""
     log = await EventLog.attach(nc, replicas=replicas, create=True)
     js = nc.jetstream()
     try:
@@ -32,5 +36,9 @@ async def setup_log(nc: Client, *, replicas: int = 1, lease_ttl: float = LEASE_T
                 bucket=LEADER_BUCKET, ttl=lease_ttl, history=1, storage=StorageType.FILE, replicas=replicas
             )
         )
-    await SnapshotStore.open(js, replicas=replicas, create=True)
+    for role in SNAPSHOT_ROLES:
+        await SnapshotStore.open(js, role, replicas=replicas, create=True)
+    with contextlib.suppress(nats.js.errors.NotFoundError):
+        # The one bucket every service once shared (and any could write): nobody reads it any more.
+        await js.delete_object_store(SHARED_SNAPSHOT_BUCKET)
     return log

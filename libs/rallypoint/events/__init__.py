@@ -44,6 +44,7 @@ from .catalogue import (
     PreemptionRequested,
     RankExited,
     SchedulerEvent,
+    SnapshotTaken,
     TaskPlacement,
     TopologyLevel,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "PreemptionRequested",
     "RankExited",
     "SchedulerEvent",
+    "SnapshotTaken",
     "TaskPlacement",
     "TopologyLevel",
     "decode",

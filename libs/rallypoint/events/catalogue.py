@@ -470,6 +470,23 @@ class JobResized(_Event, tag="JobResized.v1", frozen=True, kw_only=True):
     at: float
 
 
+# ---------------------------------------------------------------------------------------------------
+# Service records — each role's own rally.snap.<role>
+# ---------------------------------------------------------------------------------------------------
+
+
+class SnapshotTaken(_Event, tag="SnapshotTaken.v1", frozen=True, kw_only=True):
+    """``role`` saved its snapshot of the fold at ``seq``: the state's ``hash()`` after applying ``seq``,
+    under fold version ``fold_version``. A reader restores that role's snapshot only when it matches its
+    last such record; the fold itself ignores it."""
+
+    role: str
+    seq: int
+    state_hash: str
+    fold_version: int
+    at: float
+
+
 JobEvent = (
     JobSubmitted
     | JobRejected
@@ -504,7 +521,7 @@ SchedulerEvent = (
     | JobRequeued
     | GangResized
 )
-Event = JobEvent | CheckpointEvent | NodeEvent | SchedulerEvent
+Event = JobEvent | CheckpointEvent | NodeEvent | SchedulerEvent | SnapshotTaken
 
 ALL_EVENT_TYPES: tuple[type[_Event], ...] = (
     JobSubmitted,
@@ -537,4 +554,5 @@ ALL_EVENT_TYPES: tuple[type[_Event], ...] = (
     JobRequeued,
     GangResized,
     JobResized,
+    SnapshotTaken,
 )

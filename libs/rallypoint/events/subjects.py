@@ -7,7 +7,8 @@ Each subject branch has exactly one writer, so that NATS permissions (``rallypoi
 write which event: the API writes ``rally.job.<id>`` and an operator's ``rally.node.<id>.op``, the
 scheduler ``rally.sched.>`` and ``rally.queue.<id>``, the job controller ``rally.ctl.job.<id>``, the health
 monitor ``rally.node.<id>.health``, a node's own agent ``rally.node.<its node>.agent`` (its registration) and
-``rally.agent.<its node>.>``, the checkpoint service ``rally.ckpt.<id>``. Every fact about a node lives under
+``rally.agent.<its node>.>``, the checkpoint service ``rally.ckpt.<id>``, each role that keeps a snapshot
+its ``SnapshotTaken`` records on ``rally.snap.<role>``. Every fact about a node lives under
 ``rally.node.<id>.>`` (``NODES``), so one filter reads them all and a writer can condition on all of them.
 ``rally.preempt.>`` holds the preemption requests (and epochs) an older preemption service wrote before the
 scheduler wrote every decision; nobody writes there any more. ``for_event`` gives the one subject an event may
@@ -142,6 +143,11 @@ def epoch(role: str) -> str:
     return EPOCH_SUBJECTS[role]
 
 
+def snapshot_taken(role: str) -> str:
+    """Where ``role`` records each snapshot it saves (``SnapshotTaken``): only that role may write here."""
+    return f"rally.snap.{_token(role)}"
+
+
 def heartbeat(node_id: str) -> str:
     return f"hb.{_token(node_id)}"
 
@@ -205,6 +211,7 @@ _SUBJECT_OF: dict[type, Callable[[Any], str]] = {
     ev.JobRequeued: lambda e: repair(e.job_id),
     ev.GangResized: lambda e: resize(e.job_id),
     ev.PreemptionRequested: lambda e: (preempt if e.role == "scheduler" else legacy_preempt)(e.job_id),
+    ev.SnapshotTaken: lambda e: snapshot_taken(e.role),
 }
 
 

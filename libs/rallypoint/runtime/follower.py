@@ -5,19 +5,23 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 
 import msgspec
 
-from rallypoint.eventlog import EventLog, Recorded, SnapshotStore, stored
-from rallypoint.events import Event
+from rallypoint.eventlog import EventLog, Recorded, SnapshotStore, StateSnapshot, stored
+from rallypoint.eventlog.snapshots import last_record, refusal
+from rallypoint.events import Event, SnapshotTaken
 from rallypoint.events.codec import Quarantined
 from rallypoint.events.subjects import STREAM_SUBJECTS
 from rallypoint.observability.jobtraces import JobTraces
-from rallypoint.state import ClusterState
+from rallypoint.state import FOLD_VERSION, ClusterState
 
 from .changes import Changes, ChangeSet
 
 __all__ = ["ChangeSet", "Changes", "Follower"]
+
+_log = logging.getLogger("rallypoint.follower")
 
 
 class Follower:
@@ -136,18 +140,22 @@ class Follower:
             heapq.heapify(self._seq_waiters)
             self._abandoned = 0
 
-    async def restore(self, store: SnapshotStore, name: str) -> bool:
-        """Start from the newest snapshot, if any; the tail of the log is replayed after it."""
-        found = await store.load(name)
+    async def restore(self, store: SnapshotStore) -> bool:
+        """Start from the role's snapshot, if the log vouches for it; the tail of the log is replayed after
+        it. A snapshot the log does not vouch for (no record of it, another position, hash or fold
+        version: planted, or left by a save that failed half-way) is ignored with a warning."""
+        found = await store.load()
         if found is None:
             return False
-        seq, payload = found
-        try:
-            state = ClusterState.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            # Written by another version of the fold: replaying from the start is always correct.
-            return False
-        if state.last_seq != seq:
+        state = _verified(found, await last_record(self.log, store.role))
+        if isinstance(state, str):
+            _log.warning(
+                "ignoring the %s snapshot at seq %d: %s; folding from the log",
+                store.role,
+                found.seq,
+                state,
+                extra={"seq": found.seq},
+            )
             return False
         self.state = state
         for change_set in self._change_sets:
@@ -155,9 +163,12 @@ class Follower:
         self._wake_seq_waiters()
         return True
 
-    async def save(self, store: SnapshotStore, name: str) -> int:
-        await store.save(name, self.state.last_seq, self.state.encode())
-        return self.state.last_seq
+    async def save(self, store: SnapshotStore) -> int:
+        """Save the fold as the role's snapshot and record its hash in the log; returns its position."""
+        # Encoded and hashed in one step: the fold may move on while the object is being written.
+        snapshot = StateSnapshot(self.state.last_seq, self.state.hash(), self.state.encode())
+        await store.save(self.log, snapshot, FOLD_VERSION)
+        return snapshot.seq
 
     async def next_change(self, timeout: float) -> bool:
         """Wait for the next applied event (True) or the timeout (False). Safe for many waiters."""
@@ -170,3 +181,22 @@ class Follower:
         except TimeoutError:
             return False
         return True
+
+
+def _verified(found: StateSnapshot, record: SnapshotTaken | None) -> ClusterState | str:
+    """The state in ``found`` when its role's last SnapshotTaken (``record``) vouches for it; else why not."""
+    if record is None:
+        return "the log holds no SnapshotTaken for it"
+    why = refusal(record, found.seq, FOLD_VERSION)
+    if why is not None:
+        return why
+    try:
+        state = ClusterState.decode(found.payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return f"undecodable ({exc})"
+    if state.last_seq != found.seq:
+        return f"the state inside is at seq {state.last_seq}, the object says seq {found.seq}"
+    digest = state.hash()
+    if digest != record.state_hash:
+        return f"its state hashes to {digest}, the SnapshotTaken at seq {record.seq} says {record.state_hash}"
+    return state

@@ -1,10 +1,10 @@
 """The common body of a stateful service: a Follower at the log's tip, started from a snapshot.
 
-Every service that folds the whole log folds the same ``ClusterState``, so they share one snapshot object
-(``cluster-state``): any service that saves one shortens every other service's next start to "snapshot +
-the tail of the log". A service that folds part of the log (``subjects``: the health monitor reads the
-nodes' subjects only) replays its part at start and neither reads nor writes that snapshot: it must not
-hold the rest of a state it does not keep up, nor give one to the others.
+Every service that folds the whole log keeps its own snapshot of it (``rallypoint.eventlog.snapshots``:
+its role's bucket, which no other identity may write, and a ``SnapshotTaken`` in the log vouching for
+each save), so its next start is "snapshot + the tail of the log" and no other service can choose the
+state it starts from. A service that folds part of the log (``subjects``: the health monitor reads the
+nodes' subjects only) replays its part at start and keeps no snapshot.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from .service import ServiceContext
 
 _log = logging.getLogger("rallypoint.following")
 
-SNAPSHOT_NAME = "cluster-state"
 # Save after this many new events, checked this often (env overrides for small clusters and tests).
 SNAPSHOT_EVERY_EVENTS = int(os.environ.get("RALLY_SNAPSHOT_EVERY", "10000"))
 SNAPSHOT_CHECK_S = float(os.environ.get("RALLY_SNAPSHOT_CHECK_S", "30"))
@@ -47,7 +46,7 @@ async def open_follower(
     if snapshots and not follower.partial:
         try:
             store = await ctx.snapshots()
-            if await follower.restore(store, SNAPSHOT_NAME):
+            if await follower.restore(store):
                 _log.info("restored state at seq %d from snapshot", follower.state.last_seq)
         except (EventLogError, TimeoutError, OSError) as exc:
             _log.warning("no snapshot (%s); replaying from the start", exc)
@@ -61,7 +60,7 @@ async def open_follower(
     set_fold_position(ctx, follower.position, subjects=subjects if follower.partial else None)
     tasks = [follow, asyncio.create_task(_probe_periodically(follower), name="probe")]
     if store is not None:
-        tasks.append(asyncio.create_task(_save_periodically(follower, store), name="snapshots"))
+        tasks.append(asyncio.create_task(save_periodically(follower, store), name="snapshots"))
 
     async def stop_tasks() -> None:
         for task in tasks:
@@ -94,14 +93,16 @@ async def _probe_periodically(follower: Follower) -> None:
         await asyncio.sleep(PROBE_S)
 
 
-async def _save_periodically(follower: Follower, store: SnapshotStore) -> None:
+async def save_periodically(follower: Follower, store: SnapshotStore) -> None:
+    """Save ``follower``'s fold every ``SNAPSHOT_EVERY_EVENTS`` new events (checked every
+    ``SNAPSHOT_CHECK_S``); a failed save is logged and tried again at the next check."""
     saved = follower.state.last_seq
     while True:
         await asyncio.sleep(SNAPSHOT_CHECK_S)
         if follower.state.last_seq - saved < SNAPSHOT_EVERY_EVENTS:
             continue
         try:
-            saved = await follower.save(store, SNAPSHOT_NAME)
+            saved = await follower.save(store)
             _log.info("saved snapshot at seq %d", saved)
         except (EventLogError, TimeoutError, OSError) as exc:
             _log.warning("snapshot not saved: %s", exc)

@@ -7,8 +7,10 @@ ties each event type to one subject) plus the JetStream API calls it makes, and 
   message get / direct get, flow-control replies; never a stream create, update, delete or purge, never a
   message delete, never a consumer delete. Only ``admin`` sets the streams up (``rallypoint.security.setup``);
 - the leader lease (KV ``rally-leader``): the scheduler and the preemption service, each only its own key;
-- snapshots (object store ``rally-snapshots``): the services that fold the log. Replacing an object purges
-  its old chunks, so they may purge that bucket's stream, never ``RALLY``;
+- snapshots: each role that folds the whole log (``SNAPSHOT_ROLES``) saves and loads its own, in an object
+  store of its own (``rally-snapshots-<role>``: chunk subjects are random, so only the bucket can tell
+  writers apart), and records each save on ``rally.snap.<role>``. Replacing an object purges its old
+  chunks, so it may purge its bucket's stream, never ``RALLY``;
 - request/reply: everyone subscribes to ``_INBOX.>`` (replies) and answers only through
   ``allow_responses`` (no publish on ``_INBOX.>``).
 
@@ -26,7 +28,9 @@ from rallypoint.events import subjects
 
 STREAM = "RALLY"
 LEADER_BUCKET = "rally-leader"
-SNAPSHOT_BUCKET = "rally-snapshots"
+SNAPSHOT_BUCKET_PREFIX = "rally-snapshots"
+#: The roles that fold the whole log and keep a snapshot of the fold, each its own.
+SNAPSHOT_ROLES = ("api", "inventory", "scheduler", "preemption", "checkpoint", "job-controller")
 
 ADMIN = "admin"
 AGENT = "agent"
@@ -64,15 +68,23 @@ def leader_lease(key: str) -> tuple[str, ...]:
     return (*read_stream(f"KV_{LEADER_BUCKET}"), f"$KV.{LEADER_BUCKET}.{key}")
 
 
-def snapshots() -> tuple[str, ...]:
-    """Load and save snapshots; a save purges the replaced object's chunks (that bucket only). nats-py's
-    object get looks its stream up by subject (``STREAM.NAMES``: stream names only)."""
-    bucket_stream = f"OBJ_{SNAPSHOT_BUCKET}"
+def snapshot_bucket(role: str) -> str:
+    """The object store of ``role``'s snapshot, which no other identity may write."""
+    return f"{SNAPSHOT_BUCKET_PREFIX}-{role}"
+
+
+def snapshots(role: str) -> tuple[str, ...]:
+    """Load and save ``role``'s own snapshot and record each save; a save purges the replaced object's
+    chunks (that bucket only). nats-py's object get looks its stream up by subject (``STREAM.NAMES``:
+    stream names only)."""
+    bucket = snapshot_bucket(role)
+    bucket_stream = f"OBJ_{bucket}"
     return (
         *read_stream(bucket_stream),
         _js_api("STREAM.NAMES"),
-        f"$O.{SNAPSHOT_BUCKET}.>",
+        f"$O.{bucket}.>",
         _js_api(f"STREAM.PURGE.{bucket_stream}"),
+        subjects.snapshot_taken(role),
     )
 
 
@@ -80,15 +92,22 @@ INBOX = "_INBOX.>"
 LOG = read_stream(STREAM)
 
 
-def _service(
-    *, writes: str, publish: tuple[str, ...] = (), serves: bool = True, snapshot: bool = True
-) -> Permissions:
-    role_subjects = (*publish, *LOG, *(snapshots() if snapshot else ()))
+def _service(*, writes: str, publish: tuple[str, ...] = (), serves: bool = True) -> Permissions:
+    role_subjects = (*publish, *LOG)
     return Permissions(publish=role_subjects, subscribe=(INBOX,), allow_responses=serves, writes=writes)
 
 
 def _queries(role: str) -> tuple[str, ...]:
     return (f"q.{role}.>",)
+
+
+def _with_snapshots(perms: Permissions, role: str) -> Permissions:
+    return Permissions(
+        publish=(*perms.publish, *snapshots(role)),
+        subscribe=perms.subscribe,
+        allow_responses=perms.allow_responses,
+        writes=perms.writes,
+    )
 
 
 def _with_subscriptions(perms: Permissions, *extra: str) -> Permissions:
@@ -134,8 +153,10 @@ def _matrix() -> dict[str, Permissions]:
             "JobPreempted, JobResized; commands the agents",
             publish=(f"rally.ctl.job.{one}", "cmd.agent.>"),
         ),
-        "projector": _service(writes="nothing (PostgreSQL read models)", snapshot=False),
+        "projector": _service(writes="nothing (PostgreSQL read models)"),
     }
+    for role in SNAPSHOT_ROLES:
+        roles[role] = _with_snapshots(roles[role], role)
     subscriptions = {role: _queries(role) for role in roles if role not in (ADMIN, "api")}
     subscriptions["health-monitor"] = (subjects.HEARTBEATS, *subscriptions["health-monitor"])
     for role, extra in subscriptions.items():
