@@ -28,6 +28,8 @@ import msgspec
 import pytest
 from test_agent import NODE, first_heartbeat  # this folder is on sys.path (rootdir-relative imports)
 
+from rallypoint.agent import RankLauncher
+from rallypoint.agent.rankuser import give_to
 from rallypoint.agent.workdir import read_record
 from rallypoint.eventlog import EventLog
 from rallypoint.events import subjects
@@ -258,3 +260,32 @@ def test_a_tenants_rank_on_a_local_cluster_finds_none_of_its_secrets() -> None:
             assert seen["uid"] == pwd.getpwnam("nobody").pw_uid
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@needs_root
+def test_the_numpy_example_checkpoints_and_reports_as_the_rank_user(tmp_path: Path) -> None:
+    """The training client as nobody in its sandbox: its checkpoint folder under a 0700 one, given to the
+    rank user as the local cluster gives its root (``give_to``), its report file the wrapper hands over."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "train_numpy.py"
+    checkpoints = tmp_path / "checkpoints"
+    give_to(checkpoints, "nobody")
+    launcher = RankLauncher(tmp_path / "work", run_as="nobody")
+    task = LaunchTask(
+        job_id="numpy",
+        attempt=1,
+        node_id=NODE,
+        node_rank=0,
+        world_size=1,
+        local_world_size=1,
+        master_addr="127.0.0.1",
+        master_port=29501,
+        command=(PY, str(example), "--steps", "6", "--step-time", "0", "--ckpt-every", "3", "--size", "64"),
+        ranks=(RankSpec(rank=0, local_rank=0, gpus=()),),
+        env={"RALLY_CHECKPOINT_DIR": str(checkpoints / "numpy")},
+    )
+    launcher.launch(task)
+    log = finished_rank_log(tmp_path / "work" / "numpy", 120.0)
+    nobody = pwd.getpwnam("nobody").pw_uid
+    assert (checkpoints / "numpy" / "final-rank-0.sha256").stat().st_uid == nobody, log
+    reports = (tmp_path / "work" / "numpy" / "1" / "rank-0.report").read_text()
+    assert '"step": 6' in reports or '"step":6' in reports, reports
