@@ -1,11 +1,14 @@
-"""`rally up` in the foreground: it comes up, and Ctrl-C stops all of it, leaving no process behind."""
+"""`rally up` in the foreground: it comes up, and Ctrl-C stops all of it, leaving no process behind; its
+output and its processes' command lines show no password (issue 30)."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -60,14 +63,40 @@ def test_ctrl_c_stops_every_process_rally_up_started(tmp_path: Path) -> None:
         needles = (str(tmp_path), f"--port {nats_port}", f"-p {pg_port}")
         assert _processes_mentioning(*needles), "the cluster's processes should be visible while it runs"
         _second_up_refuses(tmp_path, info_file, up.pid)
+        passwords = _passwords(tmp_path / "state", up.pid)
+        assert _processes_mentioning(*passwords) == [], "a password on a command line"
     finally:
         up.send_signal(signal.SIGINT)
         code = up.wait(timeout=60)
-    assert code == 0
+    output = up.stdout.read() if up.stdout else ""
+    assert code == 0, output
+    _check_banner(output, passwords)
     time.sleep(1.0)
     assert _processes_mentioning(*needles) == []
     assert not info_file.exists(), "rally up removes its cluster file on the way out"
     assert not (tmp_path / ".rally" / "tokens.json").exists(), "and its tokens"
+
+
+def _passwords(data_dir: Path, up_pid: int) -> set[str]:
+    """Every password of the cluster, from its owner-only files: each NATS user's (the server's accounts)
+    and PostgreSQL's two roles' (the embedded server's folder, named for the `rally up` process)."""
+    accounts = (data_dir / "nats" / "accounts.conf").read_text()
+    nats = set(re.findall(r'password: "([^"]+)"', accounts))
+    assert len(nats) > 10, "admin, sys, every service and every agent have their own"
+    (pg_credentials,) = Path(tempfile.gettempdir()).glob(f"rally-pg-{up_pid}-*/credentials.json")
+    postgres = set(json.loads(pg_credentials.read_text()).values())
+    assert len(postgres) == 2, "the superuser's and the read models' role's"
+    return nats | postgres
+
+
+def _check_banner(output: str, secrets: set[str]) -> None:
+    """The banner says where the credentials are, and shows none of them."""
+    assert "rallypoint is up" in output, output
+    shown = sorted(secret for secret in secrets if secret in output)
+    assert shown == [], f"rally up printed {len(shown)} password(s)"
+    for line in ("  NATS ", "  SQL "):
+        (printed,) = [text for text in output.splitlines() if text.startswith(line)]
+        assert ":***@" in printed and ".rally/cluster.json" in printed, printed
 
 
 def _second_up_refuses(folder: Path, info_file: Path, first_pid: int) -> None:

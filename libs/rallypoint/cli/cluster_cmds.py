@@ -58,9 +58,9 @@ def _up(args: argparse.Namespace) -> int:
         print(f"  API   {cluster.api_url}   (rally jobs, rally submit --gpus 2 -- python train.py)")
         print(f"  web   {cluster.api_url}/?token=<a token from {TOKENS_FILE}>   (the dashboard)")
         print(f"  metrics  every service's /metrics: {CLUSTER_FILE} metrics_urls")
-        print(f"  NATS  {cluster.nats_url}")
+        print(f"  NATS  {_where_secret(cluster.nats_url, 'nats_url')}")
         if cluster.with_projector:
-            print(f"  SQL   {cluster.postgres_dsn}")
+            print(f"  SQL   {_where_secret(cluster.postgres_dsn, 'postgres_dsn')}")
         print(f"  logs  {workdir.resolve() / 'logs'}")
         print(f"  ranks {_rank_identity(cluster.rank_user)}")
         teams = ", ".join(cluster.teams)
@@ -95,6 +95,16 @@ def _rank_identity(rank_user: str | None) -> str:
         return f"run as {rank_user}, each in a sandbox of its own (no cluster credential reaches them)"
     who = own_user().upper()
     return f"RUN AS {who}, THIS CLUSTER'S OWN USER (--allow-root-ranks): any job can read its credentials"
+
+
+def _where_secret(url: str, key: str) -> str:
+    """``url`` without its password, and where the whole of it is: the banner is often pasted or logged."""
+    from rallypoint.eventlog.connection import without_password
+
+    shown = without_password(url)
+    if shown == url:
+        return url
+    return f"{shown}   (with its password: {CLUSTER_FILE} {key}, owner-only)"
 
 
 def _queue_file(args: argparse.Namespace, workdir: Path) -> Path | None:

@@ -3,7 +3,7 @@
 Credentials: a URL may carry ``user:password@``; otherwise ``NatsCredentials`` (a service's
 ``--nats-user`` / ``--nats-password-file``, or ``RALLY_NATS_USER`` with ``RALLY_NATS_PASSWORD`` or
 ``RALLY_NATS_PASSWORD_FILE``) apply to every server in the list. A password never goes on a command line,
-where any local user could read it.
+where any local user could read it, nor in a log line or an error message (``without_password``).
 """
 
 from __future__ import annotations
@@ -60,6 +60,17 @@ class NatsCredentials:
         return cls(user, password)
 
 
+# ``scheme://user:password@``: the password runs to the last ``@`` before the path or the next URL of a
+# list, so one with an unescaped ``@`` is hidden whole too.
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s,]*):[^\s,/]*@")
+
+
+def without_password(url: str) -> str:
+    """``url`` (or a comma-separated list of them, or a DSN) with every password replaced by ``***``: what
+    may be printed or logged."""
+    return _URL_PASSWORD.sub(r"\g<head>:***@", url)
+
+
 async def connect_nats(
     url: str | list[str],
     *,
@@ -85,7 +96,8 @@ async def connect_nats(
         _log.warning("nats disconnected (%s)", name)
 
     async def reconnected_cb() -> None:
-        _log.info("nats reconnected (%s) to %s", name, nc.connected_url.netloc if nc.connected_url else "?")
+        url = nc.connected_url  # its netloc would carry the password: the host and port alone
+        _log.info("nats reconnected (%s) to %s", name, f"{url.hostname}:{url.port}" if url else "?")
 
     async def closed_cb() -> None:
         _log.info("nats connection closed (%s)", name)
@@ -119,7 +131,8 @@ async def connect_nats(
     except (TimeoutError, OSError) as exc:
         with contextlib.suppress(Exception):  # nats-py may raise while closing a dead connection
             await nc.close()
-        raise LogUnavailable(f"no NATS server answered at {url} within {initial_timeout}s") from exc
+        where = without_password(url if isinstance(url, str) else ",".join(url))
+        raise LogUnavailable(f"no NATS server answered at {where} within {initial_timeout}s") from exc
     return nc
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rallypoint.eventlog.connection import without_password
 from rallypoint.infra.tempdirs import owned_tempdir
 
 from .demo_recovery import run_recovery_act
@@ -111,7 +112,9 @@ def _run_demo_in(workdir: Path, nodes: int, gpus_per_node: int, racks: int, *, t
         cluster.start()
         probe_dir = cluster.give_to_ranks(workdir / "ranks")
         elapsed = time.monotonic() - started
-        print(f"cluster up in {elapsed:.1f} s: API {cluster.api_url}, NATS {cluster.nats_url}")
+        print(
+            f"cluster up in {elapsed:.1f} s: API {cluster.api_url}, NATS {without_password(cluster.nats_url)}"
+        )
         api = cluster.api_url
         token = cluster.token_for("demo")  # the batch runs as team demo, as a user would
         print(f"dashboard: {api}/?token={token}")

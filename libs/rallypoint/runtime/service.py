@@ -26,6 +26,7 @@ from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
 from rallypoint.eventlog import EventLog, SnapshotStore, connect_nats
+from rallypoint.eventlog.connection import without_password
 from rallypoint.observability.tracing import setup_tracing
 
 from .config import ServiceConfig, nats_servers
@@ -65,12 +66,6 @@ class ServiceContext:
     def name(self) -> str:
         return f"{self.config.service}/{self.config.instance}"
 
-    @property
-    def role(self) -> str:
-        """The service's role in the permission matrix (``rallypoint.security.permissions``): what it may
-        write, and whose snapshot is its own."""
-        return self.config.service
-
     async def nats(self, *, initial_timeout: float | None = None) -> Client:
         """The service's one NATS connection (created on first use, drained on exit).
 
@@ -99,8 +94,7 @@ class ServiceContext:
         return self._event_log
 
     async def snapshots(self) -> SnapshotStore:
-        """This role's own snapshot store (made by ``rally nats setup``; by us on an open test server)."""
-        return await SnapshotStore.open(await self.jetstream(), self.role)
+        return await SnapshotStore.open(await self.jetstream())
 
     async def leader_lease(
         self, *, key: str | None = None, ttl: float = 3.0, bucket: str = LEADER_BUCKET
@@ -202,7 +196,7 @@ async def run_service_async(
     try:
         async with AsyncExitStack() as stack:
             ctx = ServiceContext(config, stop, stack)
-            _log.info("starting %s (nats %s)", ctx.name, config.nats_url)
+            _log.info("starting %s (nats %s)", ctx.name, without_password(config.nats_url))
             main_task = asyncio.create_task(main(ctx), name=f"{config.service}-main")
             if config.health_port is not None:
                 await serve_health(ctx, main_task, config.health_port)
