@@ -66,6 +66,12 @@ class ServiceContext:
     def name(self) -> str:
         return f"{self.config.service}/{self.config.instance}"
 
+    @property
+    def role(self) -> str:
+        """The service's role in the permission matrix (``rallypoint.security.permissions``): what it may
+        write, and whose snapshot is its own."""
+        return self.config.service
+
     async def nats(self, *, initial_timeout: float | None = None) -> Client:
         """The service's one NATS connection (created on first use, drained on exit).
 
@@ -94,7 +100,8 @@ class ServiceContext:
         return self._event_log
 
     async def snapshots(self) -> SnapshotStore:
-        return await SnapshotStore.open(await self.jetstream())
+        """This role's own snapshot store (made by ``rally nats setup``; by us on an open test server)."""
+        return await SnapshotStore.open(await self.jetstream(), self.role)
 
     async def leader_lease(
         self, *, key: str | None = None, ttl: float = 3.0, bucket: str = LEADER_BUCKET
