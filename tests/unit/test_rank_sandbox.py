@@ -82,7 +82,8 @@ def test_a_checkpoint_folder_not_made_yet_is_reached_through_its_nearest_existin
 
 
 def test_a_rank_needs_the_interpreter_the_package_and_its_own_folders(tmp_path: object) -> None:
-    paths = rank_paths("/srv/work/job/0", "/ckpt/job-that-does-not-exist-yet")
+    paths = rank_paths("/srv/work/job/0", "/ckpt/job-that-does-not-exist-yet", ["/no/such/dataset", "/usr"])
+    assert "/usr" in paths and "/no/such/dataset" not in paths  # a bind of nothing would stop every rank
     assert "/srv/work/job/0" in paths
     assert any(sys.base_prefix.startswith(p) or p.startswith(sys.base_prefix) for p in paths)
     assert "/" in paths  # the checkpoint folder's nearest existing ancestor: / here

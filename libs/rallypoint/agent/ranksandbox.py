@@ -113,7 +113,7 @@ def rank_paths(attempt_dir: str, checkpoint_dir: str | None, shared: Iterable[st
         sys.prefix,
         package_root,
         attempt_dir,
-        *shared,
+        *(folder for folder in shared if os.path.isdir(folder)),  # one not there yet hides nothing
     ]
     if checkpoint_dir:
         paths.append(deepest_existing(checkpoint_dir))
