@@ -19,6 +19,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 
 from rallypoint.eventlog import EventLog, NatsCredentials, connect_nats, stored
@@ -39,6 +40,7 @@ from rallypoint.security import ADMIN, agent_user
 from rallypoint.security.credentials import LocalCredentials
 from rallypoint.security.deployfiles import COMPOSE_ACCOUNTS, COMPOSE_NODES, read_nodes
 from rallypoint.security.natsconf import literal, password_variable, render_accounts
+from rallypoint.security.permissions import inbox_prefix
 from rallypoint.state import ClusterState
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,6 +67,7 @@ class Secured:
             password=self.credentials.passwords[user],
             error_cb=record,
             allow_reconnect=False,
+            inbox_prefix=inbox_prefix(user),  # what connect_nats sets: the only inboxes it may listen on
         )
 
 
@@ -136,19 +139,19 @@ async def test_every_forbidden_operation_is_refused(secured: Secured) -> None:
             memory_mib=1024, agent_instance="a", at=1.0,
         )  # fmt: skip
         await (await EventLog.attach(nc, create=False)).append(
-            subjects.node(node_id), registered, msg_id=f"{node_id}:reg", source="t"
+            subjects.node_registration(node_id), registered, msg_id=f"{node_id}:reg", source="t"
         )
-    # An operator's drain (`rally nodes drain`): the API may write node events since it serves drain and
-    # undrain; which tokens may ask is the API's check (admin only, tests/integration/test_node_drain_api.py).
+    # An operator's drain (`rally nodes drain`): the API writes the operator's node subject, since it serves
+    # drain and undrain; which tokens may ask is the API's check (admin only, test_node_drain_api.py).
     await api_log.append(
-        subjects.node(mine),
+        subjects.node_operator(mine),
         NodeDrained(node_id=mine, reason="ops", at=1.5, drained_by="root"),
         msg_id="d",
         source="t",
     )
     honest = await log.last_seq()
     assert honest == 4
-    assert await api_log.last_seq(subjects.node(mine)) == honest  # the fence each drain reads
+    assert await api_log.last_seq(subjects.node_facts(mine)) == honest  # the fence each drain reads
 
     # Rewriting history: delete, truncate to one message, purge, delete one message (as services).
     scheduler = await secured.connect("scheduler")
@@ -166,7 +169,12 @@ async def test_every_forbidden_operation_is_refused(secured: Secured) -> None:
 
     # Speaking for another node, forging completions: dropped by the server ...
     lost = NodeLost(node_id=other, reason="forged", at=2.0)
-    await _publish(agent, subjects.node(other), encode(lost))
+    await _publish(agent, subjects.node_health(other), encode(lost))
+    # ... a verdict on its own node (only the health monitor judges nodes), or the API posing as the monitor
+    own_lost = NodeLost(node_id=mine, reason="forged", at=2.0)
+    await _publish(agent, subjects.node_health(mine), encode(own_lost))
+    await _publish(api, subjects.node_health(other), encode(lost))
+    await _publish(api, subjects.node_registration(other), encode(registered))
     exit_other = RankExited(job_id="j1", attempt=1, rank=0, node_id=other, exit_code=0, at=2.0)
     await _publish(agent, subjects.agent_job(other, "j1"), encode(exit_other))
     await _publish(api, subjects.job_control("j1"), encode(JobCompleted(job_id="j1", attempt=1, at=2.0)))
@@ -205,3 +213,33 @@ async def test_no_user_no_entry(secured: Secured) -> None:
         await nats.connect(
             secured.server.url, user="api", password="wrong", error_cb=quiet, allow_reconnect=False
         )
+
+
+async def test_no_identity_hears_another_identity_s_replies(secured: Secured) -> None:
+    """Each identity subscribes only to its own inboxes (issue 30): a node agent listening on every inbox,
+    or on the API's, is refused and hears nothing of a query the API makes, which still gets its answer
+    through ``connect_nats``'s inbox prefix."""
+    inventory = await secured.connect("inventory")
+
+    async def answer(msg: Msg) -> None:
+        await msg.respond(b"the nodes")
+
+    await inventory.subscribe("q.inventory.nodes", cb=answer)
+    await inventory.flush()
+    eavesdropper = await secured.connect(agent_user(secured.nodes[0]))
+    taps = [await eavesdropper.subscribe(pattern) for pattern in ("_INBOX.>", "_INBOX.api.>")]
+    await eavesdropper.flush()  # the server has judged both subscriptions
+
+    api = await connect_nats(
+        secured.server.url, name="acl-api", credentials=_creds(secured.credentials, "api")
+    )
+    reply = await api.request("q.inventory.nodes", b"", timeout=10)
+    assert reply.data == b"the nodes" and reply.subject.startswith(f"{inbox_prefix('api')}.")
+    # The server queued anything it routed to the eavesdropper before this round trip's answer.
+    await eavesdropper.flush()
+    assert [tap.pending_msgs for tap in taps] == [0, 0], "another identity received the API's reply"
+    for pattern in ("_INBOX.>", "_INBOX.api.>"):
+        refused = f'permissions violation for subscription to "{pattern}"'.lower()  # nats-py lowercases it
+        assert any(refused in v.lower() for v in secured.violations), secured.violations
+    for nc in (inventory, eavesdropper, api):
+        await nc.close()

@@ -4,6 +4,10 @@ Credentials: a URL may carry ``user:password@``; otherwise ``NatsCredentials`` (
 ``--nats-user`` / ``--nats-password-file``, or ``RALLY_NATS_USER`` with ``RALLY_NATS_PASSWORD`` or
 ``RALLY_NATS_PASSWORD_FILE``) apply to every server in the list. A password never goes on a command line,
 where any local user could read it, nor in a log line or an error message (``without_password``).
+
+Inboxes: each connection uses its user's own inbox prefix (``_INBOX.<user>``,
+``rallypoint.security.permissions.inbox_prefix``), the only inboxes the permission matrix lets that user
+subscribe to, so replies and consumer deliveries meant for one identity never reach another.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import nats.aio.client as nats_client
 from nats.aio.client import Client
 from nats.protocol import command as nats_command
+
+from rallypoint.security.permissions import inbox_prefix
 
 from .errors import LogUnavailable
 from .wire import DirectParser, parser_internals_present
@@ -69,6 +75,15 @@ def without_password(url: str) -> str:
     """``url`` (or a comma-separated list of them, or a DSN) with every password replaced by ``***``: what
     may be printed or logged."""
     return _URL_PASSWORD.sub(r"\g<head>:***@", url)
+
+
+def _bus_user(servers: list[str], credentials: NatsCredentials | None) -> str | None:
+    """The NATS user a connection authenticates as: the first URL's that names one, else ``credentials``'."""
+    for server in servers:
+        user = urlsplit(server).username
+        if user:
+            return unquote(user)
+    return credentials.user if credentials else None
 
 
 async def connect_nats(
@@ -122,6 +137,7 @@ async def connect_nats(
         connect_timeout=2,
         user=credentials.user if credentials else None,
         password=credentials.password if credentials else None,
+        inbox_prefix=inbox_prefix(_bus_user(servers, credentials)),
     )
     try:
         if initial_timeout is None:

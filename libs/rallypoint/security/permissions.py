@@ -11,11 +11,13 @@ ties each event type to one subject) plus the JetStream API calls it makes, and 
   store of its own (``rally-snapshots-<role>``: chunk subjects are random, so only the bucket can tell
   writers apart), and records each save on ``rally.snap.<role>``. Replacing an object purges its old
   chunks, so it may purge its bucket's stream, never ``RALLY``;
-- request/reply: everyone subscribes to ``_INBOX.>`` (replies) and answers only through
-  ``allow_responses`` (no publish on ``_INBOX.>``).
+- request/reply: each identity has inboxes of its own, ``_INBOX.<user>.>`` (``inbox_prefix``: its replies
+  and its consumers' deliveries arrive there), subscribes to those alone, so no identity receives another's
+  replies, and answers only through ``allow_responses`` (no publish on ``_INBOX.>``).
 
 A node agent is one identity per node (``agent_user``), and speaks only for that node: heartbeats on
-``hb.<node>``, ``NodeRegistered`` on ``rally.node.<node>``, its other events under ``rally.agent.<node>.>``,
+``hb.<node>``, ``NodeRegistered`` on ``rally.node.<node>.agent`` (never a verdict: those are the health
+monitor's ``rally.node.<node>.health``), its other events under ``rally.agent.<node>.>``,
 its commands on ``cmd.agent.<node>.>``. The deploy configs are generated from this module
 (``rallypoint.security.natsconf``; ``rally nats config``), and a test fails when they drift.
 """
@@ -88,13 +90,29 @@ def snapshots(role: str) -> tuple[str, ...]:
     )
 
 
-INBOX = "_INBOX.>"
+INBOX_ROOT = "_INBOX"  # nats-py's default inbox prefix
+
+
+def inbox_prefix(user: str | None) -> str:
+    """The inbox prefix a connection of ``user`` uses (nats-py's ``inbox_prefix``): ``_INBOX.<user>``.
+    ``_INBOX`` for no user or a name that is no subject token: no user of this matrix, so none of its
+    permissions apply."""
+    if user is None or not subjects.TOKEN_PATTERN.match(user):
+        return INBOX_ROOT
+    return f"{INBOX_ROOT}.{user}"
+
+
+def own_inboxes(user: str) -> str:
+    """The inboxes ``user`` may subscribe to: its own, never another identity's."""
+    return f"{inbox_prefix(user)}.>"
+
+
 LOG = read_stream(STREAM)
 
 
 def _service(*, writes: str, publish: tuple[str, ...] = (), serves: bool = True) -> Permissions:
     role_subjects = (*publish, *LOG)
-    return Permissions(publish=role_subjects, subscribe=(INBOX,), allow_responses=serves, writes=writes)
+    return Permissions(publish=role_subjects, subscribe=(), allow_responses=serves, writes=writes)
 
 
 def _queries(role: str) -> tuple[str, ...]:
@@ -126,16 +144,16 @@ def _matrix() -> dict[str, Permissions]:
             publish=(">",), subscribe=(">",), allow_responses=False, writes="everything: sets up the streams"
         ),
         "api": _service(
-            # rally.node.*: an operator's drain and undrain (admin tokens only: the API checks the token)
+            # rally.node.*.op: an operator's drain and undrain (admin tokens only: the API checks the token)
             writes="JobSubmitted, JobCancelRequested, an operator's NodeDrained and NodeUndrained; "
             "asks agents for rank logs",
-            publish=(f"rally.job.{one}", f"rally.node.{one}", "q.>", f"cmd.agent.{one}.logs"),
+            publish=(f"rally.job.{one}", f"rally.node.{one}.op", "q.>", f"cmd.agent.{one}.logs"),
             serves=False,
         ),
         "inventory": _service(writes="nothing (answers q.inventory.nodes)"),
         "health-monitor": _service(
-            writes="NodeHeartbeatLost, NodeDrained, NodeLost, NodeRecovered",
-            publish=(f"rally.node.{one}",),
+            writes="NodeHeartbeatLost, NodeDrained, NodeLost, NodeRecovered, NodeHealthChanged",
+            publish=(f"rally.node.{one}.health",),
         ),
         "scheduler": _service(
             writes="LeaderEpochStarted, GangBound, PreemptionRequested, GangResized, JobPending, "
@@ -159,8 +177,9 @@ def _matrix() -> dict[str, Permissions]:
         roles[role] = _with_snapshots(roles[role], role)
     subscriptions = {role: _queries(role) for role in roles if role not in (ADMIN, "api")}
     subscriptions["health-monitor"] = (subjects.HEARTBEATS, *subscriptions["health-monitor"])
+    subscriptions["api"] = ()  # it asks, it answers nothing
     for role, extra in subscriptions.items():
-        roles[role] = _with_subscriptions(roles[role], *extra)
+        roles[role] = _with_subscriptions(roles[role], own_inboxes(role), *extra)
     return roles
 
 
@@ -187,11 +206,11 @@ def agent_permissions(node_id: str) -> Permissions:
     return Permissions(
         publish=(
             subjects.heartbeat(node_id),
-            subjects.node(node_id),
+            subjects.node_registration(node_id),
             subjects.agent_tree(node_id),
             *LOG,
         ),
-        subscribe=(INBOX, f"cmd.agent.{node_id}.>"),
+        subscribe=(own_inboxes(agent_user(node_id)), f"cmd.agent.{node_id}.>"),
         allow_responses=True,
         writes="NodeRegistered, RankExited, CheckpointCommitted for its own node; heartbeats",
     )
