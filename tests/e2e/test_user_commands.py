@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -281,6 +282,50 @@ def test_queues_show_nominal_borrowed_used_pending(story: Story, capsys: pytest.
     finally:
         for job_id in (blocker, waiting):
             call("DELETE", f"{story.cluster.api_url}/v1/jobs/{job_id}")
+
+
+# The tests below add jobs to the story: they come last, after the ones that count its jobs.
+
+
+def test_every_read_command_takes_o_json_and_json_alike(
+    story: Story, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One grammar (issue 31): `rally show J --json` and `rally jobs -o json` work, as every other pair."""
+    reads = [
+        ["jobs", "--all"],
+        ["nodes"],
+        ["show", story.done],
+        ["history"],
+        ["usage"],
+        ["queues"],
+        ["checkpoints", story.done],
+    ]
+    for argv in reads:
+        as_o = rally_json(capsys, *argv)
+        assert main([*argv, "--json"]) == 0, argv
+        as_json = json.loads(capsys.readouterr().out)
+        assert type(as_o) is type(as_json) and set(as_o) == set(as_json), argv
+
+
+def test_a_closed_pipe_ends_quietly(story: Story) -> None:
+    """`rally show J | head`, `rally nodes | head`, `rally jobs | head`, `rally submit --wait | head`: no
+    BrokenPipeError traceback, whichever format. The reader is gone before the first byte, as when
+    `head` has read its lines (a real `head` makes the failure come and go with the race)."""
+    submit_wait = ["submit", "--gpus", "1", "--team", "lang", "--wait", "--", "true"]
+    for argv in (["show", story.done], ["nodes"], ["jobs", "--all"], submit_wait):
+        for fmt in ("table", "json"):
+            done = _into_closed_pipe([*argv[:1], "-o", fmt, *argv[1:]])
+            assert (done.returncode, done.stderr) == (141, ""), (argv, fmt, done.stderr)
+
+
+def _into_closed_pipe(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        rally = [sys.executable, "-m", "rallypoint.cli.main", *argv]
+        return subprocess.run(rally, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
 
 
 if __name__ == "__main__":

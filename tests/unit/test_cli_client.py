@@ -192,7 +192,7 @@ def test_jobs_and_nodes_json_have_the_apis_shape(
 
 def test_other_commands_parse() -> None:
     jobs = parse(["jobs", "--all", "--state", "failed", "--team", "nlp", "--json"])
-    assert jobs.func is jobs_cmds.cmd_jobs and jobs.all and jobs.json and jobs.state == "failed"
+    assert jobs.func is jobs_cmds.cmd_jobs and jobs.all and jobs.output == "json" and jobs.state == "failed"
     assert parse(["nodes", "--json"]).func is jobs_cmds.cmd_nodes
     cancel = parse(["cancel", "j-0123456789ab"])
     assert cancel.func is jobs_cmds.cmd_cancel and cancel.job_id == "j-0123456789ab"

@@ -1,5 +1,6 @@
 """`rally show | history | usage | queues | logs`: what Slurm users reach for (scontrol show job, sacct,
-sreport, sshare / kueuectl, and the rank output), each with ``-o json`` printing the API's JSON as is.
+sreport, sshare / kueuectl, and the rank output), each with ``-o json`` (or ``--json``) printing the API's
+JSON as is.
 
 `rally usage --postgres-dsn` answers from the PostgreSQL read model instead of the API (the log): the two
 are equal to the bit (``projection.usage``).
@@ -19,6 +20,7 @@ from typing import Any
 from .account_format import format_history, format_queues, format_show, format_usage
 from .client import ApiClient, ApiError, ApiUnreachable, resolve_api_url, stale_params
 from .jobs_cmds import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, _api_arg, parse_duration
+from .output import add_output_args, emit, wants_json
 from .stale import add_stale_arg, error_line, note_stale
 
 GROUP_BY = ("team", "user", "class")
@@ -47,10 +49,6 @@ def parse_time(text: str, *, now: Callable[[], float] = time.time) -> float:
     return parsed.timestamp() if parsed.tzinfo is not None else parsed.astimezone().timestamp()
 
 
-def _output_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
-
-
 def _window_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--since", "-S", type=parse_time, help="from (ISO time, epoch seconds or e.g. 1d ago)"
@@ -61,7 +59,7 @@ def _window_args(parser: argparse.ArgumentParser) -> None:
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     show = subparsers.add_parser("show", help="a job's whole history (like scontrol show job)")
     show.add_argument("job_id")
-    _output_arg(show)
+    add_output_args(show)
     _api_arg(show)
     show.set_defaults(func=cmd_show)
 
@@ -70,7 +68,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     history.add_argument("--state", help=f"comma list of end states ({', '.join(TERMINAL)})")
     history.add_argument("--limit", type=int, default=1000, help="the newest N (default %(default)s)")
     _window_args(history)
-    _output_arg(history)
+    add_output_args(history)
     _api_arg(history)
     history.set_defaults(func=cmd_history)
 
@@ -84,12 +82,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         help="answer from the PostgreSQL read model instead of the API (default: the API, from the log)",
     )
     _window_args(usage)
-    _output_arg(usage)
+    add_output_args(usage)
     _api_arg(usage)
     usage.set_defaults(func=cmd_usage)
 
     queues = subparsers.add_parser("queues", help="nominal, borrowed, used, pending per team and cohort")
-    _output_arg(queues)
+    add_output_args(queues)
     add_stale_arg(queues)
     _api_arg(queues)
     queues.set_defaults(func=cmd_queues)
@@ -105,7 +103,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     logs.add_argument("--attempt", type=int, help="which attempt (default: the current one)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the attempt ends")
     logs.add_argument("--poll", type=float, default=0.5, help=argparse.SUPPRESS)
-    _output_arg(logs)
+    add_output_args(logs)
     _api_arg(logs)
     logs.set_defaults(func=cmd_logs)
 
@@ -123,17 +121,12 @@ def _run(args: argparse.Namespace, body: Callable[[], int]) -> int:
         return EXIT_ERROR
 
 
-def _emit(args: argparse.Namespace, data: Any, table: Callable[[Any], str]) -> int:
-    print(json.dumps(data, indent=2) if args.output == "json" else table(data))
-    return EXIT_OK
-
-
 def _job_path(job_id: str, tail: str = "") -> str:
     return f"/v1/jobs/{urllib.parse.quote(job_id, safe='')}{tail}"
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    return _run(args, lambda: _emit(args, _get(args, _job_path(args.job_id, "/history")), format_show))
+    return _run(args, lambda: emit(args, _get(args, _job_path(args.job_id, "/history")), format_show))
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -147,17 +140,14 @@ def cmd_history(args: argparse.Namespace) -> int:
 
     def body() -> int:
         answer = _get(args, "/v1/history", params)
-        if args.output == "json":
-            return _emit(args, answer, lambda a: "")
-        print(format_history(answer["jobs"]))
-        return EXIT_OK
+        return emit(args, answer, lambda a: format_history(a["jobs"]))
 
     return _run(args, body)
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
     if args.postgres_dsn:
-        return _emit(args, _read_model_usage(args), format_usage)
+        return emit(args, _read_model_usage(args), format_usage)
     params = {
         "by": args.by,
         "team": args.team,
@@ -165,7 +155,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
         "until": args.until,
         "price_per_gpu_hour": args.price_per_gpu_hour,
     }
-    return _run(args, lambda: _emit(args, _get(args, "/v1/usage", params), format_usage))
+    return _run(args, lambda: emit(args, _get(args, "/v1/usage", params), format_usage))
 
 
 def _read_model_usage(args: argparse.Namespace) -> dict[str, Any]:
@@ -199,7 +189,7 @@ def cmd_queues(args: argparse.Namespace) -> int:
     def queues() -> int:
         body = _get(args, "/v1/queues", stale_params(args.stale))
         note_stale(args, body)
-        return _emit(args, body, format_queues)
+        return emit(args, body, format_queues)
 
     return _run(args, queues)
 
@@ -223,10 +213,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
                 args.attempt = chunk["attempt"]  # stay on the attempt we started with
             if args.rank is None:
                 args.rank = chunk["rank"]  # and on its rank, even if another one fails meanwhile
-                if args.rank == chunk.get("failed_rank") and args.output != "json":
+                if args.rank == chunk.get("failed_rank") and not wants_json(args):
                     shown = f"rank {args.rank}, whose exit failed attempt {args.attempt}"
                     print(f"(showing {shown}; --rank N for another)", file=sys.stderr)
-            if args.output == "json":
+            if wants_json(args):
                 print(json.dumps(chunk), flush=True)
             elif chunk["text"]:
                 sys.stdout.write(chunk["text"])

@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from rallypoint.cli.output import add_output_args, wants_json
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="benchmarks")
@@ -20,11 +22,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--cycles", type=int, default=20)
     s.add_argument("--seed", type=int, default=1)
     s.add_argument("--policy", default="rallypoint")
-    s.add_argument("--json", action="store_true", help="print one JSON object")
+    add_output_args(s)
     s.set_defaults(func=handle_scheduler)
     e = sub.add_parser("eventlog", help="append and replay rates on a real embedded NATS server")
     e.add_argument("--events", type=int, default=5000, help="events per phase (default 5000)")
-    e.add_argument("--json", action="store_true", help="print one JSON object")
+    add_output_args(e)
     e.set_defaults(func=handle_eventlog)
     b = sub.add_parser("binds", help="binds/s written by the live scheduler loop on a real NATS server")
     b.add_argument("--nodes", type=int, default=12500)
@@ -35,11 +37,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="leave the jobs unadmitted: the cycles write JobQueued too",
     )
-    b.add_argument("--json", action="store_true", help="print one JSON object")
+    add_output_args(b)
     b.set_defaults(func=handle_binds)
     r = sub.add_parser("recovery", help="node failure -> all ranks running again, on a local cluster")
     r.add_argument("--trials", type=int, default=10, help="hung-node trials (default 10)")
-    r.add_argument("--json", action="store_true", help="print one JSON object")
+    add_output_args(r)
     r.set_defaults(func=handle_recovery)
     c = sub.add_parser("cluster", help="the live services against N simulated nodes (fleet processes)")
     c.add_argument("--nodes", type=int, default=12500)
@@ -77,7 +79,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     c.add_argument("--phase-timeout", type=float, default=120.0, help="seconds each phase may wait")
     c.add_argument("--logs", type=Path, default=None, help="keep every process's log in this folder")
-    c.add_argument("--json", action="store_true", help="print one JSON object")
+    add_output_args(c)
     c.set_defaults(func=handle_cluster)
 
 
@@ -110,7 +112,7 @@ def handle_cluster(args: argparse.Namespace) -> int:
         logs=args.logs,
     )
     res = run_bench(cfg)
-    print(json.dumps(res, sort_keys=True) if args.json else json.dumps(res, indent=2, sort_keys=True))
+    print(json.dumps(res, sort_keys=True) if wants_json(args) else json.dumps(res, indent=2, sort_keys=True))
     return 0
 
 
@@ -122,7 +124,7 @@ def handle_recovery(args: argparse.Namespace) -> int:
         print("error: --trials: must be at least 1", file=sys.stderr)
         return 2
     res = {"node_failure": run_bench(args.trials), "checkpoint_save": bench_blocking()}
-    print(json.dumps(res, sort_keys=True) if args.json else json.dumps(res, indent=2, sort_keys=True))
+    print(json.dumps(res, sort_keys=True) if wants_json(args) else json.dumps(res, indent=2, sort_keys=True))
     return 0
 
 
@@ -138,7 +140,11 @@ def handle_binds(args: argparse.Namespace) -> int:
         pending=args.pending,
         admit_in_cycle=args.admit_in_cycle,
     )
-    print(json.dumps(res, sort_keys=True) if args.json else "\n".join(f"{k:20} {v}" for k, v in res.items()))
+    print(
+        json.dumps(res, sort_keys=True)
+        if wants_json(args)
+        else "\n".join(f"{k:20} {v}" for k, v in res.items())
+    )
     return 0
 
 
@@ -149,7 +155,11 @@ def handle_eventlog(args: argparse.Namespace) -> int:
         print("error: --events: must be at least 1", file=sys.stderr)
         return 2
     res = run_bench(args.events)
-    print(json.dumps(res, sort_keys=True) if args.json else "\n".join(f"{k:28} {v}" for k, v in res.items()))
+    print(
+        json.dumps(res, sort_keys=True)
+        if wants_json(args)
+        else "\n".join(f"{k:28} {v}" for k, v in res.items())
+    )
     return 0
 
 
@@ -164,7 +174,7 @@ def handle_scheduler(args: argparse.Namespace) -> int:
         cycles=args.cycles,
         policy=args.policy,
     )
-    if args.json:
+    if wants_json(args):
         print(json.dumps(res, sort_keys=True))
     else:
         for k, v in res.items():

@@ -16,6 +16,7 @@ from typing import Any
 
 from .client import ApiClient, ApiError, ApiUnreachable, resolve_api_url, stale_params
 from .jobs_cmds import EXIT_ERROR, EXIT_OK, _api_arg, format_table
+from .output import add_output_args, wants_json
 from .stale import add_stale_arg, error_line, note_stale
 
 LATEST_MARK = "*"
@@ -29,7 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         f"restart resumes from) is marked {LATEST_MARK}.",
     )
     parser.add_argument("job_id", metavar="JOB")
-    parser.add_argument("--json", action="store_true", help="print the API's JSON")
+    add_output_args(parser)
     add_stale_arg(parser)
     _api_arg(parser)
     parser.set_defaults(func=cmd_checkpoints)
@@ -50,7 +51,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         print(err.line(), file=sys.stderr)
         return EXIT_ERROR
     note_stale(args, body)
-    if args.json:
+    if wants_json(args):
         print(json.dumps(body, indent=2))
     else:
         print(format_checkpoints(body["checkpoints"], body.get("latest_complete")))

@@ -22,6 +22,7 @@ from rallypoint.jobs import PRIORITY_CLASSES, TOPOLOGY_LEVELS, SpecError, valida
 
 from .client import ApiClient, ApiError, ApiUnreachable, resolve_api_url
 from .node_cmds import add_node_action_parsers
+from .output import add_output_args, wants_json
 from .stale import add_stale_arg, error_line, note_stale
 
 EXIT_OK = 0
@@ -155,6 +156,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "125 if it ended without one (cancelled, rejected, failed by the cluster)",
     )
     submit.add_argument("--poll-interval", type=float, default=1.0, help=argparse.SUPPRESS)
+    add_output_args(submit)
     _api_arg(submit)
     submit.add_argument("command", nargs=argparse.REMAINDER, help="-- the program and its arguments")
     submit.set_defaults(func=cmd_submit)
@@ -168,13 +170,13 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     jobs.add_argument("--state", "-t", help="comma-separated states (pending,bound,running,completed,...)")
     jobs.add_argument("--team", help="only this team's jobs")
     jobs.add_argument("--limit", type=int, help="at most this many jobs")
-    jobs.add_argument("--json", action="store_true", help="print the API's JSON")
+    add_output_args(jobs)
     add_stale_arg(jobs)
     _api_arg(jobs)
     jobs.set_defaults(func=cmd_jobs)
 
     nodes = subparsers.add_parser("nodes", help="list nodes (like sinfo -N)")
-    nodes.add_argument("--json", action="store_true", help="print the API's JSON")
+    add_output_args(nodes)
     add_stale_arg(nodes)
     _api_arg(nodes)
     nodes.set_defaults(func=cmd_nodes)
@@ -182,6 +184,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
     cancel = subparsers.add_parser("cancel", help="cancel a job (like scancel)")
     cancel.add_argument("job_id")
+    add_output_args(cancel)
     _api_arg(cancel)
     cancel.set_defaults(func=cmd_cancel)
 
@@ -263,15 +266,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(err.line(), file=sys.stderr)
         return EXIT_ERROR
     job_id = str(resp.body["job_id"])
-    print(job_id, flush=True)
-    if resp.headers.get("idempotent-replayed") == "true":
+    replayed = resp.headers.get("idempotent-replayed") == "true"
+    # -o json: JSON Lines, this object first, then with --wait the job's view at each change
+    print(json.dumps({"job_id": job_id, "replayed": replayed}) if wants_json(args) else job_id, flush=True)
+    if replayed:
         print(
             f"note: {job_id} was already submitted with this idempotency key; not submitted again",
             file=sys.stderr,
         )
     if not args.wait:
         return EXIT_OK
-    return wait_for_job(client, job_id, poll_interval=args.poll_interval)
+    return wait_for_job(client, job_id, poll_interval=args.poll_interval, as_json=wants_json(args))
 
 
 def describe(job: dict[str, Any]) -> str:
@@ -310,9 +315,11 @@ def wait_for_job(
     out: TextIO | None = None,
     sleep: Callable[[float], None] = time.sleep,
     unreachable_grace_s: float = 60.0,
+    as_json: bool = False,
 ) -> int:
-    """Poll the job, print each change, return its exit status (``exit_status``). The API may restart
-    meanwhile (a rolling upgrade): keep trying for ``unreachable_grace_s``.
+    """Poll the job, print each change (``as_json``: the job's view, one JSON object a line), return its
+    exit status (``exit_status``). The API may restart meanwhile (a rolling upgrade): keep trying for
+    ``unreachable_grace_s``.
     """
     stream = out or sys.stdout
     last: str | None = None
@@ -335,7 +342,8 @@ def wait_for_job(
                 return EXIT_ERROR
             line = describe(job)
             if line != last:
-                print(f"{time.strftime('%H:%M:%S')} {job_id} {line}", file=stream, flush=True)
+                shown = json.dumps(job) if as_json else f"{time.strftime('%H:%M:%S')} {job_id} {line}"
+                print(shown, file=stream, flush=True)
                 last = line
             if job["state"] in TERMINAL_STATES:
                 return exit_status(job)
@@ -496,7 +504,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         print(error_line(err, args), file=sys.stderr)
         return EXIT_ERROR
     note_stale(args, listing)
-    if args.json:  # the API's JobList, so scripts parse one shape whichever way they ask
+    if wants_json(args):  # the API's JobList, so scripts parse one shape whichever way they ask
         print(json.dumps(listing, indent=2))
     else:
         print(format_jobs(listing["jobs"], now=time.time()))
@@ -511,16 +519,16 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         print(error_line(err, args), file=sys.stderr)
         return EXIT_ERROR
     note_stale(args, listing)
-    print(json.dumps(listing, indent=2) if args.json else format_nodes(listing["nodes"]))
+    print(json.dumps(listing, indent=2) if wants_json(args) else format_nodes(listing["nodes"]))
     return EXIT_OK
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     client = ApiClient(resolve_api_url(args.api_url))
     try:
-        client.cancel(args.job_id)
+        answer = client.cancel(args.job_id)
     except (ApiError, ApiUnreachable) as err:
         print(err.line(), file=sys.stderr)
         return EXIT_ERROR
-    print(f"cancel requested for {args.job_id}")
+    print(json.dumps(answer, indent=2) if wants_json(args) else f"cancel requested for {args.job_id}")
     return EXIT_OK

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from rallypoint.cli.clusterinfo import default_nats_url
+from rallypoint.cli.output import add_output_args, emit
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -21,16 +22,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     setup = commands.add_parser("setup", help="create the RALLY stream and the buckets (as admin)")
     setup.add_argument("--nats-url", default=None, help="an admin URL (default: RALLY_NATS_URL / rally up)")
     setup.add_argument("--replicas", type=int, default=int(os.environ.get("RALLY_STREAM_REPLICAS", "1")))
+    add_output_args(setup)
     setup.set_defaults(func=_setup)
 
     config = commands.add_parser("config", help="write (or --check) the NATS configs under deploy/")
     config.add_argument("--root", type=Path, default=Path.cwd(), help="the repository (default: .)")
     config.add_argument("--check", action="store_true", help="exit 1 if a committed file drifted")
+    add_output_args(config)
     config.set_defaults(func=_config)
 
     mint = commands.add_parser("mint-agent", help="a new password for one node's agent user")
     mint.add_argument("--node-id", required=True)
     mint.add_argument("--out", type=Path, help="also write the password here (owner-only), for the node")
+    add_output_args(mint)
     mint.set_defaults(func=_mint_agent)
 
 
@@ -46,8 +50,8 @@ def _setup(args: argparse.Namespace) -> int:
             await nc.close()
 
     asyncio.run(run())
-    print(f"stream RALLY and buckets ready ({args.replicas} replicas)")
-    return 0
+    ready = {"stream": "RALLY", "replicas": args.replicas}
+    return emit(args, ready, lambda r: f"stream RALLY and buckets ready ({r['replicas']} replicas)")
 
 
 def _config(args: argparse.Namespace) -> int:
@@ -59,10 +63,11 @@ def _config(args: argparse.Namespace) -> int:
         for path in stale:
             print(f"{path} differs from the permission matrix: run `rally nats config`", file=sys.stderr)
         return 1 if stale else 0
+    written = []
     for path, text in deployfiles.render(root).items():
         (root / path).write_text(text)
-        print(f"wrote {path}")
-    return 0
+        written.append(str(path))
+    return emit(args, {"wrote": written}, lambda r: "\n".join(f"wrote {path}" for path in r["wrote"]))
 
 
 def _mint_agent(args: argparse.Namespace) -> int:
@@ -76,5 +81,5 @@ def _mint_agent(args: argparse.Namespace) -> int:
         args.out.chmod(0o600)
         args.out.write_text(password + "\n")
     # For the NATS servers' secret (the server reads it as an environment variable).
-    print(f"{password_variable(user)}={password}")
-    return 0
+    minted = {"variable": password_variable(user), "password": password}
+    return emit(args, minted, lambda m: f"{m['variable']}={m['password']}")

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import urllib.parse
 from collections.abc import Callable
 
 from .client import ApiClient, ApiError, ApiUnreachable, resolve_api_url
+from .output import add_output_args, wants_json
 
 EXIT_OK = 0
 EXIT_ERROR = 2
@@ -28,6 +30,7 @@ def add_node_action_parsers(
         parser = actions.add_parser(action, help=help_text, description=help_text)
         parser.add_argument("node_id", metavar="NODE")
         parser.add_argument("--reason", required=True, help="why (recorded in the event log with your user)")
+        add_output_args(parser)
         api_arg(parser)
         parser.set_defaults(func=cmd_node_action, action=action)
 
@@ -43,6 +46,9 @@ def cmd_node_action(args: argparse.Namespace) -> int:
     except ApiUnreachable as err:
         print(err.line(), file=sys.stderr)
         return EXIT_ERROR
+    if wants_json(args):  # the API's answer: the node as it now stands
+        print(json.dumps(body, indent=2))
+        return EXIT_OK
     node = body.get("node") or {}
     status = node.get("status", "?")
     if args.action == "drain":

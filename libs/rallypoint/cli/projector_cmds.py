@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from rallypoint.cli.output import add_output_args, wants_json
+from rallypoint.cli.output import add_output_args, emit, wants_json
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
@@ -68,6 +68,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     rebuild.add_argument(
         "--batch-size", type=int, default=2000, help="events per transaction (default %(default)s)"
     )
+    add_output_args(rebuild)
     rebuild.set_defaults(func=_rebuild)
 
     status = actions.add_parser(
@@ -147,11 +148,15 @@ async def _rebuild_async(args: argparse.Namespace, dsn: str) -> int:
     finally:
         await projector.close()
         await log.close()
-    elapsed = time.monotonic() - started
-    print(
-        f"rebuilt projection {args.name!r} to seq {position}: {projector.events_written} events in "
-        f"{projector.batches_written} batches, {elapsed:.2f}s"
-    )
+    report = {
+        "projection": args.name,
+        "seq": position,
+        "events": projector.events_written,
+        "batches": projector.batches_written,
+        "seconds": round(time.monotonic() - started, 2),
+        "quarantined": projector.quarantined_total,
+    }
+    emit(args, report, _rebuilt_line)
     if projector.quarantined_total:
         print(
             f"rally projector rebuild: {projector.quarantined_total} events refused by PostgreSQL were "
@@ -159,6 +164,13 @@ async def _rebuild_async(args: argparse.Namespace, dsn: str) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _rebuilt_line(report: dict[str, Any]) -> str:
+    return (
+        f"rebuilt projection {report['projection']!r} to seq {report['seq']}: {report['events']} events in "
+        f"{report['batches']} batches, {report['seconds']:.2f}s"
+    )
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from rallypoint.cli.clusterinfo import default_nats_url
+from rallypoint.cli.output import add_output_args, wants_json
 from rallypoint.events import Event
 from rallypoint.events.codec import Quarantined, decode_stored
 from rallypoint.state import ClusterState
@@ -111,7 +112,7 @@ def _verify(args: argparse.Namespace) -> int:
         allow_other_policies=args.allow_other_policies,
         repair_wait_s=REPAIR_WAIT_S if args.repair_wait is None else args.repair_wait,
     )
-    if args.json:
+    if wants_json(args):
         print(msgspec.json.encode(report).decode())
     else:
         for line in audit_lines(report):
@@ -242,7 +243,7 @@ def _run(args: argparse.Namespace) -> int:
     except (EventLogError, OSError, TimeoutError) as exc:
         print(f"error: cannot replay the log: {exc}", file=sys.stderr)
         return 1
-    if args.json:
+    if wants_json(args):
         print(json.dumps(summary, sort_keys=True))
     else:
         jobs = ", ".join(f"{k} {v}" for k, v in summary["jobs"].items()) or "none"  # type: ignore[attr-defined]
@@ -257,7 +258,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("replay", help="rebuild state from the event log and print its hash")
     parser.add_argument("--nats-url", default=None, help="NATS URL (default: the local cluster's, or env)")
     parser.add_argument("--to", type=int, default=None, metavar="SEQ", help="stop at this sequence")
-    parser.add_argument("--json", action="store_true", help="print JSON")
+    add_output_args(parser)
     parser.add_argument(
         "--history",
         metavar="FILE",

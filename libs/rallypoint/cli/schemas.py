@@ -8,6 +8,7 @@ from pathlib import Path
 
 import msgspec
 
+from rallypoint.cli.output import add_output_args, emit
 from rallypoint.events import ALL_EVENT_TYPES
 
 
@@ -39,12 +40,12 @@ def write_schemas(directory: Path) -> list[Path]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    for path in write_schemas(Path(args.out)):
-        print(path)
-    return 0
+    written = [str(path) for path in write_schemas(Path(args.out))]
+    return emit(args, written, "\n".join)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("schemas", help="write the JSON Schema of every event")
     parser.add_argument("--out", default="schemas", help="directory to write into (default: schemas)")
+    add_output_args(parser)
     parser.set_defaults(func=_run)

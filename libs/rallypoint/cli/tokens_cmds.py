@@ -18,9 +18,10 @@ from pathlib import Path
 
 import msgspec
 
-from rallypoint.security.tokens import TokenError, create_token, read_tokens, revoke_token
+from rallypoint.security.tokens import TokenError, TokenRecord, create_token, read_tokens, revoke_token
 
 from .clusterinfo import cluster_info
+from .output import add_output_args, wants_json
 
 TOKENS_FILE_ENV = "RALLY_TOKENS_FILE"
 
@@ -62,17 +63,15 @@ def cmd_create(args: argparse.Namespace, path: Path) -> int:
     who = "admin" if args.admin else f"team {record.team}"
     # The token alone on stdout, so `export RALLY_TOKEN=$(rally tokens create ...)` works.
     print(f"created {record.id} ({who}, user {record.user}); the token is shown only now:", file=sys.stderr)
-    print(token)
+    print(json.dumps({**_public(record), "token": token}, indent=2) if wants_json(args) else token)
     return 0
 
 
 @_with_file
 def cmd_list(args: argparse.Namespace, path: Path) -> int:
     records = read_tokens(path).tokens
-    if args.json:
-        # Hashes stay in the file: a listing is for reading, not for copying verifiers around.
-        rows = [{k: v for k, v in msgspec.to_builtins(r).items() if k != "hash"} for r in records]
-        print(json.dumps(rows, indent=2))
+    if wants_json(args):
+        print(json.dumps([_public(r) for r in records], indent=2))
         return 0
     print(f"{'ID':<12}{'ROLE':<7}{'TEAM':<16}{'USER':<20}{'CREATED':<21}REVOKED")
     for r in records:
@@ -84,8 +83,16 @@ def cmd_list(args: argparse.Namespace, path: Path) -> int:
 @_with_file
 def cmd_revoke(args: argparse.Namespace, path: Path) -> int:
     record = revoke_token(path, args.token_id)
+    if wants_json(args):
+        print(json.dumps(_public(record), indent=2))
+        return 0
     print(f"revoked {record.id} (user {record.user}); the API refuses it from its next request")
     return 0
+
+
+def _public(record: TokenRecord) -> dict[str, object]:
+    """A record without its hash: output is for reading, not for copying verifiers around."""
+    return {k: v for k, v in msgspec.to_builtins(record).items() if k != "hash"}
 
 
 def _when(at: float) -> str:
@@ -107,6 +114,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help=f"the API's token file (default ${TOKENS_FILE_ENV}, then the local cluster's)",
     )
+    add_output_args(common)
     create = sub.add_parser("create", parents=[common], help="make a token; printed once")
     owner = create.add_mutually_exclusive_group(required=True)
     owner.add_argument("--team", help="the team the token acts for")
@@ -116,7 +124,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     create.set_defaults(func=cmd_create)
     listing = sub.add_parser("list", parents=[common], help="every token, revoked ones included (no secrets)")
-    listing.add_argument("--json", action="store_true", help="JSON instead of a table")
     listing.set_defaults(func=cmd_list)
     revoke = sub.add_parser("revoke", parents=[common], help="revoke a token by its id (rally tokens list)")
     revoke.add_argument("token_id", metavar="ID")

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import yaml
 
+from rallypoint.cli.output import add_output_args, emit
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("trace", help="convert public GPU-cluster traces")
@@ -50,6 +52,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     c.add_argument("--pods", help="openb: pod list CSV (default alibaba-openb/openb_pod_list_default.csv)")
     c.add_argument("--seed", type=int, default=0)
+    add_output_args(c)
     c.set_defaults(func=handle_convert)
 
 
@@ -103,7 +106,5 @@ def handle_convert(args: argparse.Namespace) -> int:
         return _err(f"{e.filename}: no such file (is ../shared/traces beside the checkout? see --traces)")
     except (ValueError, OSError) as e:
         return _err(str(e))
-    print(
-        yaml.safe_dump({"wrote": {k: str(v) for k, v in paths.items()}, **conv.info}, sort_keys=False), end=""
-    )
-    return 0
+    report = {"wrote": {k: str(v) for k, v in paths.items()}, **conv.info}
+    return emit(args, report, lambda r: yaml.safe_dump(r, sort_keys=False).rstrip("\n"))
