@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 import time
@@ -34,6 +35,7 @@ from rallypoint.projection import (
     connect,
     fetch_archive_seqs,
     fetch_jobs,
+    job_row,
 )
 
 T0 = 1_760_000_000.0
@@ -203,26 +205,31 @@ async def test_a_nul_is_quarantined_and_the_events_after_it_projected(
     assert len(await quarantine_rows(db)) == 1
 
 
-async def test_a_number_out_of_range_is_quarantined_one_event_at_a_time(
-    event_log: EventLog, dsn: str, db: asyncpg.Connection
+@pytest.mark.parametrize("batch_size", [1, 2])
+async def test_a_number_out_of_range_and_the_jobs_later_events_are_quarantined(
+    event_log: EventLog, dsn: str, db: asyncpg.Connection, caplog: pytest.LogCaptureFixture, batch_size: int
 ) -> None:
-    """``gpus`` 2^40 decodes (an int64) but no ``integer`` column holds it (22003): with batches of one
-    the refused batch is quarantined at once; the job's later events are refused the same way, since
-    its row holds the number; the other jobs are projected."""
+    """``gpus`` 2^40 decodes (an int64) but no ``integer`` column holds it (22003). The job's later
+    events are refused too, since its row holds the number, and quarantined alone: only the first
+    refused batch (none with batches of one) is re-synchronised and written one event at a time, not
+    the batch that holds the job's next event. The other jobs are projected."""
     await put(event_log, submitted("ok-1", spec("first")))
     huge = await put(event_log, submitted("huge-2", spec("huge", gpus=2**40)))
     huge_queued = await put(event_log, queued("huge-2"))
     await put(event_log, queued("ok-1"))
-    projector = Projector(event_log, dsn, batch_size=1)
+    projector = Projector(event_log, dsn, batch_size=batch_size)
     try:
-        assert await projector.catch_up() == await event_log.last_seq()
+        with caplog.at_level(logging.WARNING, logger="rallypoint.projection"):
+            assert await projector.catch_up() == await event_log.last_seq()
     finally:
         await projector.close()
     rows = await quarantine_rows(db)
     assert [r["seq"] for r in rows] == [huge, huge_queued]
-    assert all("22003" in r["error"] for r in rows)
-    assert {row[0] for row in await fetch_jobs(db)} == {"ok-1"}
+    assert all("22003" in r["error"] and "\n" not in r["error"] for r in rows)
+    assert await fetch_jobs(db) == [job_row((await fold_log(event_log)).state.jobs["ok-1"])]
     assert counted(projector) == 2 and len(projector.degraded()) == 2
+    one_by_one = [r for r in caplog.records if "writing its events one by one" in r.getMessage()]
+    assert len(one_by_one) == (0 if batch_size == 1 else 1)
 
 
 async def test_an_outage_is_retried_and_only_the_refused_event_quarantined(event_log: EventLog) -> None:

@@ -36,6 +36,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import msgspec
 
 from rallypoint.eventlog import LogUnavailable
+from rallypoint.events import Event
 from rallypoint.events.codec import Quarantined
 
 from .rows import Batch, ReadModel, RecordedLike, RefusedEvent, refusal_batch
@@ -134,6 +135,9 @@ class Projector:
         # The events PostgreSQL refused (this projection's quarantine table, read at each sync).
         self.quarantined_total = 0
         self.quarantined: list[RefusedEvent] = []
+        # ("job", id) and ("node", id) of the events refused since this projector started: their rows
+        # may hold what PostgreSQL refused, so their later events are committed alone (``_apply``).
+        self._refused_keys: set[tuple[str, str]] = set()
 
     @property
     def position(self) -> int:
@@ -230,6 +234,7 @@ class Projector:
         self._snapshot_seq = 0
         self._synced = True
         self.quarantined_total, self.quarantined = 0, []
+        self._refused_keys = set()
 
     def degraded(self) -> list[str]:
         """Why ``/healthz`` says degraded: events PostgreSQL refused, whose rows the views lack."""
@@ -382,12 +387,28 @@ class Projector:
         return records, False, getter
 
     async def _apply(self, records: list[Stored]) -> None:
-        """Commit a batch in one transaction; should PostgreSQL refuse it, its events one at a time."""
+        """Commit a batch in log order, in one transaction where PostgreSQL takes it.
+
+        An event of a job or node whose event PostgreSQL refused before (its row may hold the refused
+        value: a NUL in the job's name is in every later row of it) is committed alone, so that a
+        refusal of it costs no re-synchronisation; so are the events after a refusal in a batch.
+        """
+        pending = records
+        while pending:
+            clean = self._unsuspected_prefix(pending)
+            segment, pending = pending[: clean or 1], pending[clean or 1 :]
+            pending = await self._commit_segment(segment) + pending
+
+    async def _commit_segment(self, records: list[Stored]) -> list[Stored]:
+        """Commit ``records`` in one transaction; if PostgreSQL refuses them, re-synchronise and commit
+        them one at a time up to the first refused one, which is quarantined. Returns the records after
+        it, not yet committed."""
         try:
             # A batch of one (the usual case while following) is quarantined at once if refused.
             await self._commit(
                 _fold_of(self.model, records), refused=records[0] if len(records) == 1 else None
             )
+            return []
         except DATA_ERRORS as exc:
             log.warning(
                 "projection %r: PostgreSQL refused the batch %d..%d (%s: %s); writing its events one by one",
@@ -395,15 +416,25 @@ class Projector:
                 records[0].seq,
                 records[-1].seq,
                 type(exc).__name__,
-                exc,
+                _explain(exc),
             )
-            await self._apply_one_by_one(records)
-
-    async def _apply_one_by_one(self, records: list[Stored]) -> None:
-        """Each record in a transaction of its own, a refused one quarantined in its place."""
         await self.sync()  # the failed commit dropped the fold; back to the stored position
-        for item in records:
+        for index, item in enumerate(records):
+            refused_before = self.quarantined_total
             await self._commit(_fold_of(self.model, [item]), refused=item)
+            if self.quarantined_total > refused_before:
+                return records[index + 1 :]
+        return []  # none refused alone: the batch failed on rows no single event's write holds
+
+    def _unsuspected_prefix(self, records: list[Stored]) -> int:
+        """How many records lead ``records`` before the first that touches a job or node with a refused
+        event (all of them while none was refused, the usual case, at no cost per record)."""
+        if not self._refused_keys:
+            return len(records)
+        for index, item in enumerate(records):
+            if not isinstance(item, Quarantined) and _row_keys(item.event) & self._refused_keys:
+                return index
+        return len(records)
 
     async def _commit(self, fold: Callable[[], Batch | None], *, refused: Stored | None = None) -> None:
         """Fold (``fold`` moves ``self.model``) and write the batch it returns, fenced on the position.
@@ -441,6 +472,8 @@ class Projector:
 
     def _quarantine(self, item: Stored, exc: BaseException) -> Batch:
         refused = RefusedEvent.of(item, _explain(exc))
+        if not isinstance(item, Quarantined):
+            self._refused_keys |= _row_keys(item.event)
         log.warning("projection %r: quarantined %s", self.name, refused.describe(), extra={"seq": item.seq})
         return refusal_batch(item, refused)
 
@@ -490,9 +523,20 @@ def _fold_of(model: ReadModel, records: list[Stored]) -> Callable[[], Batch | No
 def _explain(exc: BaseException) -> str:
     """PostgreSQL's refusal in one line: its class, SQLSTATE, message and detail (which names the value)."""
     sqlstate = getattr(exc, "sqlstate", None)
+    message = getattr(exc, "message", None) or str(exc)  # str() of asyncpg's adds the detail on a new line
     detail = getattr(exc, "detail", None)
-    text = type(exc).__name__ + (f" (SQLSTATE {sqlstate})" if sqlstate else "") + f": {exc}"
-    return text + (f" ({detail})" if detail else "")
+    text = type(exc).__name__ + (f" (SQLSTATE {sqlstate})" if sqlstate else "") + f": {message}"
+    return " ".join((text + (f" ({detail})" if detail else "")).split())
+
+
+def _row_keys(event: Event) -> set[tuple[str, str]]:
+    """The job and node whose rows an event names (a bind's other nodes are not among them)."""
+    keys = set()
+    for kind in ("job", "node"):
+        value = getattr(event, f"{kind}_id", None)
+        if isinstance(value, str):
+            keys.add((kind, value))
+    return keys
 
 
 def _refused(row: QuarantinedRow) -> RefusedEvent:
