@@ -16,14 +16,13 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, get_args
+from urllib.parse import parse_qsl
 
 import msgspec
-import nats.errors
 from aiohttp import web
 from prometheus_client import REGISTRY, generate_latest
 
 from rallypoint.eventlog import AppendConflict, EventLog, LogUnavailable
-from rallypoint.eventlog.secretstore import SecretsConflict, SecretStore
 from rallypoint.events import JobCancelRequested, JobSpec, JobSubmitted, subjects
 from rallypoint.events.subjects import TOKEN_PATTERN
 from rallypoint.jobs import (
@@ -37,7 +36,8 @@ from rallypoint.jobs import (
     new_job_id,
     validate_spec,
 )
-from rallypoint.jobs.validate import check_duplicate_keys, check_json_depth, check_secrets
+from rallypoint.jobs.text import check_strings, check_text
+from rallypoint.jobs.validate import BodyError, check_checkpoint_dir, decode_json_body
 from rallypoint.scheduling.queues import Queues
 from rallypoint.security.tokens import Principal, TokenStore
 from rallypoint.state import ClusterState, JobState, JobView
@@ -78,6 +78,8 @@ class ApiConfig:
     # the queue file the scheduler reads: its priority classes and default class, each team's max_priority,
     # its orgs (None: the built-in classes, every class for every team, any team name)
     queues: Queues | None = None
+    # the cluster's checkpoint root: a job's checkpoint_dir must lie in <root>/<team>/ (None: none may)
+    checkpoint_root: str | None = None
 
 
 _json = msgspec.json.Encoder()
@@ -114,7 +116,6 @@ class Handlers:
         self.submissions: Counter[str] = Counter()
         self.priority_classes, self.default_priority = submission_classes(config.queues)
         self.fair_use = FairUse(config.queues)
-        self._secret_store: SecretStore | None = None  # opened at the first submission with secrets
 
     @property
     def state(self) -> ClusterState:
@@ -131,19 +132,11 @@ class Handlers:
         if (refused := _unsupported_media_type(request.content_type.lower())) is not None:
             self.submissions["invalid"] += 1
             return refused
-        raw = await request.read()
         try:
-            # Depth first: a decoder recursing into 3,000 nested arrays fails with RecursionError (a 500).
-            check_json_depth(raw)
-            decoded = msgspec.json.decode(raw) if raw else None
-            if decoded is not None:
-                check_duplicate_keys(raw)
-        except SpecError as err:
+            decoded = decode_json_body(await request.read())
+        except BodyError as err:
             self.submissions["invalid"] += 1
-            return unparseable(f"body is not acceptable JSON: {err.detail}")
-        except msgspec.DecodeError as exc:
-            self.submissions["invalid"] += 1
-            return unparseable(f"body is not valid JSON: {exc}")
+            return unparseable(err.detail, field=err.field)
         if decoded is None:
             self.submissions["invalid"] += 1
             return unparseable("body is empty; send a JSON job spec")
@@ -174,7 +167,6 @@ class Handlers:
             return unavailable("the API is still replaying the event log; retry shortly")
         try:
             spec = self._validate(payload)
-            secrets = check_secrets(payload, spec.env) if isinstance(payload, dict) else {}
             job_id = job_id_for(spec.team, check_idempotency_key(key)) if key is not None else new_job_id()
         except SpecError as err:
             self.submissions["invalid"] += 1
@@ -184,19 +176,11 @@ class Handlers:
             self.fair_use.count_refusal(spec.team, "priority")
             return forbidden(refusal, field="priority")
 
-        # A retry (the same key) must also send the same secret values: compared first, as a key already
-        # stored means its job may be in the log, whose spec holds their names only.
-        if secrets and key is not None and (refused := await self._secrets_refusal(job_id, secrets, key)):
-            return refused
         existing = self.state.jobs.get(job_id)
         if existing is not None:
             return self._replayed(existing, spec, key)
         if (limited := await self._fair_use_refusal(who, spec, job_id, key)) is not None:
             return limited
-
-        if secrets and (refused := await self._secrets_refusal(job_id, secrets, key, store=True)):
-            self.fair_use.withdraw(job_id)
-            return refused
 
         event = JobSubmitted(
             job_id=job_id, spec=spec, submitted_at=time.time(), idempotency_key=key, submitted_by=who.user
@@ -231,40 +215,6 @@ class Handlers:
         # so the requests in flight do not queue behind the fold.
         self.submissions["accepted"] += 1
         return self._accepted(job_id, result.seq, self.state.jobs.get(job_id), replayed=False)
-
-    async def _secrets_refusal(
-        self, job_id: str, secrets: dict[str, str], key: str | None, *, store: bool = False
-    ) -> web.Response | None:
-        """None when the job's secrets are stored (``store``) or match what its key stored before (or
-        nothing was); else 409 naming ``secrets``, or 503 when the secrets store does not answer. Neither
-        an answer nor a log line holds a value."""
-        try:
-            await self._keep_or_compare_secrets(job_id, secrets, store=store)
-        except nats.errors.Error as exc:
-            self.submissions["unavailable"] += 1
-            _log.warning("job %s: the secrets store did not answer: %s", job_id, type(exc).__name__)
-            return unavailable("the secrets store did not answer; retry with the same Idempotency-Key")
-        except SecretsConflict:
-            self.submissions["invalid"] += 1
-            return problem(
-                409,
-                "Secrets differ",
-                f"Idempotency-Key {key!r} was already used for job {job_id} with other secret values; "
-                "use a new key for a new job",
-                slug="secrets-differ",
-                field="secrets",
-                job_id=job_id,
-            )
-        return None
-
-    async def _keep_or_compare_secrets(self, job_id: str, secrets: dict[str, str], *, store: bool) -> None:
-        """Store the secrets, or compare them with the stored ones: ``SecretsConflict`` when they differ."""
-        if self._secret_store is None:
-            self._secret_store = await SecretStore.open(self.log.js)
-        if store:
-            await self._secret_store.store(job_id, secrets)  # a twin request may have stored others
-        elif (stored := await self._secret_store.read(job_id)) is not None and stored != secrets:
-            raise SecretsConflict(job_id)
 
     async def _replayed_at(self, job_id: str, seq: int, spec: JobSpec, key: str | None) -> web.Response:
         await self.follower.wait_for_seq(seq, self.config.fold_wait_s)
@@ -338,6 +288,7 @@ class Handlers:
             check_not_an_org(self.config.queues, spec.team)
         if largest is not None:
             check_fits_cluster(spec, self.state.total_gpus(), max_per_node)
+        check_checkpoint_dir(spec, self.config.checkpoint_root)
         return spec
 
     async def _replayed_after_conflict(self, job_id: str, spec: JobSpec, key: str | None) -> web.Response:
@@ -543,7 +494,8 @@ class Handlers:
         return web.Response(text=text, content_type=PROMETHEUS_CONTENT_TYPE)
 
     async def openapi(self, request: web.Request) -> web.Response:
-        return json_response(openapi_document(self.priority_classes, self.default_priority))
+        document = openapi_document(self.priority_classes, self.default_priority, self.config.checkpoint_root)
+        return json_response(document)
 
 
 def submission_classes(queues: Queues | None) -> tuple[tuple[str, ...], str]:
@@ -587,6 +539,7 @@ def _unwrap_cloudevent(envelope: object) -> tuple[object, str]:
     """Structured-mode CloudEvent -> (its data, its id). The required attributes must be present."""
     if not isinstance(envelope, dict):
         raise SpecError("body", "a CloudEvent must be a JSON object")
+    _check_attributes({name: value for name, value in envelope.items() if name != "data"})
     if envelope.get("specversion") != "1.0":
         raise SpecError(
             "specversion", f"CloudEvents specversion must be '1.0', got {envelope.get('specversion')!r}"
@@ -604,10 +557,34 @@ def _unwrap_cloudevent(envelope: object) -> tuple[object, str]:
     return envelope["data"], envelope["id"]
 
 
+def _check_attributes(attributes: dict[str, Any]) -> None:
+    """A CloudEvent's attributes, extensions included (the data is the spec: ``validate_spec``'s): each a
+    JSON primitive, as the CloudEvents type system has no others, and every string clean."""
+    check_strings(attributes)
+    for name, value in attributes.items():
+        if isinstance(value, list | dict):
+            raise SpecError(name, "a CloudEvents attribute is a string, a number, a boolean or null")
+
+
 FOLLOWER: web.AppKey[FoldFollower] = web.AppKey("follower", FoldFollower)
 HANDLERS: web.AppKey[Handlers] = web.AppKey("handlers", Handlers)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def clean_input_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every query parameter and path parameter of every route holds clean text (``jobs.text``), or the
+    answer is a 400 naming it. The raw query is decoded here because aiohttp turns a byte that is not
+    UTF-8 into U+FFFD, which would pass: surrogateescape keeps it as a lone surrogate, which does not."""
+    pairs = parse_qsl(request.rel_url.raw_query_string, keep_blank_values=True, errors="surrogateescape")
+    try:
+        for name, value in [*pairs, *request.match_info.items()]:
+            check_text(name, "query")
+            check_text(value, name)
+    except SpecError as err:
+        return problem(400, "Invalid parameter", err.detail, slug="invalid-query", field=err.field)
+    return await handler(request)
 
 
 @web.middleware
@@ -656,6 +633,7 @@ def build_app(
             metrics_middleware,  # requests by route and status, 401s included
             problem_middleware,
             *([auth_middleware(auth)] if auth is not None else []),
+            clean_input_middleware,  # query and path parameters, for every route
         ]
     )
     app[FOLLOWER] = follower

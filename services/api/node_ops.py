@@ -26,7 +26,8 @@ from aiohttp import web
 from rallypoint.eventlog import AppendConflict, EventLog, LogUnavailable
 from rallypoint.events import NodeDrained, NodeUndrained, subjects
 from rallypoint.events.subjects import TOKEN_PATTERN
-from rallypoint.jobs.validate import check_json_depth
+from rallypoint.jobs.text import SpecError, check_strings
+from rallypoint.jobs.validate import BodyError, decode_json_body
 from rallypoint.state import NodeView
 
 from .auth import forbidden, principal
@@ -48,28 +49,27 @@ BLANK = " \t\n\r\x0b\x0c"
 
 def _reason(raw: bytes) -> tuple[str | None, web.Response | None]:
     try:
-        check_json_depth(raw)
-        body = msgspec.json.decode(raw) if raw else None
-    except Exception as exc:  # SpecError or DecodeError: either way the body is not usable JSON
-        return None, unparseable(f"body is not valid JSON: {exc}")
+        body = decode_json_body(raw)
+        # The reason is free text (a tab or a newline may stay); every other string is held to one line.
+        check_strings(body, free_text={"reason"})
+    except BodyError as err:
+        return None, unparseable(err.detail, field=err.field)
+    except SpecError as err:
+        return None, _invalid(err.detail, field=err.field)
+    if isinstance(body, dict) and (unknown := sorted(str(key) for key in body if key != "reason")):
+        return None, _invalid(f"unknown field {unknown[0]!r}: the body holds a reason only", field=unknown[0])
     reason = body.get("reason") if isinstance(body, dict) else None
     if not isinstance(reason, str) or not reason.strip(BLANK):
-        return None, problem(
-            422,
-            "Invalid request",
-            'a reason is required: send {"reason": "why"} (it is recorded in the event log)',
-            slug="invalid-spec",
-            field="reason",
+        return None, _invalid(
+            'a reason is required: send {"reason": "why"} (it is recorded in the event log)'
         )
-    if len(reason) > MAX_REASON or "\x00" in reason:
-        return None, problem(
-            422,
-            "Invalid request",
-            f"reason must be at most {MAX_REASON} characters and hold no NUL",
-            slug="invalid-spec",
-            field="reason",
-        )
+    if len(reason) > MAX_REASON:
+        return None, _invalid(f"reason must be at most {MAX_REASON} characters")
     return reason.strip(BLANK), None
+
+
+def _invalid(detail: str, *, field: str = "reason") -> web.Response:
+    return problem(422, "Invalid request", detail, slug="invalid-spec", field=field)
 
 
 class NodeOps:

@@ -7,10 +7,12 @@ that every route the app serves is listed here, so the two cannot drift silently
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, get_args
 
 from rallypoint.jobs import DEFAULT_PRIORITY, PRIORITY_CLASSES, TOPOLOGY_LEVELS
+from rallypoint.jobs.text import CLEAN_TEXT_PATTERN, FORBIDDEN, FREE_TEXT_PATTERN
 from rallypoint.jobs.validate import (
     IDEMPOTENCY_KEY_PATTERN,
     MAX_ARG_BYTES,
@@ -21,9 +23,6 @@ from rallypoint.jobs.validate import (
     MAX_ENV_VARS,
     MAX_GPUS,
     MAX_JSON_DEPTH,
-    MAX_SECRET_BYTES,
-    MAX_SECRETS,
-    MAX_SECRETS_BYTES,
     MAX_TEXT_LENGTH,
     MAX_TIME_LIMIT_S,
 )
@@ -79,30 +78,16 @@ _TOPOLOGY = {"type": ["string", "null"], "enum": [*TOPOLOGY_LEVELS, None]}
 # Limits (docs/api.md, "Limits"): the validator enforces the same numbers, and byte limits in UTF-8.
 _GPU_COUNT = {"minimum": 1, "maximum": MAX_GPUS}
 _NULLABLE_GPUS = {**_NULLABLE_INT, **_GPU_COUNT}
-_NULLABLE_TEXT = {**_NULLABLE_STR, "maxLength": MAX_TEXT_LENGTH}
+# Text (docs/api.md, "Text"; rallypoint.jobs.text): no control character, no lone surrogate, no bidi
+# formatting character; free text (command arguments, env values, reasons) may hold a tab and a newline.
+_CLEAN_TEXT = {"pattern": CLEAN_TEXT_PATTERN}
+_NULLABLE_TEXT = {**_NULLABLE_STR, "maxLength": MAX_TEXT_LENGTH, **_CLEAN_TEXT}
 _EXEC_STRING = {
     "type": "string",
     "maxLength": MAX_ARG_BYTES,
-    "pattern": r"^[^\x00]*$",  # exec() strings end at a NUL
-    "description": f"At most {MAX_ARG_BYTES} UTF-8 bytes; no NUL.",
-}
-
-_SECRETS = {
-    "type": ["object", "null"],
-    "writeOnly": True,
-    "maxProperties": MAX_SECRETS,
-    "additionalProperties": {
-        "type": "string",
-        "maxLength": MAX_SECRET_BYTES,
-        "pattern": r"^[^\x00]*$",  # exec() strings end at a NUL
-        "description": f"At most {MAX_SECRET_BYTES} UTF-8 bytes; no NUL.",
-    },
-    # not RALLY_* nor a torchrun contract name (the validator names them), and none also in env
-    "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$", "maxLength": MAX_ENV_NAME_LENGTH},
-    "description": "Secret environment variables of every rank: kept outside the event log, given to "
-    "the job's own ranks only, never shown (a job shows their names, secret_names). At most "
-    f"{MAX_SECRETS_BYTES} bytes as JSON in all. A retry with the same Idempotency-Key must send the same "
-    "values (409 otherwise).",
+    "pattern": FREE_TEXT_PATTERN,
+    "description": f"At most {MAX_ARG_BYTES} UTF-8 bytes; free text: no control character but a tab "
+    "or a newline.",
 }
 
 # What a client can do with the job it just submitted (OpenAPI links: generated clients, and the
@@ -126,6 +111,37 @@ def _priority_schema(classes: Sequence[str], default: str) -> dict[str, Any]:
         "default": default,
         "description": "One of this cluster's priority classes (its queue file's, else the built-in "
         "ones), most important first. Left out: the cluster's default class.",
+    }
+
+
+# Free text with a character that is not blank (node_ops.BLANK: its \r, \v and \f are refused anyway).
+_NOT_BLANK_FREE_TEXT = f"^[^{FORBIDDEN}]*[^{FORBIDDEN}\\t\\n ][^{FORBIDDEN}]*$"
+
+# One component of a normalized path: not empty, not '.' or '..', no '/', clean text (no lookahead: not
+# every JSON Schema validator has one).
+_OTHER = f"{FORBIDDEN}\\t\\n/"
+_PATH_COMPONENT = f"(?:[^.{_OTHER}][^{_OTHER}]*|\\.[^.{_OTHER}][^{_OTHER}]*|\\.\\.[^{_OTHER}]+)"
+_TEAM = "[a-z0-9](?:[a-z0-9_-]{0,61}[a-z0-9])?"
+
+
+def _checkpoint_dir_schema(root: str | None) -> dict[str, Any]:
+    """What ``check_checkpoint_dir`` accepts: a normalized path below ROOT/<team>/ (the team's own is
+    the one rule left unstated); only null when this API has no root."""
+    if root is None:
+        return {
+            "type": "null",
+            "description": "This API has no checkpoint root (--checkpoint-root), so a job cannot name "
+            "its checkpoint folder.",
+        }
+    # re.escape would also escape characters such as '-', which ECMA 262's unicode mode refuses.
+    syntax = re.sub(r"([\\^$.|?*+()\[\]{}/])", r"\\\1", root)
+    return {
+        **_NULLABLE_TEXT,
+        "minLength": 1,
+        "pattern": f"^{syntax}/{_TEAM}(?:/{_PATH_COMPONENT})+$",
+        "description": f"An absolute, normalized path (no '.' or '..' component, no '//', no trailing "
+        f"'/') in the team's folder of the cluster's checkpoint root: {root}/<team>/... Left out: "
+        f"{root}/<job id>, the job controller's.",
     }
 
 
@@ -188,7 +204,7 @@ _SCHEMAS: dict[str, Any] = {
                 "minItems": 1,
                 "maxItems": 16,
                 "uniqueItems": True,
-                "items": {"type": "string", "minLength": 1, "maxLength": MAX_TEXT_LENGTH},
+                "items": {"type": "string", "minLength": 1, "maxLength": MAX_TEXT_LENGTH, **_CLEAN_TEXT},
                 "description": "Several acceptable GPU types, most preferred first; not with gpu_type.",
             },
             "topology_required": _TOPOLOGY,
@@ -199,15 +215,8 @@ _SCHEMAS: dict[str, Any] = {
                 **_NULLABLE_GPUS,
                 "description": "Elastic jobs: size step, a multiple of gpus_per_task.",
             },
-            "checkpoint_dir": {**_NULLABLE_TEXT, "minLength": 1},
+            "checkpoint_dir": _checkpoint_dir_schema(None),
             "max_retries": {"type": ["integer", "null"], "minimum": 0, "maximum": 100, "default": 0},
-            "secrets": _SECRETS,
-            "secret_names": {
-                "type": "array",
-                "items": {"type": "string"},
-                "readOnly": True,
-                "description": "The names of the job's secrets, as a job is shown; never their values.",
-            },
         },
     },
     "CloudEvent": {
@@ -218,10 +227,18 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "specversion": {"const": "1.0"},
             "id": {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN},
-            "source": {"type": "string", "minLength": 1},
-            "type": {"type": "string", "minLength": 1, "examples": ["io.rallypoint.job.submit"]},
+            "source": {"type": "string", "minLength": 1, **_CLEAN_TEXT},
+            "type": {
+                "type": "string",
+                "minLength": 1,
+                **_CLEAN_TEXT,
+                "examples": ["io.rallypoint.job.submit"],
+            },
             "data": _ref("JobSpec"),
         },
+        # extension attributes: CloudEvents' type system has primitives only; every string is clean text
+        "propertyNames": {"pattern": CLEAN_TEXT_PATTERN},
+        "additionalProperties": {"type": ["string", "number", "boolean", "null"], **_CLEAN_TEXT},
     },
     "Accepted": {
         "type": "object",
@@ -392,14 +409,16 @@ _SCHEMAS: dict[str, Any] = {
     },
     "NodeAction": {
         "type": "object",
+        "additionalProperties": False,
         "required": ["reason"],
         "properties": {
             "reason": {
                 "type": "string",
                 "minLength": 1,
                 "maxLength": 1000,
-                "pattern": r"^[^\x00]*[^\x00 \t\n\r\x0b\x0c][^\x00]*$",  # node_ops.BLANK
-                "description": "Why (recorded in the event log with the token's user); not blank, no NUL.",
+                "pattern": _NOT_BLANK_FREE_TEXT,
+                "description": "Why (recorded in the event log with the token's user); not blank; free "
+                "text: no control character but a tab or a newline.",
             }
         },
     },
@@ -545,16 +564,63 @@ _REPLAYED = {
 
 
 def openapi_document(
-    priority_classes: Sequence[str] = PRIORITY_CLASSES, default_priority: str = DEFAULT_PRIORITY
+    priority_classes: Sequence[str] = PRIORITY_CLASSES,
+    default_priority: str = DEFAULT_PRIORITY,
+    checkpoint_root: str | None = None,
 ) -> dict[str, Any]:
     """The document; ``priority_classes`` and ``default_priority`` are the cluster's (its queue file's),
-    so a client generated from it accepts the classes this API accepts."""
-    return with_security(_document(_job_spec_schema(priority_classes, default_priority)))
+    so a client generated from it accepts the classes this API accepts; ``checkpoint_root`` the API's
+    (where a job's own ``checkpoint_dir`` may lie; None: nowhere)."""
+    job_spec = _job_spec_schema(priority_classes, default_priority, checkpoint_root)
+    return with_security(_with_clean_parameters(_document(job_spec)))
 
 
-def _job_spec_schema(classes: Sequence[str], default: str) -> dict[str, Any]:
+def _with_clean_parameters(document: dict[str, Any]) -> dict[str, Any]:
+    """Every string query and path parameter states the text rule, and every operation that takes one
+    its 400 (the server's ``clean_input_middleware`` refuses the rest). Applied to the whole document, so
+    a parameter added later states it without anyone remembering to."""
+    for operations in document["paths"].values():
+        shared = [_clean_parameter(p) for p in operations.get("parameters", [])]
+        if shared:
+            operations["parameters"] = shared
+        for method, operation in operations.items():
+            if method == "parameters":
+                continue
+            own = [_clean_parameter(p) for p in operation.get("parameters", [])]
+            if own:
+                operation["parameters"] = own
+            if any(_is_text(p) for p in shared + own):
+                operation.setdefault("responses", {}).setdefault("400", _problem(_UNCLEAN_PARAMETER))
+    return document
+
+
+_UNCLEAN_PARAMETER = (
+    "A query or path parameter is not clean text: a control character, invalid UTF-8 or a bidirectional "
+    "formatting character (`field` names it), or a parameter this operation reads is malformed."
+)
+
+
+def _is_text(parameter: dict[str, Any]) -> bool:
+    return parameter.get("in") in ("query", "path") and parameter.get("schema", {}).get("type") == "string"
+
+
+def _clean_parameter(parameter: dict[str, Any]) -> dict[str, Any]:
+    """The parameter with the text rule's pattern, unless it is no string or its enum or pattern is
+    narrower already (a copy: the parameters are shared by the operations that take them)."""
+    schema = parameter.get("schema", {})
+    if not _is_text(parameter) or "enum" in schema or "pattern" in schema:
+        return parameter
+    return {**parameter, "schema": {**schema, "pattern": CLEAN_TEXT_PATTERN}}
+
+
+def _job_spec_schema(classes: Sequence[str], default: str, checkpoint_root: str | None) -> dict[str, Any]:
     spec: dict[str, Any] = _SCHEMAS["JobSpec"]
-    return {**spec, "properties": {**spec["properties"], "priority": _priority_schema(classes, default)}}
+    properties = {
+        **spec["properties"],
+        "priority": _priority_schema(classes, default),
+        "checkpoint_dir": _checkpoint_dir_schema(checkpoint_root),
+    }
+    return {**spec, "properties": properties}
 
 
 def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
@@ -611,10 +677,6 @@ def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
                         "422": _problem(
                             "Invalid spec, larger than the cluster, or a reused key with "
                             "another spec; nothing was appended."
-                        ),
-                        "409": _problem(
-                            "The Idempotency-Key was used with other secret values (field: secrets); "
-                            "nothing was appended."
                         ),
                         "429": _FAIR_USE_LIMIT,
                         "503": _problem(

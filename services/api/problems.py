@@ -41,8 +41,9 @@ def invalid_spec(err: SpecError, *, status: int = 422) -> web.Response:
     return problem(status, "Invalid job specification", err.detail, slug="invalid-job-spec", field=err.field)
 
 
-def unparseable(detail: str) -> web.Response:
-    return problem(400, "Malformed request body", detail, slug="malformed-body", field="body")
+def unparseable(detail: str, *, field: str = "body") -> web.Response:
+    """400: the body cannot be read; ``field`` is the string in it that is not UTF-8, when one is."""
+    return problem(400, "Malformed request body", detail, slug="malformed-body", field=field)
 
 
 def not_found(what: str, ident: str) -> web.Response:

@@ -19,6 +19,9 @@ from .app import ApiConfig, build_app
 from .fold import FoldFollower
 
 SERVICE = "api"
+CHECKPOINT_ROOT_ENV = "RALLY_CHECKPOINT_ROOT"
+#: `rally up`'s (its --data-dir's default, .rally/local, and the local cluster's checkpoints folder in it).
+LOCAL_CHECKPOINT_ROOT = ".rally/local/checkpoints"
 
 _log = logging.getLogger("rallypoint.api")
 
@@ -41,11 +44,26 @@ def build_parser() -> argparse.ArgumentParser:
         "(default $RALLY_TOKENS_FILE)",
     )
     parser.add_argument(
+        "--checkpoint-root",
+        type=checkpoint_root,
+        default=os.environ.get(CHECKPOINT_ROOT_ENV, LOCAL_CHECKPOINT_ROOT),
+        help="the shared folder of the jobs' checkpoints, as the job controller's --checkpoint-root: a "
+        "job's own checkpoint_dir must lie in ROOT/<team>/ (default $RALLY_CHECKPOINT_ROOT, else "
+        "%(default)s, `rally up`'s, resolved against the working directory)",
+    )
+    parser.add_argument(
         "--queues",
         default=None,
         help="the scheduler's queue file: each team's max_priority is enforced at submission",
     )
     return parser
+
+
+def checkpoint_root(text: str) -> str:
+    """The root as an absolute, normalized path: submissions are compared with it as text."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return os.path.abspath(text)
 
 
 def make_main(args: argparse.Namespace, queues: Queues | None = None) -> MainFn:
@@ -55,6 +73,7 @@ def make_main(args: argparse.Namespace, queues: Queues | None = None) -> MainFn:
             source=f"rallypoint/api/{ctx.config.instance}",
             max_gpus_per_node=args.max_gpus_per_node,
             queues=queues,
+            checkpoint_root=args.checkpoint_root,
         )
         follower = FoldFollower(log, await ctx.snapshots(), settle=True)
         auth = TokenStore(Path(args.tokens_file))

@@ -68,7 +68,7 @@ REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
         "command",
         f"at most {limits.MAX_COMMAND_BYTES}",
     ),
-    ("command with NUL", body(command=["python", "a\x00b"]), "command", "NUL"),
+    ("command with NUL", body(command=["python", "a\x00b"]), "command[1]", "NUL"),
     ("env value of 900 KB", body(env={"BIG": "x" * 900_000}), "env", "value of BIG"),
     (
         "env too many variables",
@@ -83,7 +83,7 @@ REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
         "env",
         "not a valid environment",
     ),
-    ("env value with NUL", body(env={"A": "\x00"}), "env", "NUL"),
+    ("env value with NUL", body(env={"A": "\x00"}), "env.A", "NUL"),
     (
         "gpu type too long",
         body(gpu_type="h" * (limits.MAX_TEXT_LENGTH + 1)),
@@ -165,7 +165,7 @@ def test_the_depth_limit_itself_passes() -> None:
 
 
 def test_the_openapi_schema_states_the_limits() -> None:
-    spec = openapi_document()["components"]["schemas"]["JobSpec"]["properties"]
+    spec = openapi_document(checkpoint_root="/ckpt")["components"]["schemas"]["JobSpec"]["properties"]
     assert spec["time_limit_s"]["maximum"] == limits.MAX_TIME_LIMIT_S
     for field in ("gpus", "gpus_per_task", "ranks_per_task", "min_gpus", "max_gpus", "gpu_step"):
         assert spec[field]["maximum"] == limits.MAX_GPUS, field

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 import re
 import secrets
 from collections.abc import Mapping, Sequence
@@ -27,7 +28,7 @@ import msgspec
 from rallypoint.events import JobSpec, TopologyLevel
 from rallypoint.events.subjects import TOKEN_PATTERN
 
-from .launch import CONTRACT_VARIABLES
+from .text import SpecError, check_strings, utf8_fault
 
 DEFAULT_MAX_GPUS_PER_NODE = 8
 MAX_RETRIES_LIMIT = 100
@@ -52,11 +53,6 @@ MAX_COMMAND_BYTES = 256 * 1024
 MAX_ENV_BYTES = 256 * 1024
 #: gpu_type, each of gpu_types, checkpoint_dir (PATH_MAX).
 MAX_TEXT_LENGTH = 4096
-#: A job's secrets: a token or a key file each, a few per job. The whole set, as JSON, rides in one KV
-#: value and, with the command and env, in one launch request: both under NATS's 1 MiB message limit.
-MAX_SECRETS = 32
-MAX_SECRET_BYTES = 64 * 1024
-MAX_SECRETS_BYTES = 256 * 1024
 
 # Upper bounds of the integer fields that have no other one (max_retries has its own range).
 _MAXIMUM: dict[str, tuple[int, str]] = {
@@ -88,18 +84,10 @@ TEAM_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 REQUIRED_FIELDS: tuple[str, ...] = ("name", "team", "gpus", "command")
-#: A body names its secrets with their values (``secrets``); the spec keeps their names alone, which a
-#: body may not set itself.
-KNOWN_FIELDS: frozenset[str] = frozenset(JobSpec.__struct_fields__) - {"secret_names"} | {"secrets"}
-
-
-class SpecError(ValueError):
-    """A submission that can never become a valid job; ``field`` names the offending field."""
-
-    def __init__(self, field: str, detail: str) -> None:
-        super().__init__(f"{field}: {detail}")
-        self.field = field
-        self.detail = detail
+KNOWN_FIELDS: frozenset[str] = frozenset(JobSpec.__struct_fields__)
+#: The fields whose strings may hold a tab or a newline (``text.py``): a ``sh -c`` script is an
+#: argument, a PEM certificate an environment value. Every other string of a spec is one line.
+FREE_TEXT_FIELDS: frozenset[str] = frozenset({"command", "env"})
 
 
 # --- field readers: each checks one type and names the field when it is wrong --------------------
@@ -173,6 +161,8 @@ def validate_spec(
     """
     if not isinstance(body, Mapping):
         raise SpecError("body", f"must be a JSON object, got {_type_name(body)}")
+    # Every string first, keys included: what a reader downstream cannot store never reaches the log.
+    check_strings(body, free_text=FREE_TEXT_FIELDS)
     unknown = sorted(str(k) for k in body if k not in KNOWN_FIELDS)
     if unknown:
         raise SpecError(unknown[0], f"unknown field{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}")
@@ -185,13 +175,12 @@ def validate_spec(
     command = _check_command(body)
     priority = _check_priority(body, priority_classes, default_priority)
     env = _check_env(body)
-    secret_names = tuple(sorted(check_secrets(body, env)))
     time_limit_s = _int(body, "time_limit_s")
     if time_limit_s is not None and time_limit_s <= 0:
         raise SpecError("time_limit_s", f"must be > 0 seconds, got {time_limit_s}")
     gpu_type = _non_empty_optional(body, "gpu_type")
     gpu_types = _check_gpu_types(body, gpu_type)
-    checkpoint_dir = _non_empty_optional(body, "checkpoint_dir")
+    checkpoint_dir = _check_checkpoint_dir_shape(body)
     topology_required, topology_preferred = _check_topology(body)
     min_gpus, max_gpus, gpu_step = _check_elastic(body, gpus, gpus_per_task)
     max_retries = _int(body, "max_retries")
@@ -219,14 +208,13 @@ def validate_spec(
         gpu_step=gpu_step,
         checkpoint_dir=checkpoint_dir,
         max_retries=max_retries,
-        secret_names=secret_names,
     )
 
 
 def _check_name(body: Mapping[str, Any]) -> str:
     name = _str(body, "name")
     assert name is not None
-    if not NAME_PATTERN.match(name):
+    if not NAME_PATTERN.fullmatch(name):
         raise SpecError(
             "name",
             f"{name!r} is not a valid job name: 1-63 characters, lowercase letters, digits, '.', '_' or '-', "
@@ -238,7 +226,7 @@ def _check_name(body: Mapping[str, Any]) -> str:
 def _check_team(body: Mapping[str, Any]) -> str:
     team = _str(body, "team")
     assert team is not None
-    if not TEAM_PATTERN.match(team):
+    if not TEAM_PATTERN.fullmatch(team):
         raise SpecError(
             "team",
             f"{team!r} is not a valid team: 1-63 characters, lowercase letters, digits, '_' or '-', "
@@ -302,9 +290,8 @@ def _check_command(body: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def _check_exec_string(field: str, what: str, value: str) -> None:
-    """A string that ends up in a rank's exec(): no NUL, not longer than one exec string may be."""
-    if "\x00" in value:
-        raise SpecError(field, f"{what} contains a NUL character")
+    """A string that ends up in a rank's exec(): not longer than one exec string may be (a NUL, which
+    would end it early, was refused with every other control character by ``check_strings``)."""
     size = len(value.encode("utf-8", "surrogatepass"))
     if size > MAX_ARG_BYTES:
         raise SpecError(field, f"{what} is {size} bytes; at most {MAX_ARG_BYTES}")
@@ -335,7 +322,7 @@ def _check_env(body: Mapping[str, Any]) -> dict[str, str]:
     if len(env) > MAX_ENV_VARS:
         raise SpecError("env", f"at most {MAX_ENV_VARS} variables, got {len(env)}")
     for key, value in env.items():
-        if not isinstance(key, str) or len(key) > MAX_ENV_NAME_LENGTH or not ENV_NAME_PATTERN.match(key):
+        if not isinstance(key, str) or len(key) > MAX_ENV_NAME_LENGTH or not ENV_NAME_PATTERN.fullmatch(key):
             shown = key if not isinstance(key, str) or len(key) <= 64 else f"{key[:64]}..."
             raise SpecError(
                 "env", f"{shown!r} is not a valid environment variable name (at most {MAX_ENV_NAME_LENGTH})"
@@ -347,40 +334,6 @@ def _check_env(body: Mapping[str, Any]) -> dict[str, str]:
     return dict(env)
 
 
-def check_secrets(body: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, str]:
-    """The body's ``secrets`` (NAME -> value), each name a variable the rank will see with its value: no
-    Rallypoint or torchrun name, none also in ``env``. A refusal names ``secrets.NAME``, never the value."""
-    secrets = body.get("secrets")
-    if secrets is None:
-        return {}
-    if not isinstance(secrets, Mapping):
-        raise SpecError("secrets", f"must be an object of strings, got {_type_name(secrets)}")
-    if len(secrets) > MAX_SECRETS:
-        raise SpecError("secrets", f"at most {MAX_SECRETS} secrets, got {len(secrets)}")
-    for name, value in secrets.items():
-        _check_secret(str(name), value, env)
-    _check_total("secrets", secrets, MAX_SECRETS_BYTES)
-    return dict(secrets)
-
-
-def _check_secret(name: str, value: object, env: Mapping[str, str]) -> None:
-    field = f"secrets.{name}" if len(name) <= 64 else f"secrets.{name[:64]}..."
-    if len(name) > MAX_ENV_NAME_LENGTH or not ENV_NAME_PATTERN.fullmatch(name):
-        raise SpecError(field, f"not a valid environment variable name (at most {MAX_ENV_NAME_LENGTH})")
-    # the contract overrides it in the rank: the secret would never be seen
-    if name.startswith("RALLY_") or name in CONTRACT_VARIABLES:
-        raise SpecError(field, "is a name Rallypoint sets in every rank; choose another")
-    if name in env:
-        raise SpecError(field, "is also in env; a variable is either plain or secret")
-    if not isinstance(value, str):
-        raise SpecError(field, f"must be a string, got {_type_name(value)}")
-    if "\x00" in value:  # it ends an environment string early: the rank would get less than was sent
-        raise SpecError(field, "holds a NUL character")
-    size = len(value.encode("utf-8", "surrogatepass"))
-    if size > MAX_SECRET_BYTES:
-        raise SpecError(field, f"is {size} bytes; at most {MAX_SECRET_BYTES}")
-
-
 def _non_empty_optional(body: Mapping[str, Any], field: str) -> str | None:
     value = _str(body, field)
     if value is not None and not value:
@@ -388,6 +341,23 @@ def _non_empty_optional(body: Mapping[str, Any], field: str) -> str | None:
     if value is not None and len(value) > MAX_TEXT_LENGTH:
         raise SpecError(field, f"at most {MAX_TEXT_LENGTH} characters, got {len(value)}")
     return value
+
+
+def _check_checkpoint_dir_shape(body: Mapping[str, Any]) -> str | None:
+    """An absolute, normalized path: where it may lie is the cluster's to say (``check_checkpoint_dir``)."""
+    path = _non_empty_optional(body, "checkpoint_dir")
+    if path is None:
+        return None
+    if not path.startswith("/"):
+        raise SpecError("checkpoint_dir", f"{path!r} is not an absolute path")
+    # normpath folds '.', '..', '//' and a trailing '/'; it keeps a leading '//' (POSIX leaves its meaning
+    # to the system), refused too. What is stored is what every rank and every reader sees: one spelling.
+    if posixpath.normpath(path) != path or path.startswith("//"):
+        raise SpecError(
+            "checkpoint_dir",
+            f"{path!r} is not normalized: no '.' or '..' component, no '//', no trailing '/'",
+        )
+    return path
 
 
 def _check_gpu_types(body: Mapping[str, Any], gpu_type: str | None) -> tuple[str, ...] | None:
@@ -494,6 +464,44 @@ def check_json_depth(raw: bytes, limit: int = MAX_JSON_DEPTH) -> None:
         raise SpecError("body", f"JSON nested {depth} levels deep; at most {limit}")
 
 
+class BodyError(SpecError):
+    """A request body that is not acceptable JSON (HTTP 400); ``field`` is ``body``, or the string that
+    is not valid UTF-8."""
+
+
+def decode_json_body(raw: bytes) -> object:
+    """The JSON value of a request body (None when it is empty), or ``BodyError`` saying what is wrong.
+
+    Depth first (a decoder recursing into 3,000 nested arrays fails with RecursionError), then msgspec,
+    which refuses invalid UTF-8 and lone surrogates; such a refusal is located (``_bad_text``) so that
+    the answer names the field, not just a byte offset. Repeated keys last (``check_duplicate_keys``).
+    """
+    if not raw:
+        return None
+    try:
+        check_json_depth(raw)
+        decoded = msgspec.json.decode(raw)
+        check_duplicate_keys(raw)
+    except SpecError as err:
+        raise BodyError(err.field, f"body is not acceptable JSON: {err.detail}") from None
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise _bad_text(raw) or BodyError("body", f"body is not valid JSON: {exc}") from None
+    return decoded
+
+
+def _bad_text(raw: bytes) -> BodyError | None:
+    """The string of ``raw`` that is not valid UTF-8 (a bad byte or a lone surrogate), or None when the
+    body is wrong in another way. Bad bytes decode to lone surrogates (surrogateescape), which the
+    stdlib's parser keeps, as it keeps a lone ``\\ud800``; ``check_strings`` then finds the first."""
+    try:
+        check_strings(json.loads(raw.decode("utf-8", "surrogateescape")), fault=utf8_fault)
+    except SpecError as err:
+        return BodyError(err.field, err.detail)
+    except ValueError:
+        return None  # not JSON even when decoded leniently: msgspec's own message says where
+    return None
+
+
 class _Duplicate(msgspec.Struct, frozen=True):
     """Stands in for an object that repeats a key, carrying the key's path up to the top."""
 
@@ -531,6 +539,30 @@ def check_duplicate_keys(raw: bytes) -> None:
         raise SpecError("body", f"duplicate key {'.'.join(found.path)!r} in the JSON body")
 
 
+def check_checkpoint_dir(spec: JobSpec, checkpoint_root: str | None) -> None:
+    """A job's own checkpoint folder lies in its team's folder of the cluster's checkpoint root.
+
+    Anywhere else its ranks would write (and a restart would read) what is not theirs: ``/etc``, another
+    team's folder, or another job's ``<root>/<job id>``, from which that job would then resume. No root
+    (``None``): this API was given none, so a job may not name a folder at all.
+    """
+    if spec.checkpoint_dir is None:
+        return
+    if checkpoint_root is None:
+        raise SpecError(
+            "checkpoint_dir",
+            "this cluster names no checkpoint root (the API's --checkpoint-root), so a job cannot choose "
+            "its folder; leave checkpoint_dir out",
+        )
+    team_folder = posixpath.join(checkpoint_root, spec.team)
+    if not spec.checkpoint_dir.startswith(team_folder + "/"):
+        raise SpecError(
+            "checkpoint_dir",
+            f"{spec.checkpoint_dir!r} is not under {team_folder}/, the team's folder of the cluster's "
+            "checkpoint root",
+        )
+
+
 def check_fits_cluster(spec: JobSpec, total_gpus: int, max_gpus_per_node: int) -> None:
     """Reject a job that could never run here, whatever else finishes: it would wait forever."""
     smallest = spec.min_gpus if spec.min_gpus is not None else spec.gpus
@@ -556,7 +588,8 @@ _IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
 def check_idempotency_key(key: str, field: str = "idempotency_key") -> str:
     if not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH:
         raise SpecError(field, f"must be 1-{MAX_IDEMPOTENCY_KEY_LENGTH} characters")
-    if not _IDEMPOTENCY_KEY.match(key):
+    # fullmatch: with match, the pattern's $ would let a key end in a newline.
+    if not _IDEMPOTENCY_KEY.fullmatch(key):
         raise SpecError(field, "must contain only printable ASCII characters")
     return key
 

@@ -354,7 +354,7 @@ class LocalCluster:
 
     def start_service(self, name: str, service: str, extra: Sequence[str] = ()) -> ManagedProcess:
         own = list(self.service_args.get(service, ()))
-        if service == "job-controller":
+        if service in ("job-controller", "api"):  # the API holds a job's own checkpoint_dir inside it
             own += ["--checkpoint-root", str(self.checkpoint_root)]
         argv = [
             sys.executable, "-m", "rallypoint.cli.serve", service, "--nats-url", self._service_nats_url,

@@ -89,13 +89,13 @@ def new_token() -> str:
 
 
 def check_user(user: str) -> str:
-    if not USER_PATTERN.match(user):
+    if not USER_PATTERN.fullmatch(user):  # fullmatch: $ alone lets a trailing newline through
         raise TokenError(f"user {user!r}: 1-64 characters, letters, digits, '.', '_', '@' or '-'")
     return user
 
 
 def check_team(team: str) -> str:
-    if not TEAM_PATTERN.match(team):
+    if not TEAM_PATTERN.fullmatch(team):
         raise TokenError(f"team {team!r}: 1-63 characters, lowercase letters, digits, '_' or '-'")
     return team
 
