@@ -17,8 +17,16 @@ class RankSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     gpus: tuple[int, ...]
 
 
-class LaunchTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Start every rank of one task (one node's share of a gang). ``env`` holds the whole contract."""
+class LaunchTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Start every rank of one task (one node's share of a gang). ``env`` holds the whole contract.
+
+    Fields at their default are not sent: a job without secrets sends no ``secrets``, which an agent that
+    predates the field (and refuses fields it does not know) still decodes during a rolling upgrade.
+
+    ``secrets``: the job's secret variables, name -> value, read by the job controller from the secrets
+    bucket for this launch alone. They reach the ranks' environment and nothing else: the agent keeps the
+    task on disk without them (``without_secrets``), and ``repr`` names them without their values.
+    """
 
     job_id: str
     attempt: int
@@ -31,6 +39,18 @@ class LaunchTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     ranks: tuple[RankSpec, ...]
     command: tuple[str, ...]
     env: dict[str, str] = {}
+    secrets: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        # a log line, a traceback's locals or a debugger shows the task; never a secret's value
+        shown = ", ".join(
+            f"{name}={getattr(self, name)!r}" for name in self.__struct_fields__ if name != "secrets"
+        )
+        return f"LaunchTask({shown}, secrets=<hidden: {', '.join(sorted(self.secrets))}>)"
+
+    def without_secrets(self) -> LaunchTask:
+        """The task as it may be written down: everything but the secrets' values."""
+        return msgspec.structs.replace(self, secrets={}) if self.secrets else self
 
 
 #: ``LaunchReply.code`` of a refused launch: why the agent will never run this task as sent. Empty from

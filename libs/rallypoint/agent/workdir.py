@@ -3,7 +3,7 @@
 Layout, one directory per (job, attempt)::
 
     <work_dir>/<job_id>/<attempt>/
-        task.json          the LaunchTask, as received (GPUs, command) — for re-adoption
+        task.json          the LaunchTask as received, less its secrets (GPUs, command): for re-adoption
         rank-<r>.claim     written by the agent *before* it spawns the wrapper: "this rank was started"
         rank-<r>.pid       written by the wrapper once the command runs: wrapper and rank pids + start times
         rank-<r>.log       the rank's stdout and stderr (and the wrapper's own complaints)
