@@ -19,10 +19,12 @@ from typing import Any, get_args
 from urllib.parse import parse_qsl
 
 import msgspec
+import nats.errors
 from aiohttp import web
 from prometheus_client import REGISTRY, generate_latest
 
 from rallypoint.eventlog import AppendConflict, EventLog, LogUnavailable
+from rallypoint.eventlog.secretstore import SecretsConflict, SecretStore
 from rallypoint.events import JobCancelRequested, JobSpec, JobSubmitted, subjects
 from rallypoint.events.subjects import TOKEN_PATTERN
 from rallypoint.jobs import (
@@ -37,7 +39,7 @@ from rallypoint.jobs import (
     validate_spec,
 )
 from rallypoint.jobs.text import check_strings, check_text
-from rallypoint.jobs.validate import BodyError, check_checkpoint_dir, decode_json_body
+from rallypoint.jobs.validate import BodyError, check_checkpoint_dir, check_secrets, decode_json_body
 from rallypoint.scheduling.queues import Queues
 from rallypoint.security.tokens import Principal, TokenStore
 from rallypoint.state import ClusterState, JobState, JobView
@@ -116,6 +118,7 @@ class Handlers:
         self.submissions: Counter[str] = Counter()
         self.priority_classes, self.default_priority = submission_classes(config.queues)
         self.fair_use = FairUse(config.queues)
+        self._secret_store: SecretStore | None = None  # opened at the first submission with secrets
 
     @property
     def state(self) -> ClusterState:
@@ -167,6 +170,7 @@ class Handlers:
             return unavailable("the API is still replaying the event log; retry shortly")
         try:
             spec = self._validate(payload)
+            secrets = check_secrets(payload, spec.env) if isinstance(payload, dict) else {}
             job_id = job_id_for(spec.team, check_idempotency_key(key)) if key is not None else new_job_id()
         except SpecError as err:
             self.submissions["invalid"] += 1
@@ -176,11 +180,19 @@ class Handlers:
             self.fair_use.count_refusal(spec.team, "priority")
             return forbidden(refusal, field="priority")
 
+        # A retry (the same key) must also send the same secret values: compared first, as a key already
+        # stored means its job may be in the log, whose spec holds their names only.
+        if secrets and key is not None and (refused := await self._secrets_refusal(job_id, secrets, key)):
+            return refused
         existing = self.state.jobs.get(job_id)
         if existing is not None:
             return self._replayed(existing, spec, key)
         if (limited := await self._fair_use_refusal(who, spec, job_id, key)) is not None:
             return limited
+
+        if secrets and (refused := await self._secrets_refusal(job_id, secrets, key, store=True)):
+            self.fair_use.withdraw(job_id)
+            return refused
 
         event = JobSubmitted(
             job_id=job_id, spec=spec, submitted_at=time.time(), idempotency_key=key, submitted_by=who.user
@@ -215,6 +227,40 @@ class Handlers:
         # so the requests in flight do not queue behind the fold.
         self.submissions["accepted"] += 1
         return self._accepted(job_id, result.seq, self.state.jobs.get(job_id), replayed=False)
+
+    async def _secrets_refusal(
+        self, job_id: str, secrets: dict[str, str], key: str | None, *, store: bool = False
+    ) -> web.Response | None:
+        """None when the job's secrets are stored (``store``) or match what its key stored before (or
+        nothing was); else 409 naming ``secrets``, or 503 when the secrets store does not answer. Neither
+        an answer nor a log line holds a value."""
+        try:
+            await self._keep_or_compare_secrets(job_id, secrets, store=store)
+        except nats.errors.Error as exc:
+            self.submissions["unavailable"] += 1
+            _log.warning("job %s: the secrets store did not answer: %s", job_id, type(exc).__name__)
+            return unavailable("the secrets store did not answer; retry with the same Idempotency-Key")
+        except SecretsConflict:
+            self.submissions["invalid"] += 1
+            return problem(
+                409,
+                "Secrets differ",
+                f"Idempotency-Key {key!r} was already used for job {job_id} with other secret values; "
+                "use a new key for a new job",
+                slug="secrets-differ",
+                field="secrets",
+                job_id=job_id,
+            )
+        return None
+
+    async def _keep_or_compare_secrets(self, job_id: str, secrets: dict[str, str], *, store: bool) -> None:
+        """Store the secrets, or compare them with the stored ones: ``SecretsConflict`` when they differ."""
+        if self._secret_store is None:
+            self._secret_store = await SecretStore.open(self.log.js)
+        if store:
+            await self._secret_store.store(job_id, secrets)  # a twin request may have stored others
+        elif (stored := await self._secret_store.read(job_id)) is not None and stored != secrets:
+            raise SecretsConflict(job_id)
 
     async def _replayed_at(self, job_id: str, seq: int, spec: JobSpec, key: str | None) -> web.Response:
         await self.follower.wait_for_seq(seq, self.config.fold_wait_s)

@@ -23,6 +23,9 @@ from rallypoint.jobs.validate import (
     MAX_ENV_VARS,
     MAX_GPUS,
     MAX_JSON_DEPTH,
+    MAX_SECRET_BYTES,
+    MAX_SECRETS,
+    MAX_SECRETS_BYTES,
     MAX_TEXT_LENGTH,
     MAX_TIME_LIMIT_S,
 )
@@ -88,6 +91,24 @@ _EXEC_STRING = {
     "pattern": FREE_TEXT_PATTERN,
     "description": f"At most {MAX_ARG_BYTES} UTF-8 bytes; free text: no control character but a tab "
     "or a newline.",
+}
+
+_SECRETS = {
+    "type": ["object", "null"],
+    "writeOnly": True,
+    "maxProperties": MAX_SECRETS,
+    "additionalProperties": {
+        "type": "string",
+        "maxLength": MAX_SECRET_BYTES,
+        "pattern": FREE_TEXT_PATTERN,
+        "description": f"At most {MAX_SECRET_BYTES} UTF-8 bytes; free text.",
+    },
+    # not RALLY_* nor a torchrun contract name (the validator names them), and none also in env
+    "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$", "maxLength": MAX_ENV_NAME_LENGTH},
+    "description": "Secret environment variables of every rank: kept outside the event log, given to "
+    "the job's own ranks only, never shown (a job shows their names, secret_names). At most "
+    f"{MAX_SECRETS_BYTES} bytes as JSON in all. A retry with the same Idempotency-Key must send the same "
+    "values (409 otherwise).",
 }
 
 # What a client can do with the job it just submitted (OpenAPI links: generated clients, and the
@@ -217,6 +238,13 @@ _SCHEMAS: dict[str, Any] = {
             },
             "checkpoint_dir": _checkpoint_dir_schema(None),
             "max_retries": {"type": ["integer", "null"], "minimum": 0, "maximum": 100, "default": 0},
+            "secrets": _SECRETS,
+            "secret_names": {
+                "type": "array",
+                "items": {"type": "string"},
+                "readOnly": True,
+                "description": "The names of the job's secrets, as a job is shown; never their values.",
+            },
         },
     },
     "CloudEvent": {
@@ -677,6 +705,10 @@ def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
                         "422": _problem(
                             "Invalid spec, larger than the cluster, or a reused key with "
                             "another spec; nothing was appended."
+                        ),
+                        "409": _problem(
+                            "The Idempotency-Key was used with other secret values (field: secrets); "
+                            "nothing was appended."
                         ),
                         "429": _FAIR_USE_LIMIT,
                         "503": _problem(

@@ -8,6 +8,10 @@ job on every event was nearly all of its CPU at 20k jobs): those the follower's 
 holding GPUs on a node it names, those whose actions just ended (level-triggered: an unanswered launch is
 tried again), and those whose time limit came (``wake_at``). A full pass runs at start and after a
 snapshot restore, and every ``full_sweep_s`` as a safety net.
+
+A job's secrets (``eventlog.secretstore``) are read for each launch and sent inside its requests alone;
+a job that has ended has its secrets purged. Neither their values nor anything derived from them is
+logged, counted or traced here.
 """
 
 from __future__ import annotations
@@ -39,14 +43,16 @@ from rallypoint.control import (
     wake_at,
     with_lost_work,
 )
+from rallypoint.control.recovery import secrets_lost_event
 from rallypoint.eventlog import EventLog, EventLogError
+from rallypoint.eventlog.secretstore import SecretStore
 from rallypoint.events import Event, subjects
 from rallypoint.observability import tracing
 from rallypoint.observability.instruments import JOB_CONTROLLER_ACTIONS
 from rallypoint.observability.tracing import span, trace_headers
 from rallypoint.protocol import KillReply, KillTask, LaunchReply, LaunchTask, StatusReply
 from rallypoint.runtime.follower import Changes, Follower
-from rallypoint.state import ClusterState
+from rallypoint.state import ClusterState, JobView
 
 _log = logging.getLogger("rallypoint.job_controller")
 
@@ -73,6 +79,15 @@ async def _all(calls: list[Awaitable[T]]) -> list[T]:
     if len(calls) == 1:
         return [await calls[0]]
     return list(await asyncio.gather(*calls))
+
+
+def _with_secrets(action: Launch, secrets: dict[str, str]) -> Launch:
+    """``action`` whose every task carries the job's secrets: made for the requests of one launch and
+    dropped after it, never kept, logged or appended."""
+    if not secrets:
+        return action
+    tasks = tuple(msgspec.structs.replace(task, secrets=secrets) for task in action.tasks)
+    return msgspec.structs.replace(action, tasks=tasks)
 
 
 class JobController:
@@ -112,6 +127,9 @@ class JobController:
         self._wake_at: dict[str, float] = {}  # the wakeup each job has in the heap
         self._last_full = float("-inf")
         self._wire = asyncio.Semaphore(max_active_jobs)  # see MAX_ACTIVE_JOBS
+        self._secret_store: SecretStore | None = None  # opened at the first job with secrets
+        self._secrets_forgotten: set[str] = set()  # ended jobs whose secrets this process purged
+        self._forgetting: set[asyncio.Task[None]] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -119,7 +137,7 @@ class JobController:
             self.reconcile_changed()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.follower.changed.wait(), self.tick_s)
-        for task in [*self._inflight.values(), *self._sweeps]:
+        for task in [*self._inflight.values(), *self._sweeps, *self._forgetting]:
             task.cancel()
 
     def reconcile_changed(self) -> None:
@@ -162,7 +180,10 @@ class JobController:
         jobs = [job for job_id in job_ids if (job := state.jobs.get(job_id)) is not None]
         jobs.sort(key=lambda j: j.submitted_seq)
         for job in jobs:
-            if job.terminal or job.job_id in self._inflight:
+            if job.terminal:
+                self._forget_secrets(job)
+                continue
+            if job.job_id in self._inflight:
                 continue  # in flight: looked at again when its actions end
             if not owned_by(job.job_id, self.shard, self.shards):
                 continue
@@ -220,9 +241,17 @@ class JobController:
             _log.exception("job %s: unexpected error; will retry", job_id)
 
     async def _launch_then(self, job_id: str, action: Launch) -> None:
-        """Launch the gang's ranks, then append what the launch leads to (or the agents' refusals)."""
+        """Launch the gang's ranks, then append what the launch leads to (or the agents' refusals). A job
+        whose secrets are gone fails instead: it would run without what it was given."""
         with self._launch_span(job_id):
-            refusals = await self._launch(action)
+            secrets = await self._secrets_of(job_id)
+            if secrets is None:
+                job = self.follower.state.jobs[job_id]
+                missing = job.spec.secret_names
+                _log.warning("job %s: its secrets %s are gone; failing it", job_id, ", ".join(missing))
+                await self._append(job_id, secrets_lost_event(job, missing, self.clock()))
+                return
+            refusals = await self._launch(_with_secrets(action, secrets))
             if refusals is None:
                 await self._append(job_id, action.then)
             else:
@@ -291,6 +320,46 @@ class JobController:
         if all(r is True for r in results):
             return None
         return [r for r in results if isinstance(r, LaunchRefusal)]
+
+    # -- secrets ---------------------------------------------------------------------------------------
+
+    async def _secrets(self) -> SecretStore:
+        if self._secret_store is None:
+            self._secret_store = await SecretStore.open(self.log.js)
+        return self._secret_store
+
+    async def _secrets_of(self, job_id: str) -> dict[str, str] | None:
+        """The values of the job's secrets for its launch ({} when it has none), or None when any of them
+        is not in the store. A store that does not answer raises: the next pass tries again."""
+        job = self.follower.state.jobs.get(job_id)
+        names = job.spec.secret_names if job is not None else ()
+        if not names:
+            return {}
+        stored = await (await self._secrets()).read(job_id)
+        if stored is None or any(name not in stored for name in names):
+            return None
+        return {name: stored[name] for name in names}
+
+    def _forget_secrets(self, job: JobView) -> None:
+        """Purge an ended job's secrets (once per process; a failed purge is tried again next pass)."""
+        job_id = job.job_id
+        if not job.spec.secret_names or job_id in self._secrets_forgotten:
+            return
+        if not owned_by(job_id, self.shard, self.shards):
+            return
+        self._secrets_forgotten.add(job_id)
+        task = asyncio.create_task(self._purge_secrets(job_id))
+        self._forgetting.add(task)
+        task.add_done_callback(self._forgetting.discard)
+
+    async def _purge_secrets(self, job_id: str) -> None:
+        try:
+            async with self._wire:
+                if await (await self._secrets()).forget(job_id):
+                    _log.info("job %s has ended: its secrets are purged", job_id)
+        except Exception as exc:
+            self._secrets_forgotten.discard(job_id)
+            _log.warning("job %s: purging its secrets failed (%s); will retry", job_id, type(exc).__name__)
 
     async def _refused(self, job_id: str, action: Launch, refusals: list[LaunchRefusal]) -> None:
         """Record a refused launch as ``refusal_event`` decides (None: retried by the next pass). The

@@ -197,7 +197,9 @@ class RankLauncher:
             directory.mkdir(parents=True, exist_ok=True)
             task_file = directory / "task.json"
             if not task_file.exists():
-                workdir.write_atomic(task_file, msgspec.to_builtins(task), exclusive=True)
+                # the task as written down holds no secret: the spawned ranks' environment alone has them
+                task_record = msgspec.to_builtins(task.without_secrets())
+                workdir.write_atomic(task_file, task_record, exclusive=True)
             for spec in task.ranks:
                 key = (task.job_id, task.attempt, spec.rank)
                 if key in self._ranks:

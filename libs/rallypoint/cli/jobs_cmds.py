@@ -69,6 +69,30 @@ def parse_env(text: str) -> tuple[str, str]:
     return name, value
 
 
+def parse_secret(text: str) -> tuple[str, str]:
+    """``NAME=@FILE`` (or ``NAME=@-``: standard input) -> (NAME, the file's content less one trailing
+    newline). Never a value on the command line, where ``ps`` and the shell's history would keep it."""
+    name, sep, source = text.partition("=")
+    if not sep or not name or not source.startswith("@") or len(source) < 2:
+        raise argparse.ArgumentTypeError(
+            f"--secret wants NAME=@FILE or NAME=@- (standard input), got one for {name or '?'!r}: a "
+            "value on the command line would stay in the shell's history and in ps"
+        )
+    path = source[1:]
+    try:
+        if path == "-":
+            content = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as file:
+                content = file.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        # the reason only (no such file, not UTF-8): never a byte of what was read
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise argparse.ArgumentTypeError(f"--secret {name}: cannot read {path}: {reason}") from None
+    # one trailing newline, as an editor or `echo` leaves it (a Windows one too)
+    return name, content[:-2] if content.endswith("\r\n") else content.removesuffix("\n")
+
+
 # --- parsers --------------------------------------------------------------------------------------
 
 
@@ -128,7 +152,16 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="environment variable for every rank (repeatable)",
+        help="environment variable for every rank (repeatable); visible to the team and admins",
+    )
+    submit.add_argument(
+        "--secret",
+        type=parse_secret,
+        action="append",
+        default=[],
+        metavar="NAME=@FILE",
+        help="secret environment variable for every rank, read from FILE (@- for stdin; one trailing "
+        "newline dropped); never stored in the log nor shown by the API (repeatable)",
     )
     submit.add_argument("--gpu-type", help="only nodes with this GPU type")
     submit.add_argument(
@@ -236,6 +269,8 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
     body.update({k: v for k, v in optional.items() if v is not None})
     if args.env:
         body["env"] = dict(args.env)
+    if args.secret:
+        body["secrets"] = dict(args.secret)
     return body
 
 

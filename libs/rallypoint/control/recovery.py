@@ -252,3 +252,17 @@ def refusal_event(
         return _user_outcome(job, what, None, now, config)
     everyone = tuple(sorted({p.node_id for p in job.placements}))
     return _infra_event(job, InfraFailure(failed_nodes=everyone, reason=what), now, config)
+
+
+# -- secrets gone -------------------------------------------------------------------------------------
+
+
+def secrets_lost_event(job: JobView, missing: Sequence[str], now: float) -> Event:
+    """``job`` cannot launch: its secrets ``missing`` are not in the secrets bucket (purged, or the bucket
+    was lost). No retry brings them back and running without them is not what was asked: the job fails,
+    saying how to run it again."""
+    reason = (
+        f"the job's secrets {', '.join(missing)} are not in the secrets store (rally-secrets): deleted or "
+        "lost, so no attempt can start with them; submit the job again with its secrets"
+    )
+    return JobFailed(job_id=job.job_id, attempt=job.attempt, reason=reason, exit_code=None, at=now)

@@ -15,6 +15,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from rallypoint.security.permissions import LEADER_BUCKET, SNAPSHOT_ROLES
 
 from .log import EventLog
+from .secretstore import SecretStore
 from .snapshots import SnapshotStore
 
 #: The leader lease's TTL in the bucket; services asking for another one use the bucket's (runtime.leader).
@@ -38,6 +39,7 @@ async def setup_log(nc: Client, *, replicas: int = 1, lease_ttl: float = LEASE_T
         )
     for role in SNAPSHOT_ROLES:
         await SnapshotStore.open(js, role, replicas=replicas, create=True)
+    await SecretStore.open(js, replicas=replicas, create=True)  # jobs' secret values (secretstore)
     with contextlib.suppress(nats.js.errors.NotFoundError):
         # The one bucket every service once shared (and any could write): nobody reads it any more.
         await js.delete_object_store(SHARED_SNAPSHOT_BUCKET)

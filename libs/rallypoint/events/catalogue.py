@@ -52,6 +52,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     gpu_step: int | None = None
     checkpoint_dir: str | None = None
     max_retries: int = 0
+    #: the names of the job's secret variables; their values never enter the log (the ``rally-secrets``
+    #: bucket holds them, ``eventlog.secretstore``), so a reader of the log learns only that they exist
+    secret_names: tuple[str, ...] = ()
 
 
 class GpuInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

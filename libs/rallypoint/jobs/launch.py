@@ -99,16 +99,34 @@ def inherited_environment(agent_env: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+#: The torchrun contract ``rank_environment`` sets in every rank besides Rallypoint's ``RALLY_*`` names: no
+#: job's variable may take one of these names (``validate.check_secrets``).
+CONTRACT_VARIABLES: frozenset[str] = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+    }
+)
+
+
 def rank_environment(
     task: LaunchTask, rank: RankSpec, agent_env: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """The whole environment of one rank process: the allow-listed base of the agent's (``agent_env``),
-    the job's own ``env``, then the torchrun contract and Rallypoint's variables, which nothing overrides."""
+    the job's own ``env`` and its secrets, then the torchrun contract and Rallypoint's variables, which
+    nothing overrides."""
     env = inherited_environment(agent_env or {})
     # CUDA numbers GPUs fastest-first by default; NVML (and so our GPU indices, placements and
     # CUDA_VISIBLE_DEVICES) numbers them in PCI bus order. Make CUDA agree, unless the job says otherwise.
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env.update(task.env)
+    env.update(task.secrets)  # names validated apart from env's and the contract's: nothing to override
     env.update(
         {
             "RALLY_JOB_ID": task.job_id,

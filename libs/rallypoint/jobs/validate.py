@@ -28,6 +28,7 @@ import msgspec
 from rallypoint.events import JobSpec, TopologyLevel
 from rallypoint.events.subjects import TOKEN_PATTERN
 
+from .launch import CONTRACT_VARIABLES
 from .text import SpecError, check_strings, utf8_fault
 
 DEFAULT_MAX_GPUS_PER_NODE = 8
@@ -53,6 +54,11 @@ MAX_COMMAND_BYTES = 256 * 1024
 MAX_ENV_BYTES = 256 * 1024
 #: gpu_type, each of gpu_types, checkpoint_dir (PATH_MAX).
 MAX_TEXT_LENGTH = 4096
+#: A job's secrets: a token or a key file each, a few per job. The whole set, as JSON, rides in one KV
+#: value and, with the command and env, in one launch request: both under NATS's 1 MiB message limit.
+MAX_SECRETS = 32
+MAX_SECRET_BYTES = 64 * 1024
+MAX_SECRETS_BYTES = 256 * 1024
 
 # Upper bounds of the integer fields that have no other one (max_retries has its own range).
 _MAXIMUM: dict[str, tuple[int, str]] = {
@@ -84,10 +90,12 @@ TEAM_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 REQUIRED_FIELDS: tuple[str, ...] = ("name", "team", "gpus", "command")
-KNOWN_FIELDS: frozenset[str] = frozenset(JobSpec.__struct_fields__)
+#: A body names its secrets with their values (``secrets``); the spec keeps their names alone, which a
+#: body may not set itself.
+KNOWN_FIELDS: frozenset[str] = frozenset(JobSpec.__struct_fields__) - {"secret_names"} | {"secrets"}
 #: The fields whose strings may hold a tab or a newline (``text.py``): a ``sh -c`` script is an
 #: argument, a PEM certificate an environment value. Every other string of a spec is one line.
-FREE_TEXT_FIELDS: frozenset[str] = frozenset({"command", "env"})
+FREE_TEXT_FIELDS: frozenset[str] = frozenset({"command", "env", "secrets"})
 
 
 # --- field readers: each checks one type and names the field when it is wrong --------------------
@@ -175,6 +183,7 @@ def validate_spec(
     command = _check_command(body)
     priority = _check_priority(body, priority_classes, default_priority)
     env = _check_env(body)
+    secret_names = tuple(sorted(check_secrets(body, env)))
     time_limit_s = _int(body, "time_limit_s")
     if time_limit_s is not None and time_limit_s <= 0:
         raise SpecError("time_limit_s", f"must be > 0 seconds, got {time_limit_s}")
@@ -208,6 +217,7 @@ def validate_spec(
         gpu_step=gpu_step,
         checkpoint_dir=checkpoint_dir,
         max_retries=max_retries,
+        secret_names=secret_names,
     )
 
 
@@ -332,6 +342,40 @@ def _check_env(body: Mapping[str, Any]) -> dict[str, str]:
         _check_exec_string("env", f"value of {key}", value)
     _check_total("env", env, MAX_ENV_BYTES)
     return dict(env)
+
+
+def check_secrets(body: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, str]:
+    """The body's ``secrets`` (NAME -> value), each name a variable the rank will see with its value: no
+    Rallypoint or torchrun name, none also in ``env``. A refusal names ``secrets.NAME``, never the value."""
+    secrets = body.get("secrets")
+    if secrets is None:
+        return {}
+    if not isinstance(secrets, Mapping):
+        raise SpecError("secrets", f"must be an object of strings, got {_type_name(secrets)}")
+    if len(secrets) > MAX_SECRETS:
+        raise SpecError("secrets", f"at most {MAX_SECRETS} secrets, got {len(secrets)}")
+    for name, value in secrets.items():
+        _check_secret(str(name), value, env)
+    _check_total("secrets", secrets, MAX_SECRETS_BYTES)
+    return dict(secrets)
+
+
+def _check_secret(name: str, value: object, env: Mapping[str, str]) -> None:
+    field = f"secrets.{name}" if len(name) <= 64 else f"secrets.{name[:64]}..."
+    if len(name) > MAX_ENV_NAME_LENGTH or not ENV_NAME_PATTERN.fullmatch(name):
+        raise SpecError(field, f"not a valid environment variable name (at most {MAX_ENV_NAME_LENGTH})")
+    # the contract overrides it in the rank: the secret would never be seen
+    if name.startswith("RALLY_") or name in CONTRACT_VARIABLES:
+        raise SpecError(field, "is a name Rallypoint sets in every rank; choose another")
+    if name in env:
+        raise SpecError(field, "is also in env; a variable is either plain or secret")
+    if not isinstance(value, str):
+        raise SpecError(field, f"must be a string, got {_type_name(value)}")
+    if "\x00" in value:  # it ends an environment string early: the rank would get less than was sent
+        raise SpecError(field, "holds a NUL character")
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_SECRET_BYTES:
+        raise SpecError(field, f"is {size} bytes; at most {MAX_SECRET_BYTES}")
 
 
 def _non_empty_optional(body: Mapping[str, Any], field: str) -> str | None:

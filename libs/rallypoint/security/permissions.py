@@ -30,6 +30,7 @@ from rallypoint.events import subjects
 
 STREAM = "RALLY"
 LEADER_BUCKET = "rally-leader"
+SECRETS_BUCKET = "rally-secrets"
 SNAPSHOT_BUCKET_PREFIX = "rally-snapshots"
 #: The roles that fold the whole log and keep a snapshot of the fold, each its own.
 SNAPSHOT_ROLES = ("api", "inventory", "scheduler", "preemption", "checkpoint", "job-controller")
@@ -68,6 +69,17 @@ def read_stream(stream: str) -> tuple[str, ...]:
 def leader_lease(key: str) -> tuple[str, ...]:
     """The leader lease ``key`` in KV ``rally-leader``: read the bucket, write only that key."""
     return (*read_stream(f"KV_{LEADER_BUCKET}"), f"$KV.{LEADER_BUCKET}.{key}")
+
+
+def job_secrets() -> tuple[str, ...]:
+    """A job's secrets in KV ``rally-secrets`` (``eventlog.secretstore``): bind the bucket, get one key,
+    put or purge one key. No consumer: nobody lists or watches the bucket."""
+    bucket_stream = f"KV_{SECRETS_BUCKET}"
+    return (
+        _js_api(f"STREAM.INFO.{bucket_stream}"),
+        _js_api(f"DIRECT.GET.{bucket_stream}.>"),
+        f"$KV.{SECRETS_BUCKET}.*",
+    )
 
 
 def snapshot_bucket(role: str) -> str:
@@ -147,7 +159,14 @@ def _matrix() -> dict[str, Permissions]:
             # rally.node.*.op: an operator's drain and undrain (admin tokens only: the API checks the token)
             writes="JobSubmitted, JobCancelRequested, an operator's NodeDrained and NodeUndrained; "
             "asks agents for rank logs",
-            publish=(f"rally.job.{one}", f"rally.node.{one}.op", "q.>", f"cmd.agent.{one}.logs"),
+            # rally-secrets: stores a submission's secrets before its JobSubmitted
+            publish=(
+                f"rally.job.{one}",
+                f"rally.node.{one}.op",
+                "q.>",
+                f"cmd.agent.{one}.logs",
+                *job_secrets(),
+            ),
             serves=False,
         ),
         "inventory": _service(writes="nothing (answers q.inventory.nodes)"),
@@ -169,7 +188,8 @@ def _matrix() -> dict[str, Permissions]:
         "job-controller": _service(
             writes="JobStarted, JobCompleted, JobFailed, JobAttemptFailed, JobInterrupted, JobCancelled, "
             "JobPreempted, JobResized; commands the agents",
-            publish=(f"rally.ctl.job.{one}", "cmd.agent.>"),
+            # rally-secrets: reads a job's secrets into its launches, purges them once the job has ended
+            publish=(f"rally.ctl.job.{one}", "cmd.agent.>", *job_secrets()),
         ),
         "projector": _service(writes="nothing (PostgreSQL read models)"),
     }
