@@ -255,6 +255,10 @@ def test_a_tenants_rank_on_a_local_cluster_finds_none_of_its_secrets() -> None:
             ]
             seen = json.loads(log.strip().splitlines()[-1])
             assert seen["files"], "the rank did search the cluster's folder"
+            # of it, only what its sandbox binds back: its attempt's folder, checkpoints/, shared/
+            visible = {Path(path).relative_to(cluster.workdir).parts[0] for path in seen["files"]}
+            assert visible <= {"agents", "checkpoints", "shared"}, visible
+            assert all(f"/agents/node-1/{answer['job_id']}/" in p for p in seen["files"] if "/agents/" in p)
             for secret in found:
                 assert secret not in log, "a credential of the cluster reached a tenant's rank"
             assert seen["uid"] == pwd.getpwnam("nobody").pw_uid

@@ -102,15 +102,14 @@ def run_demo(nodes: int, gpus_per_node: int, racks: int, *, timeout: float = 180
 
 
 def _run_demo_in(workdir: Path, nodes: int, gpus_per_node: int, racks: int, *, timeout: float) -> int:
-    # Enterable (not listable) by others: ranks run as an unprivileged user when we are root.
-    workdir.chmod(0o711)
     shape = f"{nodes} nodes x {gpus_per_node} GPUs in {racks} racks"
     print(f"starting a local cluster: {shape} (state in {workdir})")
     cluster = LocalCluster(workdir, nodes=nodes, gpus_per_node=gpus_per_node, racks=racks)
     started = time.monotonic()
     try:
         cluster.start()
-        probe_dir = cluster.give_to_ranks(workdir / "ranks")
+        # ranks run as an unprivileged user and reach, of the cluster's folder, only what their sandbox shows
+        probe_dir = cluster.give_to_ranks(cluster.shared_dir / "ranks")
         elapsed = time.monotonic() - started
         print(
             f"cluster up in {elapsed:.1f} s: API {cluster.api_url}, NATS {without_password(cluster.nats_url)}"

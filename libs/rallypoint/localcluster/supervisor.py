@@ -227,6 +227,9 @@ class LocalCluster:
 
     def start(self, *, timeout: float = 60.0) -> None:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        # Only our user enters the cluster's folder (service logs, the log's store, tokens): a rank sees of
+        # it what its sandbox binds back, its attempt's folder, checkpoints/ and shared/ (issue 30).
+        self.workdir.chmod(0o700)
         if self.agent_nodes():
             self._choose_rank_user()  # first: a refusal starts nothing
         if self._nats_url is None:
