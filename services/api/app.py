@@ -189,7 +189,6 @@ class Handlers:
             return self._replayed(existing, spec, key)
         if (limited := await self._fair_use_refusal(who, spec, job_id, key)) is not None:
             return limited
-
         if secrets and (refused := await self._secrets_refusal(job_id, secrets, key, store=True)):
             self.fair_use.withdraw(job_id)
             return refused

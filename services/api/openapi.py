@@ -712,8 +712,8 @@ def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
                         ),
                         "429": _FAIR_USE_LIMIT,
                         "503": _problem(
-                            "The event log did not acknowledge, or this instance cannot see the appended job "
-                            "yet; retry with the same key."
+                            "The event log or the secrets store did not acknowledge, or this instance "
+                            "cannot see the appended job yet; retry with the same key."
                         ),
                     },
                 },

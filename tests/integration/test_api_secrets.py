@@ -120,6 +120,7 @@ BIG = "x" * (64 * 1024 + 1)
         ({"NCCL_DEBUG": "v"}, "secrets.NCCL_DEBUG", "also in env"),
         ({"TOKEN": 42}, "secrets.TOKEN", "must be a string"),
         ({"TOKEN": "qz7\x00qz7"}, "secrets.TOKEN", "NUL"),
+        ({"TOKEN": "qz7\x1bqz7"}, "secrets.TOKEN", "control character"),
         ({"TOKEN": BIG}, "secrets.TOKEN", "at most 65536"),
         ({f"T{i}": "v" for i in range(33)}, "secrets", "at most 32"),
         ({f"T{i}": "y" * 60_000 for i in range(5)}, "secrets", "bytes as JSON"),

@@ -371,8 +371,6 @@ def _check_secret(name: str, value: object, env: Mapping[str, str]) -> None:
         raise SpecError(field, "is also in env; a variable is either plain or secret")
     if not isinstance(value, str):
         raise SpecError(field, f"must be a string, got {_type_name(value)}")
-    if "\x00" in value:  # it ends an environment string early: the rank would get less than was sent
-        raise SpecError(field, "holds a NUL character")
     size = len(value.encode("utf-8", "surrogatepass"))
     if size > MAX_SECRET_BYTES:
         raise SpecError(field, f"is {size} bytes; at most {MAX_SECRET_BYTES}")
