@@ -9,7 +9,7 @@ appended to the log: every refusal here checks the stream's last sequence did no
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -23,24 +23,22 @@ from rallypoint.eventlog import EventLog
 from rallypoint.security.tokens import TokenStore
 
 ROOT = "/shared/checkpoints"
-MARK = "\uffff"  # where a test puts the character under test
-
-#: every string a submission carries: (field the refusal names, free text?, body with MARK in it)
-SPEC_STRINGS: list[tuple[str, bool, dict[str, Any]]] = [
-    ("name", False, {"name": f"pre{MARK}train"}),
-    ("team", False, {"team": f"nlp{MARK}"}),
-    ("priority", False, {"priority": f"{MARK}development"}),
-    ("gpu_type", False, {"gpu_type": f"H100{MARK}"}),
-    ("gpu_types[0]", False, {"gpu_types": [f"A{MARK}100", "H100"]}),
-    ("gpu_types[1]", False, {"gpu_types": ["A100", f"H100{MARK}"]}),
-    ("topology_required", False, {"topology_required": f"rack{MARK}"}),
-    ("topology_preferred", False, {"topology_preferred": f"node{MARK}"}),
-    ("checkpoint_dir", False, {"checkpoint_dir": f"{ROOT}/nlp/run{MARK}"}),
-    ("command[0]", True, {"command": [f"python{MARK}", "train.py"]}),
-    ("command[2]", True, {"command": ["python", "train.py", f"--lr={MARK}"]}),
-    ("env.WANDB_API_KEY", True, {"env": {"WANDB_API_KEY": f"k{MARK}y"}}),
-    ("env", False, {"env": {f"NCCL{MARK}": "1"}}),
-    ("body", False, {f"labels{MARK}": "x"}),
+#: every string a submission carries: (field the refusal names, free text?, the fields with ``c`` in it)
+SPEC_STRINGS: list[tuple[str, bool, Callable[[str], dict[str, Any]]]] = [
+    ("name", False, lambda c: {"name": f"pre{c}train"}),
+    ("team", False, lambda c: {"team": f"nlp{c}"}),
+    ("priority", False, lambda c: {"priority": f"{c}development"}),
+    ("gpu_type", False, lambda c: {"gpu_type": f"H100{c}"}),
+    ("gpu_types[0]", False, lambda c: {"gpu_types": [f"A{c}100", "H100"]}),
+    ("gpu_types[1]", False, lambda c: {"gpu_types": ["A100", f"H100{c}"]}),
+    ("topology_required", False, lambda c: {"topology_required": f"rack{c}"}),
+    ("topology_preferred", False, lambda c: {"topology_preferred": f"node{c}"}),
+    ("checkpoint_dir", False, lambda c: {"checkpoint_dir": f"{ROOT}/nlp/run{c}"}),
+    ("command[0]", True, lambda c: {"command": [f"python{c}", "train.py"]}),
+    ("command[2]", True, lambda c: {"command": ["python", "train.py", f"--lr={c}"]}),
+    ("env.WANDB_API_KEY", True, lambda c: {"env": {"WANDB_API_KEY": f"k{c}y"}}),
+    ("env", False, lambda c: {"env": {f"NCCL{c}": "1"}}),
+    ("body", False, lambda c: {f"labels{c}": "x"}),
 ]
 #: refused everywhere: controls (C0 but tab and newline, DEL, C1), lone surrogates, bidi formatting
 ALWAYS_REFUSED = st.sampled_from(["\x00", "\x1b", "\r", "\x7f", "\x85", "\ud800", "\udcff", "\u202e"]) | (
@@ -52,16 +50,6 @@ def spec(**overrides: Any) -> dict[str, Any]:
     body: dict[str, Any] = {"name": "pretrain", "team": "nlp", "gpus": 8, "command": ["python", "train.py"]}
     body.update(overrides)
     return body
-
-
-def marked(value: Any, char: str) -> Any:
-    if isinstance(value, str):
-        return value.replace(MARK, char)
-    if isinstance(value, dict):
-        return {marked(k, char): marked(v, char) for k, v in value.items()}
-    if isinstance(value, list):
-        return [marked(v, char) for v in value]
-    return value
 
 
 @pytest.fixture
@@ -98,11 +86,11 @@ async def test_every_string_of_a_submission_is_refused_naming_it(
     api: Client,
     event_log: EventLog,
     tokens: Tokens,  # noqa: F811
-    case: tuple[str, bool, dict[str, Any]],
+    case: tuple[str, bool, Callable[[str], dict[str, Any]]],
     char: str,
 ) -> None:
     field, free_text, overrides = case
-    body = spec(**marked(overrides, char))
+    body = spec(**overrides(char))
     before = await event_log.last_seq()
     resp = await post_json(api, tokens.admin, encoded(body))
     if free_text and char in "\t\n":
