@@ -7,7 +7,8 @@ rank writes the sha256 of its final parameters to ``$RALLY_CHECKPOINT_DIR/final-
 
     RANK=0 WORLD_SIZE=1 RALLY_CHECKPOINT_DIR=/tmp/ck python examples/train_numpy.py --steps 100
 
-SIGTERM (preemption, drain): the rank saves at the next step boundary, waits for the commit, exits 0.
+SIGTERM (preemption, drain) on any rank: the ranks agree on one stop step through the checkpoint folder
+(``Checkpointer.should_stop_at``), every rank saves that step, rank 0 commits it, all exit 0.
 """
 
 from __future__ import annotations
@@ -55,9 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(args.step_time)
         done = step + 1
         ckpt.report_step(done, time.monotonic() - began)
-        if done % args.ckpt_every == 0 or ckpt.should_stop:
+        stopping = ckpt.should_stop_at(done)  # the gang's one stop step, the same on every rank
+        if done % args.ckpt_every == 0 or stopping:
             ckpt.save(done, {"weights": weights, "step": done})  # copies now, writes in the background
-        if ckpt.should_stop:
+        if stopping:
             ckpt.close()  # the commit, within the grace period
             print(f"rank {ckpt.rank}: stopped at step {done} after a checkpoint", flush=True)
             return 0

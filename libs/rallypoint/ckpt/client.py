@@ -4,8 +4,9 @@ Every rank calls ``save(step, state)`` at the same steps. The state is copied of
 once (the loop only waits for that copy) and written by a background thread: the rank's shard, then its
 durable ``.done`` marker. Rank 0 commits the step by writing its manifest once every rank's marker of
 this attempt is there. ``load_latest()`` returns the newest step that verifies, falling back to older
-complete ones. SIGTERM (preemption, drain) sets ``should_stop``: the loop saves at the next step
-boundary, waits for the commit and exits 0 within the grace period. docs/training-client.md.
+complete ones. SIGTERM (preemption, drain) sets ``should_stop``; ``should_stop_at(step)`` turns it into
+one stop step for every rank (``stop.py``): the loop saves that step, waits for the commit and exits 0
+within the grace period. docs/training-client.md.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .files import fsync_dir
 from .manifest import list_steps, shard_name, step_dir, verify_checkpoint
 from .numpy_state import SUFFIX, NumpyCodec, State, read_state
 from .report import Reporter
+from .stop import StopAgreement
 
 _log = logging.getLogger("rallypoint.ckpt")
 
@@ -65,6 +67,7 @@ class Checkpointer:
         commit_timeout_s: float = 300.0,
         max_in_flight: int = 2,
         codec: ShardCodec | None = None,
+        stop_timeout_s: float = 20.0,
     ) -> None:
         if not 0 <= rank < world_size or max_in_flight < 1:
             raise ValueError(
@@ -86,6 +89,10 @@ class Checkpointer:
         )
         self._inflight: list[Future[int | None]] = []
         self._stop = threading.Event()
+        self._stop_since: float | None = None  # time.monotonic() when this rank learned of the stop
+        self._stop_agreement = StopAgreement(
+            self.directory, rank=rank, world_size=world_size, attempt=attempt, timeout_s=stop_timeout_s
+        )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Checkpointer:
@@ -106,11 +113,32 @@ class Checkpointer:
 
     @property
     def should_stop(self) -> bool:
-        """SIGTERM arrived: save at the next step boundary, ``close()``, exit 0."""
+        """A stop was asked (SIGTERM, ``request_stop``, or a peer's published stop step). A job of several
+        ranks stops with ``should_stop_at``, which says at which step."""
         return self._stop.is_set()
 
     def request_stop(self) -> None:
+        if self._stop_since is None:
+            self._stop_since = time.monotonic()
         self._stop.set()
+
+    def should_stop_at(self, step: int) -> bool:
+        """True at the one step the whole gang stops at: save ``step``, ``close()``, exit 0.
+
+        Call it once per step on every rank, with the steps completed. Once a stop is asked here or
+        published by a peer, the rank publishes ``step`` in the checkpoint folder and waits (at most
+        ``stop_timeout_s``) for every rank's; the stop step is the largest, and ranks behind it train on
+        until they reach it (``stop.py``). A single rank needs no agreement."""
+        agreement = self._stop_agreement
+        if self.world_size == 1:
+            return self.should_stop
+        if agreement.agreed is None:
+            if not self.should_stop and agreement.peer_stopping():
+                self.request_stop()  # a peer got its SIGTERM first: this one stops with the gang
+            if self._stop_since is None:
+                return False
+            return step >= agreement.agree(step, since=self._stop_since)
+        return step >= agreement.agreed
 
     def install_sigterm_handler(self) -> Any:
         """SIGTERM sets ``should_stop`` instead of killing the process; returns the previous handler."""
@@ -127,7 +155,7 @@ class Checkpointer:
 
     def _on_sigterm(self, _signum: int, _frame: FrameType | None) -> None:
         # Only a flag: the state is consistent at a step boundary, not wherever the signal landed.
-        self._stop.set()
+        self.request_stop()
 
     # -- saving -------------------------------------------------------------------------------------
 
@@ -155,7 +183,10 @@ class Checkpointer:
 
     def close(self) -> None:
         try:
-            self.wait()
+            committed = self.wait()
+            agreed = self._stop_agreement.agreed
+            if self.rank == 0 and agreed is not None and agreed in committed:
+                self._stop_agreement.clear()  # every rank saved the stop step, so every rank has agreed
         finally:
             self._writer.shutdown(wait=True)
             self._committer.shutdown(wait=True)
