@@ -97,10 +97,12 @@ class NodeOps:
         node_id = request.match_info["node_id"]
         if not TOKEN_PATTERN.match(node_id):
             return not_found("node", node_id)
-        subject = subjects.node(node_id)
+        if who.user == subjects.HEALTH_MONITOR:
+            return forbidden(f"user {who.user!r} is the health monitor's name: act under your own user")
+        subject, facts = subjects.node_operator(node_id), subjects.node_facts(node_id)
         try:
             for _ in range(ATTEMPTS):
-                last = await self.log.last_seq(subject)
+                last = await self.log.last_seq(facts)
                 if not await self.follower.wait_for_seq(last, self.fold_wait_s):
                     return unavailable(f"this API's view of the log has not reached seq {last}; retry")
                 node = self.follower.state.nodes.get(node_id)
@@ -132,6 +134,7 @@ class NodeOps:
                         msg_id=f"{node_id}:{action}:{last}",
                         source=self.source,
                         expected_last_subject_seq=last,
+                        expected_subject_filter=facts,  # any newer fact about the node: decide again
                     )
                 except AppendConflict:
                     continue  # a health verdict or another operator got there first: decide again
