@@ -29,7 +29,7 @@ import pytest
 from test_agent import NODE, first_heartbeat  # this folder is on sys.path (rootdir-relative imports)
 
 from rallypoint.agent import RankLauncher
-from rallypoint.agent.rankuser import give_to
+from rallypoint.agent.rankuser import give_to, job_uid
 from rallypoint.agent.workdir import read_record
 from rallypoint.eventlog import EventLog
 from rallypoint.events import subjects
@@ -188,8 +188,8 @@ async def test_a_rank_finds_no_credential_of_its_agent_and_runs_as_a_user_of_its
 
     for secret in secrets_.all():
         assert secret not in log, f"a credential reached the rank: {secret}"
-    nobody = pwd.getpwnam("nobody")
-    assert seen["uid"] == seen["euid"] == nobody.pw_uid != os.getuid()
+    nobody = pwd.getpwnam("nobody")  # its group and home, with a uid of the job's own
+    assert seen["uid"] == seen["euid"] == job_uid("curious") != os.getuid()
     assert seen["gid"] == nobody.pw_gid and seen["groups"] in ([], [nobody.pw_gid])
     assert not any(word in name for name in seen["env"] for word in ("NATS", "PASSWORD", "TOKEN", "DSN"))
     assert seen["env"]["JOB_OWN"] == "visible" and seen["env"]["RANK"] == "0"
@@ -261,7 +261,7 @@ def test_a_tenants_rank_on_a_local_cluster_finds_none_of_its_secrets() -> None:
             assert all(f"/agents/node-1/{answer['job_id']}/" in p for p in seen["files"] if "/agents/" in p)
             for secret in found:
                 assert secret not in log, "a credential of the cluster reached a tenant's rank"
-            assert seen["uid"] == pwd.getpwnam("nobody").pw_uid
+            assert seen["uid"] == job_uid(answer["job_id"])
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -289,7 +289,8 @@ def test_the_numpy_example_checkpoints_and_reports_as_the_rank_user(tmp_path: Pa
     )
     launcher.launch(task)
     log = finished_rank_log(tmp_path / "work" / "numpy", 120.0)
-    nobody = pwd.getpwnam("nobody").pw_uid
-    assert (checkpoints / "numpy" / "final-rank-0.sha256").stat().st_uid == nobody, log
+    folder = checkpoints / "numpy"  # the job's own: made by the wrapper, its uid's alone
+    assert (folder / "final-rank-0.sha256").stat().st_uid == job_uid("numpy"), log
+    assert folder.stat().st_uid == job_uid("numpy") and folder.stat().st_mode & 0o777 == 0o700
     reports = (tmp_path / "work" / "numpy" / "1" / "rank-0.report").read_text()
     assert '"step": 6' in reports or '"step":6' in reports, reports

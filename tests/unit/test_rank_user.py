@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from rallypoint.agent import RankExit, RankLauncher
-from rallypoint.agent.rankuser import give_to, rank_user_problem
+from rallypoint.agent import RankExit, RankLauncher, workdir
+from rallypoint.agent.rankuser import give_to, job_uid, rank_user_problem
 from rallypoint.protocol import LaunchTask, RankSpec
 
 
@@ -41,9 +44,9 @@ def open_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _task(command: list[str]) -> LaunchTask:
+def _task(command: list[str], job_id: str = "j-user") -> LaunchTask:
     return LaunchTask(
-        job_id="j-user",
+        job_id=job_id,
         attempt=0,
         node_id="node-1",
         node_rank=0,
@@ -57,10 +60,10 @@ def _task(command: list[str]) -> LaunchTask:
     )
 
 
-def _wait_exit(launcher: RankLauncher, timeout: float = 15.0) -> RankExit:
+def _wait_exit(launcher: RankLauncher, timeout: float = 15.0, job_id: str | None = None) -> RankExit:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        exits = launcher.poll()
+        exits = [e for e in launcher.poll() if job_id is None or e.job_id == job_id]
         if exits:
             return exits[0]
         time.sleep(0.05)
@@ -75,11 +78,36 @@ def test_rank_runs_as_the_unprivileged_user_and_owns_its_report_file(open_dir: P
     exit = _wait_exit(launcher)
     assert exit.exit_code == 0
     out = launcher.log_path("j-user", 0, 0).read_text().split()
-    assert out[:2] == [str(NOBODY.pw_uid), NOBODY.pw_dir]
+    # nobody's home and group, with a uid of the job's own
+    assert out[:2] == [str(job_uid("j-user")), NOBODY.pw_dir] and job_uid("j-user") != NOBODY.pw_uid
     report = next((open_dir / "agent" / "j-user" / "0").glob("rank-0.report*"))
-    assert report.stat().st_uid == NOBODY.pw_uid and "report" in report.read_text()
+    assert report.stat().st_uid == job_uid("j-user") and "report" in report.read_text()
     # The wrapper kept root: its exit record is there, written by root.
     assert next((open_dir / "agent" / "j-user" / "0").glob("rank-0.exit")).stat().st_uid == 0
+
+
+@needs_root
+def test_the_ranks_of_two_jobs_cannot_read_each_others_environment(open_dir: Path) -> None:
+    launcher = RankLauncher(open_dir / "agent", run_as="nobody")
+    victim = _task(["sleep", "60"], job_id="j-victim")
+    launcher.launch(msgspec.structs.replace(victim, env={"WANDB_API_KEY": "s3cret"}))
+    pid_file = workdir.rank_file(open_dir / "agent" / "j-victim" / "0", 0, "pid")
+    deadline = time.monotonic() + 15
+    while (record := workdir.read_record(pid_file)) is None:
+        assert time.monotonic() < deadline, "the victim's rank never started"
+        time.sleep(0.05)
+    try:
+        environ = f"/proc/{record['pid']}/environ"
+        thief_task = _task(["sh", "-c", f"id -u; cat {environ}"], job_id="j-thief")
+        other_gpu = (RankSpec(rank=0, local_rank=0, gpus=(1,)),)  # the victim's GPU is taken
+        launcher.launch(msgspec.structs.replace(thief_task, ranks=other_gpu))
+        thief = _wait_exit(launcher, job_id="j-thief")
+        out = launcher.log_path("j-thief", 0, 0).read_text()
+        assert thief.exit_code != 0 and "s3cret" not in out and "Permission denied" in out, out
+        assert out.split()[0] == str(job_uid("j-thief")) != str(job_uid("j-victim"))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(record["pid"], signal.SIGKILL)
 
 
 @needs_root

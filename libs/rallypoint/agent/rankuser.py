@@ -5,7 +5,8 @@ A rank runs whatever command a job asked for, so it must hold nothing of the age
 or in a privileged container, the rank wrapper drops the rank to an unprivileged user (``rankwrap --user``)
 inside a mount namespace that lets that user reach the interpreter and the rank's own folders
 (``ranksandbox``). The wrapper itself stays root, so it can still write the exit record and signal the
-rank's group. The user is ``$RALLY_RANK_USER`` or ``nobody``; the agent probes at start that it can really
+rank's group. The user is ``$RALLY_RANK_USER`` or ``nobody``: its group and home, with a uid of the job's
+own (``job_uid``), so the ranks of two jobs never share a uid. The agent probes at start that it can really
 run a rank (``rank_user_problem``: the sandbox is built, the interpreter starts as that user and imports
 the wrapper).
 
@@ -17,6 +18,7 @@ WARNING (``resolve_rank_user``).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import pwd
@@ -41,6 +43,27 @@ def requested_rank_user() -> str:
     return os.environ.get(RANK_USER_ENV) or DEFAULT_RANK_USER
 
 
+#: Ranks of different jobs run as different uids (``job_uid``), so one job cannot read another's
+#: /proc/<pid>/environ (its secrets), signal its ranks or touch its files, even on the same node.
+JOB_UID_BASE = 1 << 30  # far above any uid a distribution or a directory service hands out
+JOB_UID_SPAN = 1 << 24
+
+
+def job_uid(job_id: str) -> int:
+    """The uid a job's ranks run as: the same on every node and attempt, so a shared checkpoint folder
+    keeps one owner. 2**24 of them: two jobs share one only by a hash collision (about 3 in 10,000 for
+    100 jobs on one node)."""
+    digest = hashlib.sha256(job_id.encode()).digest()
+    return JOB_UID_BASE + int.from_bytes(digest[:4], "big") % JOB_UID_SPAN
+
+
+def job_identity(user: str, job_id: str | None) -> tuple[int, int, dict[str, str]]:
+    """(uid, gid, environment) of a job's ranks: ``user``'s group, home and names with the job's own uid
+    (``user``'s uid when there is no job id); KeyError when there is no such user."""
+    uid, gid, env = drop_to(user)
+    return (job_uid(job_id) if job_id else uid), gid, env
+
+
 def drop_to(user: str) -> tuple[int, int, dict[str, str]]:
     """(uid, gid, environment overrides) for running as ``user``; KeyError when there is no such user."""
     entry = pwd.getpwnam(user)
@@ -48,10 +71,12 @@ def drop_to(user: str) -> tuple[int, int, dict[str, str]]:
 
 
 def give_to(path: Path, user: str) -> None:
-    """Make ``path`` (a folder, created if needed) the rank user's, so ranks can write in it."""
+    """Make ``path`` (a folder, created if needed) the rank user's and let every job's ranks write in it:
+    mode 1777, whose sticky bit keeps one job from removing or renaming what another created there."""
     uid, gid, _ = drop_to(user)
     path.mkdir(parents=True, exist_ok=True)
     os.chown(path, uid, gid)
+    path.chmod(0o1777)
 
 
 def own_user() -> str:

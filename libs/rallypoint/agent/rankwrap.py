@@ -9,11 +9,13 @@ One wrapper per rank, started by the agent in a session of its own so the rank s
 3. records both pids with their kernel start times in ``rank-<r>.pid``;
 4. waits, and writes the exit code once, atomically, to ``rank-<r>.exit`` (see ``workdir`` for codes).
 
-With ``--user`` (the agent runs as root; ``rankuser``) the command runs as that user, and the wrapper
-stays root to keep its records. The rank's report file is created first and handed to that user, and the
-wrapper builds the rank's mount namespace (``ranksandbox``): the rank reaches the interpreter, the package,
-its own attempt folder and checkpoint folder, and nothing else of the folders its user cannot enter. The
-rank starts in its attempt folder, never in the agent's.
+With ``--user`` (the agent runs as root; ``rankuser``) the command runs as that user's group with a uid
+of its job's own (``rankuser.job_identity``) and umask 077, and the wrapper stays root to keep its
+records; the job's checkpoint folder is made and given to that uid (0700). The rank's report file is
+created first and handed to that uid, and the wrapper builds the rank's mount namespace
+(``ranksandbox``): the rank reaches the interpreter, the package, its own attempt folder and checkpoint
+folder, and nothing else of the folders its user cannot enter. The rank starts in its attempt folder,
+never in the agent's.
 
 The wrapper is a child subreaper: a process the rank started and then abandoned (a double-forked
 helper, the children of a shell that exited) is re-parented to the wrapper rather than to PID 1 -
@@ -77,11 +79,13 @@ def _reap_exited() -> None:
             pass
 
 
-def _pdeathsig(parent_pid: int) -> Callable[[], None]:
+def _pdeathsig(parent_pid: int, *, private: bool = False) -> Callable[[], None]:
     # Loaded before fork: loading a library in the child between fork and exec is not safe.
     libc = _libc()
 
     def preexec() -> None:
+        if private:  # a rank of its own uid: what it creates is its job's alone
+            os.umask(0o077)
         if libc is not None:
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent_pid:  # the wrapper died between fork and prctl
@@ -103,9 +107,10 @@ def _as_user(user: str | None, directory: Path, shared: list[str]) -> dict[str, 
     if user is None:
         return {}
     try:
-        uid, gid, env = rankuser.drop_to(user)
+        uid, gid, env = rankuser.job_identity(user, os.environ.get("RALLY_JOB_ID"))
     except KeyError:
         raise PermissionError(f"no user {user!r} on this host") from None
+    _own_checkpoint_folder(os.environ.get("RALLY_CHECKPOINT_DIR"), uid, gid)
     report = os.environ.get("RALLY_REPORT_FILE")
     if report:
         # The training client appends to it; the folder is root's, so the file must exist and be theirs.
@@ -115,6 +120,17 @@ def _as_user(user: str | None, directory: Path, shared: list[str]) -> dict[str, 
     ranksandbox.enter(uid, gid, str(directory), os.environ.get("RALLY_CHECKPOINT_DIR"), shared)
     # setgroups, setgid, setuid happen before preexec_fn, so the parent-death signal set there survives.
     return {"user": uid, "group": gid, "extra_groups": [], "env": {**os.environ, **env}}
+
+
+def _own_checkpoint_folder(folder: str | None, uid: int, gid: int) -> None:
+    """The job's checkpoint folder, made by root and given to the job's uid alone (0700): no other job's
+    rank can read or replace its shards. Where root may not (NFS with root_squash), the rank makes it."""
+    if not folder:
+        return
+    with contextlib.suppress(OSError):
+        os.makedirs(folder, exist_ok=True)
+        os.chown(folder, uid, gid)
+        os.chmod(folder, 0o700)
 
 
 def run(
@@ -153,7 +169,7 @@ def run(
             command,
             stdin=subprocess.DEVNULL,
             process_group=0,
-            preexec_fn=_pdeathsig(os.getpid()),
+            preexec_fn=_pdeathsig(os.getpid(), private=user is not None),
             close_fds=True,
             cwd=directory,
             **_as_user(user, directory, shared or []),
