@@ -3,6 +3,7 @@ output and its processes' command lines show no password (issue 30)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -10,7 +11,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -128,3 +131,54 @@ def _check_tokens(path: Path, api_url: str) -> None:
     assert call("GET", f"{api_url}/v1/jobs", token=tokens["admin"])[0] == 200
     nlp = tokens["teams"]["nlp"]
     assert call("GET", f"{api_url}/v1/jobs?team=demo", token=nlp)[0] == 403
+
+
+def test_tokens_and_revocations_survive_a_restart_of_the_folder(tmp_path: Path) -> None:
+    """`rally up` again in the same folder is the same cluster: the tokens it gave out, the ones `rally
+    tokens create` made and every revocation stay as they were; only a revoked cluster token is replaced."""
+    port = free_port()
+    with _running_up(tmp_path, port) as first:
+        made = _rally(tmp_path, "tokens", "create", "--team", "nlp", "-o", "json")
+        revoked = _rally(tmp_path, "tokens", "create", "--team", "nlp", "-o", "json")
+        (demo,) = [t for t in _rally(tmp_path, "tokens", "list", "-o", "json") if t["user"] == "demo"]
+        for token_id in (revoked["id"], demo["id"]):
+            _rally(tmp_path, "tokens", "revoke", token_id, "-o", "json")
+    with _running_up(tmp_path, port) as second:
+        api = second["info"]["api_url"]
+        assert second["tokens"]["admin"] == first["tokens"]["admin"]
+        assert second["tokens"]["teams"]["nlp"] == first["tokens"]["teams"]["nlp"]
+        assert second["tokens"]["teams"]["demo"] != first["tokens"]["teams"]["demo"], "revoked: replaced"
+        kept = [first["tokens"]["admin"], first["tokens"]["teams"]["nlp"], made["token"]]
+        assert [call("GET", f"{api}/v1/jobs", token=token)[0] for token in kept] == [200, 200, 200]
+        refused = [revoked["token"], first["tokens"]["teams"]["demo"]]
+        assert [call("GET", f"{api}/v1/jobs", token=token)[0] for token in refused] == [401, 401]
+        assert call("GET", f"{api}/v1/jobs?team=demo", token=second["tokens"]["teams"]["demo"])[0] == 200
+
+
+def _rally(folder: Path, *argv: str) -> Any:
+    """A `rally` command run in ``folder``; its JSON output."""
+    done = subprocess.run(
+        [sys.executable, "-m", "rallypoint.cli.main", *argv], cwd=folder, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@contextlib.contextmanager
+def _running_up(folder: Path, port: int) -> Iterator[dict[str, Any]]:
+    """`rally up` in ``folder`` on ``port``, until its cluster file and tokens are there; stopped with
+    Ctrl-C on the way out. Yields its cluster file ("info") and its tokens."""
+    argv = [sys.executable, "-m", "rallypoint.cli.main", "up", "--nodes", "1", "--api-port", str(port)]
+    up = subprocess.Popen(argv, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        info_file = folder / ".rally" / "cluster.json"
+        deadline = time.monotonic() + 240  # generous: a loaded 2-core machine takes minutes
+        while not info_file.exists():
+            assert up.poll() is None, up.stdout.read() if up.stdout else ""
+            assert time.monotonic() < deadline, "rally up did not come up"
+            time.sleep(0.3)
+        tokens = json.loads((folder / ".rally" / "tokens.json").read_text())
+        yield {"info": json.loads(info_file.read_text()), "tokens": tokens}
+    finally:
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=60) == 0, up.stdout.read() if up.stdout else ""

@@ -31,10 +31,11 @@ from rallypoint.scheduling.queues import load_queues
 from rallypoint.security import ADMIN, agent_user
 from rallypoint.security.credentials import LocalCredentials
 from rallypoint.security.natsconf import literal, render_accounts
-from rallypoint.security.tokens import create_token
 
 from . import default_queues
 from .http import call, register_token
+from .localtokens import keep_or_make_tokens
+from .portcheck import Port, check_ports
 
 _log = logging.getLogger("rallypoint.localcluster")
 
@@ -115,7 +116,7 @@ class LocalCluster:
         service_args: dict[str, Sequence[str]] | None = None,
         with_agents: bool = True,
         queues: Path | None = None,
-        allow_root_ranks: bool = False,
+        allow_root_ranks: bool | None = None,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1 or racks < 1:
             raise ValueError("nodes, gpus per node and racks must all be at least 1")
@@ -153,7 +154,10 @@ class LocalCluster:
         # the unprivileged user ranks run as (chosen at start); None: our own user, which only
         # ``allow_root_ranks`` permits (else the start is refused: ranks could read our credentials)
         self.rank_user: str | None = None
-        self.allow_root_ranks = allow_root_ranks
+        # None (the demo's and the tests' clusters): refused as root when no sandbox can be made; as an
+        # ordinary user, who cannot switch users at all, such a one-user cluster runs ranks as that user.
+        # `rally up` always passes its --allow-root-ranks flag, so a shared cluster refuses either way.
+        self.allow_root_ranks = os.geteuid() != 0 if allow_root_ranks is None else allow_root_ranks
 
     # -- addresses --------------------------------------------------------------------------------
 
@@ -199,6 +203,11 @@ class LocalCluster:
         """The API's token file (hashes only); `rally tokens` edits it while the cluster runs."""
         return self.workdir / "api-tokens.json"
 
+    @property
+    def kept_tokens_file(self) -> Path:
+        """The cluster's own tokens themselves (owner-only), kept for its next start in this folder."""
+        return self.workdir / "local-tokens.json"
+
     def token_for(self, team: str) -> str:
         """The API token of ``team`` (one of ``self.teams``), for calls made as that team."""
         try:
@@ -226,6 +235,7 @@ class LocalCluster:
     # -- lifecycle --------------------------------------------------------------------------------
 
     def start(self, *, timeout: float = 60.0) -> None:
+        check_ports(self.fixed_ports())  # first: a port another process holds starts nothing
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         # Only our user enters the cluster's folder (service logs, the log's store, tokens): a rank sees of
         # it what its sandbox binds back, its attempt's folder, checkpoints/ and shared/ (issue 30).
@@ -292,15 +302,13 @@ class LocalCluster:
         return path
 
     def _make_tokens(self) -> None:
-        """Fresh tokens for this run (as the NATS passwords are): one admin, one per team.
+        """One admin token and one per team: the folder's from its last run where the API's file still
+        accepts them, with every token and revocation made since (``localtokens``), else new ones.
 
         Registered for the API's address, so this process's calls (``localcluster.http``) go as admin.
         """
-        self.tokens_file.unlink(missing_ok=True)
-        _, self.admin_token = create_token(self.tokens_file, user="admin", admin=True)
-        self.team_tokens = {
-            team: create_token(self.tokens_file, user=team, team=team)[1] for team in self.teams
-        }
+        tokens = keep_or_make_tokens(self.tokens_file, self.kept_tokens_file, self.teams)
+        self.admin_token, self.team_tokens = tokens.admin, tokens.teams
         register_token(self.api_url, self.admin_token)
 
     def write_tokens(self, path: Path) -> None:
@@ -426,6 +434,14 @@ class LocalCluster:
             restarted.append(name)
         return restarted
 
+    def fixed_ports(self, services: Sequence[str] | None = None) -> list[Port]:
+        """The ports chosen before their services start (of ``services``, default all): the API's, and the
+        health and metrics ports of services started before. NATS and PostgreSQL pick theirs as they start."""
+        ports = {"api": Port(self.api_port, "the API's", "--api-port")}
+        for name, port in sorted(self.health_ports.items()):
+            ports[name] = Port(port, f"{name}'s health and metrics")
+        return [port for name, port in ports.items() if services is None or name in services]
+
     def metrics_urls(self) -> dict[str, str]:
         """Every service's /metrics: the API's own port, the others' health ports."""
         urls = {"api": f"{self.api_url}/metrics"}
@@ -448,7 +464,8 @@ class LocalCluster:
         while time.monotonic() < deadline:
             dead = self.dead_services()
             if dead:
-                tails = "\n".join(f"--- {n}\n{self.processes[n].log_tail(1500)}" for n in dead)
+                check_ports(self.fixed_ports(dead))  # taken since the first check: say so, as then
+                tails = "\n".join(f"--- {n}\n{_start_log(self.processes[n])}" for n in dead)
                 raise RuntimeError(f"services died while starting: {', '.join(dead)}\n{tails}")
             try:
                 status, nodes = call("GET", f"{self.api_url}/v1/nodes", timeout=2, token=self.admin_token)
@@ -531,3 +548,11 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _start_log(proc: ManagedProcess, limit: int = 1500) -> str:
+    """The last ``limit`` bytes of a service's log from its first whole line: a JSON record cut mid-field
+    reads as another error."""
+    tail = proc.log_tail(limit)
+    cut = proc.log_tail(limit + 1) != tail
+    return tail.split("\n", 1)[-1] if cut else tail

@@ -117,11 +117,16 @@ def read_tokens(path: Path) -> TokenFile:
 
 def write_tokens(path: Path, content: TokenFile) -> None:
     """Atomically replace ``path`` (mode 600): a reader sees the old file or the new one, never half."""
+    write_private(path, msgspec.json.format(msgspec.json.encode(content)) + b"\n")
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Atomically replace ``path`` with ``data``, owner-only (mode 600) from its first byte."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as out:
-            out.write(msgspec.json.format(msgspec.json.encode(content)) + b"\n")
+            out.write(data)
             out.flush()
             os.fsync(out.fileno())
         os.chmod(tmp, 0o600)
