@@ -4,7 +4,10 @@ Each step submits a trickle of jobs (short ones that succeed, ones that fail, lo
 later), then does one fault drawn from the seed: kill -9 or SIGSTOP of a service, kill -9 of an agent, a
 frozen node (its agent and ranks, sometimes past the lost timeout), kill -9 of nats-server, a poison message
 (undecodable bytes, or an event version no service knows) or a forged bind (epoch 0, written raw as a
-rogue writer on the scheduler's subjects would). Whatever dies is brought back by the cluster's supervisor
+rogue writer on the scheduler's subjects would). Every fifth step (1, 6, ...) also submits a hostile tenant's
+job (``tests/e2e/tenant_attack.py``, as team nlp): it looks for credentials and tries every forgery of
+issue 30 against a running chaos job and its node; it must complete, and the bus must have refused every
+identity it tried. Whatever dies is brought back by the cluster's supervisor
 (``LocalCluster.supervise``, as `rally up` does). After every step:
 
 - no acknowledged job is lost (every 202's job id is known to the API and to the log);
@@ -15,8 +18,9 @@ rogue writer on the scheduler's subjects would). Whatever dies is brought back b
 
 At the end every job must reach its right final state (completed / failed / cancelled), the projector must
 have caught up with the log, and the audit (``rally replay --verify-decisions``) must recompute every
-scheduler decision identically and refuse exactly the forged ones. ``make chaos`` runs it for 30 minutes
-(``--minutes``) with a summary table; ``tests/chaos/test_chaos_short.py`` runs a short one in ``make test``.
+scheduler decision identically, refuse exactly the forged ones and find no event that is not its writer's.
+``make chaos`` runs it for 30 minutes (``--minutes``) with a summary table;
+``tests/chaos/test_chaos_short.py`` runs a short one in ``make test``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import random
@@ -59,6 +64,10 @@ POISON = (
     b"\x00junk",
     b'{"type":"JobSubmitted.v9","job_id":"chaos-v9","spec":{"name":"x"},"submitted_at":1.0}',
 )
+#: A hostile tenant's job on these steps (1, 6, 11, ...): the same script as the end-to-end tenant test.
+TENANT_EVERY = 5
+ATTACK = Path(__file__).resolve().parent.parent / "e2e" / "tenant_attack.py"
+TENANT_TEAM = "nlp"
 #: The local cluster's scheduler policy (no queue file): the audit recomputes its decisions.
 POLICY = SchedulingPolicy("rallypoint")
 # the local cluster's scheduler's --repair-wait: the audit recomputes its requeues with it
@@ -68,7 +77,7 @@ REPAIR_WAIT_S = local_service_seconds("scheduler", "--repair-wait")
 @dataclass
 class Submitted:
     job_id: str
-    kind: str  # "ok", "fails" or "cancel"
+    kind: str  # "ok", "fails", "cancel" or "tenant"
     expected: str
     step: int
 
@@ -134,6 +143,11 @@ class Monkey:
         self.result = ChaosResult(seed=seed)
         self.to_cancel: list[str] = []
         self.count = 0
+        # ranks run as an unprivileged user: the tenant's script and reports live where it can reach them
+        self.shared = Path(tempfile.mkdtemp(prefix="rally-chaos-tenant-"))
+        self.shared.chmod(0o777)
+        shutil.copyfile(ATTACK, self.shared / ATTACK.name)
+        self.tenant_reports: dict[int, Path] = {}
 
     # -- the trickle of jobs ----------------------------------------------------------------------
 
@@ -164,6 +178,50 @@ class Monkey:
         if kind == "cancel":
             self.to_cancel.append(answer)
         return answer
+
+    def submit_tenant(self, step: int) -> None:
+        """A job of team nlp attacking the newest chaos job and one node (``tests/e2e/tenant_attack.py``)."""
+        assert self.cluster.nats is not None
+        victim = max(self.result.jobs, key=lambda j: self.result.jobs[j].step, default="chaos-none")
+        nodes = self.cluster.node_ids()
+        report = self.shared / f"tenant-{step}.json"
+        command = [sys.executable, str(self.shared / ATTACK.name), str(report)]
+        command += [self.cluster.nats.url.removeprefix("nats://"), self.cluster.api_url, victim]
+        command += [nodes[step % len(nodes)], str(self.shared)]
+        token = self.cluster.token_for(TENANT_TEAM)
+        body = {
+            "name": f"tenant-{step}",
+            "team": TENANT_TEAM,
+            "gpus": 1,
+            "gpus_per_task": 1,
+            "command": command,
+        }
+        body["env"] = {"TEAM_TOKEN": token}
+        answer = _post_until_acknowledged(
+            self.cluster.api_url, body, key=f"tenant-{step}", within_s=30, token=token
+        )
+        if answer is not None:
+            self.result.jobs[answer] = Submitted(
+                job_id=answer, kind="tenant", expected="completed", step=step
+            )
+            self.tenant_reports[step] = report
+
+    def tenant_problems(self) -> list[str]:
+        """What a tenant's job got that it must not have: a bus identity, or another team's job."""
+        problems = []
+        for step, path in sorted(self.tenant_reports.items()):
+            try:
+                report = json.loads(path.read_text())
+            except (OSError, ValueError):
+                problems.append(f"tenant of step {step} wrote no report")
+                continue
+            # a server that let it in says +OK (verbose) and PONG; one that was down meanwhile said nothing
+            accepted = [a["user"] for a in report["nats"] if "+OK" in a["answer"] or "PONG" in a["answer"]]
+            if accepted:
+                problems.append(f"tenant of step {step}: NATS did not refuse {accepted}")
+            if report["http"]["cancel_victim"] in (200, 202):
+                problems.append(f"tenant of step {step} cancelled another team's job")
+        return problems
 
     def cancel_pending(self) -> None:
         for job_id in self.to_cancel:
@@ -235,6 +293,8 @@ class Monkey:
     def step(self, number: int) -> Step:
         began = time.monotonic()
         submitted = self.submit_some(number)
+        if number % TENANT_EVERY == 1:
+            self.submit_tenant(number)
         self.cancel_pending()
         fault, target, seconds = self.fault()
         self.supervise(2.0)
@@ -309,6 +369,7 @@ class Monkey:
                     f"{job.job_id} ({job.kind}) ended {ended}, expected {job.expected}"
                 )
         self.result.failures += [f"after the run: {p}" for p in self.check_final()]
+        self.result.failures += self.tenant_problems()
 
     def check_final(self) -> list[str]:
         problems = _retry_check(
@@ -331,6 +392,7 @@ class Monkey:
                     f"{m.recomputed}" for m in report.mismatches]  # fmt: skip
         if report.other_policy:
             problems.append(f"audit: {report.other_policy} decisions under another policy")
+        problems += [f"audit: not its writer's: {t.describe()}" for t in report.trespasses]
         if refused != sorted(self.result.forged_seqs):
             problems.append(
                 f"audit refused {refused}, the forged binds are {sorted(self.result.forged_seqs)}"
@@ -408,12 +470,16 @@ def _double_bound(state: ClusterState) -> list[str]:
     return problems
 
 
-def _post_until_acknowledged(api: str, body: dict[str, Any], *, key: str, within_s: float) -> str | None:
-    """A CI client: retry a 503 or a refused connection with the same Idempotency-Key; the job id once 202."""
+def _post_until_acknowledged(
+    api: str, body: dict[str, Any], *, key: str, within_s: float, token: str | None = None
+) -> str | None:
+    """A CI client: retry a 503 or a refused connection with the same Idempotency-Key; the job id once 202.
+    As the admin, or as ``token``'s team."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError):
-            status, answer = call("POST", f"{api}/v1/jobs", body, headers={"Idempotency-Key": key})
+            headers = {"Idempotency-Key": key}
+            status, answer = call("POST", f"{api}/v1/jobs", body, headers=headers, token=token)
             if status == 202:
                 return str(answer["job_id"])
             if status not in (503, 504):
@@ -461,6 +527,7 @@ def run_chaos(
             monkey.result.steps.append(monkey.step(number))
         monkey.drain(drain_s)
         monkey.result.elapsed_s = time.monotonic() - began
+        shutil.rmtree(monkey.shared, ignore_errors=True)
         return monkey.result
 
 

@@ -114,7 +114,9 @@ def forgeries(victim: str, node: str) -> list[tuple[str, bytes]]:
         (f"rally.node.{node}", json.dumps(lost).encode()),
         (f"rally.node.{node}.op", json.dumps(drained).encode()),
         (f"rally.node.{node}.agent", json.dumps(big).encode()),
-        ("$O.rally-snapshots.M.Y2x1c3Rlci1zdGF0ZQ==", b"{}"),
+        # a planted snapshot for the scheduler, and the record that would vouch for it
+        ("$O.rally-snapshots-scheduler.M.Y2x1c3Rlci1zdGF0ZQ==", b"{}"),
+        ("rally.snap.scheduler", b'{"type":"SnapshotTaken.v1"}'),
     ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -24,9 +25,17 @@ from rallypoint.localcluster import LocalCluster
 from rallypoint.localcluster.http import call
 from rallypoint.localcluster.supervisor import local_service_seconds
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.geteuid() != 0,
+        reason="ranks run as another user than the agent's only when the agent is root (README, Tests)",
+    ),
+]
 
 ATTACK = Path(__file__).with_name("tenant_attack.py")
+VICTIM_ENV = f"env-{secrets.token_hex(8)}"
+VICTIM_KEY = f"key-{secrets.token_hex(8)}"
 TERMINAL = {"completed", "failed", "cancelled", "rejected"}
 QUEUES = {
     "cohorts": [{"name": "all"}],
@@ -70,6 +79,7 @@ def secrets_of(cluster: LocalCluster) -> dict[str, str]:
     assert cluster.credentials is not None
     found = {f"nats:{user}": password for user, password in cluster.credentials.passwords.items()}
     found["token:admin"] = cluster.admin_token
+    found["victim's env"], found["victim's secret"] = VICTIM_ENV, VICTIM_KEY
     found.update({f"token:{team}": cluster.token_for(team) for team in cluster.teams if team != "nlp"})
     dsn = cluster.postgres_dsn
     if "@" in dsn and ":" in dsn.split("@")[0].split("//")[-1]:
@@ -108,6 +118,9 @@ def test_a_tenant_job_can_neither_find_a_credential_nor_forge_anything(
                 "gpus": 8,
                 "gpus_per_task": 4,
                 "command": ["sh", "-c", hold],
+                # what its ranks hold in their environment, on the same machine as the tenant's rank
+                "env": {"VICTIM_ENV": VICTIM_ENV},
+                "secrets": {"VICTIM_KEY": VICTIM_KEY},
             },
         )
         nodes = wait(cluster, victim, {"running"})["nodes"]
