@@ -6,6 +6,8 @@ agreement's rules (a rank that never got the signal, a dead rank, a previous att
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import re
 import signal
@@ -15,7 +17,9 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from test_ckpt_processes import EXAMPLE, rank_env, wait_until  # tests/unit is on the path
+from test_ckpt_torch import free_port
 
 from rallypoint.ckpt import MANIFEST, Checkpointer, list_steps, step_dir, verify_checkpoint
 from rallypoint.ckpt.stop import STOP_DIR
@@ -80,6 +84,24 @@ def test_four_ranks_signalled_apart_save_one_step_and_lose_no_work(tmp_path: Pat
     print(f"stop step {stop}; all {WORLD} ranks exited 0 {all_exited_s:.2f}s after the first SIGTERM")
 
 
+def test_a_rank_that_has_stopped_exits_0_whatever_sigterms_still_arrive(tmp_path: Path) -> None:
+    report = tmp_path / "report.jsonl"
+    env = rank_env(tmp_path / "ckpt", 0, 1, 1, RALLY_REPORT_FILE=str(report))
+    args = ["--steps", "100000", "--step-time", "0.01", "--ckpt-every", "100000"]
+    rank = subprocess.Popen([sys.executable, str(EXAMPLE), *args], env=env, stdout=subprocess.PIPE, text=True)
+    wait_until(lambda: running(report))
+    # One SIGTERM after another until it is gone: some land while the interpreter exits.
+    deadline = time.monotonic() + GRACE_S
+    while time.monotonic() < deadline:
+        rank.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            rank.wait(0.002)
+            break
+    output = rank.communicate(timeout=10)[0]
+    assert rank.returncode == 0, output
+    assert "stopped at step" in output
+
+
 def gang(root: Path, *, attempt: int = 1, timeout_s: float = 20.0) -> list[Checkpointer]:
     return [
         Checkpointer(root, rank=r, world_size=2, attempt=attempt, stop_timeout_s=timeout_s) for r in (0, 1)
@@ -117,3 +139,52 @@ def test_a_new_attempt_ignores_the_stop_files_of_the_one_before(tmp_path: Path) 
     relaunched = gang(tmp_path, attempt=2)
     assert [rank.should_stop_at(6) for rank in relaunched] == [False, False]
     assert not any(rank.should_stop for rank in relaunched)
+
+
+# Two ranks in lockstep on torch.distributed (gloo), each step an all-reduce as DDP's backward does, with
+# the plain Checkpointer: should_stop_at all-reduces the stop instead of waiting for files.
+LOCKSTEP = """
+import sys, time
+import numpy as np
+import torch, torch.distributed as dist
+from rallypoint.ckpt import Checkpointer
+dist.init_process_group("gloo")
+ckpt = Checkpointer.from_env()
+ckpt.install_sigterm_handler()
+for step in range(100000):
+    dist.all_reduce(torch.ones(1))
+    time.sleep(0.005)
+    if step == 20:
+        print("running", flush=True)
+    if ckpt.should_stop_at(step + 1):
+        ckpt.save(step + 1, {"w": np.full(4, step + 1.0)})
+        ckpt.close()
+        print(f"stopped at step {step + 1}", flush=True)
+        break
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not importable")
+def test_ranks_on_torch_distributed_agree_by_an_all_reduce(tmp_path: Path) -> None:
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", LOCKSTEP],
+            env=rank_env(tmp_path, rank, 2, 1, **env),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        assert ranks[1].stdout is not None and ranks[1].stdout.readline() == "running\n"
+        ranks[1].send_signal(signal.SIGTERM)  # rank 0 never gets one
+        outputs = [rank.communicate(timeout=60)[0] for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait(10)
+    assert [rank.returncode for rank in ranks] == [0, 0], outputs
+    steps = {stopped_step(output) for output in outputs}
+    assert len(steps) == 1 and list_steps(tmp_path) == list(steps), outputs
+    assert not (tmp_path / STOP_DIR).exists(), "agreed without stop files"

@@ -31,7 +31,7 @@ from .files import fsync_dir
 from .manifest import list_steps, shard_name, step_dir, verify_checkpoint
 from .numpy_state import SUFFIX, NumpyCodec, State, read_state
 from .report import Reporter
-from .stop import StopAgreement
+from .stop import StopAgreement, collective_stop
 
 _log = logging.getLogger("rallypoint.ckpt")
 
@@ -123,15 +123,26 @@ class Checkpointer:
         self._stop.set()
 
     def should_stop_at(self, step: int) -> bool:
-        """True at the one step the whole gang stops at: save ``step``, ``close()``, exit 0.
+        """True at the one step the whole gang stops at: save ``step``, ``close()``, exit 0 (SIGTERM is
+        ignored from then on, when our handler is the one installed).
 
         Call it once per step on every rank, with the steps completed. Once a stop is asked here or
         published by a peer, the rank publishes ``step`` in the checkpoint folder and waits (at most
         ``stop_timeout_s``) for every rank's; the stop step is the largest, and ranks behind it train on
-        until they reach it (``stop.py``). A single rank needs no agreement."""
+        until they reach it (``stop.py``). A single rank needs no agreement; ranks with an initialized
+        torch.distributed process group all-reduce the flag instead, and must call it at the same step."""
+        stopping = self._stop_step_reached(step)
+        if stopping:
+            self._ignore_late_sigterm()
+        return stopping
+
+    def _stop_step_reached(self, step: int) -> bool:
         agreement = self._stop_agreement
         if self.world_size == 1:
             return self.should_stop
+        collective = collective_stop(self.should_stop)
+        if collective is not None:
+            return collective  # ranks in lockstep: every one of them is at this step
         if agreement.agreed is None:
             if not self.should_stop and agreement.peer_stopping():
                 self.request_stop()  # a peer got its SIGTERM first: this one stops with the gang
@@ -139,6 +150,16 @@ class Checkpointer:
                 return False
             return step >= agreement.agree(step, since=self._stop_since)
         return step >= agreement.agreed
+
+    def _ignore_late_sigterm(self) -> None:
+        """The rank is stopping: a SIGTERM still on its way (the agents signal ranks a moment apart, and
+        a rank may have stopped with its peers first) asks for what already happens. Arriving while the
+        interpreter exits, where Python puts the default action back, it would turn exit 0 into -15;
+        an ignored signal stays ignored. Only our own handler is replaced, and only from the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def install_sigterm_handler(self) -> Any:
         """SIGTERM sets ``should_stop`` instead of killing the process; returns the previous handler."""
@@ -154,8 +175,10 @@ class Checkpointer:
             signal.signal(signal.SIGTERM, previous)
 
     def _on_sigterm(self, _signum: int, _frame: FrameType | None) -> None:
-        # Only a flag: the state is consistent at a step boundary, not wherever the signal landed.
-        self.request_stop()
+        # Only a flag: the state is consistent at a step boundary, not wherever the signal landed. A
+        # repeated SIGTERM returns at once: handlers interrupted by the next signal would nest.
+        if self._stop_since is None:
+            self.request_stop()
 
     # -- saving -------------------------------------------------------------------------------------
 

@@ -12,6 +12,10 @@ grace. Ranks without a collective library (the numpy example has none) agree her
    step: no rank is past it (each waits at the step it published), so every rank can reach it, the
    ones behind by training on, and all save that same step.
 
+Ranks that train with torch.distributed (DDP) agree by an all-reduce on its default group instead
+(``collective_stop``): they already meet at every step, and a rank waiting here for a file while its
+peer waits in an all-reduce would hang both until the SIGKILL.
+
 Files live under the attempt's number, so a relaunched attempt never reads a stop of the one before.
 A rank that has not published within ``timeout_s`` (dead, or too slow for the grace) cannot be waited
 for: the rank stops at its own step, and the log says which ranks were missing.
@@ -22,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -31,6 +36,21 @@ STOP_DIR = ".stop"
 POLL_S = 0.01
 
 _log = logging.getLogger("rallypoint.ckpt")
+
+
+def collective_stop(asked: bool) -> bool | None:
+    """Whether any rank asked to stop, all-reduced on torch.distributed's default group; None when this
+    process has no initialized group. torch is only looked up, never imported: the client stays light,
+    and a loop that has a process group has imported it already."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    torch = sys.modules["torch"]
+    on_gpu = dist.get_backend() == "nccl"  # NCCL reduces only GPU tensors
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    flag = torch.tensor([int(asked)], dtype=torch.int64, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 class StopAgreement:
