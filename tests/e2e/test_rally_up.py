@@ -68,6 +68,8 @@ def test_ctrl_c_stops_every_process_rally_up_started(tmp_path: Path) -> None:
         _second_up_refuses(tmp_path, info_file, up.pid)
         passwords = _passwords(tmp_path / "state", up.pid)
         assert _processes_mentioning(*passwords) == [], "a password on a command line"
+        _run_two_jobs(info["api_url"], json.loads((tmp_path / ".rally" / "tokens.json").read_text())["admin"])
+        assert len(_processes_mentioning(RANK_COMMAND)) >= 2, "the ranks run, each a real process"
     finally:
         up.send_signal(signal.SIGINT)
         code = up.wait(timeout=60)
@@ -76,8 +78,25 @@ def test_ctrl_c_stops_every_process_rally_up_started(tmp_path: Path) -> None:
     _check_banner(output, passwords)
     time.sleep(1.0)
     assert _processes_mentioning(*needles) == []
+    assert _processes_mentioning(RANK_COMMAND) == [], "Ctrl-C left ranks running"
     assert not info_file.exists(), "rally up removes its cluster file on the way out"
     assert not (tmp_path / ".rally" / "tokens.json").exists(), "and its tokens"
+
+
+#: What the two jobs' ranks run: a duration no other process on the machine is likely to sleep.
+RANK_COMMAND = "sleep 3117"
+
+
+def _run_two_jobs(api_url: str, admin: str) -> None:
+    """Two jobs of 4 GPUs (within team nlp's quota) whose ranks run until stopped, running on return."""
+    body = {"name": "long", "team": "nlp", "gpus": 4, "gpus_per_task": 4, "command": RANK_COMMAND.split()}
+    jobs = [call("POST", f"{api_url}/v1/jobs", {**body, "name": f"long-{i}"}, token=admin) for i in range(2)]
+    assert all(status == 202 for status, _ in jobs), jobs
+    deadline = time.monotonic() + 60
+    for _, answer in jobs:
+        while call("GET", f"{api_url}/v1/jobs/{answer['job_id']}", token=admin)[1]["state"] != "running":
+            assert time.monotonic() < deadline, "the jobs did not start"
+            time.sleep(0.3)
 
 
 def _passwords(data_dir: Path, up_pid: int) -> set[str]:

@@ -528,11 +528,14 @@ class LocalCluster:
 
     def _kill_leftover_ranks(self) -> None:
         """Ranks outlive their agent by design (an agent restart must not kill training); a cluster
-        shutdown must not leave them running, so sweep the process groups the agents recorded."""
+        shutdown must not leave them running, so sweep every process group the agents recorded. Whether
+        a rank has an exit record says nothing here: ``_mark_running_ranks_stopped`` just wrote one for
+        every rank still running. A group that ended is left alone (``signal_group`` checks it is still
+        the rank's)."""
         for node_id in self.agent_nodes():
             for pid_file in sorted((self.workdir / "agents" / node_id).glob("*/*/rank-*.pid")):
                 record = workdir.read_record(pid_file)
-                if record is None or pid_file.with_suffix(".exit").exists():
+                if record is None:
                     continue
                 # Each rank leads its own process group (the wrapper made it so): stop the group.
                 workdir.signal_group(record.get("pid"), record.get("pid_start"), signal.SIGKILL)
