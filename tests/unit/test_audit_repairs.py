@@ -22,6 +22,7 @@ from rallypoint.events import (
     JobSpec,
     JobStarted,
     JobSubmitted,
+    NodeHeartbeatLost,
     NodeLost,
     NodeSwap,
     TaskPlacement,
@@ -67,15 +68,21 @@ class Log:
         return events
 
 
+def lost(node_id: str, at: float) -> tuple[NodeHeartbeatLost, NodeLost]:
+    """A node's loss as the health monitor writes it: its heartbeat lost first (the audit checks that)."""
+    silent = NodeHeartbeatLost(node_id=node_id, last_seen=at - 1.0, at=at)
+    return silent, NodeLost(node_id=node_id, reason="gone", at=at)
+
+
 def interrupted(*lost_early: str) -> Log:
     """j1 on n1 (rack r0) and n2 (rack r1) loses n2 at t=30; n3 (r0) and n4 (r1) are free unless lost."""
     log = Log(
         *(node(n, rack=r) for n, r in (("n1", "r0"), ("n2", "r1"), ("n3", "r0"), ("n4", "r1"))),
-        *(NodeLost(node_id=n, reason="gone", at=1.0) for n in lost_early),
+        *(event for n in lost_early for event in lost(n, at=1.0)),
         gang("j1"),
         bound("j1", ("n1", EIGHT), ("n2", EIGHT)),
         JobStarted(job_id="j1", attempt=1, at=10.0),
-        NodeLost(node_id="n2", reason="gone", at=30.0),
+        *lost("n2", at=30.0),
     )
     log.append(JobInterrupted(job_id="j1", attempt=1, failed_nodes=("n2",), reason="gone", at=31.0))
     return log

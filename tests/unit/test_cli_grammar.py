@@ -119,9 +119,20 @@ def test_schemas_and_trace_print_json(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["schemas", "--out", str(tmp_path / "schemas"), "-o", "json"]) == 0
     written = json.loads(capsys.readouterr().out)
     assert written and all(Path(path).exists() for path in written)
-    out = tmp_path / "golden"
-    assert main(["trace", "convert", "golden", "--gpus", "64", "--out", str(out), "--json"]) == 0
+    out = tmp_path / "converted"
+    assert main([*convert_sample(out), "--json"]) == 0
     assert set(json.loads(capsys.readouterr().out)["wrote"]) >= {"workload", "cluster"}
+
+
+#: The repository's own Philly sample (tests/sim/data): the tests run without ../shared beside the clone.
+SAMPLES = Path(__file__).resolve().parents[1] / "sim" / "data"
+
+
+def convert_sample(out: Path) -> list[str]:
+    """`rally trace convert philly` of the repository's sample, half a day of it, into ``out``."""
+    jobs, vcs = SAMPLES / "philly_sample.csv", SAMPLES / "philly_vc.csv"
+    return ["trace", "convert", "philly", "--out", str(out), "--jobs", str(jobs), "--vc-sizes", str(vcs),
+            "--start", "2017-10-02", "--days", "0.5"]  # fmt: skip
 
 
 def run_into_closed_pipe(argv: list[str], *, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

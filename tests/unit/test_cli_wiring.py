@@ -10,6 +10,8 @@ import argparse
 from collections.abc import Iterator
 from pathlib import Path
 
+from test_cli_grammar import convert_sample  # this folder is on sys.path
+
 from rallypoint.cli.main import build_parser, main
 
 
@@ -36,8 +38,8 @@ def test_every_leaf_command_has_a_handler() -> None:
 
 
 def test_trace_convert_writes_its_files_through_main(tmp_path: Path) -> None:
-    out = tmp_path / "golden64"
-    assert main(["trace", "convert", "golden", "--gpus", "64", "--out", str(out)]) == 0
+    out = tmp_path / "converted"
+    assert main(convert_sample(out)) == 0
     assert {p.name for p in out.iterdir()} >= {"workload.jsonl", "cluster.yaml"}
 
 
