@@ -21,24 +21,34 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-MAX_FILE_BYTES = 1 << 20
+MAX_FILE_BYTES = 1 << 18
+MAX_TOTAL_BYTES = 32 << 20
 SCAN_SECONDS = 20.0
+#: Installed code, not credentials: a machine's /tmp may hold whole virtualenvs and checkouts.
+SKIPPED_FOLDERS = frozenset(
+    {"site-packages", "dist-packages", ".venv", ".git", "node_modules", "__pycache__"}
+)
 SECRETISH = ("PASSWORD", "TOKEN", "SECRET", "NATS", "DSN", "CREDENTIAL", "KEY")
 
 
 def readable_files(roots: list[str], deadline: float) -> dict[str, str]:
-    """Every file under ``roots`` this user can read (up to 1 MiB each), until ``deadline``."""
+    """Every file under ``roots`` this user can read (up to 256 KiB each, 32 MiB in all), until
+    ``deadline``; installed code (``SKIPPED_FOLDERS``) is passed over."""
     found: dict[str, str] = {}
+    total = 0
     for root in roots:
         for folder, dirs, files in os.walk(root, onerror=lambda _: None):
-            if time.monotonic() > deadline:
-                return found
-            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+            dirs[:] = [
+                d for d in dirs if d not in SKIPPED_FOLDERS and not os.path.islink(os.path.join(folder, d))
+            ]
             for name in files:
+                if time.monotonic() > deadline or total > MAX_TOTAL_BYTES:
+                    return found
                 path = os.path.join(folder, name)
                 try:
                     if os.path.getsize(path) <= MAX_FILE_BYTES:
                         found[path] = Path(path).read_text(errors="replace")
+                        total += len(found[path])
                 except OSError:
                     continue
     return found

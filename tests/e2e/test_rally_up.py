@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -83,8 +84,9 @@ def test_ctrl_c_stops_every_process_rally_up_started(tmp_path: Path) -> None:
     assert not (tmp_path / ".rally" / "tokens.json").exists(), "and its tokens"
 
 
-#: What the two jobs' ranks run: a duration no other process on the machine is likely to sleep.
-RANK_COMMAND = "sleep 3117"
+#: What the two jobs' ranks run: a duration of this run's own, so no other process on the machine (another
+#: run's leftover, say) sleeps it.
+RANK_COMMAND = f"sleep 3{secrets.randbelow(1000):03d}.{secrets.randbelow(10**6):06d}"
 
 
 def _run_two_jobs(api_url: str, admin: str) -> None:

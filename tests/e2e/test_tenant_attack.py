@@ -126,7 +126,8 @@ def test_a_tenant_job_can_neither_find_a_credential_nor_forge_anything(
         nodes = wait(cluster, victim, {"running"})["nodes"]
         nats_address = cluster.nats.url.removeprefix("nats://")
         command = [sys.executable, str(attack), str(report_file), nats_address, cluster.api_url, victim]
-        command += [nodes[0], str(cluster.workdir), "/tmp"]
+        # its own folder first: /tmp may hold whole virtualenvs, which it reads for 20 s at most
+        command += [nodes[0], str(shared), str(cluster.workdir), "/tmp"]
         attacker = submit(
             cluster,
             "nlp",
