@@ -61,7 +61,7 @@ def test_plan_groups_the_paths_under_each_cover_and_leaves_reachable_ones_alone(
         "/root/.pyenv/versions/3.11.7/bin",
         "/root/.pyenv/versions/3.11.7",
         "/root/venv",
-        "/work/main/libs",
+        "/opt/checkout/libs",
         "/tmp/pytest-of-root/pytest-1/t0/work/job/0",
         "/srv/agent/work/job-a/3",
     ]
@@ -70,7 +70,7 @@ def test_plan_groups_the_paths_under_each_cover_and_leaves_reachable_ones_alone(
         Cover("/srv/agent/work", ("/srv/agent/work/job-a/3",)),
         Cover("/tmp/pytest-of-root", ("/tmp/pytest-of-root/pytest-1/t0/work/job/0",)),
     )
-    assert plan(["/usr", "/work/main/libs"], can_enter) == ()  # type: ignore[arg-type]
+    assert plan(["/usr", "/opt/checkout/libs"], can_enter) == ()  # type: ignore[arg-type]
     # a reachable folder listed too (a checkpoint root's nearest existing ancestor: /) hides nothing
     assert plan(["/", "/root/venv"], can_enter) == (Cover("/root", ("/root/venv",)),)  # type: ignore[arg-type]
 
