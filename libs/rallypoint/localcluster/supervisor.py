@@ -38,6 +38,9 @@ from .localtokens import keep_or_make_tokens
 from .portcheck import Port, check_ports
 
 _log = logging.getLogger("rallypoint.localcluster")
+#: The checkout's examples (the demo's training job, the tests' gangs): in every rank's sandbox, so a
+#: checkout under a private folder (a home, ``mktemp -d``) still lets an unprivileged rank read them.
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 # Services every cluster runs once, in start order. The scheduler runs twice: one leader, one standby.
 SINGLETONS: tuple[str, ...] = (
@@ -347,6 +350,7 @@ class LocalCluster:
             str(self.fault_file(node_id)),
             "--rank-path",
             str(self.shared_dir),
+            *(["--rank-path", str(EXAMPLES)] if EXAMPLES.is_dir() else []),
             *(["--run-as", self.rank_user] if self.rank_user else ["--allow-root-ranks"]),
         ]
 
