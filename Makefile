@@ -42,8 +42,8 @@ bench: install
 	$(BIN)/rally bench eventlog --json
 	$(BIN)/rally bench recovery --trials 10 --json
 	$(BIN)/rally bench cluster --nodes 500 --json
-	$(BIN)/python -m rallypoint.health.bench --nodes 12500
-	$(BIN)/python -m rallypoint.sim.bench --traces $(TRACES) --policy fifo,rallypoint
+	$(BIN)/python -m rallypoint.bench.healthbench --nodes 12500
+	$(BIN)/python -m rallypoint.bench.simbench --traces $(TRACES) --policy fifo,rallypoint
 
 eval: install
 	$(BIN)/python -m rallypoint.sim.evaluate --traces $(TRACES) --out docs/evaluation.md

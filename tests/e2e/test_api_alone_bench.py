@@ -1,4 +1,4 @@
-"""``python -m rallypoint.localcluster.apibench``: the real API process alone beside raw JetStream publishes.
+"""``python -m rallypoint.bench.apibench``: the real API process alone beside raw JetStream publishes.
 
 Small numbers: what is checked is that it measures what it says (every submission answered 202 and
 counted once, the references measured, the API's CPU read from its own process), not how fast."""
@@ -15,7 +15,7 @@ def test_api_bench_reports_submissions_beside_both_raw_references() -> None:
         [
             sys.executable,
             "-m",
-            "rallypoint.localcluster.apibench",
+            "rallypoint.bench.apibench",
             "--nodes",
             "3",
             "--jobs",

@@ -1,4 +1,4 @@
-"""End to end: ``python -m rallypoint.localcluster.reactbench`` at a tiny size drives every job through its
+"""End to end: ``python -m rallypoint.bench.reactbench`` at a tiny size drives every job through its
 whole life and reports each service's CPU per job, PostgreSQL's included."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 def test_the_react_bench_drives_every_job_to_completion_and_reports_cpu_per_job() -> None:
     argv = [
-        sys.executable, "-m", "rallypoint.localcluster.reactbench", "--nodes", "16", "--jobs", "40",
+        sys.executable, "-m", "rallypoint.bench.reactbench", "--nodes", "16", "--jobs", "40",
         "--rate", "100", "--run-s", "1", "--rounds", "1", "--idle-s", "1", "--fleets", "1", "--json",
     ]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=170, check=False)

@@ -12,11 +12,11 @@ from pathlib import Path
 from aiohttp import test_utils
 from rallypoint_services.api import ApiConfig, build_app
 
+from rallypoint.bench.leanhttp import submit_lean
+from rallypoint.bench.loadgen import spec_body
 from rallypoint.eventlog import EventLog
 from rallypoint.events import JobSubmitted
 from rallypoint.jobs import job_id_for
-from rallypoint.localcluster.leanhttp import submit_lean
-from rallypoint.localcluster.loadgen import spec_body
 from rallypoint.security.tokens import TokenStore, create_token
 
 

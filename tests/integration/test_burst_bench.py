@@ -13,7 +13,7 @@ def test_the_burst_bench_binds_every_gang_of_every_burst() -> None:
         [
             sys.executable,
             "-m",
-            "rallypoint_services.scheduler.burstbench",
+            "rallypoint.bench.burstbench",
             "--nodes",
             "40",
             "--burst",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rallypoint_services.scheduler.cyclebench import run_cycle_bench
+from rallypoint.bench.cyclebench import run_cycle_bench
 
 
 def test_the_cycle_bench_decides_as_the_core_at_every_cycle() -> None:

@@ -1,4 +1,4 @@
-"""The benches' HTTP ceiling (``localcluster.httpceiling``) does what it stands for: each request it answers
+"""The benches' HTTP ceiling (``bench.httpceiling``) does what it stands for: each request it answers
 202 is one acked publish of the request's body into the scratch stream, under the request's key, so its
 rate is HTTP plus a raw publish and nothing less. And the whole measurement (its own process, the lean
 client) counts every request it sent."""
@@ -11,10 +11,10 @@ import nats.js.errors
 from aiohttp import test_utils
 from nats.js.api import StorageType, StreamConfig
 
+from rallypoint.bench.httpceiling import SUBJECT_PREFIX, ceiling_app, http_ceiling
+from rallypoint.bench.loadgen import SCRATCH_STREAM, spec_body
 from rallypoint.eventlog import connect_nats
 from rallypoint.infra import NatsServer
-from rallypoint.localcluster.httpceiling import SUBJECT_PREFIX, ceiling_app, http_ceiling
-from rallypoint.localcluster.loadgen import SCRATCH_STREAM, spec_body
 
 
 async def test_each_accepted_request_is_its_body_published_once_under_its_key(

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
+from rallypoint.bench.idlebench import _RECEIVED, cpu_ms_per_s
 from rallypoint.infra.proccpu import descendants
-from rallypoint.localcluster.idlebench import _RECEIVED, cpu_ms_per_s
 from rallypoint.observability.instruments import HEARTBEATS_RECEIVED
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY, generate_latest
 
-from rallypoint.localcluster.leadermetrics import (
+from rallypoint.bench.leadermetrics import (
     LeaderReading,
     cycle_cpu_ms,
     parse_metrics,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -84,7 +83,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handle_cluster(args: argparse.Namespace) -> int:
-    from rallypoint.localcluster.clusterbench import BenchConfig, run_bench
+    from rallypoint.bench.clusterbench import BenchConfig, run_bench
 
     if args.nodes < 4 or args.jobs < 1 or args.fleets < 1:
         print("error: --nodes must be at least 4, --jobs and --fleets at least 1", file=sys.stderr)
@@ -117,8 +116,8 @@ def handle_cluster(args: argparse.Namespace) -> int:
 
 
 def handle_recovery(args: argparse.Namespace) -> int:
+    from rallypoint.bench.recoverybench import run_bench
     from rallypoint.ckpt.bench import bench_blocking
-    from rallypoint.localcluster.recoverybench import run_bench
 
     if args.trials < 1:
         print("error: --trials: must be at least 1", file=sys.stderr)
@@ -129,12 +128,13 @@ def handle_recovery(args: argparse.Namespace) -> int:
 
 
 def handle_binds(args: argparse.Namespace) -> int:
-    # The loop under test is the scheduler service's own: imported by name, as `rally serve` does.
-    bench = importlib.import_module("rallypoint_services.scheduler.bench")
+    # The loop under test is the scheduler service's own (rallypoint_services), which the bench imports.
+    from rallypoint.bench.bindsbench import run_bench
+
     if min(args.nodes, args.gpus_per_node, args.pending) < 1:
         print("error: --nodes, --gpus-per-node and --pending must be at least 1", file=sys.stderr)
         return 2
-    res = bench.run_bench(
+    res = run_bench(
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
         pending=args.pending,

@@ -23,10 +23,9 @@ from typing import Any
 
 from rallypoint.eventlog import EventLog, Recorded
 from rallypoint.events import Event, JobInterrupted, JobStarted, NodeLost
-
-from .demo_recovery import job_view, node_status, wait_until
-from .http import call
-from .supervisor import LocalCluster
+from rallypoint.localcluster.demo_recovery import job_view, node_status, wait_until
+from rallypoint.localcluster.http import call
+from rallypoint.localcluster.supervisor import LocalCluster
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "train_numpy.py"
 

@@ -1,6 +1,6 @@
 """``make bench``: simulator speed on the two sizes issue 4 names.
 
-    python -m rallypoint.sim.bench [--only philly30|synth100k] [--policy rallypoint] [--out FILE.md]
+    python -m rallypoint.bench.simbench [--only philly30|synth100k] [--policy rallypoint] [--out FILE.md]
 
 - ``philly30``: 30 days of Philly (2017-10-01 .. 2017-10-31, all VCs, tens of thousands of jobs) on the real
   2,816-GPU cluster with per-VC quotas; target < 60 s.
@@ -21,10 +21,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from rallypoint.sim.run import run_policy
+from rallypoint.sim.synth import synth_cluster, synth_day
 from rallypoint.traces import convert as cv
-
-from .run import run_policy
-from .synth import synth_cluster, synth_day
 
 
 def bench_philly30(traces: Path, policy: str) -> dict[str, Any]:
@@ -74,7 +73,7 @@ def bench_synth(policy: str, jobs: int = 100_000, gpus: int = 100_000) -> dict[s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rallypoint.sim.bench")
+    ap = argparse.ArgumentParser(prog="python -m rallypoint.bench.simbench")
     ap.add_argument("--traces", type=Path, default=cv.default_traces_dir())
     ap.add_argument("--only", choices=["philly30", "synth100k"])
     ap.add_argument("--policy", default="rallypoint")

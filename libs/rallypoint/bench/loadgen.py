@@ -25,8 +25,7 @@ from nats.js.api import StorageType, StreamConfig
 from rallypoint.eventlog import EventLog
 from rallypoint.events import JobCancelRequested, JobSpec, JobSubmitted, subjects
 from rallypoint.events.codec import encode
-
-from .http import auth_headers
+from rallypoint.localcluster.http import auth_headers
 
 SCRATCH_STREAM = "RALLYBENCH"
 

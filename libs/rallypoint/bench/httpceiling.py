@@ -10,7 +10,7 @@ checks no token, validates nothing, folds nothing and keeps nothing, so no API c
 second than it does; ``submissions_over_http_ceiling`` says how far the real API is from that ceiling,
 and ``http_ceiling_over_raw`` what HTTP alone leaves of the raw publish rate.
 
-Run by the benches as ``python -m rallypoint.localcluster.httpceiling --port P``, the NATS URL (with
+Run by the benches as ``python -m rallypoint.bench.httpceiling --port P``, the NATS URL (with
 its credentials) in ``RALLY_CEILING_NATS_URL`` so no password shows in the process list.
 """
 
@@ -101,7 +101,7 @@ async def http_ceiling(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="rally-ceiling-") as folder:
-        argv = [sys.executable, "-m", "rallypoint.localcluster.httpceiling", "--port", str(port)]
+        argv = [sys.executable, "-m", "rallypoint.bench.httpceiling", "--port", str(port)]
         env = {**os.environ, NATS_URL_ENV: nats_url}
         process = ManagedProcess(argv, log_path=Path(folder) / "ceiling.log", env=env)
         try:
@@ -119,9 +119,7 @@ async def http_ceiling(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m rallypoint.localcluster.httpceiling", description=__doc__
-    )
+    parser = argparse.ArgumentParser(prog="python -m rallypoint.bench.httpceiling", description=__doc__)
     parser.add_argument("--port", type=int, required=True, help="the port to serve on, on 127.0.0.1")
     args = parser.parse_args(argv)
     nats_url = os.environ.get(NATS_URL_ENV)

@@ -54,10 +54,11 @@ from typing import Any
 
 from rallypoint.eventlog import EventLog, connect_nats
 from rallypoint.infra.proccpu import cpu_seconds
+from rallypoint.localcluster.http import auth_headers
+from rallypoint.localcluster.supervisor import LocalCluster, local_service_seconds
 
 from .apibench import raw_append
 from .fleetprocs import FleetSet, RssSampler, start_fleets
-from .http import auth_headers
 from .httpceiling import http_ceiling
 from .leadermetrics import LeaderReading, cycle_cpu_ms, read_leader, write_rate
 from .leanhttp import submit_lean
@@ -73,7 +74,6 @@ from .loadgen import (
     spec_body,
 )
 from .logwatch import LogWatch
-from .supervisor import LocalCluster, local_service_seconds
 from .zombies import zombie_run
 
 CONCURRENCY = 16

@@ -1,4 +1,4 @@
-"""What the health monitor's signal judge costs: ``python -m rallypoint.health.bench --nodes 12500``.
+"""What the health monitor's signal judge costs: ``python -m rallypoint.bench.healthbench --nodes 12500``.
 
 Prints JSON: microseconds per heartbeat to decode it and hand it to ``HealthJudge.heard`` (clean beats
 of 8-GPU nodes, as the fleet of ``rally bench cluster`` sends them, and the same with a watched share of
@@ -16,11 +16,10 @@ from collections.abc import Sequence
 import msgspec
 
 from rallypoint.events import GpuInfo, NodeRegistered
+from rallypoint.health.detection import DetectionPolicy
+from rallypoint.health.judge import HealthJudge
 from rallypoint.protocol import GpuSample, Heartbeat
 from rallypoint.state import ClusterState
-
-from .detection import DetectionPolicy
-from .judge import HealthJudge
 
 
 def _fold(nodes: int, gpus: int) -> ClusterState:
@@ -79,7 +78,7 @@ def run(nodes: int, gpus: int, watched: int, rounds: int) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rallypoint.health.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rallypoint.bench.healthbench", description=__doc__)
     parser.add_argument("--nodes", type=int, default=12_500)
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--watched", type=int, default=100, help="nodes whose counters move (judged)")

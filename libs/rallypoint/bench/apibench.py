@@ -1,6 +1,6 @@
 """The API's submissions beside raw JetStream publishes, with nothing else on the machine's cores.
 
-``python -m rallypoint.localcluster.apibench --nodes 12500`` (JSON on stdout). ``rally bench cluster``
+``python -m rallypoint.bench.apibench --nodes 12500`` (JSON on stdout). ``rally bench cluster``
 measures submissions inside a whole cluster: on a 2-core machine every submission there also costs the
 scheduler, the controllers, the projector and every other fold their share, and the heartbeats of
 12,500 nodes run beside, so its figure is the cluster's per-job CPU as much as the API's. This one
@@ -199,7 +199,7 @@ def run(cfg: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rallypoint.localcluster.apibench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rallypoint.bench.apibench", description=__doc__)
     parser.add_argument("--nodes", type=int, default=4, help="nodes registered in the log (default 4)")
     parser.add_argument("--jobs", type=int, default=1000, help="submissions per round, and raw appends")
     parser.add_argument("--rounds", type=int, default=3, help="alternating raw / HTTP rounds (default 3)")

@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rallypoint.infra import ManagedProcess
+from rallypoint.localcluster.supervisor import LocalCluster
 from rallypoint.security import ADMIN
-
-from .supervisor import LocalCluster
 
 
 @dataclass

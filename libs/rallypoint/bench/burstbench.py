@@ -7,7 +7,7 @@ every change, ``lead_while_elected``); and, from a separate process as the API w
 (``LogWatch``): binds per second over the span from the position the first bind was decided on to the last
 bind stored, and each cycle from the stored position it decided on to its first decision stored.
 
-``python -m rallypoint_services.scheduler.burstbench --json``. The scheduler's CPU seconds per job show
+``python -m rallypoint.bench.burstbench --json``. The scheduler's CPU seconds per job show
 what the loop costs whatever else runs on the machine.
 """
 
@@ -27,24 +27,24 @@ from pathlib import Path
 from typing import Any
 
 import nats
+from rallypoint_services.scheduler.heap import settle_heap
+from rallypoint_services.scheduler.leader import SchedulerLoop
 
+from rallypoint.bench.loadgen import append_burst, percentile
+from rallypoint.bench.logwatch import LogWatch
 from rallypoint.eventlog import EventLog
 from rallypoint.infra import NatsServer
-from rallypoint.localcluster.loadgen import append_burst, percentile
-from rallypoint.localcluster.logwatch import LogWatch
 from rallypoint.runtime.follower import Follower
 from rallypoint.runtime.leader import LeaderLease
 from rallypoint.runtime.leadership import lead_while_elected
 from rallypoint.scheduling import SchedulingPolicy
 
-from .bench import _setup
-from .heap import settle_heap
-from .leader import SchedulerLoop
+from .bindsbench import _setup
 
 __all__ = ["run_burst_bench"]
 
 _ROUND_TIMEOUT_S = 300.0
-_MODULE = "rallypoint_services.scheduler.burstbench"  # the driver runs as this module, in its own process
+_MODULE = "rallypoint.bench.burstbench"  # the driver runs as this module, in its own process
 
 
 async def _drive(url: str, burst: int, rounds: int, gpus: int) -> list[dict[str, Any]]:
@@ -147,9 +147,7 @@ def run_burst_bench(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m rallypoint_services.scheduler.burstbench", description=__doc__
-    )
+    parser = argparse.ArgumentParser(prog="python -m rallypoint.bench.burstbench", description=__doc__)
     parser.add_argument("--nodes", type=int, default=12_500)
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--burst", type=int, default=2_500, help="one-node gangs per burst")

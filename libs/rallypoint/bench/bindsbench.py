@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rallypoint_services.scheduler.heap import settle_heap
+from rallypoint_services.scheduler.leader import SchedulerLoop
+
 from rallypoint.eventlog import EventLog
 from rallypoint.events import Event, GpuInfo, JobQueued, JobSpec, JobSubmitted, NodeRegistered, subjects
 from rallypoint.infra import NatsServer
 from rallypoint.runtime.follower import Follower
 from rallypoint.scheduling import SchedulingPolicy
-
-from .heap import settle_heap
-from .leader import SchedulerLoop
 
 _IN_FLIGHT = 500
 _MAX_CYCLES = 200

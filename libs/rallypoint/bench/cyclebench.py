@@ -9,7 +9,7 @@ Between cycles the cycle's own binds are folded back, a few gangs end and a few 
 running cluster. Times are CPU seconds of this process (``time.process_time``): other work on the
 machine does not move them.
 
-``python -m rallypoint_services.scheduler.cyclebench --json``; the ratio ``live_over_core`` is issue 15's
+``python -m rallypoint.bench.cyclebench --json``; the ratio ``live_over_core`` is issue 15's
 "live cycle compute <= 1.5x the core at the same size".
 """
 
@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+from rallypoint_services.scheduler.heap import settle_heap
 
 from rallypoint.core import ClusterModel, Decisions, PendingJob, Queue, RunningJob, schedule
 from rallypoint.core.bench import build_workload
@@ -40,8 +41,6 @@ from rallypoint.events import (
 from rallypoint.runtime.changes import ChangeSet
 from rallypoint.scheduling import SchedulingPolicy, admission_writes, build_snapshot, decision_writes
 from rallypoint.state import ClusterState
-
-from .heap import settle_heap
 
 __all__ = ["run_cycle_bench"]
 
@@ -217,9 +216,7 @@ def run_cycle_bench(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m rallypoint_services.scheduler.cyclebench", description=__doc__
-    )
+    parser = argparse.ArgumentParser(prog="python -m rallypoint.bench.cyclebench", description=__doc__)
     parser.add_argument("--nodes", type=int, default=12_500)
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--pending", type=int, default=2_500)

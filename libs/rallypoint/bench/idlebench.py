@@ -1,6 +1,6 @@
 """The idle tax: what a cluster of N nodes costs the machine when nothing happens but the heartbeats.
 
-``python -m rallypoint.localcluster.idlebench --nodes 12500 --seconds 30 --json`` starts the cluster as
+``python -m rallypoint.bench.idlebench --nodes 12500 --seconds 30 --json`` starts the cluster as
 ``rally bench cluster`` starts it (every real service, no agent processes, fleet processes serving the
 nodes, one heartbeat per node every ``--heartbeat-interval`` seconds, the health monitor's thresholds
 scaled to that period), waits until every service has folded the registrations and ``--settle`` seconds
@@ -33,10 +33,10 @@ from typing import Any
 
 from rallypoint.eventlog import EventLog, connect_nats
 from rallypoint.infra.proccpu import tree_cpu_seconds
+from rallypoint.localcluster.supervisor import LocalCluster
 
 from .clusterbench import NODES_PER_RACK, _cpu_seconds, _wait_caught_up, monitor_thresholds
 from .fleetprocs import start_fleets
-from .supervisor import LocalCluster
 
 MONITOR = "health-monitor"
 _RECEIVED = re.compile(rb'^rally_heartbeats_received_total\{result="ok"\} ([0-9.e+]+)$', re.MULTILINE)
@@ -189,7 +189,7 @@ def _text(out: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rallypoint.localcluster.idlebench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rallypoint.bench.idlebench", description=__doc__)
     parser.add_argument("--nodes", type=int, default=IdleConfig.nodes)
     parser.add_argument("--gpus-per-node", type=int, default=IdleConfig.gpus_per_node)
     parser.add_argument("--fleets", type=int, default=IdleConfig.fleets)

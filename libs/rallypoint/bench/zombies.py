@@ -16,10 +16,10 @@ from typing import Any
 
 from rallypoint.agent.reaper import zombie_children
 from rallypoint.eventlog import connect_nats
+from rallypoint.localcluster.supervisor import LocalCluster
 
 from .loadgen import spec_body, submit_http
 from .logwatch import LogWatch
-from .supervisor import LocalCluster
 
 NODES = 2
 

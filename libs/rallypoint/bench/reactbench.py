@@ -1,6 +1,6 @@
 """What each service of a live cluster spends, in CPU, on one short job's whole life.
 
-``python -m rallypoint.localcluster.reactbench --nodes 2500 --jobs 1000 --json`` starts a local cluster
+``python -m rallypoint.bench.reactbench --nodes 2500 --jobs 1000 --json`` starts a local cluster
 (every real service, nats-server, PostgreSQL and the projector) with fleet processes serving the nodes
 (``rallypoint.agent.fleet``, no agent processes), then:
 
@@ -34,12 +34,12 @@ import asyncpg
 
 from rallypoint.eventlog import EventLog, connect_nats
 from rallypoint.infra.proccpu import tree_cpu_seconds
+from rallypoint.localcluster.supervisor import LocalCluster
 
 from .clusterbench import _cpu_seconds, _wait_caught_up
 from .fleetprocs import start_fleets
 from .loadgen import append_burst
 from .logwatch import LogWatch
-from .supervisor import LocalCluster
 
 NODES_PER_RACK = 32
 #: jobs appended together, ``rate / CHUNKS_PER_S`` at a time: paced as submissions arrive, not a burst
@@ -214,7 +214,7 @@ def _phase(name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rallypoint.localcluster.reactbench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rallypoint.bench.reactbench", description=__doc__)
     defaults = ReactConfig()
     parser.add_argument("--nodes", type=int, default=defaults.nodes, help="simulated nodes, 8 GPUs each")
     parser.add_argument("--jobs", type=int, default=defaults.jobs, help="one-GPU jobs per round")

@@ -18,7 +18,8 @@ from typing import Any
 
 import msgspec
 
-from .http import auth_headers
+from rallypoint.localcluster.http import auth_headers
+
 from .loadgen import Submitted
 
 _json = msgspec.json.Encoder()
