@@ -272,7 +272,7 @@ CASES: list[dict[str, Any]] = [
             N2, [running("a-hog", {"s0r0n0": ALL}, team="a"), running("b1", {"s0r0n1": ALL}, team="b")]
         ),
         pending=[pending("a-fresh", 8, submit=4990.0, team="a")],
-        waits={"a-fresh": "QuotaExceeded"},
+        waits={"a-fresh": "Resources"},  # 0 GPUs free binds first; the quota is named after them
         preempts={},
     ),
 ]

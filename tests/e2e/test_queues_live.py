@@ -7,7 +7,8 @@ One cohort ``lab`` holds teams a and b (4 nominal GPUs each) and c (2), which si
 - the parent cap: c's second job waits on the org's limit while the cohort could lend and GPUs are free;
 - borrowing: a runs 8 GPUs on its nominal 4, the other 4 lent by b's idle quota;
 - reclaim: b asks for its nominal back; one of a's jobs is preempted ("reclaim") and b's job binds;
-- the waiting job's reason carries numbers and a place that agrees with its "jobs ahead";
+- the waiting job's reason carries numbers (the GPUs first, none being free, then its quota's) and a place
+  that agrees with its "jobs ahead";
 - a reason whose code stays the same is rewritten when its numbers change (GPUs freed), within REFRESH_S;
 - the whole log audits clean under the same queue file: the reclaim recomputes bit for bit.
 """
@@ -202,16 +203,18 @@ def test_borrowing_then_reclaim(cluster: LocalCluster) -> None:
         teams = {t["team"]: t for t in queues(cluster)["teams"]}
         assert (teams["a"]["used"], teams["a"]["borrowed"], teams["b"]["used"]) == (4, 0, 4)
 
-        # the victim waits again: the cohort has only c's idle 2 GPUs to lend; its place agrees
-        view = wait_for(cluster, preempted[0], waits_with("QuotaExceeded"), "waited on quota again")
+        # the victim waits again: no GPU is free, which binds first (its reason says so), and the cohort
+        # has only c's idle 2 GPUs to lend (its quota's numbers follow); its place agrees
+        view = wait_for(cluster, preempted[0], waits_with("Resources"), "waited on GPUs and quota again")
         reason = view["pending_reason"]
-        assert reason["message"].startswith("queue a uses 4 of 4 nominal")
+        assert reason["message"].startswith("needs 4 GPUs in the cluster; 0 free; its quota is short too: ")
+        assert "queue a uses 4 of 4 nominal" in reason["message"]
         assert "cohort can lend 2" in reason["message"]
         ahead = re.search(r"; (\d+) jobs? ahead$", reason["message"])
         assert ahead is not None and int(ahead.group(1)) == reason["jobs_ahead"]
         assert view["queue_position"] == reason["jobs_ahead"] + 1
         line = line_of(rally("jobs"), preempted[0])
-        assert f"(QuotaExceeded, #{view['queue_position']}: {reason['message']})" in line
+        assert f"(Resources, #{view['queue_position']}: {reason['message']})" in line
     finally:
         cancel_all(cluster, *a_jobs, *([b_job] if b_job else []))
 

@@ -61,6 +61,9 @@ class Ctx:
         self.counts: dict[str, int] = {"reservations": 0, "preemptors": 0, "consolidations": 0}
         # preemptor id -> its victims still stopping (RunningJob.preempting_for), from the snapshot
         self.stopping: dict[str, list[str]] = {}
+        # jobs their quota refused this cycle: whatever their reason names, they wait for quota, which
+        # does not keep elastic gangs from growing into idle GPUs (``ElasticGrower``)
+        self.quota_blocked: set[str] = set()
         # the workspace's holds (read here; changed only through ``ws.add_hold`` / ``set_hold`` /
         # ``remove_hold``, journaled) and every job id given a hold this cycle (``hold_of``'s fast miss)
         self.holds: list[Hold] = self.ws.holds

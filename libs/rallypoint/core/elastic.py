@@ -2,8 +2,9 @@
 
 Starting between min and max is the engine's job (``engine.job_sizes``); shrinking before preemption is
 the preemptor's first kind of action. Growth is the last step of a cycle and only happens when no pending
-job is left waiting for GPUs (waiting on quota alone does not block growth), so idle GPUs are lent to
-elastic gangs and taken back by shrinking when someone needs them.
+job is left waiting for GPUs (waiting on quota does not block growth, even when its reason names the
+GPUs that are short too), so idle GPUs are lent to elastic gangs and taken back by shrinking when someone
+needs them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class Grower(Protocol):
 
 class ElasticGrower:
     def grow(self, ctx: Ctx, pending: Sequence[PendingReason]) -> list[Resize]:
-        if any(r.code in _WAITS_FOR_GPUS for r in pending):
+        # a job its quota refuses does not wait for GPUs it could not take, whatever its reason names
+        if any(r.code in _WAITS_FOR_GPUS and r.job_id not in ctx.quota_blocked for r in pending):
             return []
         out: list[Resize] = []
         cl = ctx.cluster

@@ -247,10 +247,33 @@ def _quota_refused(
     """``QuotaExceeded`` (with the ceiling note), unless a quota-aware preemptor makes room in the queue's
     quota (its own queue's lower-ranked jobs, other queues' lower-ranked borrowers); the plan is checked
     against the quota."""
-    qst = Status("QuotaExceeded", refusal + _quota_ceiling_note(job, size, types, ctx))
+    ctx.quota_blocked.add(job.id)
+    never = _quota_ceiling_note(job, size, types, ctx)
+    qst = Status("QuotaExceeded", refusal + never)
     if getattr(policy.preemptor, "quota_aware", False) and job.id not in ctx.stopping:
-        return _preempt(job, size, policy, ctx, out) or qst
-    return qst
+        pst = _preempt(job, size, policy, ctx, out)
+        if pst is not None:
+            return pst
+    if never:
+        return qst  # nothing but a new queue file lets it in: that is what to say
+    return _short_of_gpus(job, size, types, refusal, ctx) or qst
+
+
+#: The reasons of a job short of free GPUs that it may wait out (not one that never fits the cluster).
+_SHORT_OF_GPUS = frozenset(("Resources", "Reservation", "NodeUnhealthy"))
+
+
+def _short_of_gpus(job: PendingJob, size: int, types: list[str], refusal: str, ctx: Ctx) -> Status | None:
+    """The reason of a job its quota refuses while fewer GPUs than it needs are free: the GPUs bind first
+    (quota room it could borrow would not place it), so the reason says that, and the quota's numbers
+    after. None when the GPUs are free and the quota alone holds it back."""
+    tf = ctx.ws.type_free
+    if sum(tf.get(t, 0) for t in types) >= size:
+        return None
+    st = _why_not(job, size, types, ctx)
+    if st.code not in _SHORT_OF_GPUS:
+        return None
+    return Status(st.code, f"{st.message}; its quota is short too: {refusal}", st.earliest_start)
 
 
 def _still_preempting(job: PendingJob, size: int, ctx: Ctx) -> Status | None:
@@ -352,8 +375,8 @@ def _consolidate(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out
         return Status(
             "Consolidating",
             f"needs {size} GPUs on {len(nodes)} node{'s' if len(nodes) != 1 else ''}; moving {n} small "
-            f"job{'s' if n != 1 else ''} ({', '.join(cp.movers)}) to other nodes; start in "
-            f"~{reasons.human(until - ctx.now)}",
+            f"job{'s' if n != 1 else ''} ({', '.join(cp.movers)}) to other nodes; "
+            f"{reasons.once_stopped(until - ctx.now)}",
             until,
         )
     return None
@@ -399,11 +422,13 @@ def _preempt(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out) ->
         # strict: the GPUs the victims free are promised to this job alone (no backfill onto them)
         hold(ctx, job.id, until, pp.plan, strict=True)
         _announce(job.id, until, pp.plan.tasks, ctx, out)
-        n = len(pp.victims)
+        # a gang shrunk by several tasks is several candidates: named once, as shrunk, not preempted
+        shrunk = list(dict.fromkeys(c.job.id for c in pp.victims if c.kind == 0))
+        evicted = list(dict.fromkeys(c.job.id for c in pp.victims if c.kind != 0))
         return Status(
             "Preempting",
-            f"needs {size} GPUs; preempting {n} job{'s' if n != 1 else ''} "
-            f"({', '.join(c.job.id for c in pp.victims)}); start in ~{reasons.human(until - ctx.now)}",
+            f"needs {size} GPUs; {reasons.making_room(shrunk, evicted)}; "
+            f"{reasons.once_stopped(until - ctx.now)}",
             until,
         )
     return None

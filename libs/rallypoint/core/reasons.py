@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rallypoint.core.context import Ctx, Status, new_status
 from rallypoint.core.formulas import job_types
 from rallypoint.core.placement import best_free_at
 from rallypoint.core.types import PendingJob
 
-__all__ = ["classify", "human"]
+__all__ = ["classify", "human", "making_room", "once_stopped"]
 
 
 def human(seconds: float) -> str:
@@ -20,6 +22,28 @@ def human(seconds: float) -> str:
     if s < 48 * 3600:
         return f"{s / 3600:.1f} h"
     return f"{s / 86400:.1f} d"
+
+
+def _jobs(ids: Sequence[str], what: str) -> str:
+    return f"{len(ids)} {what}{'s' if len(ids) != 1 else ''} ({', '.join(ids)})"
+
+
+def making_room(shrunk: Sequence[str], evicted: Sequence[str]) -> str:
+    """What a preemptor's victims are asked to do, each job named once (a gang shrunk by several tasks
+    is one job): "shrinking 1 elastic job (a) and preempting 2 jobs (b, c)"."""
+    parts = []
+    if shrunk:
+        parts.append(f"shrinking {_jobs(shrunk, 'elastic job')}")
+    if evicted:
+        parts.append(f"preempting {_jobs(evicted, 'job')}")
+    return " and ".join(parts)
+
+
+def once_stopped(grace_s: float) -> str:
+    """When a job that waits for stopping victims starts: as soon as their ranks have exited, which they
+    may do at once (a coordinated checkpoint) or at the end of the grace, never later. The grace is a
+    bound, not an estimate: no "~60 s" for a start that may come the next second."""
+    return f"starts once they have stopped, within {human(grace_s)} (the preemption grace)"
 
 
 _UNKNOWN = Status("", "")  # not yet in the static reasons memo (which also holds None: no static reason)
@@ -101,10 +125,17 @@ def _free_reason(
         held = sum(m.bit_count() for h in ctx.holds for _o, m in h.tasks)
         if free + held >= size:
             first = min(ctx.holds, key=lambda h: (h.until, h.job_id))
+            wait = human(first.until - ctx.now)
+            # a strict hold is a preemptor's: its end is the victims' grace, a bound, not an estimate
+            when = (
+                f"starts within {wait}, once its victims stop"
+                if first.strict
+                else f"reserved, starts in ~{wait}"
+            )
             return Status(
                 "Reservation",
                 f"needs {size}{tname} GPUs; {free} free outside reservations; would delay job "
-                f"{first.job_id} (reserved, starts in ~{human(first.until - ctx.now)})",
+                f"{first.job_id} ({when})",
             )
     return new_status("Resources", f"needs {size}{tname} GPUs {where}; {free} free")
 
