@@ -175,7 +175,7 @@ async def test_rally_submit_leaves_the_class_to_the_api(
     argv = ["--team", "vision", "--priority", "production"]
     assert await rally_submit(client, tokens.admin, argv, monkeypatch) == EXIT_ERROR
     err = capsys.readouterr().err.strip()
-    assert err == f"error: priority: 'production' is not a priority class here; one of {CLASSES}"
+    assert err == f"error: --priority: 'production' is not a priority class here; one of {CLASSES}"
     assert await rally_submit(client, tokens.admin, ["--team", "research"], monkeypatch) == EXIT_ERROR
-    assert capsys.readouterr().err.startswith("error: team: 'research' is an org in the queue file")
+    assert capsys.readouterr().err.startswith("error: --team: 'research' is an org in the queue file")
     assert await event_log.last_seq() == before

@@ -246,7 +246,7 @@ async def test_rally_submit_reads_each_secret_from_its_file_or_stdin(
     [
         ("TOKEN=qz7-on-the-command-line", "NAME=@FILE"),
         ("TOKEN=@/nonexistent/qz7", "cannot read /nonexistent/qz7: No such file or directory"),
-        ("RALLY_TOKEN=@{file}", "error: secrets.RALLY_TOKEN: "),
+        ("RALLY_TOKEN=@{file}", "error: --secret RALLY_TOKEN: "),
     ],
 )
 async def test_rally_submit_refuses_a_bad_secret_flag_without_a_request(

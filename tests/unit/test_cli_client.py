@@ -141,9 +141,9 @@ def test_bad_env_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     ("argv", "line"),
     [
         (["submit", "--gpus", "8", "--team", "nlp"], "error: command: is required"),
-        (["submit", "--gpus", "0", "--team", "nlp", "--", "x"], "error: gpus: must be >= 1, got 0"),
-        (["submit", "--gpus", "8", "--team", "NLP", "--", "x"], "error: team: "),
-        (["submit", "--gpus", "8", "--team", "nlp", "--name", "Bad Name", "--", "x"], "error: name: "),
+        (["submit", "--gpus", "0", "--team", "nlp", "--", "x"], "error: --gpus: must be >= 1, got 0"),
+        (["submit", "--gpus", "8", "--team", "NLP", "--", "x"], "error: --team: "),
+        (["submit", "--gpus", "8", "--team", "nlp", "--name", "Bad Name", "--", "x"], "error: --name: "),
     ],
 )
 def test_submit_checks_locally_before_calling(

@@ -196,7 +196,12 @@ REJECTED: list[tuple[str, object, str, str]] = [
     ("elastic min above gpus", body(gpus=16, min_gpus=24), "min_gpus", "more than gpus"),
     ("elastic max below gpus", body(gpus=16, max_gpus=8), "max_gpus", "less than gpus"),
     ("elastic min zero", body(gpus=16, min_gpus=0), "min_gpus", ">= 1"),
-    ("elastic step not task multiple", body(gpus=16, min_gpus=8, gpu_step=4), "gpu_step", "multiple"),
+    (
+        "elastic step not task multiple",
+        body(gpus=16, gpus_per_task=8, min_gpus=8, gpu_step=4),
+        "gpu_step",
+        "multiple",
+    ),
     (
         "elastic min not task multiple",
         body(gpus=16, gpus_per_task=8, min_gpus=4, gpu_step=8),

@@ -122,7 +122,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         dest="gpus_per_task",
         metavar="N",
-        help="GPUs per task, one task per node (default: min(gpus, node size))",
+        help="GPUs per task; a task runs on one node, and a node with room may run several tasks of the "
+        "gang (default: min(gpus, node size); for an elastic job the largest that divides every size)",
     )
     submit.add_argument(
         "--ranks-per-node",
@@ -274,6 +275,50 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
+#: The `rally submit` flag that sets each field of the API's job spec: a refusal, the API's or the local
+#: check's, names what the user typed (`--gpus-per-node`), not the field it became (`gpus_per_task`).
+SUBMIT_FLAGS: dict[str, str] = {
+    "gpus": "--gpus",
+    "gpus_per_task": "--gpus-per-node",
+    "ranks_per_task": "--ranks-per-node",
+    "min_gpus": "--min-gpus",
+    "max_gpus": "--max-gpus",
+    "gpu_step": "--gpu-step",
+    "team": "--team",
+    "priority": "--priority",
+    "name": "--name",
+    "time_limit_s": "--time-limit",
+    "env": "--env",
+    "secrets": "--secret",
+    "gpu_type": "--gpu-type",
+    "gpu_types": "--gpu-types",
+    "topology_required": "--topology",
+    "topology_preferred": "--prefer-topology",
+    "checkpoint_dir": "--checkpoint-dir",
+    "max_retries": "--max-retries",
+}
+# A field named inside a message: one with an underscore wherever it stands as a word; a plain word
+# (gpus, name) only where it is followed by its value (``gpus=8``), so prose is left alone.
+_FIELD_IN_TEXT = re.compile(
+    r"(?<![\w.-])("
+    + "|".join(sorted((f for f in SUBMIT_FLAGS if "_" in f), key=len, reverse=True))
+    + r")(?![\w])|(?<![\w.-])("
+    + "|".join(f for f in SUBMIT_FLAGS if "_" not in f)
+    + r")(?==)"
+)
+
+
+def flag_error(field: str | None, detail: str) -> str:
+    """``error: <flag>: <detail>`` with every spec field in it named by its `rally submit` flag."""
+    text = _FIELD_IN_TEXT.sub(lambda m: SUBMIT_FLAGS[m.group(1) or m.group(2)], detail)
+    if field is None:
+        return f"error: {text}"
+    head, dot, rest = field.partition(".")
+    flag = SUBMIT_FLAGS.get(head)
+    where = field if flag is None else f"{flag} {rest}" if dot else flag
+    return f"error: {where}: {text}"
+
+
 def _precheck(body: dict[str, Any]) -> str | None:
     """Catch what needs no cluster knowledge before a round trip; sizes are the API's to judge."""
     if not body["command"]:
@@ -288,7 +333,7 @@ def _precheck(body: dict[str, Any]) -> str | None:
         )
     except SpecError as err:
         if err.field not in {"gpus_per_task", "ranks_per_task", "min_gpus", "max_gpus", "gpu_step"}:
-            return f"error: {err.field}: {err.detail}"
+            return flag_error(err.field, err.detail)
     return None
 
 
@@ -301,7 +346,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     client = ApiClient(resolve_api_url(args.api_url))
     try:
         resp = client.submit(body, idempotency_key=args.idempotency_key)
-    except (ApiError, ApiUnreachable) as err:
+    except ApiError as err:
+        print(flag_error(err.field, err.detail), file=sys.stderr)
+        return EXIT_ERROR
+    except ApiUnreachable as err:
         print(err.line(), file=sys.stderr)
         return EXIT_ERROR
     job_id = str(resp.body["job_id"])
@@ -488,6 +536,18 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     return "\n".join(lines)
 
 
+def gpus_held(job: dict[str, Any]) -> str:
+    """The GPUS column: what the job holds now (an elastic gang grown to 16 shows 16, not the 8 it asked),
+    what it asks while it holds none; an elastic job's range after it: ``16 (8-16)``."""
+    held = sum(len(task["gpus"]) for task in job.get("allocation") or [])
+    shown = held or job["gpus"]
+    spec = job.get("spec") or {}
+    low, high = spec.get("min_gpus"), spec.get("max_gpus")
+    if low is None and high is None:
+        return str(shown)
+    return f"{shown} ({low if low is not None else job['gpus']}-{high if high is not None else job['gpus']})"
+
+
 def format_jobs(jobs: Sequence[dict[str, Any]], *, now: float) -> str:
     headers = ("ID", "TEAM", "NAME", "STATE", "TIME", "GPUS", "NODES(REASON)")
     rows = [
@@ -497,7 +557,7 @@ def format_jobs(jobs: Sequence[dict[str, Any]], *, now: float) -> str:
             j["name"],
             str(j["state"]).upper(),
             format_elapsed(job_elapsed(j, now)),
-            j["gpus"],
+            gpus_held(j),
             nodes_or_reason(j),
         )
         for j in jobs

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import posixpath
 import re
 import secrets
@@ -253,7 +254,11 @@ def _check_shape(body: Mapping[str, Any], max_gpus_per_node: int) -> tuple[int, 
         raise SpecError("gpus", f"must be >= 1, got {gpus}")
 
     given_per_task = _int(body, "gpus_per_task")
-    gpus_per_task = given_per_task if given_per_task is not None else min(gpus, max_gpus_per_node)
+    gpus_per_task = (
+        given_per_task
+        if given_per_task is not None
+        else _default_gpus_per_task(body, gpus, max_gpus_per_node)
+    )
     if gpus_per_task < 1:
         raise SpecError("gpus_per_task", f"must be >= 1, got {gpus_per_task}")
     if gpus_per_task > max_gpus_per_node:
@@ -279,6 +284,41 @@ def _check_shape(body: Mapping[str, Any], max_gpus_per_node: int) -> tuple[int, 
         # Every rank of a task gets the same number of GPUs (launch.py slices them evenly).
         raise SpecError("ranks_per_task", f"{ranks_per_task} does not divide gpus_per_task={gpus_per_task}")
     return gpus, gpus_per_task, ranks_per_task
+
+
+def _elastic_sizes(body: Mapping[str, Any], gpus: int) -> list[int]:
+    """The sizes an elastic body names (gpus, min_gpus, max_gpus, gpu_step), each one that is a positive
+    integer: every one of them must be a whole number of tasks. Just ``[gpus]`` for a fixed-size job."""
+    if body.get("min_gpus") is None and body.get("max_gpus") is None:
+        return [gpus]
+    named = (_int(body, field) for field in ("min_gpus", "max_gpus", "gpu_step"))
+    return [gpus, *(size for size in named if size is not None and size >= 1)]
+
+
+def _whole_task_size(sizes: Sequence[int], at_most: int) -> int:
+    """The largest task size, at most ``at_most``, that divides every one of ``sizes``."""
+    common = math.gcd(*sizes)
+    small = [d for d in range(1, math.isqrt(common) + 1) if common % d == 0]
+    return max(d for d in (*small, *(common // d for d in small)) if d <= at_most)
+
+
+def _default_gpus_per_task(body: Mapping[str, Any], gpus: int, max_gpus_per_node: int) -> int:
+    """One task of the whole gang, or of a full node when it is larger (``min(gpus, node size)``). An
+    elastic gang must also take its other sizes in whole tasks: ``--gpus 8 --min-gpus 4 --max-gpus 16``
+    runs as tasks of 4 GPUs rather than being refused for a task size its user never chose."""
+    fixed = min(gpus, max_gpus_per_node)
+    sizes = _elastic_sizes(body, gpus)
+    if len(sizes) == 1 or all(size % fixed == 0 for size in sizes):
+        return fixed
+    return _whole_task_size(sizes, fixed)
+
+
+def _whole_tasks_hint(sizes: Sequence[int], gpus_per_task: int) -> str:
+    """How to make every size a whole number of tasks: the task size that would (a fixed one is the
+    user's choice, so it is named, not applied)."""
+    fits = _whole_task_size(sizes, gpus_per_task)
+    named = ", ".join(map(str, sorted(set(sizes))))
+    return f"; every size is a whole number of tasks: set gpus_per_task={fits} (it divides {named})"
 
 
 def _check_command(body: Mapping[str, Any]) -> tuple[str, ...]:
@@ -474,14 +514,23 @@ def _check_elastic(
         raise SpecError("max_gpus", f"{hi} is less than gpus={gpus}")
     if step < 1:
         raise SpecError("gpu_step", f"must be >= 1, got {step}")
+    hint = _whole_tasks_hint((gpus, lo, hi, step), gpus_per_task)
     if step % gpus_per_task:
-        raise SpecError("gpu_step", f"{step} is not a multiple of gpus_per_task={gpus_per_task}")
+        raise SpecError("gpu_step", f"{step} is not a multiple of gpus_per_task={gpus_per_task}{hint}")
     if lo % gpus_per_task:
-        raise SpecError("min_gpus", f"{lo} is not a multiple of gpus_per_task={gpus_per_task}")
+        raise SpecError("min_gpus", f"{lo} is not a multiple of gpus_per_task={gpus_per_task}{hint}")
     if (gpus - lo) % step:
-        raise SpecError("gpu_step", f"gpus={gpus} is not reachable from min_gpus={lo} in steps of {step}")
+        raise SpecError(
+            "gpu_step",
+            f"gpus={gpus} is not reachable from min_gpus={lo} in steps of {step}; set gpu_step to a "
+            f"multiple of gpus_per_task={gpus_per_task} that divides {gpus - lo} (e.g. {gpus_per_task})",
+        )
     if (hi - lo) % step:
-        raise SpecError("max_gpus", f"{hi} is not reachable from min_gpus={lo} in steps of {step}")
+        raise SpecError(
+            "max_gpus",
+            f"{hi} is not reachable from min_gpus={lo} in steps of {step}; "
+            f"set max_gpus={hi - (hi - lo) % step} or {hi - (hi - lo) % step + step}",
+        )
     return lo, hi, step
 
 
