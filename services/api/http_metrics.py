@@ -11,6 +11,9 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import Counter, Histogram
 
+# Importing the process's instruments turns off `_created` samples, for these counters too.
+from rallypoint.observability import instruments as _instruments  # noqa: F401
+
 API_REQUESTS = Counter(
     "rally_api_requests",
     "HTTP requests the API answered, by route pattern, method and status.",

@@ -20,8 +20,8 @@ from rallypoint_services.api import http_metrics  # noqa: F401  (registers the A
 from rallypoint.events import GpuInfo, NodeRegistered
 from rallypoint.observability import ClusterCollector
 from rallypoint.runtime import ServiceConfig
-from rallypoint.runtime.health import set_fold_position
 from rallypoint.runtime.metrics import render
+from rallypoint.runtime.reports import set_fold_position
 from rallypoint.runtime.service import ServiceContext
 from rallypoint.state import ClusterState
 

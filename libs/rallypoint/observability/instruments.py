@@ -12,13 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Histogram, disable_created_metrics
 
 from rallypoint.events import GangBound, GangRepaired, JobRequeued, PreemptionRequested
 from rallypoint.state import ClusterState
 
 from .decision_spans import trace_decision
 from .jobtraces import JobTraces
+
+# No `_created` samples (OpenMetrics' creation time, which prometheus-client adds to every counter and
+# histogram): each doubled its family in the text format and nothing reads it. The switch is read at
+# each scrape and holds for every instrument of the process, this module's and a service's own.
+disable_created_metrics()
 
 # Cycles take milliseconds on a small cluster and up to seconds at 100k GPUs.
 _CYCLE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

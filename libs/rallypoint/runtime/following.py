@@ -19,7 +19,8 @@ from rallypoint.eventlog import EventLogError, SnapshotStore
 from rallypoint.events.subjects import STREAM_SUBJECTS
 
 from .follower import Follower
-from .health import add_health_check, set_fold_position
+from .health import add_health_check
+from .reports import set_fold_position
 from .service import ServiceContext
 
 _log = logging.getLogger("rallypoint.following")

@@ -8,13 +8,14 @@ for deployments that want a degraded instance out of rotation.
 
 Parts of a service add what they know with ``add_health_check`` (the log follower does).
 
-Every answer also says where the service stands with the log (``log``): whether it reaches it (NATS
-connected) and, for a service that folds it, the sequence its fold has applied, the stream's last sequence
-(probed every few seconds) and the lag between them; for a fold of part of the log, the last sequence
-stored on its subjects, which ``fold_subjects`` names. A service that lost its NATS connection is
-``degraded`` (not ready), not ``unhealthy``: the client reconnects by itself and a restart would not bring
-the server back (a restart storm would only hit it harder when it returns); a closed connection is
-unhealthy.
+Every answer also says whether this instance leads its role (``leader``: true or false for a
+leader-elected service, null for the others) and where the service stands with the log (``log``): whether
+it reaches it (NATS connected) and, for a service that folds it, the sequence its fold has applied, the
+stream's last sequence (probed every few seconds) and the lag between them; for a fold of part of the log,
+the last sequence stored on its subjects, which ``fold_subjects`` names (both kept in ``reports``, which
+the metrics read too). A service that lost its NATS connection is ``degraded`` (not ready), not
+``unhealthy``: the client reconnects by itself and a restart would not bring the server back (a restart
+storm would only hit it harder when it returns); a closed connection is unhealthy.
 """
 
 from __future__ import annotations
@@ -26,45 +27,20 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from .metrics import add_metrics_route
+from .reports import leadership, log_report
+
 if TYPE_CHECKING:
     from .service import ServiceContext
 
 #: Returns the reasons for its concern now; an empty list when all is well.
 HealthCheck = Callable[[], list[str]]
-#: Where a service's fold stands: (the sequence it has applied, the stream's last sequence or None).
-FoldPosition = Callable[[], tuple[int, int | None]]
 
 # ServiceContext -> (checks that make it unhealthy, checks that make it degraded). Weak: a context lives
 # as long as its service and nothing here may keep it alive.
 _checks: weakref.WeakKeyDictionary[ServiceContext, tuple[list[HealthCheck], list[HealthCheck]]] = (
     weakref.WeakKeyDictionary()
 )
-
-
-_positions: weakref.WeakKeyDictionary[ServiceContext, tuple[FoldPosition, str | None]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def set_fold_position(ctx: ServiceContext, position: FoldPosition, *, subjects: str | None = None) -> None:
-    """Have ``/healthz`` report how far the service's fold lags the log, or with ``subjects`` (a fold of
-    part of the log) the last sequence stored on them, and name them (``fold_subjects``)."""
-    _positions[ctx] = (position, subjects)
-
-
-def log_report(ctx: ServiceContext) -> dict[str, Any]:
-    """Whether the service reaches the log, and how far behind its fold is (when it folds one)."""
-    nc = ctx.nats_client
-    report: dict[str, Any] = {"connected": nc is not None and nc.is_connected}
-    found = _positions.get(ctx)
-    if found is not None:
-        position, subjects = found
-        fold_seq, stream_seq = position()
-        lag = None if stream_seq is None else max(0, stream_seq - fold_seq)
-        report.update(fold_seq=fold_seq, stream_seq=stream_seq, lag=lag)
-        if subjects is not None:
-            report["fold_subjects"] = subjects
-    return report
 
 
 def add_health_check(ctx: ServiceContext, check: HealthCheck, *, degraded: bool) -> None:
@@ -80,6 +56,7 @@ def health_report(ctx: ServiceContext, main_task: asyncio.Task[int | None]) -> d
     if main_task.done():
         problems.append("main task ended")
     degraded = [reason for check in degrading for reason in check()]
+    leads = leadership(ctx)
     nc = ctx.nats_client
     if nc is not None and nc.is_closed:
         problems.append("NATS connection closed")
@@ -92,6 +69,8 @@ def health_report(ctx: ServiceContext, main_task: asyncio.Task[int | None]) -> d
         "problems": problems,
         "degraded": degraded,
         "log": log_report(ctx),
+        # Which replica of a leader-elected role leads (both answer ok); null for a service without one.
+        "leader": None if leads is None else leads.leads,
     }
 
 
@@ -109,8 +88,6 @@ async def serve_health(ctx: ServiceContext, main_task: asyncio.Task[int | None],
     app = web.Application()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    from .metrics import add_metrics_route  # here: metrics reads this module's log report
-
     add_metrics_route(app, ctx)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

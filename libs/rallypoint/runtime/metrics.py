@@ -2,8 +2,9 @@
 
 A scrape returns the process's own instruments (prometheus-client's default registry: our counters and
 histograms, process and Python collectors) followed by the collectors a service registered for itself with
-``add_collector`` (the scheduler's cluster gauges), and the fold's place in the log (``rally_log_lag``),
-which every service that folds the log reports through ``set_fold_position``.
+``add_collector`` (the scheduler's cluster gauges), the fold's place in the log (``rally_log_lag``),
+which every service that folds the log reports through ``set_fold_position``, and for a leader-elected
+service whether this instance leads (``rally_leader``, from ``set_leadership``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .health import log_report
+from .reports import leadership, log_report
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -34,6 +35,7 @@ def _registry(ctx: ServiceContext) -> CollectorRegistry:
     if registry is None:
         registry = _registries[ctx] = CollectorRegistry(auto_describe=False)
         registry.register(_LogLag(ctx))
+        registry.register(_Leader(ctx))
     return registry
 
 
@@ -74,6 +76,28 @@ class _LogLag(Collector):
             stream.add_metric(consumer, report["stream_seq"])
             families += [lag, stream]
         return families
+
+
+class _Leader(Collector):
+    """``rally_leader{role, instance}``: 1 on the replica that leads its role now, 0 on the others, so a
+    query finds the leader and an alert sees a role with none (sum 0) or two (sum 2); nothing for a
+    service that is not leader-elected."""
+
+    def __init__(self, ctx: ServiceContext) -> None:
+        self._ctx = weakref.ref(ctx)
+
+    def collect(self) -> Iterable[Metric]:
+        ctx = self._ctx()
+        leads = None if ctx is None else leadership(ctx)
+        if ctx is None or leads is None:
+            return []
+        family = GaugeMetricFamily(
+            "rally_leader",
+            "1 while this instance leads its leader-elected role (the scheduler), else 0.",
+            labels=["role", "instance"],
+        )
+        family.add_metric([leads.role, ctx.config.instance], int(leads.leads))
+        return [family]
 
 
 def render(ctx: ServiceContext) -> bytes:

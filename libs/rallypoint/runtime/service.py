@@ -33,6 +33,7 @@ from .config import ServiceConfig, nats_servers
 from .health import serve_health
 from .leader import LEADER_BUCKET, LeaderLease
 from .logs import setup_logging
+from .reports import set_leadership
 
 _log = logging.getLogger("rallypoint.runtime")
 
@@ -115,6 +116,8 @@ class ServiceContext:
         )
         # Registered after the connection's drain, so it runs before it (LIFO): resign while connected.
         self.stack.push_async_callback(lease.resign)
+        # /healthz's `leader` and /metrics' rally_leader: which replica leads (every replica says ok).
+        set_leadership(self, lease.key, lambda: lease.is_leader)
         return lease
 
     async def until_stopped(self, awaitable: Awaitable[T]) -> T | None:
