@@ -23,6 +23,7 @@ import nats.errors
 from aiohttp import web
 from prometheus_client import REGISTRY, generate_latest
 
+from rallypoint.control.drain import DEFAULT_DRAIN_POLICY, DrainPolicy, job_drain
 from rallypoint.eventlog import AppendConflict, EventLog, LogUnavailable
 from rallypoint.eventlog.secretstore import SecretsConflict, SecretStore
 from rallypoint.events import JobCancelRequested, JobSpec, JobSubmitted, subjects
@@ -82,6 +83,8 @@ class ApiConfig:
     queues: Queues | None = None
     # the cluster's checkpoint root: a job's checkpoint_dir must lie in <root>/<team>/ (None: none may)
     checkpoint_root: str | None = None
+    # the job controller's drain policy (its --drain-policy): what the views say a draining gang will do
+    drain: DrainPolicy = DEFAULT_DRAIN_POLICY
 
 
 _json = msgspec.json.Encoder()
@@ -391,7 +394,8 @@ class Handlers:
         if (refused := not_theirs(request, job)) is not None:
             return refused
         reader = audience(request, self.state.jobs)
-        return json_response(render_job(job, queue_positions(self.state), reader))
+        drain = job_drain(job, self.state, self.config.drain)
+        return json_response(render_job(job, queue_positions(self.state), reader, drain))
 
     async def list_jobs(self, request: web.Request) -> web.Response:
         query = request.query
@@ -449,7 +453,10 @@ class Handlers:
         reader = audience(request, self.state.jobs)
         return json_response(
             {
-                "jobs": [render_job(j, positions, reader) for j in page],
+                "jobs": [
+                    render_job(j, positions, reader, job_drain(j, self.state, self.config.drain))
+                    for j in page
+                ],
                 "count": len(page),
                 # Cursor for the next page: pass it back as ?after=; null when this page is the last.
                 "next_after": page[-1].submitted_seq if len(matching) > limit else None,
@@ -509,7 +516,7 @@ class Handlers:
 
     async def list_nodes(self, request: web.Request) -> web.Response:
         reader = audience(request, self.state.jobs)
-        nodes = [render_node(n, reader) for _, n in sorted(self.state.nodes.items())]
+        nodes = [render_node(n, reader, self.config.drain) for _, n in sorted(self.state.nodes.items())]
         return json_response({"nodes": nodes, "count": len(nodes), "seq": self.state.last_seq})
 
     async def get_state(self, request: web.Request) -> web.Response:
@@ -701,12 +708,12 @@ def build_app(
     app.router.add_get("/v1/jobs/{job_id}/checkpoints", reads(handlers.get_checkpoints))
     app.router.add_get("/v1/nodes", reads(handlers.list_nodes))
     # POST /v1/nodes/{id}/drain and /undrain: an operator's, admin tokens only
-    add_node_routes(app, log, follower, config.source, config.fold_wait_s)
+    add_node_routes(app, log, follower, config.source, config.fold_wait_s, config.drain)
     app.router.add_get("/v1/state", reads(handlers.get_state))
     app.router.add_get("/v1/openapi.json", handlers.openapi)
     app.router.add_get("/healthz", handlers.healthz)
     app.router.add_get("/metrics", handlers.metrics)
     add_dashboard_routes(app)  # GET /: the web dashboard over this same API
     # queues: the scheduler's queue file, when the API was given one (rally queues shows nominal quotas)
-    add_history_routes(app, log, follower, getattr(config, "queues", None))
+    add_history_routes(app, log, follower, getattr(config, "queues", None), config.drain)
     return app

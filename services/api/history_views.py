@@ -15,6 +15,7 @@ import msgspec
 from aiohttp import web
 
 from rallypoint.accounting import GROUP_BY, AttemptRecord, FinishedJob, finished_jobs, queues_report, usage
+from rallypoint.control.drain import DEFAULT_DRAIN_POLICY, DrainPolicy, job_drain
 from rallypoint.eventlog import EventLog
 from rallypoint.events import subjects
 from rallypoint.events.subjects import TOKEN_PATTERN
@@ -27,7 +28,7 @@ from .fold import FoldFollower
 from .ledger import LedgerCache, job_events
 from .problems import not_found, problem, unavailable
 from .reads import FoldReads, refuses_stale
-from .views import audience
+from .views import EVERYONE, audience, render_job_drain
 
 AGENT_TIMEOUT_S = 3.0
 READY_WAIT_S = 5.0  # how long a read waits for the fold to be current before 503 (as ApiConfig's)
@@ -130,10 +131,17 @@ def rank_node(job: JobView, placements: Any, rank: int) -> str | None:
 
 
 class HistoryHandlers:
-    def __init__(self, log: EventLog, follower: FoldFollower, queues: Any = None) -> None:
+    def __init__(
+        self,
+        log: EventLog,
+        follower: FoldFollower,
+        queues: Any = None,
+        drain: DrainPolicy = DEFAULT_DRAIN_POLICY,
+    ) -> None:
         self.log = log
         self.follower = follower
         self.queues = queues
+        self.drain = drain
         self.cache = LedgerCache(log)
 
     @property
@@ -153,12 +161,14 @@ class HistoryHandlers:
     # -- GET /v1/jobs/{job_id}/history -------------------------------------------------------------
 
     async def job_history(self, request: web.Request) -> web.Response:
-        job_id, _, refused = await self._job(request)
-        if refused is not None:
-            return refused
+        job_id, job, refused = await self._job(request)
+        if refused is not None or job is None:
+            return refused or not_found("job", job_id)
         history = job_history(await job_events(self.log, job_id), job_id)
         if history is None:
             return not_found("job", job_id)
+        # the drain plan is the live fold's (its nodes and the policy), not the job's own events'
+        history.drain = render_job_drain(job_drain(job, self.state, self.drain), EVERYONE)
         return _shown(request, self.state.jobs, history)
 
     # -- GET /v1/history ---------------------------------------------------------------------------
@@ -291,9 +301,13 @@ def _team_scope(request: web.Request, asked: str | None) -> tuple[str | None, we
 
 
 def add_history_routes(
-    app: web.Application, log: EventLog, follower: FoldFollower, queues: Any = None
+    app: web.Application,
+    log: EventLog,
+    follower: FoldFollower,
+    queues: Any = None,
+    drain: DrainPolicy = DEFAULT_DRAIN_POLICY,
 ) -> None:
-    handlers = HistoryHandlers(log, follower, queues)
+    handlers = HistoryHandlers(log, follower, queues, drain)
     reads = FoldReads(follower, READY_WAIT_S)
     # A job's history and logs find the job in the fold, then read the log (and an agent): no stale read.
     app.router.add_get("/v1/jobs/{job_id}/history", reads(handlers.job_history, reads_log=True))

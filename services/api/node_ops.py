@@ -23,6 +23,7 @@ from typing import Literal
 import msgspec
 from aiohttp import web
 
+from rallypoint.control.drain import DEFAULT_DRAIN_POLICY, DrainPolicy
 from rallypoint.eventlog import AppendConflict, EventLog, LogUnavailable
 from rallypoint.events import NodeDrained, NodeUndrained, subjects
 from rallypoint.events.subjects import TOKEN_PATTERN
@@ -33,7 +34,7 @@ from rallypoint.state import NodeView
 from .auth import forbidden, principal
 from .fold import FoldFollower
 from .problems import not_found, problem, unavailable, unparseable
-from .views import render_node
+from .views import Audience, render_node
 
 Action = Literal["drain", "undrain"]
 MAX_REASON = 1_000
@@ -73,11 +74,19 @@ def _invalid(detail: str, *, field: str = "reason") -> web.Response:
 
 
 class NodeOps:
-    def __init__(self, log: EventLog, follower: FoldFollower, source: str, fold_wait_s: float) -> None:
+    def __init__(
+        self,
+        log: EventLog,
+        follower: FoldFollower,
+        source: str,
+        fold_wait_s: float,
+        drain: DrainPolicy = DEFAULT_DRAIN_POLICY,
+    ) -> None:
         self.log = log
         self.follower = follower
         self.source = source
         self.fold_wait_s = fold_wait_s
+        self.drain_policy = drain
 
     async def drain(self, request: web.Request) -> web.Response:
         return await self._act(request, "drain")
@@ -113,7 +122,8 @@ class NodeOps:
                         node_id, node.status, node.status_reason, "a lost node cannot be drained"
                     )
                 if action == "undrain" and node.status == "up" and not node.cordoned:
-                    return _done(node, last, action, changed=False)  # already in service: nothing to append
+                    # already in service: nothing to append
+                    return self._done(node, last, action, changed=False)
                 if action == "undrain" and node.status not in ("drained", "up"):
                     return _conflict(
                         node_id,
@@ -140,15 +150,21 @@ class NodeOps:
                     continue  # a health verdict or another operator got there first: decide again
                 await self.follower.wait_for_seq(seq, self.fold_wait_s)
                 current = self.follower.state.nodes.get(node_id, node)
-                return _done(current, seq, action, changed=True)
+                return self._done(current, seq, action, changed=True)
         except LogUnavailable as exc:
             return unavailable(f"the event log did not acknowledge the {action} ({exc}); retry")
         return unavailable(f"node {node_id}'s state kept changing during the {action}; retry")
 
-
-def _done(node: NodeView, seq: int, action: Action, *, changed: bool) -> web.Response:
-    body = {"node": render_node(node), "seq": seq, "action": action, "changed": changed}
-    return web.Response(status=200, body=_json.encode(body), content_type="application/json")
+    def _done(self, node: NodeView, seq: int, action: Action, *, changed: bool) -> web.Response:
+        """The node as it now stands, with each of its jobs' drain plans (an admin sees every job)."""
+        admin = Audience(None, self.follower.state.jobs)
+        body = {
+            "node": render_node(node, admin, self.drain_policy),
+            "seq": seq,
+            "action": action,
+            "changed": changed,
+        }
+        return web.Response(status=200, body=_json.encode(body), content_type="application/json")
 
 
 def _conflict(node_id: str, status: str, why: str, detail: str) -> web.Response:
@@ -164,8 +180,13 @@ def _conflict(node_id: str, status: str, why: str, detail: str) -> web.Response:
 
 
 def add_node_routes(
-    app: web.Application, log: EventLog, follower: FoldFollower, source: str, wait: float
+    app: web.Application,
+    log: EventLog,
+    follower: FoldFollower,
+    source: str,
+    wait: float,
+    drain: DrainPolicy = DEFAULT_DRAIN_POLICY,
 ) -> None:
-    ops = NodeOps(log, follower, source, wait)
+    ops = NodeOps(log, follower, source, wait, drain)
     app.router.add_post("/v1/nodes/{node_id}/drain", ops.drain)
     app.router.add_post("/v1/nodes/{node_id}/undrain", ops.undrain)

@@ -77,6 +77,18 @@ def _fold_read(operation: dict[str, Any]) -> dict[str, Any]:
 _NULLABLE_INT = {"type": ["integer", "null"]}
 _NULLABLE_NUM = {"type": ["number", "null"]}
 _NULLABLE_STR = {"type": ["string", "null"]}
+#: One gang's plan on a node going out of service (``rallypoint.control.drain.DrainPlan``).
+_DRAIN_PLAN: dict[str, Any] = {
+    "plan": {
+        "type": "string",
+        "enum": ["now", "after-checkpoint", "at-deadline"],
+        "description": "now: interrupted at once; after-checkpoint: right after its next committed "
+        "checkpoint, at the latest at the deadline; at-deadline: at the deadline (it has no checkpoint to "
+        "wait for), or never when the deadline is null (its class runs to its end).",
+    },
+    "deadline": {**_NULLABLE_NUM, "description": "Unix seconds by which it leaves the node at the latest."},
+    "detail": {"type": "string", "description": "Why this plan, in words."},
+}
 _TOPOLOGY = {"type": ["string", "null"], "enum": [*TOPOLOGY_LEVELS, None]}
 # Limits (docs/api.md, "Limits"): the validator enforces the same numbers, and byte limits in UTF-8.
 _GPU_COUNT = {"minimum": 1, "maximum": MAX_GPUS}
@@ -340,7 +352,26 @@ _SCHEMAS: dict[str, Any] = {
             "started_at": _NULLABLE_NUM,
             "ended_at": _NULLABLE_NUM,
             "exit_code": _NULLABLE_INT,
-            "reason": _NULLABLE_STR,
+            "reason": {
+                **_NULLABLE_STR,
+                "description": "Why the job is in its current state (pending again, repairing, failed...); "
+                "null once it runs again: see last_interruption.",
+            },
+            "last_interruption": {
+                **_NULLABLE_STR,
+                "description": "Why its last attempt was interrupted (a lost or drained node), once it "
+                "runs again or completed.",
+            },
+            "drain": {
+                "type": ["object", "null"],
+                "description": "While a node under the job is out of service (drained or cordoned): what "
+                "happens to the job there and by when, under the job controller's drain policy.",
+                "properties": {
+                    "node": {"type": "string"},
+                    "reason": {"type": "string", "description": "Why the node is out of service."},
+                    **_DRAIN_PLAN,
+                },
+            },
             "cancel_requested": {"type": "boolean"},
             "preemptions": {"type": "integer", "description": "Times this job was preempted and requeued."},
             "last_preempted_at": _NULLABLE_NUM,
@@ -417,6 +448,12 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "array",
                 "items": {"type": "string"},
                 "description": "The jobs on the node: all for an admin, the own team's for a team token.",
+            },
+            "draining_jobs": {
+                "type": "array",
+                "description": "While the node is out of service: each of its jobs (that the token may "
+                "see) with its drain plan.",
+                "items": {"type": "object", "properties": {"job_id": {"type": "string"}, **_DRAIN_PLAN}},
             },
             "registered_at": {"type": "number"},
         },

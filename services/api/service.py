@@ -9,6 +9,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from rallypoint.control.drain_flags import add_drain_policy_args, drain_policy_from_args
 from rallypoint.jobs import DEFAULT_MAX_GPUS_PER_NODE
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.service import MainFn
@@ -56,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the scheduler's queue file: each team's max_priority is enforced at submission",
     )
+    # the job controller's drain policy: the job and node views show each draining gang's plan under it
+    add_drain_policy_args(parser)
     return parser
 
 
@@ -74,6 +77,7 @@ def make_main(args: argparse.Namespace, queues: Queues | None = None) -> MainFn:
             max_gpus_per_node=args.max_gpus_per_node,
             queues=queues,
             checkpoint_root=args.checkpoint_root,
+            drain=drain_policy_from_args(args),
         )
         follower = FoldFollower(log, await ctx.snapshots(), settle=True)
         auth = TokenStore(Path(args.tokens_file))

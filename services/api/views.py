@@ -15,6 +15,8 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from rallypoint.control.drain import DEFAULT_DRAIN_POLICY, DrainPlan, DrainPolicy, JobDrain, drain_plan
+from rallypoint.jobs.history import current_reason
 from rallypoint.security.tokens import Principal
 from rallypoint.state import ClusterState, JobView, NodeView
 
@@ -137,10 +139,14 @@ def pending_reason(job: JobView, reader: Audience) -> dict[str, Any] | None:
     return {"code": AWAITING_CODE, "message": AWAITING_MESSAGE}
 
 
-def render_job(job: JobView, positions: dict[str, int], reader: Audience) -> dict[str, Any]:
+def render_job(
+    job: JobView, positions: dict[str, int], reader: Audience, drain: JobDrain | None = None
+) -> dict[str, Any]:
     """The job as ``reader`` may see it: only ``render_job`` of a job the reader may see is ever asked
-    for; what names other jobs (the reasons, the job it is preempted for) is redacted for it."""
+    for; what names other jobs (the reasons, the job it is preempted for) is redacted for it. ``drain``:
+    its plan on the out-of-service node under it (``control.drain.job_drain``), None when there is none."""
     spec = job.spec
+    reason, last_interruption = current_reason(job)
     return {
         "job_id": job.job_id,
         "name": spec.name,
@@ -165,7 +171,9 @@ def render_job(job: JobView, positions: dict[str, int], reader: Audience) -> dic
         "started_at": job.started_at,
         "ended_at": job.ended_at,
         "exit_code": job.exit_code,
-        "reason": reader.text(job.reason) or None,
+        "reason": reader.text(reason) or None,
+        "last_interruption": reader.text(last_interruption) or None,
+        "drain": render_job_drain(drain, reader),
         "cancel_requested": job.cancel_requested,
         "preemptions": job.preemptions,
         "last_preempted_at": job.last_preempted_at,
@@ -176,6 +184,30 @@ def render_job(job: JobView, positions: dict[str, int], reader: Audience) -> dic
         "spec": msgspec.to_builtins(spec),
         "links": job_links(job.job_id),
     }
+
+
+def render_job_drain(drain: JobDrain | None, reader: Audience) -> dict[str, Any] | None:
+    """What happens to the job on the node being drained under it, and by when."""
+    if drain is None:
+        return None
+    return {"node": drain.node_id, "reason": reader.text(drain.reason), **_plan(drain.plan)}
+
+
+def _plan(plan: DrainPlan) -> dict[str, Any]:
+    return {"plan": plan.plan, "deadline": plan.deadline, "detail": plan.detail}
+
+
+def draining_jobs(node: NodeView, reader: Audience, policy: DrainPolicy) -> list[dict[str, Any]]:
+    """The plan of each job on ``node`` the reader may see, while the node is out of service (else none)."""
+    out = []
+    for job_id in sorted(set(node.allocated.values())):
+        job = reader.jobs.get(job_id)
+        if job is None or not reader.sees(job_id) or job.terminal:
+            continue
+        plan = drain_plan(job, node, policy)
+        if plan is not None:
+            out.append({"job_id": job_id, **_plan(plan)})
+    return out
 
 
 def render_recovery(job: JobView, reader: Audience) -> dict[str, Any]:
@@ -195,8 +227,11 @@ def render_recovery(job: JobView, reader: Audience) -> dict[str, Any]:
     }
 
 
-def render_node(node: NodeView, reader: Audience = EVERYONE) -> dict[str, Any]:
-    """The node as ``reader`` may see it: another team's GPUs count as allocated, its jobs are not listed."""
+def render_node(
+    node: NodeView, reader: Audience = EVERYONE, policy: DrainPolicy = DEFAULT_DRAIN_POLICY
+) -> dict[str, Any]:
+    """The node as ``reader`` may see it: another team's GPUs count as allocated, its jobs are not listed.
+    ``draining_jobs`` reads the jobs from ``reader.jobs`` (the fold's) under the drain ``policy``."""
     return {
         "node_id": node.node_id,
         "address": node.address,
@@ -218,6 +253,7 @@ def render_node(node: NodeView, reader: Audience = EVERYONE) -> dict[str, Any]:
         # which GPUs are held, whoever holds them: a team's dashboard shows another team's as busy
         "busy_gpus": sorted(node.allocated),
         "jobs": sorted(job_id for job_id in set(node.allocated.values()) if reader.sees(job_id)),
+        "draining_jobs": draining_jobs(node, reader, policy),
         "registered_at": node.registered_at,
     }
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-import msgspec
-
 from rallypoint.control import RecoveryConfig
-from rallypoint.control.drain import DrainPolicy, parse_drain_policy
+from rallypoint.control.drain_flags import add_drain_policy_args, drain_policy_from_args
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.following import open_follower
 
@@ -53,29 +51,7 @@ def _add_recovery_args(parser: argparse.ArgumentParser) -> None:
         default=defaults.failure_grace_s,
         help="seconds the surviving ranks of a failed attempt get between SIGTERM and SIGKILL",
     )
-    drain = defaults.drain
-    parser.add_argument(
-        "--drain-policy",
-        type=_drain_policy,
-        default=drain,
-        help="what running gangs do when a node under them is drained or cordoned, per priority class: "
-        "CLASS=now|checkpoint|finish, comma-separated, * for any other class (default: "
-        + ",".join(f"{k}={v}" for k, v in sorted(drain.by_class.items()))
-        + f",*={drain.default})",
-    )
-    parser.add_argument(
-        "--drain-checkpoint-wait",
-        type=float,
-        default=drain.checkpoint_wait_s,
-        help="seconds a 'checkpoint' drain waits for the gang's next checkpoint before it evicts anyway",
-    )
-
-
-def _drain_policy(text: str) -> DrainPolicy:
-    try:
-        return parse_drain_policy(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+    add_drain_policy_args(parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -98,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_backoff_s=args.max_backoff,
         max_infra_retries=args.max_infra_retries,
         failure_grace_s=args.failure_grace,
-        drain=msgspec.structs.replace(args.drain_policy, checkpoint_wait_s=args.drain_checkpoint_wait),
+        drain=drain_policy_from_args(args),
     )
 
     async def run(ctx: ServiceContext) -> int:

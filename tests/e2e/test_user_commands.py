@@ -328,5 +328,46 @@ def _into_closed_pipe(argv: list[str]) -> subprocess.CompletedProcess[str]:
         os.close(write)
 
 
+def test_a_drain_says_what_it_will_do_and_the_attempt_reads_drained(
+    story: Story, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 31's drain row: a gang that checkpoints nothing is not interrupted at once (it may wait out
+    the 30 min deadline), and the drain, `rally nodes` and `rally show` say so, with the deadline; a
+    development gang goes at once, and its attempt reads drained, not attempt-failed."""
+    api = story.cluster.api_url
+    waits = submit(api, "no-ckpt", "lang", 4, ["sleep", "300"], priority="training-standard")
+    goes = submit(api, "dev", "lang", 4, ["sleep", "300"], priority="development")
+    for job_id in (waits, goes):
+        wait(api, job_id, {"running"})
+    node_of = {job_id: call("GET", f"{api}/v1/jobs/{job_id}")[1]["nodes"][0] for job_id in (waits, goes)}
+    try:
+        said = _lines(capsys, "nodes", "drain", node_of[waits], "--reason", "maintenance")
+        assert said[0].startswith(f"node {node_of[waits]} drained (maintenance)"), said
+        assert said[1].startswith(f"  {waits}: interrupted at ") and "no checkpoint committed yet" in said[1]
+        nodes = {n["node_id"]: n for n in rally_json(capsys, "nodes")["nodes"]}
+        [plan] = nodes[node_of[waits]]["draining_jobs"]
+        assert (plan["job_id"], plan["plan"]) == (waits, "at-deadline")
+        assert plan["deadline"] > time.time() + 25 * 60, "it leaves by the 30 min deadline, not now"
+        row = next(r for r in _lines(capsys, "nodes") if r.startswith(node_of[waits]))
+        assert "DRAINING" in row and f"{waits} at-deadline by" in row
+        drain = next(r for r in _lines(capsys, "show", waits) if r.strip().startswith("Drain="))
+        assert drain.strip().startswith(f"Drain={node_of[waits]} (maintenance): interrupted at ")
+        assert rally_json(capsys, "show", waits)["drain"]["plan"] == "at-deadline"
+        _lines(capsys, "nodes", "drain", node_of[goes], "--reason", "maintenance")
+        deadline = time.monotonic() + 60
+        while not (attempts := rally_json(capsys, "show", goes)["attempts"])[0]["ended_at"]:
+            assert time.monotonic() < deadline, "the development gang was not interrupted at once"
+            time.sleep(0.5)
+        assert attempts[0]["outcome"] == "drained"
+        assert call("GET", f"{api}/v1/jobs/{waits}")[1]["state"] == "running", "it still runs, as said"
+    finally:
+        for node in set(node_of.values()):
+            _lines(capsys, "nodes", "undrain", node, "--reason", "done")
+        for job_id in (waits, goes):
+            call("DELETE", f"{api}/v1/jobs/{job_id}")
+        for job_id in (waits, goes):
+            wait(api, job_id, TERMINAL)
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -19,13 +19,15 @@ import msgspec
 
 from rallypoint.events import (
     Event,
+    JobAttemptFailed,
+    JobInterrupted,
     JobPreempted,
     JobSubmitted,
     RankExited,
     TaskPlacement,
 )
 from rallypoint.events.codec import Quarantined
-from rallypoint.state import LAUNCHED, ClusterState, JobView
+from rallypoint.state import LAUNCHED, ClusterState, JobView, NodeView
 
 #: How an attempt ended, by the name of the event that ended it (names, not classes: a resize is an
 #: elastic gang's new attempt, and the ledger need not import every decision to say so).
@@ -39,6 +41,11 @@ OUTCOMES: dict[str, str] = {
     "GangResized": "resized",
     "JobResized": "resized",  # the live resize's attempt ends when its ranks have stopped
 }
+#: An attempt the infrastructure ended (``JobInterrupted``, an ``infra`` ``JobAttemptFailed``): ``drained``
+#: when a node it left was taken out of service (an operator's drain, a health cordon), else
+#: ``interrupted`` (a lost node, a lost agent, the local cluster stopped). Neither is the job's failure.
+DRAINED = "drained"
+INTERRUPTED = "interrupted"
 UNKNOWN_USER = "unknown"
 
 
@@ -115,7 +122,7 @@ class AttemptLedger(msgspec.Struct, kw_only=True):
             return []
         if isinstance(event, RankExited):
             return self._rank_exited(event, seq)
-        return self._observe(before, job, seq, event)
+        return self._observe(before, job, seq, event, state)
 
     def _rank_exited(self, event: RankExited, seq: int) -> list[AttemptRecord]:
         rec = self.attempt(event.job_id, event.attempt)
@@ -131,13 +138,15 @@ class AttemptLedger(msgspec.Struct, kw_only=True):
             return []
         return self.apply(state, seq, item)
 
-    def _observe(self, before: tuple[str, int], job: JobView, seq: int, event: Event) -> list[AttemptRecord]:
+    def _observe(
+        self, before: tuple[str, int], job: JobView, seq: int, event: Event, state: ClusterState
+    ) -> list[AttemptRecord]:
         was, was_attempt = before
         changed: list[AttemptRecord] = []
         if was in LAUNCHED and (job.state not in LAUNCHED or job.attempt != was_attempt):
             ended = self.attempt(job.job_id, was_attempt)
             if ended is not None and ended.ended_at is None:
-                _close(ended, event, seq)
+                _close(ended, event, seq, state)
                 changed.append(ended)
         if job.attempt != was_attempt and job.state in LAUNCHED:
             opened = AttemptRecord(
@@ -178,9 +187,9 @@ class AttemptLedger(msgspec.Struct, kw_only=True):
             yield from sorted(self.jobs[job_id], key=lambda r: r.attempt)
 
 
-def _close(rec: AttemptRecord, event: Event, seq: int) -> None:
+def _close(rec: AttemptRecord, event: Event, seq: int, state: ClusterState) -> None:
     rec.ended_at = float(getattr(event, "at", 0.0))
-    rec.outcome = OUTCOMES.get(type(event).__name__, "ended")
+    rec.outcome = outcome_of(event, rec.nodes, state)
     rec.reason = str(getattr(event, "reason", "") or "")
     rec.exit_code = getattr(event, "exit_code", None)
     rec.lost_gpu_s = float(getattr(event, "lost_gpu_s", 0.0))
@@ -189,6 +198,20 @@ def _close(rec: AttemptRecord, event: Event, seq: int) -> None:
     if rec.exit_code is None:
         rec.failed_rank = None  # no rank's exit ended it (a preemption, a lost node, a time limit, ...)
     rec.last_seq = seq
+
+
+def outcome_of(event: Event, nodes: Iterable[str], state: ClusterState) -> str:
+    """How the attempt on ``nodes`` that ``event`` ended, ended (``state``: the fold once it applied it)."""
+    if isinstance(event, JobInterrupted):
+        nodes = event.failed_nodes  # the nodes it left; the healthy ones keep the gang
+    elif not (isinstance(event, JobAttemptFailed) and event.cause == "infra"):
+        return OUTCOMES.get(type(event).__name__, "ended")
+    return DRAINED if any(_taken_out(state.nodes.get(n)) for n in nodes) else INTERRUPTED
+
+
+def _taken_out(node: NodeView | None) -> bool:
+    """Out of service and still there: drained or cordoned, not lost."""
+    return node is not None and node.status != "lost" and (node.status == "drained" or node.cordoned)
 
 
 def fold_attempts(events: Iterable[tuple[int, Event | Quarantined]]) -> tuple[ClusterState, AttemptLedger]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from .jobs_cmds import format_elapsed, format_table, hostlist
+from .node_cmds import plan_text
 
 
 def when(seconds: float | None) -> str:
@@ -26,10 +28,15 @@ def format_show(h: dict[str, Any]) -> str:
         f" Queue={h['queue'] or '-'}",
         f"   Gpus={spec['gpus']} GpusPerNode={spec['gpus_per_task']} RanksPerNode={spec['ranks_per_task']}"
         f" MaxRetries={spec['max_retries']} TimeLimit={spec['time_limit_s'] or 'UNLIMITED'}",
-        f"   Command={' '.join(spec['command'])}",
+        # shell-quoted, so it can be pasted back into a shell as it was submitted
+        f"   Command={shlex.join(spec['command'])}",
         f"   SubmitTime={when(h['submitted_at'])} EndTime={when(h['ended_at'])}"
         f" LostGpuHours={hours(h['lost_gpu_s'])}",
     ]
+    if h.get("last_interruption"):
+        lines.append(f"   LastInterruption={h['last_interruption']}")
+    if h.get("drain"):
+        lines.append(f"   {drain_line(h['drain'], now=time.time())}")
     if h.get("cancel_requested_by"):
         lines.append(f"   CancelRequestedBy={h['cancel_requested_by']}")
     lines.append("Attempts:")
@@ -72,6 +79,11 @@ def format_show(h: dict[str, Any]) -> str:
             for c in h["checkpoints"]
         )
     return "\n".join(lines)
+
+
+def drain_line(drain: dict[str, Any], *, now: float) -> str:
+    """``Drain=node-4 (maintenance): interrupted after its next checkpoint, at the latest at ...``."""
+    return f"Drain={drain['node']} ({drain['reason']}): {plan_text(drain, now=now)}"
 
 
 def _indent(text: str) -> str:

@@ -566,7 +566,10 @@ def format_jobs(jobs: Sequence[dict[str, Any]], *, now: float) -> str:
 
 
 def node_health(node: dict[str, Any]) -> str:
-    """``degraded: job j1 rank 2 straggler 3.1 >= 1.43``: the verdict and its first finding."""
+    """``degraded: job j1 rank 2 straggler 3.1 >= 1.43``: the verdict and its first finding; ``-`` for a
+    node that sends no signals (lost, unreachable), whose last verdict says nothing about it now."""
+    if node.get("status") in SILENT_STATUSES:
+        return "-"
     health = str(node.get("health") or "healthy")
     evidence = node.get("health_evidence") or []
     if not evidence:
@@ -577,17 +580,53 @@ def node_health(node: dict[str, Any]) -> str:
     return f"{health}: {finding}{more}"
 
 
+#: A node the health monitor hears nothing from: its status is all there is to say.
+SILENT_STATUSES = frozenset({"lost", "unreachable"})
+
+
+def node_state(node: dict[str, Any]) -> str:
+    """sinfo's STATE, shown as STATUS: ``lost`` / ``unreachable``; for a node out of service (drained,
+    or cordoned by its health) ``draining`` while jobs still run on it, else ``drained`` or its verdict
+    (``degraded``); ``up`` otherwise."""
+    status = str(node.get("status") or "?")
+    health = str(node.get("health") or "healthy")
+    if status in SILENT_STATUSES or (status == "up" and health not in CORDONING_HEALTH):
+        return status
+    if node.get("draining_jobs") or (node.get("gpus") or {}).get("allocated"):
+        return "draining"
+    return "drained" if status == "drained" else health
+
+
+#: The verdicts that take a node out of service (``NodeView.cordoned``).
+CORDONING_HEALTH = frozenset({"degraded", "failed"})
+
+
+def node_jobs(node: dict[str, Any]) -> str:
+    """The node's jobs; on a draining node each with its plan: ``j-1 after-checkpoint by 10:32:05``."""
+    plans = {p["job_id"]: p for p in node.get("draining_jobs") or []}
+    cells = []
+    for job_id in node.get("jobs") or []:
+        plan = plans.get(job_id)
+        if plan is None:
+            cells.append(job_id)
+            continue
+        deadline = plan.get("deadline")
+        by = f" by {time.strftime('%H:%M:%S', time.localtime(deadline))}" if deadline is not None else ""
+        cells.append(f"{job_id} {plan['plan']}{by}")
+    return ",".join(cells) or "-"
+
+
 def format_nodes(nodes: Sequence[dict[str, Any]]) -> str:
     headers = ("NODE", "RACK", "STATUS", "HEALTH", "GPU_TYPE", "GPUS(FREE/TOTAL)", "JOBS")
     rows = [
         (
             n["node_id"],
             n["rack"],
-            str(n["status"]).upper(),
+            node_state(n).upper(),
             node_health(n),
             n["gpu_type"],
             f"{n['gpus']['free']}/{n['gpus']['total']}",
-            ",".join(n.get("jobs") or []) or "-",
+            node_jobs(n),
         )
         for n in nodes
     ]

@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .client import ApiClient, ApiError, ApiUnreachable, resolve_api_url
 from .output import add_output_args, wants_json
@@ -16,8 +18,9 @@ EXIT_OK = 0
 EXIT_ERROR = 2
 
 _HELP = {
-    "drain": "stop placing new work on a node, like scontrol update state=drain (jobs running on it are "
-    "interrupted and repaired on other nodes: docs/health.md)",
+    "drain": "stop placing new work on a node, like scontrol update state=drain (each job running on it "
+    "leaves as its priority class's drain policy says: at once, after its next checkpoint or by a "
+    "deadline; the command prints which, and `rally nodes` and `rally show` keep saying it: docs/health.md)",
     "undrain": "return a drained node to service, like scontrol update state=resume",
 }
 
@@ -50,16 +53,47 @@ def cmd_node_action(args: argparse.Namespace) -> int:
         print(json.dumps(body, indent=2))
         return EXIT_OK
     node = body.get("node") or {}
-    status = node.get("status", "?")
     if args.action == "drain":
-        jobs = node.get("jobs") or []
-        running = (
-            f"; the job controller interrupts its {len(jobs)} job(s) and repairs them on other nodes: "
-            + ", ".join(jobs)
-            if jobs
-            else ""
-        )
-        print(f"node {args.node_id} drained ({args.reason}): no new work will be placed on it{running}")
+        print(drain_text(args.node_id, args.reason, node, now=time.time()))
     else:
-        print(f"node {args.node_id} is {status}: back in service")
+        print(f"node {args.node_id} is {node.get('status', '?')}: back in service")
     return EXIT_OK
+
+
+def drain_text(node_id: str, reason: str, node: Mapping[str, Any], *, now: float) -> str:
+    """What the drain did and what happens to each job on the node, and when, as the API planned it."""
+    head = f"node {node_id} drained ({reason}): no new work will be placed on it"
+    plans = node.get("draining_jobs") or []
+    if not plans:
+        return head + "; no job runs on it"
+    lines = [head + f"; its {len(plans)} job(s) leave it and are repaired on other nodes:"]
+    lines.extend(f"  {p['job_id']}: {plan_text(p, now=now)}" for p in plans)
+    return "\n".join(lines)
+
+
+def plan_text(plan: Mapping[str, Any], *, now: float) -> str:
+    """One job's drain plan in words: ``interrupted now``, ``after its next checkpoint, by 10:32:05 (in
+    29m58s)``, ``at 10:32:05 (in 29m58s)``, ``left to run to its end``; then the API's detail."""
+    deadline = plan.get("deadline")
+    kind = plan.get("plan")
+    if kind == "now" or (deadline is not None and deadline <= now):
+        when = "interrupted now"
+    elif deadline is None:
+        when = "left to run to its end"
+    elif kind == "after-checkpoint":
+        when = f"interrupted after its next checkpoint, at the latest {_at(deadline, now)}"
+    else:
+        when = f"interrupted {_at(deadline, now)}"
+    detail = plan.get("detail")
+    return f"{when} ({detail})" if detail else when
+
+
+def _at(deadline: float, now: float) -> str:
+    clock = time.strftime("%H:%M:%S", time.localtime(deadline))
+    return f"at {clock} (in {_duration(deadline - now)})"
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(max(0, int(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"

@@ -20,9 +20,19 @@ from typing import Literal, get_args
 
 import msgspec
 
-from rallypoint.state import JobView, NodeView
+from rallypoint.state import ClusterState, JobView, NodeView
 
-__all__ = ["DEFAULT_DRAIN_POLICY", "DrainAction", "DrainPolicy", "eviction_at", "parse_drain_policy"]
+__all__ = [
+    "DEFAULT_DRAIN_POLICY",
+    "DrainAction",
+    "DrainPlan",
+    "DrainPolicy",
+    "JobDrain",
+    "drain_plan",
+    "eviction_at",
+    "job_drain",
+    "parse_drain_policy",
+]
 
 DrainAction = Literal["now", "checkpoint", "finish"]
 DRAIN_ACTIONS: tuple[str, ...] = get_args(DrainAction)
@@ -54,8 +64,74 @@ class DrainPolicy(msgspec.Struct, frozen=True, kw_only=True):
 DEFAULT_DRAIN_POLICY = DrainPolicy()
 
 
+#: What happens to a gang on a node going out of service, as a user reads it: ``now`` (interrupted at
+#: once), ``after-checkpoint`` (at its next committed checkpoint, at the latest by the deadline) or
+#: ``at-deadline`` (at the deadline: it has no checkpoint to wait for; or, without a deadline, never:
+#: left to run to its end).
+DrainPlanKind = Literal["now", "after-checkpoint", "at-deadline"]
+
+
+class DrainPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """What the job controller does with one gang on one out-of-service node, and when."""
+
+    plan: DrainPlanKind
+    #: When the gang leaves the node at the latest (at or before now: at once); None: it is not made to.
+    deadline: float | None
+    #: Why this plan, in words (the class's policy, the checkpoint it waits for or has).
+    detail: str
+
+
+class JobDrain(msgspec.Struct, frozen=True, kw_only=True):
+    """The plan of a gang on the out-of-service node it leaves first (a gang may span several)."""
+
+    node_id: str
+    #: Why the node is out of service: the operator's reason, or the health monitor's verdict.
+    reason: str
+    plan: DrainPlan
+
+
 def _out_of_service(node: NodeView) -> bool:
     return node.status == "drained" or node.cordoned
+
+
+def drain_plan(job: JobView, node: NodeView, policy: DrainPolicy) -> DrainPlan | None:
+    """The plan for ``job``'s gang on ``node``; None while the node is in service.
+
+    The one rule the job controller acts on (``eviction_at`` is its deadline) and the API shows: a
+    failed node, or a class whose action is ``now``, is left at once; ``checkpoint`` waits for the
+    gang's next commit (one committed since the node went out makes it due at once) at most
+    ``checkpoint_wait_s``, and a gang that has committed no checkpoint yet only waits out that time;
+    ``finish`` runs to its end.
+    """
+    if not _out_of_service(node) or node.status == "lost":
+        return None
+    since = node.out_since if node.out_since is not None else 0.0
+    priority = job.spec.priority
+    if node.health == "failed":
+        return DrainPlan(plan="now", deadline=since, detail="the node failed: its GPUs cannot be trusted")
+    action = policy.action_for(priority)
+    if action == "now":
+        return DrainPlan(plan="now", deadline=since, detail=f"class {priority} drains at once")
+    if action == "finish":
+        return DrainPlan(plan="at-deadline", deadline=None, detail=f"class {priority} runs to its end")
+    if job.last_checkpoint_at is not None and job.last_checkpoint_at >= since:
+        return DrainPlan(
+            plan="now",
+            deadline=job.last_checkpoint_at,
+            detail="checkpointed since the drain: nothing to lose",
+        )
+    deadline = since + policy.checkpoint_wait_s
+    if not job.checkpoints:
+        return DrainPlan(
+            plan="at-deadline",
+            deadline=deadline,
+            detail="no checkpoint committed yet: runs until the deadline unless it checkpoints or ends first",
+        )
+    return DrainPlan(
+        plan="after-checkpoint",
+        deadline=deadline,
+        detail="waits for its next checkpoint, at most until the deadline",
+    )
 
 
 def eviction_at(job: JobView, node: NodeView, policy: DrainPolicy) -> float | None:
@@ -64,19 +140,28 @@ def eviction_at(job: JobView, node: NodeView, policy: DrainPolicy) -> float | No
     None while the node is in service, under ``finish``, and under ``checkpoint`` while the deadline is
     ahead and no checkpoint was committed since the node went out (a later commit makes it due at once).
     """
-    if not _out_of_service(node):
+    plan = drain_plan(job, node, policy)
+    return None if plan is None else plan.deadline
+
+
+def _node_reason(node: NodeView) -> str:
+    if node.status == "drained":
+        return node.status_reason
+    return f"cordoned: {node.health}"
+
+
+def job_drain(job: JobView, state: ClusterState, policy: DrainPolicy) -> JobDrain | None:
+    """The plan of ``job`` on the out-of-service node under it that it leaves first (None: none is out
+    of service). A node the gang is not made to leave comes after every one it is."""
+    if job.terminal:
         return None
-    since = node.out_since if node.out_since is not None else 0.0
-    if node.health == "failed":
-        return since
-    action = policy.action_for(job.spec.priority)
-    if action == "now":
-        return since
-    if action == "finish":
-        return None
-    if job.last_checkpoint_at is not None and job.last_checkpoint_at >= since:
-        return job.last_checkpoint_at
-    return since + policy.checkpoint_wait_s
+    plans = [
+        JobDrain(node_id=node_id, reason=_node_reason(node), plan=plan)
+        for node_id in sorted({p.node_id for p in job.placements})
+        if (node := state.nodes.get(node_id)) is not None
+        and (plan := drain_plan(job, node, policy)) is not None
+    ]
+    return min(plans, key=lambda d: (d.plan.deadline is None, d.plan.deadline or 0.0), default=None)
 
 
 def parse_drain_policy(text: str, base: DrainPolicy = DEFAULT_DRAIN_POLICY) -> DrainPolicy:

@@ -29,10 +29,22 @@ from rallypoint.events import (
     event_type,
 )
 from rallypoint.events.codec import Quarantined
-from rallypoint.state import DECISION_ROLES, CheckpointView, ClusterState
+from rallypoint.state import DECISION_ROLES, CheckpointView, ClusterState, JobView
 
 # Every scheduler decision, whichever kinds the fold knows: the fold may refuse each of them.
 _DECISIONS = tuple(DECISION_ROLES)
+
+#: The states the fold's ``JobView.reason`` explains: why the job waits again (a retry, a requeue), is
+#: being repaired, or ended as it did. Once the job runs again (or completes) the same text is the story
+#: of its last interruption, not a reason for where it stands.
+_STATES_WITH_REASON = frozenset({"pending", "repairing", "failed", "cancelled", "rejected"})
+
+
+def current_reason(job: JobView) -> tuple[str, str]:
+    """(the reason for the job's current state, the last interruption's reason): one of them is empty."""
+    if job.state in _STATES_WITH_REASON:
+        return job.reason, ""
+    return "", job.reason
 
 
 class ReasonChange(msgspec.Struct, kw_only=True):
@@ -53,8 +65,9 @@ class Preemption(msgspec.Struct, kw_only=True):
 
 
 class RecoveryStep(msgspec.Struct, kw_only=True):
-    """``attempt-failed`` (retried), ``interrupted`` (a node under the gang failed), ``repaired``
-    (replacement nodes found: ``swaps``), ``requeued`` (none found in time)."""
+    """``attempt-failed`` (a rank failed; retried), ``interrupted`` (a node under the gang was lost),
+    ``drained`` (a node under it was taken out of service), ``repaired`` (replacement nodes found:
+    ``swaps``), ``requeued`` (none found in time)."""
 
     seq: int
     at: float
@@ -83,6 +96,7 @@ class JobHistory(msgspec.Struct, kw_only=True):
     submitted_at: float
     ended_at: float | None
     exit_code: int | None
+    #: why the job is in its current state (empty once it runs again: see ``last_interruption``)
     reason: str
     cancel_requested_by: str | None
     attempts: list[AttemptRecord]
@@ -93,6 +107,10 @@ class JobHistory(msgspec.Struct, kw_only=True):
     lost_gpu_s: float
     timeline: list[TimelineEntry]
     seq: int
+    #: the reason of the interruption the job has since recovered from (a lost node, a drain)
+    last_interruption: str = ""
+    #: its plan on a node being drained under it: the API's ``render_job_drain``, from the live fold
+    drain: dict[str, Any] | None = None
 
 
 def _at(event: Event) -> float | None:
@@ -103,8 +121,9 @@ def _at(event: Event) -> float | None:
 
 
 class _Story:
-    def __init__(self, job_id: str) -> None:
+    def __init__(self, job_id: str, ledger: AttemptLedger) -> None:
         self.job_id = job_id
+        self.ledger = ledger
         self.reasons: list[ReasonChange] = []
         self.recovery: list[RecoveryStep] = []
         self.preemptions: list[Preemption] = []
@@ -128,7 +147,15 @@ class _Story:
         elif isinstance(event, JobCancelRequested):
             self.cancel_by = event.requested_by
         elif isinstance(event, JobAttemptFailed | JobInterrupted | GangRepaired | JobRequeued):
-            self.recovery.append(_recovery_step(seq, event))
+            self.recovery.append(_recovery_step(seq, event, self._ended_as(seq, event)))
+
+    def _ended_as(self, seq: int, event: Event) -> str:
+        """How the attempt ``event`` ended at ``seq`` ended, as the ledger closed it (``outcome_of``:
+        drained, interrupted, attempt-failed); ``interrupted`` for an attempt the ledger never opened."""
+        record = self.ledger.attempt(self.job_id, getattr(event, "attempt", 0))
+        if record is not None and record.ended_at is not None and record.last_seq == seq:
+            return record.outcome
+        return "interrupted"
 
     def _preempted(self, event: JobPreempted) -> None:
         for item in self.preemptions:
@@ -143,19 +170,18 @@ class _Story:
 
 
 def _recovery_step(
-    seq: int, event: JobAttemptFailed | JobInterrupted | GangRepaired | JobRequeued
+    seq: int, event: JobAttemptFailed | JobInterrupted | GangRepaired | JobRequeued, ended_as: str
 ) -> RecoveryStep:
     if isinstance(event, GangRepaired):
         swaps = [msgspec.to_builtins(s) for s in event.swaps]
         return RecoveryStep(seq=seq, at=event.at, kind="repaired", attempt=event.attempt, swaps=swaps)
     if isinstance(event, JobRequeued):
         return RecoveryStep(seq=seq, at=event.at, kind="requeued", attempt=event.attempt, reason=event.reason)
-    kind = "attempt-failed" if isinstance(event, JobAttemptFailed) else "interrupted"
     failed = list(event.failed_nodes) if isinstance(event, JobInterrupted) else []
     return RecoveryStep(
         seq=seq,
         at=event.at,
-        kind=kind,
+        kind=ended_as,
         attempt=event.attempt,
         reason=event.reason,
         failed_nodes=failed,
@@ -175,7 +201,7 @@ def _applied(state: ClusterState, seq: int, event: Event) -> bool:
 def job_history(events: Iterable[tuple[int, Event | Quarantined]], job_id: str) -> JobHistory | None:
     """The history of ``job_id`` from (seq, event) pairs in log order; None when it was never submitted."""
     state, ledger = ClusterState(), AttemptLedger()
-    story = _Story(job_id)
+    story = _Story(job_id, ledger)
     for seq, event in events:
         ledger.apply_stored(state, seq, event)
         if not isinstance(event, Quarantined) and getattr(event, "job_id", None) == job_id:
@@ -183,6 +209,7 @@ def job_history(events: Iterable[tuple[int, Event | Quarantined]], job_id: str) 
     job = state.jobs.get(job_id)
     if job is None:
         return None
+    reason, last_interruption = current_reason(job)
     return JobHistory(
         job_id=job_id,
         spec=msgspec.to_builtins(job.spec),
@@ -191,7 +218,8 @@ def job_history(events: Iterable[tuple[int, Event | Quarantined]], job_id: str) 
         submitted_at=job.submitted_at,
         ended_at=job.ended_at,
         exit_code=job.exit_code,
-        reason=job.reason,
+        reason=reason,
+        last_interruption=last_interruption,
         cancel_requested_by=story.cancel_by,
         attempts=ledger.of(job_id),
         reasons=story.reasons,
