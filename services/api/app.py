@@ -59,6 +59,7 @@ from .readindex import ReadIndex, stream_tip
 from .reads import FoldReads, ready_to_read
 from .traced import trace_middleware
 from .views import audience, job_links, queue_positions, render_checkpoints, render_job, render_node
+from .why import add_why_routes
 
 _log = logging.getLogger("rallypoint.api")
 
@@ -716,4 +717,5 @@ def build_app(
     add_dashboard_routes(app)  # GET /: the web dashboard over this same API
     # queues: the scheduler's queue file, when the API was given one (rally queues shows nominal quotas)
     add_history_routes(app, log, follower, getattr(config, "queues", None), config.drain)
+    add_why_routes(app, log, follower, getattr(config, "queues", None))  # rally why: reasons in numbers
     return app

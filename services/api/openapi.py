@@ -35,6 +35,7 @@ from .auth import with_security
 from .dashboard import dashboard_paths
 from .history_openapi import comma_list, history_paths, history_schemas
 from .reads import document_fold_read
+from .why import why_paths, why_schemas
 
 _JOB_STATES = list(get_args(JobState))
 
@@ -861,6 +862,7 @@ def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
                 }
             },
             **history_paths(),
+            **why_paths(),
             **dashboard_paths(),
             "/metrics": {
                 "get": {
@@ -875,5 +877,5 @@ def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
                 }
             },
         },
-        "components": {"schemas": {**_SCHEMAS, "JobSpec": job_spec, **history_schemas()}},
+        "components": {"schemas": {**_SCHEMAS, "JobSpec": job_spec, **history_schemas(), **why_schemas()}},
     }

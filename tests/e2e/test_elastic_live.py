@@ -11,16 +11,19 @@ The whole log then audits clean: every bind and the resize recompute bit for bit
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rallypoint.audit import verify_decisions
+from rallypoint.cli.main import main
 from rallypoint.cli.replay import read_history
 from rallypoint.eventlog import EventLog, Recorded
 from rallypoint.events import GangBound, GangResized, JobCompleted, JobResized, RankExited
@@ -81,9 +84,25 @@ def seqs(history: list[Recorded], kind: type, job_id: str) -> list[int]:
     ]
 
 
+def rally(*argv: str) -> tuple[int, str, str]:
+    """A `rally` command in this process: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
 def test_an_elastic_gang_grows_shrinks_for_production_and_completes_after_every_rank(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("RALLY_API_URL", cluster.api_url)
+    monkeypatch.setenv("RALLY_TOKEN", cluster.admin_token)
+    # the issue's elastic job with a task size that cannot make 4 GPUs: refused through the API, the line
+    # naming the flags typed and the task size that would do (without --gpus-per-node it runs in tasks of 4)
+    typed = ["--gpus", "8", "--min-gpus", "4", "--max-gpus", "16", "--gpus-per-node", "8", "--team", "e2e"]
+    code, _, err = rally("submit", *typed, "--", "true")
+    assert code == 2 and err.startswith("error: --min-gpus: 4 is not a multiple of --gpus-per-node=8"), err
+    assert "set --gpus-per-node=4" in err
     out = cluster.give_to_ranks(cluster.shared_dir / tmp_path.name)  # ranks are unprivileged (issue 30)
     # attempt 1 runs until stopped; the relaunch at the new size ends rank by rank (rank r after 1 + 2r s)
     sleep = '$( [ "$RALLY_ATTEMPT" = 1 ] && echo 300 || echo $((1 + 2 * RANK)) )'
@@ -109,6 +128,10 @@ def test_an_elastic_gang_grows_shrinks_for_production_and_completes_after_every_
         time.sleep(0.2)
     first = [json.loads(p.read_text()) for p in sorted(out.glob(f"{elastic}-rank*.json"))]
     assert {(s["WORLD_SIZE"], s["RALLY_ATTEMPT"]) for s in first} == {("4", "1")} and len(first) == 4
+    # rally jobs shows what the gang holds (16), not the 8 it asked, and its range
+    code, table, _ = rally("jobs")
+    (line,) = [row for row in table.splitlines() if row.startswith(elastic)]
+    assert code == 0 and " 16 (8-16) " in line, table
 
     prod = submit(
         cluster,
@@ -137,6 +160,15 @@ def test_an_elastic_gang_grows_shrinks_for_production_and_completes_after_every_
     assert isinstance(bound, GangBound)
     assert {p.node_id for p in bound.placements}.isdisjoint({p.node_id for p in resize.placements})
     (prod_done,) = seqs(history, JobCompleted, prod)
+    # rally why: the production job waited while the gang shrank, the gang named once, its start bounded by
+    # the grace (no "~60 s" promise), the span closed by its bind
+    code, answer, _ = rally("why", prod, "-o", "json")
+    waited = [span for span in json.loads(answer)["history"] if span["code"] == "Preempting"]
+    assert code == 0 and len(waited) == 1, answer
+    assert (
+        f"shrinking 1 elastic job ({elastic}); starts once they have stopped, within " in waited[0]["message"]
+    )
+    assert waited[0]["message"].count(elastic) == 1 and waited[0]["ended_by"] == "bound"
     for seq in regrown:
         grow = events[seq]
         assert isinstance(grow, GangResized) and seq > prod_done

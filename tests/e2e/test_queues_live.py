@@ -23,7 +23,7 @@ import re
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -172,8 +172,28 @@ def test_the_org_limit_holds_a_team_that_could_borrow(cluster: LocalCluster) -> 
         assert (research["used"], research["pending_gpus"]) == (2, 2)
         assert report["free_gpus"] == 6
         assert "research" in rally("queues")
+        # rally why: the quota's numbers behind the reason (the org's cap leaves no room), what would let it
+        # start, the reason as a span still open; no predicted start, since the cluster predicts none
+        why = json.loads(rally("why", second, "-o", "json"))
+        (quota,) = why["explanation"]["quotas"]
+        assert (quota["queue"], quota["used"], quota["nominal"]) == ("c", 2, 2)
+        assert (quota["room"], quota["short"]) == (0, 2)
+        assert [(o["org"], o["used"], o["cap"]) for o in quota["orgs"]] == [("research", 2, 2)]
+        assert [room["free"] for room in why["explanation"]["gpus"]] == [6]
+        assert (why["history"][-1]["code"], why["history"][-1]["until"]) == ("QuotaExceeded", None)
+        assert why["predicted_start"] is None
+        text = rally("why", second)
+        assert "What would let it start" in text and "org research uses 2 of 2" in text, text
+        assert "Predicted start" not in text
     finally:
         cancel_all(cluster, first, second)
+
+
+def test_why_of_an_unknown_job_is_one_line_and_exit_2(cluster: LocalCluster) -> None:
+    err = io.StringIO()
+    with redirect_stderr(err):
+        assert main(["why", "j-000000000000"]) == 2
+    assert err.getvalue() == "error: job 'j-000000000000' does not exist\n"
 
 
 def test_borrowing_then_reclaim(cluster: LocalCluster) -> None:
