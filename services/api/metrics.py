@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import get_args
 
-from rallypoint.state import ClusterState, JobState, NodeStatus
+from rallypoint.state import ClusterState, JobState
 
 PROMETHEUS_CONTENT_TYPE = "text/plain"  # aiohttp adds the charset; version=0.0.4 is the default format
 
 JOB_STATES: tuple[str, ...] = get_args(JobState)
-NODE_STATUSES: tuple[str, ...] = get_args(NodeStatus)
 
 
 def _family(lines: list[str], name: str, kind: str, help_text: str) -> None:
@@ -26,19 +25,10 @@ def render_metrics(state: ClusterState, submissions: Counter[str], *, following:
     for job_state in JOB_STATES:
         lines.append(f'rally_jobs{{state="{job_state}"}} {jobs.get(job_state, 0)}')
 
-    nodes: Counter[str] = Counter(node.status for node in state.nodes.values())
-    _family(lines, "rally_nodes", "gauge", "Registered nodes by status.")
-    for status in NODE_STATUSES:
-        lines.append(f'rally_nodes{{status="{status}"}} {nodes.get(status, 0)}')
-
-    _family(lines, "rally_gpus_total", "gauge", "GPUs on registered nodes, any status.")
-    lines.append(f"rally_gpus_total {state.total_gpus()}")
-    _family(lines, "rally_gpus_schedulable", "gauge", "GPUs on nodes that are up.")
-    lines.append(f"rally_gpus_schedulable {state.total_gpus(schedulable_only=True)}")
-    _family(lines, "rally_gpus_free", "gauge", "Unallocated GPUs on nodes that are up.")
-    lines.append(f"rally_gpus_free {state.free_gpus()}")
-    _family(lines, "rally_log_last_seq", "gauge", "Last stream sequence folded by this API instance.")
-    lines.append(f"rally_log_last_seq {state.last_seq}")
+    # Nodes and GPUs by status are the schedulers' (rally_nodes, rally_gpus: docs/observability.md), one
+    # name per quantity; the API keeps what only it knows.
+    _family(lines, "rally_log_fold_seq", "gauge", "Last stream sequence this fold applied.")
+    lines.append(f"rally_log_fold_seq {state.last_seq}")
     _family(lines, "rally_api_following", "gauge", "1 while this instance is following the log live.")
     lines.append(f"rally_api_following {int(following)}")
 

@@ -1,7 +1,9 @@
 """End to end: every service of a real local cluster serves Prometheus metrics, and they move.
 
 One cluster (3 agents x 4 GPUs in 2 racks): every URL `rally up` lists under ``metrics_urls`` answers
-with parseable exposition text; a scheduler cycle moves the cycle, admission and GPU gauges; a
+with parseable exposition text; exactly one scheduler leads, by its gauge and its /healthz; no service
+exports a ``_created`` sample, each node status has its series at zero too, and nodes and GPUs are counted
+under one name each, by the schedulers; a scheduler cycle moves the cycle, admission and GPU gauges; a
 preemption moves the preemption counters and the lost GPU-seconds; a hung node's gang recovery moves the
 interruption and recovery counters and shows the node's GPUs unhealthy.
 """
@@ -36,12 +38,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield local
 
 
-def scrape(url: str) -> Samples:
+def scrape_text(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as response:
         assert response.status == 200
-        text = response.read().decode()
+        return str(response.read().decode())
+
+
+def scrape(url: str) -> Samples:
     samples: Samples = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(scrape_text(url)):
         for sample in family.samples:
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return samples
@@ -64,10 +69,13 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     )
 
 
+SCHEDULERS = ("scheduler-1", "scheduler-2")
+
+
 def schedulers(cluster: LocalCluster) -> Samples:
     """Both schedulers' samples summed (the leader counts its cycles; either may lead)."""
     merged: Samples = {}
-    for name in ("scheduler-1", "scheduler-2"):
+    for name in SCHEDULERS:
         for key, value in scrape(cluster.metrics_urls()[name]).items():
             merged[key] = merged.get(key, 0.0) + value
     return merged
@@ -124,6 +132,53 @@ def test_every_service_listed_in_cluster_json_serves_metrics(cluster: LocalClust
     assert total(scrape(urls["scheduler-1"]), "rally_log_lag_events") >= 0
 
 
+def leading(cluster: LocalCluster) -> dict[str, tuple[float, Any]]:
+    """Per scheduler: its rally_leader gauge and its /healthz `leader`."""
+    urls = cluster.metrics_urls()
+    return {
+        name: (
+            total(scrape(urls[name]), "rally_leader", role="scheduler"),
+            cluster.health(name, "/healthz")[1],
+        )
+        for name in SCHEDULERS
+    }
+
+
+def one_leader(found: dict[str, tuple[float, Any]]) -> bool:
+    """Exactly one scheduler leads, and its gauge and its /healthz agree with each other's."""
+    gauges = sorted(gauge for gauge, _ in found.values())
+    return gauges == [0.0, 1.0] and all(body.get("leader") is (gauge == 1) for gauge, body in found.values())
+
+
+def test_one_leader_no_created_samples_zero_series_and_one_name_per_quantity(cluster: LocalCluster) -> None:
+    urls = cluster.metrics_urls()
+    eventually(lambda: one_leader(leading(cluster)), "one leading scheduler, by its gauge and its /healthz")
+    # a service that elects no leader says null (the API: no field), and exports no leader gauge
+    for name in sorted(set(cluster.health_ports) - set(SCHEDULERS)):
+        assert cluster.health(name, "/healthz")[1].get("leader") is None, name
+        assert total(scrape(urls[name]), "rally_leader") == 0, name
+
+    for name, url in urls.items():
+        text = scrape_text(url)
+        assert "_created" not in text, (name, [line for line in text.splitlines() if "_created" in line][:3])
+        families = {sample for sample, _ in scrape(url)}
+        # one name per quantity: nodes and GPUs by status come from the schedulers' fold only
+        old_names = {"rally_gpus_total", "rally_gpus_free", "rally_gpus_schedulable", "rally_nodes_by_rack"}
+        assert not families & old_names, (name, families & old_names)
+        if name not in SCHEDULERS:
+            assert not families & {"rally_nodes", "rally_gpus"}, name
+
+    # zero series: no node is lost or drained, yet each status has its series on every rack, at 0
+    fold = leader(cluster)
+    racks = {dict(labels)["rack"] for sample, labels in fold if sample == "rally_nodes"}
+    assert len(racks) == 2
+    for rack in racks:
+        for status in ("up", "unreachable", "drained", "lost"):
+            assert ("rally_nodes", (("rack", rack), ("status", status))) in fold, (rack, status)
+        assert fold[("rally_nodes", (("rack", rack), ("status", "lost")))] == 0
+    assert total(fold, "rally_nodes", status="up") == 3
+
+
 def test_a_cycle_a_preemption_and_a_recovery_move_their_metrics(cluster: LocalCluster) -> None:
     before = schedulers(cluster)
     # a cycle: one bind, its wait observed, 4 GPUs allocated to team obs
@@ -168,7 +223,7 @@ def test_a_cycle_a_preemption_and_a_recovery_move_their_metrics(cluster: LocalCl
             lambda: total(leader(cluster), "rally_job_interruptions_total", team="obs") >= 1, "interruption"
         )
         assert total(leader(cluster), "rally_gpus", state="unhealthy") == 4
-        assert total(leader(cluster), "rally_nodes_by_rack", status="up") == 2
+        assert total(leader(cluster), "rally_nodes", status="up") == 2
         eventually(
             lambda: (
                 total(schedulers(cluster), "rally_gang_recoveries_total", outcome="repaired") > recoveries

@@ -105,6 +105,23 @@ def test_gpus_by_rack_type_and_state_with_a_drained_node_unhealthy() -> None:
     assert got[("rally_team_gpus_allocated", "team=nlp")] == 6
 
 
+def test_every_node_status_health_and_gpu_state_has_a_series_at_zero_too() -> None:
+    # No node is lost, unreachable, suspect or failed: each still has its series, at 0, on every rack, so
+    # an alert on `rally_nodes{status="lost"} > 0` sees a value, not an absent series.
+    got = samples(fold(*CLUSTER, NodeDrained(node_id="n2", reason="xid 79", at=5.0)))
+    for rack in ("r1", "r2"):
+        for status in ("up", "unreachable", "drained", "lost"):
+            assert (("rally_nodes", f"rack={rack},status={status}")) in got, (rack, status)
+        for health in ("healthy", "suspect", "degraded", "failed"):
+            assert ("rally_nodes_by_health", f"health={health},rack={rack}") in got, (rack, health)
+    assert (
+        got[("rally_nodes", "rack=r1,status=up")] == 1 and got[("rally_nodes", "rack=r1,status=drained")] == 1
+    )
+    assert got[("rally_nodes", "rack=r2,status=lost")] == 0 and got[("rally_nodes", "rack=r2,status=up")] == 1
+    assert got[("rally_nodes_by_health", "health=failed,rack=r1")] == 0
+    assert got[("rally_gpus", "gpu_type=A100,rack=r2,state=unhealthy")] == 0
+
+
 def test_a_cordoned_nodes_idle_gpus_are_unhealthy_and_nodes_are_counted_by_health() -> None:
     # n1 runs "big" on 6 GPUs and is degraded: its 6 stay allocated, its 2 idle ones take no work
     degraded = NodeHealthChanged(node_id="n1", state="degraded", previous="healthy", at=20.0)

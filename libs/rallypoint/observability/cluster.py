@@ -21,12 +21,13 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rallypoint.state import ClusterState, JobView, NodeView
+from rallypoint.health.detection import DEGRADED, FAILED, HEALTHY, SUSPECT
+from rallypoint.state import ClusterState, JobView, NodeStatus, NodeView
 
 if TYPE_CHECKING:  # the core is slow to import, and the event log imports this package
     from rallypoint.core.types import Queue
@@ -34,6 +35,8 @@ if TYPE_CHECKING:  # the core is slow to import, and the event log imports this 
 #: Checkpoint save times: small test models save in milliseconds, 70B-parameter shards in minutes.
 CHECKPOINT_BUCKETS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 GPU_STATES = ("allocated", "free", "unhealthy")
+NODE_STATUSES: tuple[str, ...] = get_args(NodeStatus)
+NODE_HEALTHS = (HEALTHY, SUSPECT, DEGRADED, FAILED)
 
 
 def cluster_families(state: ClusterState, now: float, queues: Sequence[Queue] = ()) -> list[Metric]:
@@ -92,26 +95,28 @@ def _gpu_families(nodes: Iterable[NodeView]) -> list[Metric]:
         # a cordoned node's idle GPUs take no work: not free capacity
         idle_state = "unhealthy" if node.cordoned else "free"
         gpus[(node.rack, node.gpu_type, idle_state)] += node.gpu_count - allocated
-    # Every (rack, type) lists all three states, zeros included, so dashboard series never vanish.
-    racks = sorted({(rack, gpu_type) for rack, gpu_type, _ in gpus})
+    # Every (rack, type) lists all three states, and every rack each node status and health, zeros
+    # included: a series that vanishes at 0 (no node lost) is one an alert on it cannot see.
+    types = sorted({(rack, gpu_type) for rack, gpu_type, _ in gpus})
+    racks = sorted({rack for rack, _ in statuses})
     return [
         _gauge(
             "rally_gpus",
             "GPUs by rack, GPU type and state (allocated, free, unhealthy = node not up, or idle on a "
             "cordoned node).",
-            (((r, t, s), gpus[(r, t, s)]) for r, t in racks for s in GPU_STATES),
+            (((r, t, s), gpus[(r, t, s)]) for r, t in types for s in GPU_STATES),
             ["rack", "gpu_type", "state"],
         ),
         _gauge(
-            "rally_nodes_by_rack",
-            "Registered nodes by rack and status.",
-            ((key, count) for key, count in sorted(statuses.items())),
+            "rally_nodes",
+            "Registered nodes by rack and status (up, unreachable, drained, lost).",
+            (((r, s), statuses[(r, s)]) for r in racks for s in NODE_STATUSES),
             ["rack", "status"],
         ),
         _gauge(
             "rally_nodes_by_health",
             "Registered nodes by rack and the health monitor's verdict (healthy, suspect, degraded, failed).",
-            ((key, count) for key, count in sorted(health.items())),
+            (((r, h), health[(r, h)]) for r in racks for h in NODE_HEALTHS),
             ["rack", "health"],
         ),
     ]
