@@ -9,7 +9,8 @@ Safety does not rest on the lease: every write is conditional on the last sequen
 tree, and a new leader bumps that tree with ``LeaderEpochStarted`` first, so a paused or partitioned old
 leader's next write is refused by the server (``AppendConflict``) and it steps down. A cycle's writes go out
 as fenced atomic batches (``FencedWriter.append_many``), so a deposed leader loses a whole batch, never half
-of one.
+of one. Before its first decision of an epoch the leader records the settings it decides with
+(``SchedulerSettings``: policy, queues, repair wait), so an audit replays that epoch under them.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import logging
 import time
 from collections.abc import Callable
 
+import msgspec
+
 from rallypoint.eventlog import EventLog
-from rallypoint.events import subjects
+from rallypoint.events import SchedulerSettings, subjects
 from rallypoint.observability import observe_writes
 from rallypoint.observability.instruments import (
     SCHEDULER_CYCLE_COMPUTE_CPU_SECONDS,
@@ -53,6 +56,7 @@ class SchedulerLoop:
         clock: Callable[[], float] = time.time,
         tick_s: float = 1.0,
         repair_wait_s: float = REPAIR_WAIT_S,
+        queue_file: str | None = None,
         tidy_heap: bool = False,
     ) -> None:
         self.log = log
@@ -62,6 +66,7 @@ class SchedulerLoop:
         self.clock = clock
         self.tick_s = tick_s
         self.repair_wait_s = repair_wait_s
+        self.queue_file = queue_file
         self.writer = FencedWriter(
             log,
             follower,
@@ -83,6 +88,8 @@ class SchedulerLoop:
         # The service settles its heap and tidies it when idle (heap.py); an in-process test or bench
         # leaves the process's collector alone.
         self._tidy = IdleTidy() if tidy_heap else None
+        # The epoch whose settings this leader has recorded (0: none yet).
+        self._settings_epoch = 0
 
     @property
     def state(self) -> ClusterState:
@@ -130,6 +137,7 @@ class SchedulerLoop:
         the decisions are computed: a repaired gang holds GPUs, a rejected job waits for nothing. The fold
         is awaited once before each computation, never between the writes of one step. The two steps are
         ``rallypoint.scheduling.cycle``'s, which the simulator's twin of this loop calls too."""
+        await self._record_settings()
         await self.follower.wait_for(max(self.writer.fence, self._written))
         state = self.state
         now = self.clock()
@@ -151,6 +159,24 @@ class SchedulerLoop:
         observe_writes((w.event for w in writes), state, now, self.follower.traces)
         self.cycles += 1
         return len(first) + len(writes)
+
+    async def _record_settings(self) -> None:
+        """Record this epoch's settings once, fenced, before its first decision (the leader's epoch starts
+        in ``lead``, which knows nothing of the scheduler's settings)."""
+        if self._settings_epoch == self.epoch:
+            return
+        event = scheduler_settings(
+            self.policy,
+            epoch=self.epoch,
+            leader_id=self.instance,
+            queue_file=self.queue_file,
+            repair_wait_s=self.repair_wait_s,
+            at=self.clock(),
+        )
+        await self.writer.append(
+            subjects.SCHEDULER_SETTINGS, event, f"scheduler-settings:{self.epoch}:{self.instance}"
+        )
+        self._settings_epoch = self.epoch
 
     async def _write(self, writes: list[Write]) -> int:
         """One fenced write of a cycle, timed (``rally_scheduler_write_seconds``) and counted: how fast
@@ -178,3 +204,28 @@ class SchedulerLoop:
             at=now,
             repair_wait_s=self.repair_wait_s,
         )
+
+
+def scheduler_settings(
+    policy: SchedulingPolicy,
+    *,
+    epoch: int,
+    leader_id: str,
+    queue_file: str | None,
+    repair_wait_s: float,
+    at: float,
+) -> SchedulerSettings:
+    """The record of what a leader decides with: everything the core and the repair rule read besides the
+    log (``rallypoint.audit.settings`` turns it back into a policy)."""
+    return SchedulerSettings(
+        epoch=epoch,
+        leader_id=leader_id,
+        policy=policy.name,
+        policy_version=policy.version,
+        policy_config=msgspec.to_builtins(policy.policy.config),
+        queue_file=queue_file,
+        queues=tuple(msgspec.to_builtins(policy.queues)),
+        priority_classes=tuple(msgspec.to_builtins(policy.priority_classes)),
+        repair_wait_s=repair_wait_s,
+        at=at,
+    )

@@ -53,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             policy=policy,
             tick_s=args.tick,
             repair_wait_s=args.repair_wait,
+            queue_file=args.queues,
             tidy_heap=True,
         )
         loop.warm_up()

@@ -71,6 +71,7 @@ def test_ctrl_c_stops_every_process_rally_up_started(tmp_path: Path) -> None:
         assert _processes_mentioning(*passwords) == [], "a password on a command line"
         _run_two_jobs(info["api_url"], json.loads((tmp_path / ".rally" / "tokens.json").read_text())["admin"])
         assert len(_processes_mentioning(RANK_COMMAND)) >= 2, "the ranks run, each a real process"
+        _audit_passes_with_no_flags(tmp_path)
     finally:
         up.send_signal(signal.SIGINT)
         code = up.wait(timeout=60)
@@ -99,6 +100,15 @@ def _run_two_jobs(api_url: str, admin: str) -> None:
         while call("GET", f"{api_url}/v1/jobs/{answer['job_id']}", token=admin)[1]["state"] != "running":
             assert time.monotonic() < deadline, "the jobs did not start"
             time.sleep(0.3)
+
+
+def _audit_passes_with_no_flags(folder: Path) -> None:
+    """`rally replay --verify-decisions` typed as the README has it: every decision so far is replayed
+    under the settings the scheduler recorded (rally up's queue file and repair wait), and passes."""
+    argv = [sys.executable, "-m", "rallypoint.cli.main", "replay", "--verify-decisions"]
+    audit = subprocess.run(argv, cwd=folder, capture_output=True, text=True, timeout=120)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert "settings recorded by the scheduler" in audit.stdout, audit.stdout
 
 
 def _passwords(data_dir: Path, up_pid: int) -> set[str]:

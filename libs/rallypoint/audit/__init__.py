@@ -1,6 +1,16 @@
 """Audits over the event log: recompute recorded decisions and check them."""
 
-from .verify import AuditReport, Mismatch, verify_decisions
+from .settings import Overrides, SettingsSpan
+from .verify import AuditReport, Mismatch, Tally, verify_decisions
 from .writers import Trespass, WriterCheck
 
-__all__ = ["AuditReport", "Mismatch", "Trespass", "WriterCheck", "verify_decisions"]
+__all__ = [
+    "AuditReport",
+    "Mismatch",
+    "Overrides",
+    "SettingsSpan",
+    "Tally",
+    "Trespass",
+    "WriterCheck",
+    "verify_decisions",
+]

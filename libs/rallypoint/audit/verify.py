@@ -20,13 +20,20 @@ Repairs (``GangRepaired``: replacement nodes swapped in, or an elastic gang shru
 and requeues (``JobRequeued``: no replacement in time) record their ``computed_at_seq`` and ``now`` too:
 ``repair_writes`` on the fold at that sequence, on a model built from it, at that ``now`` must give each
 of them again. Whether a gang has waited long enough to be shrunk or requeued depends on the
-scheduler's repair wait (``--repair-wait``), which the caller supplies as it supplies the queues.
+scheduler's repair wait (``--repair-wait``).
+
+Each decision is replayed under the settings its leader recorded for its epoch (``SchedulerSettings``:
+policy, queues, repair wait; ``settings``); where none were recorded (an older log), under the policy and
+repair wait the caller supplies. Settings the caller gives as ``Overrides`` replace recorded ones. Every
+decision, pending reason and repair is counted once, so each kind's ``Tally`` adds up: total = verified +
+differ + made under another policy + refused.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import TypeVar
 
 import msgspec
 
@@ -49,13 +56,20 @@ from rallypoint.scheduling.model_sync import ModelSync
 from rallypoint.scheduling.repair import REPAIR_WAIT_S, repair_writes
 from rallypoint.state import ClusterState, Decision, decision_refusal
 
+from .settings import Overrides, SettingsSpan, Span, SpanIndex, fallback_span
 from .writers import Trespass, WriterCheck
 
 Recomputable = GangBound | PreemptionRequested | GangResized | JobPending
 Repair = GangRepaired | JobRequeued
-#: (seq, now) -> the decisions made in the cycle that folded the log to seq and ran at now.
-Cycles = dict[int, dict[float, list[tuple[int, Recomputable]]]]
-RepairCycles = dict[int, dict[float, list[tuple[int, Repair]]]]
+_History = list[tuple[int, Event | Quarantined]]
+_Entry = TypeVar("_Entry", Recomputable, Repair)
+#: seq -> (now, the settings' seq) -> (the settings, the entries made in the cycle that folded the log to
+#: seq and ran at now under them).
+Grouped = dict[int, dict[tuple[float, int], tuple[Span, list[tuple[int, _Entry]]]]]
+Cycles = Grouped[Recomputable]
+RepairCycles = Grouped[Repair]
+#: The kinds of recomputed entries, as ``AuditReport.tallies`` names them.
+KINDS = ("decisions", "reasons", "repairs")
 
 
 class Mismatch(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,8 +91,19 @@ class Refused(msgspec.Struct, frozen=True, kw_only=True):
     why: str
 
 
+class Tally(msgspec.Struct, kw_only=True):
+    """One kind of recomputed entry, each counted once: total = verified + differ + other_policy +
+    refused (refused by the fold: it changed nothing, whatever its policy)."""
+
+    total: int = 0
+    verified: int = 0
+    differ: int = 0
+    other_policy: int = 0
+    refused: int = 0
+
+
 class AuditReport(msgspec.Struct, kw_only=True):
-    policy_version: str
+    policy_version: str  # the fallback's: where the log recorded no settings
     decisions: int = 0  # binds, preemption requests and resizes: the decisions a policy recomputes
     verified: int = 0
     # pending reasons that record their now (JobPending.now), recomputed like the decisions; a reason that
@@ -88,9 +113,13 @@ class AuditReport(msgspec.Struct, kw_only=True):
     # repairs and requeues of interrupted gangs, recomputed with the scheduler's repair wait
     repairs: int = 0
     repairs_verified: int = 0
-    repair_wait_s: float = REPAIR_WAIT_S
-    other_policy: int = 0
+    repair_wait_s: float = REPAIR_WAIT_S  # the fallback's
+    other_policy: int = 0  # of every kind
     other_policy_seqs: list[int] = []
+    # "decisions", "reasons", "repairs" -> how each kind's entries came out; each adds up to its total
+    tallies: dict[str, Tally] = {}
+    # the settings each span of decisions was replayed under: the fallback, then those recorded
+    settings: list[SettingsSpan] = []
     allow_other_policies: bool = False
     mismatches: list[Mismatch] = []
     refused: list[Refused] = []  # not their leader's, unknown job or invalid: the audit fails
@@ -117,20 +146,24 @@ def verify_decisions(
     *,
     allow_other_policies: bool = False,
     repair_wait_s: float = REPAIR_WAIT_S,
+    overrides: Overrides | None = None,
 ) -> AuditReport:
-    """``records`` are (seq, event) in log order; every decision made under ``policy`` (and every repair,
-    with the scheduler's ``repair_wait_s``) is recomputed and every fenced decision judged as the fold
-    judged it."""
+    """``records`` are (seq, event) in log order; every decision made under the settings its leader
+    recorded (``policy`` and ``repair_wait_s`` where none were; ``overrides`` replace recorded ones) is
+    recomputed and every fenced decision judged as the fold judged it."""
     history = list(records)
     report = AuditReport(
         policy_version=policy.version, allow_other_policies=allow_other_policies, repair_wait_s=repair_wait_s
     )
-    cycles = _cycles(history, policy, report)
-    repairs = _repair_cycles(history, policy, report)
+    given = overrides or Overrides()
+    spans = SpanIndex(history, fallback_span(policy, repair_wait_s, given), given)
+    kinds: dict[int, str] = {}
+    cycles = _cycles(history, spans, report, kinds)
+    repairs = _repair_cycles(history, spans, report, kinds)
     outcomes: dict[int, Mismatch | None] = {}
     state = ClusterState()
     writers = WriterCheck()
-    _recompute_at(0, state, cycles, repairs, policy, repair_wait_s, outcomes)
+    _recompute_at(0, state, cycles, repairs, outcomes)
     for seq, item in history:
         if isinstance(item, Decision):
             _judge(state, seq, item, report)
@@ -141,54 +174,61 @@ def verify_decisions(
             writers.before_apply(state, seq, item)
         state.apply_stored(seq, item)
         _note_lifecycle(state, seq, item, report)
-        _recompute_at(seq, state, cycles, repairs, policy, repair_wait_s, outcomes)
-    kinds = {seq: _kind(item) for seq, item in history}
+        _recompute_at(seq, state, cycles, repairs, outcomes)
+    _not_recomputed(cycles, repairs, outcomes)
     _tally(outcomes, report, kinds)
+    report.settings = spans.spans()
     report.trespasses = writers.trespasses
     report.final_seq = state.last_seq
     report.final_hash = state.hash()
     return report
 
 
-def _cycles(
-    history: list[tuple[int, Event | Quarantined]], policy: SchedulingPolicy, report: AuditReport
-) -> Cycles:
-    """Which snapshots are needed: decisions grouped by the (seq, now) of the cycle that made them."""
-    cycles: Cycles = defaultdict(lambda: defaultdict(list))
+def _cycles(history: _History, spans: SpanIndex, report: AuditReport, kinds: dict[int, str]) -> Cycles:
+    """Which snapshots are needed: decisions and reasons grouped by the cycle that made them (its seq, its
+    now, its settings). One made under another policy than its settings' is counted, not recomputed."""
+    cycles: Cycles = defaultdict(dict)
     for seq, event in history:
-        if isinstance(event, JobPending):
-            if event.now is None:
-                continue  # a reason logged before its now was recorded cannot be recomputed
-            report.reasons += 1
-        elif isinstance(event, Recomputable):
-            report.decisions += 1
-        if isinstance(event, Recomputable):
-            if event.policy_version != policy.version:
-                report.other_policy += 1
-                report.other_policy_seqs.append(seq)
-                continue
-            now = event.now
-            assert now is not None
-            cycles[event.computed_at_seq][now].append((seq, event))
+        if not isinstance(event, Recomputable):
+            continue
+        if isinstance(event, JobPending) and event.now is None:
+            continue  # a reason logged before its now was recorded cannot be recomputed
+        kinds[seq] = "reasons" if isinstance(event, JobPending) else "decisions"
+        span = spans.of(event)
+        if event.policy_version != span.policy.version:
+            _count_other_policy(report, seq)
+            continue
+        assert event.now is not None
+        _group(cycles, event.computed_at_seq, event.now, span, (seq, event))
     return cycles
 
 
 def _repair_cycles(
-    history: list[tuple[int, Event | Quarantined]], policy: SchedulingPolicy, report: AuditReport
+    history: _History, spans: SpanIndex, report: AuditReport, kinds: dict[int, str]
 ) -> RepairCycles:
-    """Repairs and requeues grouped by the (seq, now) of the cycle that made them. A requeue names no
-    policy (no policy rule decides it); a repair made under another policy version is not recomputed."""
-    cycles: RepairCycles = defaultdict(lambda: defaultdict(list))
+    """Repairs and requeues grouped by the cycle that made them. A requeue names no policy (no policy
+    rule decides it); a repair made under another policy version is not recomputed."""
+    cycles: RepairCycles = defaultdict(dict)
     for seq, event in history:
         if not isinstance(event, Repair):
             continue
-        report.repairs += 1
-        if isinstance(event, GangRepaired) and event.policy_version != policy.version:
-            report.other_policy += 1
-            report.other_policy_seqs.append(seq)
+        kinds[seq] = "repairs"
+        span = spans.of(event)
+        if isinstance(event, GangRepaired) and event.policy_version != span.policy.version:
+            _count_other_policy(report, seq)
             continue
-        cycles[event.computed_at_seq][event.now].append((seq, event))
+        _group(cycles, event.computed_at_seq, event.now, span, (seq, event))
     return cycles
+
+
+def _group(cycles: Grouped[_Entry], seq: int, now: float, span: Span, entry: tuple[int, _Entry]) -> None:
+    _, entries = cycles[seq].setdefault((now, span.report.seq), (span, []))
+    entries.append(entry)
+
+
+def _count_other_policy(report: AuditReport, seq: int) -> None:
+    report.other_policy += 1
+    report.other_policy_seqs.append(seq)
 
 
 def _recompute_at(
@@ -196,15 +236,24 @@ def _recompute_at(
     state: ClusterState,
     cycles: Cycles,
     repairs: RepairCycles,
-    policy: SchedulingPolicy,
-    repair_wait_s: float,
     outcomes: dict[int, Mismatch | None],
 ) -> None:
     """The decisions and repairs of the cycles that folded the log to ``seq`` (``state`` is there now)."""
     if seq in repairs:
-        _check_repairs(state, repairs.pop(seq), repair_wait_s, outcomes)
+        _check_repairs(state, repairs.pop(seq), outcomes)
     if seq in cycles:
-        _check(state, cycles.pop(seq), policy, outcomes)
+        _check(state, cycles.pop(seq), outcomes)
+
+
+def _not_recomputed(cycles: Cycles, repairs: RepairCycles, outcomes: dict[int, Mismatch | None]) -> None:
+    """Entries whose snapshot position the history never reached (one past their own, or missing): they
+    could not be recomputed, which is a difference, so every entry is counted."""
+    for pending in (cycles, repairs):
+        for at_seq, groups in pending.items():
+            for _, entries in groups.values():
+                for seq, event in entries:
+                    why = f"no snapshot: the history has no seq {at_seq}"
+                    outcomes[seq] = _compared(seq, event, "recorded", why)
 
 
 def _note_lifecycle(state: ClusterState, seq: int, item: Event | Quarantined, report: AuditReport) -> None:
@@ -215,13 +264,6 @@ def _note_lifecycle(state: ClusterState, seq: int, item: Event | Quarantined, re
         node = state.nodes.get(item.node_id)
         if node is not None and node.held_registration is item:
             report.held_registrations.setdefault(item.node_id, []).append(seq)
-
-
-def _kind(item: Event | Quarantined) -> str:
-    """How ``_tally`` counts a recomputed entry: a pending reason, a repair or a decision."""
-    if isinstance(item, JobPending):
-        return "reason"
-    return "repair" if isinstance(item, Repair) else "decision"
 
 
 def _judge(state: ClusterState, seq: int, event: Decision, report: AuditReport) -> None:
@@ -236,20 +278,31 @@ def _judge(state: ClusterState, seq: int, event: Decision, report: AuditReport) 
 
 
 def _tally(outcomes: dict[int, Mismatch | None], report: AuditReport, kinds: dict[int, str]) -> None:
-    """A refused decision is reported as refused, not again as a mismatch (nor as verified). ``kinds``:
-    each sequence's kind, so pending reasons and repairs are counted apart from the decisions."""
+    """Every entry counted once, in its kind's tally: a refused one as refused (not again as made under
+    another policy, a mismatch or verified), then another policy's, then its recomputation's outcome.
+    ``kinds``: each counted sequence's kind. The report's older totals are read off the tallies."""
+    tallies = {kind: Tally() for kind in KINDS}
     refused = {r.seq for r in report.refused}
-    for seq, mismatch in sorted(outcomes.items()):
+    other = set(report.other_policy_seqs)
+    for seq, kind in sorted(kinds.items()):
+        tally = tallies[kind]
+        tally.total += 1
+        mismatch = outcomes.get(seq)
         if seq in refused:
-            continue
-        if mismatch is not None:
+            tally.refused += 1
+        elif seq in other:
+            tally.other_policy += 1
+        elif mismatch is not None:
+            tally.differ += 1
             report.mismatches.append(mismatch)
-        elif kinds[seq] == "reason":
-            report.reasons_verified += 1
-        elif kinds[seq] == "repair":
-            report.repairs_verified += 1
         else:
-            report.verified += 1
+            tally.verified += 1
+    report.other_policy_seqs = sorted(other - refused)
+    report.other_policy = len(report.other_policy_seqs)
+    report.tallies = tallies
+    report.decisions, report.verified = tallies["decisions"].total, tallies["decisions"].verified
+    report.reasons, report.reasons_verified = tallies["reasons"].total, tallies["reasons"].verified
+    report.repairs, report.repairs_verified = tallies["repairs"].total, tallies["repairs"].verified
 
 
 def _encoded(placements: tuple[TaskPlacement, ...]) -> str:
@@ -284,12 +337,11 @@ def _pending_outcome(event: JobPending, recomputed: Decisions) -> tuple[str, str
 
 def _check(
     state: ClusterState,
-    by_now: dict[float, list[tuple[int, Recomputable]]],
-    policy: SchedulingPolicy,
+    groups: dict[tuple[float, int], tuple[Span, list[tuple[int, Recomputable]]]],
     outcomes: dict[int, Mismatch | None],
 ) -> None:
-    for now, decisions in sorted(by_now.items()):
-        recomputed = policy.decide(state, now)
+    for (now, _), (span, decisions) in sorted(groups.items()):
+        recomputed = span.policy.decide(state, now)
         for seq, event in decisions:
             got, want = _outcome(state, event, recomputed)
             outcomes[seq] = _compared(seq, event, want, got)
@@ -317,16 +369,15 @@ def _repair_outcome(event: Repair | None) -> str:
 
 def _check_repairs(
     state: ClusterState,
-    by_now: dict[float, list[tuple[int, Repair]]],
-    repair_wait_s: float,
+    groups: dict[tuple[float, int], tuple[Span, list[tuple[int, Repair]]]],
     outcomes: dict[int, Mismatch | None],
 ) -> None:
     """Each cycle's repairs recomputed together, as the leader computes them (replacements found for one
-    gang are not free for the next), on a model built afresh from the fold."""
-    for now, repairs in sorted(by_now.items()):
+    gang are not free for the next), on a model built afresh from the fold, with its settings' wait."""
+    for (now, _), (span, repairs) in sorted(groups.items()):
         model = ModelSync().sync(state)
         writes = repair_writes(
-            state, model, now, epoch=0, policy_version="", at=now, repair_wait_s=repair_wait_s
+            state, model, now, epoch=0, policy_version="", at=now, repair_wait_s=span.repair_wait_s
         )
         recomputed: dict[str, Repair] = {}
         for write in writes:

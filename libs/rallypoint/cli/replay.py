@@ -22,7 +22,8 @@ from rallypoint.events.codec import Quarantined, decode_stored
 from rallypoint.state import ClusterState
 
 if TYPE_CHECKING:
-    from rallypoint.audit import AuditReport
+    from rallypoint.audit import AuditReport, Overrides
+    from rallypoint.scheduling import SchedulingPolicy
 
 #: (seq, what the log stores there) in log order: an event, or a message this version cannot read.
 History = list[tuple[int, Event | Quarantined]]
@@ -101,16 +102,20 @@ def _seconds(text: str) -> float:
 
 def _verify(args: argparse.Namespace) -> int:
     from rallypoint.audit import verify_decisions
-    from rallypoint.scheduling import SchedulingPolicy, load_queue_config
     from rallypoint.scheduling.repair import REPAIR_WAIT_S
 
-    queues, classes = load_queue_config(args.queues)
-    policy = SchedulingPolicy(args.policy, queues=queues, priority_classes=classes)
+    try:
+        overrides = _overrides(args)
+        fallback = _fallback_policy(overrides)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     report = verify_decisions(
         _history(args),
-        policy,
+        fallback,
         allow_other_policies=args.allow_other_policies,
         repair_wait_s=REPAIR_WAIT_S if args.repair_wait is None else args.repair_wait,
+        overrides=overrides,
     )
     if wants_json(args):
         print(msgspec.json.encode(report).decode())
@@ -120,21 +125,50 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _overrides(args: argparse.Namespace) -> Overrides:
+    """The settings given on the command line, each replacing what the scheduler recorded (ValueError
+    naming the flag when one cannot be used)."""
+    from rallypoint.audit import Overrides
+    from rallypoint.core import policy_names
+    from rallypoint.scheduling import load_queue_config
+    from rallypoint.scheduling.queues import QueuesError
+
+    if args.policy is not None and args.policy not in policy_names():
+        raise ValueError(f"--policy: unknown policy {args.policy!r}; known: {', '.join(policy_names())}")
+    if args.queues is None:
+        return Overrides(policy=args.policy, repair_wait_s=args.repair_wait)
+    try:
+        queues, classes = load_queue_config(args.queues)
+    except QueuesError as exc:
+        raise ValueError(f"--queues: {exc}") from None
+    return Overrides(
+        policy=args.policy,
+        queue_file=args.queues,
+        queues=queues,
+        priority_classes=classes,
+        repair_wait_s=args.repair_wait,
+    )
+
+
+def _fallback_policy(overrides: Overrides) -> SchedulingPolicy:
+    """What decisions of an epoch that recorded no settings are replayed under: the flags, else the
+    scheduler's defaults."""
+    from rallypoint.core.types import DEFAULT_PRIORITY_CLASSES
+    from rallypoint.scheduling import SchedulingPolicy
+
+    classes = overrides.priority_classes
+    return SchedulingPolicy(
+        overrides.policy or "rallypoint",
+        queues=overrides.queues or (),
+        priority_classes=DEFAULT_PRIORITY_CLASSES if classes is None else classes,
+    )
+
+
 def audit_lines(report: AuditReport) -> list[str]:
-    """What a human reads of an audit: totals, then every decision that fails it, then what is listed only."""
-    lines = [
-        f"seq {report.final_seq}  hash {report.final_hash}",
-        f"policy {report.policy_version}: {report.decisions} decisions, {report.verified} recomputed "
-        f"identically, {len(report.mismatches)} differ, {report.other_policy} made under another policy, "
-        f"{len(report.refused)} refused by the fold",
-    ]
-    if report.reasons:
-        lines.append(f"pending reasons: {report.reasons_verified} of {report.reasons} recomputed identically")
-    if report.repairs:
-        lines.append(
-            f"repairs and requeues: {report.repairs_verified} of {report.repairs} recomputed identically "
-            f"(repair wait {report.repair_wait_s:g} s)"
-        )
+    """What a human reads of an audit: the settings it replayed under, totals, then every decision that
+    fails it, then what is listed only."""
+    lines = [f"seq {report.final_seq}  hash {report.final_hash}", *settings_lines(report)]
+    lines += tally_lines(report)
     lines += attempt_lines(report)
     lines.append(f"writers: {len(report.trespasses)} event(s) not their writer's")
     lines += [
@@ -164,6 +198,52 @@ def audit_lines(report: AuditReport) -> list[str]:
     for node_id, seqs in sorted(report.held_registrations.items()):
         lines.append(
             f"held for an operator: node {node_id} re-registered with other hardware at seq {_seq_list(seqs)}"
+        )
+    return lines
+
+
+def settings_lines(report: AuditReport) -> list[str]:
+    """The settings each span of decisions was replayed under: recorded by the scheduler, or (where it
+    recorded none) the defaults and flags; a flag that replaced a recorded value says so."""
+    lines = []
+    for span in report.settings:
+        where = (
+            f"recorded by the scheduler at seq {span.seq} (epoch {span.epoch})"
+            if span.seq
+            else "where the scheduler recorded none (the defaults and flags)"
+        )
+        queues = f"queues {span.queue_file}" if span.queue_file else "no queue file"
+        wait = f"repair wait {span.repair_wait_s:g} s"
+        lines.append(
+            f"settings {where}: policy {span.policy_version}, {queues}, {wait}; "
+            f"{span.decisions} decisions, reasons and repairs judged under them"
+        )
+        if span.seq and span.overridden:
+            lines.append(f"  {', '.join(span.overridden)} given: replaces what the scheduler recorded")
+        if span.recorded_policy_version:
+            lines.append(
+                f"  the scheduler recorded policy {span.recorded_policy_version}, which this version cannot "
+                "rebuild: its decisions count as made under another policy"
+            )
+    return lines
+
+
+def tally_lines(report: AuditReport) -> list[str]:
+    """Each kind's count, every entry counted once, so the parts add up to it. Reasons and repairs only
+    when the log has some."""
+    names = {
+        "decisions": "decisions (binds, preemptions, resizes)",
+        "reasons": "pending reasons",
+        "repairs": "repairs and requeues",
+    }
+    lines = []
+    for kind, tally in report.tallies.items():
+        if kind != "decisions" and not tally.total:
+            continue
+        lines.append(
+            f"{names[kind]}: {tally.total}, each counted once: {tally.verified} recomputed identically, "
+            f"{tally.differ} differ, {tally.other_policy} made under another policy, {tally.refused} refused "
+            "by the fold"
         )
     return lines
 
@@ -285,15 +365,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="with --verify-decisions: decisions made under another policy version are listed, not a failure",
     )
     parser.add_argument(
-        "--policy", default="rallypoint", help="policy the scheduler ran (for --verify-decisions)"
+        "--policy",
+        default=None,
+        help="with --verify-decisions: the policy to replay under (default: the one the scheduler recorded, "
+        "else rallypoint)",
     )
-    parser.add_argument("--queues", default=None, help="queue configuration the scheduler ran with")
+    parser.add_argument(
+        "--queues",
+        default=None,
+        metavar="FILE",
+        help="with --verify-decisions: the queue configuration to replay under (default: the one the "
+        "scheduler recorded, else none)",
+    )
     parser.add_argument(
         "--repair-wait",
         type=_seconds,
         default=None,
         metavar="SECONDS",
-        help="the scheduler's --repair-wait (for --verify-decisions; default: the scheduler's default): how "
-        "long an interrupted gang waited for replacement nodes before it was shrunk or requeued",
+        help="with --verify-decisions: how long an interrupted gang waited for replacement nodes before it "
+        "was shrunk or requeued (default: the scheduler's recorded --repair-wait, else its default)",
     )
     parser.set_defaults(func=_run)

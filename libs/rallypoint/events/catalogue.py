@@ -10,7 +10,7 @@ clock, it reads these fields.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -350,6 +350,29 @@ class LeaderEpochStarted(_Event, tag="LeaderEpochStarted.v1", frozen=True, kw_on
     at: float
 
 
+class SchedulerSettings(_Event, tag="SchedulerSettings.v1", frozen=True, kw_only=True):
+    """What the scheduler leader of ``epoch`` decides with, recorded on its fenced tree before its first
+    decision of that epoch. A scheduler's settings change only when it restarts, and a leader that starts
+    (or takes over) begins a new epoch, so every decision of an epoch was computed under that epoch's
+    settings: an audit replays it with them instead of assuming the defaults.
+
+    ``policy_version`` is what the epoch's decisions record; ``policy_config`` the named policy's knobs;
+    ``queues`` and ``priority_classes`` are the core's records (``rallypoint.core.types.Queue`` and
+    ``PriorityClass``) as the scheduler read them from ``queue_file`` (None: it ran without one, no
+    quotas); ``repair_wait_s`` its ``--repair-wait``. The folds ignore it."""
+
+    epoch: int
+    leader_id: str
+    policy: str
+    policy_version: str
+    policy_config: dict[str, Any]
+    queue_file: str | None = None
+    queues: tuple[dict[str, Any], ...] = ()
+    priority_classes: tuple[dict[str, Any], ...]
+    repair_wait_s: float
+    at: float
+
+
 class GangBound(_Event, tag="GangBound.v1", frozen=True, kw_only=True):
     """The whole gang, placed at once. ``computed_at_seq`` and ``policy_version`` make it replayable."""
 
@@ -517,6 +540,7 @@ NodeEvent = (
 )
 SchedulerEvent = (
     LeaderEpochStarted
+    | SchedulerSettings
     | GangBound
     | JobPending
     | PreemptionRequested
@@ -550,6 +574,7 @@ ALL_EVENT_TYPES: tuple[type[_Event], ...] = (
     NodeUndrained,
     NodeHealthChanged,
     LeaderEpochStarted,
+    SchedulerSettings,
     GangBound,
     JobPending,
     PreemptionRequested,

@@ -29,6 +29,8 @@ JOBS = "rally.job.>"
 NODES = "rally.node.>"
 SCHEDULER_TREE = "rally.sched.>"
 EPOCH = "rally.sched.epoch"
+#: The scheduler leader's settings (``SchedulerSettings``), recorded once per epoch on its fenced tree.
+SCHEDULER_SETTINGS = "rally.sched.settings"
 # Legacy: the preemption service's own fenced tree, read in old logs only (see ``preempt``).
 PREEMPTION_TREE = "rally.preempt.>"
 PREEMPTION_EPOCH = "rally.preempt.epoch"
@@ -205,6 +207,7 @@ _SUBJECT_OF: dict[type, Callable[[Any], str]] = {
     ev.NodeDrained: _drained,
     ev.NodeUndrained: lambda e: node_operator(e.node_id),
     ev.LeaderEpochStarted: lambda e: epoch(e.role),
+    ev.SchedulerSettings: lambda e: SCHEDULER_SETTINGS,
     ev.GangBound: lambda e: bind(e.job_id),
     ev.JobPending: lambda e: pending(e.job_id),
     ev.GangRepaired: lambda e: repair(e.job_id),
