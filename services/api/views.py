@@ -15,7 +15,14 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from rallypoint.control.drain import DEFAULT_DRAIN_POLICY, DrainPlan, DrainPolicy, JobDrain, drain_plan
+from rallypoint.control.drain import (
+    DEFAULT_DRAIN_POLICY,
+    DrainPlan,
+    DrainPolicy,
+    JobDrain,
+    drain_plan,
+    out_of_service,
+)
 from rallypoint.jobs.history import current_reason
 from rallypoint.security.tokens import Principal
 from rallypoint.state import ClusterState, JobView, NodeView
@@ -199,6 +206,8 @@ def _plan(plan: DrainPlan) -> dict[str, Any]:
 
 def draining_jobs(node: NodeView, reader: Audience, policy: DrainPolicy) -> list[dict[str, Any]]:
     """The plan of each job on ``node`` the reader may see, while the node is out of service (else none)."""
+    if not out_of_service(node):
+        return []  # most nodes: no job to look at (GET /v1/nodes renders every node)
     out = []
     for job_id in sorted(set(node.allocated.values())):
         job = reader.jobs.get(job_id)

@@ -31,6 +31,7 @@ __all__ = [
     "drain_plan",
     "eviction_at",
     "job_drain",
+    "out_of_service",
     "parse_drain_policy",
 ]
 
@@ -90,7 +91,8 @@ class JobDrain(msgspec.Struct, frozen=True, kw_only=True):
     plan: DrainPlan
 
 
-def _out_of_service(node: NodeView) -> bool:
+def out_of_service(node: NodeView) -> bool:
+    """Drained or cordoned: no new work, and the gangs on it leave as the drain policy says."""
     return node.status == "drained" or node.cordoned
 
 
@@ -103,7 +105,7 @@ def drain_plan(job: JobView, node: NodeView, policy: DrainPolicy) -> DrainPlan |
     ``checkpoint_wait_s``, and a gang that has committed no checkpoint yet only waits out that time;
     ``finish`` runs to its end.
     """
-    if not _out_of_service(node) or node.status == "lost":
+    if not out_of_service(node) or node.status == "lost":
         return None
     since = node.out_since if node.out_since is not None else 0.0
     priority = job.spec.priority
