@@ -603,8 +603,8 @@ def test_unknown_policy() -> None:
 def test_decisions_do_not_depend_on_bind_history(policy: str) -> None:
     """The running-job columns are kept by swap-remove, so their slot order is history: decisions must
     not be. Same running jobs bound in reverse order, with churn, give byte-identical decisions."""
+    from rallypoint.bench.corebench import build_workload
     from rallypoint.core import ClusterModel
-    from rallypoint.core.bench import build_workload
 
     c1, pend, queues, now = build_workload(352, 8, 300, seed=3)
     jobs = [c1.running[j] for j in sorted(c1.running)]

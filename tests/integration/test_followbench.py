@@ -6,12 +6,12 @@ import json
 import subprocess
 import sys
 
-from rallypoint.runtime.followbench import Shape, total_events
+from rallypoint.bench.followbench import Shape, total_events
 
 
 def test_the_follow_bench_follows_every_event_and_replays_the_same_state() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "rallypoint.runtime.followbench", *Shape(8, 20, 1, 4).args(), "--json"],
+        [sys.executable, "-m", "rallypoint.bench.followbench", *Shape(8, 20, 1, 4).args(), "--json"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,8 +1,8 @@
-"""``python -m rallypoint.projection.bench`` on a real PostgreSQL, at a tiny size."""
+"""``python -m rallypoint.bench.projectionbench`` on a real PostgreSQL, at a tiny size."""
 
 from __future__ import annotations
 
-from rallypoint.projection.bench import history, run
+from rallypoint.bench.projectionbench import history, run
 from rallypoint.state import ClusterState
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rallypoint.bench.ckptbench import bench_blocking
 from rallypoint.ckpt import MANIFEST, Checkpointer, list_steps, step_dir, verify_checkpoint
-from rallypoint.ckpt.bench import bench_blocking
 from rallypoint.ckpt.numpy_state import NumpyCodec
 
 

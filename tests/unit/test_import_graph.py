@@ -236,6 +236,15 @@ def test_no_import_circle_in_libs() -> None:
     assert not components, "import circles in libs/rallypoint:\n" + describe(graph, components)
 
 
+def test_every_benchmark_lives_in_the_bench_package() -> None:
+    strays = sorted(
+        name
+        for name in libs_graph()
+        if "bench" in name.rsplit(".", 1)[-1] and not name.startswith(BENCH) and name not in BENCH_IMPORTERS
+    )
+    assert not strays, f"benchmark modules outside {BENCH}: {strays}"
+
+
 def test_the_product_never_imports_the_benches() -> None:
     graph = libs_graph()
     product = {name for name in graph if name != BENCH and not name.startswith(BENCH + ".")}

@@ -522,8 +522,8 @@ def _warnings(cluster: LocalCluster) -> dict[str, int]:
 
 
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
-    from rallypoint.core.bench import run_bench as core_bench
-    from rallypoint.eventlog.bench import run_bench as eventlog_bench
+    from rallypoint.bench.corebench import run_bench as core_bench
+    from rallypoint.bench.eventlogbench import run_bench as eventlog_bench
 
     started = time.monotonic()
     out: dict[str, Any] = {

@@ -25,8 +25,8 @@ from typing import Any
 import msgspec
 from rallypoint_services.scheduler.heap import settle_heap
 
+from rallypoint.bench.corebench import build_workload
 from rallypoint.core import ClusterModel, Decisions, PendingJob, Queue, RunningJob, schedule
-from rallypoint.core.bench import build_workload
 from rallypoint.events import (
     Event,
     GangBound,

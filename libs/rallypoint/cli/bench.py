@@ -116,8 +116,8 @@ def handle_cluster(args: argparse.Namespace) -> int:
 
 
 def handle_recovery(args: argparse.Namespace) -> int:
+    from rallypoint.bench.ckptbench import bench_blocking
     from rallypoint.bench.recoverybench import run_bench
-    from rallypoint.ckpt.bench import bench_blocking
 
     if args.trials < 1:
         print("error: --trials: must be at least 1", file=sys.stderr)
@@ -149,7 +149,7 @@ def handle_binds(args: argparse.Namespace) -> int:
 
 
 def handle_eventlog(args: argparse.Namespace) -> int:
-    from rallypoint.eventlog.bench import run_bench
+    from rallypoint.bench.eventlogbench import run_bench
 
     if args.events < 1:
         print("error: --events: must be at least 1", file=sys.stderr)
@@ -164,7 +164,7 @@ def handle_eventlog(args: argparse.Namespace) -> int:
 
 
 def handle_scheduler(args: argparse.Namespace) -> int:
-    from rallypoint.core.bench import run_bench
+    from rallypoint.bench.corebench import run_bench
 
     res = run_bench(
         nodes=args.nodes,

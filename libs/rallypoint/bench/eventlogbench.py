@@ -15,11 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rallypoint.eventlog.log import MAX_BATCH, Append, EventLog, stored
 from rallypoint.events import GangBound, JobSpec, JobSubmitted, LeaderEpochStarted, TaskPlacement, subjects
 from rallypoint.infra import NatsServer
 from rallypoint.state import ClusterState
-
-from .log import MAX_BATCH, Append, EventLog, stored
 
 _SPEC = JobSpec(name="b", team="bench", gpus=1, gpus_per_task=1, ranks_per_task=1, command=("true",))
 

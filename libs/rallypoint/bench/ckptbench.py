@@ -3,7 +3,7 @@
 Both go through the same code (copy, shard write, fsync, marker, manifest commit); the synchronous save
 waits for the commit, the asynchronous one returns after the copy. Target: ``ratio`` <= 0.1.
 
-    python -m rallypoint.ckpt.bench --json [--size-mb 64] [--trials 5] [--dir /shared/fs]
+    python -m rallypoint.bench.ckptbench --json [--size-mb 64] [--trials 5] [--dir /shared/fs]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .client import Checkpointer
+from rallypoint.ckpt.client import Checkpointer
 
 
 def bench_blocking(size_mb: int = 64, trials: int = 5, directory: str | Path | None = None) -> dict[str, Any]:

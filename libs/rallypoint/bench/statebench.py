@@ -1,7 +1,7 @@
 """Micro-benchmark of the fold's readers at the seed's scale: what a submission's validation and a pending
 list cost with the reader index, beside the scans they replaced (same state, same run).
 
-``python -m rallypoint.state.bench --nodes 12500 --jobs 19000 --pending 5000`` prints JSON.
+``python -m rallypoint.bench.statebench --nodes 12500 --jobs 19000 --pending 5000`` prints JSON.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from rallypoint.events import (
     NodeRegistered,
     TaskPlacement,
 )
-
-from .cluster import ClusterState, JobView
+from rallypoint.state.cluster import ClusterState, JobView
 
 GPUS_PER_NODE = 8
 
@@ -147,7 +146,7 @@ def run(nodes: int, jobs: int, pending: int) -> dict[str, object]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rallypoint.state.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rallypoint.bench.statebench", description=__doc__)
     parser.add_argument("--nodes", type=int, default=12_500)
     parser.add_argument("--jobs", type=int, default=19_000)
     parser.add_argument("--pending", type=int, default=5_000)

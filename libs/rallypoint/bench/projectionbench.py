@@ -1,6 +1,6 @@
 """The projector's own work per job, without the log: fold a synthetic history and write it to PostgreSQL.
 
-``python -m rallypoint.projection.bench --jobs 8000`` starts a throwaway PostgreSQL, builds the log of
+``python -m rallypoint.bench.projectionbench --jobs 8000`` starts a throwaway PostgreSQL, builds the log of
 ``--nodes`` registrations and ``--jobs`` one-GPU jobs (submitted, queued, bound, started, one rank
 exited, completed: what a short job writes), interleaved by time as the live log has them, and projects
 it in batches of ``--batch`` events (``ReadModel.fold`` then the fenced ``Store.write``, as the service
@@ -24,9 +24,8 @@ from rallypoint.events.codec import envelope_from_headers, envelope_headers
 from rallypoint.events.synthetic import job_life, node_name, registered_node
 from rallypoint.infra import PostgresServer
 from rallypoint.infra.proccpu import cpu_seconds
-
-from .rows import ReadModel
-from .store import Store
+from rallypoint.projection.rows import ReadModel
+from rallypoint.projection.store import Store
 
 T0 = 1_760_000_000.0
 
@@ -104,7 +103,7 @@ def run(nodes: int, jobs: int, batch: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rallypoint.projection.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rallypoint.bench.projectionbench", description=__doc__)
     parser.add_argument("--nodes", type=int, default=500, help="nodes registered first (default 500)")
     parser.add_argument("--jobs", type=int, default=8000, help="one-GPU jobs (default 8000)")
     parser.add_argument("--batch", type=int, default=100, help="events per batch (default 100)")

@@ -1,4 +1,4 @@
-"""What following the log costs each service per event: ``python -m rallypoint.runtime.followbench --json``.
+"""What following the log costs each service per event: ``python -m rallypoint.bench.followbench --json``.
 
 Every service (API, schedulers, job controller, health monitor, ...) receives every event of the log
 through one path: the connection hands the JetStream message over (``feeds.DirectFeed``),
@@ -43,8 +43,7 @@ from rallypoint.events import (
 )
 from rallypoint.events.synthetic import GPUS_PER_NODE, job_life, node_name, registered_node
 from rallypoint.infra import NatsServer
-
-from .follower import Follower
+from rallypoint.runtime.follower import Follower
 
 #: Change feeds a follower feeds on every event (the scheduler's and the job controller's consumers).
 CHANGE_FEEDS = 2
@@ -140,7 +139,7 @@ async def _follow_live(url: str, shape: Shape) -> dict[str, Any]:
         writer = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "rallypoint.runtime.followbench",
+            "rallypoint.bench.followbench",
             "--writer",
             url,
             *shape.args(),
