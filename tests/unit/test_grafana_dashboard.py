@@ -21,7 +21,7 @@ from rallypoint.events import GpuInfo, NodeRegistered
 from rallypoint.observability import ClusterCollector
 from rallypoint.runtime import ServiceConfig
 from rallypoint.runtime.metrics import render
-from rallypoint.runtime.reports import set_fold_position
+from rallypoint.runtime.reports import set_fold_position, set_leadership
 from rallypoint.runtime.service import ServiceContext
 from rallypoint.state import ClusterState
 
@@ -51,6 +51,7 @@ def exported_names() -> set[str]:
         ServiceConfig(service="scheduler", nats_url="nats://x"), asyncio.Event(), AsyncExitStack()
     )
     set_fold_position(ctx, lambda: (1, 2))
+    set_leadership(ctx, "scheduler", lambda: True)
     text = (render(ctx) + generate_latest(cluster)).decode()
     names: set[str] = set()
     for family in text_string_to_metric_families(text):
