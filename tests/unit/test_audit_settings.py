@@ -217,3 +217,18 @@ def test_a_record_this_version_cannot_rebuild_counts_its_decisions_as_another_po
     line = next(x for x in audit_lines(report) if x.startswith("decisions"))
     assert line.endswith(": 1, each counted once: 0 recomputed identically, 0 differ, 1 made under another "
                          "policy, 0 refused by the fold"), line  # fmt: skip
+
+
+def test_epochs_that_recorded_the_same_settings_share_one_line() -> None:
+    """A scheduler restarted as it was (a new epoch, the same record) adds no line to the report."""
+    log, first = configured_log()
+    log.lead(CONFIGURED, WAIT)
+    log.append(submit("later", 8))
+    log.cycle(60.0)
+    report = verify_decisions(log.records, DEFAULTS)
+    assert report.ok and len(report.settings) == 2
+    (line,) = [x for x in audit_lines(report) if x.startswith("settings ")]
+    assert line.startswith(f"settings recorded by the scheduler in 2 epochs (1, 2), first at seq {first}: ")
+    assert line.endswith(
+        f"{sum(s.decisions for s in report.settings)} decisions, reasons and repairs judged under them"
+    )

@@ -22,7 +22,7 @@ from rallypoint.events.codec import Quarantined, decode_stored
 from rallypoint.state import ClusterState
 
 if TYPE_CHECKING:
-    from rallypoint.audit import AuditReport, Overrides
+    from rallypoint.audit import AuditReport, Overrides, SettingsSpan
     from rallypoint.scheduling import SchedulingPolicy
 
 #: (seq, what the log stores there) in log order: an event, or a message this version cannot read.
@@ -204,19 +204,17 @@ def audit_lines(report: AuditReport) -> list[str]:
 
 def settings_lines(report: AuditReport) -> list[str]:
     """The settings each span of decisions was replayed under: recorded by the scheduler, or (where it
-    recorded none) the defaults and flags; a flag that replaced a recorded value says so."""
+    recorded none) the defaults and flags; a flag that replaced a recorded value says so. Epochs that
+    recorded the same settings (a scheduler restarted as it was) share one line."""
     lines = []
-    for span in report.settings:
-        where = (
-            f"recorded by the scheduler at seq {span.seq} (epoch {span.epoch})"
-            if span.seq
-            else "where the scheduler recorded none (the defaults and flags)"
-        )
+    for spans in _alike(report.settings):
+        span = spans[0]
         queues = f"queues {span.queue_file}" if span.queue_file else "no queue file"
         wait = f"repair wait {span.repair_wait_s:g} s"
+        judged = sum(s.decisions for s in spans)
         lines.append(
-            f"settings {where}: policy {span.policy_version}, {queues}, {wait}; "
-            f"{span.decisions} decisions, reasons and repairs judged under them"
+            f"settings {_recorded_where(spans)}: policy {span.policy_version}, {queues}, {wait}; "
+            f"{judged} decisions, reasons and repairs judged under them"
         )
         if span.seq and span.overridden:
             lines.append(f"  {', '.join(span.overridden)} given: replaces what the scheduler recorded")
@@ -226,6 +224,31 @@ def settings_lines(report: AuditReport) -> list[str]:
                 "rebuild: its decisions count as made under another policy"
             )
     return lines
+
+
+def _alike(spans: list[SettingsSpan]) -> list[list[SettingsSpan]]:
+    """``spans`` grouped by what they replay under, in order of first appearance (the fallback alone)."""
+    groups: dict[tuple[object, ...], list[SettingsSpan]] = {}
+    for span in spans:
+        key = (
+            span.seq == 0,
+            span.policy_version,
+            span.queue_file,
+            span.repair_wait_s,
+            tuple(span.overridden),
+            span.recorded_policy_version,
+        )
+        groups.setdefault(key, []).append(span)
+    return list(groups.values())
+
+
+def _recorded_where(spans: list[SettingsSpan], *, most: int = 8) -> str:
+    if not spans[0].seq:
+        return "where the scheduler recorded none (the defaults and flags)"
+    if len(spans) == 1:
+        return f"recorded by the scheduler at seq {spans[0].seq} (epoch {spans[0].epoch})"
+    epochs = _seq_list([s.epoch for s in spans[:most]]) + (" ..." if len(spans) > most else "")
+    return f"recorded by the scheduler in {len(spans)} epochs ({epochs}), first at seq {spans[0].seq}"
 
 
 def tally_lines(report: AuditReport) -> list[str]:
