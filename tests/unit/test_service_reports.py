@@ -64,3 +64,19 @@ def test_no_created_samples_beside_the_counters() -> None:
     for text in (service_text, api_text):
         assert "rally_scheduler_cycles_total" in text and "rally_api_requests_total" in text
         assert "_created" not in text, [line for line in text.splitlines() if "_created" in line][:3]
+
+
+def test_counters_of_a_closed_label_set_start_every_series_at_zero() -> None:
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items())))
+        for family in text_string_to_metric_families(render(context("scheduler", "s1")).decode())
+        for sample in family.samples
+    }
+    for name, label, values in (
+        ("rally_scheduler_cycles_total", "result", ("appended", "idle", "error")),
+        ("rally_gang_recoveries_total", "outcome", ("repaired", "shrunk", "requeued")),
+        ("rally_heartbeats_received_total", "result", ("ok", "undecodable")),
+        ("rally_agent_rank_launches_total", "result", ("started", "already_running")),
+    ):
+        for value in values:
+            assert (name, ((label, value),)) in samples, (name, value)

@@ -87,6 +87,18 @@ JOB_CONTROLLER_ACTIONS = Counter(
     "rally_job_controller_actions", "Actions the job controller carried out, by kind.", ["action"]
 )
 
+# A counter whose label values are a closed set starts each series at 0: otherwise a series appears only
+# at its first event, at 1, and an alert on increase() or rate() never sees that first one.
+_CLOSED_LABELS: tuple[tuple[Counter, str, tuple[str, ...]], ...] = (
+    (SCHEDULER_CYCLES, "result", ("appended", "idle", "error")),
+    (GANG_RECOVERIES, "outcome", ("repaired", "shrunk", "requeued")),
+    (HEARTBEATS_RECEIVED, "result", ("ok", "undecodable")),
+    (RANK_LAUNCHES, "result", ("started", "already_running")),
+)
+for _counter, _label, _values in _CLOSED_LABELS:
+    for _value in _values:
+        _counter.labels(**{_label: _value})
+
 
 def observe_writes(
     events: Iterable[object], state: ClusterState, now: float, traces: JobTraces | None = None
