@@ -17,6 +17,7 @@ from rallypoint.state import TERMINAL
 
 from .history_views import FinishedJobs, LogChunk
 from .reads import document_fold_read
+from .usage_history import MAX_BUCKETS, UsageHistory
 
 _REF = "#/components/schemas/{name}"
 _JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -56,7 +57,7 @@ def _problem(description: str) -> dict[str, Any]:
 
 def history_schemas() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(
-        [JobHistory, FinishedJobs, UsageReport, QueuesReport, LogChunk], ref_template=_REF
+        [JobHistory, FinishedJobs, UsageReport, UsageHistory, QueuesReport, LogChunk], ref_template=_REF
     )
     return components
 
@@ -141,6 +142,24 @@ def history_paths() -> dict[str, Any]:
                     _query("now", _TIME, "Charge running attempts up to this time (default: now)."),
                 ],
                 "responses": {"200": _ok("Usage per group.", "UsageReport"), "400": bad_or_stale},
+            }
+        },
+        "/v1/usage/history": {
+            "get": {
+                "operationId": "getUsageHistory",
+                "summary": "GPUs in use per team over time, in buckets (the dashboard's usage chart)",
+                "parameters": [
+                    team,
+                    _query("since", _TIME, "From this time (default: the first GPU use of the last 6 h)."),
+                    _query("until", _TIME, "Until this time (default: now)."),
+                    _query(
+                        "step",
+                        {"type": "integer", "minimum": 1},
+                        f"Bucket length in seconds (default: a round step giving at most 360 buckets); "
+                        f"widened where it would give more than {MAX_BUCKETS} (the answer's step_s).",
+                    ),
+                ],
+                "responses": {"200": _ok("Buckets per team.", "UsageHistory"), "400": bad_or_stale},
             }
         },
         "/v1/queues": {

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
 from rallypoint.accounting import GROUP_BY, AttemptRecord, FinishedJob, finished_jobs, queues_report, usage
+from rallypoint.accounting.attempts import AttemptLedger
 from rallypoint.control.drain import DEFAULT_DRAIN_POLICY, DrainPolicy, job_drain
 from rallypoint.eventlog import EventLog
 from rallypoint.events import subjects
@@ -28,6 +30,7 @@ from .fold import FoldFollower
 from .ledger import LedgerCache, job_events
 from .problems import not_found, problem, unavailable
 from .reads import FoldReads, refuses_stale
+from .usage_history import usage_history
 from .views import EVERYONE, audience, render_job_drain
 
 AGENT_TIMEOUT_S = 3.0
@@ -216,9 +219,8 @@ class HistoryHandlers:
             return refused
         _, ledger = await self.cache.current()
         nominals = self.queues.nominals() if self.queues is not None else None
-        records = ledger.records()
         report = usage(
-            records if team is None else (r for r in records if r.team == team),
+            _records_of(ledger, team),
             by,
             since,
             until,
@@ -227,6 +229,23 @@ class HistoryHandlers:
             nominals=nominals,
         )
         return _ok(report)
+
+    # -- GET /v1/usage/history ---------------------------------------------------------------------
+
+    async def usage_history(self, request: web.Request) -> web.Response:
+        query = request.query
+        try:
+            since, until = time_param(query, "since"), time_param(query, "until")
+            step = int_param(query, "step", None, minimum=1)
+        except BadParam as bad:
+            return _invalid(bad.field, bad.detail)
+        team, refused = _team_scope(request, query.get("team") or None)
+        if refused is not None:
+            return refused
+        _, ledger = await self.cache.current()
+        now = time.time()
+        end = until if until is not None else now
+        return _ok(usage_history(_records_of(ledger, team), since=since, until=end, step_s=step, now=now))
 
     # -- GET /v1/queues ----------------------------------------------------------------------------
 
@@ -290,6 +309,12 @@ class HistoryHandlers:
         return _ok(chunk)
 
 
+def _records_of(ledger: AttemptLedger, team: str | None) -> Iterator[AttemptRecord]:
+    """Every attempt in (job id, attempt) order, or only ``team``'s."""
+    records = ledger.records()
+    return records if team is None else (r for r in records if r.team == team)
+
+
 def _team_scope(request: web.Request, asked: str | None) -> tuple[str | None, web.Response | None]:
     """The team a request may see: an admin any (or all), a team token its own, another refused (403)."""
     who = principal(request)
@@ -314,4 +339,5 @@ def add_history_routes(
     app.router.add_get("/v1/jobs/{job_id}/logs", reads(handlers.logs, reads_log=True))
     app.router.add_get("/v1/history", refuses_stale(handlers.finished))
     app.router.add_get("/v1/usage", refuses_stale(handlers.usage))
+    app.router.add_get("/v1/usage/history", refuses_stale(handlers.usage_history))
     app.router.add_get("/v1/queues", reads(handlers.queues_view))  # the fold alone: stale reads too
