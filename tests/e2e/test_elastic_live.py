@@ -128,10 +128,12 @@ def test_an_elastic_gang_grows_shrinks_for_production_and_completes_after_every_
         time.sleep(0.2)
     first = [json.loads(p.read_text()) for p in sorted(out.glob(f"{elastic}-rank*.json"))]
     assert {(s["WORLD_SIZE"], s["RALLY_ATTEMPT"]) for s in first} == {("4", "1")} and len(first) == 4
-    # rally jobs shows what the gang holds (16), not the 8 it asked, and its range
+    # rally jobs and rally show give what the gang holds (16), not the 8 it asked, and its range
     code, table, _ = rally("jobs")
     (line,) = [row for row in table.splitlines() if row.startswith(elastic)]
     assert code == 0 and " 16 (8-16) " in line, table
+    code, shown, _ = rally("show", elastic)
+    assert code == 0 and " Gpus=16 (8-16) " in shown, shown
 
     prod = submit(
         cluster,

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from rallypoint.cli.account_format import format_show
 from rallypoint.cli.jobs_cmds import SUBMIT_FLAGS, flag_error, format_jobs, gpus_held
 from rallypoint.cli.main import build_parser
 from rallypoint.core import ClusterModel, Node, PendingJob, Snapshot, policy_by_name, schedule
@@ -148,3 +149,50 @@ def test_rally_jobs_shows_the_gpus_a_grown_gang_holds_and_its_range() -> None:
     table = format_jobs([grown], now=60.0).splitlines()
     assert table[0].split() == ["ID", "TEAM", "NAME", "STATE", "TIME", "GPUS", "NODES(REASON)"]
     assert table[1].split()[4:7] == ["1:00", "16", "(8-16)"]
+
+
+def test_rally_show_gives_the_gpus_of_the_attempt_under_way_and_the_range() -> None:
+    spec_fields = {
+        "name": "elastic",
+        "team": "nlp",
+        "priority": "best-effort",
+        "gpus": 8,
+        "gpus_per_task": 8,
+        "ranks_per_task": 2,
+        "max_retries": 0,
+        "time_limit_s": None,
+        "command": ["python", "t.py"],
+        "min_gpus": 8,
+        "max_gpus": 16,
+    }
+    tasks = [{"task": i, "node_id": f"n{i}", "gpus": list(range(8))} for i in range(2)]
+    attempt = {
+        "attempt": 1,
+        "outcome": "running",
+        "placements": tasks,
+        "gpus": 16,
+        "started_at": 1.0,
+        "ended_at": None,
+        "reason": "",
+        "preempted_for": None,
+    }
+    history = {
+        "job_id": "j-1",
+        "spec": spec_fields,
+        "state": "running",
+        "reason": "",
+        "exit_code": None,
+        "queue": "nlp",
+        "submitted_at": 0.0,
+        "ended_at": None,
+        "lost_gpu_s": 0.0,
+        "attempts": [attempt],
+        "reasons": [],
+        "preemptions": [],
+        "recovery": [],
+        "checkpoints": [],
+    }
+    assert "   Gpus=16 (8-16) GpusPerNode=8 " in format_show(history)
+    # once it has ended, what it asked
+    ended = {**history, "state": "completed", "attempts": [{**attempt, "ended_at": 9.0}]}
+    assert "   Gpus=8 (8-16) GpusPerNode=8 " in format_show(ended)

@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .jobs_cmds import format_elapsed, format_table, hostlist
+from .jobs_cmds import format_elapsed, format_table, gpus_held, hostlist
 from .node_cmds import plan_text
 
 
@@ -21,12 +21,17 @@ def hours(gpu_s: float) -> str:
 
 def format_show(h: dict[str, Any]) -> str:
     spec = h["spec"]
+    # the GPUs the attempt under way holds (an elastic gang grown to 16 shows 16), as `rally jobs` shows them
+    current = next((a for a in reversed(h["attempts"]) if a["ended_at"] is None), None)
+    held = gpus_held(
+        {"gpus": spec["gpus"], "spec": spec, "allocation": current["placements"] if current else []}
+    )
     lines = [
         f"JobId={h['job_id']} JobName={spec['name']} Team={spec['team']} Priority={spec['priority']}",
         f"   JobState={h['state'].upper()} Reason={h['reason'] or '-'}"
         f" ExitCode={'-' if h['exit_code'] is None else h['exit_code']}"
         f" Queue={h['queue'] or '-'}",
-        f"   Gpus={spec['gpus']} GpusPerNode={spec['gpus_per_task']} RanksPerNode={spec['ranks_per_task']}"
+        f"   Gpus={held} GpusPerNode={spec['gpus_per_task']} RanksPerNode={spec['ranks_per_task']}"
         f" MaxRetries={spec['max_retries']} TimeLimit={spec['time_limit_s'] or 'UNLIMITED'}",
         # shell-quoted, so it can be pasted back into a shell as it was submitted
         f"   Command={shlex.join(spec['command'])}",
