@@ -1,7 +1,8 @@
 """The web dashboard: static files served by the API at ``GET /`` (docs/observability.md).
 
 Plain HTML, JS and SVG, no build step and nothing fetched from the internet. The page reads the same API
-the CLI uses (``/v1/nodes``, ``/v1/jobs``, ``/v1/jobs/{id}``, ``/v1/state``) with the caller's bearer
+the CLI uses (``/v1/nodes``, ``/v1/jobs``, ``/v1/jobs/{id}`` and its history and logs, ``/v1/state``,
+``/v1/queues``, ``/v1/history``, and ``/v1/usage/history`` for its usage chart) with the caller's bearer
 token (``?token=`` once, then kept in the browser's localStorage), so it shows what that token may see.
 The files themselves carry no data: they are public (``auth.PUBLIC_PATHS`` and ``PUBLIC_PREFIXES``).
 """

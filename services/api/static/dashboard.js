@@ -1,5 +1,6 @@
-// Rallypoint dashboard: plain JS + SVG over the public API (/v1/nodes, /v1/jobs, /v1/jobs/{id}, /v1/state).
-// No build step, nothing from the internet. Routes: #/ (cluster), #/job/<id> (a job), #/history.
+// Rallypoint dashboard: plain JS + SVG over the public API (/v1/nodes, /v1/jobs, /v1/jobs/{id}, /v1/state,
+// /v1/queues, /v1/usage/history, /v1/history). No build step, nothing from the internet.
+// Routes: #/ (cluster), #/job/<id> (a job), #/history.
 "use strict";
 
 const TOKEN_KEY = "rallypoint.token";
@@ -7,7 +8,8 @@ const REFRESH_MS = 2000;
 const ACTIVE = "bound,running,repairing";
 const ENDED = "completed,failed,cancelled";
 const SVG_NS = "http://www.w3.org/2000/svg";
-const usage = []; // samples of GPUs held per team since the page opened: {t, teams: {team: gpus}}
+const USAGE_REFRESH_MS = 10000; // the usage series is computed from the log: asked for less often
+let usageSeries = null; // the last /v1/usage/history answer and when it came: {at, series}
 let timer = null;
 
 // --- token and API --------------------------------------------------------------------------------
@@ -22,7 +24,9 @@ function takeTokenFromUrl() {
   history.replaceState(null, "", location.pathname + (query ? `?${query}` : "") + location.hash);
 }
 
-class Unauthorized extends Error {}
+class Unauthorized extends Error {
+  constructor(path, status, detail) { super(path); this.status = status; this.detail = detail; }
+}
 
 // While the event log is unreachable the API refuses its default (linearizable) reads with 503
 // log-unavailable; the page then asks again with ?stale=true and says it shows the API's last known view.
@@ -48,9 +52,15 @@ async function api(path) {
     const seq = Number(response.headers.get("Rally-Log-Seq"));
     if (response.ok) staleSeq = Math.max(staleSeq ?? 0, seq);
   }
-  if (response.status === 401) throw new Unauthorized(path);
+  if (response.status === 401 || response.status === 403) {
+    throw new Unauthorized(path, response.status, await problemDetail(response));
+  }
   if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
   return response.json();
+}
+
+async function problemDetail(response) {
+  try { return (await response.json()).detail || ""; } catch (error) { return ""; }
 }
 
 function showStale() {
@@ -68,6 +78,17 @@ function showLogin(message) {
   document.getElementById("login").hidden = false;
   document.getElementById("view").replaceChildren();
   document.getElementById("login-error").textContent = message || "";
+}
+
+// A token kept from before can stop working: the cluster was reset or is another one (a local cluster's
+// folder removed, another `rally up`), or the token was revoked. Say which refusal it was and where a new
+// token comes from, rather than only asking for one.
+function refusedTokenMessage(error) {
+  const said = error.detail ? `: ${error.detail}` : "";
+  return `The API refused the token kept in this browser (HTTP ${error.status}${said}). It may be from another `
+    + "cluster, or from this one before it was reset, or it was revoked. Get a new one: `rally tokens create "
+    + "--team TEAM` (or --admin) in the cluster's folder, or use the token `rally up` printed (a local "
+    + "cluster keeps them in .rally/tokens.json).";
 }
 
 // --- tiny DOM helpers ------------------------------------------------------------------------------
@@ -93,16 +114,36 @@ function svg(tag, attrs = {}, ...children) {
 function title(text) { return svg("title", {}, text); }
 function link(href, text) { return el("a", { href }, text); }
 
-// Distinct colours handed to teams in the order the page first sees them (sorted within one refresh), so
-// two teams on screen never look alike until there are more teams than colours.
-// No oranges or reds among them: those mean draining and unhealthy.
-const PALETTE = ["#4e9be6", "#a77be8", "#3fb27f", "#2ec4c4", "#d4d45a", "#e879c0", "#8c8cf0", "#7fbf5f",
-  "#5fa8a8", "#b0b0b0"];
-const teamColors = new Map();
+// Team colours by a stable team index: the team's place among the cluster's configured teams (/v1/queues,
+// sorted: the same on every page, reload and browser), then teams met outside that list in the order seen.
+// The first eight are a fixed palette chosen so every pair differs by at least 50 in CIE76 delta-E (two
+// teams never look alike) and none is near the orange and red that mean draining and unhealthy, nor the
+// free and background greys; beyond eight, hues step by the golden angle away from red and orange.
+const TEAM_PALETTE = ["#3c71dd", "#e8e830", "#ed5ebe", "#30c9e8", "#30e830", "#ecb093", "#99e699", "#1717cf"];
+const teamIndex = new Map();
+
+function knowTeams(names) {
+  for (const name of [...names].sort()) if (!teamIndex.has(name)) teamIndex.set(name, teamIndex.size);
+}
+
+function colorAt(index) {
+  if (index < TEAM_PALETTE.length) return TEAM_PALETTE[index];
+  const hue = 60 + ((index * 137.508) % 260); // 60..320: no red, no orange
+  return `hsl(${hue.toFixed(0)}, 70%, ${index % 2 ? 62 : 48}%)`;
+}
 
 function teamColor(team) {
-  if (!teamColors.has(team)) teamColors.set(team, PALETTE[teamColors.size % PALETTE.length]);
-  return teamColors.get(team);
+  knowTeams([team]);
+  return colorAt(teamIndex.get(team));
+}
+
+let teamsKnown = false;
+
+async function loadTeams() {
+  if (teamsKnown) return;
+  const queues = await optional("/v1/queues");
+  knowTeams(((queues && queues.teams) || []).map((q) => q.team));
+  teamsKnown = true;
 }
 
 function when(seconds) {
@@ -130,7 +171,61 @@ function gpuOwners(jobs) {
   return owners;
 }
 
-function heatMap(nodes, owners) {
+// job id -> its drain plan, from the job's own `drain` field or its node's `draining_jobs` (either may be
+// absent: an API without drain plans still marks the job, from its node's status)
+function drainPlans(nodes, jobs) {
+  const plans = new Map();
+  for (const node of nodes) {
+    for (const entry of node.draining_jobs || []) plans.set(entry.job_id, { node: node.node_id, ...entry });
+  }
+  // the job's own field wins: it carries the reason too
+  for (const job of jobs) if (job.drain) plans.set(job.job_id, job.drain);
+  return plans;
+}
+
+// A drain plan in words. Its fields may come flat ({node, plan, deadline, reason}) or with the plan nested
+// ({node_id, reason, plan: {plan, deadline, detail}}): both are read.
+function drainText(drain) {
+  if (!drain) return "";
+  const inner = drain.plan && typeof drain.plan === "object" ? drain.plan : drain;
+  const kind = typeof inner.plan === "string" ? inner.plan : "";
+  const leaves = { now: "leaves now", "after-checkpoint": "leaves after its next checkpoint",
+    "at-deadline": "leaves at the deadline" }[kind] || "still runs there";
+  const deadline = inner.deadline ?? drain.deadline;
+  const by = deadline ? ` (by ${when(deadline)})` : "";
+  const why = drain.reason ? `: ${drain.reason}` : "";
+  return `node ${drain.node || drain.node_id || "?"} draining, ${leaves}${by}${why}`;
+}
+
+function cellLook(node, owner, unseen) {
+  const out = NODE_COLORS[node.status]; // the node is not up
+  if (owner && (!out || node.status === "drained")) return ["busy", teamColor(owner.team)];
+  if (out) return [node.status === "drained" ? "draining" : "unhealthy", out];
+  return unseen ? ["busy", "var(--other-team)"] : ["free", "var(--free)"];
+}
+
+function gpuCell(node, gpu, owner, unseen, plans, geometry) {
+  const { x, y, cell } = geometry;
+  const [state, fill] = cellLook(node, owner, unseen);
+  // a job on a draining node stays on its GPUs, outlined as draining: it still runs there until it leaves
+  const draining = Boolean(owner) && state === "busy" && node.status === "drained";
+  const shown = state === "busy" ? owner : null;
+  const about = shown ? `GPU ${gpu}: ${shown.name} (${shown.team}) ${shown.state}`
+    + (draining ? ` · ${drainText(plans.get(shown.job_id) || { node: node.node_id })}` : "")
+    : unseen && state === "busy" ? `GPU ${gpu}: busy (another team's job)` : `GPU ${gpu}: ${state}`;
+  const rect = svg("rect", {
+    class: draining ? "gpu draining-job" : "gpu", x, y, width: cell, height: cell, rx: 3, fill,
+    "data-node": node.node_id, "data-gpu": gpu, "data-state": state, "data-draining": draining ? "true" : null,
+    "data-job": shown ? shown.job_id : null, "data-team": shown ? shown.team : null,
+  }, title(about));
+  if (shown) {
+    rect.style.cursor = "pointer";
+    rect.addEventListener("click", () => { location.hash = `#/job/${shown.job_id}`; });
+  }
+  return rect;
+}
+
+function heatMap(nodes, owners, plans) {
   const racks = new Map();
   for (const node of [...nodes].sort((a, b) => a.node_id.localeCompare(b.node_id))) {
     if (!racks.has(node.rack)) racks.set(node.rack, []);
@@ -148,28 +243,16 @@ function heatMap(nodes, owners) {
       const y = row * rowHeight;
       const group = svg("g", { class: "node", "data-node": node.node_id, "data-status": node.status });
       const status = node.status === "up" ? "" : ` (${node.status})`;
+      const leaving = (node.draining_jobs || []).map((j) => `${j.job_id}: ${drainText({ node: node.node_id, ...j })}`).join(", ");
       group.append(svg("text", { x: 0, y: y + cell - 4, class: node.status === "up" ? "" : "label" },
-        `${node.node_id}${status}`, title(`${node.node_id} ${node.gpu_type} ${node.status} ${node.status_reason || ""}`)));
+        `${node.node_id}${status}`, title(`${node.node_id} ${node.gpu_type} ${node.status} `
+          + `${node.status_reason || ""}${leaving ? ` · leaving: ${leaving}` : ""}`)));
       // GPUs held by a job this token may not see (another team's): busy, with no job named
       const busy = new Set(node.busy_gpus || []);
       for (let gpu = 0; gpu < node.gpus.total; gpu++) {
         const owner = owners.get(`${node.node_id}/${gpu}`);
         const unseen = !owner && busy.has(gpu);
-        const state = NODE_COLORS[node.status] ? (node.status === "drained" ? "draining" : "unhealthy")
-          : owner || unseen ? "busy" : "free";
-        const fill = NODE_COLORS[node.status]
-          || (owner ? teamColor(owner.team) : unseen ? "var(--other-team)" : "var(--free)");
-        const rect = svg("rect", {
-          class: "gpu", x: labelWidth + gpu * (cell + gap), y, width: cell, height: cell, rx: 3, fill,
-          "data-node": node.node_id, "data-gpu": gpu, "data-state": state,
-          "data-job": owner ? owner.job_id : null, "data-team": owner ? owner.team : null,
-        }, title(owner ? `GPU ${gpu}: ${owner.name} (${owner.team}) ${owner.state}`
-          : unseen ? `GPU ${gpu}: busy (another team's job)` : `GPU ${gpu}: ${state}`));
-        if (owner) {
-          rect.style.cursor = "pointer";
-          rect.addEventListener("click", () => { location.hash = `#/job/${owner.job_id}`; });
-        }
-        group.append(rect);
+        group.append(gpuCell(node, gpu, owner, unseen, plans, { x: labelWidth + gpu * (cell + gap), y, cell }));
       }
       picture.append(group);
     });
@@ -183,7 +266,8 @@ function legend(teams, othersBusy) {
     ...teams.map((t) => [`busy: ${t}`, teamColor(t)]),
     ...(othersBusy ? [["busy: another team", "var(--other-team)"]] : [])];
   return el("div", { class: "legend" },
-    ...items.map(([label, color]) => el("span", {}, el("i", { style: `background:${color}` }), label)));
+    ...items.map(([label, color]) => el("span", {}, el("i", { style: `background:${color}` }), label)),
+    el("span", {}, el("i", { class: "draining-job" }), "job on a draining node"));
 }
 
 function queueTable(pending) {
@@ -223,56 +307,114 @@ function teamTable(active, pending, queues) {
   for (const [team, t] of [...teams].sort()) {
     const quota = nominal.get(team);
     table.append(el("tr", { class: "team-row", "data-team": team },
-      el("td", {}, el("i", { style: `display:inline-block;width:10px;height:10px;background:${teamColor(team)}` }), " ", team),
+      el("td", {}, swatch(team), " ", team),
       el("td", {}, String(t.held)), el("td", {}, quota === undefined || quota === null ? "—" : String(quota)),
       el("td", {}, String(t.running)),
       el("td", {}, String(t.pendingJobs)), el("td", {}, String(t.pendingGpus))));
   }
-  return { table, held: Object.fromEntries([...teams].map(([team, t]) => [team, t.held])) };
+  return { table };
 }
 
-function usageChart(samples, totalGpus) {
-  const width = 520, height = 160, pad = 28;
-  const chart = svg("svg", { id: "usage-chart", width, height });
-  if (samples.length < 2) return chart;
-  const t0 = samples[0].t, t1 = samples[samples.length - 1].t;
-  const x = (t) => pad + ((t - t0) / Math.max(1, t1 - t0)) * (width - 2 * pad);
-  const y = (v) => height - pad - (v / Math.max(1, totalGpus)) * (height - 2 * pad);
-  chart.append(svg("line", { x1: pad, y1: y(0), x2: width - pad, y2: y(0), stroke: "var(--line)" }),
-    svg("line", { x1: pad, y1: y(totalGpus), x2: width - pad, y2: y(totalGpus), stroke: "var(--line)", "stroke-dasharray": "3 3" }),
-    svg("text", { x: 2, y: y(totalGpus) + 4, class: "label" }, String(totalGpus)),
-    svg("text", { x: 2, y: y(0) + 4, class: "label" }, "0"));
-  const teams = new Set(samples.flatMap((s) => Object.keys(s.teams)));
-  for (const team of teams) {
-    const points = samples.map((s) => `${x(s.t).toFixed(1)},${y(s.teams[team] || 0).toFixed(1)}`).join(" ");
-    chart.append(svg("polyline", { points, fill: "none", stroke: teamColor(team), "stroke-width": 2 }, title(team)));
+function swatch(team) {
+  return el("i", { class: "swatch", "data-team": team, style: `background:${teamColor(team)}` });
+}
+
+function runningTable(active, plans, nodesById) {
+  const now = Date.now() / 1000;
+  const rows = [...active].sort((a, b) => (a.started_at ?? a.bound_at ?? 0) - (b.started_at ?? b.bound_at ?? 0));
+  const table = el("table", { id: "running" }, el("tr", {}, ...["job", "team", "state", "GPUs", "nodes",
+    "running for", "attempt", "drain"].map((h) => el("th", {}, h))));
+  for (const job of rows) {
+    const drainedNode = job.nodes.find((n) => (nodesById.get(n) || {}).status === "drained");
+    const plan = plans.get(job.job_id) || (drainedNode ? { node: drainedNode } : null);
+    const held = job.allocation.reduce((sum, task) => sum + task.gpus.length, 0);
+    table.append(el("tr", { class: "running-row", "data-job": job.job_id, "data-draining": plan ? "true" : null },
+      el("td", {}, link(`#/job/${job.job_id}`, job.name)), el("td", {}, swatch(job.team), " ", job.team),
+      el("td", {}, job.state), el("td", {}, String(held)), el("td", {}, job.nodes.join(", ") || "—"),
+      el("td", {}, job.started_at ? duration(now - job.started_at) : "—"), el("td", {}, String(job.attempt)),
+      el("td", { class: plan ? "draining-text" : "muted" }, plan ? drainText(plan) : "—")));
+  }
+  if (!rows.length) table.append(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "nothing running")));
+  return table;
+}
+
+function clock(seconds) {
+  return new Date(seconds * 1000).toISOString().slice(11, 19); // UTC, as every time on these pages
+}
+
+// GPUs in use per team over time, from the log (/v1/usage/history): one step line per team, with a
+// GPU axis (0, half, the cluster's total) and a time axis (the window's start, middle and end).
+function usageChart(series, totalGpus) {
+  const width = 560, height = 190, left = 44, right = 14, top = 10, bottom = 40;
+  const chart = svg("svg", { id: "usage-chart", class: "fit", width, height, viewBox: `0 0 ${width} ${height}`,
+    "data-since": series ? series.since : null, "data-step": series ? series.step_s : null });
+  if (!series) {
+    chart.append(svg("text", { x: left, y: 30, class: "label" }, "no usage history from this API"));
+    return chart;
+  }
+  const t0 = series.since, t1 = series.until;
+  const peak = Math.max(1, totalGpus, ...series.teams.flatMap((t) => t.gpus));
+  const x = (t) => left + ((t - t0) / Math.max(1, t1 - t0)) * (width - left - right);
+  const y = (v) => height - bottom - (v / peak) * (height - top - bottom);
+  const middle = top + (height - top - bottom) / 2;
+  chart.append(svg("line", { class: "axis", x1: left, y1: y(0), x2: width - right, y2: y(0) }),
+    svg("line", { class: "axis", x1: left, y1: y(0), x2: left, y2: y(peak) }),
+    svg("text", { x: 12, y: middle, class: "label axis-title", transform: `rotate(-90 12 ${middle})`,
+      "text-anchor": "middle" }, "GPUs"),
+    svg("text", { x: left + (width - left - right) / 2, y: height - 6, class: "label axis-title",
+      "text-anchor": "middle" }, `time (UTC), a point per ${duration(series.step_s)}`));
+  for (const v of [...new Set([0, Math.round(peak / 2), peak])]) {
+    chart.append(svg("text", { x: left - 6, y: y(v) + 4, "text-anchor": "end", class: "label tick" }, String(v)));
+  }
+  for (const [t, anchor] of [[t0, "start"], [(t0 + t1) / 2, "middle"], [t1, "end"]]) {
+    chart.append(svg("text", { x: x(t), y: height - bottom + 14, "text-anchor": anchor, class: "label tick" }, clock(t)));
+  }
+  for (const team of series.teams) {
+    const points = team.gpus.flatMap((v, i) => {
+      const end = i + 1 < series.starts.length ? series.starts[i + 1] : t1;
+      return [`${x(series.starts[i]).toFixed(1)},${y(v).toFixed(1)}`, `${x(end).toFixed(1)},${y(v).toFixed(1)}`];
+    }).join(" ");
+    chart.append(svg("polyline", { class: "usage-line", "data-team": team.team, points, fill: "none",
+      stroke: teamColor(team.team), "stroke-width": 2 }, title(`${team.team}: ${(team.gpu_s / 3600).toFixed(2)} GPU-hours`)));
   }
   return chart;
 }
 
+async function usageHistory() {
+  if (usageSeries && Date.now() - usageSeries.at < USAGE_REFRESH_MS) return usageSeries.series;
+  const series = await optional("/v1/usage/history");
+  usageSeries = { at: Date.now(), series };
+  return series;
+}
+
 async function renderCluster(view) {
-  const [nodes, active, pending, fold, queues] = await Promise.all([
+  const [nodes, active, pending, fold, queues, series] = await Promise.all([
     api("/v1/nodes"), api(`/v1/jobs?state=${ACTIVE}&limit=10000`),
-    api("/v1/jobs?state=pending&limit=10000"), api("/v1/state"), optional("/v1/queues"),
+    api("/v1/jobs?state=pending&limit=10000"), api("/v1/state"), optional("/v1/queues"), usageHistory(),
   ]);
   const owners = gpuOwners(active.jobs);
   // a team token lists only its own jobs: the GPUs the others hold are busy with no owner here
   const othersBusy = nodes.nodes.some((n) => (n.busy_gpus || []).some((g) => !owners.has(`${n.node_id}/${g}`)));
   const teams = [...new Set(active.jobs.map((j) => j.team))].sort();
-  [...new Set([...teams, ...pending.jobs.map((j) => j.team)])].sort().forEach(teamColor);
+  knowTeams([...teams, ...pending.jobs.map((j) => j.team)]);
+  const plans = drainPlans(nodes.nodes, active.jobs);
+  const nodesById = new Map(nodes.nodes.map((n) => [n.node_id, n]));
   const total = nodes.nodes.reduce((sum, n) => sum + n.gpus.total, 0);
   const free = nodes.nodes.reduce((sum, n) => sum + n.gpus.free, 0);
-  const { table, held } = teamTable(active.jobs, pending.jobs, queues);
-  usage.push({ t: Date.now() / 1000, teams: held });
-  if (usage.length > 600) usage.shift();
+  const { table } = teamTable(active.jobs, pending.jobs, queues);
+  const since = series ? ` since ${clock(series.since)} UTC` : "";
   document.getElementById("status").textContent =
-    `${nodes.nodes.length} nodes · ${total} GPUs · ${free} free · ${pending.jobs.length} waiting · log seq ${fold.seq}`;
+    `${nodes.nodes.length} nodes · ${total} GPUs · ${free} free · ${active.jobs.length} running · `
+    + `${pending.jobs.length} waiting · log seq ${fold.seq}`;
   view.replaceChildren(el("div", { class: "panels" },
-    el("div", { class: "panel" }, el("h2", {}, "Cluster"), legend(teams, othersBusy), heatMap(nodes.nodes, owners)),
+    el("div", {},
+      el("div", { class: "panel" }, el("h2", {}, "Cluster"), legend(teams, othersBusy),
+        heatMap(nodes.nodes, owners, plans)),
+      el("div", { class: "panel" }, el("h2", {}, "Running jobs"), runningTable(active.jobs, plans, nodesById))),
     el("div", {},
       el("div", { class: "panel" }, el("h2", {}, "Queue"), queueTable(pending.jobs)),
       el("div", { class: "panel" }, el("h2", {}, "Teams"), table,
-        el("h2", {}, "GPUs held per team (since this page opened)"), usageChart(usage, total)))));
+        el("h2", {}, `GPUs in use per team (from the log${since})`), usageChart(series, total)))));
 }
 
 // --- job page: details and timeline ---------------------------------------------------------------
@@ -312,28 +454,102 @@ function historyMilestones(history) {
   return marks;
 }
 
-function timeline(job, history) {
+function timelineMarks(job, history) {
   const fromHistory = history && history.timeline ? historyMilestones(history) : [];
-  const marks = fromHistory.length ? fromHistory : milestones(job);
-  const width = 760, height = 96, pad = 40;
+  return fromHistory.length ? fromHistory : milestones(job);
+}
+
+// What ends a run early: the span from one of these to the next "running" is the time the job was
+// interrupted (not running, through no choice of its own), marked on the timeline with how long it lasted.
+const INTERRUPTIONS = new Set(["interrupted", "preempted", "attempt failed"]);
+
+function interruptedSpans(marks, end) {
+  const spans = [];
+  let open = null;
+  for (const [label, t] of marks) {
+    if (INTERRUPTIONS.has(label) && !open) open = { label, from: t };
+    else if (label.startsWith("running") && open) { spans.push({ ...open, to: t }); open = null; }
+  }
+  if (open) spans.push({ ...open, to: end });
+  return spans;
+}
+
+const LABEL_FONT = "11px system-ui, sans-serif";
+let measurer = null;
+
+function textWidth(text) {
+  measurer = measurer || document.createElement("canvas").getContext("2d");
+  measurer.font = LABEL_FONT;
+  return measurer.measureText(text).width;
+}
+
+// Lay labels out in lanes so none overlaps another: each label goes, in time order, to the first lane
+// whose last label ends (with a gap) before it starts; lanes alternate above and below the bar, nearest
+// first. Each label is centred on its time, pushed inside the picture at the edges.
+function laneLayout(items, width) {
+  const gap = 8, lanes = [];
+  for (const item of [...items].sort((a, b) => a.x - b.x)) {
+    const half = item.width / 2;
+    item.left = Math.min(Math.max(item.x - half, 2), width - 2 - item.width);
+    let lane = lanes.findIndex((right) => right + gap <= item.left);
+    if (lane < 0) { lane = lanes.length; lanes.push(0); }
+    lanes[lane] = item.left + item.width;
+    item.lane = lane;
+  }
+  return lanes.length;
+}
+
+function timeline(job, history) {
+  const marks = timelineMarks(job, history);
+  const width = 760, pad = 40, laneHeight = 30, barHeight = 14;
   const end = job.ended_at || Date.now() / 1000;
   const t0 = marks[0][1], span = Math.max(1e-3, end - t0);
   const x = (t) => pad + ((t - t0) / span) * (width - 2 * pad);
-  const picture = svg("svg", { id: "timeline", width, height });
-  marks.forEach(([label, t, phase], i) => {
+  const spans = interruptedSpans(marks, end);
+  const items = [
+    ...marks.map(([label, t]) => ({ kind: "milestone", label, t, x: x(t), lines: [label, `+${duration(t - t0)}`] })),
+    ...spans.map((s) => ({ kind: "interrupted", label: s.label, t: s.from, x: (x(s.from) + x(s.to)) / 2,
+      lines: [`${s.label}: not running`, `for ${duration(s.to - s.from)}`] })),
+  ];
+  for (const item of items) item.width = Math.max(...item.lines.map(textWidth)) + 4;
+  const lanes = laneLayout(items, width);
+  const above = Math.ceil(lanes / 2), below = Math.floor(lanes / 2);
+  const barTop = above * laneHeight + 8, barBottom = barTop + barHeight;
+  const height = barBottom + 8 + below * laneHeight + 4;
+  const picture = svg("svg", { id: "timeline", class: "fit", width, height, viewBox: `0 0 ${width} ${height}` });
+  marks.forEach(([, t, phase], i) => {
     const next = i + 1 < marks.length ? marks[i + 1][1] : end;
-    if (phase) {
-      picture.append(svg("rect", { class: "phase", "data-phase": phase, x: x(t), y: 40, height: 14,
-        width: Math.max(1, x(next) - x(t)), fill: PHASE_COLORS[phase] }, title(`${phase}: ${duration(next - t)}`)));
-    }
-    const group = svg("g", { class: "milestone", "data-label": label });
-    const above = i % 2 === 0; // alternate labels above and below the bar, so close milestones stay legible
-    group.append(svg("line", { x1: x(t), y1: above ? 32 : 40, x2: x(t), y2: above ? 54 : 62, stroke: "var(--text)" }),
-      svg("text", { x: x(t), y: above ? 14 : 76, "text-anchor": "middle" }, label),
-      svg("text", { x: x(t), y: above ? 27 : 89, "text-anchor": "middle", class: "label" }, `+${duration(t - t0)}`));
-    picture.append(group);
+    if (!phase) return;
+    picture.append(svg("rect", { class: "phase", "data-phase": phase, x: x(t), y: barTop, height: barHeight,
+      width: Math.max(1, x(next) - x(t)), fill: PHASE_COLORS[phase] }, title(`${phase}: ${duration(next - t)}`)));
   });
+  for (const s of spans) {
+    picture.append(svg("rect", { class: "interrupted", "data-label": s.label, "data-seconds": s.to - s.from,
+      x: x(s.from), y: barTop - 3, width: Math.max(2, x(s.to) - x(s.from)), height: barHeight + 6,
+      fill: "url(#interrupted-hatch)", stroke: "var(--unhealthy)" }, title(`${s.label}: not running for ${duration(s.to - s.from)}`)));
+  }
+  picture.prepend(svg("defs", {}, svg("pattern", { id: "interrupted-hatch", width: 6, height: 6,
+    patternUnits: "userSpaceOnUse", patternTransform: "rotate(45)" },
+  svg("rect", { width: 6, height: 6, fill: "rgba(210,66,60,0.25)" }),
+  svg("line", { x1: 0, y1: 0, x2: 0, y2: 6, stroke: "var(--unhealthy)", "stroke-width": 2 }))));
+  for (const item of items) picture.append(timelineLabel(item, { barTop, barBottom, laneHeight }));
   return picture;
+}
+
+function timelineLabel(item, geometry) {
+  const { barTop, barBottom, laneHeight } = geometry;
+  const up = item.lane % 2 === 0, row = Math.floor(item.lane / 2);
+  // the label's two lines: above the bar the first line sits higher, below it lower
+  const first = up ? barTop - 8 - row * laneHeight - 14 : barBottom + 8 + row * laneHeight + 11;
+  const cx = item.left + item.width / 2;
+  const group = svg("g", { class: item.kind === "milestone" ? "milestone" : "interrupted-label",
+    "data-label": item.label, "data-lane": item.lane });
+  // a tick across the bar at the label's time; the label sits in its lane, centred on that time
+  group.append(svg("line", { x1: item.x, y1: barTop - 5, x2: item.x, y2: barBottom + 5,
+    stroke: item.kind === "milestone" ? "var(--text)" : "var(--unhealthy)" }),
+  svg("text", { x: cx, y: first, "text-anchor": "middle", class: item.kind === "milestone" ? "" : "warn" }, item.lines[0]),
+  svg("text", { x: cx, y: first + 13, "text-anchor": "middle", class: "label" }, item.lines[1]));
+  return group;
 }
 
 function details(job) {
@@ -344,7 +560,7 @@ function details(job) {
     ["submitted", when(job.submitted_at)], ["bound", when(job.bound_at)], ["started", when(job.started_at)],
     ["ended", when(job.ended_at)], ["preemptions", String(job.preemptions)],
     ["infra failures", String(job.recovery.infra_failures)], ["lost GPU-seconds", job.recovery.lost_gpu_s.toFixed(1)],
-    ["command", job.spec.command.join(" ")]];
+    ["drain", job.drain ? drainText(job.drain) : "—"], ["command", job.spec.command.join(" ")]];
   return el("dl", { class: "kv" }, ...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
 }
 
@@ -392,35 +608,78 @@ async function renderJob(view, jobId) {
     el("h2", {}, "Events"), eventTable(history)));
 }
 
-// --- history: queue time and JCT of finished jobs --------------------------------------------------
+// --- history: queue time and JCT of finished jobs, and the finished jobs themselves ---------------
 
+// A histogram with its axes: bins of equal width from 0 to the largest value, a count over each bar, the
+// count axis (0 and the tallest bin) and the value axis (bin edges, every other one), each with its title.
 function histogram(id, label, values) {
-  const width = 420, height = 150, pad = 26, bins = 10;
-  const picture = svg("svg", { id, width, height });
-  if (!values.length) return picture;
+  const width = 440, height = 200, left = 40, right = 12, top = 16, bottom = 44, bins = 10;
+  const picture = svg("svg", { id, width, height, viewBox: `0 0 ${width} ${height}`, class: "histogram fit",
+    "data-values": values.length });
+  if (!values.length) {
+    picture.append(svg("text", { x: left, y: 30, class: "label" }, "no finished jobs yet"));
+    return picture;
+  }
   const max = Math.max(...values, 1e-3);
   const counts = new Array(bins).fill(0);
   for (const v of values) counts[Math.min(bins - 1, Math.floor((v / max) * bins))] += 1;
-  const top = Math.max(...counts);
-  const barWidth = (width - 2 * pad) / bins;
+  const tallest = Math.max(...counts);
+  const plotWidth = width - left - right, plotHeight = height - top - bottom;
+  const barWidth = plotWidth / bins, base = height - bottom;
   counts.forEach((count, i) => {
-    const h = (count / top) * (height - 2 * pad);
-    picture.append(svg("rect", { x: pad + i * barWidth + 1, y: height - pad - h, width: barWidth - 2, height: h,
-      fill: "var(--accent)" }, title(`${count} jobs ≤ ${duration(((i + 1) / bins) * max)}`)));
+    const h = (count / tallest) * plotHeight, x = left + i * barWidth;
+    picture.append(svg("rect", { class: "bar", "data-count": count, x: x + 1, y: base - h,
+      width: barWidth - 2, height: h, fill: "var(--accent)" },
+    title(`${count} jobs in ${duration((i / bins) * max)} … ${duration(((i + 1) / bins) * max)}`)));
+    if (count) picture.append(svg("text", { x: x + barWidth / 2, y: base - h - 3, "text-anchor": "middle",
+      class: "count" }, String(count)));
   });
-  picture.append(svg("text", { x: pad, y: height - 6, class: "label" }, `${label}: 0 … ${duration(max)}`));
+  picture.append(svg("line", { class: "axis", x1: left, y1: base, x2: width - right, y2: base }),
+    svg("line", { class: "axis", x1: left, y1: base, x2: left, y2: top }));
+  for (const v of [0, tallest]) {
+    picture.append(svg("text", { x: left - 5, y: base - (v / tallest) * plotHeight + 4, "text-anchor": "end",
+      class: "label tick" }, String(v)));
+  }
+  for (let i = 0; i <= bins; i += 2) {
+    picture.append(svg("text", { x: left + i * barWidth, y: base + 14, "text-anchor": "middle",
+      class: "label tick" }, duration((i / bins) * max)));
+  }
+  picture.append(svg("text", { x: 12, y: top + plotHeight / 2, class: "label axis-title", "text-anchor": "middle",
+    transform: `rotate(-90 12 ${top + plotHeight / 2})` }, "jobs"),
+  svg("text", { x: left + plotWidth / 2, y: height - 6, class: "label axis-title", "text-anchor": "middle" }, label));
   return picture;
 }
 
+const FINISHED_SHOWN = 200; // rows of the finished-jobs table; the histograms use every job /v1/history gave
+
+function finishedTable(jobs) {
+  const newest = [...jobs].sort((a, b) => (b.ended_at ?? 0) - (a.ended_at ?? 0)).slice(0, FINISHED_SHOWN);
+  const table = el("table", { id: "finished" }, el("tr", {}, ...["job", "team", "state", "GPUs", "waited",
+    "ran", "GPU-hours", "attempts", "preemptions", "ended"].map((h) => el("th", {}, h))));
+  for (const job of newest) {
+    table.append(el("tr", { class: "finished-row", "data-job": job.job_id, "data-state": job.state },
+      el("td", {}, link(`#/job/${job.job_id}`, job.name)), el("td", {}, swatch(job.team), " ", job.team),
+      el("td", {}, job.state), el("td", {}, String(job.gpus)), el("td", {}, duration(job.queue_s)),
+      el("td", {}, duration(job.run_s)), el("td", {}, job.gpu_hours.toFixed(3)), el("td", {}, String(job.attempts)),
+      el("td", {}, String(job.preemptions)), el("td", {}, when(job.ended_at))));
+  }
+  if (!newest.length) table.append(el("tr", {}, el("td", { colspan: 10, class: "muted" }, "no finished jobs yet")));
+  return table;
+}
+
 async function renderHistory(view) {
-  const ended = await api(`/v1/jobs?state=${ENDED}&limit=10000`);
-  const jobs = ended.jobs.filter((j) => j.ended_at);
-  const waits = jobs.filter((j) => j.bound_at).map((j) => j.bound_at - j.submitted_at);
+  const finished = await api("/v1/history?limit=10000");
+  const jobs = finished.jobs.filter((j) => j.ended_at);
   const jct = jobs.map((j) => j.ended_at - j.submitted_at);
-  document.getElementById("status").textContent = `${jobs.length} finished jobs`;
+  const older = finished.total > finished.count ? ` (the newest ${finished.count} of ${finished.total})` : "";
+  document.getElementById("status").textContent = `${finished.total} finished jobs`;
   view.replaceChildren(el("div", { class: "panels" },
-    el("div", { class: "panel" }, el("h2", {}, "Queue time (last attempt)"), histogram("queue-time", "wait", waits)),
-    el("div", { class: "panel" }, el("h2", {}, "Job completion time"), histogram("jct", "JCT", jct))));
+    el("div", { class: "panel" }, el("h2", {}, `Time waiting in the queue${older}`),
+      histogram("queue-time", "waiting before and between attempts", jobs.map((j) => j.queue_s))),
+    el("div", { class: "panel" }, el("h2", {}, `Job completion time${older}`),
+      histogram("jct", "submission to end", jct))),
+  el("div", { class: "panel" }, el("h2", {}, `Finished jobs, newest first${jobs.length > FINISHED_SHOWN
+    ? ` (${FINISHED_SHOWN} shown)` : ""}`), finishedTable(jobs)));
 }
 
 // --- router -------------------------------------------------------------------------------------
@@ -430,13 +689,14 @@ async function render() {
   const route = location.hash.replace(/^#\/?/, "");
   staleSeq = null;
   try {
+    await loadTeams();
     if (route.startsWith("job/")) await renderJob(view, decodeURIComponent(route.slice(4)));
     else if (route === "history") await renderHistory(view);
     else await renderCluster(view);
     document.getElementById("login").hidden = true;
     document.body.dataset.rendered = route || "cluster";
   } catch (error) {
-    if (error instanceof Unauthorized) showLogin(localStorage.getItem(TOKEN_KEY) ? "the token was refused" : "");
+    if (error instanceof Unauthorized) showLogin(localStorage.getItem(TOKEN_KEY) ? refusedTokenMessage(error) : "");
     else document.getElementById("status").textContent = `error: ${error.message}`;
   }
   showStale(); // gone again once every read of this render was answered normally
