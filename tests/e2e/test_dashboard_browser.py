@@ -4,7 +4,10 @@ Chromium is driven over the DevTools protocol (a websocket, with aiohttp): the t
 API serves at ``/`` with the cluster's admin token in ``?token=``, then reads the rendered DOM. It checks
 that the heat map shows every node of the cluster, that a job that must wait appears in the queue with
 its reason and then on its GPUs once it binds, and that its job page draws its timeline (with the event
-history and the rank-log panel). Screenshots of
+history and the rank-log panel). A page opened after jobs ran shows their usage from the log, the running
+jobs in team colours that stay apart, a job on a drained node still on its GPUs marked draining, an
+interrupted span with no two timeline labels overlapping, the history page's axes, counts and finished
+jobs, and why a token was refused. Screenshots of
 the pages go to ``$RALLY_SCREENSHOTS`` (default: the test's tmp dir). Skipped where Chromium is absent
 (``apt-get install -y chromium``).
 """
