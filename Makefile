@@ -19,8 +19,11 @@ install: $(STAMP)
 demo: install
 	$(BIN)/rally demo --nodes 4 --gpus-per-node 8 --racks 2
 
+# The suite mostly waits on real servers and processes, so it runs on more workers than cores
+# (TEST_WORKERS=1 runs it in one process); a module stays on one worker, which makes its fixtures once.
+TEST_WORKERS ?= 4
 test: install browser
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
 # The dashboard's test drives Debian's Chromium: installed with apt when missing and we may (root, apt-get);
 # where it cannot be, tests/e2e/test_dashboard_browser.py skips and says so.

@@ -8,6 +8,11 @@
 Stream names must not overlap in subjects (all use ``rally.>``), so tests that use ``event_log`` must
 not create another ``rally.>`` stream on the same server at the same time; tests that need their own
 server start one (``NatsServer`` is ~50 ms).
+
+``make test`` runs the suite on several pytest-xdist workers, a module to a worker (``--dist loadscope``),
+so a module's fixtures are made once; each worker has its own session servers. The modules that start
+whole clusters come first (see ``pytest_collection_modifyitems``) so that the long ones do not end the run
+alone on one worker while the others sit idle.
 """
 
 from __future__ import annotations
@@ -24,6 +29,19 @@ from nats.aio.client import Client
 
 from rallypoint.eventlog import EventLog, connect_nats
 from rallypoint.infra import NatsServer, PostgresServer
+
+# The order the workers take modules in: the folders whose modules wait longest on real clusters first.
+# Within a folder the collection order stays (pytest's sort is stable).
+_LONGEST_FIRST = ("tests/chaos/", "tests/e2e/", "tests/integration/", "tests/replay/", "tests/sim/")
+
+
+def _start_rank(item: pytest.Item) -> int:
+    tiers = (i for i, folder in enumerate(_LONGEST_FIRST) if item.nodeid.startswith(folder))
+    return next(tiers, len(_LONGEST_FIRST))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_start_rank)
 
 
 @pytest.fixture(scope="session")
