@@ -26,6 +26,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple, Protocol
 
+from .abandoned import remove_abandoned
 from .commit import await_markers, build_manifest, write_manifest, write_marker
 from .files import fsync_dir
 from .manifest import list_steps, shard_name, step_dir, verify_checkpoint
@@ -88,6 +89,9 @@ class Checkpointer:
             max_workers=max_in_flight, thread_name_prefix="rally-ckpt-commit"
         )
         self._inflight: list[Future[int | None]] = []
+        # Steps whose commit (rank 0) has not ended yet: their folders are not abandoned, whatever they hold.
+        self._committing: set[int] = set()
+        self._committing_lock = threading.Lock()
         self._stop = threading.Event()
         self._stop_since: float | None = None  # time.monotonic() when this rank learned of the stop
         self._stop_agreement = StopAgreement(
@@ -194,6 +198,8 @@ class Checkpointer:
         written = self._writer.submit(self._write, step, copied)
         future: Future[int | None] = written
         if self.rank == 0:
+            with self._committing_lock:
+                self._committing.add(step)
             future = self._committer.submit(self._commit, step, written, metadata, started)
         future.add_done_callback(_log_failure)
         self._inflight.append(future)
@@ -236,6 +242,18 @@ class Checkpointer:
     def _commit(
         self, step: int, written: Future[int | None], metadata: dict[str, Any] | None, started: float
     ) -> int | None:
+        try:
+            committed = self._commit_step(step, written, metadata, started)
+        finally:
+            with self._committing_lock:
+                self._committing.discard(step)
+        if committed is not None:
+            self.remove_abandoned_steps(below=committed)
+        return committed
+
+    def _commit_step(
+        self, step: int, written: Future[int | None], metadata: dict[str, Any] | None, started: float
+    ) -> int | None:
         written.result()
         folder = step_dir(self.directory, step)
         markers = await_markers(
@@ -271,6 +289,20 @@ class Checkpointer:
         )
         return step
 
+    def remove_abandoned_steps(self, below: int | None = None) -> list[int]:
+        """Remove the step folders that never committed and never will: older than ``below`` (by default
+        the newest committed step on disk) and not a save of this process still committing
+        (``abandoned.py``). The committer calls it after each commit and when it resumes; the steps
+        removed."""
+        if below is None:
+            committed = list_steps(self.directory)
+            if not committed:
+                return []
+            below = committed[-1]
+        with self._committing_lock:
+            in_flight = set(self._committing)
+        return remove_abandoned(self.directory, below=below, in_flight=in_flight)
+
     # -- loading ------------------------------------------------------------------------------------
 
     def latest_step(self) -> int | None:
@@ -300,7 +332,10 @@ class Checkpointer:
         return read_state(step_dir(self.directory, step) / shard_name(rank, SUFFIX))
 
     def load_latest(self, rank: int | None = None) -> Loaded | None:
-        """(step, state) of the newest checkpoint that verifies (``latest_step``), or None."""
+        """(step, state) of the newest checkpoint that verifies (``latest_step``), or None. Rank 0 first
+        removes the folders of saves that never committed and a later step superseded."""
+        if self.rank == 0:
+            self.remove_abandoned_steps()
         step = self.latest_step()
         if step is None:
             return None

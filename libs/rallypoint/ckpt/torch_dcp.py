@@ -106,9 +106,11 @@ class DcpCheckpointer:
         """Load the newest checkpoint that verifies into ``model`` and ``optimizer``; its step, or None.
 
         Collective: rank 0 picks the step (``Checkpointer.latest_step``: verified, the resume hint
-        first) and tells the others, so every rank loads the same one."""
+        first) and tells the others, so every rank loads the same one. Rank 0 first removes the folders
+        of saves that never committed and a later step superseded (``remove_abandoned_steps``)."""
         chosen = torch.tensor([-1], dtype=torch.int64)
         if self.ckpt.rank == 0:
+            self.ckpt.remove_abandoned_steps()  # saves a kill cut short, superseded by a later commit
             chosen[0] = -1 if (step := self.ckpt.latest_step()) is None else step
         dist.broadcast(chosen, src=0, group=self.process_group)
         if chosen.item() < 0:
