@@ -70,11 +70,18 @@ def _uncommitted(root: Path) -> list[tuple[int, Path]]:
     found = []
     for child in children:
         step = step_of(child)
-        if step is None or child.is_symlink() or not child.is_dir():
-            continue
-        if not (child / MANIFEST).exists():
+        if step is not None and _without_manifest(child):
             found.append((step, child))
     return sorted(found)
+
+
+def _without_manifest(folder: Path) -> bool:
+    """A real folder (no link) holding no manifest. One we may not look into is not ours to judge: a
+    save goes on and so does the commit, so nothing here raises."""
+    try:
+        return not folder.is_symlink() and folder.is_dir() and not (folder / MANIFEST).exists()
+    except OSError:
+        return False
 
 
 def _describe(step: int, folder: Path) -> IncompleteStep:
