@@ -224,19 +224,35 @@ RESTARTABLE = (
 )
 
 
+#: The services that save snapshots of their fold (every 10 events here, checked each second).
+SNAPSHOTTING = ("job-controller", "api", "inventory", "preemption", "checkpoint")
+
+
+def _wait_for_a_snapshot(cluster: LocalCluster, service: str) -> None:
+    """Until ``service`` has saved a snapshot: on a loaded machine (or with this case run alone) the kill
+    could otherwise come before its first save, and the restart would rightly replay the whole log."""
+    log_file = cluster.workdir / "logs" / f"{service}.log"
+    deadline = time.monotonic() + 120
+    while "saved snapshot at seq" not in log_file.read_text():
+        assert time.monotonic() < deadline, f"{service} saved no snapshot in 120 s"
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize("service", RESTARTABLE)
 def test_kill_9_of_a_service_while_jobs_run_then_restart(
     cluster: LocalCluster, probes: Path, service: str
 ) -> None:
     running = submit(cluster, f"survive-{service}", 8, 8, probes, sleep=3.0)
     wait_state(cluster, running, {"running"})
+    if service in SNAPSHOTTING:
+        _wait_for_a_snapshot(cluster, service)
     cluster.kill(service, signal.SIGKILL)
     queued_meanwhile = None
     if service != "api":
         queued_meanwhile = submit(cluster, f"meanwhile-{service}", 1, 1, probes, sleep=0.2)
     cluster.restart(service)
     assert wait_state(cluster, running, TERMINAL, timeout=60)["state"] == "completed"
-    if service in ("job-controller", "api", "inventory", "preemption", "checkpoint"):
+    if service in SNAPSHOTTING:
         log_text = (cluster.workdir / "logs" / f"{service}.log").read_text()
         assert "restored state at seq" in log_text, "the restarted service started from a snapshot"
     if service == "health-monitor":  # it folds the nodes' events alone: replayed, no snapshot
