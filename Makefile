@@ -43,6 +43,7 @@ chaos: install
 bench: install
 	$(BIN)/rally bench scheduler --nodes 12500 --gpus-per-node 8 --pending 5000 --json
 	$(BIN)/rally bench eventlog --json
+	$(BIN)/rally bench dryrun --nodes 12500 --pending 10000 --json
 	$(BIN)/rally bench recovery --trials 10 --json
 	$(BIN)/rally bench cluster --nodes 500 --json
 	$(BIN)/python -m rallypoint.bench.healthbench --nodes 12500

@@ -47,6 +47,7 @@ from rallypoint.state import ClusterState, JobState, JobView
 
 from .auth import auth_middleware, forbidden, not_theirs, principal
 from .dashboard import add_dashboard_routes
+from .dryrun import DryRuns, already_submitted, dry_run_flag, dry_run_response, judge_submission
 from .fairuse import FairUse, refusal_metrics, too_many
 from .fold import FoldFollower, quarantine_metrics
 from .history_views import add_history_routes
@@ -123,6 +124,7 @@ class Handlers:
         self.priority_classes, self.default_priority = submission_classes(config.queues)
         self.fair_use = FairUse(config.queues)
         self._secret_store: SecretStore | None = None  # opened at the first submission with secrets
+        self.dry_runs = DryRuns(config.queues, follower.follower)  # ?dry_run=true: the core on this fold
 
     @property
     def state(self) -> ClusterState:
@@ -136,6 +138,8 @@ class Handlers:
     # -- POST /v1/jobs -------------------------------------------------------------------------------
 
     async def submit(self, request: web.Request) -> web.Response:
+        if isinstance(dry_run := dry_run_flag(request), web.Response):
+            return dry_run
         if (refused := _unsupported_media_type(request.content_type.lower())) is not None:
             self.submissions["invalid"] += 1
             return refused
@@ -179,6 +183,8 @@ class Handlers:
         except SpecError as err:
             self.submissions["invalid"] += 1
             return invalid_spec(err)
+        if dry_run:
+            return await self._dry_run(request, who, spec, job_id, key)
         if (refusal := self._priority_refusal(who, spec)) is not None:
             self.submissions["forbidden"] += 1
             self.fair_use.count_refusal(spec.team, "priority")
@@ -230,6 +236,34 @@ class Handlers:
         # so the requests in flight do not queue behind the fold.
         self.submissions["accepted"] += 1
         return self._accepted(job_id, result.seq, self.state.jobs.get(job_id), replayed=False)
+
+    async def _dry_run(
+        self, request: web.Request, who: Principal, spec: JobSpec, job_id: str, key: str | None
+    ) -> web.Response:
+        """Past the checks above, a dry run appends nothing (``dryrun.py``); a key's earlier job gets the
+        422 a submit would when its spec differs, and is named when it is the same. It reads the fold as
+        a GET does: holding every write acknowledged before it, by any replica."""
+        if (not_ready := await self._ready()) is not None:
+            return not_ready
+        reader = audience(request, self.state.jobs)
+        if key is None:
+            job_id_or_none = None
+        elif (existing := self.state.jobs.get(job_id)) is not None:
+            if existing.spec != spec:
+                return self._replayed(existing, spec, key)
+            return dry_run_response(already_submitted(existing, self.state.last_seq), reader)
+        else:
+            job_id_or_none = job_id
+        answer = judge_submission(
+            self.dry_runs,
+            self.state,
+            spec,
+            job_id=job_id_or_none,
+            who=who,
+            priority_refusal=self._priority_refusal(who, spec),
+            fair_use=self.fair_use,
+        )
+        return dry_run_response(answer, reader)
 
     async def _secrets_refusal(
         self, job_id: str, secrets: dict[str, str], key: str | None, *, store: bool = False

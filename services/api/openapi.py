@@ -33,6 +33,7 @@ from rallypoint.state import JobState
 
 from .auth import with_security
 from .dashboard import dashboard_paths
+from .dryrun import dry_run_ok, dry_run_parameter, dry_run_schemas
 from .history_openapi import comma_list, history_paths, history_schemas
 from .reads import document_fold_read
 from .why import why_paths, why_schemas
@@ -710,7 +711,8 @@ def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
                             "in": "header",
                             "required": False,
                             "schema": {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN},
-                        }
+                        },
+                        dry_run_parameter(),
                     ],
                     "requestBody": {
                         "required": True,
@@ -720,6 +722,7 @@ def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
                         },
                     },
                     "responses": {
+                        "200": dry_run_ok(),
                         "202": {
                             **_json(
                                 "Appended to the log (or already there: see Idempotent-Replayed).",
@@ -729,7 +732,8 @@ def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
                             "links": _JOB_LINKS,
                         },
                         "400": _problem(
-                            f"Body is not JSON, repeats a key, or nests over {MAX_JSON_DEPTH} levels."
+                            f"Body is not JSON, repeats a key, or nests over {MAX_JSON_DEPTH} levels; or "
+                            "dry_run is not true or false."
                         ),
                         "413": _problem("The body is over 1 MiB."),
                         "415": _problem(
@@ -877,5 +881,13 @@ def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
                 }
             },
         },
-        "components": {"schemas": {**_SCHEMAS, "JobSpec": job_spec, **history_schemas(), **why_schemas()}},
+        "components": {
+            "schemas": {
+                **_SCHEMAS,
+                "JobSpec": job_spec,
+                **history_schemas(),
+                **why_schemas(),
+                **dry_run_schemas(),
+            }
+        },
     }

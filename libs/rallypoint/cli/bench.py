@@ -1,4 +1,5 @@
-"""`rally bench scheduler` (the pure core, synthetic 100k-GPU cluster), `eventlog`, `recovery`, `cluster`."""
+"""`rally bench scheduler` (the pure core, synthetic 100k-GPU cluster), `eventlog`, `recovery`, `cluster`,
+`dryrun` (dry runs of a submission on the API)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--events", type=int, default=5000, help="events per phase (default 5000)")
     add_output_args(e)
     e.set_defaults(func=handle_eventlog)
+    d = sub.add_parser("dryrun", help="latency of dry runs (POST /v1/jobs?dry_run=true) on a large fold")
+    dryrun_arguments(d)
+    add_output_args(d)
+    d.set_defaults(func=handle_dryrun)
     b = sub.add_parser("binds", help="binds/s written by the live scheduler loop on a real NATS server")
     b.add_argument("--nodes", type=int, default=12500)
     b.add_argument("--gpus-per-node", type=int, default=8)
@@ -80,6 +85,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--logs", type=Path, default=None, help="keep every process's log in this folder")
     add_output_args(c)
     c.set_defaults(func=handle_cluster)
+
+
+def dryrun_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", type=int, default=12500, help="nodes of 8 GPUs (default 12500)")
+    parser.add_argument("--pending", type=int, default=10000, help="waiting jobs (default 10000)")
+    parser.add_argument("--runs", type=int, default=100, help="dry runs timed (default 100)")
+    parser.add_argument("--seed", type=int, default=1)
+
+
+def handle_dryrun(args: argparse.Namespace) -> int:
+    from rallypoint.bench.dryrunbench import check, run
+
+    if (error := check(args)) is not None:
+        print(error, file=sys.stderr)
+        return 2
+    res = run(args)
+    print(json.dumps(res, sort_keys=True) if wants_json(args) else json.dumps(res, indent=2, sort_keys=True))
+    return 0
 
 
 def handle_cluster(args: argparse.Namespace) -> int:

@@ -2,8 +2,9 @@
 
 Output follows Slurm's habits (``squeue`` columns, a bare job id from ``submit``) because that is what
 our users' scripts and fingers already know. Every failure is one line on stderr: ``error: ...``.
-Exit codes: 0 ok; 2 the request was refused or could not be made; 130 interrupted. With --wait, the
-job's own exit code when it failed with one (as srun passes it through), and 125 when it ended without
+Exit codes: 0 ok; 2 the request was refused or could not be made; 130 interrupted; 1 a dry run
+(``submit --dry-run``) the cluster would refuse (not admitted, or rejected by the scheduler). With --wait,
+the job's own exit code when it failed with one (as srun passes it through), and 125 when it ended without
 one (cancelled, rejected, failed by the cluster: a time limit, lost ranks).
 """
 
@@ -20,12 +21,14 @@ from typing import Any, TextIO
 
 from rallypoint.jobs import PRIORITY_CLASSES, TOPOLOGY_LEVELS, SpecError, validate_spec
 
-from .client import ApiClient, ApiError, ApiUnreachable, resolve_api_url
+from .client import ApiClient, ApiError, ApiUnreachable, Response, resolve_api_url
 from .node_cmds import add_node_action_parsers
 from .output import add_output_args, wants_json
 from .stale import add_stale_arg, error_line, note_stale
 
 EXIT_OK = 0
+#: ``submit --dry-run``: the submission would be refused (the request itself was fine).
+EXIT_WOULD_REFUSE = 1
 #: ``--wait`` on a job that ended without an exit code of its own (docker run's "not the program's" 125).
 EXIT_JOB_ENDED_WITHOUT_CODE = 125
 EXIT_ERROR = 2
@@ -193,6 +196,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         help="follow the job until it ends; exit with its exit code (0 if it completed), "
         "125 if it ended without one (cancelled, rejected, failed by the cluster)",
     )
+    submit.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="submit nothing: print whether it would be admitted, its queue and quota, where it would "
+        "run now or why it would wait (exit 1 if it would be refused)",
+    )
     submit.add_argument("--poll-interval", type=float, default=1.0, help=argparse.SUPPRESS)
     add_output_args(submit)
     _api_arg(submit)
@@ -344,13 +353,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(problem, file=sys.stderr)
         return EXIT_ERROR
     client = ApiClient(resolve_api_url(args.api_url))
-    try:
-        resp = client.submit(body, idempotency_key=args.idempotency_key)
-    except ApiError as err:
-        print(flag_error(err.field, err.detail), file=sys.stderr)
-        return EXIT_ERROR
-    except ApiUnreachable as err:
-        print(err.line(), file=sys.stderr)
+    if args.dry_run:
+        return dry_run(client, body, args)
+    resp = _answer(lambda: client.submit(body, idempotency_key=args.idempotency_key))
+    if resp is None:
         return EXIT_ERROR
     job_id = str(resp.body["job_id"])
     replayed = resp.headers.get("idempotent-replayed") == "true"
@@ -364,6 +370,82 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if not args.wait:
         return EXIT_OK
     return wait_for_job(client, job_id, poll_interval=args.poll_interval, as_json=wants_json(args))
+
+
+def _answer(call: Callable[[], Response]) -> Response | None:
+    """The API's answer to a submission, or None once why there is none is printed: its refusal, with
+    the flags the user typed, or the API out of reach."""
+    try:
+        return call()
+    except ApiError as err:
+        print(flag_error(err.field, err.detail), file=sys.stderr)
+    except ApiUnreachable as err:
+        print(err.line(), file=sys.stderr)
+    return None
+
+
+def dry_run(client: ApiClient, body: dict[str, Any], args: argparse.Namespace) -> int:
+    """``submit --dry-run``: the API's answer (``POST /v1/jobs?dry_run=true``), printed; exit 0 when it
+    would be admitted (placed or waiting), ``EXIT_WOULD_REFUSE`` when not."""
+    if args.wait:
+        print("error: --wait: cannot follow a dry run (it submits nothing)", file=sys.stderr)
+        return EXIT_ERROR
+    headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
+    params = {"dry_run": "true"}
+    resp = _answer(lambda: client.request("POST", "/v1/jobs", body=body, headers=headers, params=params))
+    if resp is None:
+        return EXIT_ERROR
+    answer: dict[str, Any] = resp.body
+    print(json.dumps(answer) if wants_json(args) else format_dry_run(answer))
+    return EXIT_OK if answer["would_admit"] else EXIT_WOULD_REFUSE
+
+
+def format_dry_run(answer: dict[str, Any]) -> str:
+    """The dry run's answer as a person reads it: the verdict, then one line each for the placement or
+    the reason, what would let it start, the quota and the log position it was judged at."""
+    reason = answer.get("reason")
+    if not answer["would_admit"]:
+        lines = [f"Would be refused: {_reason_text(reason or {})}"]
+    else:
+        lines = [f"Would be admitted to queue {answer['queue']}"]
+        if (placement := answer.get("placement")) is not None:
+            lines.append(f"Placement: {_placement_text(placement)}")
+        elif reason is not None:
+            lines.append(f"Would wait: {_reason_text(reason)}")
+    explanation = answer.get("explanation") or {}
+    if answer["would_admit"] and answer.get("placement") is None:
+        lines.extend(f"To start: {line}" for line in explanation.get("would_start", ()))
+    if (quota := answer.get("quota")) is not None:
+        lines.append(f"Quota: {_quota_text(quota)}")
+    if (start := answer.get("predicted_start")) is not None:
+        lines.append(f"Predicted start: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(start))}")
+    if answer.get("job_id"):
+        lines.append(f"Job id: {answer['job_id']} (its Idempotency-Key's)")
+    lines.append(f"Log position: {answer['log_position']} (nothing was submitted)")
+    return "\n".join(lines)
+
+
+def _reason_text(reason: dict[str, Any]) -> str:
+    ahead = reason.get("jobs_ahead")
+    where = f", #{ahead + 1}" if isinstance(ahead, int) else ""
+    named = reason.get("limit") or (SUBMIT_FLAGS.get(reason["field"]) if reason.get("field") else None)
+    also = f" ({named})" if named else ""
+    return f"{reason.get('code', '?')}{where}{also}: {reason.get('message', '')}"
+
+
+def _placement_text(placement: dict[str, Any]) -> str:
+    tasks = "; ".join(
+        f"task {t['task']} on {t['node_id']} GPUs {','.join(str(g) for g in t['gpus'])}"
+        for t in placement["tasks"]
+    )
+    return f"{placement['gpus']} {placement['gpu_type']} GPUs on {hostlist(placement['nodes'])} ({tasks})"
+
+
+def _quota_text(quota: dict[str, Any]) -> str:
+    return (
+        f"queue {quota['queue']} uses {quota['used']} of nominal {quota['nominal']} {quota['gpu_type']} "
+        f"GPUs; room for {quota['room']} more"
+    )
 
 
 def describe(job: dict[str, Any]) -> str:

@@ -1,0 +1,267 @@
+"""``rally bench dryrun``: the latency of dry runs (``POST /v1/jobs?dry_run=true``) on a large, busy fold.
+
+Issue 33 asks a dry run's p95 <= 1 s with 10,000 pending jobs on 12,500 nodes. The workload is
+``rally bench scheduler``'s (``corebench.build_workload``: racks of 32 nodes, ~80% of the GPUs held by
+running gangs, ``--pending`` jobs of a heavy-tailed size mix over 20 teams in 4 orgs with quotas), written
+as events (nodes registered, each running gang submitted and bound, each waiting job submitted) into the
+log of an embedded nats-server, and folded by the real API (``build_app``: the queue file's quotas, a
+team's token) served by aiohttp on a real port. The driver then sends ``--runs`` dry runs one after the
+other, in turn a 1-GPU job, a one-node job, a 64-GPU gang and a 1,024-GPU gang, and times each answer.
+The first is reported apart (``first_ms``: it builds the scheduler's model of the fold, which later ones
+keep in step). Every answer is one cycle of the real core over all the pending jobs plus the dry run's:
+where nothing has bound the waiting jobs (the workload's), that cycle binds thousands of them too, so
+this is the dry run's worst case. ``appended`` is how far the log moved over all the dry runs: 0.
+
+``rally bench dryrun --nodes 12500 --pending 10000 --json`` (``cli/bench.py`` holds its arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from rallypoint_services.api import ApiConfig, build_app
+from rallypoint_services.api.app import FOLLOWER
+from rallypoint_services.api.fold import FoldFollower
+
+from rallypoint.core import (
+    ClusterModel,
+    PendingJob,
+    RunningJob,
+    Snapshot,
+    TaskPlacement,
+    policy_by_name,
+    schedule,
+)
+from rallypoint.eventlog import Append, EventLog, connect_nats
+from rallypoint.eventlog.setup import setup_log
+from rallypoint.events import (
+    Event,
+    GangBound,
+    GpuInfo,
+    JobSpec,
+    JobSubmitted,
+    LeaderEpochStarted,
+    NodeRegistered,
+    subjects,
+)
+from rallypoint.infra import NatsServer, free_port
+from rallypoint.scheduling.queues import Org, Queues, Team
+from rallypoint.security.tokens import TokenStore, create_token
+
+from .corebench import build_workload
+
+TEAM = "team00"
+BATCH = 1000
+FOLD_TIMEOUT_S = 600.0
+#: What the driver asks, in turn: GPUs and GPUs per task.
+SHAPES: tuple[tuple[int, int], ...] = ((1, 1), (8, 8), (64, 8), (1024, 8))
+
+
+def _node_event(node_id: str, rack: str, spine: str, gpu_type: str, gpus: int) -> NodeRegistered:
+    board = tuple(GpuInfo(index=g, uuid=f"{node_id}-{g}", memory_mib=1, nvlink_domain=0) for g in range(gpus))
+    return NodeRegistered(
+        node_id=node_id, address="127.0.0.1", rack=rack, spine=spine, gpu_type=gpu_type, gpus=board,
+        cpu_milli=192_000, memory_mib=2 << 20, agent_instance="dryrunbench", at=1.0,
+    )  # fmt: skip
+
+
+def _job_spec(job: RunningJob | PendingJob, limit: float | None) -> JobSpec:
+    per_task = job.gpus_per_task or job.gpus
+    return JobSpec(
+        name=job.id, team=job.team, gpus=job.gpus, gpus_per_task=per_task, ranks_per_task=1,
+        command=("true",), priority=job.priority_class, time_limit_s=None if limit is None else int(limit),
+    )  # fmt: skip
+
+
+def settled_workload(
+    nodes: int, pending: int, seed: int, *, rounds: int = 8
+) -> tuple[ClusterModel, tuple[PendingJob, ...]]:
+    """``build_workload``'s cluster once the scheduler has done what it can: twice ``pending`` jobs
+    arrive, cycles of the core bind what fits (until one binds nothing, at most ``rounds``), and the first
+    ``pending`` of those still waiting stay. A live queue of that length is made of jobs the last cycle
+    could not place: a dry run's cycle then places at most the dry job, not thousands."""
+    cluster, waiting, queues, now = build_workload(nodes, 8, 2 * pending, seed)
+    policy = policy_by_name("rallypoint")
+    for _ in range(rounds):
+        decisions = schedule(Snapshot(now=now, cluster=cluster, pending=waiting, queues=queues), policy)
+        if not decisions.binds:
+            break
+        jobs = {j.id: j for j in waiting}
+        for bind in decisions.binds:
+            cluster.bind(_started(jobs.pop(bind.job_id), bind.placements, now))
+        waiting = tuple(jobs.values())
+    return cluster, waiting[:pending]
+
+
+def _started(job: PendingJob, placements: tuple[TaskPlacement, ...], now: float) -> RunningJob:
+    return RunningJob(
+        id=job.id, team=job.team, priority_class=job.priority_class, gpus=job.gpus,
+        gpus_per_task=job.gpus_per_task, placements=placements, start_time=now,
+        expected_end=None if job.time_limit_s is None else now + job.time_limit_s,
+        submit_time=job.submit_time,
+    )  # fmt: skip
+
+
+def workload_events(cluster: ClusterModel, waiting: Sequence[PendingJob]) -> Iterator[Event]:
+    """The workload as the log would hold it: a scheduler epoch, the nodes, each running gang submitted
+    and bound (in that epoch), each waiting job submitted."""
+    yield LeaderEpochStarted(epoch=1, leader_id="dryrunbench", role="scheduler", at=1.0)
+    for node in cluster.nodes.values():
+        yield _node_event(node.id, node.rack, node.spine, node.gpu_type, node.gpus)
+    for run in sorted(cluster.running.values(), key=lambda j: j.id):
+        limit = None if run.expected_end is None else run.expected_end - run.start_time
+        yield JobSubmitted(job_id=run.id, spec=_job_spec(run, limit), submitted_at=run.start_time)
+        yield GangBound(
+            job_id=run.id, attempt=1, epoch=1, placements=run.placements, computed_at_seq=1,
+            policy_version="dryrunbench", now=run.start_time, at=run.start_time,
+        )  # fmt: skip
+    for job in waiting:
+        yield JobSubmitted(job_id=job.id, spec=_job_spec(job, job.time_limit_s), submitted_at=job.submit_time)
+
+
+async def _append_all(log: EventLog, events: Iterator[Event]) -> int:
+    batch: list[Append] = []
+    count = 0
+    for event in events:
+        count += 1
+        batch.append(Append(subjects.for_event(event), event, f"dryrunbench:{count}"))
+        if len(batch) == BATCH:
+            await log.append_batch(batch, source="rallypoint/dryrunbench")
+            batch = []
+    if batch:
+        await log.append_batch(batch, source="rallypoint/dryrunbench")
+    return count
+
+
+def bench_queues(teams: int = 20, orgs: int = 4, total_gpus: int = 100_000) -> Queues:
+    """``build_workload``'s queues as a queue file: 20 teams in 4 orgs, an equal nominal share each."""
+    return Queues(
+        orgs=[Org(name=f"org{o}") for o in range(orgs)],
+        teams=[
+            Team(name=f"team{t:02d}", parent=f"org{t % orgs}", nominal=total_gpus // teams)
+            for t in range(teams)
+        ],
+    )
+
+
+def _percentile(samples: Sequence[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def _time_dry_runs(url: str, token: str, runs: int) -> tuple[list[float], list[dict[str, Any]]]:
+    """Seconds per dry run, one after the other, and the answers."""
+    headers = {"Authorization": f"Bearer {token}"}
+    took: list[float] = []
+    answers: list[dict[str, Any]] = []
+    async with aiohttp.ClientSession(headers=headers) as session:
+        for i in range(runs):
+            gpus, per_task = SHAPES[i % len(SHAPES)]
+            body = {"name": f"dry{i}", "gpus": gpus, "gpus_per_task": per_task, "command": ["true"]}
+            start = time.perf_counter()
+            async with session.post(f"{url}/v1/jobs", params={"dry_run": "true"}, json=body) as resp:
+                answer = await resp.json()
+                if resp.status != 200:
+                    raise RuntimeError(f"dry run answered {resp.status}: {answer}")
+            took.append(time.perf_counter() - start)
+            answers.append(answer)
+    return took, answers
+
+
+async def _wait_folded(follower: FoldFollower, seq: int) -> float:
+    """Seconds until the API's fold has replayed the log to ``seq`` (its first read would wait for it)."""
+    start = time.perf_counter()
+    if not await follower.wait_for_seq(seq, FOLD_TIMEOUT_S):
+        raise TimeoutError(f"the API's fold did not reach seq {seq} in {FOLD_TIMEOUT_S:.0f} s")
+    return time.perf_counter() - start
+
+
+async def _serve_and_measure(
+    log: EventLog, cfg: argparse.Namespace, tokens: Path, token: str, *, settle: bool
+) -> dict[str, Any]:
+    app = build_app(
+        log,
+        config=ApiConfig(source="rallypoint/dryrunbench", queues=bench_queues(total_gpus=cfg.nodes * 8)),
+        # as `rally serve api` runs it: the caught-up fold's heap settled out of the collector's way
+        follower=FoldFollower(log, settle=settle),
+        auth=TokenStore(tokens),
+    )
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        fold_s = await _wait_folded(app[FOLLOWER], await log.last_seq())
+        url = f"http://127.0.0.1:{port}"
+        start = time.perf_counter()
+        await _time_dry_runs(url, token, 1)  # builds the scheduler's model of the fold
+        first_s = time.perf_counter() - start
+        before, cpu = await log.last_seq(), time.process_time()
+        took, answers = await _time_dry_runs(url, token, cfg.runs)
+        cpu = time.process_time() - cpu
+        appended = await log.last_seq() - before
+    finally:
+        await runner.cleanup()
+    ms = [t * 1000 for t in took]
+    return {
+        "dry_runs": len(ms),
+        "p50_ms": round(statistics.median(ms), 1),
+        "p95_ms": round(_percentile(ms, 0.95), 1),
+        "max_ms": round(max(ms), 1),
+        # this process's CPU (the API and the driver) per dry run: what a busy machine stretches
+        "cpu_ms_per_dry_run": round(cpu * 1000 / len(ms), 1),
+        "first_ms": round(first_s * 1000, 1),
+        "api_fold_s": round(fold_s, 1),
+        "placed": sum(a["placement"] is not None for a in answers),
+        "waiting": sum(a["placement"] is None and a["would_admit"] for a in answers),
+        "refused": sum(not a["would_admit"] for a in answers),
+        "appended": appended,
+        "log_position": answers[-1]["log_position"],
+    }
+
+
+async def _run(cfg: argparse.Namespace, workdir: Path, settle: bool) -> dict[str, Any]:
+    cluster, waiting = settled_workload(cfg.nodes, cfg.pending, cfg.seed)
+    tokens = workdir / "tokens.json"
+    _, token = create_token(tokens, user="bench", team=TEAM)
+    with NatsServer(workdir / "nats") as server:
+        nc = await connect_nats(server.url, name="dryrunbench")
+        try:
+            log = await setup_log(nc)
+            events = await _append_all(log, workload_events(cluster, waiting))
+            out = await _serve_and_measure(log, cfg, tokens, token, settle=settle)
+        finally:
+            await nc.close()
+    return {
+        "nodes": cfg.nodes,
+        "gpus_per_node": 8,
+        "pending": len(waiting),
+        "running": len(cluster.running),
+        "events": events,
+        **out,
+    }
+
+
+def run(cfg: argparse.Namespace, *, settle: bool = True) -> dict[str, Any]:
+    """The figures (``settle=False`` in a test: the test runner's heap is not the bench's to freeze)."""
+    load = round(os.getloadavg()[0], 2)
+    with tempfile.TemporaryDirectory(prefix="rally-dryrunbench-") as folder:
+        out = asyncio.run(_run(cfg, Path(folder), settle))
+    return {**out, "load_1m_before": load, "load_1m_after": round(os.getloadavg()[0], 2)}
+
+
+def check(cfg: argparse.Namespace) -> str | None:
+    """A one-line error for arguments the bench cannot run with, else None."""
+    if cfg.nodes < 4 or cfg.pending < 0 or cfg.runs < 1:
+        return "error: --nodes must be at least 4, --pending at least 0, --runs at least 1"
+    return None
