@@ -16,15 +16,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "sim",
         help="trace-driven simulation with the real scheduling core",
-        description="rally sim [compare] --workload FILE --cluster FILE [--queues FILE] --policy NAME[,..]",
+        description="rally sim [compare|twin|predict] --workload FILE --cluster FILE [--queues FILE] "
+        "--policy NAME[,..]",
     )
     p.add_argument(
         "mode",
         nargs="?",
-        choices=["run", "compare", "twin"],
+        choices=["run", "compare", "twin", "predict"],
         default="run",
-        help="run one policy (default), compare several (--policy a,b,c), or check that the live scheduler "
-        "decides byte for byte as the simulator at every instant (twin; exit 1 on a difference)",
+        help="run one policy (default), compare several (--policy a,b,c), check that the live scheduler "
+        "decides byte for byte as the simulator at every instant (twin; exit 1 on a difference), or "
+        "measure how well starts and runtimes are predicted at each job's submit (predict)",
     )
     p.add_argument("--workload", required=True, help="JSON Lines workload (see docs/simulator.md)")
     p.add_argument("--cluster", required=True, help="cluster file, JSON or YAML")
@@ -32,7 +34,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--policy", required=True, help="fifo, easy-backfill, las, rallypoint (comma list for compare)"
     )
-    p.add_argument("--json", dest="json_out", help="write the summary metrics here")
+    p.add_argument(
+        "--json",
+        dest="json_out",
+        nargs="?",
+        const="-",
+        help="write the summary metrics to this file (predict: to stdout when no FILE is given)",
+    )
     p.add_argument("--per-job", help="write one finished job per line (JSON Lines)")
     p.add_argument("--report", help="write an HTML report with PNG plots into this directory")
     p.add_argument("--seed", type=int, default=0, help="seed of the fault generator (default 0)")
@@ -86,6 +94,36 @@ def _twin(args: argparse.Namespace, policies: list[str], opts: SimOptions) -> in
     return 1 if differ else 0
 
 
+def _predict(args: argparse.Namespace, policies: list[str]) -> int:
+    """``rally sim predict``: each job's start predicted at its submit against the replay's (see
+    docs/prediction.md); one JSON object with ``--json`` (to stdout, or to FILE), else one line."""
+    from rallypoint.predict import accuracy, predict_starts
+    from rallypoint.sim.engine import SimError
+    from rallypoint.sim.run import InputError, clean, load_inputs
+
+    if len(policies) > 1:
+        return _err("predict takes one policy")
+    try:
+        jobs, cluster, queues = load_inputs(args.workload, args.cluster, args.queues)
+        figures = {"policy": policies[0], **accuracy(predict_starts(jobs, cluster, queues, policies[0]))}
+    except (InputError, SimError) as e:
+        return _err(str(e))
+    except OSError as e:
+        return _err(f"{e.filename or ''}: {e.strerror or e}")
+    text = json.dumps(clean(figures), indent=1)
+    if args.json_out == "-":
+        print(text)
+    elif args.json_out:
+        Path(args.json_out).write_text(text + "\n")
+    if args.json_out != "-":
+        print(", ".join(f"{k} {_figure(v)}" for k, v in figures.items()))
+    return 0
+
+
+def _figure(v: object) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
 def handle(args: argparse.Namespace) -> int:
     from rallypoint.sim.engine import SimError, SimOptions
     from rallypoint.sim.run import (
@@ -102,6 +140,10 @@ def handle(args: argparse.Namespace) -> int:
         return _err("--policy is empty")
     if args.mode == "run" and len(policies) > 1:
         return _err("several policies given: use `rally sim compare`")
+    if args.mode == "predict":
+        return _predict(args, policies)
+    if args.json_out == "-":
+        return _err("--json needs a FILE (only predict prints its JSON to stdout)")
     opts = SimOptions(seed=args.seed, tick=args.tick, until=args.until)
     if args.mode == "twin":
         return _twin(args, policies, opts)

@@ -733,9 +733,35 @@ class Simulator:
             team_min,
         )
 
-    def run(self) -> SimResult:
+    def run(self, after_instant: Callable[[float], bool] | None = None) -> SimResult:
+        """Replay the whole workload; ``after_instant`` (see :meth:`advance`) may watch each instant."""
         t_wall = time.perf_counter()
         self._seed_events()
+        now = self.advance(after_instant)
+        self.rec.finish(now)
+        unfinished = sorted(set(self.jobs) - {r.id for r in self.records} - set(self.rejected))
+        extra: dict[str, Any] = {
+            "cycles": self.cycles,
+            "unfinished": len(unfinished),
+            "bind_conflicts": self.bind_conflicts,
+            "rejected": len(self.rejected),
+        }
+        if self.fs is not None:
+            extra["failslow"] = self._failslow_summary()
+        summary = summarize(
+            self.records,
+            self.rec,
+            jobs=len(self.jobs),
+            policy=self.policy_name,
+            sim_wall_s=time.perf_counter() - t_wall,
+            extra=extra,
+        )
+        return SimResult(self.records, summary, self.rec, self.cycles, unfinished)
+
+    def advance(self, after_instant: Callable[[float], bool] | None = None) -> float:
+        """Run the events in the heap, instant by instant, until none is left, the workload is done or
+        stuck, ``until`` passes, or ``after_instant(now)`` (called once each instant has been decided)
+        returns True; the instant it stopped at. A fork (sim/fork.py) advances from where it was taken."""
         heap = self.heap
         until = self.opts.until
         now = 0.0
@@ -794,25 +820,9 @@ class Simulator:
             if self.tick and self.pending and self.running and self._tick_at is None:
                 self._tick_at = now + self.tick
                 self._push(self._tick_at, TICK, "")
-        self.rec.finish(now)
-        unfinished = sorted(set(self.jobs) - {r.id for r in self.records} - set(self.rejected))
-        extra: dict[str, Any] = {
-            "cycles": self.cycles,
-            "unfinished": len(unfinished),
-            "bind_conflicts": self.bind_conflicts,
-            "rejected": len(self.rejected),
-        }
-        if self.fs is not None:
-            extra["failslow"] = self._failslow_summary()
-        summary = summarize(
-            self.records,
-            self.rec,
-            jobs=len(self.jobs),
-            policy=self.policy_name,
-            sim_wall_s=time.perf_counter() - t_wall,
-            extra=extra,
-        )
-        return SimResult(self.records, summary, self.rec, self.cycles, unfinished)
+            if after_instant is not None and after_instant(now):
+                break
+        return now
 
     def _has_elastic_running(self) -> bool:
         return self.elastic_running > 0
