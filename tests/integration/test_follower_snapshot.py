@@ -6,8 +6,10 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+from nats.js.api import ObjectMeta
 
 from rallypoint.eventlog import EventLog, SnapshotStore, StateSnapshot
+from rallypoint.eventlog.snapshots import last_record
 from rallypoint.events import GpuInfo, JobSpec, JobSubmitted, NodeRegistered, SnapshotTaken, subjects
 from rallypoint.runtime.follower import Follower
 from rallypoint.state import FOLD_VERSION
@@ -86,3 +88,30 @@ async def test_an_unreadable_snapshot_falls_back_to_a_full_replay(
     assert not await follower.restore(store)
     await follower.catch_up()
     assert follower.state.last_seq == 4 and len(follower.state.jobs) == 3
+
+
+async def test_a_save_killed_before_its_record_leaves_the_snapshot_before_it(
+    event_log: EventLog, store: SnapshotStore
+) -> None:
+    """A service killed between writing a snapshot object and recording it (the kill -9 of a loaded
+    cluster) restarts from the snapshot the log still vouches for, not from seq 1."""
+    await _events(event_log, 0, 5)
+    first = Follower(event_log)
+    await first.catch_up()
+    assert await first.save(store) == 5
+    await _events(event_log, 5, 5)
+    await first.catch_up()
+    # The next save's first half: its object written, the kill before its SnapshotTaken was appended.
+    half = StateSnapshot(first.state.last_seq, first.state.hash(), first.state.encode())
+    slot = await store._free_slot(await last_record(event_log, store.role))
+    await store._store.put(slot, half.payload, meta=ObjectMeta(name=slot, headers=_headers(half)))
+
+    restarted = Follower(event_log)
+    assert await restarted.restore(store)
+    assert restarted.state.last_seq == 5  # the vouched snapshot, the unrecorded one passed over
+    await restarted.catch_up()
+    assert restarted.state.hash() == first.state.hash()
+
+
+def _headers(snapshot: StateSnapshot) -> dict[str, str]:
+    return {"Rally-Seq": str(snapshot.seq), "Rally-State-Hash": snapshot.state_hash}

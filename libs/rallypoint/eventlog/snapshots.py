@@ -8,6 +8,10 @@ Each role keeps its own snapshot in a bucket of its own (``snapshot_bucket``), w
 write, and records each save in the log (``SnapshotTaken`` on ``rally.snap.<role>``, which only that role
 may write either). A reader believes an object only when the role's last record names its sequence, its
 hash and this fold's version (``refusal``): a planted or stale object is replayed over, never restored.
+
+A bucket holds two objects (``SNAPSHOT_SLOTS``) and a save never overwrites the one the log vouches for: a
+service killed between writing an object and recording it (likely on a loaded machine, where saves are
+slow) still starts from the snapshot before, instead of replaying the whole log.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from rallypoint.security.permissions import snapshot_bucket
 
 from .log import EventLog
 
-#: The one object in each role's bucket.
-SNAPSHOT_OBJECT = "cluster-state"
+#: The objects of each role's bucket: the one the log vouches for and the one the next save replaces.
+SNAPSHOT_SLOTS = ("cluster-state", "cluster-state-b")
+#: The first slot, the one object of a bucket written before there were two.
+SNAPSHOT_OBJECT = SNAPSHOT_SLOTS[0]
 _SEQ_HEADER = "Rally-Seq"
 _HASH_HEADER = "Rally-State-Hash"
 
@@ -59,13 +65,12 @@ class SnapshotStore:
         return cls(await js.create_object_store(bucket, storage=StorageType.FILE, replicas=replicas), role)
 
     async def save(self, log: EventLog, state: StateSnapshot, fold_version: int) -> None:
-        """Replace the role's snapshot with ``state``, then record it in the log: the object first, so a
-        record never names an object that was not written (a save that fails between the two leaves an
-        object no reader believes, which the next save replaces)."""
+        """Write ``state`` into the slot the log does not vouch for, then record it in the log: the object
+        first, so a record never names an object that was not written (a save that fails between the two
+        leaves an object no reader believes, beside the one the log still vouches for)."""
+        slot = await self._free_slot(await last_record(log, self.role))
         headers = {_SEQ_HEADER: str(state.seq), _HASH_HEADER: state.state_hash}
-        await self._store.put(
-            SNAPSHOT_OBJECT, state.payload, meta=ObjectMeta(name=SNAPSHOT_OBJECT, headers=headers)
-        )
+        await self._store.put(slot, state.payload, meta=ObjectMeta(name=slot, headers=headers))
         record = SnapshotTaken(
             role=self.role,
             seq=state.seq,
@@ -77,17 +82,46 @@ class SnapshotStore:
         msg_id = f"{self.role}:snap:{state.seq}"
         await log.append(subjects.snapshot_taken(self.role), record, msg_id=msg_id, source=self.role)
 
-    async def load(self) -> StateSnapshot | None:
-        try:
-            result = await self._store.get(SNAPSHOT_OBJECT)
-        except nats.js.errors.ObjectNotFoundError:
+    async def load(self, seq: int | None = None) -> StateSnapshot | None:
+        """The snapshot at ``seq`` when a slot holds it (the position the log vouches for), else the
+        newest one (which the caller then checks against the log and may refuse); None when empty."""
+        positions = await self._slot_positions()
+        if not positions:
             return None
+        at_seq = [slot for slot, position in positions.items() if position == seq]
+        slot = at_seq[0] if at_seq else max(positions, key=lambda name: positions[name])
+        try:
+            result = await self._store.get(slot)
+        except nats.js.errors.ObjectNotFoundError:
+            return None  # replaced between the two reads: the caller replays, as for no snapshot
         info = result.info
         headers = info.headers if info is not None and info.headers else {}
         raw_seq = _header(headers, _SEQ_HEADER)
         if raw_seq is None or not raw_seq.isdigit():
-            return None  # not written by us: ignore rather than guess a position
+            return None
         return StateSnapshot(int(raw_seq), _header(headers, _HASH_HEADER) or "", result.data or b"")
+
+    async def _slot_positions(self) -> dict[str, int]:
+        """Each slot holding an object of ours -> the log position it was saved at (headers only)."""
+        positions: dict[str, int] = {}
+        for slot in SNAPSHOT_SLOTS:
+            try:
+                info = await self._store.get_info(slot)
+            except nats.js.errors.ObjectNotFoundError:
+                continue
+            raw_seq = _header(info.headers or {}, _SEQ_HEADER)
+            if raw_seq is not None and raw_seq.isdigit():  # not written by us: ignore, never guess
+                positions[slot] = int(raw_seq)
+        return positions
+
+    async def _free_slot(self, record: SnapshotTaken | None) -> str:
+        """The slot the next save may replace: not the one holding the position ``record`` vouches for;
+        of two that hold nothing vouched for, the older (an empty slot first)."""
+        positions = await self._slot_positions()
+        vouched = record.seq if record is not None else None
+        # Both slots at the vouched position (two replicas saved there): either may go.
+        free = [slot for slot in SNAPSHOT_SLOTS if positions.get(slot) != vouched] or list(SNAPSHOT_SLOTS)
+        return min(free, key=lambda slot: positions.get(slot, -1))
 
 
 def _header(headers: dict[str, str] | dict[str, list[str]], name: str) -> str | None:

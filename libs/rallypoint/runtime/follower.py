@@ -144,10 +144,11 @@ class Follower:
         """Start from the role's snapshot, if the log vouches for it; the tail of the log is replayed after
         it. A snapshot the log does not vouch for (no record of it, another position, hash or fold
         version: planted, or left by a save that failed half-way) is ignored with a warning."""
-        found = await store.load()
+        record = await last_record(self.log, store.role)
+        found = await store.load(record.seq if record is not None else None)
         if found is None:
             return False
-        state = _verified(found, await last_record(self.log, store.role))
+        state = _verified(found, record)
         if isinstance(state, str):
             _log.warning(
                 "ignoring the %s snapshot at seq %d: %s; folding from the log",
