@@ -86,7 +86,8 @@ def reason_spans(
                 ReasonSpan(code=change.code, message=change.message, since=change.at, until=None, ended_by="")
             )
         last_at = change.at
-    for span, after in zip(spans, [*spans[1:], None], strict=True):
+    for index, span in enumerate(spans):
+        after = spans[index + 1] if index + 1 < len(spans) else None
         ends = [(at, "bound") for at in binds if at >= span.since][:1]
         if after is not None:
             ends.append((after.since, "reason"))

@@ -188,3 +188,8 @@ def test_an_unreachable_api_is_one_line_and_a_non_zero_exit(capsys: pytest.Captu
     assert main(["why", "j-000000000000", "--api-url", "http://127.0.0.1:9"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: cannot reach the Rallypoint API") and "Traceback" not in err
+
+
+def test_a_job_that_never_waited_has_no_reason_spans() -> None:
+    """A job bound at its first cycle has no reason at all (schemathesis found a 500 here)."""
+    assert reason_spans([], [attempt(30.0)], 90.0) == []
