@@ -126,7 +126,7 @@ async def agent_env(
                 os.killpg(record.get("pid"), signal.SIGKILL)  # type: ignore[arg-type]
 
 
-async def wait_until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 10.0) -> None:
+async def wait_until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not await check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -144,7 +144,7 @@ async def rank_exits(log: EventLog, job_id: str, node_id: str = NODE) -> dict[in
     return {e.rank: e.exit_code for e in events if isinstance(e, RankExited)}
 
 
-async def first_heartbeat(log: EventLog, timeout: float = 10.0) -> Heartbeat:
+async def first_heartbeat(log: EventLog, timeout: float = 60.0) -> Heartbeat:
     sub = await log.nc.subscribe(subjects.heartbeat(NODE))
     try:
         msg = await sub.next_msg(timeout=timeout)
@@ -174,7 +174,7 @@ def task(job_id: str, command: list[str], *, ranks: int = 2, gpus_per_rank: int 
 
 async def request(log: EventLog, verb: str, payload: msgspec.Struct | None) -> bytes:
     data = msgspec.json.encode(payload) if payload is not None else b""
-    msg = await log.nc.request(subjects.agent_command(NODE, verb), data, timeout=10.0)
+    msg = await log.nc.request(subjects.agent_command(NODE, verb), data, timeout=60.0)
     return msg.data
 
 
