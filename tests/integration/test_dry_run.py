@@ -110,6 +110,11 @@ async def test_a_full_cluster_gives_the_pending_reason(
     tokens: Tokens,  # noqa: F811
 ) -> None:
     job_id = await submit_ok(client, tokens.admin, spec(gpus=16, team="vision"))
+    # the 16-GPU job waits ahead of it: the next cycle would bind that one on both nodes first
+    ahead = await answer(await dry_run(client, event_log, tokens.nlp, spec(gpus=8)))
+    assert ahead["would_admit"] is True and ahead["placement"] is None
+    assert ahead["reason"]["code"] == "Resources" and "0 free" in ahead["reason"]["message"]
+    assert ahead["explanation"]["gpus"][0]["free"] == 16  # free now; the cycle gives them to the other
     placements = tuple(TaskPlacement(task=i, node_id=f"n{i}", gpus=tuple(range(8))) for i in range(2))
     await event_log.append(
         subjects.EPOCH, LeaderEpochStarted(epoch=1, leader_id="s", at=1.0), msg_id="epoch:1", source="test"
@@ -119,6 +124,7 @@ async def test_a_full_cluster_gives_the_pending_reason(
         policy_version="test", now=2.0, at=2.0,
     )  # fmt: skip
     await event_log.append(subjects.bind(job_id), bound, msg_id=f"{job_id}:1:GangBound", source="test")
+    # the model under the snapshot follows the fold: the bind took every GPU
     body = await answer(await dry_run(client, event_log, tokens.nlp, spec(gpus=8)))
     assert body["would_admit"] is True and body["placement"] is None and body["job_id"] is None
     assert body["reason"]["code"] == "Resources" and "free" in body["reason"]["message"]
