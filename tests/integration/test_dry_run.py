@@ -5,11 +5,12 @@ sequence is checked around every dry run. On a free cluster it names the queue, 
 next cycle would bind; on a full one the core's pending reason and what would let the job start; bad input
 gets the very problem a submit gets; a refusal of admission (a priority class the team is not granted, a
 fair-use limit) is ``would_admit: false``, and dry runs take nothing of the team's fair-use budget nor
-leave an idempotency record.
+leave an idempotency record. ``rally submit --dry-run`` against the same API exits 0, 1 or 2.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,6 +29,8 @@ from test_api_auth import (  # this folder is on sys.path (rootdir-relative impo
     tokens,  # noqa: F401 (a fixture, used by name)
 )
 
+from rallypoint.cli.jobs_cmds import EXIT_ERROR, EXIT_OK, EXIT_WOULD_REFUSE
+from rallypoint.cli.main import main as rally
 from rallypoint.eventlog import EventLog
 from rallypoint.events import GangBound, LeaderEpochStarted, TaskPlacement, subjects
 from rallypoint.jobs import job_id_for
@@ -205,3 +208,32 @@ def test_the_openapi_document_names_the_flag_and_the_answer() -> None:
     [flag] = [p for p in post["parameters"] if p["name"] == "dry_run"]
     assert flag["in"] == "query" and flag["schema"]["type"] == "boolean"
     assert post["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/DryRun")
+
+
+async def test_rally_submit_dry_run_against_the_live_api(
+    client: Client,
+    event_log: EventLog,
+    tokens: Tokens,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The CLI blocks, so it runs in a thread while the loop serves; exit 0 / 1 / 2, nothing appended."""
+    monkeypatch.setenv("RALLY_TOKEN", tokens.nlp)
+    monkeypatch.delenv("RALLY_TEAM", raising=False)
+    url = str(client.make_url("")).rstrip("/")
+    before = await event_log.last_seq()
+
+    async def dry(*flags: str) -> int:
+        argv = ["submit", "--dry-run", "--api-url", url, *flags, "--", "python", "train.py"]
+        code: int = await asyncio.to_thread(rally, argv)
+        return code
+
+    assert await dry("--gpus", "8") == EXIT_OK
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "Would be admitted to queue nlp"
+    assert lines[1].startswith("Placement: 8 H100 GPUs on n")
+    assert await dry("--gpus", "8", "--priority", "production") == EXIT_WOULD_REFUSE
+    assert capsys.readouterr().out.startswith("Would be refused: PriorityNotAllowed (--priority): ")
+    assert await dry("--gpus", "64") == EXIT_ERROR
+    assert capsys.readouterr().err.startswith("error: --gpus: ")
+    assert await event_log.last_seq() == before
