@@ -61,7 +61,7 @@ def test_known_runtimes_on_one_node_are_predicted_exactly(tmp_path: Path) -> Non
     assert (preds["b"].baseline, preds["c"].baseline) == (2000.0, 3000.0)  # a holds the node to its limit
     figures = accuracy(list(preds.values()))
     assert (figures["within_1min"], figures["p90_coverage"]) == (1.0, 1.0)
-    assert figures["baseline_within_1min"] == pytest.approx(4 / 6)
+    assert figures["baseline_within_1min"] == figures["started_at_submit"] == pytest.approx(4 / 6)
     assert figures["median_abs_error_s"] == 0.0
 
 

@@ -4,7 +4,8 @@ Start errors are |predicted P50 start - actual start|; a job the forward run nev
 infinite error. ``p90_coverage`` is the share of jobs that started no later than their P90 start (a
 calibrated P90 covers about 90%). Runtime figures compare the estimator's P50 at submit with the job's
 runtime: within 50% (|estimate - runtime| <= runtime / 2) and off by 2x or more (estimate >= 2 x runtime
-or <= runtime / 2), as Helios and 3Sigma count them.
+or <= runtime / 2), as Helios and 3Sigma count them. ``started_at_submit`` is the share of jobs whose start
+was known at submit (the core started them in that instant): every predictor gets those right.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def accuracy(predictions: Sequence[Prediction]) -> dict[str, float | int | None]
     ratio = [p.runtime_p50 / p.duration for p in done]
     return {
         "jobs": len(done),
+        "started_at_submit": _share([p.start == p.submit for p in done]),
         "within_1min": _within(errors, 60.0),
         "within_10min": _within(errors, 600.0),
         "median_abs_error_s": median(errors) if errors else None,
