@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rallypoint.cli.main import main
-from rallypoint.predict import JobFeatures, RuntimeEstimator, accuracy, predict_starts
+from rallypoint.predict import JobFeatures, RuntimeEstimate, RuntimeEstimator, accuracy, predict_starts
 from rallypoint.sim import Job, run_policy
 from rallypoint.sim.cluster import load_cluster
 from rallypoint.traces.convert import convert_philly
@@ -109,6 +109,31 @@ def test_only_jobs_ended_by_the_submit_are_learned_and_the_replay_is_untouched(
     for now, told in spy.asked:
         assert all(e <= now for e in spy.ends[:told])
         assert told <= sum(1 for e in ends if e <= now)
+
+
+class Oracle(RuntimeEstimator):
+    """Knows every job's true runtime."""
+
+    def __init__(self, jobs: list[Job]) -> None:
+        super().__init__()
+        self.truth = {j.id: j.duration for j in jobs}
+
+    def estimate(self, features: JobFeatures, now: float, elapsed_s: float = 0.0) -> RuntimeEstimate:
+        assert features.job_id is not None
+        runtime = self.truth[features.job_id]
+        return RuntimeEstimate(p50=runtime, p90=runtime, key="oracle", samples=1)
+
+
+def test_true_runtimes_predict_every_fifo_start_exactly(data_dir: Path, tmp_path: Path) -> None:
+    """Under FIFO no later arrival can go ahead, so with the true runtimes the forks must find every
+    actual start: what is left of a prediction's error is the runtimes' alone."""
+    from rallypoint.sim.run import load_inputs
+
+    jobs, cluster, queues = load_inputs(*sample(data_dir, tmp_path))
+    preds = predict_starts(jobs, cluster, queues, "fifo", Oracle(jobs))
+    waited = [p for p in preds if p.start != p.submit]
+    assert len(waited) > 20
+    assert [(p.job_id, p.p50) for p in preds] == [(p.job_id, p.start) for p in preds]
 
 
 def test_rally_sim_predict_prints_every_figure_the_same_each_time(

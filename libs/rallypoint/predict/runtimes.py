@@ -38,10 +38,12 @@ _NO_HISTORY_S = 3600.0
 
 
 class JobFeatures(msgspec.Struct, frozen=True, kw_only=True):
-    """What a cluster knows about a job at its submit; None where it has no such field."""
+    """What a cluster knows about a job at its submit; None where it has no such field. ``job_id`` is no
+    key (ids never repeat): it lets a caller's own estimator (an oracle, in tests) tell jobs apart."""
 
     team: str
     gpus: int
+    job_id: str | None = None
     user: str | None = None
     name: str | None = None
     command: str | None = None

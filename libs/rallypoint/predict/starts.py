@@ -50,7 +50,11 @@ class Prediction:
 def features(job: Job, priority_class: str) -> JobFeatures:
     """What a cluster knows of a workload's job (a workload has no user, name or command)."""
     return JobFeatures(
-        team=job.team, gpus=job.gpus, priority_class=priority_class, time_limit_s=job.time_limit
+        team=job.team,
+        gpus=job.gpus,
+        job_id=job.id,
+        priority_class=priority_class,
+        time_limit_s=job.time_limit,
     )
 
 
