@@ -65,6 +65,22 @@ def test_known_runtimes_on_one_node_are_predicted_exactly(tmp_path: Path) -> Non
     assert figures["median_abs_error_s"] == 0.0
 
 
+def test_forks_know_no_failure_to_come_and_leave_the_replay_alone(tmp_path: Path) -> None:
+    """Random node failures: the replay with predictions fails the same nodes at the same times as a
+    plain one (a fork that drew from the replay's generator would move them)."""
+    c = tmp_path / "c.yaml"
+    c.write_text(
+        "generator: {racks: 1, nodes_per_rack: 1, gpus_per_node: 8}\n"
+        "faults: {node_mtbf: 300, repair_time: 20}\n"
+    )
+    cluster = load_cluster(c)
+    jobs = [whole_node_job(f"j{i}", 30.0 * i) for i in range(30)]
+    preds = predict_starts(jobs, cluster, None, "fifo")
+    truth = run_policy(jobs, cluster, None, "fifo").records
+    assert truth and sum(r.failures for r in truth) > 0
+    assert {p.job_id: p.start for p in preds if p.start is not None} == {r.id: r.start for r in truth}
+
+
 class Spy(RuntimeEstimator):
     """Records, at each answer, which jobs' ends it had been told of."""
 

@@ -53,8 +53,12 @@ def fork(sim: Simulator) -> Simulator:
     f.down = set(sim.down)
     f.team_alloc = Counter(sim.team_alloc)
     f.team_pending_sizes = {t: Counter(c) for t, c in sim.team_pending_sizes.items()}
-    f.rng = random.Random()
-    f.rng.setstate(sim.rng.getstate())
+    # a repaired node draws its next failure from the generator: a copy would know the real one, and a
+    # shared one would change it; a fork draws none
+    f.rng = random.Random(0)
+    f.cluster = msgspec.structs.replace(
+        sim.cluster, faults=msgspec.structs.replace(sim.cluster.faults, node_mtbf=None)
+    )
     f.rec = _Unrecorded(total_gpus=sim.rec.total_gpus, nominal=sim.rec.nominal, horizon=sim.rec.horizon)
     f.node_slow = {n: dict(active) for n, active in sim.node_slow.items()}
     f.episodes = dict(sim.episodes)
