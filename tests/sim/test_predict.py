@@ -13,6 +13,7 @@ from rallypoint.cli.main import main
 from rallypoint.predict import JobFeatures, RuntimeEstimate, RuntimeEstimator, accuracy, predict_starts
 from rallypoint.sim import Job, run_policy
 from rallypoint.sim.cluster import load_cluster
+from rallypoint.sim.workload import write_workload
 from rallypoint.traces.convert import convert_philly
 
 FIELDS = {
@@ -63,6 +64,16 @@ def test_known_runtimes_on_one_node_are_predicted_exactly(tmp_path: Path) -> Non
     assert (figures["within_1min"], figures["p90_coverage"]) == (1.0, 1.0)
     assert figures["baseline_within_1min"] == figures["started_at_submit"] == pytest.approx(4 / 6)
     assert figures["median_abs_error_s"] == 0.0
+
+
+def test_without_json_one_line_of_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    w = tmp_path / "w.jsonl"
+    write_workload(w, scripted())
+    args = ["sim", "predict", "--workload", str(w), "--cluster", str(one_node(tmp_path)), "--policy", "fifo"]
+    assert main(args) == 0
+    line = capsys.readouterr().out
+    assert line.startswith("policy fifo, jobs 6, started_at_submit 0.667, within_1min 1.000,")
+    assert "waited_jobs 0, waited_within_1min -," in line
 
 
 def test_forks_know_no_failure_to_come_and_leave_the_replay_alone(tmp_path: Path) -> None:

@@ -121,6 +121,9 @@ def _predict(args: argparse.Namespace, policies: list[str]) -> int:
 
 
 def _figure(v: object) -> str:
+    """A share or a length to 3 decimals; '-' for a figure with no jobs to measure."""
+    if v is None:
+        return "-"
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
