@@ -273,12 +273,16 @@ async def history_with_axes_counts_and_table(browser: Browser, completed: str) -
     row = await browser.evaluate(inner_text(f'tr.finished-row[data-job="{completed}"]'))
     assert "quick" in row and "bench" in row and "completed" in row, row
     for chart in ("queue-time", "jct"):
-        assert await browser.evaluate(COUNTED.format(chart=chart)) == len(finished), chart
-        titles = await browser.evaluate(
-            f"[...document.querySelectorAll('#{chart} text.axis-title')].map(t => t.textContent)"
+        # One reading of the chart, taken again while the page redraws it (its refresh replaces the SVG).
+        counted, titles, ticks = await browser.until(
+            f"(c => c[1].length && c)([{COUNTED.format(chart=chart)}, "
+            f"[...document.querySelectorAll('#{chart} text.axis-title')].map(t => t.textContent), "
+            f"document.querySelectorAll('#{chart} text.tick').length])",
+            f"the {chart} chart drawn",
         )
+        assert counted == len(finished), (chart, counted, finished)
         assert "jobs" in titles and len(titles) == 2, titles
-        assert await browser.evaluate(f"document.querySelectorAll('#{chart} text.tick').length") >= 4
+        assert ticks >= 4, (chart, ticks)
 
 
 async def refused_token_says_why_and_what_to_do(browser: Browser, cluster: LocalCluster) -> None:

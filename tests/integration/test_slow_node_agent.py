@@ -31,9 +31,7 @@ reporter = Reporter(os.environ["RALLY_REPORT_FILE"], job_id=os.environ["RALLY_JO
                     attempt=int(os.environ["RALLY_ATTEMPT"]), rank=int(os.environ["RANK"]))
 step, since, steps_since = 0, time.monotonic(), 0
 while True:
-    n = 0
-    for _ in range(100_000):
-        n += 1
+    time.sleep(0.01)  # a step that waits, not one that computes: other load on the host leaves it alone
     step += 1
     steps_since += 1
     now = time.monotonic()
@@ -84,7 +82,8 @@ async def test_a_slow_simulated_node_really_slows_its_rank(
     slow, beat = await step_times(event_log, 3, after=time.time() + SETTLE_S)
     assert beat.nics[0].speed_gbps == 200.0
     assert beat.gpus[0].ecc_corrected > 0 and beat.gpus[1].ecc_corrected == 0
-    # 3x in theory; wide bounds for a shared host.
+    # Stopped 2/3 of each 50 ms period: a 10 ms step that ends in a stopped phase waits for its end,
+    # 2.5x in theory; CPU-bound steps measured 1.5x on a busy host, where the normal ones slow as well.
     assert statistics.median(slow) > 1.8 * statistics.median(normal), (normal, slow)
 
     faults.write_text("")

@@ -23,7 +23,9 @@ PY = sys.executable
 # Counts loop iterations until a wall-clock deadline (time stopped counts against it), then writes the
 # count to the file named by its second argument.
 COUNTER = """
-import sys, time
+import os, sys, time
+while len(sys.argv) > 3 and not os.path.exists(sys.argv[3]):  # a start line: count from the same moment
+    time.sleep(0.01)
 end = time.monotonic() + float(sys.argv[1])
 n = 0
 while time.monotonic() < end:
@@ -69,12 +71,15 @@ def wait_count(path: Path, timeout: float = 30.0) -> int:
 def test_a_slowed_process_does_clearly_less_work(
     procs: list[subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:
-    # Both run at once for the same wall time, so load from elsewhere on the host hits them alike.
-    _, slowed = spawn(procs, "-c", COUNTER, "2.0", str(tmp_path / "slow"))
-    spawn(procs, "-c", COUNTER, "2.0", str(tmp_path / "fast"))
+    # Both run at once for the same wall time, from one start line drawn once the cycler runs, so load
+    # from elsewhere on the host hits them alike.
+    start = tmp_path / "start"
+    _, slowed = spawn(procs, "-c", COUNTER, "2.0", str(tmp_path / "slow"), str(start))
+    spawn(procs, "-c", COUNTER, "2.0", str(tmp_path / "fast"), str(start))
     cycler = DutyCycler(lambda: [slowed])
     cycler.set_factor(3.0)
     cycler.start()
+    start.touch()
     try:
         slow, fast = wait_count(tmp_path / "slow"), wait_count(tmp_path / "fast")
     finally:
@@ -158,7 +163,7 @@ def test_the_first_pass_continues_groups_left_stopped(procs: list[subprocess.Pop
         cycler.close()
 
 
-def _task(job_id: str, seconds: float, out: Path) -> LaunchTask:
+def _task(job_id: str, seconds: float, out: Path, *start: Path) -> LaunchTask:
     return LaunchTask(
         job_id=job_id,
         attempt=0,
@@ -169,7 +174,7 @@ def _task(job_id: str, seconds: float, out: Path) -> LaunchTask:
         master_addr="127.0.0.1",
         master_port=23456,
         ranks=(RankSpec(rank=0, local_rank=0, gpus=(0,)),),
-        command=(PY, "-c", COUNTER, str(seconds), str(out)),
+        command=(PY, "-c", COUNTER, str(seconds), str(out), *map(str, start)),
     )
 
 
@@ -180,17 +185,21 @@ def test_launched_ranks_are_slowed_and_a_killed_one_is_let_go(
     launcher = RankLauncher(work)
     groups = LauncherGroups(launcher)
     try:
-        launcher.launch(_task("slowed", 2.0, tmp_path / "slow"))
-        deadline = time.monotonic() + 15
+        # Both count for the same 2 s, from a start line drawn once the cycler runs: on a loaded machine
+        # the rank's launch and the cycler's start can take longer than the count itself.
+        start = tmp_path / "start"
+        launcher.launch(_task("slowed", 2.0, tmp_path / "slow", start))
+        deadline = time.monotonic() + 60
         while not groups():
             assert time.monotonic() < deadline, "the rank never started"
             time.sleep(0.02)
-        spawn(procs, "-c", COUNTER, "2.0", str(tmp_path / "fast"))
+        spawn(procs, "-c", COUNTER, "2.0", str(tmp_path / "fast"), str(start))
         pids = read_record(work / "slowed" / "0" / "rank-0.pid") or {}
         assert groups() == [(pids["pid"], pids["pid_start"])]
         cycler = DutyCycler(groups)
         cycler.set_factor(3.0)
         cycler.start()
+        start.touch()
         try:
             slow, fast = wait_count(tmp_path / "slow"), wait_count(tmp_path / "fast")
         finally:
