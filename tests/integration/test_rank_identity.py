@@ -273,7 +273,9 @@ def test_the_numpy_example_checkpoints_and_reports_as_the_rank_user(tmp_path: Pa
     example = Path(__file__).resolve().parents[2] / "examples" / "train_numpy.py"
     checkpoints = tmp_path / "checkpoints"
     give_to(checkpoints, "nobody")
-    launcher = RankLauncher(tmp_path / "work", run_as="nobody")
+    # The example's folder is shown to the rank as the local cluster shows it (an agent --rank-path): a
+    # checkout in a private folder (a home, mktemp -d) is not the rank user's to enter.
+    launcher = RankLauncher(tmp_path / "work", run_as="nobody", shared_paths=[example.parent])
     task = LaunchTask(
         job_id="numpy",
         attempt=1,

@@ -22,6 +22,9 @@ PY = sys.executable
 
 # Counts loop iterations until a wall-clock deadline (time stopped counts against it), then writes the
 # count to the file named by its second argument.
+# The counters step by sleeping: on a loaded host (the suite on 4 workers, 2 cores) a process that was
+# stopped gets its lost CPU share back from the kernel's fair scheduler, so counting CPU-bound work showed the
+# slowed process doing as much as the free one (2.49M vs 2.88M); a step that waits cannot catch up that way.
 COUNTER = """
 import os, sys, time
 while len(sys.argv) > 3 and not os.path.exists(sys.argv[3]):  # a start line: count from the same moment
@@ -29,6 +32,7 @@ while len(sys.argv) > 3 and not os.path.exists(sys.argv[3]):  # a start line: co
 end = time.monotonic() + float(sys.argv[1])
 n = 0
 while time.monotonic() < end:
+    time.sleep(0.002)
     n += 1
 open(sys.argv[2] + ".tmp", "w").write(str(n))
 __import__("os").replace(sys.argv[2] + ".tmp", sys.argv[2])
