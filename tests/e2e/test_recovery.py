@@ -155,6 +155,23 @@ def live_rank_pids(cluster: LocalCluster, node_id: str, job_id: str, attempt: in
     return alive
 
 
+def has_stepped(cluster: LocalCluster, job_id: str) -> bool:
+    """Whether a rank of the job's first attempt has reported a step: its SIGTERM handler is installed by
+    then (a rank still importing numpy on a loaded host would die of the signal without a checkpoint)."""
+    for report in (cluster.workdir / "agents").glob(f"*/{job_id}/1/rank-*.report"):
+        with contextlib.suppress(OSError):
+            if b'"step"' in report.read_bytes():
+                return True
+    return False
+
+
+def wait_until_stepped(cluster: LocalCluster, job_id: str, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not has_stepped(cluster, job_id):
+        assert time.monotonic() < deadline, f"{job_id} reported no step in {timeout} s"
+        time.sleep(0.2)
+
+
 def test_a_hung_node_is_replaced_in_its_rack_and_the_gang_resumes_to_the_uninterrupted_result(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -244,7 +261,7 @@ def test_a_preempted_job_checkpoints_before_its_ranks_stop_and_resumes_from_it(c
     ]
     for filler in fillers:
         wait_for(cluster, filler, {"running"})
-    time.sleep(2.0)
+        wait_until_stepped(cluster, filler)
     urgent = submit(
         cluster, "urgent", ["sh", "-c", "sleep 1"], gpus=8, gpus_per_task=8, priority="production"
     )
@@ -253,7 +270,9 @@ def test_a_preempted_job_checkpoints_before_its_ranks_stop_and_resumes_from_it(c
     [victim] = [f for f in fillers if any(isinstance(e, JobPreempted) for e in of_job(events, f))]
     mine = of_job(events, victim)
     kinds = [type(e).__name__ for e in mine]
-    commit = next(e for e in mine if isinstance(e, CheckpointCommitted) and e.attempt == 1)
+    commits = [e for e in mine if isinstance(e, CheckpointCommitted) and e.attempt == 1]
+    assert commits, f"attempt 1 committed no checkpoint: {kinds}"
+    commit = commits[0]
     exit_index = next(i for i, e in enumerate(mine) if isinstance(e, RankExited) and e.attempt == 1)
     assert mine.index(commit) < exit_index, kinds
     [preempted] = [e for e in mine if isinstance(e, JobPreempted)]
