@@ -39,7 +39,6 @@ from rallypoint.events import (
 )
 from rallypoint.events.codec import Quarantined
 from rallypoint.infra import NatsServer
-from rallypoint.runtime import following
 from rallypoint.runtime.follower import Follower
 from rallypoint.security import ADMIN
 from rallypoint.security.credentials import LocalCredentials
@@ -233,8 +232,8 @@ async def test_the_api_saves_its_own_snapshot_and_restores_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The API no longer restores another service's snapshot: it keeps its own, as the services do."""
-    monkeypatch.setattr(following, "SNAPSHOT_EVERY_EVENTS", 1)
-    monkeypatch.setattr(following, "SNAPSHOT_CHECK_S", 0.05)
+    monkeypatch.setenv("RALLY_SNAPSHOT_EVERY", "1")
+    monkeypatch.setenv("RALLY_SNAPSHOT_CHECK_S", "0.05")
     caplog.set_level(logging.INFO, logger="rallypoint.api.fold")
     await _history(event_log, 3)
     first = FoldFollower(event_log, store)

@@ -51,7 +51,7 @@ class IdleConfig:
     heartbeat_interval_s: float = 5.0
     seconds: float = 30.0
     #: after every fold caught up: past the services' first snapshot of the registrations (they check
-    #: every 30 s, ``following.SNAPSHOT_CHECK_S``), one-time work that is no part of the idle tax
+    #: every 30 s, ``following.snapshot_check_s()``), one-time work that is no part of the idle tax
     settle_s: float = 35.0
 
 

@@ -74,6 +74,7 @@ class ManagedProcess:
         group: str | None = None,
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> None:
         self.argv = list(argv)
         self.log_path = log_path
@@ -93,6 +94,7 @@ class ManagedProcess:
                 env=env,
                 cwd=cwd,
                 close_fds=True,
+                pass_fds=pass_fds,
             )
         self.pid = self.popen.pid
         with self._live_lock:

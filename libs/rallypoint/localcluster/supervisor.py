@@ -27,6 +27,7 @@ import msgspec
 from rallypoint.agent import workdir
 from rallypoint.agent.rankuser import give_to, requested_rank_user, resolve_rank_user
 from rallypoint.infra import ManagedProcess, NatsServer, PostgresServer, ServerStartError, free_port
+from rallypoint.infra.forkserver import ForkedProcess, ForkServer
 from rallypoint.scheduling.queues import load_queues
 from rallypoint.security import ADMIN, agent_user
 from rallypoint.security.credentials import LocalCredentials
@@ -140,6 +141,10 @@ class LocalCluster:
         self.nats: NatsServer | None = None
         self.postgres: PostgresServer | None = None
         self.processes: dict[str, ManagedProcess] = {}
+        # One preloaded process forks the Python services (``infra.forkserver``): each is still a process
+        # of its own, but a start no longer pays the imports fifteen times. RALLY_FORKSERVER=0: exec each.
+        self.use_forkserver = os.environ.get("RALLY_FORKSERVER", "1") != "0"
+        self.forkserver: ForkServer | None = None
         self.health_ports: dict[str, int] = {}
         self._argv: dict[str, list[str]] = {}
         self._env: dict[str, dict[str, str]] = {}
@@ -245,6 +250,8 @@ class LocalCluster:
         self.workdir.chmod(0o700)
         if self.agent_nodes():
             self._choose_rank_user()  # first: a refusal starts nothing
+        if self.use_forkserver:  # it preloads while NATS and PostgreSQL start
+            self.forkserver = ForkServer(self.workdir / "logs" / "forkserver.log")
         if self._nats_url is None:
             assert self.credentials is not None
             accounts = render_accounts(self.agent_nodes(), password=literal(self.credentials.passwords))
@@ -384,11 +391,17 @@ class LocalCluster:
             argv += ["--health-port", str(self.health_ports[name])]
         self._argv[name] = argv
         self._env[name] = self._service_env(name, service)
-        proc = ManagedProcess(
-            argv, log_path=self.workdir / "logs" / f"{name}.log", env=self._env[name], cwd=self.workdir
-        )
+        proc = self._spawn(name)
         self.processes[name] = proc
         return proc
+
+    def _spawn(self, name: str) -> ManagedProcess:
+        log_path = self.workdir / "logs" / f"{name}.log"
+        if self.forkserver is not None:
+            return ForkedProcess(
+                self.forkserver, self._argv[name], log_path=log_path, env=self._env[name], cwd=self.workdir
+            )
+        return ManagedProcess(self._argv[name], log_path=log_path, env=self._env[name], cwd=self.workdir)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Kill one service abruptly, as a crash would (default kill -9)."""
@@ -402,12 +415,7 @@ class LocalCluster:
         old = self.processes.get(name)
         if old is not None and old.running():
             old.stop()
-        proc = ManagedProcess(
-            self._argv[name],
-            log_path=self.workdir / "logs" / f"{name}.log",
-            env=self._env[name],
-            cwd=self.workdir,
-        )
+        proc = self._spawn(name)
         self.processes[name] = proc
         return proc
 
@@ -506,6 +514,9 @@ class LocalCluster:
             with contextlib.suppress(Exception):
                 self.processes[name].stop(timeout=10)
         self._kill_leftover_ranks()
+        if self.forkserver is not None:
+            with contextlib.suppress(Exception):
+                self.forkserver.stop()
         if self.postgres is not None:
             with contextlib.suppress(Exception):
                 self.postgres.stop()

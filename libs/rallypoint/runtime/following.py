@@ -25,9 +25,19 @@ from .service import ServiceContext
 
 _log = logging.getLogger("rallypoint.following")
 
-# Save after this many new events, checked this often (env overrides for small clusters and tests).
-SNAPSHOT_EVERY_EVENTS = int(os.environ.get("RALLY_SNAPSHOT_EVERY", "10000"))
-SNAPSHOT_CHECK_S = float(os.environ.get("RALLY_SNAPSHOT_CHECK_S", "30"))
+
+
+def snapshot_every_events() -> int:
+    """Save after this many new events (``RALLY_SNAPSHOT_EVERY``: small clusters and tests). Read when
+    the loop starts, never at import: the local cluster's fork server imports this module before it
+    knows a service's environment (``rallypoint.infra.forkserver``)."""
+    return int(os.environ.get("RALLY_SNAPSHOT_EVERY", "10000"))
+
+
+def snapshot_check_s() -> float:
+    """How often the count of new events is checked (``RALLY_SNAPSHOT_CHECK_S``)."""
+    return float(os.environ.get("RALLY_SNAPSHOT_CHECK_S", "30"))
+
 #: How often the stream's last sequence is read for the fold's lag in /healthz.
 PROBE_S = 2.0
 
@@ -95,12 +105,13 @@ async def _probe_periodically(follower: Follower) -> None:
 
 
 async def save_periodically(follower: Follower, store: SnapshotStore) -> None:
-    """Save ``follower``'s fold every ``SNAPSHOT_EVERY_EVENTS`` new events (checked every
-    ``SNAPSHOT_CHECK_S``); a failed save is logged and tried again at the next check."""
+    """Save ``follower``'s fold every ``snapshot_every_events()`` new events (checked every
+    ``snapshot_check_s()``); a failed save is logged and tried again at the next check."""
     saved = follower.state.last_seq
+    every, check_s = snapshot_every_events(), snapshot_check_s()
     while True:
-        await asyncio.sleep(SNAPSHOT_CHECK_S)
-        if follower.state.last_seq - saved < SNAPSHOT_EVERY_EVENTS:
+        await asyncio.sleep(check_s)
+        if follower.state.last_seq - saved < every:
             continue
         try:
             saved = await follower.save(store)
