@@ -41,6 +41,7 @@ from rallypoint.jobs import (
 )
 from rallypoint.jobs.text import check_strings, check_text
 from rallypoint.jobs.validate import BodyError, check_checkpoint_dir, check_secrets, decode_json_body
+from rallypoint.predict.refresh import Answer
 from rallypoint.scheduling.queues import Queues
 from rallypoint.security.tokens import Principal, TokenStore
 from rallypoint.state import ClusterState, JobState, JobView
@@ -55,6 +56,7 @@ from .http_metrics import metrics_middleware
 from .metrics import PROMETHEUS_CONTENT_TYPE, read_index_metrics, render_metrics
 from .node_ops import add_node_routes
 from .openapi import openapi_document
+from .predictions import StartPredictions, render_predicted_start
 from .problems import PROBLEM_JSON, invalid_spec, not_found, problem, unavailable, unparseable
 from .readindex import ReadIndex, stream_tip
 from .reads import FoldReads, ready_to_read
@@ -118,6 +120,7 @@ def _unsupported_media_type(content_type: str) -> web.Response | None:
 class Handlers:
     def __init__(self, log: EventLog, follower: FoldFollower, config: ApiConfig) -> None:
         self.log = log
+        self.predictions = StartPredictions(lambda: self.log.nc)
         self.follower = follower
         self.config = config
         self.submissions: Counter[str] = Counter()
@@ -430,7 +433,13 @@ class Handlers:
             return refused
         reader = audience(request, self.state.jobs)
         drain = job_drain(job, self.state, self.config.drain)
-        return json_response(render_job(job, queue_positions(self.state), reader, drain))
+        body = render_job(job, queue_positions(self.state), reader, drain)
+        body["predicted_start"] = render_predicted_start(job, await self._predicted_starts(job.state))
+        return json_response(body)
+
+    async def _predicted_starts(self, *states: str) -> Answer | None:
+        """The predictor's latest answer when a job in ``states`` needs it (only waiting ones do)."""
+        return await self.predictions.current() if "pending" in states else None
 
     async def list_jobs(self, request: web.Request) -> web.Response:
         query = request.query
@@ -486,10 +495,14 @@ class Handlers:
         page = matching[:limit]
         positions = queue_positions(self.state)
         reader = audience(request, self.state.jobs)
+        answer = await self._predicted_starts(*{j.state for j in page})
         return json_response(
             {
                 "jobs": [
-                    render_job(j, positions, reader, job_drain(j, self.state, self.config.drain))
+                    {
+                        **render_job(j, positions, reader, job_drain(j, self.state, self.config.drain)),
+                        "predicted_start": render_predicted_start(j, answer),
+                    }
                     for j in page
                 ],
                 "count": len(page),

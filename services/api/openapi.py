@@ -374,6 +374,31 @@ _SCHEMAS: dict[str, Any] = {
                     **_DRAIN_PLAN,
                 },
             },
+            "predicted_start": {
+                "type": ["object", "null"],
+                "description": "While the job waits: when it is predicted to start (docs/prediction.md), "
+                "from "
+                "the predictor service's latest run of the live cluster forward under the scheduler's own "
+                "policy; null once the job is no longer pending.",
+                "properties": {
+                    "status": {
+                        "type": "string",
+                        "enum": ["predicted", "beyond-horizon", "pending-refresh", "unavailable"],
+                    },
+                    "p50": {
+                        **_NULLABLE_NUM,
+                        "description": "Unix seconds, if jobs run their median runtimes.",
+                    },
+                    "p90": {**_NULLABLE_NUM, "description": "Unix seconds, if jobs run their P90 runtimes."},
+                    "runtime_p50_s": {"type": "number", "description": "This job's own estimated runtime."},
+                    "runtime_from": {"type": "string", "description": "The history it was estimated from."},
+                    "horizon_s": {"type": "number"},
+                    "computed_at": {"type": "number", "description": "Unix seconds of the prediction."},
+                    "computed_at_seq": {"type": "integer", "description": "The log position it saw."},
+                    "policy": {"type": "string"},
+                    "detail": {"type": "string"},
+                },
+            },
             "cancel_requested": {"type": "boolean"},
             "preemptions": {"type": "integer", "description": "Times this job was preempted and requeued."},
             "last_preempted_at": _NULLABLE_NUM,

@@ -279,15 +279,26 @@ def test_jobs_table() -> None:
         ),
     ]
     assert jobs_cmds.format_jobs(jobs, now=1070.0).splitlines() == [
-        "ID              TEAM  NAME      STATE    TIME     GPUS  NODES(REASON)",
-        "j-000000000001  nlp   pretrain  PENDING  0:00     16    (Resources, #2: m)",
-        "j-000000000002  nlp   eval      RUNNING  1:05     8     n[0-2,7]",
-        "j-000000000003  cv    pretrain  FAILED   1:02:05  16    (rank 3 exited 1)",
+        "ID              TEAM  NAME      STATE    TIME     GPUS  START  NODES(REASON)",
+        "j-000000000001  nlp   pretrain  PENDING  0:00     16    -      (Resources, #2: m)",
+        "j-000000000002  nlp   eval      RUNNING  1:05     8     -      n[0-2,7]",
+        "j-000000000003  cv    pretrain  FAILED   1:02:05  16    -      (rank 3 exited 1)",
     ]
 
 
 def test_empty_jobs_table_is_just_the_header() -> None:
-    assert jobs_cmds.format_jobs([], now=0.0) == "ID  TEAM  NAME  STATE  TIME  GPUS  NODES(REASON)"
+    assert jobs_cmds.format_jobs([], now=0.0) == "ID  TEAM  NAME  STATE  TIME  GPUS  START  NODES(REASON)"
+
+
+def test_the_start_column_gives_a_waiting_jobs_predicted_start_from_now() -> None:
+    predicted = {"status": "predicted", "p50": 1720.0, "p90": 3400.0, "runtime_p50_s": 600.0}
+    waiting = {**job(job_id="j-000000000004", state="pending"), "predicted_start": predicted}
+    row = jobs_cmds.format_jobs([waiting], now=1000.0).splitlines()[1]
+    assert "in 12m (p90 40m)" in row
+    beyond = {"status": "beyond-horizon", "horizon_s": 604800.0}
+    assert jobs_cmds.start_text(beyond, now=0.0) == "beyond 7d00h"
+    assert jobs_cmds.start_text({"status": "unavailable"}, now=0.0) == "unknown"
+    assert jobs_cmds.start_text({**predicted, "p50": 900.0, "p90": 900.0}, now=1000.0) == "now"
 
 
 def test_nodes_table() -> None:

@@ -44,6 +44,7 @@ K8S_REPLICAS = {
     "checkpoint": 1,
     "job-controller": 2,
     "projector": 1,
+    "predictor": 1,
 }
 NATS_HOSTS = ("nats-1", "nats-2", "nats-3")
 ROLES = (*SERVICES, "admin")

@@ -147,7 +147,7 @@ def test_rally_jobs_shows_the_gpus_a_grown_gang_holds_and_its_range() -> None:
     assert gpus_held(view(8, [], min_gpus=4, max_gpus=16)) == "8 (4-16)"  # waiting: what it asks
     assert gpus_held(view(8, [list(range(8))])) == "8"  # a fixed-size job: as before
     table = format_jobs([grown], now=60.0).splitlines()
-    assert table[0].split() == ["ID", "TEAM", "NAME", "STATE", "TIME", "GPUS", "NODES(REASON)"]
+    assert table[0].split() == ["ID", "TEAM", "NAME", "STATE", "TIME", "GPUS", "START", "NODES(REASON)"]
     assert table[1].split()[4:7] == ["1:00", "16", "(8-16)"]
 
 

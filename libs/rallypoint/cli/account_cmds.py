@@ -126,7 +126,15 @@ def _job_path(job_id: str, tail: str = "") -> str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    return _run(args, lambda: emit(args, _get(args, _job_path(args.job_id, "/history")), format_show))
+    return _run(args, lambda: emit(args, _show(args), format_show))
+
+
+def _show(args: argparse.Namespace) -> dict[str, Any]:
+    """The job's history; a waiting job's also with its predicted start (the job view carries that)."""
+    history: dict[str, Any] = _get(args, _job_path(args.job_id, "/history"))
+    if history.get("state") == "pending":
+        history["predicted_start"] = _get(args, _job_path(args.job_id)).get("predicted_start")
+    return history
 
 
 def cmd_history(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .jobs_cmds import format_elapsed, format_table, gpus_held, hostlist
+from .jobs_cmds import format_elapsed, format_table, gpus_held, hostlist, start_text
 from .node_cmds import plan_text
 
 
@@ -38,6 +38,8 @@ def format_show(h: dict[str, Any]) -> str:
         f"   SubmitTime={when(h['submitted_at'])} EndTime={when(h['ended_at'])}"
         f" LostGpuHours={hours(h['lost_gpu_s'])}",
     ]
+    if h.get("predicted_start"):
+        lines.append(f"   PredictedStart={start_text(h['predicted_start'], now=time.time(), long=True)}")
     if h.get("last_interruption"):
         lines.append(f"   LastInterruption={h['last_interruption']}")
     if h.get("drain"):

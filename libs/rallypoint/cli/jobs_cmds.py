@@ -631,7 +631,7 @@ def gpus_held(job: dict[str, Any]) -> str:
 
 
 def format_jobs(jobs: Sequence[dict[str, Any]], *, now: float) -> str:
-    headers = ("ID", "TEAM", "NAME", "STATE", "TIME", "GPUS", "NODES(REASON)")
+    headers = ("ID", "TEAM", "NAME", "STATE", "TIME", "GPUS", "START", "NODES(REASON)")
     rows = [
         (
             j["job_id"],
@@ -640,11 +640,47 @@ def format_jobs(jobs: Sequence[dict[str, Any]], *, now: float) -> str:
             str(j["state"]).upper(),
             format_elapsed(job_elapsed(j, now)),
             gpus_held(j),
+            start_text(j.get("predicted_start"), now=now),
             nodes_or_reason(j),
         )
         for j in jobs
     ]
     return format_table(headers, rows)
+
+
+def span(seconds: float) -> str:
+    """A duration as people say it: ``45s``, ``12m``, ``3h05m``, ``2d04h``."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def start_text(predicted: dict[str, Any] | None, *, now: float, long: bool = False) -> str:
+    """The START column (``long``: `rally show`'s line): a waiting job's predicted start from now, P50 then
+    P90 (``in 12m (p90 40m)``); ``-`` for a job that does not wait."""
+    if not predicted:
+        return "-"
+    status = predicted.get("status")
+    if status == "predicted":
+        p50, p90 = float(predicted["p50"]), predicted.get("p90")
+        text = "now" if p50 <= now else f"in {span(p50 - now)}"
+        if p90 is not None and float(p90) > p50:
+            text += f" (p90 {'now' if float(p90) <= now else span(float(p90) - now)})"
+        if long:
+            runtime = f"; own runtime ~{span(float(predicted['runtime_p50_s']))}"
+            text += f"{runtime} from {predicted.get('runtime_from')} history, as of log seq "
+            text += str(predicted.get("computed_at_seq"))
+        return text
+    if status == "beyond-horizon":
+        return f"beyond {span(float(predicted.get('horizon_s') or 0))}"
+    if status == "pending-refresh":
+        return "soon known"
+    return "unknown" + (f" ({predicted.get('detail')})" if long and predicted.get("detail") else "")
 
 
 def node_health(node: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ SERVICES: tuple[str, ...] = (
     "checkpoint",
     "job-controller",
     "projector",
+    "predictor",
     "agent",
 )
 

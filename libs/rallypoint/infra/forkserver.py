@@ -78,6 +78,7 @@ PRELOAD: tuple[str, ...] = (
             "checkpoint",
             "job_controller",
             "projector",
+            "predictor",
             "agent",
         )
     ),

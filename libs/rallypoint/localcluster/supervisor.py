@@ -51,6 +51,7 @@ SINGLETONS: tuple[str, ...] = (
     "checkpoint",
     "job-controller",
     "projector",
+    "predictor",
 )
 SCHEDULERS = ("scheduler-1", "scheduler-2")
 # Teams that get an API token when the cluster has no queue file: the default queue file's (the demo's, the

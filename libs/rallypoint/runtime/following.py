@@ -26,7 +26,6 @@ from .service import ServiceContext
 _log = logging.getLogger("rallypoint.following")
 
 
-
 def snapshot_every_events() -> int:
     """Save after this many new events (``RALLY_SNAPSHOT_EVERY``: small clusters and tests). Read when
     the loop starts, never at import: the local cluster's fork server imports this module before it
@@ -37,6 +36,7 @@ def snapshot_every_events() -> int:
 def snapshot_check_s() -> float:
     """How often the count of new events is checked (``RALLY_SNAPSHOT_CHECK_S``)."""
     return float(os.environ.get("RALLY_SNAPSHOT_CHECK_S", "30"))
+
 
 #: How often the stream's last sequence is read for the fold's lag in /healthz.
 PROBE_S = 2.0

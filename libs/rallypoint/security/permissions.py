@@ -192,6 +192,7 @@ def _matrix() -> dict[str, Permissions]:
             publish=(f"rally.ctl.job.{one}", "cmd.agent.>", *job_secrets()),
         ),
         "projector": _service(writes="nothing (PostgreSQL read models)"),
+        "predictor": _service(writes="nothing (answers q.predictor.starts)"),
     }
     for role in SNAPSHOT_ROLES:
         roles[role] = _with_snapshots(roles[role], role)

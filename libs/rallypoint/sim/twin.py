@@ -202,10 +202,20 @@ class LiveSide:
         self.state = ClusterState()
         self.policy = policy
         self.seq = 0
+        self.epoch = EPOCH
         self.changes = _Changes()
         for node in cluster.nodes:
             self.append(node_registered(node, 0.0))
         self.append(LeaderEpochStarted(epoch=EPOCH, leader_id=LEADER, role="scheduler", at=0.0))
+
+    @classmethod
+    def over(cls, state: ClusterState, policy: SchedulingPolicy) -> LiveSide:
+        """The cycle over a fold the caller gives away (a copy of a live one: the predictor's fork), as
+        its current leader decides: that epoch's decisions are the ones the fold applies."""
+        side = cls.__new__(cls)
+        side.state, side.policy, side.seq, side.epoch = state, policy, state.last_seq, state.epoch
+        side.changes = _Changes()
+        return side
 
     def append(self, event: Event) -> None:
         self.seq += 1
@@ -217,7 +227,7 @@ class LiveSide:
         first, admissions = writes_before_deciding(self.state, now, repairs=())
         for write in first:
             self.append(write.event)
-        decided = decide(self.policy, self.state, now, self.changes, epoch=EPOCH, admissions=admissions)
+        decided = decide(self.policy, self.state, now, self.changes, epoch=self.epoch, admissions=admissions)
         if decided is None:
             # the leader skips the cycle: it decides nothing
             nothing = ct.Decisions(policy=self.policy.policy.name, now=now)

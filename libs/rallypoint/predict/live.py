@@ -1,0 +1,233 @@
+"""Predicted starts on the live cluster: its fold forked and run forward by the scheduler's own cycle.
+
+The predictor service (``services/predictor``) calls :func:`predict` on a copy of its fold. The copy is
+driven as the twin drives its live side (``sim.twin.LiveSide``): the leader's cycle (admissions, then
+``SchedulingPolicy.decide_live`` on the synced model), its writes folded at once, and what the job
+controller would report when it carries them out (``JobStarted``, ``JobPreempted``, ``JobResized``).
+Between cycles the clock jumps to the next moment something changes: a job ends (``JobCompleted`` after
+its estimated runtime) or a waiting retry comes due. So a waiting job's predicted start is the moment the
+real policy, with the cluster's queues and quotas, would bind it if every job ran as long as estimated.
+
+Two runs per refresh: one with every job's P50 runtime (the P50 start), one with its P90 runtime (the
+P90 start: later, since everything ahead of it runs longer). The estimates come from
+``RuntimeEstimator``, fed only with jobs that have ended (``learn``). Pure and deterministic: the same
+fold, estimator and ``now`` give the same predictions.
+
+Limits, said where they are shown (docs/prediction.md): arrivals still to come are unknown (a
+higher-priority job submitted later moves a prediction back); node failures and repairs are not
+foreseen; a job not started within ``horizon_s`` or ``max_cycles`` gets no prediction (None), never a
+made-up one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import shlex
+from collections.abc import Callable, Iterable
+
+import msgspec
+
+from rallypoint.events import GangBound, GangResized, JobCompleted
+from rallypoint.scheduling import SchedulingPolicy
+from rallypoint.sim.twin import LiveSide
+from rallypoint.state import ACTIVE, ClusterState, JobView
+
+from .runtimes import JobFeatures, RuntimeEstimate, RuntimeEstimator
+
+__all__ = ["PredictedStart", "Predictions", "features_of", "forward_starts", "learn", "predict"]
+
+#: How far ahead a prediction is made, and how many cycles a run may take to get there.
+HORIZON_S = 7 * 86400.0
+MAX_CYCLES = 2000
+# The shortest runtime the fork gives a job: what a job estimated to be done already still needs.
+_MIN_REMAINING_S = 1.0
+
+
+class PredictedStart(msgspec.Struct, frozen=True, kw_only=True):
+    """A waiting job's start if every job runs its P50 (``p50``) or its P90 runtime (``p90``), Unix
+    seconds (None: not within the horizon), and its own runtime estimate (P50 seconds, in all) and the
+    history it came from (``runtime_key``: the estimator's key, "none" without any)."""
+
+    p50: float | None
+    p90: float | None
+    runtime_p50_s: float
+    runtime_key: str
+
+
+class Predictions(msgspec.Struct, frozen=True, kw_only=True):
+    """One refresh: the log position (``seq``) and clock (``now``) it was computed at, its horizon, how
+    many ended jobs the runtimes were learned from, and the waiting jobs' predicted starts by id."""
+
+    seq: int
+    now: float
+    horizon_s: float
+    learned_jobs: int
+    jobs: dict[str, PredictedStart] = {}
+
+
+def features_of(job: JobView) -> JobFeatures:
+    """What the estimator keys a live job's runtime on: its team, size, name, command, class and limit."""
+    spec = job.spec
+    return JobFeatures(
+        team=spec.team,
+        gpus=spec.gpus,
+        job_id=job.job_id,
+        name=spec.name,
+        command=shlex.join(spec.command),
+        priority_class=spec.priority,
+        time_limit_s=None if spec.time_limit_s is None else float(spec.time_limit_s),
+    )
+
+
+def runtime_of(job: JobView) -> float | None:
+    """Seconds a completed job ran in all (its earlier attempts' and the last one's); None if unknown."""
+    if job.state != "completed" or job.started_at is None or job.ended_at is None:
+        return None
+    return job.run_s + max(0.0, job.ended_at - job.started_at)
+
+
+def learn(estimator: RuntimeEstimator, jobs: Iterable[JobView]) -> int:
+    """Feed the completed ones of ``jobs`` to ``estimator``, by end time; how many it learned. An end
+    older than the estimator's clock (a service's clock behind the predictor's) counts as of that clock."""
+    done = sorted(
+        ((job.ended_at or 0.0, job.job_id, job) for job in jobs if runtime_of(job)), key=lambda t: t[:2]
+    )
+    for ended_at, _, job in done:
+        runtime = runtime_of(job)
+        assert runtime is not None
+        estimator.observe(max(ended_at, estimator.clock), features_of(job), max(runtime, 1e-3))
+    return len(done)
+
+
+Runtime = Callable[[JobView], float]
+
+
+class _Forward:
+    """One run forward of a forked fold: who ends when, and when each waiting job started."""
+
+    def __init__(self, state: ClusterState, policy: SchedulingPolicy, runtime: Runtime, now: float) -> None:
+        self.side = LiveSide.over(state, policy)
+        self.runtime = runtime
+        self.waiting = {job.job_id for job in state.pending_jobs()}
+        self.starts: dict[str, float] = {}
+        self.end_at: dict[str, float] = {}
+        self.ends: list[tuple[float, str, int]] = []
+        for job in sorted(state.active_jobs(), key=lambda j: j.job_id):
+            began = job.started_at if job.started_at is not None else now
+            self._ends(job, max(now, began + runtime(job)))
+
+    def _ends(self, job: JobView, at: float) -> None:
+        self.end_at[job.job_id] = at
+        heapq.heappush(self.ends, (at, job.job_id, job.attempt))
+
+    def cycle(self, now: float) -> None:
+        """The leader's cycle at ``now``, carried out at once; note the starts and when each will end."""
+        decided = self.side.cycle(now)
+        self.side.carry_out(decided.writes, now)
+        jobs = self.side.state.jobs
+        for write in decided.writes:
+            event = write.event
+            if isinstance(event, GangBound):
+                if event.job_id in self.waiting:
+                    self.starts.setdefault(event.job_id, now)
+                self._ends(jobs[event.job_id], now + self.runtime(jobs[event.job_id]))
+            elif isinstance(event, GangResized):  # the same work on another size: it ends as it would
+                self._ends(jobs[event.job_id], self.end_at.get(event.job_id, now))
+
+    def next_moment(self, now: float) -> float | None:
+        """When something next changes after ``now``: the next end, or a waiting retry coming due."""
+        state = self.side.state
+        while self.ends:
+            _, job_id, attempt = self.ends[0]
+            job = state.jobs[job_id]
+            if job.attempt == attempt and job.state in ACTIVE:
+                break
+            heapq.heappop(self.ends)  # preempted, resized or ended since: stale
+        retries = (j.retry_at for j in state.pending_jobs() if j.retry_at is not None and j.retry_at > now)
+        moments = [*([self.ends[0][0]] if self.ends else []), *retries]
+        return min(moments) if moments else None
+
+    def complete_due(self, now: float) -> None:
+        """Every job whose estimated end is ``now`` completes, as its job controller would report."""
+        state = self.side.state
+        while self.ends and self.ends[0][0] <= now:
+            _, job_id, attempt = heapq.heappop(self.ends)
+            job = state.jobs[job_id]
+            if job.attempt == attempt and job.state in ACTIVE:
+                self.side.append(JobCompleted(job_id=job_id, attempt=attempt, at=now))
+
+
+def forward_starts(
+    state: ClusterState,
+    policy: SchedulingPolicy,
+    runtime: Runtime,
+    now: float,
+    *,
+    horizon_s: float = HORIZON_S,
+    max_cycles: int = MAX_CYCLES,
+) -> dict[str, float]:
+    """When each job waiting in ``state`` starts if every job runs ``runtime(job)`` seconds in all (for a
+    running one, from its attempt's start). ``state`` is used up: pass a copy."""
+    run = _Forward(state, policy, runtime, now)
+    t = now
+    for _ in range(max_cycles):
+        run.cycle(t)
+        if run.waiting <= run.starts.keys():
+            break
+        later = run.next_moment(t)
+        if later is None or later > now + horizon_s:
+            break
+        t = max(t, later)
+        run.complete_due(t)
+    return run.starts
+
+
+def _runtime(estimator: RuntimeEstimator, now: float, quantile: str) -> Runtime:
+    """A job's runtime in the fork at ``quantile`` ("p50", "p90"), less what it ran in earlier attempts."""
+    cache: dict[tuple[str, int], RuntimeEstimate] = {}
+
+    def runtime(job: JobView) -> float:
+        key = (job.job_id, job.attempt)
+        if key not in cache:
+            elapsed = job.run_s + (now - job.started_at if job.state in ACTIVE and job.started_at else 0.0)
+            cache[key] = estimator.estimate(features_of(job), now, max(0.0, elapsed))
+        total: float = getattr(cache[key], quantile)
+        return max(_MIN_REMAINING_S, total - job.run_s)
+
+    return runtime
+
+
+def _start(job: JobView, runs: dict[str, dict[str, float]], runtime: RuntimeEstimate) -> PredictedStart:
+    p50, p90 = runs["p50"].get(job.job_id), runs["p90"].get(job.job_id)
+    if p50 is not None and p90 is not None:
+        p90 = max(p50, p90)  # a longer run ahead can reorder a fork's preemptions; never shown backwards
+    return PredictedStart(p50=p50, p90=p90, runtime_p50_s=runtime.p50, runtime_key=runtime.key)
+
+
+def predict(
+    state: ClusterState,
+    policy: SchedulingPolicy,
+    estimator: RuntimeEstimator,
+    now: float,
+    *,
+    learned_jobs: int = 0,
+    horizon_s: float = HORIZON_S,
+    max_cycles: int = MAX_CYCLES,
+) -> Predictions:
+    """Every waiting job's P50 and P90 start; ``state`` is left as it was (each run forks its own copy)."""
+    runs = {
+        quantile: forward_starts(
+            ClusterState.decode(state.encode()),
+            SchedulingPolicy(policy.name, queues=policy.queues, priority_classes=policy.priority_classes),
+            _runtime(estimator, now, quantile),
+            now,
+            horizon_s=horizon_s,
+            max_cycles=max_cycles,
+        )
+        for quantile in ("p50", "p90")
+    }
+    jobs = {
+        job.job_id: _start(job, runs, estimator.estimate(features_of(job), now))
+        for job in state.pending_jobs()
+    }
+    return Predictions(seq=state.last_seq, now=now, horizon_s=horizon_s, learned_jobs=learned_jobs, jobs=jobs)

@@ -1,0 +1,137 @@
+"""The predictor service's loop: learn from what ended, refresh every waiting job's predicted start.
+
+Each refresh (every ``interval_s``, when the log moved): the jobs the fold touched are looked at; those
+that completed teach the estimator their runtimes and score the first prediction made for them, those that
+started score their predicted start (``tracking``); then the scheduler's settings of its current epoch
+(``SchedulerSettings``, read from the log: the same policy, queues and priority classes the leader
+decides with) and a copy of the fold go to ``live.predict`` in a worker thread, so answering queries never
+waits for a run. The latest answer is kept encoded, ready for ``q.predictor.starts``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from rallypoint.core.types import PriorityClass, Queue
+from rallypoint.events import SchedulerSettings
+from rallypoint.scheduling import SchedulingPolicy
+from rallypoint.state import ClusterState
+
+from .live import HORIZON_S, MAX_CYCLES, Predictions, learn, predict, runtime_of
+from .runtimes import RuntimeEstimator
+from .tracking import Accuracy, AccuracyTracker
+
+__all__ = ["Answer", "Predictor", "Settings", "policy_of"]
+
+_log = logging.getLogger("rallypoint.predictor")
+
+
+class Answer(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``q.predictor.starts`` answers: the latest predictions (None before the first refresh), the
+    policy they were made under, how long the refresh took, and the accuracy measured so far."""
+
+    predictions: Predictions | None
+    policy: str
+    refresh_s: float
+    accuracy: Accuracy
+    shares: dict[str, float | None]
+
+
+def policy_of(settings: SchedulerSettings | None) -> SchedulingPolicy:
+    """The leader's recorded policy, queues and priority classes; the defaults before any leader ran (or
+    for settings this version cannot read)."""
+    if settings is None:
+        return SchedulingPolicy()
+    try:
+        queues = msgspec.convert(settings.queues, tuple[Queue, ...])
+        classes = msgspec.convert(settings.priority_classes, tuple[PriorityClass, ...])
+        return SchedulingPolicy(settings.policy, queues=queues, priority_classes=classes)
+    except (KeyError, msgspec.ValidationError):
+        return SchedulingPolicy()
+
+
+Settings = Callable[[], Awaitable[SchedulerSettings | None]]
+
+
+class Predictor:
+    """Learns from ``state`` as it changes and keeps the latest ``Answer`` encoded."""
+
+    def __init__(
+        self,
+        state: Callable[[], ClusterState],
+        settings: Settings,
+        *,
+        horizon_s: float = HORIZON_S,
+        max_cycles: int = MAX_CYCLES,
+    ) -> None:
+        self._state = state
+        self._settings = settings
+        self.horizon_s = horizon_s
+        self.max_cycles = max_cycles
+        self.estimator = RuntimeEstimator()
+        self.tracker = AccuracyTracker()
+        self.learned = 0
+        self._seen_started: set[str] = set()
+        self._done: set[str] = set()
+        self.policy = SchedulingPolicy()
+        self.refresh_s = 0.0
+        self.latest: Predictions | None = None
+        self.encoded = self._encode()
+
+    def observe(self, job_ids: set[str] | None) -> None:
+        """Learn from the jobs ``job_ids`` (None: all of them) as the fold has them now."""
+        jobs = self._state().jobs
+        views = (
+            [jobs[j] for j in sorted(job_ids) if j in jobs] if job_ids is not None else list(jobs.values())
+        )
+        ended = [v for v in views if v.job_id not in self._done and v.ended_at is not None]
+        for view in views:
+            if view.started_at is not None and view.job_id not in self._seen_started:
+                self._seen_started.add(view.job_id)
+                self.tracker.started(view.job_id, view.started_at)
+        self.learned += learn(self.estimator, ended)
+        for view in ended:
+            self._done.add(view.job_id)
+            runtime = runtime_of(view)
+            if runtime is None:
+                self.tracker.forget(view.job_id)
+            else:
+                self.tracker.completed(view.job_id, runtime)
+
+    async def refresh(self, now: float | None = None) -> Predictions:
+        """New predictions for the fold as it is now, computed off the event loop."""
+        self.policy = policy_of(await self._settings())
+        fork = ClusterState.decode(self._state().encode())
+        began = time.perf_counter()
+        at = time.time() if now is None else now
+        predictions = await asyncio.to_thread(
+            predict,
+            fork,
+            self.policy,
+            self.estimator,
+            at,
+            learned_jobs=self.learned,
+            horizon_s=self.horizon_s,
+            max_cycles=self.max_cycles,
+        )
+        self.refresh_s = time.perf_counter() - began
+        self.latest = predictions
+        self.tracker.remember(predictions)
+        self.encoded = self._encode()
+        return predictions
+
+    def _encode(self) -> bytes:
+        accuracy = self.tracker.accuracy
+        answer = Answer(
+            predictions=self.latest,
+            policy=self.policy.name,
+            refresh_s=round(self.refresh_s, 4),
+            accuracy=accuracy,
+            shares=accuracy.shares(),
+        )
+        return msgspec.json.encode(answer)

@@ -1,0 +1,86 @@
+"""Predicted starts in the API's job views: the predictor service's latest answer (``q.predictor.starts``).
+
+The API asks at most once per ``CACHE_S`` (concurrent readers share the question) and renders, for each
+waiting job, what the answer says of it. Without an answer (no predictor running, or it did not answer in
+time) a pending job's ``predicted_start`` says so instead of guessing (status ``unavailable``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import nats.errors
+from nats.aio.client import Client
+
+from rallypoint.events import subjects
+from rallypoint.predict.refresh import Answer
+from rallypoint.state import JobView
+
+__all__ = ["CACHE_S", "StartPredictions", "render_predicted_start"]
+
+_log = logging.getLogger("rallypoint.api.predictions")
+CACHE_S = 2.0
+ASK_TIMEOUT_S = 1.0
+_decode = msgspec.json.Decoder(Answer).decode
+
+
+class StartPredictions:
+    """The latest answer of the predictor, asked for at most every ``CACHE_S``."""
+
+    def __init__(self, nats_client: Callable[[], Client], *, cache_s: float = CACHE_S) -> None:
+        self._client = nats_client
+        self.cache_s = cache_s
+        self._answer: Answer | None = None
+        self._asked_at = -float("inf")
+        self._asking: asyncio.Future[Answer | None] | None = None
+
+    async def current(self) -> Answer | None:
+        if time.monotonic() - self._asked_at < self.cache_s:
+            return self._answer
+        if self._asking is None:
+            self._asking = asyncio.ensure_future(self._ask())
+        asking = self._asking
+        try:
+            return await asyncio.shield(asking)
+        finally:
+            if asking.done() and self._asking is asking:
+                self._asking = None
+
+    async def _ask(self) -> Answer | None:
+        try:
+            nc = self._client()
+            reply = await nc.request(subjects.query("predictor", "starts"), b"", timeout=ASK_TIMEOUT_S)
+            self._answer = _decode(reply.data)
+        except (nats.errors.Error, TimeoutError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            _log.debug("no predicted starts (%s)", type(exc).__name__)
+            self._answer = None
+        self._asked_at = time.monotonic()
+        return self._answer
+
+
+def render_predicted_start(job: JobView, answer: Answer | None) -> dict[str, Any] | None:
+    """A pending job's predicted start as the answer has it; None for a job that is not waiting."""
+    if job.state != "pending":
+        return None
+    predictions = answer.predictions if answer is not None else None
+    if answer is None or predictions is None:
+        return {"status": "unavailable", "detail": "the predictor has not answered (is it running?)"}
+    computed = {"computed_at": predictions.now, "computed_at_seq": predictions.seq, "policy": answer.policy}
+    start = predictions.jobs.get(job.job_id)
+    if start is None:
+        return {"status": "pending-refresh", "detail": "submitted after the last prediction", **computed}
+    status = "predicted" if start.p50 is not None else "beyond-horizon"
+    return {
+        "status": status,
+        "p50": start.p50,
+        "p90": start.p90,
+        "runtime_p50_s": start.runtime_p50_s,
+        "runtime_from": start.runtime_key,
+        "horizon_s": predictions.horizon_s,
+        **computed,
+    }

@@ -1,0 +1,131 @@
+"""The live predictor's core (``rallypoint.predict.live``): the fold forked and run forward by the cycle.
+
+A two-node cluster is driven through the twin's live side (the leader's cycle, carried out at once), so
+the fold is one the services would hold. Then the forward run must start each waiting job where the
+scheduler would if every job ran as long as the estimator says, leave the fold untouched, and answer
+nothing for what it cannot reach.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rallypoint.events import JobCompleted, JobSpec, JobSubmitted
+from rallypoint.predict import RuntimeEstimator
+from rallypoint.predict.live import features_of, forward_starts, learn, predict
+from rallypoint.scheduling import SchedulingPolicy
+from rallypoint.sim.cluster import Cluster, Node
+from rallypoint.sim.twin import LiveSide
+from rallypoint.state import ClusterState
+
+T0 = 1_800_000_000.0
+
+
+def spec(name: str, gpus: int, *, limit: int | None = None, priority: str = "training-standard") -> JobSpec:
+    return JobSpec(
+        name=name,
+        team="vision",
+        gpus=gpus,
+        gpus_per_task=min(gpus, 8),
+        ranks_per_task=1,
+        command=("python", f"{name}.py"),
+        priority=priority,
+        time_limit_s=limit,
+    )
+
+
+def cluster_side(nodes: int = 2) -> LiveSide:
+    cluster = Cluster(nodes=tuple(Node(id=f"n{i}", rack="r0", gpus=8) for i in range(nodes)))
+    return LiveSide(cluster, SchedulingPolicy("fifo"))
+
+
+def submit(side: LiveSide, job_id: str, job: JobSpec, at: float) -> None:
+    side.append(JobSubmitted(job_id=job_id, spec=job, submitted_at=at))
+
+
+def run_cycle(side: LiveSide, now: float) -> None:
+    side.carry_out(side.cycle(now).writes, now)
+
+
+def taught(runtimes: dict[str, float]) -> RuntimeEstimator:
+    """An estimator that has seen two past runs of each name, each ``runtimes[name]`` long."""
+    side = cluster_side(nodes=1)
+    t = T0 - 200 * 86400.0
+    for name, seconds in runtimes.items():
+        for i in range(2):
+            job_id = f"past-{name}-{i}"
+            submit(side, job_id, spec(name, 8), t)
+            run_cycle(side, t)
+            t += seconds
+            side.append(JobCompleted(job_id=job_id, attempt=1, at=t))
+    estimator = RuntimeEstimator()
+    assert learn(estimator, side.state.jobs.values()) == 2 * len(runtimes)
+    return estimator
+
+
+def busy_cluster() -> ClusterState:
+    """Both nodes busy since T0 (a 1 h job on each), then a 16-GPU gang and an 8-GPU job waiting."""
+    side = cluster_side()
+    submit(side, "short", spec("short", 8), T0)
+    submit(side, "long", spec("long", 8), T0)
+    run_cycle(side, T0)
+    submit(side, "gang", spec("gang", 16), T0 + 10)
+    submit(side, "single", spec("single", 8), T0 + 20)
+    run_cycle(side, T0 + 20)
+    assert {j.job_id for j in side.state.pending_jobs()} == {"gang", "single"}
+    return side.state
+
+
+def test_waiting_jobs_start_when_the_estimated_ends_free_their_gpus_in_the_policys_order() -> None:
+    estimator = taught({"short": 600.0, "long": 3600.0, "gang": 1800.0, "single": 300.0})
+    state = busy_cluster()
+    before = state.hash()
+    predictions = predict(state, SchedulingPolicy("fifo"), estimator, T0 + 60)
+    assert state.hash() == before, "the live fold is never touched: each run forks its own"
+    # FIFO: the gang (first in line) needs both nodes, so it starts when the long job ends; the single
+    # job, behind it, waits for the gang (strict order), then starts when the gang's end frees a node
+    assert predictions.jobs["gang"].p50 == pytest.approx(T0 + 3600)
+    assert predictions.jobs["single"].p50 == pytest.approx(T0 + 3600 + 1800)
+    assert predictions.seq == state.last_seq and predictions.now == T0 + 60
+
+
+def test_the_p90_start_is_no_earlier_than_the_p50_start() -> None:
+    estimator = RuntimeEstimator()
+    side = cluster_side(nodes=1)
+    t = T0 - 200 * 86400.0
+    for i, seconds in enumerate((600.0, 600.0, 600.0, 600.0, 3000.0)):  # mostly 10 min, once 50
+        submit(side, f"past-{i}", spec("short", 8), t)
+        run_cycle(side, t)
+        t += seconds
+        side.append(JobCompleted(job_id=f"past-{i}", attempt=1, at=t))
+    learn(estimator, side.state.jobs.values())
+    state = busy_cluster()
+    predictions = predict(state, SchedulingPolicy("fifo"), estimator, T0 + 60)
+    for job_id, start in predictions.jobs.items():
+        assert start.p50 is not None and start.p90 is not None, job_id
+        assert start.p90 >= start.p50, job_id
+
+
+def test_a_job_that_cannot_start_within_the_horizon_gets_no_prediction() -> None:
+    estimator = taught({"short": 600.0, "long": 30 * 86400.0, "gang": 60.0, "single": 60.0})
+    predictions = predict(busy_cluster(), SchedulingPolicy("fifo"), estimator, T0 + 60, horizon_s=86400.0)
+    assert predictions.jobs["gang"].p50 is None  # the long job holds a node for 30 days
+
+
+def test_a_running_job_past_its_estimate_is_expected_to_run_on_not_to_have_ended() -> None:
+    estimator = taught({"short": 600.0, "long": 600.0, "gang": 60.0, "single": 60.0})
+    now = T0 + 7200  # both running jobs are past every runtime seen
+    starts = forward_starts(
+        busy_cluster(),
+        SchedulingPolicy("fifo"),
+        lambda job: estimator.estimate(features_of(job), now, now - (job.started_at or now)).p50,
+        now,
+    )
+    assert starts["gang"] > now
+
+
+def test_a_forward_run_is_deterministic() -> None:
+    estimator = taught({"short": 600.0, "long": 3600.0, "gang": 1800.0, "single": 300.0})
+    first = predict(busy_cluster(), SchedulingPolicy("fifo"), estimator, T0 + 60)
+    again = predict(busy_cluster(), SchedulingPolicy("fifo"), estimator, T0 + 60)
+    assert first == again
