@@ -266,6 +266,10 @@ class Handlers:
             priority_refusal=self._priority_refusal(who, spec),
             fair_use=self.fair_use,
         )
+        if answer.placement is not None:
+            answer.predicted_start = {"status": "now", "detail": "placed at the next cycle"}
+        elif answer.would_admit:
+            answer.predicted_start = await self.predictions.dry_run(spec)
         return dry_run_response(answer, reader)
 
     async def _secrets_refusal(
@@ -764,5 +768,6 @@ def build_app(
     add_dashboard_routes(app)  # GET /: the web dashboard over this same API
     # queues: the scheduler's queue file, when the API was given one (rally queues shows nominal quotas)
     add_history_routes(app, log, follower, getattr(config, "queues", None), config.drain)
-    add_why_routes(app, log, follower, getattr(config, "queues", None))  # rally why: reasons in numbers
+    # rally why: reasons in numbers, and the predicted start
+    add_why_routes(app, log, follower, getattr(config, "queues", None), handlers.predictions)
     return app

@@ -80,7 +80,9 @@ class DryRun(msgspec.Struct, kw_only=True):
     waiting); ``queue`` it would wait in and ``quota`` that queue's room for the GPU type it would use
     (null: an unlimited queue); ``placement`` at the next cycle, else ``reason``; ``explanation``: what
     would let a waiting job start (``rally why``'s numbers); ``job_id``: the id an Idempotency-Key gives
-    (null without one); ``predicted_start``: null, the cluster predicts no start times yet;
+    (null without one); ``predicted_start``: when it would start (the predictor's run forward with the job
+    submitted now; ``status`` ``now`` when it would be placed at the next cycle, ``unavailable`` without a
+    predictor, null when it would not be admitted);
     ``log_position``: the fold's sequence the answer was computed at."""
 
     would_admit: bool
@@ -90,7 +92,7 @@ class DryRun(msgspec.Struct, kw_only=True):
     placement: DryPlacement | None
     reason: DryReason | None
     explanation: Explanation | None
-    predicted_start: float | None = None
+    predicted_start: dict[str, Any] | None = None
     log_position: int
 
 

@@ -17,7 +17,8 @@ import msgspec
 import nats.errors
 from nats.aio.client import Client
 
-from rallypoint.events import subjects
+from rallypoint.events import JobSpec, subjects
+from rallypoint.predict.live import PredictedStart
 from rallypoint.predict.refresh import Answer
 from rallypoint.state import JobView
 
@@ -26,7 +27,11 @@ __all__ = ["CACHE_S", "StartPredictions", "render_predicted_start"]
 _log = logging.getLogger("rallypoint.api.predictions")
 CACHE_S = 2.0
 ASK_TIMEOUT_S = 1.0
+# A dry run's prediction is a run forward of its own: the answer waits for it, up to this long.
+DRY_RUN_TIMEOUT_S = 2.0
 _decode = msgspec.json.Decoder(Answer).decode
+_decode_start = msgspec.json.Decoder(PredictedStart).decode
+_UNAVAILABLE = {"status": "unavailable", "detail": "the predictor has not answered (is it running?)"}
 
 
 class StartPredictions:
@@ -62,6 +67,18 @@ class StartPredictions:
         self._asked_at = time.monotonic()
         return self._answer
 
+    async def dry_run(self, spec: JobSpec) -> dict[str, Any]:
+        """When a job of ``spec`` submitted now would start, as the predictor runs it forward."""
+        try:
+            reply = await self._client().request(
+                subjects.query("predictor", "dryrun"), msgspec.json.encode(spec), timeout=DRY_RUN_TIMEOUT_S
+            )
+            start = _decode_start(reply.data)
+        except (nats.errors.Error, TimeoutError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            _log.debug("no dry-run prediction (%s)", type(exc).__name__)
+            return dict(_UNAVAILABLE)
+        return {**_start_fields(start), "computed_at": time.time()}
+
 
 def render_predicted_start(job: JobView, answer: Answer | None) -> dict[str, Any] | None:
     """A pending job's predicted start as the answer has it; None for a job that is not waiting."""
@@ -69,18 +86,19 @@ def render_predicted_start(job: JobView, answer: Answer | None) -> dict[str, Any
         return None
     predictions = answer.predictions if answer is not None else None
     if answer is None or predictions is None:
-        return {"status": "unavailable", "detail": "the predictor has not answered (is it running?)"}
+        return dict(_UNAVAILABLE)
     computed = {"computed_at": predictions.now, "computed_at_seq": predictions.seq, "policy": answer.policy}
     start = predictions.jobs.get(job.job_id)
     if start is None:
         return {"status": "pending-refresh", "detail": "submitted after the last prediction", **computed}
-    status = "predicted" if start.p50 is not None else "beyond-horizon"
+    return {**_start_fields(start), "horizon_s": predictions.horizon_s, **computed}
+
+
+def _start_fields(start: PredictedStart) -> dict[str, Any]:
     return {
-        "status": status,
+        "status": "predicted" if start.p50 is not None else "beyond-horizon",
         "p50": start.p50,
         "p90": start.p90,
         "runtime_p50_s": start.runtime_p50_s,
         "runtime_from": start.runtime_key,
-        "horizon_s": predictions.horizon_s,
-        **computed,
     }

@@ -4,8 +4,8 @@ The answer joins three things the API already holds: the job's current pending r
 the scheduler last wrote it), the reason history (the job's ``JobPending`` events, read from the log as
 ``rally show`` reads them: when each reason started and what ended it) and, for a pending job, the core's
 ``explain`` of the fold's cluster under the queue file this API was given: free GPUs per type, quota
-room, and what would let it start. ``predicted_start`` stays null: the cluster does not predict start
-times yet, and a guess would be worse than nothing.
+room, and what would let it start; and its ``predicted_start`` as the job views have it (the predictor
+service's, docs/prediction.md).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from rallypoint.state import ClusterState, JobView
 from .auth import not_theirs
 from .fold import FoldFollower
 from .ledger import job_events
+from .predictions import StartPredictions, render_predicted_start
 from .problems import not_found
 from .reads import FoldReads, document_fold_read
 from .views import audience, pending_reason
@@ -64,7 +65,7 @@ class Why(msgspec.Struct, kw_only=True):
     reason: dict[str, Any] | None
     explanation: Explanation | None
     history: list[ReasonSpan]
-    predicted_start: float | None = None
+    predicted_start: dict[str, Any] | None = None
     seq: int
 
 
@@ -99,9 +100,12 @@ def reason_spans(
 
 
 class WhyHandlers:
-    def __init__(self, log: EventLog, follower: FoldFollower, queues: Queues | None) -> None:
+    def __init__(
+        self, log: EventLog, follower: FoldFollower, queues: Queues | None, predictions: StartPredictions
+    ) -> None:
         self.log = log
         self.follower = follower
+        self.predictions = predictions
         core: tuple[tuple[Queue, ...], tuple[PriorityClass, ...]] = (
             core_queues(queues) if queues is not None else ((), DEFAULT_PRIORITY_CLASSES)
         )
@@ -137,6 +141,8 @@ class WhyHandlers:
             history=[],
             seq=self.state.last_seq,
         )
+        if job.state == "pending":
+            body.predicted_start = render_predicted_start(job, await self.predictions.current())
         story = job_history(await job_events(self.log, job_id), job_id)
         if story is not None:
             body.history = reason_spans(story.reasons, story.attempts, story.ended_at)
@@ -145,9 +151,13 @@ class WhyHandlers:
 
 
 def add_why_routes(
-    app: web.Application, log: EventLog, follower: FoldFollower, queues: Queues | None
+    app: web.Application,
+    log: EventLog,
+    follower: FoldFollower,
+    queues: Queues | None,
+    predictions: StartPredictions,
 ) -> None:
-    handlers = WhyHandlers(log, follower, queues)
+    handlers = WhyHandlers(log, follower, queues, predictions)
     reads = FoldReads(follower, READY_WAIT_S)
     app.router.add_get("/v1/jobs/{job_id}/why", reads(handlers.why, reads_log=True))
 

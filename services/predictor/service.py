@@ -1,5 +1,5 @@
 """`rally serve predictor`: every waiting job's predicted start (P50, P90), answered on
-``q.predictor.starts`` (docs/prediction.md).
+``q.predictor.starts``; a dry run's on ``q.predictor.dryrun`` (docs/prediction.md).
 
 It follows the whole log from its start (runtimes are learned from every job that ever ended, so it keeps
 no snapshot), reads the scheduler leader's recorded settings, and refreshes its predictions every
@@ -13,13 +13,14 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 
+import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rallypoint.eventlog import EventLog, EventLogError
-from rallypoint.events import SchedulerSettings, subjects
+from rallypoint.events import JobSpec, SchedulerSettings, subjects
 from rallypoint.predict.live import HORIZON_S, MAX_CYCLES
 from rallypoint.predict.refresh import Predictor, Settings
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
@@ -128,8 +129,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         async def answer(msg: Msg) -> None:
             await msg.respond(predictor.encoded)
 
+        async def dry_run(msg: Msg) -> None:
+            try:
+                spec = msgspec.json.decode(msg.data, type=JobSpec)
+                start = await predictor.dry_run(spec)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                await msg.respond(msgspec.json.encode({"error": str(exc)}))
+                return
+            await msg.respond(msgspec.json.encode(start))
+
         # A queue group: any number of predictor replicas share the queries.
         await nc.subscribe(subjects.query("predictor", "starts"), queue="predictor", cb=answer)
+        await nc.subscribe(subjects.query("predictor", "dryrun"), queue="predictor", cb=dry_run)
         await refresh_forever(ctx, follower, predictor, args.interval)
         return 0
 

@@ -5,8 +5,8 @@ workload: two 8-GPU jobs fill the cluster, two more wait. The predictor service 
 forward under the scheduler's own policy with the learned runtimes, so each waiting job must be predicted
 to start when the job ahead of it ends; the jobs then run, and each predicted P50 must lie within
 ``TOLERANCE_S`` of the job's actual start (the gap is the cluster's own reaction: a completion noticed,
-a cycle, a launch). `rally jobs` shows the START column, `rally show` the PredictedStart line, and the
-predictor's /metrics scores what happened.
+a cycle, a launch). `rally jobs` shows the START column, `rally show` the PredictedStart line, `rally why` its
+line, a dry run of one more job its own predicted start, and the predictor's /metrics scores what happened.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import pytest
 
 from rallypoint.cli.main import main
 from rallypoint.localcluster import LocalCluster
+from rallypoint.localcluster.http import call
 
 pytestmark = pytest.mark.slow
 
@@ -107,6 +108,14 @@ def test_waiting_jobs_are_predicted_to_start_when_the_jobs_ahead_end_and_do(
         ends = sorted(s + start["runtime_p50_s"] for s in started.values())
         assert min(abs(start["p50"] - end) for end in ends) < 1.0, (start, ends)
 
+    # a dry run of one more such job: admitted, waiting, and predicted to start no earlier than those ahead
+    body = {"name": "train", "team": "e2e", "gpus": 8, "gpus_per_task": 8, "command": ["sleep", "1"]}
+    status, dry = call("POST", f"{cluster.api_url}/v1/jobs?dry_run=true", body)
+    assert status == 200 and dry["would_admit"] and dry["placement"] is None, dry
+    assert dry["predicted_start"]["status"] == "predicted", dry
+    assert dry["predicted_start"]["p50"] >= max(p["p50"] for p in predictions.values()) - 1.0, dry
+
+    assert "Predicted start: in " in rally(cluster, monkeypatch, "why", waiting[0])
     table = rally(cluster, monkeypatch, "jobs", "--state", "pending")
     assert "START" in table.splitlines()[0]
     assert any(line.startswith(waiting[0]) and " in " in line for line in table.splitlines()), table

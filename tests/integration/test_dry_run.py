@@ -76,7 +76,11 @@ async def dry_run(
 async def answer(resp: Any) -> dict[str, Any]:
     assert resp.status == 200, await resp.text()
     body: dict[str, Any] = await resp.json()
-    assert body["predicted_start"] is None
+    # no predictor runs beside this API: a waiting job's start is said to be unknown, a placed one's is now
+    start = body["predicted_start"]
+    assert start is None or start["status"] in {"now", "unavailable"}, start
+    if body["placement"] is not None:
+        assert start == {"status": "now", "detail": "placed at the next cycle"}
     return body
 
 

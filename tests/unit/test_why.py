@@ -180,8 +180,11 @@ def test_the_table_has_the_reason_its_numbers_what_would_start_it_and_the_histor
     assert "h100 GPUs" in text and "1 free of 16 schedulable" in text
     assert "What would let it start\n  - 1 more free h100 GPUs (it needs 2; 1 free)" in text
     assert "Reason history" in text and "1:00" in text
-    assert "Predicted start" not in text  # the cluster predicts nothing: no line, not a guess
-    assert "Predicted start: " in format_why(answer(400.0), now=160.0)
+    assert "Predicted start" not in text  # no prediction (not pending, or no predictor): no line, no guess
+    predicted = {"status": "predicted", "p50": 400.0, "p90": 700.0, "runtime_p50_s": 600.0}
+    shown = format_why(answer({**predicted, "runtime_from": "team+name", "computed_at_seq": 7}), now=160.0)
+    said = "Predicted start: in 4m (p90 9m); own runtime ~10m from team+name history, as of log seq 7"
+    assert said in shown
 
 
 def test_an_unreachable_api_is_one_line_and_a_non_zero_exit(capsys: pytest.CaptureFixture[str]) -> None:

@@ -418,7 +418,7 @@ def format_dry_run(answer: dict[str, Any]) -> str:
     if (quota := answer.get("quota")) is not None:
         lines.append(f"Quota: {_quota_text(quota)}")
     if (start := answer.get("predicted_start")) is not None:
-        lines.append(f"Predicted start: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(start))}")
+        lines.append(f"Predicted start: {start_text(start, now=time.time(), long=True)}")
     if answer.get("job_id"):
         lines.append(f"Job id: {answer['job_id']} (its Idempotency-Key's)")
     lines.append(f"Log position: {answer['log_position']} (nothing was submitted)")
@@ -666,15 +666,18 @@ def start_text(predicted: dict[str, Any] | None, *, now: float, long: bool = Fal
     if not predicted:
         return "-"
     status = predicted.get("status")
+    if status == "now":
+        return "now"
     if status == "predicted":
         p50, p90 = float(predicted["p50"]), predicted.get("p90")
         text = "now" if p50 <= now else f"in {span(p50 - now)}"
         if p90 is not None and float(p90) > p50:
             text += f" (p90 {'now' if float(p90) <= now else span(float(p90) - now)})"
         if long:
-            runtime = f"; own runtime ~{span(float(predicted['runtime_p50_s']))}"
-            text += f"{runtime} from {predicted.get('runtime_from')} history, as of log seq "
-            text += str(predicted.get("computed_at_seq"))
+            text += f"; own runtime ~{span(float(predicted['runtime_p50_s']))}"
+            text += f" from {predicted.get('runtime_from')} history"
+            if predicted.get("computed_at_seq") is not None:
+                text += f", as of log seq {predicted['computed_at_seq']}"
         return text
     if status == "beyond-horizon":
         return f"beyond {span(float(predicted.get('horizon_s') or 0))}"

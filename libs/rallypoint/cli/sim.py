@@ -17,7 +17,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "sim",
         help="trace-driven simulation with the real scheduling core",
         description="rally sim [compare|twin|predict] --workload FILE --cluster FILE [--queues FILE] "
-        "--policy NAME[,..]",
+        "--policy NAME[,..]; or rally sim --from-log LOG.jsonl [--queues FILE] [--policy NAME]: the "
+        "recorded decisions reproduced, and the recorded arrivals replayed under other settings, compared "
+        "per team with what happened",
     )
     p.add_argument(
         "mode",
@@ -28,11 +30,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "decides byte for byte as the simulator at every instant (twin; exit 1 on a difference), or "
         "measure how well starts and runtimes are predicted at each job's submit (predict)",
     )
-    p.add_argument("--workload", required=True, help="JSON Lines workload (see docs/simulator.md)")
-    p.add_argument("--cluster", required=True, help="cluster file, JSON or YAML")
+    p.add_argument("--workload", help="JSON Lines workload (see docs/simulator.md)")
+    p.add_argument("--cluster", help="cluster file, JSON or YAML")
+    p.add_argument(
+        "--from-log",
+        metavar="LOG",
+        help="a cluster's history (`rally replay --export` JSON Lines) instead of --workload/--cluster: "
+        "reproduce its decisions and replay its arrivals under --policy / --queues (docs/prediction.md)",
+    )
     p.add_argument("--queues", help="queue configuration, JSON or YAML (teams, quotas, priority classes)")
     p.add_argument(
-        "--policy", required=True, help="fifo, easy-backfill, las, rallypoint (comma list for compare)"
+        "--policy",
+        help="fifo, easy-backfill, las, rallypoint (comma list for compare); --from-log: default the "
+        "policy the log's leader recorded",
     )
     p.add_argument(
         "--json",
@@ -127,6 +137,61 @@ def _figure(v: object) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
+def _from_log(args: argparse.Namespace) -> int:
+    """``rally sim --from-log LOG``: one JSON object (``--json``) or a per-team table."""
+    from rallypoint.cli.replay import load_history
+    from rallypoint.scheduling.queues import QueuesError, load_queues
+    from rallypoint.sim.engine import SimError
+    from rallypoint.sim.fromlog import from_log
+    from rallypoint.sim.run import resolve_policy
+
+    if args.mode != "run" or args.workload or args.cluster:
+        return _err("--from-log replaces --workload and --cluster, and runs alone (no compare/twin/predict)")
+    try:
+        if args.policy is not None:
+            resolve_policy(args.policy)
+        queues = load_queues(args.queues) if args.queues else None
+        report = from_log(load_history(args.from_log), policy=args.policy, queues=queues)
+    except (QueuesError, SimError, ValueError) as e:
+        return _err(str(e))
+    except OSError as e:
+        return _err(f"{e.filename or ''}: {e.strerror or e}")
+    if args.json_out:
+        text = json.dumps(report, sort_keys=True)
+        if args.json_out == "-":
+            print(text)
+        else:
+            Path(args.json_out).write_text(text + "\n")
+    if args.json_out != "-":
+        print(_from_log_table(report))
+    return 0 if report["decisions_identical"] else 1
+
+
+def _from_log_table(report: dict[str, object]) -> str:
+    lines = [
+        f"reproduced {report['verified']}/{report['decisions']} recorded decisions "
+        f"({'identical' if report['decisions_identical'] else 'NOT identical'}) under the recorded settings",
+        f"what-if: {report['jobs']} jobs on {report['nodes']} nodes ({report['gpus']} GPUs) under "
+        f"{report['policy']} (recorded: {report['recorded_policy']})",
+        f"{'TEAM':<16}{'':<10}{'JOBS':>6}{'WAIT avg':>11}{'WAIT p90':>11}{'JCT avg':>11}"
+        f"{'GPU-h':>10}{'PREEMPT':>9}",
+    ]
+    teams = report["teams"]
+    assert isinstance(teams, dict)
+    for team, sides in teams.items():
+        for side in ("actual", "simulated"):
+            f = sides.get(side) or {}
+            lines.append(
+                f"{team:<16}{side:<10}{f.get('jobs', 0):>6}{f.get('mean_wait_s', 0):>11.1f}"
+                f"{f.get('p90_wait_s', 0):>11.1f}{f.get('mean_jct_s', 0):>11.1f}"
+                f"{f.get('gpu_hours', 0):>10.3f}{f.get('preemptions', 0):>9}"
+            )
+    utilization = report["utilization"]
+    assert isinstance(utilization, dict)
+    lines.append(f"utilization: actual {utilization['actual']}, simulated {utilization['simulated']}")
+    return "\n".join(lines)
+
+
 def handle(args: argparse.Namespace) -> int:
     from rallypoint.sim.engine import SimError, SimOptions
     from rallypoint.sim.run import (
@@ -138,6 +203,13 @@ def handle(args: argparse.Namespace) -> int:
         write_outputs,
     )
 
+    if args.from_log:
+        return _from_log(args)
+    missing = [
+        flag for flag, value in (("--workload", args.workload), ("--cluster", args.cluster)) if not value
+    ]
+    if missing or args.policy is None:
+        return _err(f"{', '.join([*missing, *(['--policy'] if args.policy is None else [])])} required")
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     if not policies:
         return _err("--policy is empty")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .client import ApiClient, ApiError, ApiUnreachable, resolve_api_url
-from .jobs_cmds import EXIT_ERROR, EXIT_OK, _api_arg, format_elapsed, format_table, pending_text
+from .jobs_cmds import EXIT_ERROR, EXIT_OK, _api_arg, format_elapsed, format_table, pending_text, start_text
 from .output import add_output_args, emit
 
 
@@ -58,7 +58,7 @@ def format_why(why: dict[str, Any], *, now: float) -> str:
     if explanation:
         blocks += [numbers(explanation), would_start(explanation["would_start"])]
     if why.get("predicted_start") is not None:
-        blocks.append(f"Predicted start: {clock(why['predicted_start'])}")
+        blocks.append(f"Predicted start: {start_text(why['predicted_start'], now=now, long=True)}")
     blocks.append(history(why.get("history") or [], now=now))
     return "\n\n".join(blocks)
 

@@ -18,15 +18,18 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from rallypoint.core.types import PriorityClass, Queue
-from rallypoint.events import SchedulerSettings
+from rallypoint.events import JobSpec, JobSubmitted, SchedulerSettings
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.state import ClusterState
 
-from .live import HORIZON_S, MAX_CYCLES, Predictions, learn, predict, runtime_of
+from .live import HORIZON_S, MAX_CYCLES, PredictedStart, Predictions, learn, predict, runtime_of
 from .runtimes import RuntimeEstimator
 from .tracking import Accuracy, AccuracyTracker
 
-__all__ = ["Answer", "Predictor", "Settings", "policy_of"]
+__all__ = ["DRY_RUN_JOB", "Answer", "Predictor", "Settings", "policy_of"]
+
+#: The id a dry run's job takes in the fork (no real id has this form: they are ``j-`` and hex).
+DRY_RUN_JOB = "dry-run"
 
 _log = logging.getLogger("rallypoint.predictor")
 
@@ -82,6 +85,8 @@ class Predictor:
         self.refresh_s = 0.0
         self.latest: Predictions | None = None
         self.encoded = self._encode()
+        # one run at a time: the estimator's clock only moves forward, and runs take ``now`` from the clock
+        self._running = asyncio.Lock()
 
     def observe(self, job_ids: set[str] | None) -> None:
         """Learn from the jobs ``job_ids`` (None: all of them) as the fold has them now."""
@@ -103,22 +108,35 @@ class Predictor:
             else:
                 self.tracker.completed(view.job_id, runtime)
 
+    async def _predict(self, fork: ClusterState, now: float | None) -> Predictions:
+        """Predictions for ``fork`` (a copy), computed off the event loop, one run at a time."""
+        async with self._running:
+            at = time.time() if now is None else now
+            return await asyncio.to_thread(
+                predict,
+                fork,
+                self.policy,
+                self.estimator,
+                at,
+                learned_jobs=self.learned,
+                horizon_s=self.horizon_s,
+                max_cycles=self.max_cycles,
+            )
+
+    async def dry_run(self, spec: JobSpec, now: float | None = None) -> PredictedStart:
+        """The predicted start of a job with ``spec`` if it were submitted now (``POST /v1/jobs?dry_run``):
+        a fork with its submission folded in, run forward as a refresh is."""
+        fork = ClusterState.decode(self._state().encode())
+        at = time.time() if now is None else now
+        fork.apply(fork.last_seq + 1, JobSubmitted(job_id=DRY_RUN_JOB, spec=spec, submitted_at=at))
+        return (await self._predict(fork, at)).jobs[DRY_RUN_JOB]
+
     async def refresh(self, now: float | None = None) -> Predictions:
         """New predictions for the fold as it is now, computed off the event loop."""
         self.policy = policy_of(await self._settings())
         fork = ClusterState.decode(self._state().encode())
         began = time.perf_counter()
-        at = time.time() if now is None else now
-        predictions = await asyncio.to_thread(
-            predict,
-            fork,
-            self.policy,
-            self.estimator,
-            at,
-            learned_jobs=self.learned,
-            horizon_s=self.horizon_s,
-            max_cycles=self.max_cycles,
-        )
+        predictions = await self._predict(fork, now)
         self.refresh_s = time.perf_counter() - began
         self.latest = predictions
         self.tracker.remember(predictions)
