@@ -88,6 +88,15 @@ async def test_heat_map_queue_gpus_and_job_timeline_in_a_headless_browser(
             "the waiting job in the queue",
         )
         assert "waiting" in row and "demo" in row
+        # its predicted start, once the predictor's next refresh has seen it: the job ahead has no history,
+        # so it is expected to run an hour (docs/prediction.md) and the waiting job to start then
+        start = await browser.until(
+            f"(c => c && c.innerText.startsWith('in ') && c.innerText)(document.querySelector("
+            f"'tr.queue-row[data-job=\"{waiting}\"] td.predicted-start'))",
+            "the waiting job's predicted start",
+            timeout=60,
+        )
+        assert "min" in start, start
         await browser.screenshot(shots / "queue.png")
 
         # the first job ends: the waiting one binds and its 4 GPUs show it, in one node

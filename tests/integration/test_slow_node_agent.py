@@ -83,8 +83,9 @@ async def test_a_slow_simulated_node_really_slows_its_rank(
     assert beat.nics[0].speed_gbps == 200.0
     assert beat.gpus[0].ecc_corrected > 0 and beat.gpus[1].ecc_corrected == 0
     # Stopped 2/3 of each 50 ms period: a 10 ms step that ends in a stopped phase waits for its end,
-    # 2.5x in theory; CPU-bound steps measured 1.5x on a busy host, where the normal ones slow as well.
-    assert statistics.median(slow) > 1.8 * statistics.median(normal), (normal, slow)
+    # 2.5x in theory; 1.67x measured on a host loaded by a whole test run (the agent that stops and
+    # continues the rank is late too), where the normal steps slow as well. Unslowed is 1.0x.
+    assert statistics.median(slow) > 1.4 * statistics.median(normal), (normal, slow)
 
     faults.write_text("")
     back, _ = await step_times(event_log, 3, after=time.time() + SETTLE_S)

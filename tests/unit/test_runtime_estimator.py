@@ -42,6 +42,14 @@ def test_no_history_answers_the_time_limit() -> None:
     assert (e.p50, e.p90, e.key) == (3600.0, 3600.0, "none")
 
 
+def test_a_running_job_of_no_history_is_expected_to_run_what_it_was_at_submit() -> None:
+    """Not half as long again as its first seconds: a job 3 s in would be expected to end at 4.5 s."""
+    unlimited = JobFeatures(team="a", gpus=1)
+    assert RuntimeEstimator().estimate(unlimited, 0.0, elapsed_s=3.0).p50 == 3600.0  # one hour, no limit
+    assert RuntimeEstimator().estimate(A1, 0.0, elapsed_s=3.0).p50 == 3600.0  # its limit
+    assert RuntimeEstimator().estimate(unlimited, 0.0, elapsed_s=7200.0).p50 == 10800.0  # past the hour
+
+
 def test_a_running_job_is_answered_from_longer_runs_only() -> None:
     est = fed([(A1, r) for r in (100.0, 200.0, 300.0, 2000.0, 3000.0)])
     e = est.estimate(A1, 10.0, elapsed_s=500.0)

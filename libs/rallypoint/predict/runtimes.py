@@ -118,16 +118,22 @@ class RuntimeEstimator:
             raise ValueError(f"asked for {now}, but the estimator already saw an end at {self.clock}")
         self.clock = now
         limit = features.time_limit_s
+        remembered = False
         for key in _keys(features):
             runs = self._history.get(key)
             if runs is None:
                 continue
+            remembered = True
             longer = sorted(r for r in runs if r > elapsed_s)
             if len(longer) >= self.min_samples:
                 return self._capped(
                     quantile(longer, 0.5), quantile(longer, 0.9), limit, elapsed_s, key[0], len(longer)
                 )
-        guess = elapsed_s * (1.0 + _TAIL_GROWTH) if elapsed_s > 0 else (limit or _NO_HISTORY_S)
+        # Past every runtime remembered: half as long again. With nothing remembered at all, what a job of
+        # no history is expected to run at its submit (its limit, else an hour), or longer if it already has:
+        # a job that just started would otherwise be expected to end within seconds.
+        grown = elapsed_s * (1.0 + _TAIL_GROWTH)
+        guess = grown if remembered else max(grown, limit or _NO_HISTORY_S)
         return self._capped(guess, guess, limit, elapsed_s, "none", 0)
 
     @staticmethod

@@ -275,7 +275,7 @@ function queueTable(pending) {
     || a.submitted_seq - b.submitted_seq);
   const now = Date.now() / 1000;
   const table = el("table", { id: "queue" }, el("tr", {}, ...["#", "job", "team", "GPUs", "priority", "waiting",
-    "reason"].map((h) => el("th", {}, h))));
+    "predicted start", "reason"].map((h) => el("th", {}, h))));
   for (const job of rows) {
     const reason = job.pending_reason || {};
     table.append(el("tr", { class: "queue-row", "data-job": job.job_id },
@@ -283,10 +283,25 @@ function queueTable(pending) {
       el("td", {}, link(`#/job/${job.job_id}`, job.name)),
       el("td", {}, job.team), el("td", {}, String(job.gpus)), el("td", {}, job.priority),
       el("td", {}, duration(now - job.submitted_at)),
+      el("td", { class: "predicted-start" }, startText(job.predicted_start, now)),
       el("td", {}, el("b", {}, reason.code || ""), " ", reason.message || "")));
   }
-  if (!rows.length) table.append(el("tr", {}, el("td", { colspan: 7, class: "muted" }, "nothing waiting")));
+  if (!rows.length) table.append(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "nothing waiting")));
   return table;
+}
+
+// A waiting job's predicted start (docs/prediction.md): "in 12m (p90 40m)", as `rally jobs` shows it.
+function startText(predicted, now) {
+  if (!predicted) return "—";
+  if (predicted.status === "predicted") {
+    const p50 = predicted.p50 <= now ? "now" : `in ${duration(predicted.p50 - now)}`;
+    const p90 = predicted.p90 !== null && predicted.p90 > predicted.p50
+      ? ` (p90 ${predicted.p90 <= now ? "now" : duration(predicted.p90 - now)})` : "";
+    return p50 + p90;
+  }
+  if (predicted.status === "beyond-horizon") return `beyond ${duration(predicted.horizon_s)}`;
+  if (predicted.status === "pending-refresh") return "soon known";
+  return "unknown";
 }
 
 function teamTable(active, pending, queues) {
@@ -557,6 +572,7 @@ function details(job) {
     ["attempt", String(job.attempt)], ["nodes", job.nodes.join(", ") || "—"],
     ["pending reason", job.pending_reason ? `${job.pending_reason.code}: ${job.pending_reason.message}` : "—"],
     ["queue position", job.queue_position === null ? "—" : String(job.queue_position)],
+    ["predicted start", startText(job.predicted_start, Date.now() / 1000)],
     ["submitted", when(job.submitted_at)], ["bound", when(job.bound_at)], ["started", when(job.started_at)],
     ["ended", when(job.ended_at)], ["preemptions", String(job.preemptions)],
     ["infra failures", String(job.recovery.infra_failures)], ["lost GPU-seconds", job.recovery.lost_gpu_s.toFixed(1)],
