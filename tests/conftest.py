@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import resource
 import shutil
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -42,6 +44,33 @@ def _start_rank(item: pytest.Item) -> int:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_start_rank)
+
+
+# RALLY_TEST_CPU=FOLDER: each worker appends, per test module, the CPU seconds it and every process it
+# started and reaped (clusters, servers, ranks) spent from the module's first setup to its last teardown,
+# to FOLDER/<pid>.tsv. The suite is CPU-bound on 2 cores; this says where the CPU goes.
+_CPU_REPORT = os.environ.get("RALLY_TEST_CPU")
+_module_cpu: dict[str, float] = {}
+
+
+def _cpu_now() -> float:
+    own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _CPU_REPORT:
+        _module_cpu.setdefault(item.nodeid.split("::")[0], _cpu_now())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield
+    module = item.nodeid.split("::")[0]
+    if _CPU_REPORT and (nextitem is None or nextitem.nodeid.split("::")[0] != module):
+        spent = _cpu_now() - _module_cpu.pop(module, _cpu_now())
+        with open(os.path.join(_CPU_REPORT, f"{os.getpid()}.tsv"), "a") as out:
+            out.write(f"{spent:.2f}\t{module}\n")
 
 
 @pytest.fixture(scope="session")
