@@ -56,7 +56,7 @@ from .http_metrics import metrics_middleware
 from .metrics import PROMETHEUS_CONTENT_TYPE, read_index_metrics, render_metrics
 from .node_ops import add_node_routes
 from .openapi import openapi_document
-from .predictions import StartPredictions, render_predicted_start
+from .predictions import StartPredictions, add_predictions_route, render_predicted_start
 from .problems import PROBLEM_JSON, invalid_spec, not_found, problem, unavailable, unparseable
 from .readindex import ReadIndex, stream_tip
 from .reads import FoldReads, ready_to_read
@@ -770,4 +770,5 @@ def build_app(
     add_history_routes(app, log, follower, getattr(config, "queues", None), config.drain)
     # rally why: reasons in numbers, and the predicted start
     add_why_routes(app, log, follower, getattr(config, "queues", None), handlers.predictions)
+    add_predictions_route(app, handlers.predictions)  # rally predictions: how, and how good
     return app

@@ -35,6 +35,7 @@ from .auth import with_security
 from .dashboard import dashboard_paths
 from .dryrun import dry_run_ok, dry_run_parameter, dry_run_schemas
 from .history_openapi import comma_list, history_paths, history_schemas
+from .predictions import predictions_paths, predictions_schemas
 from .reads import document_fold_read
 from .why import why_paths, why_schemas
 
@@ -892,6 +893,7 @@ def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
             },
             **history_paths(),
             **why_paths(),
+            **predictions_paths(),
             **dashboard_paths(),
             "/metrics": {
                 "get": {
@@ -912,6 +914,7 @@ def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
                 "JobSpec": job_spec,
                 **history_schemas(),
                 **why_schemas(),
+                **predictions_schemas(),
                 **dry_run_schemas(),
             }
         },

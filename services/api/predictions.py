@@ -15,14 +15,24 @@ from typing import Any
 
 import msgspec
 import nats.errors
+from aiohttp import web
 from nats.aio.client import Client
 
 from rallypoint.events import JobSpec, subjects
 from rallypoint.predict.live import PredictedStart
 from rallypoint.predict.refresh import Answer
+from rallypoint.predict.tracking import Accuracy
 from rallypoint.state import JobView
 
-__all__ = ["CACHE_S", "StartPredictions", "render_predicted_start"]
+__all__ = [
+    "CACHE_S",
+    "StartPredictions",
+    "add_predictions_route",
+    "predictions_paths",
+    "predictions_schemas",
+    "render_predicted_start",
+]
+_REF = "#/components/schemas/{name}"
 
 _log = logging.getLogger("rallypoint.api.predictions")
 CACHE_S = 2.0
@@ -101,4 +111,68 @@ def _start_fields(start: PredictedStart) -> dict[str, Any]:
         "p90": start.p90,
         "runtime_p50_s": start.runtime_p50_s,
         "runtime_from": start.runtime_key,
+    }
+
+
+class PredictionsSummary(msgspec.Struct, kw_only=True):
+    """``GET /v1/predictions``: how the cluster's predictions are made now and how good they were.
+    ``available`` false: no predictor answered (the rest is then empty). ``accuracy``: counts since the
+    predictor started; ``shares``: the same as shares of the jobs scored (null before any)."""
+
+    available: bool
+    policy: str | None = None
+    computed_at: float | None = None
+    computed_at_seq: int | None = None
+    refresh_s: float | None = None
+    waiting_jobs: int = 0
+    learned_jobs: int = 0
+    horizon_s: float | None = None
+    accuracy: Accuracy | None = None
+    shares: dict[str, float | None] = {}
+
+
+def summary(answer: Answer | None) -> PredictionsSummary:
+    if answer is None:
+        return PredictionsSummary(available=False)
+    found = answer.predictions
+    return PredictionsSummary(
+        available=True,
+        policy=answer.policy,
+        computed_at=found.now if found else None,
+        computed_at_seq=found.seq if found else None,
+        refresh_s=answer.refresh_s,
+        waiting_jobs=len(found.jobs) if found else 0,
+        learned_jobs=found.learned_jobs if found else 0,
+        horizon_s=found.horizon_s if found else None,
+        accuracy=answer.accuracy,
+        shares=answer.shares,
+    )
+
+
+def add_predictions_route(app: web.Application, predictions: StartPredictions) -> None:
+    """``GET /v1/predictions``: any token (it names no job)."""
+
+    async def get(_: web.Request) -> web.Response:
+        body = msgspec.json.encode(summary(await predictions.current()))
+        return web.Response(body=body, content_type="application/json")
+
+    app.router.add_get("/v1/predictions", get)
+
+
+def predictions_schemas() -> dict[str, Any]:
+    _, components = msgspec.json.schema_components([PredictionsSummary], ref_template=_REF)
+    return components
+
+
+def predictions_paths() -> dict[str, Any]:
+    ok = {"application/json": {"schema": {"$ref": _REF.format(name="PredictionsSummary")}}}
+    return {
+        "/v1/predictions": {
+            "get": {
+                "operationId": "getPredictions",
+                "summary": "How start times are predicted now (policy, log position, history learned from) "
+                "and how good the predictions were (docs/prediction.md)",
+                "responses": {"200": {"description": "The predictor's summary.", "content": ok}},
+            }
+        }
     }

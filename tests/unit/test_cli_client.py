@@ -394,3 +394,26 @@ def test_wait_reports_changes_and_exit_codes() -> None:
         job(state="failed", reason="rank 0 was lost", exit_code=-1),
     ):
         assert wait(ended) == 125
+
+
+def test_rally_predictions_says_how_and_how_well_or_that_nothing_predicts() -> None:
+    from rallypoint.cli.predictions_cmds import format_predictions
+
+    assert format_predictions({"available": False}).startswith("No predictor answered")
+    summary = {
+        "available": True,
+        "policy": "rallypoint",
+        "computed_at_seq": 42,
+        "refresh_s": 0.0123,
+        "waiting_jobs": 3,
+        "learned_jobs": 17,
+        "accuracy": {"starts": 4, "runtimes": 10},
+        "shares": {"within_1min": 0.75, "runtime_within_50pct": 0.6, "runtime_off_2x": None},
+    }
+    lines = format_predictions(summary).splitlines()
+    assert lines[0] == (
+        "Predicting 3 waiting job(s) under rallypoint at log seq 42 (refresh 0.012 s); "
+        "runtimes learned from 17 ended job(s)"
+    )
+    assert lines[2].split() == ["start", "within", "1", "min", "of", "its", "P50", "0.750", "4"]
+    assert lines[-1].split()[-2:] == ["-", "10"]

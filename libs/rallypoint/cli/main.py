@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "rallypoint.cli.cluster_cmds",
     "rallypoint.cli.jobs_cmds",
     "rallypoint.cli.why_cmds",
+    "rallypoint.cli.predictions_cmds",
     "rallypoint.cli.account_cmds",
     "rallypoint.cli.checkpoint_cmds",
     "rallypoint.cli.tokens_cmds",
