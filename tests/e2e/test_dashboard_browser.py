@@ -274,12 +274,14 @@ async def interrupted_span_marked_labels_apart(browser: Browser, job_id: str) ->
 
 async def history_with_axes_counts_and_table(browser: Browser, completed: str) -> None:
     await browser.evaluate("location.hash = '#/history'")
+    # the table as drawn once it holds the completed job (a first drawing may come from an answer read
+    # before the page switched here, and the page redraws on its refresh)
     finished = await browser.until(
-        "(rows => rows.length && rows.map(r => r.dataset.job))"
-        "([...document.querySelectorAll('tr.finished-row')])",
-        "the finished-jobs table",
+        f"(jobs => jobs.includes('{completed}') && jobs)"
+        "([...document.querySelectorAll('tr.finished-row')].map(r => r.dataset.job))",
+        "the finished-jobs table with the completed job",
     )
-    row = await browser.evaluate(inner_text(f'tr.finished-row[data-job="{completed}"]'))
+    row = await browser.until(inner_text(f'tr.finished-row[data-job="{completed}"]'), "its row's text")
     assert "quick" in row and "bench" in row and "completed" in row, row
     for chart in ("queue-time", "jct"):
         # One reading of the chart, taken again while the page redraws it (its refresh replaces the SVG).
