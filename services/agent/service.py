@@ -20,6 +20,7 @@ from rallypoint.agent.launcher import RankLauncher
 from rallypoint.agent.node import AgentConfig, NodeAgent, new_instance_id
 from rallypoint.agent.nvml_backend import NvmlGpus, NvmlUnavailable
 from rallypoint.agent.rankuser import RankUserRefused, requested_rank_user, resolve_rank_user
+from rallypoint.agent.reaper import orphans_come_to_us
 from rallypoint.agent.sim_backend import DEFAULT_MEMORY_MIB, SimulatedGpus
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 
@@ -125,9 +126,16 @@ async def agent_main(ctx: ServiceContext, args: argparse.Namespace) -> int:
         _log.error("%s", exc)
         return 2
     # This process spawns nothing but rank wrappers, and in its container it is PID 1, the parent of
-    # every orphan: reap those too (issue 15: defunct processes piling up under the agent).
+    # every orphan: reap those too (issue 15: defunct processes piling up under the agent). Only there (or
+    # as a subreaper): elsewhere orphans never come to it, and the sweep reads every process's stat.
     launcher = await asyncio.to_thread(
-        partial(RankLauncher, work_dir, reap_orphans=True, run_as=run_as, shared_paths=args.rank_path)
+        partial(
+            RankLauncher,
+            work_dir,
+            reap_orphans=orphans_come_to_us(),
+            run_as=run_as,
+            shared_paths=args.rank_path,
+        )
     )
     # Waits for the NATS server if it is not up yet: a node agent may boot before it.
     log = await ctx.event_log()

@@ -93,7 +93,9 @@ class DutyCycler:
         while not self._closed.is_set():
             factor = self._factor
             if factor <= 1.0:
-                self._interrupt.wait(self._period_s)
+                # Nothing to cycle until the factor changes (set_factor) or the cycler closes: both set the
+                # event, so sleep until then instead of waking every period on every healthy node.
+                self._interrupt.wait()
                 self._interrupt.clear()
                 continue
             run_s = self._period_s / factor
