@@ -109,22 +109,23 @@ class Spy(RuntimeEstimator):
         return super().estimate(features, now, elapsed_s)
 
 
-def sample(data_dir: Path, tmp_path: Path) -> tuple[Path, Path, Path]:
+@pytest.fixture(scope="module")
+def sample(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """The Philly sample's 200 jobs of one day on 64 GPUs, written as ``rally trace convert`` writes
-    them: about a quarter of them wait."""
+    them: about a quarter of them wait. Written once; no test changes it."""
     conv = convert_philly(
         data_dir / "philly_sample.csv", data_dir / "philly_vc.csv", datetime(2017, 10, 2), 1.0, gpus=64
     )
-    paths = conv.write(tmp_path / "conv")
+    paths = conv.write(tmp_path_factory.mktemp("philly") / "conv")
     return paths["workload"], paths["cluster"], paths["queues"]
 
 
 def test_only_jobs_ended_by_the_submit_are_learned_and_the_replay_is_untouched(
-    data_dir: Path, tmp_path: Path
+    sample: tuple[Path, Path, Path],
 ) -> None:
     from rallypoint.sim.run import load_inputs
 
-    jobs, cluster, queues = load_inputs(*sample(data_dir, tmp_path))
+    jobs, cluster, queues = load_inputs(*sample)
     spy = Spy()
     preds = predict_starts(jobs, cluster, queues, "rallypoint", spy)
     truth = {r.id: r for r in run_policy(jobs, cluster, queues, "rallypoint").records}
@@ -151,12 +152,12 @@ class Oracle(RuntimeEstimator):
         return RuntimeEstimate(p50=runtime, p90=runtime, key="oracle", samples=1)
 
 
-def test_true_runtimes_predict_every_fifo_start_exactly(data_dir: Path, tmp_path: Path) -> None:
+def test_true_runtimes_predict_every_fifo_start_exactly(sample: tuple[Path, Path, Path]) -> None:
     """Under FIFO no later arrival can go ahead, so with the true runtimes the forks must find every
     actual start: what is left of a prediction's error is the runtimes' alone."""
     from rallypoint.sim.run import load_inputs
 
-    jobs, cluster, queues = load_inputs(*sample(data_dir, tmp_path))
+    jobs, cluster, queues = load_inputs(*sample)
     preds = predict_starts(jobs, cluster, queues, "fifo", Oracle(jobs))
     waited = [p for p in preds if p.start != p.submit]
     assert len(waited) > 20
@@ -164,9 +165,12 @@ def test_true_runtimes_predict_every_fifo_start_exactly(data_dir: Path, tmp_path
 
 
 def test_rally_sim_predict_prints_every_figure_the_same_each_time(
-    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    sample: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    w, c, q = sample(data_dir, tmp_path)
+    _, c, q = sample
+    # its first 150 jobs (27 wait under FIFO): a third of the whole sample's cost, run twice here
+    w = tmp_path / "first.jsonl"
+    w.write_text("".join(sample[0].read_text().splitlines(keepends=True)[:150]))
     capsys.readouterr()
     args = ["sim", "predict", "--workload", str(w), "--cluster", str(c), "--queues", str(q)]
     assert main([*args, "--policy", "fifo", "--json"]) == 0

@@ -390,7 +390,8 @@ samples = st.lists(
     st.builds(
         NodeSample,
         node_id=st.sampled_from(["n1", "n2", "n3"]),
-        at=st.integers(0, 600).map(float),
+        # half of them at one of two instants: ties, where an order could show through
+        at=st.one_of(st.integers(0, 600).map(float), st.sampled_from([590.0, 600.0])),
         gpus=st.lists(gpus, max_size=2).map(tuple),
         nics=st.lists(nics, max_size=1).map(tuple),
     ),
@@ -417,21 +418,23 @@ def _previous(given_states: dict[str, str]) -> dict[str, NodeHealth]:
     return {n: NodeHealth(node_id=n, state=s, since=0.0) for n, s in given_states.items()}
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(samples=samples, steps=steps, prior=states, rnd=st.randoms(use_true_random=False))
 def test_verdict_is_deterministic_and_order_free(
     samples: list[NodeSample], steps: list[RankStep], prior: dict[str, str], rnd: object
 ) -> None:
+    """Three other orders of each example: drawing an example costs far more than judging it."""
     import random
 
     assert isinstance(rnd, random.Random)
     previous = _previous(prior)
     first: Verdict = detect(previous, samples, steps, 600.0)
-    shuffled_samples, shuffled_steps = list(samples), list(steps)
-    rnd.shuffle(shuffled_samples)
-    rnd.shuffle(shuffled_steps)
     reordered_prev = dict(sorted(previous.items(), reverse=True))
-    assert detect(reordered_prev, shuffled_samples, shuffled_steps, 600.0) == first
+    for _ in range(3):
+        shuffled_samples, shuffled_steps = list(samples), list(steps)
+        rnd.shuffle(shuffled_samples)
+        rnd.shuffle(shuffled_steps)
+        assert detect(reordered_prev, shuffled_samples, shuffled_steps, 600.0) == first
     assert detect(previous, samples, steps, 600.0) == first
 
 

@@ -247,7 +247,67 @@ def _beat(rng: random.Random, node: str, at: float, counters: Counters, faulty: 
     return Heartbeat(node_id=node, agent_instance="a", at=at, gpus=gpus, nics=nics)
 
 
-@pytest.mark.parametrize("seed", range(6))
+def _one_change_away(beat: Heartbeat) -> list[Heartbeat]:
+    """``beat`` a second later: as it was, and with one thing changed, each thing the clean-beat test
+    reads (every flag, the temperature past and at the threshold, every counter, a GPU's index, the GPUs'
+    order and count; a port down, slower, faster, renamed, its counters, no port at all) or does not
+    (utilization)."""
+    later = msgspec.structs.replace(beat, at=beat.at + 1.0)
+    first, gpu = beat.gpus
+    (nic,) = beat.nics
+    gpu_changes: list[dict[str, object]] = [
+        {"throttled": True}, {"throttle_thermal": True}, {"throttle_power_brake": True},
+        {"throttle_hw_slowdown": True}, {"temperature_c": 95.0}, {"temperature_c": SHORT.hot_temperature_c},
+        {"ecc_uncorrectable": 1}, {"xid": 79}, {"xid": 13}, {"ecc_corrected": gpu.ecc_corrected + 1},
+        {"nvlink_errors": gpu.nvlink_errors + 1}, {"index": 2}, {"utilization": 0.0},
+    ]  # fmt: skip
+    nic_changes: list[dict[str, object]] = [
+        {"link_up": False}, {"speed_gbps": 200.0}, {"speed_gbps": 800.0}, {"errors": nic.errors + 1},
+        {"link_downed": nic.link_downed + 1}, {"name": "ib1"},
+    ]  # fmt: skip
+    return [
+        later,
+        msgspec.structs.replace(later, gpus=(gpu, first)),
+        msgspec.structs.replace(later, gpus=(first,)),
+        msgspec.structs.replace(later, nics=()),
+        *(
+            msgspec.structs.replace(later, gpus=(first, msgspec.structs.replace(gpu, **c)))
+            for c in gpu_changes
+        ),
+        *(msgspec.structs.replace(later, nics=(msgspec.structs.replace(nic, **c),)) for c in nic_changes),
+    ]
+
+
+@pytest.mark.parametrize("counters", [0, 3])
+def test_the_clean_beat_test_decides_as_the_plain_one_a_change_away_from_the_baseline(counters: int) -> None:
+    """Each change one at a time, from a clean baseline and from none: the random streams below reach a
+    faulty flag on a node not yet watched only a few times a run, these reach every one."""
+    gpus = tuple(
+        GpuSample(
+            index=i, temperature_c=60.0, utilization=90.0, memory_used_mib=0, ecc_corrected=counters,
+            nvlink_errors=counters,
+        )
+        for i in range(2)
+    )  # fmt: skip
+    nic = NicSample(name="ib0", speed_gbps=400.0, errors=counters, link_downed=counters)
+    base = Heartbeat(node_id="n0", agent_instance="a", at=1_000_000.0, gpus=gpus, nics=(nic,))
+    said = {True: 0, False: 0}
+    for beat in _one_change_away(base):
+        for baseline in (base, None):
+            fast, plain = HealthJudge(SHORT), ReferenceJudge(SHORT)
+            for judge in (fast, plain):
+                judge._expected_speeds(base)  # the port was heard at its speed before
+                if baseline is not None:
+                    judge._baseline[base.node_id] = baseline
+            quiet = fast._quiet(beat, fast._expected_speeds(beat))
+            assert quiet == plain._quiet(beat, plain._expected_speeds(beat)), (baseline is not None, beat)
+            said[quiet] += 1
+    assert said[True] >= 4 and said[False] >= 30  # both answers were compared
+
+
+#: Two of the six seeds this ran on: between them they catch every break of the fast path that the six
+#: caught (the test above catches the rest), at a third of the cost.
+@pytest.mark.parametrize("seed", (3, 5))
 def test_the_judge_keeps_and_decides_as_with_the_plain_clean_beat_test(seed: int) -> None:
     rng = random.Random(seed)
     state = ClusterState()

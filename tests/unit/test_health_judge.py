@@ -200,11 +200,14 @@ def test_a_gang_slow_alike_is_not_a_straggler() -> None:
 def test_a_restarted_monitor_goes_on_from_the_logs_verdict() -> None:
     # The log says n2 is degraded; a fresh judge (a restarted monitor) runs its probation from the clean
     # samples it hears, and returns it to service.
-    world = World(DetectionPolicy(probation_s=100.0))
+    # The windows of signals it has none of no longer than its throttling's (300 s, not 600): it is watched,
+    # and judged every second, until T0 + 700 instead of T0 + 1000; the same decisions at the same times.
+    policy = DetectionPolicy(probation_s=100.0, ecc_window_s=300.0, nvlink_window_s=300.0, nic_window_s=300.0)
+    world = World(policy)
     world.gpu["n2"] = lambda i, t: msgspec.structs.replace(clean_gpu(i, t), throttle_hw_slowdown=t < T0 + 400)
     world.run(T0, T0 + 350)
     assert world.states("n2") == ["suspect", "degraded"]
-    world.judge = HealthJudge(DetectionPolicy(probation_s=100.0), keep_every_s=2.0, scan_every_s=5.0)
+    world.judge = HealthJudge(policy, keep_every_s=2.0, scan_every_s=5.0)
     world.run(T0 + 351, T0 + 1200)
     assert world.states("n2") == ["suspect", "degraded", "healthy"]
     assert world.state.nodes["n2"].schedulable
@@ -225,8 +228,11 @@ def test_flaps_no_sample_caught_still_count_through_the_link_downed_counter() ->
 def test_a_counter_that_grows_again_after_a_quiet_spell_is_judged_on_its_new_growth() -> None:
     # n2's corrected-ECC counter jumped by 95 at t=10 (suspect, not degraded), then stayed: the node is
     # no longer watched. It grows by 20 at t=900: judged from the clean beat just before, 20 is
-    # suspect again (not 115 since t=10, which would be degraded).
-    world = World(DetectionPolicy(ecc_window_s=60.0, suspect_clear_s=30.0))
+    # suspect again (not 115 since t=10, which would be degraded). The other counters' windows as short as
+    # the ECC one: unwatched from t=310 on, not t=610 (judging a watched node every second is the cost).
+    world = World(
+        DetectionPolicy(ecc_window_s=60.0, suspect_clear_s=30.0, nvlink_window_s=60.0, nic_window_s=60.0)
+    )
     world.gpu["n2"] = lambda i, t: msgspec.structs.replace(
         clean_gpu(i, t), ecc_corrected=(95 if t >= T0 + 10 else 0) + (20 if t >= T0 + 900 else 0)
     )

@@ -539,7 +539,7 @@ def _busy_world() -> World:
     return w
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 1000)), min_size=5, max_size=40))
 def test_random_histories_decide_identically_at_every_step(steps: list[tuple[str, int]]) -> None:
     w = _busy_world()

@@ -46,7 +46,7 @@ def assert_same_touched(sync: ModelSync, w: FedWorld) -> None:
     assert_same(sync, w.state, w.now)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 1000)), min_size=5, max_size=40))
 def test_random_histories_synced_from_what_the_fold_touched_decide_identically(
     steps: list[tuple[str, int]],
