@@ -24,6 +24,7 @@ from rallypoint.audit import verify_decisions
 from rallypoint.events import Event, GangBound, SchedulerSettings
 from rallypoint.events.codec import Quarantined
 from rallypoint.predict.live import runtime_of
+from rallypoint.predict.runtimes import quantile
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.scheduling.queues import Queues
 from rallypoint.state import ClusterState, JobView
@@ -98,18 +99,17 @@ def log_workload(state: ClusterState, t0: float) -> list[Job]:
     return jobs
 
 
-def _quantile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, int(q * len(ordered) + 0.5) - 1))]
+Row = tuple[float, float, float, int]
 
 
-def _team_figures(rows: Sequence[tuple[float, float, float, int, int]]) -> dict[str, Any]:
-    """(wait, jct, gpu_s, preemptions, gpus) rows of one team's jobs -> its figures."""
-    waits = [r[0] for r in rows]
+def _team_figures(rows: Sequence[Row]) -> dict[str, Any]:
+    """(wait, jct, gpu_s, preemptions) rows of one team's jobs -> its figures (P90: nearest rank, as the
+    runtime estimator's quantiles)."""
+    waits = sorted(r[0] for r in rows)
     return {
         "jobs": len(rows),
         "mean_wait_s": round(sum(waits) / len(rows), 3),
-        "p90_wait_s": round(_quantile(waits, 0.9), 3),
+        "p90_wait_s": round(quantile(waits, 0.9), 3),
         "mean_jct_s": round(sum(r[1] for r in rows) / len(rows), 3),
         "gpu_hours": round(sum(r[2] for r in rows) / 3600, 4),
         "preemptions": sum(r[3] for r in rows),
@@ -127,21 +127,21 @@ def first_binds(history: History) -> dict[str, float]:
 
 def actual_by_team(state: ClusterState, ids: set[str], first: dict[str, float]) -> dict[str, dict[str, Any]]:
     """What really happened to the jobs ``ids``: first bind, end and run time from the log."""
-    rows: dict[str, list[tuple[float, float, float, int, int]]] = defaultdict(list)
+    rows: dict[str, list[Row]] = defaultdict(list)
     for job_id in sorted(ids):
         view = state.jobs[job_id]
         held = ran(view) or 0.0
         start = first.get(job_id, view.submitted_at)
         end = view.ended_at if view.ended_at is not None else start + held
         row = (max(0.0, start - view.submitted_at), end - view.submitted_at, held * view.spec.gpus)
-        rows[view.spec.team].append((*row, view.preemptions, view.spec.gpus))
+        rows[view.spec.team].append((*row, view.preemptions))
     return {team: _team_figures(r) for team, r in sorted(rows.items())}
 
 
 def simulated_by_team(records: Sequence[JobRecord]) -> dict[str, dict[str, Any]]:
-    rows: dict[str, list[tuple[float, float, float, int, int]]] = defaultdict(list)
+    rows: dict[str, list[Row]] = defaultdict(list)
     for r in records:
-        rows[r.team].append((r.queue_delay, r.jct, r.run_time * r.gpus, r.preemptions, r.gpus))
+        rows[r.team].append((r.queue_delay, r.jct, r.run_time * r.gpus, r.preemptions))
     return {team: _team_figures(rs) for team, rs in sorted(rows.items())}
 
 
