@@ -179,9 +179,11 @@ async def test_every_forbidden_operation_is_refused(secured: Secured) -> None:
     await _publish(agent, subjects.agent_job(other, "j1"), encode(exit_other))
     await _publish(api, subjects.job_control("j1"), encode(JobCompleted(job_id="j1", attempt=1, at=2.0)))
     await _publish(agent, subjects.heartbeat(other), b"{}")
-    # ... or, where the subject is the writer's own, stored but skipped by every fold as misplaced.
-    await _publish(agent, subjects.agent_job(mine, "j1"), encode(exit_other))
-    await _publish(api, subjects.job("j1"), encode(JobCompleted(job_id="j1", attempt=1, at=2.0)))
+    # ... or, where the subject is the writer's own, stored but skipped by every fold as misplaced. These two
+    # wait for the stream's ack: the server handles one connection's messages in order, so once each is stored
+    # every forged message its connection sent before it was dropped or stored, and the count below is final.
+    await agent.jetstream().publish(subjects.agent_job(mine, "j1"), encode(exit_other))
+    await api.jetstream().publish(subjects.job("j1"), encode(JobCompleted(job_id="j1", attempt=1, at=2.0)))
     with contextlib.suppress(nats.errors.TimeoutError):  # a publish the server dropped is never acked
         await admin.flush()
 
