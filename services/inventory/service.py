@@ -13,6 +13,7 @@ from rallypoint.inventory import inventory_view
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.follower import Follower
 from rallypoint.runtime.following import with_follower
+from rallypoint.runtime.health import add_health_check
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,6 +24,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     async def run(ctx: ServiceContext) -> int:
         nc = await ctx.nats()
+        answering = False
+        # /readyz stays 503 until queries are answered: a probe that passes earlier sends a query nobody hears
+        add_health_check(ctx, lambda: [] if answering else ["not answering queries yet"], degraded=True)
 
         async def serve(follower: Follower) -> None:
             async def answer(msg: Msg) -> None:
@@ -30,6 +34,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             # A queue group: any number of inventory replicas share the queries.
             await nc.subscribe(subjects.query("inventory", "nodes"), queue="inventory", cb=answer)
+            await nc.flush()  # the server has the subscription before readiness says so
+            nonlocal answering
+            answering = True
             await ctx.stop.wait()
 
         return await with_follower(ctx, serve)
