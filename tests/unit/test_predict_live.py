@@ -8,15 +8,17 @@ nothing for what it cannot reach.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from rallypoint.events import JobCompleted, JobSpec, JobSubmitted
 from rallypoint.predict import RuntimeEstimator
-from rallypoint.predict.live import features_of, forward_starts, learn, predict
+from rallypoint.predict.live import features_of, learn, predict, run_forward
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.sim.cluster import Cluster, Node
 from rallypoint.sim.twin import LiveSide
-from rallypoint.state import ClusterState
+from rallypoint.state import ClusterState, JobView
 
 T0 = 1_800_000_000.0
 
@@ -115,13 +117,8 @@ def test_a_job_that_cannot_start_within_the_horizon_gets_no_prediction() -> None
 def test_a_running_job_past_its_estimate_is_expected_to_run_on_not_to_have_ended() -> None:
     estimator = taught({"short": 600.0, "long": 600.0, "gang": 60.0, "single": 60.0})
     now = T0 + 7200  # both running jobs are past every runtime seen
-    starts = forward_starts(
-        busy_cluster(),
-        SchedulingPolicy("fifo"),
-        lambda job: estimator.estimate(features_of(job), now, now - (job.started_at or now)).p50,
-        now,
-    )
-    assert starts["gang"] > now
+    run = run_forward(busy_cluster(), SchedulingPolicy("fifo"), _p50(estimator, now), now)
+    assert run.starts["gang"] > now
 
 
 def test_a_forward_run_is_deterministic() -> None:
@@ -129,3 +126,35 @@ def test_a_forward_run_is_deterministic() -> None:
     first = predict(busy_cluster(), SchedulingPolicy("fifo"), estimator, T0 + 60)
     again = predict(busy_cluster(), SchedulingPolicy("fifo"), estimator, T0 + 60)
     assert first == again
+
+
+def test_a_dry_runs_forward_run_stops_at_its_jobs_start_with_the_full_runs_start() -> None:
+    estimator = taught({"short": 600.0, "long": 3600.0, "gang": 1800.0, "single": 300.0})
+    runtime = _p50(estimator, T0 + 60)
+    full = run_forward(busy_cluster(), SchedulingPolicy("fifo"), runtime, T0 + 60)
+    early = run_forward(busy_cluster(), SchedulingPolicy("fifo"), runtime, T0 + 60, until="gang")
+    # FIFO: the gang starts when the long job ends, the single job only when the gang ends after it
+    assert early.starts["gang"] == full.starts["gang"] == pytest.approx(T0 + 3600)
+    assert "single" in full.starts and "single" not in early.starts
+    assert early.cycles < full.cycles
+    # both forks (P50 and P90) stop at it, and the answer names it alone, as the full answer has it
+    whole = predict(busy_cluster(), SchedulingPolicy("fifo"), estimator, T0 + 60)
+    alone = predict(busy_cluster(), SchedulingPolicy("fifo"), estimator, T0 + 60, only="gang")
+    assert alone.jobs == {"gang": whole.jobs["gang"]}
+
+
+def test_a_dry_run_for_a_job_that_never_starts_within_the_horizon_stops_there() -> None:
+    estimator = taught({"short": 600.0, "long": 30 * 86400.0, "gang": 60.0, "single": 60.0})
+    runtime = _p50(estimator, T0 + 60)
+    run = run_forward(
+        busy_cluster(), SchedulingPolicy("fifo"), runtime, T0 + 60, horizon_s=86400, until="gang"
+    )
+    assert "gang" not in run.starts and run.cycles < 5
+    alone = predict(
+        busy_cluster(), SchedulingPolicy("fifo"), estimator, T0 + 60, horizon_s=86400.0, only="gang"
+    )
+    assert alone.jobs["gang"].p50 is None and alone.jobs["gang"].p90 is None
+
+
+def _p50(estimator: RuntimeEstimator, now: float) -> Callable[[JobView], float]:
+    return lambda job: estimator.estimate(features_of(job), now, now - (job.started_at or now)).p50

@@ -108,8 +108,9 @@ class Predictor:
             else:
                 self.tracker.completed(view.job_id, runtime)
 
-    async def _predict(self, fork: ClusterState, now: float | None) -> Predictions:
-        """Predictions for ``fork`` (a copy), computed off the event loop, one run at a time."""
+    async def _predict(self, fork: ClusterState, now: float | None, only: str | None = None) -> Predictions:
+        """Predictions for ``fork`` (a copy), computed off the event loop, one run at a time (``only``:
+        that job's alone, ``live.predict``'s runs stopping once it started)."""
         async with self._running:
             at = time.time() if now is None else now
             return await asyncio.to_thread(
@@ -121,15 +122,18 @@ class Predictor:
                 learned_jobs=self.learned,
                 horizon_s=self.horizon_s,
                 max_cycles=self.max_cycles,
+                only=only,
             )
 
     async def dry_run(self, spec: JobSpec, now: float | None = None) -> PredictedStart:
         """The predicted start of a job with ``spec`` if it were submitted now (``POST /v1/jobs?dry_run``):
-        a fork with its submission folded in, run forward as a refresh is."""
+        a fork with its submission folded in, run forward as a refresh is, until that job started. It reads
+        the leader's settings as a refresh does (a dry run may come before the first refresh ends)."""
+        self.policy = policy_of(await self._settings())
         fork = ClusterState.decode(self._state().encode())
         at = time.time() if now is None else now
         fork.apply(fork.last_seq + 1, JobSubmitted(job_id=DRY_RUN_JOB, spec=spec, submitted_at=at))
-        return (await self._predict(fork, at)).jobs[DRY_RUN_JOB]
+        return (await self._predict(fork, at, only=DRY_RUN_JOB)).jobs[DRY_RUN_JOB]
 
     async def refresh(self, now: float | None = None) -> Predictions:
         """New predictions for the fold as it is now, computed off the event loop."""
