@@ -24,12 +24,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "mode",
         nargs="?",
-        choices=["run", "compare", "twin", "predict"],
+        choices=["run", "compare", "twin", "predict", "packing"],
         default="run",
         help="run one policy (default), compare several (--policy a,b,c), check that the live scheduler "
         "decides byte for byte as the simulator at every instant (twin; exit 1 on a difference), or "
-        "measure how well starts and runtimes are predicted at each job's submit (predict)",
+        "measure how well starts and runtimes are predicted at each job's submit (predict), or replay "
+        "openb pods one by one under FGD's packing protocol (packing: --nodes, --pods, --policy, --seeds; "
+        "docs/packing.md)",
     )
+    p.add_argument("--nodes", help="packing: node list CSV (openb: sn,cpu_milli,memory_mib,gpu,model)")
+    p.add_argument(
+        "--pods", help="packing: pod list CSV (openb: cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec)"
+    )
+    p.add_argument("--seeds", default="42", help="packing: seeds, e.g. 42-51 or 42,43 (default 42)")
     p.add_argument("--workload", help="JSON Lines workload (see docs/simulator.md)")
     p.add_argument("--cluster", help="cluster file, JSON or YAML")
     p.add_argument(
@@ -192,6 +199,51 @@ def _from_log_table(report: dict[str, object]) -> str:
     return "\n".join(lines)
 
 
+def _seeds(text: str) -> list[int]:
+    seeds: list[int] = []
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"bad --seeds {text!r}: use N, N-M or N,M,...")
+        seeds.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    if not seeds or len(seeds) > 1000:
+        raise ValueError(f"bad --seeds {text!r}: 1 to 1000 seeds")
+    return seeds
+
+
+def _packing(args: argparse.Namespace) -> int:
+    """``rally sim packing``: one JSON object (``--json``: to stdout, or to FILE), else one line."""
+    from rallypoint.sim.packing import Cluster, read_nodes, read_pods, resolve, run_seed, summary
+
+    if not args.nodes or not args.pods or not args.policy:
+        return _err("packing needs --nodes, --pods and --policy")
+    if args.workload or args.cluster or args.from_log:
+        return _err("packing takes --nodes/--pods, not --workload/--cluster/--from-log")
+    try:
+        policy = resolve(args.policy)
+        seeds = _seeds(args.seeds)
+        nodes, pods = read_nodes(args.nodes), read_pods(args.pods)
+        runs = [run_seed(nodes, pods, policy, s) for s in seeds]
+    except ValueError as e:
+        return _err(str(e))
+    except OSError as e:
+        return _err(f"{e.filename or ''}: {e.strerror or e}")
+    cluster = Cluster(nodes)
+    figures = summary(policy, runs, len(nodes), cluster.gpu_capacity // 1000)
+    text = json.dumps(figures)
+    if args.json_out == "-":
+        print(text)
+    elif args.json_out:
+        Path(args.json_out).write_text(text + "\n")
+    if args.json_out != "-":
+        print(
+            f"{policy}: alloc at 100% arrived, median {figures['alloc_at_100_median']}% over seeds "
+            f"{seeds[0]}..{seeds[-1]}; failed pods {figures['failed_pods']}; "
+            f"decision p99 {figures['decision_ms_p99']} ms"
+        )
+    return 0
+
+
 def handle(args: argparse.Namespace) -> int:
     from rallypoint.sim.engine import SimError, SimOptions
     from rallypoint.sim.run import (
@@ -203,6 +255,8 @@ def handle(args: argparse.Namespace) -> int:
         write_outputs,
     )
 
+    if args.mode == "packing":
+        return _packing(args)
     if args.from_log:
         return _from_log(args)
     missing = [

@@ -1,0 +1,71 @@
+"""FGD's evaluation protocol (ATC'23 "Beware of Fragmentation", and its simulator's workload tuning).
+
+``arrivals``: the trace's pods, plus pods drawn at random (with replacement) from the trace until one more
+draw would push the summed GPU request past ``ratio`` x the cluster's GPU capacity (the draw is tested on its
+per-GPU ``gpu_milli``, as the original does), then the whole list shuffled. Pods arrive one by one and
+never leave. ``arrived demand`` is the summed GPU request (num_gpu x gpu_milli) of the pods offered so far,
+placed or not; the allocation is read when it first reaches 100% of capacity.
+
+``typical_pods``: the target workload FGD measures fragmentation against: pod shapes (cpu, gpu_milli, num_gpu,
+gpu_spec) of the trace, CPU pods included, by popularity, the most popular first until they cover 95% of the
+pods, their shares renormalised to sum to 1.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rallypoint.sim.packing.trace import PodSpec
+
+TUNE_RATIO = 1.3
+POPULARITY = 0.95
+
+
+def arrivals(
+    pods: Sequence[PodSpec], gpu_capacity: int, rng: np.random.Generator, ratio: float = TUNE_RATIO
+) -> list[int]:
+    """Indices into ``pods`` in arrival order (a drawn pod repeats its index)."""
+    order = list(range(len(pods)))
+    total = sum(p.total_milli for p in pods)
+    target = ratio * gpu_capacity
+    if total > target:  # trim at random until under the target
+        while total > target and order:
+            k = int(rng.integers(len(order)))
+            total -= pods[order.pop(k)].total_milli
+    elif total < target:
+        while True:
+            k = int(rng.integers(len(pods)))
+            if total + pods[k].gpu_milli > target:
+                break
+            total += pods[k].total_milli
+            order.append(k)
+    rng.shuffle(order)
+    return order
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    cpu: int
+    milli: int
+    num_gpu: int
+    gpu_spec: str
+    share: float
+
+
+def typical_pods(pods: Sequence[PodSpec], popularity: float = POPULARITY) -> list[Shape]:
+    counts = Counter((p.cpu, p.gpu_milli, p.num_gpu, p.gpu_spec) for p in pods)
+    # most popular first; equal counts: the larger shape first (cpu, then milli, num, spec)
+    ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
+    total = sum(counts.values())
+    chosen: list[tuple[tuple[int, int, int, str], int]] = []
+    covered = 0
+    for key, n in ranked:
+        if covered >= popularity * total:
+            break
+        chosen.append((key, n))
+        covered += n
+    return [Shape(cpu, milli, num, spec, n / covered) for (cpu, milli, num, spec), n in chosen]
