@@ -8,13 +8,17 @@ nothing for what it cannot reach.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from rallypoint.events import JobCompleted, JobSpec, JobSubmitted
-from rallypoint.predict import RuntimeEstimator
-from rallypoint.predict.live import features_of, learn, predict, run_forward
+from rallypoint.predict import RuntimeEstimator, refresh
+from rallypoint.predict.live import PredictedStart, Predictions, features_of, learn, predict, run_forward
+from rallypoint.predict.refresh import Predictor
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.sim.cluster import Cluster, Node
 from rallypoint.sim.twin import LiveSide
@@ -158,3 +162,37 @@ def test_a_dry_run_for_a_job_that_never_starts_within_the_horizon_stops_there() 
 
 def _p50(estimator: RuntimeEstimator, now: float) -> Callable[[JobView], float]:
     return lambda job: estimator.estimate(features_of(job), now, now - (job.started_at or now)).p50
+
+
+def test_a_dry_run_answers_beside_a_refresh_under_way_and_leaves_its_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    state = busy_cluster()
+
+    async def no_settings() -> None:
+        return None
+
+    predictor = Predictor(lambda: state, no_settings)
+    release = threading.Event()
+    real = refresh.predict
+
+    def refresh_held_up(*args: Any, **kwargs: Any) -> Predictions:
+        if kwargs["only"] is None:  # the refresh's run: held until the dry run answered
+            assert release.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(refresh, "predict", refresh_held_up)
+
+    async def dry_run_during_refresh() -> tuple[PredictedStart, Predictions]:
+        refreshing = asyncio.create_task(predictor.refresh(now=T0 + 60))
+        await asyncio.sleep(0.05)  # the refresh holds its lock, its run under way
+        start = await asyncio.wait_for(predictor.dry_run(spec("next", 8), now=T0 + 70), 10)
+        assert not refreshing.done()
+        release.set()
+        return start, await refreshing
+
+    start, predictions = asyncio.run(dry_run_during_refresh())
+    assert start.p50 is not None and start.p50 > T0 + 70
+    # the dry run asked the estimator about a later moment without moving its clock: the refresh, which
+    # asks about an earlier one, still answers
+    assert predictions.now == T0 + 60 and set(predictions.jobs) == {"gang", "single"}

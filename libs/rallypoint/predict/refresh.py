@@ -5,7 +5,8 @@ that completed teach the estimator their runtimes and score the first prediction
 started score their predicted start (``tracking``); then the scheduler's settings of its current epoch
 (``SchedulerSettings``, read from the log: the same policy, queues and priority classes the leader
 decides with) and a copy of the fold go to ``live.predict`` in a worker thread, so answering queries never
-waits for a run. The latest answer is kept encoded, ready for ``q.predictor.starts``.
+waits for a run. The latest answer is kept encoded, ready for ``q.predictor.starts``. A dry run
+(``q.predictor.dryrun``) runs its own fork forward in another thread, beside a refresh under way.
 """
 
 from __future__ import annotations
@@ -85,8 +86,11 @@ class Predictor:
         self.refresh_s = 0.0
         self.latest: Predictions | None = None
         self.encoded = self._encode()
-        # one run at a time: the estimator's clock only moves forward, and runs take ``now`` from the clock
+        # one refresh at a time: the estimator's clock only moves forward, and refreshes take ``now`` from
+        # the clock; dry runs one at a time too, beside a refresh (they leave the clock where it is): a dry
+        # run never waits for a refresh, which on a large queue takes minutes
         self._running = asyncio.Lock()
+        self._dry_running = asyncio.Lock()
 
     def observe(self, job_ids: set[str] | None) -> None:
         """Learn from the jobs ``job_ids`` (None: all of them) as the fold has them now."""
@@ -108,39 +112,44 @@ class Predictor:
             else:
                 self.tracker.completed(view.job_id, runtime)
 
-    async def _predict(self, fork: ClusterState, now: float | None, only: str | None = None) -> Predictions:
-        """Predictions for ``fork`` (a copy), computed off the event loop, one run at a time (``only``:
-        that job's alone, ``live.predict``'s runs stopping once it started)."""
-        async with self._running:
+    async def _predict(
+        self, fork: ClusterState, policy: SchedulingPolicy, now: float | None, only: str | None = None
+    ) -> Predictions:
+        """Predictions for ``fork`` (a copy), computed off the event loop: a refresh's (one at a time), or
+        with ``only`` a dry run's (that job's alone, ``live.predict``'s runs stopping once it started; one
+        at a time, beside a refresh, leaving the estimator's clock as it was)."""
+        async with self._running if only is None else self._dry_running:
             at = time.time() if now is None else now
             return await asyncio.to_thread(
                 predict,
                 fork,
-                self.policy,
+                policy,
                 self.estimator,
                 at,
                 learned_jobs=self.learned,
                 horizon_s=self.horizon_s,
                 max_cycles=self.max_cycles,
                 only=only,
+                advance_clock=only is None,
             )
 
     async def dry_run(self, spec: JobSpec, now: float | None = None) -> PredictedStart:
         """The predicted start of a job with ``spec`` if it were submitted now (``POST /v1/jobs?dry_run``):
         a fork with its submission folded in, run forward as a refresh is, until that job started. It reads
-        the leader's settings as a refresh does (a dry run may come before the first refresh ends)."""
-        self.policy = policy_of(await self._settings())
+        the leader's settings as a refresh does (a dry run may come before the first refresh ends), and
+        does not wait for a refresh under way."""
+        policy = policy_of(await self._settings())
         fork = ClusterState.decode(self._state().encode())
         at = time.time() if now is None else now
         fork.apply(fork.last_seq + 1, JobSubmitted(job_id=DRY_RUN_JOB, spec=spec, submitted_at=at))
-        return (await self._predict(fork, at, only=DRY_RUN_JOB)).jobs[DRY_RUN_JOB]
+        return (await self._predict(fork, policy, at, only=DRY_RUN_JOB)).jobs[DRY_RUN_JOB]
 
     async def refresh(self, now: float | None = None) -> Predictions:
         """New predictions for the fold as it is now, computed off the event loop."""
         self.policy = policy_of(await self._settings())
         fork = ClusterState.decode(self._state().encode())
         began = time.perf_counter()
-        predictions = await self._predict(fork, now)
+        predictions = await self._predict(fork, self.policy, now)
         self.refresh_s = time.perf_counter() - began
         self.latest = predictions
         self.tracker.remember(predictions)

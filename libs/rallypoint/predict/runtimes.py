@@ -111,12 +111,16 @@ class RuntimeEstimator:
                 runs = self._history[key] = deque(maxlen=self.window)
             runs.append(runtime_s)
 
-    def estimate(self, features: JobFeatures, now: float, elapsed_s: float = 0.0) -> RuntimeEstimate:
+    def estimate(
+        self, features: JobFeatures, now: float, elapsed_s: float = 0.0, *, advance: bool = True
+    ) -> RuntimeEstimate:
         """Quantiles of the runtime of a job with ``features``, known at ``now``, that has run
-        ``elapsed_s`` seconds so far."""
+        ``elapsed_s`` seconds so far. ``advance=False``: a question that leaves the clock where it is (a
+        dry run's, beside a refresh that still asks about an earlier moment)."""
         if now < self.clock:
             raise ValueError(f"asked for {now}, but the estimator already saw an end at {self.clock}")
-        self.clock = now
+        if advance:
+            self.clock = now
         limit = features.time_limit_s
         remembered = False
         for key in _keys(features):
@@ -124,7 +128,7 @@ class RuntimeEstimator:
             if runs is None:
                 continue
             remembered = True
-            longer = sorted(r for r in runs if r > elapsed_s)
+            longer = sorted(r for r in tuple(runs) if r > elapsed_s)  # a copy: ``observe`` may append
             if len(longer) >= self.min_samples:
                 return self._capped(
                     quantile(longer, 0.5), quantile(longer, 0.9), limit, elapsed_s, key[0], len(longer)
