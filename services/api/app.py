@@ -48,7 +48,8 @@ from rallypoint.state import ClusterState, JobState, JobView
 
 from .auth import auth_middleware, forbidden, not_theirs, principal
 from .dashboard import add_dashboard_routes
-from .dryrun import DryRuns, already_submitted, dry_run_flag, dry_run_response, judge_submission
+from .dependencies import dependency_refusal, held_at_submit
+from .dryrun import DryReason, DryRuns, already_submitted, dry_run_flag, dry_run_response, judge_submission
 from .fairuse import FairUse, refusal_metrics, too_many
 from .fold import FoldFollower, quarantine_metrics
 from .history_views import add_history_routes
@@ -200,6 +201,9 @@ class Handlers:
         existing = self.state.jobs.get(job_id)
         if existing is not None:
             return self._replayed(existing, spec, key)
+        if (refused := await dependency_refusal(spec, who, lambda: self.state, self._ready)) is not None:
+            self.submissions["invalid"] += 1
+            return refused
         if (limited := await self._fair_use_refusal(who, spec, job_id, key)) is not None:
             return limited
         if secrets and (refused := await self._secrets_refusal(job_id, secrets, key, store=True)):
@@ -257,6 +261,8 @@ class Handlers:
             return dry_run_response(already_submitted(existing, self.state.last_seq), reader)
         else:
             job_id_or_none = job_id
+        if (refused := await dependency_refusal(spec, who, lambda: self.state, self._ready)) is not None:
+            return refused
         answer = judge_submission(
             self.dry_runs,
             self.state,
@@ -266,7 +272,11 @@ class Handlers:
             priority_refusal=self._priority_refusal(who, spec),
             fair_use=self.fair_use,
         )
-        if answer.placement is not None:
+        if answer.would_admit and (held := held_at_submit(self.state, spec)) is not None:
+            answer.placement = None
+            answer.reason = DryReason(code="Dependency", message=held)
+            answer.predicted_start = {"status": "unavailable", "detail": "it waits for its dependencies"}
+        elif answer.placement is not None:
             answer.predicted_start = {"status": "now", "detail": "placed at the next cycle"}
         elif answer.would_admit:
             answer.predicted_start = await self.predictions.dry_run(spec)
@@ -437,7 +447,7 @@ class Handlers:
             return refused
         reader = audience(request, self.state.jobs)
         drain = job_drain(job, self.state, self.config.drain)
-        body = render_job(job, queue_positions(self.state), reader, drain)
+        body = render_job(job, queue_positions(self.state), reader, drain, self.state.hold_of(job))
         body["predicted_start"] = render_predicted_start(job, await self._predicted_starts(job.state))
         return json_response(body)
 
@@ -504,7 +514,13 @@ class Handlers:
             {
                 "jobs": [
                     {
-                        **render_job(j, positions, reader, job_drain(j, self.state, self.config.drain)),
+                        **render_job(
+                            j,
+                            positions,
+                            reader,
+                            job_drain(j, self.state, self.config.drain),
+                            self.state.hold_of(j),
+                        ),
                         "predicted_start": render_predicted_start(j, answer),
                     }
                     for j in page

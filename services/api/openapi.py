@@ -253,6 +253,19 @@ _SCHEMAS: dict[str, Any] = {
             },
             "checkpoint_dir": _checkpoint_dir_schema(None),
             "max_retries": {"type": ["integer", "null"], "minimum": 0, "maximum": 100, "default": 0},
+            "depends_on": {
+                "type": ["array", "null"],
+                "maxItems": 64,
+                "uniqueItems": True,
+                "items": _ref("Dependency"),
+                "description": "Jobs of the same team this one waits for before it is scheduled; each must "
+                "exist and still be able to meet its kind, else 422 naming depends_on[i].job_id.",
+            },
+            "singleton": {
+                "type": ["boolean", "null"],
+                "default": False,
+                "description": "Wait until every earlier job of the team with this name has ended.",
+            },
             "secrets": _SECRETS,
             "secret_names": {
                 "type": "array",
@@ -260,6 +273,20 @@ _SCHEMAS: dict[str, Any] = {
                 "readOnly": True,
                 "description": "The names of the job's secrets, as a job is shown; never their values.",
             },
+        },
+    },
+    "Dependency": {
+        "type": "object",
+        "required": ["kind", "job_id"],
+        "additionalProperties": False,
+        "properties": {
+            "kind": {
+                "type": "string",
+                "enum": ["after", "after-ok", "after-not-ok", "after-any"],
+                "description": "after: once it started; after-ok: once it completed; after-not-ok: once it "
+                "failed, was cancelled or rejected; after-any: once it ended.",
+            },
+            "job_id": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,128}$"},
         },
     },
     "CloudEvent": {
@@ -325,6 +352,8 @@ _SCHEMAS: dict[str, Any] = {
             "gpus_per_task": {"type": "integer"},
             "ranks_per_task": {"type": "integer"},
             "world_size": {"type": "integer"},
+            "depends_on": {"type": "array", "items": _ref("Dependency")},
+            "singleton": {"type": "boolean"},
             "pending_reason": {
                 "type": ["object", "null"],
                 "properties": {

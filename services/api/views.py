@@ -129,13 +129,17 @@ def queue_positions(state: ClusterState) -> dict[str, int]:
     }
 
 
-def pending_reason(job: JobView, reader: Audience) -> dict[str, Any] | None:
+def pending_reason(job: JobView, reader: Audience, held: str | None = None) -> dict[str, Any] | None:
     """Why the job waits: the scheduler's code and message with numbers, how many jobs are ahead of it in
-    the policy's order, and when the scheduler said so (reasons are refreshed as their numbers change)."""
+    the policy's order, and when the scheduler said so (reasons are refreshed as their numbers change).
+    ``held``: why its dependencies or its name hold it (``ClusterState.hold_of``); the scheduler does not
+    see such a job, so this is its reason."""
     if job.state != "pending":
         return None
     if job.cancel_requested:
         return {"code": "CancelRequested", "message": "cancellation requested; waiting for the controller"}
+    if held is not None:
+        return {"code": "Dependency", "message": reader.text(held)}
     if job.pending_code:
         return {
             "code": job.pending_code,
@@ -147,7 +151,11 @@ def pending_reason(job: JobView, reader: Audience) -> dict[str, Any] | None:
 
 
 def render_job(
-    job: JobView, positions: dict[str, int], reader: Audience, drain: JobDrain | None = None
+    job: JobView,
+    positions: dict[str, int],
+    reader: Audience,
+    drain: JobDrain | None = None,
+    held: str | None = None,
 ) -> dict[str, Any]:
     """The job as ``reader`` may see it: only ``render_job`` of a job the reader may see is ever asked
     for; what names other jobs (the reasons, the job it is preempted for) is redacted for it. ``drain``:
@@ -166,7 +174,9 @@ def render_job(
         "gpus_per_task": spec.gpus_per_task,
         "ranks_per_task": spec.ranks_per_task,
         "world_size": job.world_size,
-        "pending_reason": pending_reason(job, reader),
+        "pending_reason": pending_reason(job, reader, held),
+        "depends_on": [{"kind": d.kind, "job_id": reader.job_ref(d.job_id)} for d in spec.depends_on],
+        "singleton": spec.singleton,
         "queue_position": positions.get(job.job_id),
         "allocation": [
             {"task": p.task, "node_id": p.node_id, "gpus": list(p.gpus)}

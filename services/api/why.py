@@ -136,7 +136,7 @@ class WhyHandlers:
         body = Why(
             job_id=job_id,
             state=job.state,
-            reason=pending_reason(job, reader),
+            reason=pending_reason(job, reader, self.state.hold_of(job)),
             explanation=self.explanation(job),
             history=[],
             seq=self.state.last_seq,

@@ -160,6 +160,8 @@ class JobController:
         """The jobs whose reconcile may answer differently than at their last one."""
         state = self.follower.state
         due = set(changes.jobs)
+        for job_id in changes.jobs:  # a job that started or ended may meet or break its dependents' waits
+            due |= state.dependents_of(job_id)
         for node_id in changes.nodes:
             node = state.nodes.get(node_id)
             if node is not None:

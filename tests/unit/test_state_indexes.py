@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rallypoint.events import (
+    Dependency,
     Event,
     GangBound,
     GangRepaired,
@@ -33,6 +34,9 @@ from rallypoint.events import (
     TaskPlacement,
 )
 from rallypoint.state import ClusterState, JobView, Touched
+from rallypoint.state.dependencies import hold_message
+
+DEPENDENCY_KINDS = ("after", "after-ok", "after-not-ok", "after-any")
 
 NODES = tuple(f"n{i}" for i in range(6))
 
@@ -81,12 +85,38 @@ def indexed_totals(state: ClusterState) -> tuple[int, int, int, int | None]:
     )
 
 
+def scan_held(state: ClusterState) -> dict[str, str]:
+    """Pending jobs a dependency or an earlier live job of the same name and team holds, by a scan."""
+    held: dict[str, str] = {}
+    for job in scan_pending(state):
+        earlier = sorted(
+            (j.submitted_seq, j.job_id)
+            for j in state.jobs.values()
+            if not j.terminal
+            and (j.spec.team, j.spec.name) == (job.spec.team, job.spec.name)
+            and j.submitted_seq < job.submitted_seq
+        )
+        why = hold_message(job, state.jobs, [job_id for _seq, job_id in earlier])
+        if why is not None and (job.spec.depends_on or job.spec.singleton):
+            held[job.job_id] = why
+    return held
+
+
 def assert_index_agrees(state: ClusterState, now: float) -> None:
     assert state.pending_jobs() == scan_pending(state)
     assert state.repairing_jobs() == scan_repairing(state)
     assert state.growable_jobs() == scan_growable(state)
-    ready = [j for j in scan_pending(state) if j.retry_at is None or j.retry_at <= now]
+    held = scan_held(state)
+    ready = [
+        j for j in scan_pending(state) if (j.retry_at is None or j.retry_at <= now) and j.job_id not in held
+    ]
     assert state.ready_jobs(now) == ready
+    assert state.held_jobs() == held
+    for job_id in state.jobs:
+        waiting = {
+            j.job_id for j in scan_pending(state) if any(d.job_id == job_id for d in j.spec.depends_on)
+        }
+        assert state.dependents_of(job_id) == waiting
     assert indexed_totals(state) == scan_totals(state)
     waiting = Counter(j.spec.team for j in scan_pending(state))
     assert {team: state.pending_count(team) for team in {*waiting, "nobody"}} == {**waiting, "nobody": 0}
@@ -115,8 +145,14 @@ def registered(rng: random.Random, node_id: str) -> NodeRegistered:
 def submitted(job_id: str, gpus: int) -> JobSubmitted:
     # every third job elastic up to twice its size: bound, it is growable (no extra draw from the rng)
     most = 2 * gpus if int(job_id[1:]) % 3 == 0 else None
+    n = int(job_id[1:])
+    # some jobs wait on the one before (each kind in turn), some share a name, one in two as a singleton
+    kind = DEPENDENCY_KINDS[n // 4 % len(DEPENDENCY_KINDS)]
+    depends_on = (Dependency(kind=kind, job_id=f"j{n - 1}"),) if n % 4 == 1 else ()
     spec = JobSpec(
-        name=job_id,
+        name="shared" if n % 5 in (2, 3) else job_id,
+        singleton=n % 5 == 2,
+        depends_on=depends_on,
         team=f"t{int(job_id[1:]) % 3}",  # three teams: the index counts pending jobs by team
         gpus=gpus,
         gpus_per_task=gpus,

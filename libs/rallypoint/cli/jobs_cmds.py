@@ -107,6 +107,15 @@ def _api_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: `rally submit`'s dependency flags (the API's depends_on kinds) and when each is met.
+DEPENDENCY_FLAGS: dict[str, str] = {
+    "after": "have started",
+    "after-ok": "have completed",
+    "after-not-ok": "have failed or been cancelled",
+    "after-any": "have ended",
+}
+
+
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     submit = subparsers.add_parser(
         "submit",
@@ -189,6 +198,19 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "cluster's checkpoint root (default ROOT/<job id>)",
     )
     submit.add_argument("--max-retries", type=int, help="restarts after a failure (0-100)")
+    for kind, when in DEPENDENCY_FLAGS.items():
+        submit.add_argument(
+            f"--{kind}",
+            action="append",
+            default=[],
+            metavar="JOB[,JOB...]",
+            help=f"wait until these jobs of the team {when} (repeatable)",
+        )
+    submit.add_argument(
+        "--singleton",
+        action="store_true",
+        help="wait until every earlier job of the team with this name has ended",
+    )
     submit.add_argument("--idempotency-key", help="retrying with the same key never creates a second job")
     submit.add_argument(
         "--wait",
@@ -281,6 +303,16 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
         body["env"] = dict(args.env)
     if args.secret:
         body["secrets"] = dict(args.secret)
+    depends_on = [
+        {"kind": kind, "job_id": job_id.strip()}
+        for kind in DEPENDENCY_FLAGS
+        for value in getattr(args, kind.replace("-", "_"))
+        for job_id in value.split(",")
+    ]
+    if depends_on:
+        body["depends_on"] = depends_on
+    if args.singleton:
+        body["singleton"] = True
     return body
 
 
@@ -305,6 +337,7 @@ SUBMIT_FLAGS: dict[str, str] = {
     "topology_preferred": "--prefer-topology",
     "checkpoint_dir": "--checkpoint-dir",
     "max_retries": "--max-retries",
+    "singleton": "--singleton",
 }
 # A field named inside a message: one with an underscore wherever it stands as a word; a plain word
 # (gpus, name) only where it is followed by its value (``gpus=8``), so prose is left alone.

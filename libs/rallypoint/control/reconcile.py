@@ -40,6 +40,7 @@ from rallypoint.events import (
 from rallypoint.jobs.launch import checkpoint_env, launch_plan
 from rallypoint.protocol import LaunchTask
 from rallypoint.state import LAUNCHED, ClusterState, JobView
+from rallypoint.state.dependencies import never_met
 
 from .recovery import RecoveryConfig, classify_failure, eviction_wake_at, failure_events
 
@@ -136,6 +137,9 @@ def reconcile(
     if job.state == "pending":
         if job.cancel_requested:
             return [Append(event=JobCancelled(job_id=job.job_id, attempt=None, at=now))]
+        unmet = never_met(job, state.jobs) if job.spec.depends_on else None
+        if unmet is not None:  # it would wait forever: end it, saying which dependency
+            return [Append(event=JobFailed(job_id=job.job_id, attempt=job.attempt, reason=unmet, at=now))]
         return []
     if job.cancel_requested:
         return [_kill_then(job, JobCancelled(job_id=job.job_id, attempt=job.attempt, at=now))]

@@ -26,6 +26,18 @@ class _Event(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 # ---------------------------------------------------------------------------------------------------
 
 
+#: When a dependency is met: ``after`` once the job started; ``after-ok`` once it completed; ``after-not-ok``
+#: once it ended any other way (failed, cancelled, rejected); ``after-any`` once it ended at all.
+DependencyKind = Literal["after", "after-ok", "after-not-ok", "after-any"]
+
+
+class Dependency(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A job this one waits for, and on what (``DependencyKind``)."""
+
+    kind: DependencyKind
+    job_id: str
+
+
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What a user asked for. Validated by ``rallypoint.jobs.validate`` before it is ever appended.
 
@@ -55,6 +67,10 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     #: the names of the job's secret variables; their values never enter the log (the ``rally-secrets``
     #: bucket holds them, ``eventlog.secretstore``), so a reader of the log learns only that they exist
     secret_names: tuple[str, ...] = ()
+    #: jobs this one waits for before it may be scheduled (``state.dependencies``); each existed at submit
+    depends_on: tuple[Dependency, ...] = ()
+    #: waits until every earlier job of its team with its name has ended (one at a time per name and team)
+    singleton: bool = False
 
 
 class GpuInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -26,7 +26,7 @@ from typing import Any, cast, get_args
 
 import msgspec
 
-from rallypoint.events import JobSpec, TopologyLevel
+from rallypoint.events import Dependency, JobSpec, TopologyLevel
 from rallypoint.events.subjects import TOKEN_PATTERN
 
 from .launch import CONTRACT_VARIABLES
@@ -34,6 +34,8 @@ from .text import SpecError, check_strings, utf8_fault
 
 DEFAULT_MAX_GPUS_PER_NODE = 8
 MAX_RETRIES_LIMIT = 100
+MAX_DEPENDENCIES = 64
+DEPENDENCY_KINDS: tuple[str, ...] = ("after", "after-ok", "after-not-ok", "after-any")
 MAX_GPU_TYPES = 16
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 
@@ -193,6 +195,8 @@ def validate_spec(
     checkpoint_dir = _check_checkpoint_dir_shape(body)
     topology_required, topology_preferred = _check_topology(body)
     min_gpus, max_gpus, gpu_step = _check_elastic(body, gpus, gpus_per_task)
+    depends_on = _check_depends_on(body)
+    singleton = _bool(body, "singleton")
     max_retries = _int(body, "max_retries")
     if max_retries is None:
         max_retries = 0
@@ -219,6 +223,8 @@ def validate_spec(
         checkpoint_dir=checkpoint_dir,
         max_retries=max_retries,
         secret_names=secret_names,
+        depends_on=depends_on,
+        singleton=singleton,
     )
 
 
@@ -464,6 +470,44 @@ def _check_gpu_types(body: Mapping[str, Any], gpu_type: str | None) -> tuple[str
     if len(set(value)) != len(value):
         raise SpecError("gpu_types", "lists a type more than once")
     return tuple(value)
+
+
+def _bool(body: Mapping[str, Any], field: str) -> bool:
+    value = body.get(field)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise SpecError(field, f"must be true or false, got {_type_name(value)}")
+    return value
+
+
+def _check_depends_on(body: Mapping[str, Any]) -> tuple[Dependency, ...]:
+    """The jobs this one waits for: their shape only (whether each exists, is the team's and can still be
+    met is the API's check, against its fold)."""
+    value = body.get("depends_on")
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise SpecError("depends_on", f"must be an array of objects, got {_type_name(value)}")
+    if len(value) > MAX_DEPENDENCIES:
+        raise SpecError("depends_on", f"at most {MAX_DEPENDENCIES} dependencies, got {len(value)}")
+    deps: list[Dependency] = []
+    for i, item in enumerate(value):
+        field = f"depends_on[{i}]"
+        if not isinstance(item, Mapping):
+            raise SpecError(field, f"must be an object {{kind, job_id}}, got {_type_name(item)}")
+        unknown = sorted(str(k) for k in item if k not in ("kind", "job_id"))
+        if unknown:
+            raise SpecError(f"{field}.{unknown[0]}", "unknown field (a dependency has kind and job_id)")
+        kind, job_id = item.get("kind"), item.get("job_id")
+        if kind not in DEPENDENCY_KINDS:
+            raise SpecError(f"{field}.kind", f"must be one of {', '.join(DEPENDENCY_KINDS)}, got {kind!r}")
+        if not isinstance(job_id, str) or not TOKEN_PATTERN.fullmatch(job_id):
+            raise SpecError(f"{field}.job_id", f"must be a job id, got {job_id!r}")
+        deps.append(Dependency(kind=kind, job_id=job_id))
+    if len(set(deps)) != len(deps):
+        raise SpecError("depends_on", "lists a dependency more than once")
+    return tuple(deps)
 
 
 def _check_topology(body: Mapping[str, Any]) -> tuple[TopologyLevel | None, TopologyLevel | None]:

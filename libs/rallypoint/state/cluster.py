@@ -67,6 +67,7 @@ from rallypoint.events import (
 )
 from rallypoint.events.codec import Quarantined, QuarantineLog
 
+from .dependencies import hold_message
 from .indexes import GROWABLE, NOTHING, PENDING, REPAIRING, StateIndex, Touched
 
 RefusalKind = Literal["epoch", "unknown-job", "invalid", "overtaken"]
@@ -354,13 +355,36 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         return self._index().pending_count(team)
 
     def ready_jobs(self, now: float) -> list[JobView]:
-        """Pending jobs the scheduler may bind at ``now``: a retried job waits out its backoff first."""
+        """Pending jobs the scheduler may bind at ``now``: a retried job waits out its backoff first, and a
+        job with dependencies or a singleton flag waits until they are met (``hold_message``)."""
         index = self._index()
         pending = index.jobs_of(PENDING)
         latest_retry = index.latest_retry()
-        if latest_retry is None or latest_retry <= now:
+        held = self.held_jobs()
+        if (latest_retry is None or latest_retry <= now) and not held:
             return list(pending)
-        return [j for j in pending if j.retry_at is None or j.retry_at <= now]
+        return [j for j in pending if (j.retry_at is None or j.retry_at <= now) and j.job_id not in held]
+
+    def held_jobs(self) -> dict[str, str]:
+        """Pending jobs held by a dependency or a singleton, with why (``dependencies.hold_message``)."""
+        index = self._index()
+        held: dict[str, str] = {}
+        for job_id, job in index.gated().items():
+            why = hold_message(job, self.jobs, index.same_name_earlier(job) if job.spec.singleton else ())
+            if why is not None:
+                held[job_id] = why
+        return held
+
+    def hold_of(self, job: JobView) -> str | None:
+        """Why ``job`` is held by a dependency or a singleton (None: it is not)."""
+        if job.state != "pending" or not (job.spec.depends_on or job.spec.singleton):
+            return None
+        earlier = self._index().same_name_earlier(job) if job.spec.singleton else ()
+        return hold_message(job, self.jobs, earlier)
+
+    def dependents_of(self, job_id: str) -> frozenset[str]:
+        """Pending jobs waiting on ``job_id`` as a dependency."""
+        return self._index().dependents(job_id)
 
     def repairing_jobs(self) -> list[JobView]:
         """Interrupted gangs waiting for a replacement node (not being cancelled), in arrival order."""

@@ -111,6 +111,11 @@ class StateIndex:
         # Pending jobs waiting out a retry backoff (few): "ready at now" is every pending job once now is
         # past the latest of theirs.
         self._retrying: dict[str, float] = {}
+        # Pending jobs with dependencies or a singleton flag (gated: each is ready only once they are met),
+        # the gated jobs waiting on each job, and the live jobs of each (team, name) by arrival (singletons).
+        self._gated: dict[str, JobView] = {}
+        self._dependents: dict[str, set[str]] = {}
+        self._live_named: dict[tuple[str, str], dict[str, int]] = {}
         self._shares: dict[str, tuple[int, int, int]] = {}
         self._sizes: Counter[int] = Counter()  # GPUs per node -> how many nodes have that many
         self.total = self.schedulable = self.free = 0
@@ -125,6 +130,8 @@ class StateIndex:
         """Re-file ``job_id`` after an event that may have changed it (None: no such job)."""
         old_mask, key = self._jobs.get(job_id, _UNFILED)
         new_mask = job_classes(job) if job is not None else 0
+        if job is not None:
+            self._file_gates(job, pending=bool(new_mask & PENDING))
         if old_mask == new_mask == 0:
             return  # most events: a running or finished job stays out of every list
         if new_mask & PENDING and job is not None and job.retry_at is not None:
@@ -155,6 +162,46 @@ class StateIndex:
         if pending is not None:
             self._pending_team[job_id] = pending.spec.team
             self._pending_by_team[pending.spec.team] += 1
+
+    def _file_gates(self, job: JobView, *, pending: bool) -> None:
+        """Keep the gated jobs, their dependents and the live jobs by name in step with ``job``."""
+        spec = job.spec
+        named = self._live_named.setdefault((spec.team, spec.name), {})
+        if job.terminal:
+            named.pop(job.job_id, None)
+            if not named:
+                del self._live_named[(spec.team, spec.name)]
+        else:
+            named[job.job_id] = job.submitted_seq
+        if not (spec.depends_on or spec.singleton):
+            return
+        waiting = pending and not job.terminal
+        if waiting:
+            self._gated[job.job_id] = job
+        else:
+            self._gated.pop(job.job_id, None)
+        for dep in spec.depends_on:
+            ids = self._dependents.setdefault(dep.job_id, set())
+            if waiting:
+                ids.add(job.job_id)
+            else:
+                ids.discard(job.job_id)
+                if not ids:
+                    del self._dependents[dep.job_id]
+
+    def gated(self) -> Mapping[str, JobView]:
+        """Pending jobs with dependencies or a singleton flag, by id. Do not mutate."""
+        return self._gated
+
+    def dependents(self, job_id: str) -> frozenset[str]:
+        """The pending jobs that wait on ``job_id``."""
+        return frozenset(self._dependents.get(job_id, ()))
+
+    def same_name_earlier(self, job: JobView) -> list[str]:
+        """Live jobs of ``job``'s team and name submitted before it, in arrival order."""
+        named = self._live_named.get((job.spec.team, job.spec.name), {})
+        earlier = [(seq, other) for other, seq in named.items() if seq < job.submitted_seq]
+        return [other for _seq, other in sorted(earlier)]
 
     def pending_count(self, team: str) -> int:
         """How many of ``team``'s jobs are in the PENDING class."""

@@ -1,0 +1,79 @@
+"""Job dependencies and singletons, read from the fold (issue 35).
+
+A pending job with ``spec.depends_on`` or ``spec.singleton`` is *held* until each dependency is met and,
+for a singleton, every earlier job of its team with its name has ended. A held job is not ready: the
+scheduler never sees it (``ClusterState.ready_jobs``), and the job controller fails one whose dependency
+can never be met (``control.reconcile``). Everything here is a function of the fold, so every reader
+(scheduler, API, audit, simulator's twin) holds and releases the same jobs at the same log position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Literal
+
+from rallypoint.events import Dependency
+
+if TYPE_CHECKING:
+    from .cluster import JobView
+
+__all__ = ["DependencyStatus", "dependency_status", "hold_message", "never_met"]
+
+DependencyStatus = Literal["met", "waiting", "never"]
+
+_ENDED_NOT_OK = frozenset({"failed", "cancelled", "rejected"})
+_STARTED = frozenset({"running", "repairing"})
+_WAITS_FOR = {
+    "after": "to start",
+    "after-ok": "to complete",
+    "after-not-ok": "to fail or be cancelled",
+    "after-any": "to end",
+}
+
+
+def dependency_status(dep: Dependency, jobs: Mapping[str, JobView]) -> DependencyStatus:
+    """Whether ``dep`` is met, may still be, or can no longer be (its job ended the wrong way, or is gone)."""
+    other = jobs.get(dep.job_id)
+    if other is None:
+        return "never"
+    state = other.state
+    if dep.kind == "after":
+        if state in _STARTED or other.started_at is not None:
+            return "met"
+        return "never" if other.terminal else "waiting"
+    if not other.terminal:
+        return "waiting"
+    if dep.kind == "after-any":
+        return "met"
+    ok = state == "completed"
+    return "met" if ok == (dep.kind == "after-ok") else "never"
+
+
+def never_met(job: JobView, jobs: Mapping[str, JobView]) -> str | None:
+    """The reason ``job`` can never start because of a dependency (None: it still may)."""
+    for dep in job.spec.depends_on:
+        if dependency_status(dep, jobs) == "never":
+            other = jobs.get(dep.job_id)
+            how = f"ended {other.state}" if other is not None and other.terminal else "is gone"
+            if other is not None and dep.kind == "after" and other.terminal:
+                how = f"ended {other.state} without starting"
+            return f"dependency can never be met: {dep.job_id} {how} ({dep.kind})"
+    return None
+
+
+def hold_message(
+    job: JobView, jobs: Mapping[str, JobView], same_name_earlier: Iterable[str] = ()
+) -> str | None:
+    """Why ``job`` is held (None: it is not): the first dependency not met yet, else the earlier job of the
+    same name a singleton waits for. ``same_name_earlier``: live jobs of its team and name submitted before
+    it, in arrival order (read only for a singleton)."""
+    for dep in job.spec.depends_on:
+        status = dependency_status(dep, jobs)
+        if status != "met":
+            if status == "never":
+                return never_met(job, jobs)
+            return f"waiting for {dep.job_id} {_WAITS_FOR[dep.kind]} ({dep.kind})"
+    if job.spec.singleton:
+        for other_id in same_name_earlier:
+            return f"singleton: waiting for {other_id} (same name and team) to end"
+    return None
