@@ -83,7 +83,9 @@ class FGDPolicy:
     def _shared(self, state: State, pod: Pod, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per node: the best score over the GPUs the pod fits on, and that GPU."""
         left = state.gpu_left[nodes]
-        rows, gpus = np.nonzero(left >= pod.milli)
+        # GPUs with equal milli left on one node give the same state: try only the lowest-indexed of them
+        earlier_same = np.tril(left[:, :, None] == left[:, None, :], k=-1).any(axis=2)
+        rows, gpus = np.nonzero((left >= pod.milli) & ~earlier_same)
         after_gpu = left[rows].copy()
         after_gpu[np.arange(len(rows)), gpus] -= pod.milli
         node_ids = nodes[rows]
