@@ -35,12 +35,14 @@ __all__ = [
 _REF = "#/components/schemas/{name}"
 
 _log = logging.getLogger("rallypoint.api.predictions")
+
+
 CACHE_S = 2.0
 ASK_TIMEOUT_S = 1.0
 # A dry run's prediction is a run forward of its own: the answer waits for it, up to this long.
 DRY_RUN_TIMEOUT_S = 2.0
 _decode = msgspec.json.Decoder(Answer).decode
-_decode_start = msgspec.json.Decoder(PredictedStart).decode
+_decode_reply = msgspec.json.Decoder(dict[str, Any]).decode
 _UNAVAILABLE = {"status": "unavailable", "detail": "the predictor has not answered (is it running?)"}
 
 
@@ -83,10 +85,15 @@ class StartPredictions:
             reply = await self._client().request(
                 subjects.query("predictor", "dryrun"), msgspec.json.encode(spec), timeout=DRY_RUN_TIMEOUT_S
             )
-            start = _decode_start(reply.data)
+            raw = _decode_reply(reply.data)
+            # ``{"error": ...}``: no prediction made (a spec it cannot read, or none within its budget)
+            refusal = raw.get("error")
+            start = None if refusal is not None else msgspec.convert(raw, PredictedStart)
         except (nats.errors.Error, TimeoutError, msgspec.DecodeError, msgspec.ValidationError) as exc:
             _log.debug("no dry-run prediction (%s)", type(exc).__name__)
             return dict(_UNAVAILABLE)
+        if start is None:
+            return {"status": "unavailable", "detail": f"the predictor made no prediction: {refusal}"}
         return {**_start_fields(start), "computed_at": time.time()}
 
 

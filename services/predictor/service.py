@@ -15,13 +15,15 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 import nats.errors
+from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rallypoint.eventlog import EventLog, EventLogError
 from rallypoint.events import JobSpec, SchedulerSettings, subjects
-from rallypoint.predict.live import HORIZON_S, MAX_CYCLES
+from rallypoint.predict.live import HORIZON_S, MAX_CYCLES, OutOfTime
 from rallypoint.predict.refresh import Predictor, Settings
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.follower import Follower
@@ -89,6 +91,30 @@ class _Gauges(Collector):
         yield accuracy
 
 
+async def answer_queries(nc: Client, predictor: Predictor) -> list[Subscription]:
+    """Answer ``q.predictor.starts`` (the latest refresh) and ``q.predictor.dryrun`` (a dry run's
+    predicted start: a ``JobSpec`` in, a ``PredictedStart`` out, or ``{"error": ...}`` for a spec it
+    cannot read or a prediction not made within ``Predictor.dry_run_budget_s``) on ``nc``, in the queue group
+    ``predictor``: any number of replicas share the queries. ``rally bench dryrun`` serves them so too."""
+
+    async def answer(msg: Msg) -> None:
+        await msg.respond(predictor.encoded)
+
+    async def dry_run(msg: Msg) -> None:
+        try:
+            spec = msgspec.json.decode(msg.data, type=JobSpec)
+            start = await predictor.dry_run(spec)
+        except (msgspec.DecodeError, msgspec.ValidationError, OutOfTime) as exc:
+            await msg.respond(msgspec.json.encode({"error": str(exc)}))
+            return
+        await msg.respond(msgspec.json.encode(start))
+
+    return [
+        await nc.subscribe(subjects.query("predictor", "starts"), queue="predictor", cb=answer),
+        await nc.subscribe(subjects.query("predictor", "dryrun"), queue="predictor", cb=dry_run),
+    ]
+
+
 #: Predictions are relative to the clock as well as to the log: refresh at least this often when idle.
 STALE_S = 60.0
 
@@ -124,23 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_cycles=args.max_cycles,
         )
         add_collector(ctx, _Gauges(predictor))
-        nc = await ctx.nats()
-
-        async def answer(msg: Msg) -> None:
-            await msg.respond(predictor.encoded)
-
-        async def dry_run(msg: Msg) -> None:
-            try:
-                spec = msgspec.json.decode(msg.data, type=JobSpec)
-                start = await predictor.dry_run(spec)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                await msg.respond(msgspec.json.encode({"error": str(exc)}))
-                return
-            await msg.respond(msgspec.json.encode(start))
-
-        # A queue group: any number of predictor replicas share the queries.
-        await nc.subscribe(subjects.query("predictor", "starts"), queue="predictor", cb=answer)
-        await nc.subscribe(subjects.query("predictor", "dryrun"), queue="predictor", cb=dry_run)
+        await answer_queries(await ctx.nats(), predictor)
         await refresh_forever(ctx, follower, predictor, args.interval)
         return 0
 

@@ -17,7 +17,15 @@ import pytest
 
 from rallypoint.events import JobCompleted, JobSpec, JobSubmitted
 from rallypoint.predict import RuntimeEstimator, refresh
-from rallypoint.predict.live import PredictedStart, Predictions, features_of, learn, predict, run_forward
+from rallypoint.predict.live import (
+    OutOfTime,
+    PredictedStart,
+    Predictions,
+    features_of,
+    learn,
+    predict,
+    run_forward,
+)
 from rallypoint.predict.refresh import Predictor
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.sim.cluster import Cluster, Node
@@ -196,3 +204,17 @@ def test_a_dry_run_answers_beside_a_refresh_under_way_and_leaves_its_clock(
     # the dry run asked the estimator about a later moment without moving its clock: the refresh, which
     # asks about an earlier one, still answers
     assert predictions.now == T0 + 60 and set(predictions.jobs) == {"gang", "single"}
+
+
+def test_a_dry_run_not_answered_within_its_budget_stops_and_says_so() -> None:
+    state = busy_cluster()
+
+    async def no_settings() -> None:
+        return None
+
+    with pytest.raises(OutOfTime):  # its run forward stops instead of running on for nobody
+        asyncio.run(
+            Predictor(lambda: state, no_settings, dry_run_budget_s=0.0).dry_run(spec("next", 8), T0 + 70)
+        )
+    answered = asyncio.run(Predictor(lambda: state, no_settings).dry_run(spec("next", 8), T0 + 70))
+    assert answered.p50 is not None

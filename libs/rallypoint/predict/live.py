@@ -21,13 +21,15 @@ made-up one.
 A dry run (``refresh.Predictor.dry_run``) asks for one job only (``predict(..., only=job_id)``): each run
 then stops as soon as that job started, or can no longer start (rejected, or the horizon reached), instead
 of running until every waiting job did. What happens to the jobs after its start cannot change it, so its
-predicted start is the full run's, for fewer cycles.
+predicted start is the full run's, for fewer cycles. A dry run is answered within a wall-clock
+``deadline`` or not at all (``OutOfTime``): on a large queue its job may start only hundreds of cycles on.
 """
 
 from __future__ import annotations
 
 import heapq
 import shlex
+import time
 from collections.abc import Callable, Iterable
 
 import msgspec
@@ -43,6 +45,7 @@ from .runtimes import JobFeatures, RuntimeEstimate, RuntimeEstimator
 
 __all__ = [
     "ForwardRun",
+    "OutOfTime",
     "PredictedStart",
     "Predictions",
     "features_of",
@@ -115,6 +118,10 @@ def learn(estimator: RuntimeEstimator, jobs: Iterable[JobView]) -> int:
 
 
 Runtime = Callable[[JobView], float]
+
+
+class OutOfTime(Exception):
+    """A run forward passed its ``deadline`` (``time.monotonic``) before it could answer."""
 
 
 class ForwardRun:
@@ -200,14 +207,17 @@ def run_forward(
     horizon_s: float = HORIZON_S,
     max_cycles: int = MAX_CYCLES,
     until: str | None = None,
+    deadline: float | None = None,
 ) -> ForwardRun:
     """``state`` run forward until every job waiting in it started, or only until ``until`` did (or can
     no longer: rejected, cancelled), if every job runs ``runtime(job)`` seconds in all (for a running one,
     from its attempt's start); the run: when each started (``starts``), in how many ``cycles``. ``state``
-    is used up: pass a copy."""
+    is used up: pass a copy. ``deadline``: ``OutOfTime`` when a cycle would begin after it."""
     run = ForwardRun(state, policy, runtime, now)
     t = now
     for _ in range(max_cycles):
+        if deadline is not None and time.monotonic() > deadline:
+            raise OutOfTime(f"no answer after {run.cycles} cycles, up to {t - now:.0f} s ahead")
         run.cycle(t)
         if run.settled(until) if until is not None else run.waiting <= run.starts.keys():
             break
@@ -252,10 +262,12 @@ def predict(
     max_cycles: int = MAX_CYCLES,
     only: str | None = None,
     advance_clock: bool = True,
+    deadline: float | None = None,
 ) -> Predictions:
     """Every waiting job's P50 and P90 start; ``state`` is left as it was (each run forks its own copy).
     ``only``: that waiting job's alone (a dry run's), each run stopping once it started.
-    ``advance_clock=False``: the estimator's clock stays where it was (``RuntimeEstimator.estimate``)."""
+    ``advance_clock=False``: the estimator's clock stays where it was (``RuntimeEstimator.estimate``).
+    ``deadline`` (``time.monotonic``): ``OutOfTime`` when a run has not answered by then."""
     runs = {
         quantile: run_forward(
             ClusterState.decode(state.encode()),
@@ -265,6 +277,7 @@ def predict(
             horizon_s=horizon_s,
             max_cycles=max_cycles,
             until=only,
+            deadline=deadline,
         ).starts
         for quantile in ("p50", "p90")
     }

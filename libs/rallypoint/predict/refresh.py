@@ -27,10 +27,14 @@ from .live import HORIZON_S, MAX_CYCLES, PredictedStart, Predictions, learn, pre
 from .runtimes import RuntimeEstimator
 from .tracking import Accuracy, AccuracyTracker
 
-__all__ = ["DRY_RUN_JOB", "Answer", "Predictor", "Settings", "policy_of"]
+__all__ = ["DRY_RUN_BUDGET_S", "DRY_RUN_JOB", "Answer", "Predictor", "Settings", "policy_of"]
 
 #: The id a dry run's job takes in the fork (no real id has this form: they are ``j-`` and hex).
 DRY_RUN_JOB = "dry-run"
+#: Seconds a dry run's prediction may take from its question (the API waits 2 s for it): past them its run
+#: forward stops (``live.OutOfTime``) instead of running on for an answer nobody waits for any more, in
+#: the way of the next dry run.
+DRY_RUN_BUDGET_S = 1.5
 
 _log = logging.getLogger("rallypoint.predictor")
 
@@ -72,8 +76,10 @@ class Predictor:
         *,
         horizon_s: float = HORIZON_S,
         max_cycles: int = MAX_CYCLES,
+        dry_run_budget_s: float = DRY_RUN_BUDGET_S,
     ) -> None:
         self._state = state
+        self.dry_run_budget_s = dry_run_budget_s
         self._settings = settings
         self.horizon_s = horizon_s
         self.max_cycles = max_cycles
@@ -113,7 +119,12 @@ class Predictor:
                 self.tracker.completed(view.job_id, runtime)
 
     async def _predict(
-        self, fork: ClusterState, policy: SchedulingPolicy, now: float | None, only: str | None = None
+        self,
+        fork: ClusterState,
+        policy: SchedulingPolicy,
+        now: float | None,
+        only: str | None = None,
+        deadline: float | None = None,
     ) -> Predictions:
         """Predictions for ``fork`` (a copy), computed off the event loop: a refresh's (one at a time), or
         with ``only`` a dry run's (that job's alone, ``live.predict``'s runs stopping once it started; one
@@ -131,18 +142,22 @@ class Predictor:
                 max_cycles=self.max_cycles,
                 only=only,
                 advance_clock=only is None,
+                deadline=deadline,
             )
 
     async def dry_run(self, spec: JobSpec, now: float | None = None) -> PredictedStart:
         """The predicted start of a job with ``spec`` if it were submitted now (``POST /v1/jobs?dry_run``):
         a fork with its submission folded in, run forward as a refresh is, until that job started. It reads
         the leader's settings as a refresh does (a dry run may come before the first refresh ends), and
-        does not wait for a refresh under way."""
+        does not wait for a refresh under way. ``live.OutOfTime`` when it has no answer within
+        ``dry_run_budget_s`` of the question."""
+        deadline = time.monotonic() + self.dry_run_budget_s
         policy = policy_of(await self._settings())
         fork = ClusterState.decode(self._state().encode())
         at = time.time() if now is None else now
         fork.apply(fork.last_seq + 1, JobSubmitted(job_id=DRY_RUN_JOB, spec=spec, submitted_at=at))
-        return (await self._predict(fork, policy, at, only=DRY_RUN_JOB)).jobs[DRY_RUN_JOB]
+        predictions = await self._predict(fork, policy, at, only=DRY_RUN_JOB, deadline=deadline)
+        return predictions.jobs[DRY_RUN_JOB]
 
     async def refresh(self, now: float | None = None) -> Predictions:
         """New predictions for the fold as it is now, computed off the event loop."""
