@@ -10,7 +10,13 @@ other, in turn a 1-GPU job, a one-node job, a 64-GPU gang and a 1,024-GPU gang, 
 The first is reported apart (``first_ms``: it builds the scheduler's model of the fold, which later ones
 keep in step). Every answer is one cycle of the real core over all the pending jobs plus the dry run's:
 where nothing has bound the waiting jobs (the workload's), that cycle binds thousands of them too, so
-this is the dry run's worst case. ``appended`` is how far the log moved over all the dry runs: 0.
+this is the dry run's worst case. Those answers carry no prediction (no predictor runs: ``unavailable``).
+Then the predictor service's query handlers (``answer_queries``) are served on the same NATS server over
+the API's fold, and a quarter of ``--runs`` more dry runs (at least two of each shape) are timed with their
+predicted start (``with_prediction``: the API's latency, the predictor's own time per dry run, how many
+answers said ``now``, ``predicted``, ``beyond-horizon`` or ``unavailable``, and the same per shape); no
+periodic refresh runs, and each dry run waits until the predictor finished the last one. ``appended`` is
+how far the log moved over all the dry runs: 0.
 
 ``rally bench dryrun --nodes 12500 --pending 10000 --json`` (``cli/bench.py`` holds its arguments).
 """
@@ -32,6 +38,8 @@ from aiohttp import web
 from rallypoint_services.api import ApiConfig, build_app
 from rallypoint_services.api.app import FOLLOWER
 from rallypoint_services.api.fold import FoldFollower
+from rallypoint_services.predictor.service import answer_queries, settings_reader
+from rallypoint_services.scheduler.leader import scheduler_settings
 
 from rallypoint.core import (
     ClusterModel,
@@ -55,6 +63,10 @@ from rallypoint.events import (
     subjects,
 )
 from rallypoint.infra import NatsServer, free_port
+from rallypoint.predict.live import PredictedStart
+from rallypoint.predict.refresh import Predictor
+from rallypoint.scheduling import SchedulingPolicy
+from rallypoint.scheduling.config import core_queues
 from rallypoint.scheduling.queues import Org, Queues, Team
 from rallypoint.security.tokens import TokenStore, create_token
 
@@ -85,11 +97,12 @@ def _job_spec(job: RunningJob | PendingJob, limit: float | None) -> JobSpec:
 
 def settled_workload(
     nodes: int, pending: int, seed: int, *, rounds: int = 8
-) -> tuple[ClusterModel, tuple[PendingJob, ...]]:
+) -> tuple[ClusterModel, tuple[PendingJob, ...], float]:
     """``build_workload``'s cluster once the scheduler has done what it can: twice ``pending`` jobs
     arrive, cycles of the core bind what fits (until one binds nothing, at most ``rounds``), and the first
     ``pending`` of those still waiting stay. A live queue of that length is made of jobs the last cycle
-    could not place: a dry run's cycle then places at most the dry job, not thousands."""
+    could not place: a dry run's cycle then places at most the dry job, not thousands. The workload's
+    clock (``now``) comes third."""
     cluster, waiting, queues, now = build_workload(nodes, 8, 2 * pending, seed)
     policy = policy_by_name("rallypoint")
     for _ in range(rounds):
@@ -100,7 +113,7 @@ def settled_workload(
         for bind in decisions.binds:
             cluster.bind(_started(jobs.pop(bind.job_id), bind.placements, now))
         waiting = tuple(jobs.values())
-    return cluster, waiting[:pending]
+    return cluster, waiting[:pending], now
 
 
 def _started(job: PendingJob, placements: tuple[TaskPlacement, ...], now: float) -> RunningJob:
@@ -112,21 +125,37 @@ def _started(job: PendingJob, placements: tuple[TaskPlacement, ...], now: float)
     )  # fmt: skip
 
 
-def workload_events(cluster: ClusterModel, waiting: Sequence[PendingJob]) -> Iterator[Event]:
-    """The workload as the log would hold it: a scheduler epoch, the nodes, each running gang submitted
-    and bound (in that epoch), each waiting job submitted."""
+def workload_events(
+    cluster: ClusterModel, waiting: Sequence[PendingJob], queues: Queues, *, shift: float = 0.0
+) -> Iterator[Event]:
+    """The workload as the log would hold it: a scheduler epoch and the settings its leader decides with
+    (``queues``' quotas: what the predictor reads), the nodes, each running gang submitted and bound (in
+    that epoch), each waiting job submitted. ``shift`` is added to the workload's times: the bench moves
+    its clock (``settled_workload``'s ``now``) to the wall clock's, which dry runs are judged at, so the
+    running gangs are as far from their ends as the workload says."""
     yield LeaderEpochStarted(epoch=1, leader_id="dryrunbench", role="scheduler", at=1.0)
+    core, classes = core_queues(queues)
+    yield scheduler_settings(
+        SchedulingPolicy(queues=core, priority_classes=classes),
+        epoch=1,
+        leader_id="dryrunbench",
+        queue_file="dryrunbench",
+        repair_wait_s=0.0,
+        at=1.0,
+    )
     for node in cluster.nodes.values():
         yield _node_event(node.id, node.rack, node.spine, node.gpu_type, node.gpus)
     for run in sorted(cluster.running.values(), key=lambda j: j.id):
         limit = None if run.expected_end is None else run.expected_end - run.start_time
-        yield JobSubmitted(job_id=run.id, spec=_job_spec(run, limit), submitted_at=run.start_time)
+        began = run.start_time + shift
+        yield JobSubmitted(job_id=run.id, spec=_job_spec(run, limit), submitted_at=began)
         yield GangBound(
             job_id=run.id, attempt=1, epoch=1, placements=run.placements, computed_at_seq=1,
-            policy_version="dryrunbench", now=run.start_time, at=run.start_time,
+            policy_version="dryrunbench", now=began, at=began,
         )  # fmt: skip
     for job in waiting:
-        yield JobSubmitted(job_id=job.id, spec=_job_spec(job, job.time_limit_s), submitted_at=job.submit_time)
+        spec = _job_spec(job, job.time_limit_s)
+        yield JobSubmitted(job_id=job.id, spec=spec, submitted_at=job.submit_time + shift)
 
 
 async def _append_all(log: EventLog, events: Iterator[Event]) -> int:
@@ -159,13 +188,45 @@ def _percentile(samples: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def _time_dry_runs(url: str, token: str, runs: int) -> tuple[list[float], list[dict[str, Any]]]:
-    """Seconds per dry run, one after the other, and the answers."""
+class _TimedPredictor(Predictor):
+    """The predictor service's ``Predictor``, noting how long each dry run's prediction took (``took``,
+    seconds, also those the API stopped waiting for) so that the driver can wait for it to be idle."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.took: list[float] = []
+        self._busy = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def dry_run(self, spec: JobSpec, now: float | None = None) -> PredictedStart:
+        self._busy += 1
+        self._idle.clear()
+        start = time.perf_counter()
+        try:
+            return await super().dry_run(spec, now)
+        finally:
+            self.took.append(time.perf_counter() - start)
+            self._busy -= 1
+            if not self._busy:
+                self._idle.set()
+
+    async def idle(self) -> None:
+        await self._idle.wait()
+
+
+async def _time_dry_runs(
+    url: str, token: str, runs: int, predictor: _TimedPredictor | None = None
+) -> tuple[list[float], list[dict[str, Any]]]:
+    """Seconds per dry run, one after the other, and the answers. With ``predictor``, each waits until
+    the predictor finished the last one's prediction (one the API stopped waiting for runs on)."""
     headers = {"Authorization": f"Bearer {token}"}
     took: list[float] = []
     answers: list[dict[str, Any]] = []
     async with aiohttp.ClientSession(headers=headers) as session:
         for i in range(runs):
+            if predictor is not None:
+                await predictor.idle()
             gpus, per_task = SHAPES[i % len(SHAPES)]
             body = {"name": f"dry{i}", "gpus": gpus, "gpus_per_task": per_task, "command": ["true"]}
             start = time.perf_counter()
@@ -175,6 +236,8 @@ async def _time_dry_runs(url: str, token: str, runs: int) -> tuple[list[float], 
                     raise RuntimeError(f"dry run answered {resp.status}: {answer}")
             took.append(time.perf_counter() - start)
             answers.append(answer)
+        if predictor is not None:
+            await predictor.idle()
     return took, answers
 
 
@@ -184,6 +247,57 @@ async def _wait_folded(follower: FoldFollower, seq: int) -> float:
     if not await follower.wait_for_seq(seq, FOLD_TIMEOUT_S):
         raise TimeoutError(f"the API's fold did not reach seq {seq} in {FOLD_TIMEOUT_S:.0f} s")
     return time.perf_counter() - start
+
+
+def _latency(seconds: Sequence[float]) -> dict[str, float]:
+    ms = [t * 1000 for t in seconds]
+    return {
+        "p50_ms": round(statistics.median(ms), 1),
+        "p95_ms": round(_percentile(ms, 0.95), 1),
+        "max_ms": round(max(ms), 1),
+    }
+
+
+def _predicted_runs(runs: int) -> int:
+    """Dry runs timed with the predictor: a quarter of ``--runs`` (each is a run forward of its own, up
+    to seconds at the default size), at least two of each shape."""
+    return max(2 * len(SHAPES), runs // 4)
+
+
+async def _with_prediction(
+    log: EventLog, app: web.Application, url: str, token: str, runs: int
+) -> dict[str, Any]:
+    """The same dry runs with the predictor service's query handlers (``answer_queries``) on the same NATS
+    server, over the API's fold, so each answer carries the predictor's run forward (``predicted_start``).
+    No periodic refresh runs beside them (the log does not move): each dry run is timed alone."""
+    predictor = _TimedPredictor(lambda: app[FOLLOWER].state, settings_reader(log))
+    subscriptions = await answer_queries(log.nc, predictor)
+    try:
+        took, answers = await _time_dry_runs(url, token, runs, predictor)
+    finally:
+        for subscription in subscriptions:
+            await subscription.unsubscribe()
+    statuses = [(a["predicted_start"] or {}).get("status", "none") for a in answers]
+    by_shape: dict[str, dict[str, Any]] = {}
+    for i, (seconds, answer, status) in enumerate(zip(took, answers, statuses, strict=True)):
+        gpus, _ = SHAPES[i % len(SHAPES)]
+        row = by_shape.setdefault(f"{gpus}_gpus", {"ms": [], "statuses": {}})
+        row["ms"].append(round(seconds * 1000, 1))
+        row["statuses"][status] = row["statuses"].get(status, 0) + 1
+        if status == "predicted":
+            row["p50_wait_s"] = round(
+                answer["predicted_start"]["p50"] - answer["predicted_start"]["computed_at"]
+            )
+    return {
+        "dry_runs": len(took),
+        **_latency(took),
+        # the predictor's own time per dry run (fork, both runs forward), also where the API gave up at 2 s
+        "predictor": _latency(predictor.took),
+        **{
+            status: statuses.count(status) for status in ("now", "predicted", "beyond-horizon", "unavailable")
+        },
+        "by_shape": by_shape,
+    }
 
 
 async def _serve_and_measure(
@@ -209,36 +323,39 @@ async def _serve_and_measure(
         before, cpu = await log.last_seq(), time.process_time()
         took, answers = await _time_dry_runs(url, token, cfg.runs)
         cpu = time.process_time() - cpu
+        predicted = await _with_prediction(log, app, url, token, _predicted_runs(cfg.runs))
         appended = await log.last_seq() - before
     finally:
         await runner.cleanup()
-    ms = [t * 1000 for t in took]
     return {
-        "dry_runs": len(ms),
-        "p50_ms": round(statistics.median(ms), 1),
-        "p95_ms": round(_percentile(ms, 0.95), 1),
-        "max_ms": round(max(ms), 1),
+        "dry_runs": len(took),
+        **_latency(took),
         # this process's CPU (the API and the driver) per dry run: what a busy machine stretches
-        "cpu_ms_per_dry_run": round(cpu * 1000 / len(ms), 1),
+        "cpu_ms_per_dry_run": round(cpu * 1000 / len(took), 1),
         "first_ms": round(first_s * 1000, 1),
         "api_fold_s": round(fold_s, 1),
         "placed": sum(a["placement"] is not None for a in answers),
         "waiting": sum(a["placement"] is None and a["would_admit"] for a in answers),
         "refused": sum(not a["would_admit"] for a in answers),
+        "predicted_start": sorted({(a["predicted_start"] or {}).get("status", "none") for a in answers}),
+        "with_prediction": predicted,
         "appended": appended,
         "log_position": answers[-1]["log_position"],
     }
 
 
 async def _run(cfg: argparse.Namespace, workdir: Path, settle: bool) -> dict[str, Any]:
-    cluster, waiting = settled_workload(cfg.nodes, cfg.pending, cfg.seed)
+    cluster, waiting, now = settled_workload(cfg.nodes, cfg.pending, cfg.seed)
+    queues = bench_queues(total_gpus=cfg.nodes * 8)
     tokens = workdir / "tokens.json"
     _, token = create_token(tokens, user="bench", team=TEAM)
     with NatsServer(workdir / "nats") as server:
         nc = await connect_nats(server.url, name="dryrunbench")
         try:
             log = await setup_log(nc)
-            events = await _append_all(log, workload_events(cluster, waiting))
+            # the workload's clock moved to the wall clock's: dry runs are judged now
+            workload = workload_events(cluster, waiting, queues, shift=time.time() - now)
+            events = await _append_all(log, workload)
             out = await _serve_and_measure(log, cfg, tokens, token, settle=settle)
         finally:
             await nc.close()
