@@ -45,7 +45,7 @@ async def dependency_refusal(
             # another team's job is answered as a missing one: its existence is not this team's to learn
             return invalid_spec(SpecError(field, f"job {dep.job_id!r} does not exist"))
         if dependency_status(dep, jobs) == "never":
-            how = f"it {other.state} without starting" if dep.kind == "after" else f"it {other.state}"
+            how = f"it {other.state} without being placed" if dep.kind == "after" else f"it {other.state}"
             return invalid_spec(SpecError(field, f"{dep.kind} on {dep.job_id} can never be met: {how}"))
     return None
 

@@ -283,8 +283,8 @@ _SCHEMAS: dict[str, Any] = {
             "kind": {
                 "type": "string",
                 "enum": ["after", "after-ok", "after-not-ok", "after-any"],
-                "description": "after: once it started; after-ok: once it completed; after-not-ok: once it "
-                "failed, was cancelled or rejected; after-any: once it ended.",
+                "description": "after: once it was placed (given its GPUs); after-ok: once it completed; "
+                "after-not-ok: once it failed, was cancelled or rejected; after-any: once it ended.",
             },
             "job_id": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,128}$"},
         },

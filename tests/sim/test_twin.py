@@ -10,6 +10,7 @@ the audit's fresh rebuild, and compares the three encodings. The fold then folds
 
 from __future__ import annotations
 
+import itertools
 import random
 from datetime import datetime
 from pathlib import Path
@@ -17,11 +18,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from rallypoint.events import Dependency
 from rallypoint.scheduling.queues import Queues, queues_from_obj
 from rallypoint.sim.cluster import Cluster, cluster_from_obj
 from rallypoint.sim.engine import SimOptions
 from rallypoint.sim.twin import Twin, TwinReport, live_policy, run_twin
-from rallypoint.sim.workload import Job
+from rallypoint.sim.workload import Job, dependency_problem
 from rallypoint.traces.convert import convert_philly
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -259,3 +261,61 @@ def test_gpu_types_and_nvlink_domains_decide_the_same(policy: str) -> None:
     # the rejection rule from the core's typed codes: gangs no node shape can hold (GangTooLarge) are
     # rejected on both sides, the same ones (assert_identical)
     assert report.codes.get("GangTooLarge", 0) > 0 and report.rejected_live
+
+
+def with_dependencies(seed: int) -> list[Job]:
+    """The seeded contention with dependencies of every kind on earlier jobs, singletons sharing a name,
+    and a job larger than the cluster that others wait on (after-not-ok met, after-ok never)."""
+    jobs = seeded(seed)
+    rng = random.Random(seed + 100)
+    kinds = ("after", "after-ok", "after-not-ok", "after-any")
+    never = (Dependency(kind="after-ok", job_id="huge"),)
+    out = [J("huge", 0.0, 64, 10.0, "t1"), J("doomed", 0.0, 4, 10.0, "t2", depends_on=never)]
+    for k, job in enumerate(jobs):
+        extra: dict[str, object] = {}
+        if k and rng.random() < 0.5:
+            earlier = rng.choice([j.id for j in jobs[:k]] + ["huge"])
+            extra["depends_on"] = (Dependency(kind=rng.choice(kinds), job_id=earlier),)  # type: ignore[arg-type]
+        if rng.random() < 0.3:
+            extra.update(name="nightly", singleton=rng.random() < 0.7)
+        out.append(msgspec.structs.replace(job, **extra))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("policy", ("easy-backfill", "rallypoint"))
+def test_dependencies_and_singletons_hold_the_same_jobs_in_the_simulator_and_live(
+    policy: str, seed: int
+) -> None:
+    _, cluster, queues = synthetic()
+    jobs = with_dependencies(seed)
+    assert dependency_problem(jobs) is None
+    twin = Twin(jobs, cluster, policy, queues)
+    report = twin.run()
+    assert_identical(report)
+    sim = twin.sim
+    ends = {r.id: r for r in sim.records}
+    failed = set(sim.holds.failed)
+    assert failed and len(ends) + len(sim.rejected) + len(failed) == len(jobs)  # every job ended somehow
+    for job in jobs:
+        for dep in job.depends_on:
+            if job.id not in ends:
+                continue
+            before = ends.get(dep.job_id)
+            if dep.kind == "after-ok":
+                assert before is not None and ends[job.id].start >= before.end
+            elif dep.kind == "after":
+                assert before is not None and ends[job.id].start >= before.start
+            elif dep.kind == "after-not-ok":
+                assert dep.job_id in sim.rejected or dep.job_id in failed
+    # a singleton never overlaps an earlier job of its team and name: checked among the singletons
+    for team in ("t1", "t2"):
+        runs = sorted(
+            (ends[j.id].start, ends[j.id].end)
+            for j in jobs
+            if j.singleton and j.team == team and j.id in ends
+        )
+        assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(runs)), runs
+    # live, the job controller fails the same jobs (the twin appends its JobFailed)
+    assert {j.job_id for j in twin.live.state.jobs.values() if j.state == "failed"} == failed
+    assert "doomed" in failed

@@ -22,6 +22,7 @@ from rallypoint.events import (
     TaskPlacement,
 )
 from rallypoint.jobs.validate import SpecError, validate_spec
+from rallypoint.sim.workload import WorkloadError, parse_lines
 from rallypoint.state import ClusterState
 
 
@@ -139,7 +140,8 @@ def test_after_is_met_once_the_job_starts_and_never_if_it_ends_unstarted() -> No
     assert fold.ready() == ["b", "c"]
     fold.apply(JobCancelled(job_id="c", attempt=None, at=3.0))
     d = fold.state.jobs["d"]
-    assert fold.state.hold_of(d) == "dependency can never be met: c ended cancelled without starting (after)"
+    never = "dependency can never be met: c ended cancelled without being placed (after)"
+    assert fold.state.hold_of(d) == never
     assert reconcile(d, fold.state, 4.0) != []
 
 
@@ -196,3 +198,14 @@ def test_a_good_submission_keeps_its_dependencies() -> None:
     assert got.depends_on == (Dependency(kind="after-ok", job_id="j-1"),) and got.singleton
     with pytest.raises(SpecError, match="must be true or false"):
         validate_spec(_body(singleton="yes"))
+
+
+def test_a_workload_may_only_wait_for_jobs_that_arrive_first() -> None:
+    line = '{{"id": "{id}", "submit": {t}, "gpus": 1, "duration": 5, "team": "t"{extra}}}'
+    dep = ', "depends_on": [{"kind": "after-ok", "job_id": "a"}]'
+    ok = [line.format(id="a", t=0, extra=""), line.format(id="b", t=0, extra=dep)]
+    assert [j.depends_on for j in parse_lines(ok)][1] == (Dependency(kind="after-ok", job_id="a"),)
+    with pytest.raises(WorkloadError, match="job b depends on a, which does not arrive before it"):
+        parse_lines([line.format(id="b", t=0, extra=dep), line.format(id="a", t=0, extra="")])
+    with pytest.raises(WorkloadError, match="job b depends on a, which is not in the workload"):
+        parse_lines([line.format(id="b", t=0, extra=dep)])

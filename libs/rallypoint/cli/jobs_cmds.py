@@ -109,7 +109,7 @@ def _api_arg(parser: argparse.ArgumentParser) -> None:
 
 #: `rally submit`'s dependency flags (the API's depends_on kinds) and when each is met.
 DEPENDENCY_FLAGS: dict[str, str] = {
-    "after": "have started",
+    "after": "have been placed (given their GPUs)",
     "after-ok": "have completed",
     "after-not-ok": "have failed or been cancelled",
     "after-any": "have ended",

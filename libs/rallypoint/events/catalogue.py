@@ -26,8 +26,8 @@ class _Event(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 # ---------------------------------------------------------------------------------------------------
 
 
-#: When a dependency is met: ``after`` once the job started; ``after-ok`` once it completed; ``after-not-ok``
-#: once it ended any other way (failed, cancelled, rejected); ``after-any`` once it ended at all.
+#: When a dependency is met: ``after`` once the job was placed; ``after-ok`` once it completed;
+#: ``after-not-ok`` once it ended any other way (failed, cancelled, rejected); ``after-any`` once it ended.
 DependencyKind = Literal["after", "after-ok", "after-not-ok", "after-any"]
 
 

@@ -45,6 +45,7 @@ from rallypoint.scheduling.queues import Queues
 
 from .cluster import Cluster
 from .failslow import Episode, FailSlow, node_episodes, stragglers_in_gang
+from .holds import Holds
 from .metrics import JobRecord, Recorder, summarize
 from .workload import Job
 
@@ -247,6 +248,8 @@ class Simulator:
         self.unsubmitted = len(self.jobs)
         self.bind_conflicts = 0
         self.rejected: list[str] = []
+        self.holds = Holds(self._placed)
+        self.has_holds = any(j.depends_on or j.singleton for j in jobs)
         self.pending_gpus = 0
         self.team_alloc: Counter[str] = Counter()
         self.team_pending_sizes: dict[str, Counter[int]] = {}
@@ -324,18 +327,39 @@ class Simulator:
             attained_gpu_s=sj.attained,
             last_preempted_at=sj.last_preempted,
             last_run_s=sj.run_time,
-            name=j.id,  # a workload's job has no other name; the scheduler passes its spec's
+            name=j.job_name,  # the scheduler passes its spec's (twin.job_spec: the same)
         )
 
     def _submit(self, sj: _SimJob, now: float) -> bool:
         """A job arrives: admitted into the queue, or rejected at once by the scheduler's admission rule
         (larger than the whole cluster), so the core never sees it, as a live scheduler's never does."""
         self.unsubmitted -= 1
+        held = self.holds.arrive(sj.job, sj.seq)
         if exceeds_cluster(sj.job.gpus, self.cluster.total_gpus):
-            self.rejected.append(sj.job.id)
+            self.holds.held.pop(sj.job.id, None)
+            self._reject(sj.job.id)
             return False
+        if held:
+            return False  # queued once its dependencies are met (_release_held)
         self._enqueue(sj, now)
         return True
+
+    def _placed(self, job_id: str) -> bool:
+        """Whether the job's first attempt was given its GPUs (``after`` dependencies wait for it)."""
+        sj = self.jobs.get(job_id)
+        return sj is not None and sj.first_start is not None
+
+    def _reject(self, job_id: str) -> None:
+        self.rejected.append(job_id)
+        self.holds.end(self.jobs[job_id].job, "rejected")
+
+    def _release_held(self, now: float) -> bool:
+        """Queue the held jobs whose dependencies are now met (ending those that never can be); True when
+        any was queued."""
+        free = self.holds.release()
+        for job_id in free:
+            self._enqueue(self.jobs[job_id], now)
+        return bool(free)
 
     def _enqueue(self, sj: _SimJob, now: float) -> None:
         sj.pending = self._make_pending(sj, now)
@@ -595,6 +619,7 @@ class Simulator:
         j = sj.job
         self._stop(sj, now, None)
         sj.remaining = 0.0
+        self.holds.end(j, "completed")
         assert sj.first_start is not None
         self.records.append(
             JobRecord(
@@ -654,6 +679,8 @@ class Simulator:
     def _cycle(self, now: float) -> bool:
         """One call of the core; apply what it decided. True when it stopped a victim (so GPUs were
         released that the core could not hand out in the same call)."""
+        if self.holds.held:  # what the last call changed (a bind, a rejection) may free a held job now
+            self._release_held(now)
         snap = ct.Snapshot(
             now=now,
             cluster=self.model,
@@ -705,7 +732,7 @@ class Simulator:
             if pr.code in NEVER_FITS and pr.job_id in self.pending:
                 sj = self.pending[pr.job_id]
                 self._dequeue(sj)
-                self.rejected.append(pr.job_id)
+                self._reject(pr.job_id)
                 stopped = True
         return stopped
 
@@ -739,13 +766,16 @@ class Simulator:
         self._seed_events()
         now = self.advance(after_instant)
         self.rec.finish(now)
-        unfinished = sorted(set(self.jobs) - {r.id for r in self.records} - set(self.rejected))
+        ended = {r.id for r in self.records} | set(self.rejected) | set(self.holds.failed)
+        unfinished = sorted(set(self.jobs) - ended)
         extra: dict[str, Any] = {
             "cycles": self.cycles,
             "unfinished": len(unfinished),
             "bind_conflicts": self.bind_conflicts,
             "rejected": len(self.rejected),
         }
+        if self.has_holds:
+            extra["dependency_failed"] = len(self.holds.failed)
         if self.fs is not None:
             extra["failslow"] = self._failslow_summary()
         summary = summarize(
@@ -795,6 +825,8 @@ class Simulator:
                     dirty |= self._on_uncordon(key, now)
                 elif kind == CKPT:
                     dirty |= self._on_checkpoint(key, version, now)
+            if self.holds.held:
+                dirty |= self._release_held(now)
             follow_up = False
             if dirty and (self.pending or self._has_elastic_running()):
                 for _ in range(self.opts.max_cycles_per_instant):
@@ -808,7 +840,8 @@ class Simulator:
             self._record(now)
             # Done when every job finished; or stuck: nothing runs, nothing is left to arrive and every node
             # is up, so no later event (only more failures) can make a waiting job fit.
-            if len(self.records) + len(self.rejected) == len(self.jobs) or (
+            ended = len(self.records) + len(self.rejected) + len(self.holds.failed)
+            if ended == len(self.jobs) or (
                 not self.running
                 and not self.unsubmitted
                 and not self.down

@@ -20,6 +20,7 @@ import msgspec
 from rallypoint.core.cluster import ClusterModel
 
 from .engine import END, FAIL, SLOW_START, SUBMIT, Simulator
+from .holds import Holds
 from .metrics import Recorder
 
 __all__ = ["fork", "progress", "set_runtime"]
@@ -47,6 +48,8 @@ def fork(sim: Simulator) -> Simulator:
     f.unsubmitted = 0
     f.records = []
     f.rejected = []
+    f.holds = Holds(f._placed)  # its own: a fork holds no job, and its ends must not reach the original's
+    f.has_holds = False
     f.cycles = 0
     f.bind_conflicts = 0
     f.on_node = {n: set(ids) for n, ids in sim.on_node.items()}

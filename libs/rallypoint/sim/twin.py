@@ -37,6 +37,7 @@ from rallypoint.events import (
     GpuInfo,
     JobAttemptFailed,
     JobCompleted,
+    JobFailed,
     JobPreempted,
     JobResized,
     JobSpec,
@@ -55,6 +56,7 @@ from rallypoint.scheduling.pending import NEVER_FITS
 from rallypoint.scheduling.queues import Queues
 from rallypoint.scheduling.writes import Write
 from rallypoint.state import ACTIVE, ClusterState, JobView, Touched
+from rallypoint.state.dependencies import never_met
 
 from .cluster import Cluster, Node
 from .engine import SimOptions, Simulator
@@ -112,7 +114,7 @@ def job_spec(job: Job, priority: str) -> JobSpec:
     if limit is not None and limit != int(limit):
         raise ValueError(f"job {job.id}: a live time limit is whole seconds, got {limit}")
     return JobSpec(
-        name=job.id,
+        name=job.job_name,
         team=job.team,
         gpus=job.gpus,
         gpus_per_task=job.task_gpus,
@@ -125,6 +127,8 @@ def job_spec(job: Job, priority: str) -> JobSpec:
         min_gpus=job.min_gpus,
         max_gpus=job.max_gpus,
         gpu_step=job.gpu_step,
+        depends_on=job.depends_on,
+        singleton=job.singleton,
     )
 
 
@@ -390,6 +394,12 @@ class Twin:
             if arrived.id not in state.jobs:
                 spec = job_spec(arrived, sj.pclass)
                 self.live.append(JobSubmitted(job_id=arrived.id, spec=spec, submitted_at=arrived.submit))
+        # what the job controller appends for a held job whose dependency can no longer be met
+        for job_id in sim.holds.failed:
+            held = state.jobs[job_id]
+            if not held.terminal:
+                reason = never_met(held, state.jobs) or "dependency can never be met"
+                self.live.append(JobFailed(job_id=job_id, attempt=held.attempt, reason=reason, at=now))
         assert all(j.state not in ACTIVE or j.job_id in sim.running for j in state.jobs.values())
 
 

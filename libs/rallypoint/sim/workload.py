@@ -6,7 +6,9 @@ Fields (seconds everywhere):
 the job runs with its full allocation), ``time_limit`` (the user's estimate, optional), ``team``, ``priority``
 (a priority class name, optional), ``min_gpus`` / ``max_gpus`` / ``gpu_step`` (elastic, optional),
 ``checkpoint_interval`` (optional), ``gpu_type`` (optional; ``"A|B"`` allows either model, preferring them in
-that order: the core gets ``PendingJob.gpu_types``).
+that order: the core gets ``PendingJob.gpu_types``), ``name`` (default the id), ``depends_on``
+(``[{"kind": "after-ok", "job_id": "j1"}]``, the live API's kinds; each job waited for arrives first) and
+``singleton`` (optional; held as the live fold holds them, ``sim/holds.py``).
 
 Line order is meaningful: jobs submitted in the same second keep file order (the golden peers do too), so the
 loader keeps a ``seq`` per job and never re-sorts by anything but ``(submit, seq)``.
@@ -15,10 +17,12 @@ loader keeps a ``seq`` per job and never re-sorts by anything but ``(submit, seq
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import msgspec
+
+from rallypoint.events import Dependency
 
 
 class WorkloadError(ValueError):
@@ -39,6 +43,15 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
     gpu_step: int | None = None
     checkpoint_interval: float | None = None
     gpu_type: str | None = None
+    #: the job's name (default: its id); singletons wait for earlier jobs of the same team and name
+    name: str | None = None
+    #: jobs that must arrive before this one, waited for as a live job's ``depends_on`` (docs/api.md)
+    depends_on: tuple[Dependency, ...] = ()
+    singleton: bool = False
+
+    @property
+    def job_name(self) -> str:
+        return self.name if self.name is not None else self.id
 
     @property
     def task_gpus(self) -> int:
@@ -104,7 +117,23 @@ def parse_lines(lines: Iterable[str], source: str = "<workload>") -> list[Job]:
             raise WorkloadError(f"{source}:{n}: duplicate job id {job.id!r}")
         seen.add(job.id)
         jobs.append(job)
+    problem = dependency_problem(jobs)
+    if problem:
+        raise WorkloadError(f"{source}: {problem}")
     return jobs
+
+
+def dependency_problem(jobs: Sequence[Job]) -> str | None:
+    """Why the workload's dependencies cannot be replayed, or None: each job a job waits for must arrive
+    before it (``(submit, line order)``), as a live job may only wait for jobs that exist; so no cycle."""
+    arrival = {j.id: (j.submit, i) for i, j in enumerate(jobs)}
+    for i, job in enumerate(jobs):
+        for dep in job.depends_on:
+            if dep.job_id not in arrival:
+                return f"job {job.id} depends on {dep.job_id}, which is not in the workload"
+            if arrival[dep.job_id] >= (job.submit, i):
+                return f"job {job.id} depends on {dep.job_id}, which does not arrive before it"
+    return None
 
 
 def load_workload(path: str | Path) -> list[Job]:

@@ -17,14 +17,12 @@ from rallypoint.events import Dependency
 if TYPE_CHECKING:
     from .cluster import JobView
 
-__all__ = ["DependencyStatus", "dependency_status", "hold_message", "never_met"]
+__all__ = ["DependencyStatus", "dependency_status", "hold_message", "kind_status", "never_met"]
 
 DependencyStatus = Literal["met", "waiting", "never"]
 
-_ENDED_NOT_OK = frozenset({"failed", "cancelled", "rejected"})
-_STARTED = frozenset({"running", "repairing"})
 _WAITS_FOR = {
-    "after": "to start",
+    "after": "to be placed",
     "after-ok": "to complete",
     "after-not-ok": "to fail or be cancelled",
     "after-any": "to end",
@@ -36,17 +34,22 @@ def dependency_status(dep: Dependency, jobs: Mapping[str, JobView]) -> Dependenc
     other = jobs.get(dep.job_id)
     if other is None:
         return "never"
-    state = other.state
-    if dep.kind == "after":
-        if state in _STARTED or other.started_at is not None:
+    return kind_status(dep.kind, placed=other.attempt > 0, ended=other.state if other.terminal else None)
+
+
+def kind_status(kind: str, *, placed: bool, ended: str | None) -> DependencyStatus:
+    """The rule itself, for a job that has (``placed``: its first attempt was given its GPUs) and has
+    ``ended`` (``completed``, ``failed``, ``cancelled``, ``rejected``; None: not yet): the fold and the
+    simulator both ask it. ``after`` counts the first placement as the start, the moment both see."""
+    if kind == "after":
+        if placed:
             return "met"
-        return "never" if other.terminal else "waiting"
-    if not other.terminal:
+        return "never" if ended is not None else "waiting"
+    if ended is None:
         return "waiting"
-    if dep.kind == "after-any":
+    if kind == "after-any":
         return "met"
-    ok = state == "completed"
-    return "met" if ok == (dep.kind == "after-ok") else "never"
+    return "met" if (ended == "completed") == (kind == "after-ok") else "never"
 
 
 def never_met(job: JobView, jobs: Mapping[str, JobView]) -> str | None:
@@ -56,7 +59,7 @@ def never_met(job: JobView, jobs: Mapping[str, JobView]) -> str | None:
             other = jobs.get(dep.job_id)
             how = f"ended {other.state}" if other is not None and other.terminal else "is gone"
             if other is not None and dep.kind == "after" and other.terminal:
-                how = f"ended {other.state} without starting"
+                how = f"ended {other.state} without being placed"
             return f"dependency can never be met: {dep.job_id} {how} ({dep.kind})"
     return None
 
