@@ -153,6 +153,9 @@ def test_a_dry_runs_forward_run_stops_at_its_jobs_start_with_the_full_runs_start
     whole = predict(busy_cluster(), SchedulingPolicy("fifo"), estimator, T0 + 60)
     alone = predict(busy_cluster(), SchedulingPolicy("fifo"), estimator, T0 + 60, only="gang")
     assert alone.jobs == {"gang": whole.jobs["gang"]}
+    # a dry run gives its fork away: the P90 run uses it, for the same answer
+    given = predict(busy_cluster(), SchedulingPolicy("fifo"), estimator, T0 + 60, only="gang", consume=True)
+    assert given == alone
 
 
 def test_a_dry_run_for_a_job_that_never_starts_within_the_horizon_stops_there() -> None:
@@ -185,7 +188,7 @@ def test_a_dry_run_answers_beside_a_refresh_under_way_and_leaves_its_clock(
     real = refresh.predict
 
     def refresh_held_up(*args: Any, **kwargs: Any) -> Predictions:
-        if kwargs["only"] is None:  # the refresh's run: held until the dry run answered
+        if kwargs.get("only") is None:  # the refresh's run: held until the dry run answered
             assert release.wait(10)
         return real(*args, **kwargs)
 

@@ -263,14 +263,19 @@ def predict(
     only: str | None = None,
     advance_clock: bool = True,
     deadline: float | None = None,
+    consume: bool = False,
 ) -> Predictions:
-    """Every waiting job's P50 and P90 start; ``state`` is left as it was (each run forks its own copy).
+    """Every waiting job's P50 and P90 start; ``state`` is left as it was (each run forks its own copy),
+    unless ``consume`` (a copy the caller gives away: the last run uses it, one copy fewer).
     ``only``: that waiting job's alone (a dry run's), each run stopping once it started.
     ``advance_clock=False``: the estimator's clock stays where it was (``RuntimeEstimator.estimate``).
     ``deadline`` (``time.monotonic``): ``OutOfTime`` when a run has not answered by then."""
+    seq = state.last_seq
+    waiting = [job for job in state.pending_jobs() if only is None or job.job_id == only]
+    quantiles = ("p50", "p90")
     runs = {
         quantile: run_forward(
-            ClusterState.decode(state.encode()),
+            state if consume and quantile == quantiles[-1] else ClusterState.decode(state.encode()),
             SchedulingPolicy(policy.name, queues=policy.queues, priority_classes=policy.priority_classes),
             _runtime(estimator, now, quantile, advance_clock),
             now,
@@ -279,11 +284,10 @@ def predict(
             until=only,
             deadline=deadline,
         ).starts
-        for quantile in ("p50", "p90")
+        for quantile in quantiles
     }
     jobs = {
         job.job_id: _start(job, runs, estimator.estimate(features_of(job), now, advance=advance_clock))
-        for job in state.pending_jobs()
-        if only is None or job.job_id == only
+        for job in waiting
     }
-    return Predictions(seq=state.last_seq, now=now, horizon_s=horizon_s, learned_jobs=learned_jobs, jobs=jobs)
+    return Predictions(seq=seq, now=now, horizon_s=horizon_s, learned_jobs=learned_jobs, jobs=jobs)

@@ -23,7 +23,7 @@ from rallypoint.events import JobSpec, JobSubmitted, SchedulerSettings
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.state import ClusterState
 
-from .live import HORIZON_S, MAX_CYCLES, PredictedStart, Predictions, learn, predict, runtime_of
+from .live import HORIZON_S, MAX_CYCLES, OutOfTime, PredictedStart, Predictions, learn, predict, runtime_of
 from .runtimes import RuntimeEstimator
 from .tracking import Accuracy, AccuracyTracker
 
@@ -118,45 +118,55 @@ class Predictor:
             else:
                 self.tracker.completed(view.job_id, runtime)
 
-    async def _predict(
-        self,
-        fork: ClusterState,
-        policy: SchedulingPolicy,
-        now: float | None,
-        only: str | None = None,
-        deadline: float | None = None,
-    ) -> Predictions:
-        """Predictions for ``fork`` (a copy), computed off the event loop: a refresh's (one at a time), or
-        with ``only`` a dry run's (that job's alone, ``live.predict``'s runs stopping once it started; one
-        at a time, beside a refresh, leaving the estimator's clock as it was)."""
-        async with self._running if only is None else self._dry_running:
+    async def _predict(self, fork: ClusterState, now: float | None) -> Predictions:
+        """A refresh's predictions for ``fork`` (a copy), computed off the event loop, one at a time."""
+        async with self._running:
             at = time.time() if now is None else now
             return await asyncio.to_thread(
                 predict,
                 fork,
-                policy,
+                self.policy,
                 self.estimator,
                 at,
                 learned_jobs=self.learned,
                 horizon_s=self.horizon_s,
                 max_cycles=self.max_cycles,
-                only=only,
-                advance_clock=only is None,
-                deadline=deadline,
             )
 
     async def dry_run(self, spec: JobSpec, now: float | None = None) -> PredictedStart:
         """The predicted start of a job with ``spec`` if it were submitted now (``POST /v1/jobs?dry_run``):
         a fork with its submission folded in, run forward as a refresh is, until that job started. It reads
-        the leader's settings as a refresh does (a dry run may come before the first refresh ends), and
-        does not wait for a refresh under way. ``live.OutOfTime`` when it has no answer within
+        the leader's settings as a refresh does (a dry run may come before the first refresh ends). Dry
+        runs go one at a time, off the event loop (the fold is only encoded on it), beside a refresh under
+        way, and leave the estimator's clock where it was. ``live.OutOfTime`` when it has no answer within
         ``dry_run_budget_s`` of the question."""
         deadline = time.monotonic() + self.dry_run_budget_s
         policy = policy_of(await self._settings())
-        fork = ClusterState.decode(self._state().encode())
+        encoded = self._state().encode()
         at = time.time() if now is None else now
+        async with self._dry_running:
+            return await asyncio.to_thread(self._dry_run, encoded, spec, policy, at, deadline)
+
+    def _dry_run(
+        self, encoded: bytes, spec: JobSpec, policy: SchedulingPolicy, at: float, deadline: float
+    ) -> PredictedStart:
+        if time.monotonic() > deadline:
+            raise OutOfTime("the budget was spent waiting for the dry runs before it")
+        fork = ClusterState.decode(encoded)
         fork.apply(fork.last_seq + 1, JobSubmitted(job_id=DRY_RUN_JOB, spec=spec, submitted_at=at))
-        predictions = await self._predict(fork, policy, at, only=DRY_RUN_JOB, deadline=deadline)
+        predictions = predict(
+            fork,
+            policy,
+            self.estimator,
+            at,
+            learned_jobs=self.learned,
+            horizon_s=self.horizon_s,
+            max_cycles=self.max_cycles,
+            only=DRY_RUN_JOB,
+            advance_clock=False,
+            deadline=deadline,
+            consume=True,  # the fork is this dry run's: its P90 run uses it
+        )
         return predictions.jobs[DRY_RUN_JOB]
 
     async def refresh(self, now: float | None = None) -> Predictions:
@@ -164,7 +174,7 @@ class Predictor:
         self.policy = policy_of(await self._settings())
         fork = ClusterState.decode(self._state().encode())
         began = time.perf_counter()
-        predictions = await self._predict(fork, self.policy, now)
+        predictions = await self._predict(fork, now)
         self.refresh_s = time.perf_counter() - began
         self.latest = predictions
         self.tracker.remember(predictions)
