@@ -40,9 +40,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield local
 
 
-def submit(cluster: LocalCluster, name: str, gpus: int) -> str:
+def submit(cluster: LocalCluster, name: str, gpus: int, **fields: object) -> str:
     body = {"name": name, "team": "demo", "gpus": gpus, "gpus_per_task": 4, "ranks_per_task": 1,
-            "command": ["sleep", "300"]}  # fmt: skip
+            "command": ["sleep", "300"], **fields}  # fmt: skip
     status, answer = call("POST", f"{cluster.api_url}/v1/jobs", body)
     assert status == 202, answer
     return str(answer["job_id"])
@@ -126,6 +126,19 @@ async def test_heat_map_queue_gpus_and_job_timeline_in_a_headless_browser(
         assert any("JobSubmitted" in e for e in events) and any("JobStarted" in e for e in events), events
         assert await browser.evaluate("!!document.querySelector('#rank-log')"), "the rank log panel"
         await browser.screenshot(shots / "job.png")
+
+        # a job that waits for it: its page names the dependency, a link to the job it waits for
+        after = submit(cluster, "after-waiting", 4, depends_on=[{"kind": "after-ok", "job_id": waiting}])
+        await browser.evaluate(f"location.hash = '#/job/{after}'")
+        chain = await browser.until(
+            "(d => d && d.innerText)(document.querySelector('span.depends-on'))", "the job's dependency"
+        )
+        assert chain == f"after-ok {waiting}", chain
+        href = await browser.evaluate("document.querySelector('span.depends-on a').getAttribute('href')")
+        assert href == f"#/job/{waiting}"
+        page = await browser.evaluate("document.querySelector('#job').innerText")
+        assert f"Dependency: waiting for {waiting} to complete (after-ok)" in page, page
+        call("DELETE", f"{cluster.api_url}/v1/jobs/{after}")
     for name in ("cluster", "queue", "running", "job"):
         assert (shots / f"{name}.png").stat().st_size > 1000
     call("DELETE", f"{cluster.api_url}/v1/jobs/{waiting}")

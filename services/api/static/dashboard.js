@@ -571,6 +571,7 @@ function details(job) {
   const rows = [["state", job.state], ["team", job.team], ["priority", job.priority], ["GPUs", String(job.gpus)],
     ["attempt", String(job.attempt)], ["nodes", job.nodes.join(", ") || "—"],
     ["pending reason", job.pending_reason ? `${job.pending_reason.code}: ${job.pending_reason.message}` : "—"],
+    ["depends on", dependencies(job)],
     ["queue position", job.queue_position === null ? "—" : String(job.queue_position)],
     ["predicted start", startText(job.predicted_start, Date.now() / 1000)],
     ["submitted", when(job.submitted_at)], ["bound", when(job.bound_at)], ["started", when(job.started_at)],
@@ -578,6 +579,16 @@ function details(job) {
     ["infra failures", String(job.recovery.infra_failures)], ["lost GPU-seconds", job.recovery.lost_gpu_s.toFixed(1)],
     ["drain", job.drain ? drainText(job.drain) : "—"], ["command", job.spec.command.join(" ")]];
   return el("dl", { class: "kv" }, ...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+}
+
+// The jobs this one waits for (docs/api.md "Dependencies"), each a link to its page: the chain is followed
+// page by page; another team's job is shown as the API redacts it, without a link.
+function dependencies(job) {
+  const deps = job.depends_on || [];
+  if (!deps.length) return job.singleton ? "singleton (one of its name at a time)" : "—";
+  const items = deps.flatMap((d, i) => [i ? ", " : "", `${d.kind} `,
+    /^[A-Za-z0-9_-]+$/.test(d.job_id) ? link(`#/job/${d.job_id}`, d.job_id) : d.job_id]);
+  return el("span", { class: "depends-on" }, ...items, job.singleton ? "; singleton" : "");
 }
 
 function eventTable(history) {
