@@ -25,6 +25,7 @@ from prometheus_client import REGISTRY, generate_latest
 
 from rallypoint.control.drain import DEFAULT_DRAIN_POLICY, DrainPolicy, job_drain
 from rallypoint.eventlog import AppendConflict, EventLog, LogUnavailable
+from rallypoint.eventlog.log import Append
 from rallypoint.eventlog.secretstore import SecretsConflict, SecretStore
 from rallypoint.events import JobCancelRequested, JobSpec, JobSubmitted, subjects
 from rallypoint.events.subjects import TOKEN_PATTERN
@@ -39,13 +40,16 @@ from rallypoint.jobs import (
     new_job_id,
     validate_spec,
 )
+from rallypoint.jobs.arrays import ArrayRequest, members, parse_array
 from rallypoint.jobs.text import check_strings, check_text
 from rallypoint.jobs.validate import BodyError, check_checkpoint_dir, check_secrets, decode_json_body
 from rallypoint.predict.refresh import Answer
 from rallypoint.scheduling.queues import Queues
 from rallypoint.security.tokens import Principal, TokenStore
 from rallypoint.state import ClusterState, JobState, JobView
+from rallypoint.state.dependencies import hold_code
 
+from .arrays import accepted_array, append_array, existing_array
 from .auth import auth_middleware, forbidden, not_theirs, principal
 from .dashboard import add_dashboard_routes
 from .dependencies import dependency_refusal, held_at_submit
@@ -184,9 +188,18 @@ class Handlers:
             spec = self._validate(payload)
             secrets = check_secrets(payload, spec.env) if isinstance(payload, dict) else {}
             job_id = job_id_for(spec.team, check_idempotency_key(key)) if key is not None else new_job_id()
+            array = (
+                parse_array(payload.get("array"))
+                if isinstance(payload, dict) and "array" in payload
+                else None
+            )
         except SpecError as err:
             self.submissions["invalid"] += 1
             return invalid_spec(err)
+        if array is not None:
+            return await self._submit_array(
+                request, who, spec, job_id, key, array, dry_run=dry_run, secrets=secrets
+            )
         if dry_run:
             return await self._dry_run(request, who, spec, job_id, key)
         if (refusal := self._priority_refusal(who, spec)) is not None:
@@ -244,6 +257,46 @@ class Handlers:
         self.submissions["accepted"] += 1
         return self._accepted(job_id, result.seq, self.state.jobs.get(job_id), replayed=False)
 
+    async def _submit_array(
+        self,
+        request: web.Request,
+        who: Principal,
+        spec: JobSpec,
+        array_id: str,
+        key: str | None,
+        array: ArrayRequest,
+        *,
+        dry_run: bool,
+        secrets: dict[str, str],
+    ) -> web.Response:
+        """An array (``arrays.py``): a dry run answers for its first member; a submit appends them all."""
+        if secrets:
+            self.submissions["invalid"] += 1
+            return invalid_spec(
+                SpecError("secrets", "an array cannot have secrets yet; use env or one job each")
+            )
+        first_id, first_spec = members(array_id, spec, array)[0]
+        if dry_run:
+            return await self._dry_run(request, who, first_spec, first_id, key)
+        if (refusal := self._priority_refusal(who, spec)) is not None:
+            self.submissions["forbidden"] += 1
+            return forbidden(refusal, field="priority")
+        if (replayed := existing_array(self.state, array_id, array, spec)) is not None:
+            return replayed
+        if (refused := await dependency_refusal(spec, who, lambda: self.state, self._ready)) is not None:
+            self.submissions["invalid"] += 1
+            return refused
+        if (limited := await self._fair_use_refusal(who, first_spec, first_id, key)) is not None:
+            return limited
+        landed = await append_array(self.log, array_id, spec, array, who, key, self.config.source)
+        if isinstance(landed, web.Response):
+            self.fair_use.withdraw(first_id)
+            return landed
+        self.follower.wrote(landed.last_seq)
+        self.submissions["accepted"] += 1
+        job_ids = [job_id for job_id, _ in members(array_id, spec, array)]
+        return accepted_array(array_id, job_ids, landed.first_seq, replayed=landed.duplicate)
+
     async def _dry_run(
         self, request: web.Request, who: Principal, spec: JobSpec, job_id: str, key: str | None
     ) -> web.Response:
@@ -274,7 +327,7 @@ class Handlers:
         )
         if answer.would_admit and (held := held_at_submit(self.state, spec)) is not None:
             answer.placement = None
-            answer.reason = DryReason(code="Dependency", message=held)
+            answer.reason = DryReason(code=hold_code(held), message=held)
             answer.predicted_start = {"status": "unavailable", "detail": "it waits for its dependencies"}
         elif answer.placement is not None:
             answer.predicted_start = {"status": "now", "detail": "placed at the next cycle"}
@@ -470,6 +523,7 @@ class Handlers:
                     field="state",
                 )
         team = query.get("team") or None
+        array_id = query.get("array") or None
         who = principal(request)
         if not who.admin:
             # A team token lists its own team's jobs; asking for another team's is refused, not emptied.
@@ -503,6 +557,7 @@ class Handlers:
                 if j.submitted_seq > after
                 and (states is None or j.state in states)
                 and (team is None or j.spec.team == team)
+                and (array_id is None or (j.spec.array is not None and j.spec.array.array_id == array_id))
             ),
             key=lambda j: j.submitted_seq,
         )
@@ -545,6 +600,8 @@ class Handlers:
         if (not_ready := await self._ready()) is not None:
             return not_ready
         job_id, job = self._lookup(request)
+        if job is None and (array := self._array_members(request, job_id)):
+            return await self._cancel_array(request, job_id, array)
         if job is None:
             return not_found("job", job_id)
         if (refused := not_theirs(request, job)) is not None:
@@ -579,6 +636,50 @@ class Handlers:
             },
             status=202,
         )
+
+    def _array_members(self, request: web.Request, array_id: str) -> list[JobView]:
+        """The members of the array ``array_id`` the caller may act on, in index order (none: no such)."""
+        if not TOKEN_PATTERN.match(array_id):
+            return []
+        found = [
+            j
+            for j in self.state.jobs.values()
+            if j.spec.array is not None and j.spec.array.array_id == array_id
+        ]
+        found = [j for j in found if not_theirs(request, j) is None]
+        return sorted(found, key=lambda j: j.spec.array.index if j.spec.array is not None else 0)
+
+    async def _cancel_array(self, request: web.Request, array_id: str, array: list[JobView]) -> web.Response:
+        """Cancel every member not ended yet, all at once (``DELETE /v1/jobs/{array id}``)."""
+        who = principal(request).user
+        now = time.time()
+        # chosen before the append: the views are the fold's, which may apply the cancels while it waits
+        cancelled = [j.job_id for j in array if not j.terminal and not j.cancel_requested]
+        chosen = set(cancelled)
+        entries = [
+            Append(
+                subject=subjects.job(j.job_id),
+                event=JobCancelRequested(job_id=j.job_id, at=now, requested_by=who),
+                msg_id=f"{j.job_id}:cancel",
+            )
+            for j in array
+            if j.job_id in chosen
+        ]
+        if not entries:
+            return problem(
+                409, "Array already finished", f"every member of {array_id} has ended", slug="job-terminal"
+            )
+        try:
+            landed = await self.log.append_batch(entries, source=self.config.source)
+        except AppendConflict:  # a member's cancel landed meanwhile (its message id): the fold has it soon
+            return problem(
+                409, "Cancel under way", f"a member of {array_id} is being cancelled; retry", slug="retry"
+            )
+        except LogUnavailable as exc:
+            return unavailable(f"the event log did not acknowledge the cancellation ({exc}); retry")
+        self.follower.wrote(landed.last_seq)
+        body = {"array_id": array_id, "job_ids": cancelled, "seq": landed.last_seq}
+        return json_response({**body, "cancel_requested": True}, status=202)
 
     # -- cluster, state, operations --------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, get_args
 
 from rallypoint.jobs import DEFAULT_PRIORITY, PRIORITY_CLASSES, TOPOLOGY_LEVELS
+from rallypoint.jobs.arrays import ARRAY_PATTERN
 from rallypoint.jobs.text import CLEAN_TEXT_PATTERN, FORBIDDEN, FREE_TEXT_PATTERN
 from rallypoint.jobs.validate import (
     IDEMPOTENCY_KEY_PATTERN,
@@ -261,6 +262,14 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Jobs of the same team this one waits for before it is scheduled; each must "
                 "exist and still be able to meet its kind, else 422 naming depends_on[i].job_id.",
             },
+            "array": {
+                "type": ["string", "null"],
+                "pattern": ARRAY_PATTERN,
+                "maxLength": 4096,
+                "description": "An array: one job per index (0-99, 1,3,5-7, 0-30:10), at most 1,000, each "
+                "with RALLY_ARRAY_INDEX; %N: at most N hold GPUs at once. The 202 then has array_id and "
+                "job_ids (<array id>_<index>). Not with secrets.",
+            },
             "singleton": {
                 "type": ["boolean", "null"],
                 "default": False,
@@ -314,7 +323,9 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["job_id", "seq", "state", "links"],
         "properties": {
-            "job_id": {"type": "string"},
+            "job_id": {"type": "string", "description": "The job's id; an array's first member's."},
+            "array_id": {"type": "string", "description": "An array's id (only for an array)."},
+            "job_ids": {"type": "array", "items": {"type": "string"}, "description": "An array's members."},
             "seq": {"type": "integer", "description": "Stream sequence of the job's JobSubmitted event."},
             "state": {"type": "string", "enum": _JOB_STATES},
             "links": {"type": "object", "properties": {"self": {"type": "string"}}},
@@ -354,6 +365,16 @@ _SCHEMAS: dict[str, Any] = {
             "world_size": {"type": "integer"},
             "depends_on": {"type": "array", "items": _ref("Dependency")},
             "singleton": {"type": "boolean"},
+            "array": {
+                "type": ["object", "null"],
+                "description": "The array this job is a member of: array_id, index, count, max_running.",
+                "properties": {
+                    "array_id": {"type": "string"},
+                    "index": {"type": "integer"},
+                    "count": {"type": "integer"},
+                    "max_running": _NULLABLE_INT,
+                },
+            },
             "pending_reason": {
                 "type": ["object", "null"],
                 "properties": {
@@ -826,6 +847,12 @@ def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
                                 "description": "Comma-separated states, e.g. `pending,running`.",
                             },
                             {"name": "team", "in": "query", "schema": {"type": "string"}},
+                            {
+                                "name": "array",
+                                "in": "query",
+                                "schema": {"type": "string"},
+                                "description": "Only the members of this array (its array_id).",
+                            },
                             {
                                 "name": "limit",
                                 "in": "query",

@@ -26,6 +26,7 @@ from rallypoint.control.drain import (
 from rallypoint.jobs.history import current_reason
 from rallypoint.security.tokens import Principal
 from rallypoint.state import ClusterState, JobView, NodeView
+from rallypoint.state.dependencies import hold_code
 
 from .auth import principal
 
@@ -139,7 +140,7 @@ def pending_reason(job: JobView, reader: Audience, held: str | None = None) -> d
     if job.cancel_requested:
         return {"code": "CancelRequested", "message": "cancellation requested; waiting for the controller"}
     if held is not None:
-        return {"code": "Dependency", "message": reader.text(held)}
+        return {"code": hold_code(held), "message": reader.text(held)}
     if job.pending_code:
         return {
             "code": job.pending_code,
@@ -198,7 +199,9 @@ def render_job(
         "recovery": render_recovery(job, reader),
         "submitted_seq": job.submitted_seq,
         "last_seq": job.last_seq,
-        "spec": msgspec.to_builtins(spec),
+        # a member's array is shown beside the spec, not in it: the request's array is the index expression
+        "spec": {k: v for k, v in msgspec.to_builtins(spec).items() if k != "array"},
+        "array": None if spec.array is None else msgspec.to_builtins(spec.array),
         "links": job_links(job.job_id),
     }
 

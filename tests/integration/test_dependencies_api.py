@@ -138,3 +138,76 @@ async def test_a_dependency_that_cannot_be_met_or_is_not_the_team_s_is_refused(c
     await _cycle(cluster.log, cluster.loop)
     assert cluster.loop.state.jobs[met].state == "bound"
     assert cluster.loop.state.jobs[ok].state == "pending"
+
+
+async def test_an_array_is_its_members_at_most_its_limit_at_once(cluster: Cluster) -> None:
+    status, accepted = await cluster.post(
+        "nlp", {"name": "sweep", "gpus": 1, "command": ["x"], "array": "0-4%2"}
+    )
+    assert status == 202, accepted
+    array_id, ids = accepted["array_id"], accepted["job_ids"]
+    assert ids == [f"{array_id}_{i}" for i in range(5)] and accepted["job_id"] == ids[0]
+    again = await cluster.client.post(
+        "/v1/jobs",
+        json={"name": "sweep", "gpus": 1, "command": ["x"], "array": "0-4%2"},
+        headers={"Authorization": f"Bearer {cluster.tokens['nlp']}", "Idempotency-Key": "k1"},
+    )
+    assert again.status == 202  # another array (no key before): ids of its own
+    keyed = (await again.json())["array_id"]
+    assert keyed != array_id
+    retry = await cluster.client.post(
+        "/v1/jobs",
+        json={"name": "sweep", "gpus": 1, "command": ["x"], "array": "0-4%2"},
+        headers={"Authorization": f"Bearer {cluster.tokens['nlp']}", "Idempotency-Key": "k1"},
+    )
+    assert retry.status == 202 and retry.headers.get("Idempotent-Replayed") == "true"
+    assert (await retry.json())["array_id"] == keyed  # the same array, not a third
+    await cluster.client.delete(
+        f"/v1/jobs/{keyed}", headers={"Authorization": f"Bearer {cluster.tokens['nlp']}"}
+    )
+
+    await _cycle(cluster.log, cluster.loop)
+    bound = [i for i in ids if cluster.loop.state.jobs[i].state == "bound"]
+    assert bound == ids[:2]  # 16 free GPUs, but at most 2 of the array at once, in index order
+    view = await cluster.view("nlp", ids[2])
+    assert view["array"] == {"array_id": array_id, "index": 2, "count": 5, "max_running": 2}
+    assert "array" not in view["spec"]
+    assert view["pending_reason"]["code"] == "ArrayLimit"
+    assert view["pending_reason"]["message"] == "array limit: 2 of its 2 members at once hold GPUs"
+    listed = await cluster.client.get(
+        f"/v1/jobs?array={array_id}", headers={"Authorization": f"Bearer {cluster.tokens['nlp']}"}
+    )
+    assert [j["job_id"] for j in (await listed.json())["jobs"]] == ids
+
+    await cluster.run_to_end(ids[0], ok=True)
+    await _cycle(cluster.log, cluster.loop)
+    assert (
+        cluster.loop.state.jobs[ids[2]].state == "bound"
+        and cluster.loop.state.jobs[ids[3]].state == "pending"
+    )
+
+    # the whole array is cancelled by its id; a member of another team's array is not this team's to cancel
+    assert (
+        await cluster.client.delete(
+            f"/v1/jobs/{array_id}", headers={"Authorization": f"Bearer {cluster.tokens['vision']}"}
+        )
+    ).status == 404
+    cancel = await cluster.client.delete(
+        f"/v1/jobs/{array_id}", headers={"Authorization": f"Bearer {cluster.tokens['nlp']}"}
+    )
+    body = await cancel.json()
+    assert cancel.status == 202 and body["job_ids"] == ids[1:], body
+    await cluster.loop.follower.wait_for(await cluster.log.last_seq())
+    assert all(cluster.loop.state.jobs[i].cancel_requested for i in ids[1:])
+
+
+async def test_a_bad_array_is_refused_naming_it(cluster: Cluster) -> None:
+    before = await cluster.log.last_seq()
+    for text, detail in (("0-5000", "at most 1000 members"), ("0-3%0", "whole number >= 1")):
+        status, problem = await cluster.post("nlp", {"name": "s", "gpus": 1, "command": ["x"], "array": text})
+        assert status == 422 and problem["field"] == "array" and detail in problem["detail"], problem
+    status, problem = await cluster.post(
+        "nlp", {"name": "s", "gpus": 1, "command": ["x"], "array": "0-3", "secrets": {"TOKEN": "v"}}
+    )
+    assert status == 422 and problem["field"] == "secrets", problem
+    assert await cluster.log.last_seq() == before

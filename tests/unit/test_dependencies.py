@@ -65,7 +65,7 @@ class Fold:
     def submit(self, job_id: str, job_spec: JobSpec) -> None:
         self.apply(JobSubmitted(job_id=job_id, spec=job_spec, submitted_at=1.0))
 
-    def start(self, job_id: str) -> None:
+    def start(self, job_id: str, *, started: bool = True) -> None:
         place = (TaskPlacement(task=0, node_id="n0", gpus=(self.gpu,)),)
         self.gpu += 1
         self.apply(
@@ -80,7 +80,8 @@ class Fold:
                 at=2.0,
             )
         )
-        self.apply(JobStarted(job_id=job_id, attempt=1, resume_step=None, at=2.0))
+        if started:
+            self.apply(JobStarted(job_id=job_id, attempt=1, resume_step=None, at=2.0))
 
     def ready(self) -> list[str]:
         return [j.job_id for j in self.state.ready_jobs(10.0)]

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from rallypoint.jobs import PRIORITY_CLASSES, TOPOLOGY_LEVELS, SpecError, validate_spec
+from rallypoint.jobs.arrays import parse_array
 
 from .client import ApiClient, ApiError, ApiUnreachable, Response, resolve_api_url
 from .node_cmds import add_node_action_parsers
@@ -207,6 +208,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
             help=f"wait until these jobs of the team {when} (repeatable)",
         )
     submit.add_argument(
+        "--array",
+        metavar="INDICES[%N]",
+        help="one job per index (0-99, 1,3,5-7, 0-30:10), each with $RALLY_ARRAY_INDEX; %%N: at most N of "
+        "them hold GPUs at once. Prints the array id; `rally cancel ID` cancels every member",
+    )
+    submit.add_argument(
         "--singleton",
         action="store_true",
         help="wait until every earlier job of the team with this name has ended",
@@ -313,6 +320,8 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
         body["depends_on"] = depends_on
     if args.singleton:
         body["singleton"] = True
+    if args.array:
+        body["array"] = args.array
     return body
 
 
@@ -338,6 +347,7 @@ SUBMIT_FLAGS: dict[str, str] = {
     "checkpoint_dir": "--checkpoint-dir",
     "max_retries": "--max-retries",
     "singleton": "--singleton",
+    "array": "--array",
 }
 # A field named inside a message: one with an underscore wherever it stands as a word; a plain word
 # (gpus, name) only where it is followed by its value (``gpus=8``), so prose is left alone.
@@ -376,6 +386,11 @@ def _precheck(body: dict[str, Any]) -> str | None:
     except SpecError as err:
         if err.field not in {"gpus_per_task", "ranks_per_task", "min_gpus", "max_gpus", "gpu_step"}:
             return flag_error(err.field, err.detail)
+    try:
+        if "array" in body:
+            parse_array(body["array"])
+    except SpecError as err:
+        return flag_error(err.field, err.detail)
     return None
 
 
@@ -393,6 +408,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     job_id = str(resp.body["job_id"])
     replayed = resp.headers.get("idempotent-replayed") == "true"
+    if "array_id" in resp.body:
+        return _submitted_array(resp.body, replayed, as_json=wants_json(args), wait=args.wait)
     # -o json: JSON Lines, this object first, then with --wait the job's view at each change
     print(json.dumps({"job_id": job_id, "replayed": replayed}) if wants_json(args) else job_id, flush=True)
     if replayed:
@@ -403,6 +420,19 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if not args.wait:
         return EXIT_OK
     return wait_for_job(client, job_id, poll_interval=args.poll_interval, as_json=wants_json(args))
+
+
+def _submitted_array(body: dict[str, Any], replayed: bool, *, as_json: bool, wait: bool) -> int:
+    """Print an array's id (its members are ``ID_<index>``: ``rally jobs``, ``rally cancel ID``)."""
+    array_id, job_ids = str(body["array_id"]), [str(j) for j in body["job_ids"]]
+    if as_json:
+        print(json.dumps({"array_id": array_id, "job_ids": job_ids, "replayed": replayed}), flush=True)
+    else:
+        print(array_id, flush=True)
+        print(f"note: array of {len(job_ids)} jobs, {job_ids[0]} .. {job_ids[-1]}", file=sys.stderr)
+    if wait:
+        print("note: --wait follows single jobs; follow an array with `rally jobs`", file=sys.stderr)
+    return EXIT_OK
 
 
 def _answer(call: Callable[[], Response]) -> Response | None:

@@ -37,6 +37,7 @@ from rallypoint.events import (
     JobStarted,
     subjects,
 )
+from rallypoint.jobs.arrays import array_env
 from rallypoint.jobs.launch import checkpoint_env, launch_plan
 from rallypoint.protocol import LaunchTask
 from rallypoint.state import LAUNCHED, ClusterState, JobView
@@ -241,7 +242,7 @@ def _reconcile_launched(
 def _launch(job: JobView, state: ClusterState, now: float, config: RecoveryConfig) -> Launch:
     nodes = _nodes_of(job)
     latest = job.latest_checkpoint()
-    env = checkpoint_env(job.job_id, job.spec, config.checkpoint_root, latest)
+    env = {**checkpoint_env(job.job_id, job.spec, config.checkpoint_root, latest), **array_env(job.spec)}
     tasks = launch_plan(
         job.job_id, job.attempt, job.spec, job.placements, _addresses(state, nodes), extra_env=env
     )

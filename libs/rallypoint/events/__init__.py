@@ -3,6 +3,7 @@
 from . import subjects
 from .catalogue import (
     ALL_EVENT_TYPES,
+    ArrayMember,
     CheckpointCommitted,
     CheckpointDeleted,
     CheckpointEvent,
@@ -55,6 +56,7 @@ from .codec import decode, encode, envelope_from_headers, envelope_headers, even
 
 __all__ = [
     "ALL_EVENT_TYPES",
+    "ArrayMember",
     "CheckpointCommitted",
     "CheckpointDeleted",
     "CheckpointEvent",

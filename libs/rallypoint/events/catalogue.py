@@ -38,6 +38,17 @@ class Dependency(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     job_id: str
 
 
+class ArrayMember(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A job that is one member of a job array (``rally submit --array 0-99%8``): the array's id, this
+    member's index (its rank sees ``RALLY_ARRAY_INDEX``), how many members the array has, and how many of
+    them may hold GPUs at once (None: no limit)."""
+
+    array_id: str
+    index: int
+    count: int
+    max_running: int | None = None
+
+
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What a user asked for. Validated by ``rallypoint.jobs.validate`` before it is ever appended.
 
@@ -71,6 +82,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     depends_on: tuple[Dependency, ...] = ()
     #: waits until every earlier job of its team with its name has ended (one at a time per name and team)
     singleton: bool = False
+    #: set by the API on each member of an array it expands (never in a request: the request's ``array``
+    #: is the index expression, ``jobs.arrays``)
+    array: ArrayMember | None = None
 
 
 class GpuInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -67,7 +67,7 @@ from rallypoint.events import (
 )
 from rallypoint.events.codec import Quarantined, QuarantineLog
 
-from .dependencies import hold_message
+from .dependencies import hold_message, throttle_holds
 from .indexes import GROWABLE, NOTHING, PENDING, REPAIRING, StateIndex, Touched
 
 RefusalKind = Literal["epoch", "unknown-job", "invalid", "overtaken"]
@@ -369,18 +369,37 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         """Pending jobs held by a dependency or a singleton, with why (``dependencies.hold_message``)."""
         index = self._index()
         held: dict[str, str] = {}
+        arrays: set[str] = set()
         for job_id, job in index.gated().items():
             why = hold_message(job, self.jobs, index.same_name_earlier(job) if job.spec.singleton else ())
             if why is not None:
                 held[job_id] = why
+            if job.spec.array is not None and job.spec.array.max_running is not None:
+                arrays.add(job.spec.array.array_id)
+        for array_id in sorted(arrays):
+            held.update(throttle_holds(index.array_live(array_id), held))
         return held
 
     def hold_of(self, job: JobView) -> str | None:
         """Why ``job`` is held by a dependency or a singleton (None: it is not)."""
-        if job.state != "pending" or not (job.spec.depends_on or job.spec.singleton):
+        array = job.spec.array
+        throttled = array is not None and array.max_running is not None
+        if job.state != "pending" or not (job.spec.depends_on or job.spec.singleton or throttled):
             return None
-        earlier = self._index().same_name_earlier(job) if job.spec.singleton else ()
-        return hold_message(job, self.jobs, earlier)
+        index = self._index()
+        earlier = index.same_name_earlier(job) if job.spec.singleton else ()
+        why = hold_message(job, self.jobs, earlier)
+        if why is not None or array is None or not throttled:
+            return why
+        members = index.array_live(array.array_id)
+        blocked = {
+            m
+            for m, view in members.items()
+            if view.state == "pending"
+            and hold_message(view, self.jobs, index.same_name_earlier(view) if view.spec.singleton else ())
+            is not None
+        }
+        return throttle_holds(members, blocked).get(job.job_id)
 
     def dependents_of(self, job_id: str) -> frozenset[str]:
         """Pending jobs waiting on ``job_id`` as a dependency."""

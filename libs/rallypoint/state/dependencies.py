@@ -17,9 +17,20 @@ from rallypoint.events import Dependency
 if TYPE_CHECKING:
     from .cluster import JobView
 
-__all__ = ["DependencyStatus", "dependency_status", "hold_message", "kind_status", "never_met"]
+__all__ = [
+    "ARRAY_LIMIT_PREFIX",
+    "DependencyStatus",
+    "dependency_status",
+    "hold_code",
+    "hold_message",
+    "kind_status",
+    "never_met",
+    "throttle_holds",
+]
 
 DependencyStatus = Literal["met", "waiting", "never"]
+#: How a hold by an array's limit begins (``hold_code`` tells it from a dependency's).
+ARRAY_LIMIT_PREFIX = "array limit: "
 
 _WAITS_FOR = {
     "after": "to be placed",
@@ -80,3 +91,31 @@ def hold_message(
         for other_id in same_name_earlier:
             return f"singleton: waiting for {other_id} (same name and team) to end"
     return None
+
+
+def throttle_holds(members: Mapping[str, JobView], held: Iterable[str] = ()) -> dict[str, str]:
+    """The pending members of one throttled array (``members``: its live ones) that its limit holds, with
+    why: members holding GPUs count against it; the waiting ones not ``held`` otherwise (by a dependency)
+    take what is left in index order."""
+    some = next(iter(members.values()), None)
+    if some is None or some.spec.array is None or some.spec.array.max_running is None:
+        return {}
+    limit = some.spec.array.max_running
+    blocked = set(held)
+    active = sum(1 for m in members.values() if m.state != "pending")
+    waiting = sorted(
+        (
+            m
+            for m in members.values()
+            if m.state == "pending" and not m.cancel_requested and m.job_id not in blocked
+        ),
+        key=lambda m: m.spec.array.index if m.spec.array is not None else 0,
+    )
+    # no array id in it: a message naming an id that is no job's would be redacted for the team itself
+    why = f"{ARRAY_LIMIT_PREFIX}{active} of its {limit} members at once hold GPUs"
+    return {m.job_id: why for m in waiting[max(0, limit - active) :]}
+
+
+def hold_code(message: str) -> str:
+    """The pending-reason code of a hold: ``ArrayLimit`` for an array's limit, else ``Dependency``."""
+    return "ArrayLimit" if message.startswith(ARRAY_LIMIT_PREFIX) else "Dependency"

@@ -116,6 +116,7 @@ class StateIndex:
         self._gated: dict[str, JobView] = {}
         self._dependents: dict[str, set[str]] = {}
         self._live_named: dict[tuple[str, str], dict[str, int]] = {}
+        self._array_live: dict[str, dict[str, JobView]] = {}  # throttled arrays' live members
         self._shares: dict[str, tuple[int, int, int]] = {}
         self._sizes: Counter[int] = Counter()  # GPUs per node -> how many nodes have that many
         self.total = self.schedulable = self.free = 0
@@ -173,7 +174,14 @@ class StateIndex:
                 del self._live_named[(spec.team, spec.name)]
         else:
             named[job.job_id] = job.submitted_seq
-        if not (spec.depends_on or spec.singleton):
+        throttled = spec.array is not None and spec.array.max_running is not None
+        if throttled and spec.array is not None:
+            live = self._array_live.setdefault(spec.array.array_id, {})
+            if job.terminal:
+                live.pop(job.job_id, None)
+            else:
+                live[job.job_id] = job
+        if not (spec.depends_on or spec.singleton or throttled):
             return
         waiting = pending and not job.terminal
         if waiting:
@@ -192,6 +200,10 @@ class StateIndex:
     def gated(self) -> Mapping[str, JobView]:
         """Pending jobs with dependencies or a singleton flag, by id. Do not mutate."""
         return self._gated
+
+    def array_live(self, array_id: str) -> Mapping[str, JobView]:
+        """The live (not ended) members of a throttled array, by id. Do not mutate."""
+        return self._array_live.get(array_id, {})
 
     def dependents(self, job_id: str) -> frozenset[str]:
         """The pending jobs that wait on ``job_id``."""
