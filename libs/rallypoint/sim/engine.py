@@ -45,7 +45,7 @@ from rallypoint.scheduling.queues import Queues
 
 from .cluster import Cluster
 from .failslow import Episode, FailSlow, node_episodes, stragglers_in_gang
-from .holds import Holds
+from .holds import ArrayLimits, Holds
 from .metrics import JobRecord, Recorder, summarize
 from .workload import Job
 
@@ -249,6 +249,8 @@ class Simulator:
         self.bind_conflicts = 0
         self.rejected: list[str] = []
         self.holds = Holds(self._placed)
+        self.limits = ArrayLimits(jobs)
+        self.arrived: set[str] = set()
         self.has_holds = any(j.depends_on or j.singleton for j in jobs)
         self.pending_gpus = 0
         self.team_alloc: Counter[str] = Counter()
@@ -334,6 +336,7 @@ class Simulator:
         """A job arrives: admitted into the queue, or rejected at once by the scheduler's admission rule
         (larger than the whole cluster), so the core never sees it, as a live scheduler's never does."""
         self.unsubmitted -= 1
+        self.arrived.add(sj.job.id)
         held = self.holds.arrive(sj.job, sj.seq)
         if exceeds_cluster(sj.job.gpus, self.cluster.total_gpus):
             self.holds.held.pop(sj.job.id, None)
@@ -356,10 +359,19 @@ class Simulator:
     def _release_held(self, now: float) -> bool:
         """Queue the held jobs whose dependencies are now met (ending those that never can be); True when
         any was queued."""
-        free = self.holds.release()
+        free = self.holds.release() if self.holds.held else []
         for job_id in free:
             self._enqueue(self.jobs[job_id], now)
-        return bool(free)
+        if not self.limits.arrays:
+            return bool(free)
+        to_queue, to_hold = self.limits.rebalance(
+            arrived=self.arrived, ended=self.holds.ended, queued=self.pending, running=self.running
+        )
+        for job_id in to_hold:
+            self._dequeue(self.jobs[job_id])
+        for job_id in to_queue:
+            self._enqueue(self.jobs[job_id], now)
+        return bool(free or to_queue)
 
     def _enqueue(self, sj: _SimJob, now: float) -> None:
         sj.pending = self._make_pending(sj, now)
@@ -679,7 +691,7 @@ class Simulator:
     def _cycle(self, now: float) -> bool:
         """One call of the core; apply what it decided. True when it stopped a victim (so GPUs were
         released that the core could not hand out in the same call)."""
-        if self.holds.held:  # what the last call changed (a bind, a rejection) may free a held job now
+        if self.holds.held or self.limits.arrays:  # the last call's binds and rejections may free some
             self._release_held(now)
         snap = ct.Snapshot(
             now=now,
@@ -825,7 +837,7 @@ class Simulator:
                     dirty |= self._on_uncordon(key, now)
                 elif kind == CKPT:
                     dirty |= self._on_checkpoint(key, version, now)
-            if self.holds.held:
+            if self.holds.held or self.limits.arrays:
                 dirty |= self._release_held(now)
             follow_up = False
             if dirty and (self.pending or self._has_elastic_running()):

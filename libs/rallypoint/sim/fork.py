@@ -20,7 +20,7 @@ import msgspec
 from rallypoint.core.cluster import ClusterModel
 
 from .engine import END, FAIL, SLOW_START, SUBMIT, Simulator
-from .holds import Holds
+from .holds import ArrayLimits, Holds
 from .metrics import Recorder
 
 __all__ = ["fork", "progress", "set_runtime"]
@@ -50,6 +50,8 @@ def fork(sim: Simulator) -> Simulator:
     f.rejected = []
     f.holds = Holds(f._placed)  # its own: a fork holds no job, and its ends must not reach the original's
     f.has_holds = False
+    f.limits = ArrayLimits(())  # a fork holds no member past its array's limit: its members all run forward
+    f.arrived = set(f.jobs)
     f.cycles = 0
     f.bind_conflicts = 0
     f.on_node = {n: set(ids) for n, ids in sim.on_node.items()}

@@ -9,13 +9,13 @@ core; one whose dependency can no longer be met ends as ``failed`` (live: the jo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container, Iterable
 
 from rallypoint.state.dependencies import kind_status
 
 from .workload import Job
 
-__all__ = ["Holds"]
+__all__ = ["ArrayLimits", "Holds"]
 
 
 class Holds:
@@ -76,3 +76,45 @@ class Holds:
 
     def _status(self, kind: str, job_id: str) -> str:
         return kind_status(kind, placed=self._placed(job_id), ended=self.ended.get(job_id))
+
+
+class ArrayLimits:
+    """The members of throttled arrays past their limit, held as the fold holds them (``throttle_holds``):
+    at every core call, of each array's arrived, unended members that are waiting (queued, or held here),
+    the first ``limit - running`` by index may be queued and the rest are held, so a member preempted back
+    into the queue may be held again when a lower index is waiting, as it is live."""
+
+    def __init__(self, jobs: Iterable[Job]) -> None:
+        self.arrays: dict[str, list[Job]] = {}
+        for job in jobs:
+            if job.array is not None and job.array.max_running is not None:
+                self.arrays.setdefault(job.array.array_id, []).append(job)
+        for members in self.arrays.values():
+            members.sort(key=lambda j: j.array.index if j.array is not None else 0)
+        self.held: set[str] = set()
+
+    def rebalance(
+        self,
+        *,
+        arrived: Container[str],
+        ended: Container[str],
+        queued: Container[str],
+        running: Container[str],
+    ) -> tuple[list[str], list[str]]:
+        """(members to queue, members to take out of the queue and hold), in index order."""
+        to_queue: list[str] = []
+        to_hold: list[str] = []
+        for members in self.arrays.values():
+            limit = members[0].array.max_running if members[0].array is not None else None
+            assert limit is not None
+            live = [j.id for j in members if j.id in arrived and j.id not in ended]
+            budget = max(0, limit - sum(1 for i in live if i in running))
+            waiting = [i for i in live if i in queued or i in self.held]
+            for k, job_id in enumerate(waiting):
+                if k < budget and job_id in self.held:
+                    self.held.discard(job_id)
+                    to_queue.append(job_id)
+                elif k >= budget and job_id in queued:
+                    self.held.add(job_id)
+                    to_hold.append(job_id)
+        return to_queue, to_hold

@@ -129,6 +129,7 @@ def job_spec(job: Job, priority: str) -> JobSpec:
         gpu_step=job.gpu_step,
         depends_on=job.depends_on,
         singleton=job.singleton,
+        array=job.array,
     )
 
 

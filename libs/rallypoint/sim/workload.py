@@ -22,7 +22,7 @@ from pathlib import Path
 
 import msgspec
 
-from rallypoint.events import Dependency
+from rallypoint.events import ArrayMember, Dependency
 
 
 class WorkloadError(ValueError):
@@ -48,6 +48,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
     #: jobs that must arrive before this one, waited for as a live job's ``depends_on`` (docs/api.md)
     depends_on: tuple[Dependency, ...] = ()
     singleton: bool = False
+    #: a member of a job array (the live API's expansion of ``--array``): at most ``max_running`` at once
+    array: ArrayMember | None = None
 
     @property
     def job_name(self) -> str:
