@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import io
+import shutil
+from pathlib import Path
 from typing import Any
 
-from rallypoint.sim.evaluate import _checks, _philly_overview
+from rallypoint.sim.evaluate import (
+    _checks,
+    _philly_overview,
+    predict_cases,
+    predict_run,
+    predict_section,
+    render,
+)
 
 
 def summary(jct: float, top_p99: float, backlog: float = 0.97, quota: float = 1.0) -> dict[str, Any]:
@@ -105,3 +115,78 @@ def test_misses_are_split_by_whether_the_fluid_reference_reaches_las_keeping_the
 def test_without_fluid_figures_there_is_no_fluid_paragraph() -> None:
     lines = _philly_overview([run("2017-10-09", 1.1, 9_000, 8_800)])
     assert not any(line.startswith("The fluid reference") for line in lines)
+
+
+def predicted(
+    week: str, load: float, baseline_1min: float | None = 0.990, cov: float = 0.997
+) -> dict[str, Any]:
+    figures = {
+        "jobs": 11_386,
+        "within_1min": 0.9921,
+        "within_10min": 0.994,
+        "median_abs_error_s": 0.0,
+        "p90_coverage": cov,
+        "waited_jobs": 89,
+        "waited_within_1min": 0.0337,
+        "waited_within_10min": None,
+        "baseline_within_1min": baseline_1min,
+        "baseline_within_10min": 0.993,
+        "runtime_within_50pct": 0.881,
+        "runtime_off_2x": 0.096,
+    }
+    return {"week": week, "load": load, "gpus": 640, "figures": figures, "wall": 1_240.6}
+
+
+def test_the_predicted_start_section_has_a_row_per_week_and_load_and_says_what_was_run() -> None:
+    lines = predict_section([predicted("2017-10-02", 0.9), predicted("2017-10-09", 1.1, 0.5, 0.95)], 5)
+    assert lines[0] == "## 5. Predicted start times\n"
+    assert "Run here: 2017-10-02 at 0.9, 2017-10-09 at 1.1. The harness's cost grows" in lines[1]
+    assert lines[4] == (
+        "| 2017-10-02 | 0.9 | 640 | 11,386 | 0.992 | 0.994 | 0 | 0.997 | 89 | 0.034 / - | 0.990 / 0.993 "
+        "| 0.881 | 0.096 | 1,241 |"
+    )
+    assert lines[5].startswith("| 2017-10-09 | 1.1 | 640 | 11,386 | 0.992 | 0.994 | 0 | 0.950 | 89 |")
+    assert lines[-1].startswith("Why the issue's targets are or are not reachable on this trace: docs/pred")
+    assert lines[-1].endswith(
+        "Here the baseline is within 1 min for 0.500-0.990 of the jobs: 3x it can be reached in no row; "
+        "P90 coverage over all jobs is 0.950-0.997 against the issue's 0.87-0.93.\n"
+    )
+    low = predict_section([predicted("2017-10-02", 0.9, 0.3)], 5)[-1]
+    assert "3x it can be reached only in rows where it is 0.333 or less;" in low
+    none = predict_section([predicted("2017-10-02", 0.9, None)], 5)[-1]
+    assert "Here the baseline" not in none
+
+
+def test_predicted_starts_default_to_every_week_at_the_lowest_load() -> None:
+    assert predict_cases("2017-10-02,2017-10-09", "1.1,0.9", None) == [
+        ("2017-10-02", 0.9),
+        ("2017-10-09", 0.9),
+    ]
+    assert predict_cases("2017-10-02", "0.9,1.1", "0.9,1.1") == [("2017-10-02", 0.9), ("2017-10-02", 1.1)]
+
+
+def test_the_section_follows_the_others_and_leaves_them_unchanged(data_dir: Path, tmp_path: Path) -> None:
+    """The harness on the first 80 jobs of the repository's Philly sample (8 GPUs: some jobs wait),
+    seconds; rendered alone, and after the other sections without changing a byte of them."""
+    (tmp_path / "philly").mkdir()
+    rows = (data_dir / "philly_sample.csv").read_text().splitlines()[:81]
+    (tmp_path / "philly" / "philly_open.csv").write_text("\n".join(rows) + "\n")
+    shutil.copy(data_dir / "philly_vc.csv", tmp_path / "philly" / "philly_vc.csv")
+    run = predict_run(tmp_path, "2017-10-02", 0.9, io.StringIO())
+    f = run["figures"]
+    assert (f["jobs"], run["gpus"]) == (80, 8) and f["waited_jobs"] > 0
+    golden = [
+        {"gpus": 64, "match": 3, "rows": 3, "avg_jct": 1.0, "avg_queue": 0.0, "makespan": 9, "util": 0.5}
+    ]
+    others = render(golden, [], [], "img", 1.0)
+    both = render(golden, [], [], "img", 1.0, (), [run])
+    assert "Predicted start times" not in others
+    assert both.startswith(others)
+    section = both[len(others) :].splitlines()
+    assert section[0] == "## 5. Predicted start times"
+    [row] = [line for line in section if line.startswith("| 2017-10-02 |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:5] == ["2017-10-02", "0.9", "8", "80", f"{f['within_1min']:.3f}"]
+    assert cells[8] == str(f["waited_jobs"]) and len(cells) == 14
+    alone = render([], [], [], "img", 1.0, (), [run])
+    assert alone.endswith(both[len(others) :]) and "### " not in alone
