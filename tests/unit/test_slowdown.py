@@ -201,7 +201,9 @@ def test_launched_ranks_are_slowed_and_a_killed_one_is_let_go(
         pids = read_record(work / "slowed" / "0" / "rank-0.pid") or {}
         assert groups() == [(pids["pid"], pids["pid_start"])]
         cycler = DutyCycler(groups)
-        cycler.set_factor(3.0)
+        # stopped 90 % of the time: under a loaded full run (4 workers, 2 cores) a factor of 3 measured only
+        # 280 against 362, the stop phases landing late; this test is about the launcher's groups, not 3x
+        cycler.set_factor(10.0)
         cycler.start()
         start.touch()
         try:
