@@ -365,13 +365,18 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
             return list(pending)
         return [j for j in pending if (j.retry_at is None or j.retry_at <= now) and j.job_id not in held]
 
+    def _own_hold(self, job: JobView) -> str | None:
+        """Why ``job``'s dependencies or its name hold it (an array's limit aside)."""
+        earlier = self._index().same_name_earlier(job) if job.spec.singleton else ()
+        return hold_message(job, self.jobs, earlier)
+
     def held_jobs(self) -> dict[str, str]:
-        """Pending jobs held by a dependency or a singleton, with why (``dependencies.hold_message``)."""
+        """Pending jobs held by a dependency, a singleton or an array's limit, with why."""
         index = self._index()
         held: dict[str, str] = {}
         arrays: set[str] = set()
         for job_id, job in index.gated().items():
-            why = hold_message(job, self.jobs, index.same_name_earlier(job) if job.spec.singleton else ())
+            why = self._own_hold(job)
             if why is not None:
                 held[job_id] = why
             if job.spec.array is not None and job.spec.array.max_running is not None:
@@ -381,24 +386,16 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         return held
 
     def hold_of(self, job: JobView) -> str | None:
-        """Why ``job`` is held by a dependency or a singleton (None: it is not)."""
+        """Why ``job`` is held (``held_jobs``'s answer for it, from its array alone; None: it is not)."""
         array = job.spec.array
         throttled = array is not None and array.max_running is not None
         if job.state != "pending" or not (job.spec.depends_on or job.spec.singleton or throttled):
             return None
-        index = self._index()
-        earlier = index.same_name_earlier(job) if job.spec.singleton else ()
-        why = hold_message(job, self.jobs, earlier)
+        why = self._own_hold(job)
         if why is not None or array is None or not throttled:
             return why
-        members = index.array_live(array.array_id)
-        blocked = {
-            m
-            for m, view in members.items()
-            if view.state == "pending"
-            and hold_message(view, self.jobs, index.same_name_earlier(view) if view.spec.singleton else ())
-            is not None
-        }
+        members = self._index().array_live(array.array_id)
+        blocked = {m for m, view in members.items() if view.state == "pending" and self._own_hold(view)}
         return throttle_holds(members, blocked).get(job.job_id)
 
     def dependents_of(self, job_id: str) -> frozenset[str]:
