@@ -29,14 +29,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="run one policy (default), compare several (--policy a,b,c), check that the live scheduler "
         "decides byte for byte as the simulator at every instant (twin; exit 1 on a difference), or "
         "measure how well starts and runtimes are predicted at each job's submit (predict), or replay "
-        "openb pods one by one under FGD's packing protocol (packing: --nodes, --pods, --policy, --seeds; "
-        "docs/packing.md)",
+        "openb pods under FGD's packing protocol or with departures (packing: --nodes, --pods, --policy, "
+        "--seeds, --mode fgd|replay; docs/packing.md, docs/packing-replay.md)",
     )
     p.add_argument("--nodes", help="packing: node list CSV (openb: sn,cpu_milli,memory_mib,gpu,model)")
     p.add_argument(
         "--pods", help="packing: pod list CSV (openb: cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec)"
     )
     p.add_argument("--seeds", default="42", help="packing: seeds, e.g. 42-51 or 42,43 (default 42)")
+    p.add_argument(
+        "--mode",
+        dest="packing_mode",
+        choices=["fgd", "replay"],
+        default="fgd",
+        help="packing: fgd (FGD's protocol, default) or replay (arrivals and departures at the recorded "
+        "creation_time/deletion_time, a FIFO queue for pods that do not fit; one seed; "
+        "docs/packing-replay.md)",
+    )
+    p.add_argument(
+        "--speedup",
+        type=float,
+        default=1.0,
+        help="packing --mode replay: arrivals K times closer together, lifetimes unchanged (default 1)",
+    )
     p.add_argument("--workload", help="JSON Lines workload (see docs/simulator.md)")
     p.add_argument("--cluster", help="cluster file, JSON or YAML")
     p.add_argument(
@@ -213,35 +228,60 @@ def _seeds(text: str) -> list[int]:
 
 def _packing(args: argparse.Namespace) -> int:
     """``rally sim packing``: one JSON object (``--json``: to stdout, or to FILE), else one line."""
-    from rallypoint.sim.packing import Cluster, read_nodes, read_pods, resolve, run_seed, summary
-
     if not args.nodes or not args.pods or not args.policy:
         return _err("packing needs --nodes, --pods and --policy")
     if args.workload or args.cluster or args.from_log:
         return _err("packing takes --nodes/--pods, not --workload/--cluster/--from-log")
     try:
-        policy = resolve(args.policy)
-        seeds = _seeds(args.seeds)
-        nodes, pods = read_nodes(args.nodes), read_pods(args.pods)
-        runs = [run_seed(nodes, pods, policy, s) for s in seeds]
+        figures, line = (_packing_replay if args.packing_mode == "replay" else _packing_fgd)(args)
     except ValueError as e:
         return _err(str(e))
     except OSError as e:
         return _err(f"{e.filename or ''}: {e.strerror or e}")
-    cluster = Cluster(nodes)
-    figures = summary(policy, runs, len(nodes), cluster.gpu_capacity // 1000)
     text = json.dumps(figures)
     if args.json_out == "-":
         print(text)
     elif args.json_out:
         Path(args.json_out).write_text(text + "\n")
     if args.json_out != "-":
-        print(
-            f"{policy}: alloc at 100% arrived, median {figures['alloc_at_100_median']}% over seeds "
-            f"{seeds[0]}..{seeds[-1]}; failed pods {figures['failed_pods']}; "
-            f"decision p99 {figures['decision_ms_p99']} ms"
-        )
+        print(line)
     return 0
+
+
+def _packing_fgd(args: argparse.Namespace) -> tuple[dict[str, object], str]:
+    """FGD's protocol (docs/packing.md): the figures and the line printed without ``--json``."""
+    from rallypoint.sim.packing import Cluster, read_nodes, read_pods, resolve, run_seed, summary
+
+    policy = resolve(args.policy)
+    seeds = _seeds(args.seeds)
+    nodes, pods = read_nodes(args.nodes), read_pods(args.pods)
+    runs = [run_seed(nodes, pods, policy, s) for s in seeds]
+    figures = summary(policy, runs, len(nodes), Cluster(nodes).gpu_capacity // 1000)
+    return figures, (
+        f"{policy}: alloc at 100% arrived, median {figures['alloc_at_100_median']}% over seeds "
+        f"{seeds[0]}..{seeds[-1]}; failed pods {figures['failed_pods']}; "
+        f"decision p99 {figures['decision_ms_p99']} ms"
+    )
+
+
+def _packing_replay(args: argparse.Namespace) -> tuple[dict[str, object], str]:
+    """``--mode replay``: arrivals and departures at the recorded times (docs/packing-replay.md)."""
+    from rallypoint.sim.packing import read_nodes, resolve
+    from rallypoint.sim.packing.replay import replay_summary, run_replay
+    from rallypoint.sim.packing.timed import read_timed_pods
+
+    policy = resolve(args.policy)
+    seeds = _seeds(args.seeds)
+    if len(seeds) > 1:
+        raise ValueError("--mode replay takes one seed (it only drives Random's draws)")
+    nodes, pods = read_nodes(args.nodes), read_timed_pods(args.pods)
+    figures = replay_summary(run_replay(nodes, pods, policy, seeds[0], args.speedup))
+    return figures, (
+        f"{policy} (replay): time-averaged allocation {figures['time_avg_alloc']}%; wait s mean "
+        f"{figures['wait_s_mean']}, p50 {figures['wait_s_p50']}, p95 {figures['wait_s_p95']}; placed "
+        f"{figures['placed_pods']}, failed {figures['failed_pods']}; decision p99 "
+        f"{figures['decision_ms_p99']} ms"
+    )
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -257,6 +297,8 @@ def handle(args: argparse.Namespace) -> int:
 
     if args.mode == "packing":
         return _packing(args)
+    if args.packing_mode != "fgd":
+        return _err("--mode is for `rally sim packing`")
     if args.from_log:
         return _from_log(args)
     missing = [
