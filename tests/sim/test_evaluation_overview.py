@@ -10,6 +10,11 @@ from typing import Any
 from rallypoint.sim.evaluate import (
     _checks,
     _philly_overview,
+    _published_order,
+    _replay_rows,
+    packing_curves,
+    packing_run,
+    packing_variants,
     predict_cases,
     predict_run,
     predict_section,
@@ -190,3 +195,79 @@ def test_the_section_follows_the_others_and_leaves_them_unchanged(data_dir: Path
     assert cells[8] == str(f["waited_jobs"]) and len(cells) == 14
     alone = render([], [], [], "img", 1.0, (), [run])
     assert alone.endswith(both[len(others) :]) and "### " not in alone
+
+
+OPENB_SAMPLES = Path(__file__).resolve().parents[1] / "data"
+
+
+def openb_traces(tmp_path: Path) -> Path:
+    """A traces folder with the openb layout: the 39 sample nodes, a timed list (`default`, 300 pods with
+    creation/deletion times) and one without times (`untimed`, openb_small's 300 pods)."""
+    base = tmp_path / "alibaba-openb"
+    base.mkdir()
+    shutil.copy(OPENB_SAMPLES / "openb_small_timed" / "nodes.csv", base / "openb_node_list_gpu_node.csv")
+    shutil.copy(OPENB_SAMPLES / "openb_small_timed" / "pods.csv", base / "openb_pod_list_default.csv")
+    shutil.copy(OPENB_SAMPLES / "openb_small" / "pods.csv", base / "openb_pod_list_untimed.csv")
+    return tmp_path
+
+
+def test_the_packing_section_has_every_policy_and_list_and_follows_the_others(tmp_path: Path) -> None:
+    from rallypoint.sim.packing import POLICIES
+
+    traces = openb_traces(tmp_path)
+    assert packing_variants(traces) == ["default", "untimed"]
+    log = io.StringIO()
+    runs = [packing_run(traces, v, [1, 2], [1.0, 1000.0], log) for v in ("default", "untimed")]
+    timed, untimed = runs
+    assert list(timed["fgd"]) == list(POLICIES) and timed["fgd"]["fgd"]["seeds"] == [1, 2]
+    assert set(timed["replay"]) == {1.0, 1000.0} and untimed["replay"] == {}
+    assert timed["replay"][1000.0]["bestfit"]["waited_pods"] > 0  # packed 1000x, the 39 nodes fill up
+    img = tmp_path / "img"
+    img.mkdir()
+    curve = packing_curves(traces, "default", 1, img, log)
+    assert (img / curve).stat().st_size > 1000
+    packing = {"runs": runs, "seeds": [1, 2], "curve": curve}
+    golden = [
+        {"gpus": 64, "match": 3, "rows": 3, "avg_jct": 1.0, "avg_queue": 0.0, "makespan": 9, "util": 0.5}
+    ]
+    others = render(golden, [], [], "img", 1.0)
+    both = render(golden, [], [], "img", 1.0, (), (), packing)
+    assert both.startswith(others)
+    section = both[len(others) :].splitlines()
+    assert section[0] == "## 6. GPU sharing: openb packing"
+    assert "median over seeds 1-2 (`--packing-seeds`" in section[2]
+    head = next(line for line in section if line.startswith("| pod list | pods |"))
+    assert head == "| pod list | pods | " + " | ".join(POLICIES) + " | published order |"
+    [row] = [line for line in section if line.startswith("| default | 300 |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2:-1] == [f"{float(timed['fgd'][p]['alloc_at_100_median']):.2f}" for p in POLICIES]
+    assert f"![{curve}](img/{curve})" in section
+    recorded = section.index("Speedup 1 (as recorded):")
+    packed = section.index("Speedup 1000:")
+    # as recorded nothing waits on the sample either: one row for every policy
+    assert section[recorded + 4].startswith(f"| default | all {len(POLICIES)} (identical) | ")
+    rows = [line for line in section[packed:] if line.startswith("| default | ")]
+    assert [r.split("|")[2].strip() for r in rows] == list(POLICIES)
+    assert "No recorded times, so no replay: untimed." in section[-2]
+
+
+def test_the_published_order_and_the_identical_replays_are_read_from_the_figures() -> None:
+    ordered = {"random": 86.0, "dotprod": 90.0, "gpuclustering": 91.0, "gpupacking": 91.5, "bestfit": 93.0,
+               "fgd": 95.0, "rallypoint": 94.0}  # fmt: skip
+    assert _published_order(ordered) == "yes"  # rallypoint is not part of the published order
+    assert _published_order({**ordered, "gpupacking": 90.9}) == "**no**"
+    figures = {
+        "time_avg_alloc": 1.5, "peak_alloc": 3.0, "alloc_while_waiting": None, "waited_pods": 0,
+        "wait_s_mean": 0.0, "wait_s_p50": 0.0, "wait_s_p95": 0.0, "max_queue": 0, "failed_pods": 2,
+        "placed_pods": 98,
+    }  # fmt: skip
+    same = {"a": {**figures, "decision_ms_p99": 0.1}, "b": {**figures, "decision_ms_p99": 0.3}}
+    assert _replay_rows("v", same) == [
+        "| v | all 2 (identical) | 1.5000 | 3.00 | - | 0 | 0.00 | 0.0 | 0.0 | 0 | 2 | 98 | 0.30 |"
+    ]
+    differ = {
+        **same,
+        "b": {**figures, "waited_pods": 1, "alloc_while_waiting": 97.123, "decision_ms_p99": 0.3},
+    }
+    assert [r.split("|")[2].strip() for r in _replay_rows("v", differ)] == ["a", "b"]
+    assert "| 97.12 | 1 |" in _replay_rows("v", differ)[1]

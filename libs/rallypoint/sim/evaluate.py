@@ -6,7 +6,8 @@ Steps: (1) the golden FIFO check at 64 and 32 GPUs; (2) Philly weeks at offered 
 sized to the load, quotas per VC in proportion to its real size, seeded priority classes), every policy;
 (3) the openb heterogeneous cluster with its whole-GPU pods and their GPU-type constraints; (4) stragglers:
 seeded fail-slow episodes on Philly slices, with and without straggler replacement (sim/failslow_eval.py);
-(5) predicted start times: the harness of ``rally sim predict`` (rallypoint.predict) on Philly weeks.
+(5) predicted start times: the harness of ``rally sim predict`` (rallypoint.predict) on Philly weeks;
+(6) GPU sharing: every openb pod list under FGD's protocol and replayed with departures (sim/packing).
 Each acceptance criterion of issue 4 is checked and printed as met / not met; nothing is tuned per trace.
 """
 
@@ -18,6 +19,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +224,191 @@ def philly_runs(
                 }
             )
     return out
+
+
+# Section 6: the published medians at 100% arrived on the default list (FGD, ATC'23, Fig. 7), in the
+# published order, lowest first.
+PUBLISHED_DEFAULT = {
+    "random": 86.25,
+    "dotprod": 90.56,
+    "gpuclustering": 91.58,
+    "gpupacking": 91.81,
+    "bestfit": 92.91,
+    "fgd": 95.23,
+}
+PACKING_SEEDS = "42-51"
+# Replays with departures: as recorded, then with arrivals packed 30,000 and 100,000 times closer (as
+# recorded, little of the cluster is ever in use at once: docs/packing-replay.md).
+PACKING_SPEEDUPS = "1,30000,100000"
+OPENB_NODES = "openb_node_list_gpu_node.csv"
+
+
+def packing_variants(traces: Path) -> list[str]:
+    """Every openb pod list in the traces folder, by its variant name (default first)."""
+    files = (traces / "alibaba-openb").glob("openb_pod_list_*.csv")
+    names = [p.name.removeprefix("openb_pod_list_").removesuffix(".csv") for p in files]
+    return sorted(names, key=lambda n: (n != "default", n))
+
+
+def _timed(path: Path) -> bool:
+    with path.open() as f:
+        header = f.readline().strip().split(",")
+    return {"creation_time", "deletion_time"} <= set(header)
+
+
+def packing_run(
+    traces: Path, variant: str, seeds: Sequence[int], speedups: Sequence[float], log: Any
+) -> dict[str, Any]:
+    """One openb pod list: FGD's protocol per policy of the packing registry (medians over ``seeds``), and
+    the replay with departures per policy at each speedup (when the list has the recorded times)."""
+    from rallypoint.sim.packing import POLICIES, read_nodes, read_pods, run_seed, summary
+    from rallypoint.sim.packing.replay import replay_summary, run_replay
+    from rallypoint.sim.packing.timed import read_timed_pods
+
+    base = traces / "alibaba-openb"
+    nodes = read_nodes(base / OPENB_NODES)
+    path = base / f"openb_pod_list_{variant}.csv"
+    pods = read_pods(path)
+    fgd: dict[str, dict[str, object]] = {}
+    for pol in POLICIES:
+        t = time.perf_counter()
+        fgd[pol] = summary(pol, [run_seed(nodes, pods, pol, s) for s in seeds], len(nodes), 0)
+        print(f"  openb {variant} fgd-protocol {pol}: {time.perf_counter() - t:.1f} s", file=log, flush=True)
+    replay: dict[float, dict[str, dict[str, object]]] = {}
+    if _timed(path):
+        timed = read_timed_pods(path)
+        for k in speedups:
+            replay[k] = {}
+            for pol in POLICIES:
+                t = time.perf_counter()
+                replay[k][pol] = replay_summary(run_replay(nodes, timed, pol, seeds[0], k))
+                took = time.perf_counter() - t
+                print(f"  openb {variant} replay x{k:g} {pol}: {took:.1f} s", file=log, flush=True)
+    return {"variant": variant, "pods": len(pods), "fgd": fgd, "replay": replay}
+
+
+def packing_curves(traces: Path, variant: str, seed: int, img: Path, log: Any) -> str:
+    """The paper's plot for one pod list and seed: unallocated GPU % against arrived GPU demand %, one line
+    per policy of the registry. Returns the PNG's file name."""
+    from rallypoint.sim.packing import POLICIES, read_nodes, read_pods
+    from rallypoint.sim.packing.replay import arrival_curve
+
+    from .report import _plt
+
+    base = traces / "alibaba-openb"
+    nodes, pods = read_nodes(base / OPENB_NODES), read_pods(base / f"openb_pod_list_{variant}.csv")
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=80)
+    for pol in POLICIES:
+        t = time.perf_counter()
+        arrived, alloc = arrival_curve(nodes, pods, pol, seed)
+        print(f"  openb {variant} curve {pol}: {time.perf_counter() - t:.1f} s", file=log, flush=True)
+        step = max(1, len(arrived) // 600)  # thin to ~600 points: same curve, small PNG
+        ax.plot(arrived[::step], 100.0 - alloc[::step], lw=1, label=pol)
+    ax.axvline(100.0, color="grey", lw=0.6, ls=":")
+    ax.set(xlabel="arrived GPU demand (% of capacity)", ylabel="unallocated GPU (%)", xlim=(0, 130),
+           ylim=(0, 100), title=f"openb {variant}, seed {seed}: unallocated GPUs as pods arrive")  # fmt: skip
+    ax.legend(fontsize=7)
+    name = f"eval-openb-{variant}-unallocated.png"
+    fig.tight_layout()
+    fig.savefig(img / name)
+    plt.close(fig)
+    return name
+
+
+def _published_order(medians: Mapping[str, float]) -> str:
+    """Does the variant keep the published order Random < DotProd < Clustering < Packing < BestFit < FGD?"""
+    ranked = [medians[p] for p in PUBLISHED_DEFAULT if p in medians]
+    if len(ranked) < 2:
+        return "-"
+    return "yes" if all(a < b for a, b in pairwise(ranked)) else "**no**"
+
+
+def _replay_rows(variant: str, runs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One row per policy; one row for all when every policy gives the same figures (decision times
+    aside: their largest p99 is shown)."""
+
+    def figures(f: Mapping[str, Any]) -> tuple[Any, ...]:
+        return tuple(v for k, v in f.items() if k not in ("policy", "decision_ms_p99"))
+
+    def row(who: str, f: Mapping[str, Any], p99: float) -> str:
+        busy = "-" if f["alloc_while_waiting"] is None else f"{f['alloc_while_waiting']:.2f}"
+        return (
+            f"| {variant} | {who} | {f['time_avg_alloc']:.4f} | {f['peak_alloc']:.2f} | {busy} | "
+            f"{f['waited_pods']:,} | "
+            f"{f['wait_s_mean']:,.2f} | {f['wait_s_p50']:,.1f} | {f['wait_s_p95']:,.1f} | "
+            f"{f['max_queue']:,} | {f['failed_pods']:,} | {f['placed_pods']:,} | {p99:.2f} |"
+        )
+
+    first = next(iter(runs.values()))
+    if len(runs) > 1 and all(figures(f) == figures(first) for f in runs.values()):
+        return [row(f"all {len(runs)} (identical)", first, max(f["decision_ms_p99"] for f in runs.values()))]
+    return [row(p, f, f["decision_ms_p99"]) for p, f in runs.items()]
+
+
+def packing_section(
+    runs: Sequence[Mapping[str, Any]], seeds: Sequence[int], curve: str | None, img_rel: str, number: int
+) -> list[str]:
+    """The Markdown of the GPU-sharing section: FGD's protocol per variant and policy, the published
+    medians, the replay with departures, the plot."""
+    policies = list(runs[0]["fgd"]) if runs else list(PUBLISHED_DEFAULT)
+    run_of_seeds = len(seeds) > 1 and list(seeds) == list(range(seeds[0], seeds[-1] + 1))
+    span = f"{seeds[0]}-{seeds[-1]}" if run_of_seeds else ",".join(map(str, seeds))
+    L = [f"## {number}. GPU sharing: openb packing\n"]
+    L.append(
+        "Alibaba openb (`openb_node_list_gpu_node.csv`: 1,213 nodes, 6,212 GPUs) with the pod lists of "
+        "`../shared/traces/alibaba-openb` below (`--packing-variants`; by default every one), "
+        "fractional-GPU, CPU-only and GPU-type-constrained pods included, "
+        "through `rally sim packing` (`rallypoint.sim.packing`), every policy of its registry. **FGD's "
+        "protocol** (docs/packing.md): the list re-sampled to 130% of GPU capacity, shuffled, pods placed "
+        "one by one and never deleted; the GPU allocation when the arrived demand first reaches 100% of "
+        f"capacity, median over seeds {span} (`--packing-seeds`; the paper's are 42-51). The last column: "
+        "whether the medians keep the published order Random < DotProd < GpuClustering < GpuPacking < "
+        "BestFit < FGD.\n"
+    )
+    L.append("| pod list | pods | " + " | ".join(policies) + " | published order |")
+    L.append("|---|---|" + "---|" * len(policies) + "---|")
+    for run in runs:
+        med = {p: float(f["alloc_at_100_median"]) for p, f in run["fgd"].items()}
+        cells = " | ".join(f"{med[p]:.2f}" for p in policies)
+        L.append(f"| {run['variant']} | {run['pods']:,} | {cells} | {_published_order(med)} |")
+    pub = " | ".join(f"{PUBLISHED_DEFAULT[p]:.2f}" if p in PUBLISHED_DEFAULT else "-" for p in policies)
+    L.append(f"| default, published (FGD Fig. 7) | - | {pub} | yes |")
+    L.append("")
+    if runs:
+        p99 = max(float(f["decision_ms_p99"]) for run in runs for f in run["fgd"].values())
+        slow = max((float(f["decision_ms_p99"]), p) for run in runs for p, f in run["fgd"].items())[1]
+        L.append(f"Largest decision p99 over these runs: {p99:.2f} ms ({slow}).\n")
+    if curve:
+        L.append(f"![{curve}]({img_rel}/{curve})\n")
+    L.append(
+        "**Replay with departures** ([packing-replay.md](packing-replay.md)): each pod arrives at its "
+        "`creation_time` and leaves its recorded lifetime (`deletion_time - creation_time`) after it "
+        "starts; a pod that does not fit waits in a FIFO queue without head-of-line blocking (as "
+        "kube-scheduler's), walked from its head whenever pods leave; a pod that fits no node of the empty "
+        "cluster fails. *Speedup* k packs the arrivals k times closer and keeps every lifetime. As recorded "
+        "(speedup 1), little of the cluster is ever in use at once (peak alloc); packed, the pods that live "
+        "minutes come and go while the long ones stay, and the allocation *while some pod waits* and the "
+        "waits tell the policies apart. Time-averaged allocation: percent of GPU capacity over the whole "
+        "replay, first arrival to last departure (dominated by the pods that run for months). Lists without "
+        "recorded times have no replay. Random's draws use the first seed.\n"
+    )
+    speedups = sorted({k for run in runs for k in run["replay"]})
+    for k in speedups:
+        L.append(f"Speedup {k:g}{' (as recorded)' if k == 1 else ''}:\n")
+        L.append(
+            "| pod list | policy | time-avg alloc % | peak alloc % | alloc while waiting % | waited pods "
+            "| wait s mean | p50 | p95 | max queue | failed | placed | decision p99 ms |"
+        )
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for run in runs:
+            if k in run["replay"]:
+                L.extend(_replay_rows(run["variant"], run["replay"][k]))
+        L.append("")
+    untimed = [run["variant"] for run in runs if not run["replay"]]
+    if untimed:
+        L.append(f"No recorded times, so no replay: {', '.join(untimed)}.\n")
+    return L
 
 
 PREDICT_POLICY = "rallypoint"
@@ -462,6 +649,7 @@ def render(
     wall: float,
     stragglers: Sequence[Mapping[str, Any]] = (),
     predict: Sequence[Mapping[str, Any]] = (),
+    packing: Mapping[str, Any] | None = None,
 ) -> str:
     L: list[str] = []
     L.append("# Evaluation: Rallypoint against the policies users would pick instead\n")
@@ -541,6 +729,8 @@ def render(
         L.extend(straggler_section(stragglers, 4))
     if predict:
         L.extend(predict_section(predict, 5))
+    if packing:
+        L.extend(packing_section(packing["runs"], packing["seeds"], packing["curve"], img_rel, 6))
     return "\n".join(L) + "\n"
 
 
@@ -570,6 +760,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--predict-loads",
         default=None,
         help="comma list of loads for predicted starts (default: lowest of --loads)",
+    )
+    ap.add_argument("--skip-packing", action="store_true")
+    ap.add_argument(
+        "--packing-variants",
+        default=None,
+        help="comma list of openb pod lists, e.g. default,gpushare100 (default: every openb_pod_list_*.csv)",
+    )
+    ap.add_argument(
+        "--packing-seeds", default=PACKING_SEEDS, help=f"seeds of FGD's protocol (default {PACKING_SEEDS})"
+    )
+    ap.add_argument(
+        "--packing-speedups",
+        default=PACKING_SPEEDUPS,
+        help=f"replay speedups, comma list (default {PACKING_SPEEDUPS}; 1 is as recorded)",
     )
     a = ap.parse_args(argv)
     if not (a.traces / "philly").is_dir():
@@ -609,6 +813,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             predict.append(predict_run(a.traces, week, load, sys.stderr))
             wall = time.perf_counter() - t0
             a.out.write_text(render(golden, philly, openb, rel, wall, stragglers, predict))
+    if not a.skip_packing:
+        print("packing ...", file=sys.stderr)
+        from rallypoint.cli.sim import _seeds
+
+        try:
+            seeds = _seeds(a.packing_seeds)
+            speedups = [float(x) for x in a.packing_speedups.split(",") if x.strip()]
+        except ValueError as e:
+            print(f"evaluate: error: {e}", file=sys.stderr)
+            return 2
+        variants = a.packing_variants.split(",") if a.packing_variants else packing_variants(a.traces)
+        packing: dict[str, Any] = {"runs": [], "seeds": seeds, "curve": None}
+        for variant in variants:
+            packing["runs"].append(packing_run(a.traces, variant, seeds, speedups, sys.stderr))
+            if variant == "default":
+                packing["curve"] = packing_curves(a.traces, variant, seeds[0], img, sys.stderr)
+            wall = time.perf_counter() - t0
+            a.out.write_text(render(golden, philly, openb, rel, wall, stragglers, predict, packing))
     print(f"wrote {a.out}", file=sys.stderr)
     return 0
 
