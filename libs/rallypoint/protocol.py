@@ -40,6 +40,9 @@ class LaunchTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     command: tuple[str, ...]
     env: dict[str, str] = {}
     secrets: dict[str, str] = {}
+    #: the share of its one GPU a fractional job's rank gets, in thousandths (0: whole GPUs). Such a GPU
+    #: runs several jobs' ranks at once: the agent never evicts one sharer for another (``_evict``)
+    gpu_milli: int = 0
 
     def __repr__(self) -> str:
         # a log line, a traceback's locals or a debugger shows the task; never a secret's value

@@ -222,7 +222,7 @@ def draining_jobs(node: NodeView, reader: Audience, policy: DrainPolicy) -> list
     if not out_of_service(node):
         return []  # most nodes: no job to look at (GET /v1/nodes renders every node)
     out = []
-    for job_id in sorted(set(node.allocated.values())):
+    for job_id in sorted(node.job_ids()):
         job = reader.jobs.get(job_id)
         if job is None or not reader.sees(job_id) or job.terminal:
             continue
@@ -274,7 +274,11 @@ def render_node(
         },
         # which GPUs are held, whoever holds them: a team's dashboard shows another team's as busy
         "busy_gpus": sorted(node.allocated),
-        "jobs": sorted(job_id for job_id in set(node.allocated.values()) if reader.sees(job_id)),
+        # GPUs fractional jobs share: thousandths in use on each (which jobs: ``jobs``, the reader's own)
+        "shared_gpus": {str(g): sum(held.values()) for g, held in sorted(node.shares.items())},
+        "cpu_milli": node.cpu_milli,
+        "memory_mib": node.memory_mib,
+        "jobs": sorted(job_id for job_id in node.job_ids() if reader.sees(job_id)),
         "draining_jobs": draining_jobs(node, reader, policy),
         "registered_at": node.registered_at,
     }

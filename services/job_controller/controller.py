@@ -165,7 +165,7 @@ class JobController:
         for node_id in changes.nodes:
             node = state.nodes.get(node_id)
             if node is not None:
-                due.update(node.allocated.values())  # a node's status change concerns the gangs on it
+                due.update(node.job_ids())  # a node's status change concerns the gangs on it
         due |= self._ended
         self._ended.clear()
         while self._wakeups and self._wakeups[0][0] < now:  # reconcile acts once now > started + limit

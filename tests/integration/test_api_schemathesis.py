@@ -143,6 +143,8 @@ UNSTATED_RULES = {
     "depends_on.job_id": "",
     "array": "",
     "secrets": "an array cannot have secrets",
+    # a fraction of one GPU: one GPU, one rank, not elastic (relations no schema keyword states)
+    "gpu_milli": "",
 }
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from rallypoint.core import ClusterModel, RunningJob
 from rallypoint.events import ArrayMember, Dependency
 from rallypoint.scheduling.queues import Queues, queues_from_obj
 from rallypoint.sim.cluster import Cluster, cluster_from_obj
@@ -357,3 +358,54 @@ def test_array_limits_hold_the_same_members_in_the_simulator_and_live(policy: st
             at_once = max(sum(1 for s, e in runs if s <= t < e) for t, _ in runs)
             assert at_once <= limit, (array_id, runs)  # never passed
             assert array_id != "arr" or at_once == limit, runs  # and it binds (8 small members at once)
+
+
+def with_sharing(seed: int) -> list[Job]:
+    """Notebooks on fractions of a GPU, CPU-heavy gangs and plain gangs arriving together on nodes of 16
+    cores each: shares pack, CPU runs out before GPUs on some nodes, and both release as jobs end."""
+    rng = random.Random(seed)
+    jobs: list[Job] = []
+    for i in range(40):
+        kind = rng.choice(("fraction", "fraction", "cpu", "whole"))
+        submit, duration = float(rng.randrange(0, 200)), float(rng.randrange(20, 200))
+        if kind == "fraction":
+            share = {
+                "gpu_milli": rng.choice((100, 250, 300, 500, 700)),
+                "cpu_milli": rng.choice((0, 1000, 4000)),
+            }
+            jobs.append(J(f"nb{i}", submit, 1, duration, rng.choice(("t1", "t2")), **share))
+        elif kind == "cpu":
+            gpus = rng.choice((1, 2, 4, 8))
+            jobs.append(
+                J(f"cpu{i}", submit, gpus, duration, "t1", cpu_milli=rng.choice((6000, 12000)), memory_mib=64)
+            )
+        else:
+            jobs.append(J(f"w{i}", submit, rng.choice((2, 8, 16)), duration, "t2", time_limit=400.0))
+    return sorted(jobs, key=lambda j: j.submit)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("policy", POLICIES)
+def test_fractions_and_cpu_requests_decide_the_same_in_the_simulator_and_live(
+    policy: str, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    joined: list[str] = []  # notebooks bound onto a GPU another notebook already shared (either world)
+    bind_share = ClusterModel._bind_share
+
+    def counting(model: ClusterModel, job: RunningJob) -> None:
+        p = job.placements[0]
+        if (p.node_id, p.gpus[0]) in model.shares:
+            joined.append(job.id)
+        bind_share(model, job)
+
+    monkeypatch.setattr(ClusterModel, "_bind_share", counting)
+    _, _, queues = synthetic()
+    cluster = cluster_from_obj(
+        {"generator": {"racks": 2, "nodes_per_rack": 2, "gpus_per_node": 8, "cpu": 16000, "memory": 1 << 20}}
+    )
+    jobs = with_sharing(seed)
+    twin = Twin(jobs, cluster, policy, queues)
+    assert_identical(twin.run())
+    ends = {r.id: r for r in twin.sim.records}
+    assert all(j.id in ends for j in jobs)  # every job ran to its end
+    assert joined, "no notebook ever shared a GPU: the case tests nothing about sharing"

@@ -144,6 +144,11 @@ def test_bad_env_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
         (["submit", "--gpus", "0", "--team", "nlp", "--", "x"], "error: --gpus: must be >= 1, got 0"),
         (["submit", "--gpus", "8", "--team", "NLP", "--", "x"], "error: --team: "),
         (["submit", "--gpus", "8", "--team", "nlp", "--name", "Bad Name", "--", "x"], "error: --name: "),
+        (["submit", "--team", "nlp", "--", "x"], "error: --gpus: is required (or --gpu-fraction"),
+        (
+            ["submit", "--gpus", "2", "--gpu-fraction", "0.5", "--team", "nlp", "--", "x"],
+            "error: --gpu-fraction: ",
+        ),
     ],
 )
 def test_submit_checks_locally_before_calling(
@@ -309,6 +314,7 @@ def test_nodes_table() -> None:
             "status": "up",
             "gpu_type": "H100",
             "gpus": {"total": 8, "free": 0, "allocated": 8},
+            "shared_gpus": {"10": 250, "2": 900},
             "jobs": ["j-a", "j-b"],
         },
         {
@@ -326,9 +332,9 @@ def test_nodes_table() -> None:
         },
     ]
     assert jobs_cmds.format_nodes(nodes).splitlines() == [
-        "NODE  RACK  STATUS   HEALTH                           GPU_TYPE  GPUS(FREE/TOTAL)  JOBS",
-        "n0    r0    UP       healthy                          H100      0/8               j-a,j-b",
-        "n1    r0    DRAINED  failed: gpu 3 xid 79 >= 79 (+1)  H100      0/8               -",
+        "NODE  RACK  STATUS   HEALTH                           GPU_TYPE  GPUS(FREE/TOTAL)  SHARED               JOBS",
+        "n0    r0    UP       healthy                          H100      0/8               gpu2=0.9,gpu10=0.25  j-a,j-b",
+        "n1    r0    DRAINED  failed: gpu 3 xid 79 >= 79 (+1)  H100      0/8               -                    -",
     ]
 
 

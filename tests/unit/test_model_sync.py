@@ -424,6 +424,7 @@ def test_the_signatures_hold_every_field_the_bridge_reads() -> None:
         "agent_instance": "x",
         "registered_at": 5.0,
         "allocated": {0: "other"},
+        "shares": {0: {"other": 100}},
         "health_since": 9.0,
         "health_evidence": (
             HealthEvidence(signal="xid", subject="gpu 0", severity="failed", value=79, threshold=79),

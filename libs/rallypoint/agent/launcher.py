@@ -91,6 +91,7 @@ class _Rank:
     rank: int
     directory: Path
     gpus: tuple[int, ...] = ()
+    shared: bool = False  # a fractional job's rank: its GPU runs other fractional jobs' ranks too
     popen: subprocess.Popen[bytes] | None = None  # only for wrappers this launcher spawned itself
     claimed_at: float = 0.0
     wrapper_pid: int | None = None
@@ -174,6 +175,7 @@ class RankLauncher:
                             rank=rank,
                             directory=attempt_dir,
                             gpus=_gpus_of(task, rank),
+                            shared=task is not None and task.gpu_milli > 0,
                         )
                         self._load(record)
                         self._ranks[key] = record
@@ -211,6 +213,7 @@ class RankLauncher:
                     rank=spec.rank,
                     directory=directory,
                     gpus=tuple(spec.gpus),
+                    shared=task.gpu_milli > 0,
                 )
                 now = self._clock()
                 # The claim is the idempotency key on disk: created exclusively *before* the spawn, so
@@ -246,7 +249,9 @@ class RankLauncher:
         """Stop every rank of another attempt that holds a GPU this task's ranks get, and wait until they
         have exited. The log gave those GPUs to this task, so such a rank is stale: its attempt ended
         while this node could not be told (lost, unreachable, a kill that never arrived). Left running,
-        it would hold the GPU's memory under the new rank. It gets no grace: its gang has moved on."""
+        it would hold the GPU's memory under the new rank. It gets no grace: its gang has moved on.
+
+        A fractional task's GPU runs other fractional jobs' ranks by design: those are not stale."""
         wanted = {gpu for spec in task.ranks for gpu in spec.gpus}
         if not wanted:
             return ()
@@ -260,6 +265,7 @@ class RankLauncher:
                         for r in live
                         if (r.job_id, r.attempt) != (task.job_id, task.attempt)
                         and wanted.intersection(r.gpus)
+                        and not (r.shared and task.gpu_milli > 0)
                     }
                 )
             )

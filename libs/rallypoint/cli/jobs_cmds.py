@@ -25,6 +25,7 @@ from rallypoint.jobs.arrays import parse_array
 from .client import ApiClient, ApiError, ApiUnreachable, Response, resolve_api_url
 from .node_cmds import add_node_action_parsers
 from .output import add_output_args, wants_json
+from .resources import parse_cpus, parse_gpu_fraction, parse_memory
 from .stale import add_stale_arg, error_line, note_stale
 
 EXIT_OK = 0
@@ -124,7 +125,26 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         description="Submit a job: `rally submit --gpus 16 --team nlp -- python train.py --lr 3e-4`. "
         "Prints the job id.",
     )
-    submit.add_argument("--gpus", type=int, required=True, help="GPUs of the whole gang (all or nothing)")
+    submit.add_argument(
+        "--gpus", type=int, help="GPUs of the whole gang (all or nothing); 1 with --gpu-fraction"
+    )
+    submit.add_argument(
+        "--gpu-fraction",
+        type=parse_gpu_fraction,
+        dest="gpu_milli",
+        metavar="F",
+        help="a share of one GPU (0.25 or 25%%), shared with other such jobs; one rank",
+    )
+    submit.add_argument(
+        "--cpus", type=parse_cpus, dest="cpu_milli", metavar="N", help="CPU cores per task (4, 0.5, 500m)"
+    )
+    submit.add_argument(
+        "--memory",
+        type=parse_memory,
+        dest="memory_mib",
+        metavar="SIZE",
+        help="host memory per task (32G, 512M)",
+    )
     submit.add_argument(
         "--min-gpus", type=int, help="elastic: the fewest GPUs it may run on (shrunk to free GPUs for others)"
     )
@@ -286,7 +306,8 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    body: dict[str, Any] = {"name": args.name or default_name(command), "gpus": args.gpus, "command": command}
+    gpus = args.gpus if args.gpus is not None or args.gpu_milli is None else 1
+    body: dict[str, Any] = {"name": args.name or default_name(command), "gpus": gpus, "command": command}
     if args.team:
         # Without one the API takes the token's team (an admin token must name one).
         body["team"] = args.team
@@ -304,6 +325,9 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
         "min_gpus": args.min_gpus,
         "max_gpus": args.max_gpus,
         "gpu_step": args.gpu_step,
+        "gpu_milli": args.gpu_milli,
+        "cpu_milli": args.cpu_milli,
+        "memory_mib": args.memory_mib,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     if args.env:
@@ -348,6 +372,9 @@ SUBMIT_FLAGS: dict[str, str] = {
     "max_retries": "--max-retries",
     "singleton": "--singleton",
     "array": "--array",
+    "gpu_milli": "--gpu-fraction",
+    "cpu_milli": "--cpus",
+    "memory_mib": "--memory",
 }
 # A field named inside a message: one with an underscore wherever it stands as a word; a plain word
 # (gpus, name) only where it is followed by its value (``gpus=8``), so prose is left alone.
@@ -375,6 +402,8 @@ def _precheck(body: dict[str, Any]) -> str | None:
     """Catch what needs no cluster knowledge before a round trip; sizes are the API's to judge."""
     if not body["command"]:
         return "error: command: is required, after `--` (rally submit --gpus 8 -- python train.py)"
+    if body["gpus"] is None:
+        return "error: --gpus: is required (or --gpu-fraction for a share of one GPU)"
     try:
         # Any node size passes here: the API knows the real one and fills gpus_per_task from it.
         # A stand-in team when none is given: the API fills in the token's. The priority is left out:
@@ -800,8 +829,17 @@ def node_jobs(node: dict[str, Any]) -> str:
     return ",".join(cells) or "-"
 
 
+def shared_text(shared: dict[str, int]) -> str:
+    """The GPUs fractional jobs share, each with the part of it they hold: ``gpu0=0.9,gpu3=0.25``."""
+    if not shared:
+        return "-"
+    return ",".join(
+        f"gpu{g}={milli / 1000:g}" for g, milli in sorted(shared.items(), key=lambda i: int(i[0]))
+    )
+
+
 def format_nodes(nodes: Sequence[dict[str, Any]]) -> str:
-    headers = ("NODE", "RACK", "STATUS", "HEALTH", "GPU_TYPE", "GPUS(FREE/TOTAL)", "JOBS")
+    headers = ("NODE", "RACK", "STATUS", "HEALTH", "GPU_TYPE", "GPUS(FREE/TOTAL)", "SHARED", "JOBS")
     rows = [
         (
             n["node_id"],
@@ -810,6 +848,7 @@ def format_nodes(nodes: Sequence[dict[str, Any]]) -> str:
             node_health(n),
             n["gpu_type"],
             f"{n['gpus']['free']}/{n['gpus']['total']}",
+            shared_text(n.get("shared_gpus") or {}),
             node_jobs(n),
         )
         for n in nodes

@@ -35,10 +35,11 @@ from rallypoint.events import (
     JobPreempted,
     JobResized,
     JobStarted,
+    TaskPlacement,
     subjects,
 )
 from rallypoint.jobs.arrays import array_env
-from rallypoint.jobs.launch import checkpoint_env, launch_plan
+from rallypoint.jobs.launch import checkpoint_env, launch_plan, share_env
 from rallypoint.protocol import LaunchTask
 from rallypoint.state import LAUNCHED, ClusterState, JobView
 from rallypoint.state.dependencies import never_met
@@ -243,6 +244,8 @@ def _launch(job: JobView, state: ClusterState, now: float, config: RecoveryConfi
     nodes = _nodes_of(job)
     latest = job.latest_checkpoint()
     env = {**checkpoint_env(job.job_id, job.spec, config.checkpoint_root, latest), **array_env(job.spec)}
+    if job.spec.gpu_milli is not None:
+        env.update(share_env(job.spec.gpu_milli, _gpu_memory(state, job.placements[0])))
     tasks = launch_plan(
         job.job_id, job.attempt, job.spec, job.placements, _addresses(state, nodes), extra_env=env
     )
@@ -253,6 +256,14 @@ def _launch(job: JobView, state: ClusterState, now: float, config: RecoveryConfi
         at=now,
     )
     return Launch(tasks=tuple(tasks), then=started)
+
+
+def _gpu_memory(state: ClusterState, placement: TaskPlacement) -> int:
+    """MiB of the placement's first GPU as its node registered it (0: unknown)."""
+    node = state.nodes.get(placement.node_id)
+    if node is None or not placement.gpus:
+        return 0
+    return next((g.memory_mib for g in node.gpus if g.index == placement.gpus[0]), 0)
 
 
 def _addresses(state: ClusterState, node_ids: tuple[str, ...]) -> Mapping[str, str]:

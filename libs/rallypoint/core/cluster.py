@@ -24,8 +24,9 @@ import numpy as np
 
 from rallypoint.core.formulas import add_team_usage
 from rallypoint.core.types import Node, RunningJob
+from rallypoint.events.catalogue import GPU_MILLI
 
-__all__ = ["ClusterIndex", "ClusterModel", "RunningColumns", "load_cluster", "nodes_from_spec"]
+__all__ = ["GPU_MILLI", "ClusterIndex", "ClusterModel", "RunningColumns", "load_cluster", "nodes_from_spec"]
 
 
 class _Registry:
@@ -332,6 +333,10 @@ class ClusterModel:
         self.usage: dict[tuple[str, str], int] = {}
         self.team_usage: dict[str, tuple[int, int, int]] = {}
         self._used: dict[str, int] = {}  # node id -> used mask (survives index rebuilds)
+        # (node id, GPU) -> thousandths of the GPU its fractional jobs hold (a GPU with any share is used)
+        self.shares: dict[tuple[str, int], int] = {}
+        # node id -> (CPU millicores, memory MiB) its running tasks asked for; nodes with none are absent
+        self.node_cpu_mem_used: dict[str, tuple[int, int]] = {}
         # per running job: (node id, GPU mask) per task, and the jobs sorted by expected end, both kept at
         # bind time so reservations never rescan every running job
         self.job_masks: dict[str, tuple[tuple[str, int], ...]] = {}
@@ -390,9 +395,12 @@ class ClusterModel:
     # --- jobs ----------------------------------------------------------------------------------
 
     def bind(self, job: RunningJob) -> None:
-        """Register a running gang and take its GPUs."""
+        """Register a running gang and take its GPUs (and its tasks' CPU and memory on their nodes)."""
         if job.id in self.running:
             raise ValueError(f"job {job.id} already running")
+        if job.gpu_milli is not None:
+            self._bind_share(job)
+            return
         masks: dict[str, int] = {}
         for p in job.placements:
             node = self._nodes.get(p.node_id)
@@ -417,17 +425,63 @@ class ClusterModel:
         self.cols.add(job, self.job_gpu_type(job), [(nk[p.node_id], len(p.gpus)) for p in job.placements])
         self.version += 1
 
+    def _bind_share(self, job: RunningJob) -> None:
+        """A fractional job: its one GPU leaves the free ones while any share of it is bound. It holds no
+        mask and no expected end (its end frees no whole GPU while others share it, so reservation
+        arithmetic never counts on it) and is never a preemption victim (evicting it frees no whole GPU
+        either; ``docs/sharing.md``)."""
+        if len(job.placements) != 1 or len(job.placements[0].gpus) != 1:
+            raise ValueError(f"job {job.id}: a fractional job holds exactly one GPU of one node")
+        p = job.placements[0]
+        node = self._nodes.get(p.node_id)
+        if node is None:
+            raise ValueError(f"job {job.id}: unknown node {p.node_id}")
+        g = p.gpus[0]
+        if not 0 <= g < node.gpus:
+            raise ValueError(f"job {job.id}: node {p.node_id} has no GPU {g}")
+        key = (p.node_id, g)
+        used = self.shares.get(key)
+        assert job.gpu_milli is not None
+        if used is None and self._used[p.node_id] >> g & 1:
+            raise ValueError(f"job {job.id}: GPU {g} of {p.node_id} is bound whole")
+        if (used or 0) + job.gpu_milli > GPU_MILLI:
+            raise ValueError(f"job {job.id}: GPU {g} of {p.node_id} has {GPU_MILLI - (used or 0)} milli left")
+        self.shares[key] = (used or 0) + job.gpu_milli
+        self._set_used(p.node_id, self._used[p.node_id] | 1 << g)
+        self.running[job.id] = job
+        self.job_masks[job.id] = ()
+        self._account(job, +1)
+        self.cols.add(
+            msgspec.structs.replace(job, preemptible=False),
+            self.job_gpu_type(job),
+            [(self._node_key[p.node_id], 1)],
+        )
+        self.version += 1
+
     def unbind(self, job_id: str) -> RunningJob:
         """Remove a running gang (completed, failed, preempted) and free its GPUs."""
         job = self.running.pop(job_id)
         for nid, m in self.job_masks.pop(job_id):
             self._set_used(nid, self._used[nid] & ~m)
-        if job.expected_end is not None:
+        if job.gpu_milli is not None:
+            self._unbind_share(job)
+        if job.expected_end is not None and job.gpu_milli is None:
             self._drop_end(job.expected_end, job_id)
         self._account(job, -1)
         self.cols.remove(job_id)
         self.version += 1
         return job
+
+    def _unbind_share(self, job: RunningJob) -> None:
+        assert job.gpu_milli is not None
+        p = job.placements[0]
+        key = (p.node_id, p.gpus[0])
+        left = self.shares[key] - job.gpu_milli
+        if left:
+            self.shares[key] = left
+        else:
+            del self.shares[key]
+            self._set_used(p.node_id, self._used[p.node_id] & ~(1 << p.gpus[0]))
 
     def update_running(self, job: RunningJob) -> None:
         """Replace a running job's record (checkpoint time, expected end); placements and size must match.
@@ -460,7 +514,17 @@ class ClusterModel:
         key = (job.queue_name, gt)
         self.usage[key] = self.usage.get(key, 0) + sign * job.gpus
         tu = self.team_usage
-        add_team_usage(tu, job.team, sign * job.gpus, sign * job.cpu_milli, sign * job.memory_mib)
+        tasks = len(job.placements)
+        cpu, mem = job.cpu_milli, job.memory_mib
+        add_team_usage(tu, job.team, sign * job.gpus, sign * cpu * tasks, sign * mem * tasks)
+        if cpu or mem:
+            for p in job.placements:
+                c, m = self.node_cpu_mem_used.get(p.node_id, (0, 0))
+                c, m = c + sign * cpu, m + sign * mem
+                if c or m:
+                    self.node_cpu_mem_used[p.node_id] = (c, m)
+                else:
+                    del self.node_cpu_mem_used[p.node_id]
 
     def job_gpu_type(self, job: RunningJob) -> str:
         if job.gpu_type is not None:

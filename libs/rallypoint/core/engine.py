@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rallypoint.core import reasons
+from rallypoint.core import reasons, sharing
 from rallypoint.core.backfill import hold
 from rallypoint.core.consolidation import plan_consolidation
 from rallypoint.core.context import Ctx, Status
@@ -87,11 +87,15 @@ def _bind(job: PendingJob, size: int, plan: Plan, ctx: Ctx, out: _Out) -> None:
                 b = bits(m)
             pl.append(TaskPlacement(task=i, node_id=ids[o], gpus=b))
         placements = tuple(pl)
-    add_team_usage(ctx.team_usage, team, size, job.cpu_milli, job.memory_mib)  # (Ctx.add_team_usage)
+    cpu, mem = job.cpu_milli, job.memory_mib
+    if cpu or mem:
+        cpu, mem = cpu * len(tasks), mem * len(tasks)
+    add_team_usage(ctx.team_usage, team, size, cpu, mem)  # (Ctx.add_team_usage)
     ctx._shares.pop(team, None)
     out.binds.append(Bind(job_id=job.id, gpus=size, placements=placements))
     rt = runtime_estimate(job)
-    if rt is not None:
+    # (a fractional job's end frees no whole GPU while others share it: reservations never count on it)
+    if rt is not None and job.gpu_milli is None:
         ctx.cycle_ends.append((ctx.now + rt, job.id, plan.tasks))
 
 
@@ -189,6 +193,8 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
             types = ctx.types_of[job.gpu_type] = job_types(job, ctx.idx)
     else:
         types = job_types(job, ctx.idx)
+    if job.gpu_milli is not None or job.cpu_milli or job.memory_mib:
+        return _attempt_with_resources(job, types, policy, ctx, out)
     if job.min_gpus is None and len(types) == 1:
         # one size and one GPU type (most jobs): ``_admit_and_place`` without its lists and loops
         size = job.gpus
@@ -213,6 +219,28 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
     if st.code in _WAITS_FOR_ROOM:
         return _make_room(job, size, st, policy, ctx, out)
     return st
+
+
+def _attempt_with_resources(
+    job: PendingJob, types: list[str], policy: Policy, ctx: Ctx, out: _Out
+) -> Status | None:
+    """``_attempt`` for a job that asks for a GPU fraction, CPU or memory (``sharing``): the first of its
+    types that its quota admits and that has the room now; it neither preempts nor reserves."""
+    size = job.gpus
+    refusal = None
+    for t in types:
+        msg = policy.permit.check(job, t, size, ctx)
+        if msg is not None:
+            refusal = refusal or msg
+            continue
+        plan = sharing.try_place(job, size, t, ctx)
+        if plan is not None:
+            _bind(job, size, plan, ctx, out)
+            sharing.record(job, plan, ctx)
+            return None
+    if refusal is not None and all(policy.permit.check(job, t, size, ctx) is not None for t in types):
+        return Status("QuotaExceeded", refusal + _quota_ceiling_note(job, size, types, ctx))
+    return Status("Resources", sharing.why_short(job, types, ctx))
 
 
 def _admit_and_place(

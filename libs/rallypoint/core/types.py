@@ -105,10 +105,11 @@ class RunningJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     gpus_per_task: int | None = None
     attained_gpu_s: float = 0.0
     last_preempted_at: float | None = None
-    cpu_milli: int = 0
-    memory_mib: int = 0
+    cpu_milli: int = 0  # per task, on its node
+    memory_mib: int = 0  # per task, on its node
     submit_time: float | None = None
     preempting_for: str | None = None
+    gpu_milli: int | None = None  # a fractional job's share of its one GPU (``PendingJob.gpu_milli``)
 
     @property
     def queue_name(self) -> str:
@@ -127,6 +128,11 @@ class PendingJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     allowed models in the job's order of preference (the openb "V100M16|V100M32"): the whole gang binds on
     one of them, the first in that order where it fits now; types the cluster lacks are ignored. Set at
     most one of the two (a job with both, or with an empty ``gpu_types``, waits with code ``Invalid``).
+
+    ``cpu_milli`` and ``memory_mib`` are per task: each task's node must have that much CPU and memory left
+    (``Node.cpu_milli`` / ``memory_mib`` less its running tasks'). ``gpu_milli`` (1-999) makes the job a
+    fractional one: ``gpus`` is 1 and its one task takes that share of one GPU, which other fractional jobs
+    may share (``core.sharing``).
     """
 
     id: str
@@ -153,6 +159,7 @@ class PendingJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     last_run_s: float = 0.0
     user: str | None = None
     name: str | None = None
+    gpu_milli: int | None = None
 
     @property
     def queue_name(self) -> str:

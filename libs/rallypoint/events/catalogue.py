@@ -16,6 +16,9 @@ import msgspec
 
 TopologyLevel = Literal["nvlink", "node", "rack", "spine", "cluster"]
 
+#: One whole GPU in the thousandths a fractional job asks for (``JobSpec.gpu_milli``).
+GPU_MILLI = 1000
+
 
 class _Event(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="type"):
     """Base of every event; ``type`` is the versioned tag."""
@@ -85,6 +88,13 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     #: set by the API on each member of an array it expands (never in a request: the request's ``array``
     #: is the index expression, ``jobs.arrays``)
     array: ArrayMember | None = None
+    #: per task (one node's share of the gang): the CPU, in millicores, and the host memory, in MiB, it
+    #: needs on its node (``docs/sharing.md``); 0 asks for none and runs on whatever the node has left
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    #: a fraction of one GPU in thousandths (1-999): the job is one task of one rank on a GPU it shares
+    #: with other fractional jobs (``docs/sharing.md``); None: whole GPUs
+    gpu_milli: int | None = None
 
 
 class GpuInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -76,9 +76,25 @@ def launch_plan(
                 ranks=ranks,
                 command=spec.command,
                 env={**spec.env, **(extra_env or {})},
+                gpu_milli=spec.gpu_milli or 0,
             )
         )
     return tasks
+
+
+def share_env(gpu_milli: int, gpu_memory_mib: int) -> dict[str, str]:
+    """What a fractional job's rank is told of its share: ``RALLY_GPU_MILLI``, and the limits a CUDA MPS
+    client applies to itself: the share of the GPU's SMs (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, rounded up
+    to a whole percent) and of its memory (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for its one visible device,
+    when the GPU's memory is known). Without an MPS daemon on the node they are advice the job may read,
+    not a limit (``docs/sharing.md``, "Isolation")."""
+    env = {
+        "RALLY_GPU_MILLI": str(gpu_milli),
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, -(-gpu_milli // 10))),
+    }
+    if gpu_memory_mib > 0:
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={gpu_memory_mib * gpu_milli // 1000}M"
+    return env
 
 
 #: What a rank inherits of its agent's environment: where programs and libraries are, the locale, the time

@@ -27,6 +27,7 @@ from typing import Any, cast, get_args
 import msgspec
 
 from rallypoint.events import Dependency, JobSpec, TopologyLevel
+from rallypoint.events.catalogue import GPU_MILLI
 from rallypoint.events.subjects import TOKEN_PATTERN
 
 from .launch import CONTRACT_VARIABLES
@@ -62,6 +63,9 @@ MAX_TEXT_LENGTH = 4096
 MAX_SECRETS = 32
 MAX_SECRET_BYTES = 64 * 1024
 MAX_SECRETS_BYTES = 256 * 1024
+#: A task's CPU (millicores) and host memory (MiB): far above any one machine, low enough for any column.
+MAX_CPU_MILLI = 100_000_000  # 100,000 cores
+MAX_MEMORY_MIB = 1 << 30  # 1 PiB
 
 # Upper bounds of the integer fields that have no other one (max_retries has its own range).
 _MAXIMUM: dict[str, tuple[int, str]] = {
@@ -72,6 +76,8 @@ _MAXIMUM: dict[str, tuple[int, str]] = {
     "max_gpus": (MAX_GPUS, " GPUs"),
     "gpu_step": (MAX_GPUS, " GPUs"),
     "time_limit_s": (MAX_TIME_LIMIT_S, " seconds (one year)"),
+    "cpu_milli": (MAX_CPU_MILLI, " millicores"),
+    "memory_mib": (MAX_MEMORY_MIB, " MiB"),
 }
 
 PRIORITY_CLASSES: tuple[str, ...] = (
@@ -197,6 +203,8 @@ def validate_spec(
     min_gpus, max_gpus, gpu_step = _check_elastic(body, gpus, gpus_per_task)
     depends_on = _check_depends_on(body)
     singleton = _bool(body, "singleton")
+    cpu_milli, memory_mib = _check_task_resources(body)
+    gpu_milli = _check_gpu_milli(body, gpus, ranks_per_task, min_gpus, max_gpus)
     max_retries = _int(body, "max_retries")
     if max_retries is None:
         max_retries = 0
@@ -225,6 +233,9 @@ def validate_spec(
         secret_names=secret_names,
         depends_on=depends_on,
         singleton=singleton,
+        cpu_milli=cpu_milli,
+        memory_mib=memory_mib,
+        gpu_milli=gpu_milli,
     )
 
 
@@ -508,6 +519,40 @@ def _check_depends_on(body: Mapping[str, Any]) -> tuple[Dependency, ...]:
     if len(set(deps)) != len(deps):
         raise SpecError("depends_on", "lists a dependency more than once")
     return tuple(deps)
+
+
+def _check_task_resources(body: Mapping[str, Any]) -> tuple[int, int]:
+    """CPU (millicores) and host memory (MiB) per task: what its node must have left for it."""
+    out: list[int] = []
+    for field in ("cpu_milli", "memory_mib"):
+        value = _int(body, field)
+        if value is not None and value < 0:
+            raise SpecError(field, f"must be >= 0, got {value}")
+        out.append(value or 0)
+    return out[0], out[1]
+
+
+def _check_gpu_milli(
+    body: Mapping[str, Any], gpus: int, ranks_per_task: int, min_gpus: int | None, max_gpus: int | None
+) -> int | None:
+    """A fraction of one GPU: one task, one rank, one GPU it shares; never elastic."""
+    milli = _int(body, "gpu_milli")
+    if milli is None:
+        return None
+    if not 1 <= milli < GPU_MILLI:
+        raise SpecError(
+            "gpu_milli",
+            f"must be 1-{GPU_MILLI - 1} thousandths of one GPU, got {milli} (a whole GPU: omit gpu_milli)",
+        )
+    if gpus != 1:
+        raise SpecError("gpu_milli", f"a fraction of one GPU runs as gpus=1, got gpus={gpus}")
+    if ranks_per_task != 1:
+        raise SpecError(
+            "gpu_milli", f"a fraction of one GPU runs one rank, got ranks_per_task={ranks_per_task}"
+        )
+    if min_gpus is not None or max_gpus is not None:
+        raise SpecError("gpu_milli", "a fraction of one GPU cannot be elastic (min_gpus / max_gpus)")
+    return milli
 
 
 def _check_topology(body: Mapping[str, Any]) -> tuple[TopologyLevel | None, TopologyLevel | None]:

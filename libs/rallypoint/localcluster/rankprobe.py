@@ -24,6 +24,10 @@ CONTRACT = (
     "LOCAL_RANK",
     "LOCAL_WORLD_SIZE",
     "NODE_RANK",
+    # a fractional job's share (``jobs.launch.share_env``)
+    "RALLY_GPU_MILLI",
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
 )
 
 

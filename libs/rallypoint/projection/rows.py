@@ -394,7 +394,7 @@ class ReadModel:
 
     def _node_jobs(self, node_id: str) -> set[str]:
         node = self.state.nodes.get(node_id)
-        return set(node.allocated.values()) if node is not None else set()
+        return node.job_ids() if node is not None else set()
 
     def _node_key(self, node_id: str) -> NodeRow | None:
         node = self.state.nodes.get(node_id)

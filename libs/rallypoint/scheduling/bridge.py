@@ -88,6 +88,9 @@ def running_of(job: JobView) -> RunningJob:
         last_preempted_at=job.last_preempted_at,
         preempting_for=job.preempt_for,
         attained_gpu_s=job.attained_gpu_s,
+        cpu_milli=job.spec.cpu_milli,
+        memory_mib=job.spec.memory_mib,
+        gpu_milli=job.spec.gpu_milli,
     )
 
 
@@ -121,6 +124,9 @@ def pending_of(job: JobView) -> PendingJob:
         last_preempted_at=job.last_preempted_at,
         attained_gpu_s=job.attained_gpu_s,
         last_run_s=job.run_s,
+        cpu_milli=spec.cpu_milli,
+        memory_mib=spec.memory_mib,
+        gpu_milli=spec.gpu_milli,
     )
 
 

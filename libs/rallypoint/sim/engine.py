@@ -36,7 +36,7 @@ from typing import Any
 import msgspec
 
 from rallypoint.core import types as ct
-from rallypoint.core.cluster import ClusterModel
+from rallypoint.core.cluster import GPU_MILLI, ClusterModel
 from rallypoint.scheduling.adapter import attempt_end, core_node, exceeds_cluster, pending_time_limit
 from rallypoint.scheduling.bridge import resized_placements
 from rallypoint.scheduling.config import core_queues
@@ -330,6 +330,9 @@ class Simulator:
             last_preempted_at=sj.last_preempted,
             last_run_s=sj.run_time,
             name=j.job_name,  # the scheduler passes its spec's (twin.job_spec: the same)
+            cpu_milli=j.cpu_milli,
+            memory_mib=j.memory_mib,
+            gpu_milli=j.gpu_milli,
         )
 
     def _submit(self, sj: _SimJob, now: float) -> bool:
@@ -435,6 +438,9 @@ class Simulator:
             attained_gpu_s=sj.attained,
             last_preempted_at=sj.last_preempted,
             submit_time=j.submit,
+            cpu_milli=j.cpu_milli,
+            memory_mib=j.memory_mib,
+            gpu_milli=j.gpu_milli,
         )
         self.model.bind(rj)  # raises ValueError on a double bind; callers check first
         for n in node_ids:
@@ -729,7 +735,7 @@ class Simulator:
             sj = self.pending.get(b.job_id)
             if sj is None:
                 raise SimError(f"t={now}: core bound {b.job_id}, which is not pending")
-            busy = self._busy(b.placements)
+            busy = self._busy(b.placements, sj.job.gpu_milli)
             if busy:
                 if self.opts.strict:
                     raise SimError(f"t={now}: core bound {b.job_id} onto GPUs already taken ({busy})")
@@ -748,12 +754,16 @@ class Simulator:
                 stopped = True
         return stopped
 
-    def _busy(self, placements: tuple[ct.TaskPlacement, ...]) -> str | None:
-        """The first GPU of ``placements`` that is not free (or repeated), as text; None if all are free."""
+    def _busy(self, placements: tuple[ct.TaskPlacement, ...], gpu_milli: int | None = None) -> str | None:
+        """The first GPU of ``placements`` that is not free (or repeated), as text; None if all are free. A
+        fractional job (``gpu_milli``) may also take a GPU other shares hold with room left for its own."""
         seen: set[tuple[str, int]] = set()
         for p in placements:
             free = self.model.free_gpus(p.node_id) if p.node_id in self.node_gpus else ()
             for g in p.gpus:
+                shared = self.model.shares.get((p.node_id, g))
+                if gpu_milli is not None and shared is not None and shared + gpu_milli <= GPU_MILLI:
+                    continue
                 if g not in free or (p.node_id, g) in seen:
                     return f"{p.node_id} GPU {g}"
                 seen.add((p.node_id, g))

@@ -130,6 +130,9 @@ def job_spec(job: Job, priority: str) -> JobSpec:
         depends_on=job.depends_on,
         singleton=job.singleton,
         array=job.array,
+        cpu_milli=job.cpu_milli,
+        memory_mib=job.memory_mib,
+        gpu_milli=job.gpu_milli,
     )
 
 

@@ -8,7 +8,8 @@ the job runs with its full allocation), ``time_limit`` (the user's estimate, opt
 ``checkpoint_interval`` (optional), ``gpu_type`` (optional; ``"A|B"`` allows either model, preferring them in
 that order: the core gets ``PendingJob.gpu_types``), ``name`` (default the id), ``depends_on``
 (``[{"kind": "after-ok", "job_id": "j1"}]``, the live API's kinds; each job waited for arrives first) and
-``singleton`` (optional; held as the live fold holds them, ``sim/holds.py``).
+``singleton`` (optional; held as the live fold holds them, ``sim/holds.py``), ``cpu_milli`` / ``memory_mib``
+(per task) and ``gpu_milli`` (a fraction of one GPU; ``gpus`` is then 1), as the live spec has them.
 
 Line order is meaningful: jobs submitted in the same second keep file order (the golden peers do too), so the
 loader keeps a ``seq`` per job and never re-sorts by anything but ``(submit, seq)``.
@@ -50,6 +51,11 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
     singleton: bool = False
     #: a member of a job array (the live API's expansion of ``--array``): at most ``max_running`` at once
     array: ArrayMember | None = None
+    #: per task: CPU (millicores) and host memory (MiB) its node must have left; a fractional job's share of
+    #: its one GPU in thousandths (``JobSpec``'s fields, docs/sharing.md)
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpu_milli: int | None = None
 
     @property
     def job_name(self) -> str:

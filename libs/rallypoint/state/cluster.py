@@ -65,6 +65,7 @@ from rallypoint.events import (
     RankExited,
     TaskPlacement,
 )
+from rallypoint.events.catalogue import GPU_MILLI
 from rallypoint.events.codec import Quarantined, QuarantineLog
 
 from .dependencies import hold_message, throttle_holds
@@ -98,8 +99,11 @@ class NodeView(msgspec.Struct, kw_only=True):
     status_reason: str = ""
     agent_instance: str = ""
     registered_at: float = 0.0
-    # GPU index -> job id holding it. Absent means free.
+    # GPU index -> job id holding it. Absent means free. A GPU fractional jobs share names one of them
+    # (the least id) while any share of it is bound; ``shares`` has them all.
     allocated: dict[int, str] = {}
+    #: GPU index -> {job id: thousandths} of the fractional jobs sharing it (``JobSpec.gpu_milli``)
+    shares: dict[int, dict[str, int]] = {}
     #: The health monitor's verdict on the node's signals (``NodeHealthChanged``): ``degraded`` cordons
     #: the node, ``failed`` drains it too. Silence is ``status``'s business, not this.
     health: str = "healthy"
@@ -129,6 +133,10 @@ class NodeView(msgspec.Struct, kw_only=True):
 
     def free_gpus(self) -> tuple[int, ...]:
         return tuple(g.index for g in self.gpus if g.index not in self.allocated)
+
+    def job_ids(self) -> set[str]:
+        """Every job holding a GPU of the node, whole or a share of one."""
+        return {*self.allocated.values(), *(j for held in self.shares.values() for j in held)}
 
 
 class CheckpointView(msgspec.Struct, kw_only=True):
@@ -484,8 +492,30 @@ def _release(state: ClusterState, job: JobView) -> None:
         if node is None:
             continue
         for gpu in placement.gpus:
-            if node.allocated.get(gpu) == job.job_id:
-                del node.allocated[gpu]
+            _unhold(node, gpu, job.job_id)
+
+
+def _hold(node: NodeView, gpu: int, job: JobView) -> None:
+    """``job`` holds ``gpu`` of ``node``: whole, or its share of it when it is a fractional job."""
+    milli = job.spec.gpu_milli
+    if milli is None:
+        node.allocated[gpu] = job.job_id
+        return
+    held = node.shares.setdefault(gpu, {})
+    held[job.job_id] = milli
+    node.allocated[gpu] = min(held)
+
+
+def _unhold(node: NodeView, gpu: int, job_id: str) -> None:
+    held = node.shares.get(gpu)
+    if held is not None and job_id in held:
+        del held[job_id]
+        if held:
+            node.allocated[gpu] = min(held)
+            return
+        del node.shares[gpu]
+    if node.allocated.get(gpu) == job_id:
+        del node.allocated[gpu]
 
 
 def _drop_resize(state: ClusterState, job: JobView) -> None:
@@ -510,8 +540,8 @@ def _free(
         if node is None:
             continue
         for gpu in placement.gpus:
-            if (placement.node_id, gpu) not in keep and node.allocated.get(gpu) == job.job_id:
-                del node.allocated[gpu]
+            if (placement.node_id, gpu) not in keep:
+                _unhold(node, gpu, job.job_id)
 
 
 def _finish(state: ClusterState, job: JobView, new_state: JobState, at: float) -> None:
@@ -557,7 +587,7 @@ def _take(state: ClusterState, job: JobView, e: GangBound | GangRepaired, seq: i
     for placement in e.placements:
         node = state.nodes[placement.node_id]
         for gpu in placement.gpus:
-            node.allocated[gpu] = job.job_id
+            _hold(node, gpu, job)
     job.state = "bound"
     job.attempt = e.attempt
     job.placements = e.placements
@@ -843,8 +873,7 @@ def _on_interrupted(state: ClusterState, seq: int, e: JobInterrupted) -> None:
         if node is None or placement.node_id not in failed:
             continue
         for gpu in placement.gpus:
-            if node.allocated.get(gpu) == job.job_id:
-                del node.allocated[gpu]
+            _unhold(node, gpu, job.job_id)
     _account_service(job, e.at)
     job.state = "repairing"
     job.missing_tasks = tuple(sorted(p.task for p in job.placements if p.node_id in failed))
@@ -887,7 +916,7 @@ def _on_gang_resized(state: ClusterState, seq: int, e: GangResized) -> None:
     for placement in e.placements:
         node = state.nodes[placement.node_id]
         for gpu in placement.gpus:
-            node.allocated[gpu] = job.job_id
+            _hold(node, gpu, job)
     job.resize = ResizeView(attempt=e.attempt, placements=e.placements, reason=e.reason, at=e.at)
 
 
@@ -1050,9 +1079,15 @@ def _placement_refusal(
                 continue  # a GPU the gang kept through the failure
             if not schedulable:
                 return Refusal("overtaken", f"node {node.node_id} is {node.status}")
-            if gpu in node.allocated:
+            if gpu in node.allocated and not _share_fits(node, gpu, job.spec.gpu_milli):
                 return Refusal("invalid", f"GPU {gpu} of {node.node_id} is held by {node.allocated[gpu]}")
     return _spec_refusal(state, job.spec, placements)
+
+
+def _share_fits(node: NodeView, gpu: int, milli: int | None) -> bool:
+    """A fractional job's share still fits on a GPU other fractional jobs share."""
+    held = node.shares.get(gpu)
+    return milli is not None and held is not None and sum(held.values()) + milli <= GPU_MILLI
 
 
 def _spec_refusal(

@@ -1,0 +1,176 @@
+"""Jobs that ask for more than whole GPUs: a fraction of one GPU, or CPU and memory on each task's node.
+
+Two kinds of request take this path (``wants_resources``):
+
+- **A fractional job** (``PendingJob.gpu_milli``, 1-999 thousandths): one task on one GPU that other
+  fractional jobs may share. It goes to the shared GPU of its type with the least room left that still
+  holds it (best fit: the emptiest shared GPUs stay open for bigger shares), else to a free GPU of the node
+  with the fewest free GPUs (best fit again: whole free nodes stay whole for gangs), inside its tightest
+  NVLink domain. A shared GPU is never free for whole-GPU jobs while any share of it is bound.
+- **CPU and memory per task** (``cpu_milli`` / ``memory_mib``): every task's node must have that much left.
+  For a whole-GPU gang the normal placement runs on a workspace where each node offers only as many of
+  its free GPUs as it has CPU and memory for (a transaction rolled back at once), so every topology rule
+  of ``placement`` holds unchanged.
+
+Such a job binds on free room only: it neither preempts nor reserves (its reason says what it lacks), and
+a fractional job is never a victim (``ClusterModel._bind_share``). ``docs/sharing.md`` says what this
+leaves out and why. Jobs that ask for none of it never come here, so whole-GPU scheduling costs the same.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rallypoint.core.cluster import GPU_MILLI
+from rallypoint.core.placement import Plan, _pick, new_plan, place
+
+if TYPE_CHECKING:
+    from rallypoint.core.context import Ctx
+    from rallypoint.core.types import PendingJob
+    from rallypoint.core.workspace import Workspace
+
+__all__ = ["SideResources", "record", "side_of", "try_place", "wants_resources", "why_short"]
+
+_UNLIMITED = 1 << 62
+
+
+def wants_resources(job: PendingJob) -> bool:
+    return job.gpu_milli is not None or job.cpu_milli > 0 or job.memory_mib > 0
+
+
+class SideResources:
+    """The cycle's view of what whole-GPU bookkeeping does not hold: CPU and memory left per node
+    ordinal and the thousandths used on each shared GPU. Built on the first job that asks (a cycle without
+    one never pays for it) and kept by ``record`` as such jobs bind."""
+
+    def __init__(self, ws: Workspace) -> None:
+        idx, cluster = ws.idx, ws.cluster
+        used = cluster.node_cpu_mem_used
+        self.cpu_left = [n.cpu_milli for n in idx.nodes]
+        self.mem_left = [n.memory_mib for n in idx.nodes]
+        for node_id, (cpu, mem) in used.items():
+            o = idx.ord_of[node_id]
+            self.cpu_left[o] -= cpu
+            self.mem_left[o] -= mem
+        # (node ordinal, GPU) -> thousandths in use
+        self.shares: dict[tuple[int, int], int] = {
+            (idx.ord_of[node_id], g): milli for (node_id, g), milli in cluster.shares.items()
+        }
+
+    def tasks_fit(self, o: int, cpu: int, mem: int) -> int:
+        """How many tasks of (``cpu``, ``mem``) node ``o`` has room for."""
+        by_cpu = self.cpu_left[o] // cpu if cpu else _UNLIMITED
+        by_mem = self.mem_left[o] // mem if mem else _UNLIMITED
+        return max(0, min(by_cpu, by_mem))
+
+
+def side_of(ctx: Ctx) -> SideResources:
+    side = ctx.cache.get("sharing")
+    if side is None:
+        side = ctx.cache["sharing"] = SideResources(ctx.ws)
+    assert isinstance(side, SideResources)
+    return side
+
+
+def try_place(job: PendingJob, size: int, gpu_type: str, ctx: Ctx) -> Plan | None:
+    """A plan for ``job`` on free room of ``gpu_type`` now, or None (the workspace is left as it was)."""
+    side = side_of(ctx)
+    if job.gpu_milli is not None:
+        return _place_share(ctx.ws, side, job, gpu_type)
+    return _place_gang(ctx, side, job, size, gpu_type)
+
+
+def _place_share(ws: Workspace, side: SideResources, job: PendingJob, t: str) -> Plan | None:
+    milli = job.gpu_milli
+    assert milli is not None
+    cpu, mem = job.cpu_milli, job.memory_mib
+    type_of, sched = ws.idx.type_of, ws.sched
+    best: tuple[int, int, int] | None = None
+    for (o, g), used in side.shares.items():
+        left = GPU_MILLI - used - milli
+        if left < 0 or type_of[o] != t or not sched[o] or not side.tasks_fit(o, cpu, mem):
+            continue
+        key = (left, o, g)
+        if best is None or key < best:
+            best = key
+    if best is not None:
+        return new_plan(t, "nvlink", ((best[1], 1 << best[2]),))
+    buckets = ws.buckets.get(t)
+    if buckets is None:
+        return None
+    for c in range(1, len(buckets)):
+        for o in buckets[c]:
+            if side.tasks_fit(o, cpu, mem):
+                return new_plan(t, "nvlink", ((o, _pick(ws, o, ws.free[o], 1)),))
+    return None
+
+
+def _place_gang(ctx: Ctx, side: SideResources, job: PendingJob, size: int, t: str) -> Plan | None:
+    """Whole GPUs: ``placement.place`` on the nodes' free GPUs cut down to what their CPU and memory
+    can feed, inside a transaction rolled back before returning."""
+    ws = ctx.ws
+    gpt = job.gpus_per_task
+    buckets = ws.buckets.get(t)
+    if buckets is None:
+        return None
+    mark = ws.mark()
+    for c in range(1, len(buckets)):
+        for o in list(buckets[c]):  # (``take`` moves nodes between buckets)
+            fits = side.tasks_fit(o, job.cpu_milli, job.memory_mib)
+            if fits * gpt < c:
+                free = ws.free[o]
+                keep = 0
+                for _ in range(min(fits, c // gpt)):
+                    keep |= _pick(ws, o, free & ~keep, gpt)
+                ws.take(o, free & ~keep)
+    required = ctx.required_level(job) if ctx.consolidate_small else job.topology_required
+    plan = place(ws, size // gpt, gpt, t, required, ctx.cfg.first_fit)
+    ws.rollback(mark)
+    return plan
+
+
+def record(job: PendingJob, plan: Plan, ctx: Ctx) -> None:
+    """The bound ``plan``'s CPU, memory and GPU share leave the cycle's side resources."""
+    side = side_of(ctx)
+    for o, mask in plan.tasks:
+        side.cpu_left[o] -= job.cpu_milli
+        side.mem_left[o] -= job.memory_mib
+        if job.gpu_milli is not None:
+            key = (o, mask.bit_length() - 1)
+            side.shares[key] = side.shares.get(key, 0) + job.gpu_milli
+
+
+def why_short(job: PendingJob, types: list[str], ctx: Ctx) -> str:
+    """What the job lacks, naming the resource: the GPU room, else CPU or memory on the nodes with it."""
+    side = side_of(ctx)
+    ws = ctx.ws
+    milli = job.gpu_milli
+    with_share = {
+        o for (o, _g), used in side.shares.items() if milli is not None and GPU_MILLI - used >= milli
+    }
+    need = 1 if milli is not None else job.gpus_per_task
+    gpu_room = [  # ordinals with GPU room of an allowed type
+        o
+        for o, t in enumerate(ws.idx.type_of)
+        if t in types and ws.sched[o] and (ws.free[o].bit_count() >= need or o in with_share)
+    ]
+    what = f"{milli / GPU_MILLI:g} of a GPU" if milli is not None else f"{job.gpus} GPUs"
+    if not gpu_room:
+        return f"needs {what}; no node of its type has that room free"
+    cpu_short = job.cpu_milli and all(side.cpu_left[o] < job.cpu_milli for o in gpu_room)
+    if cpu_short:
+        most = max(side.cpu_left[o] for o in gpu_room)
+        return (
+            f"needs {job.cpu_milli} millicores of CPU per task; the nodes with GPU room have at most "
+            f"{most} left"
+        )
+    mem_short = job.memory_mib and all(side.mem_left[o] < job.memory_mib for o in gpu_room)
+    if mem_short:
+        most = max(side.mem_left[o] for o in gpu_room)
+        return (
+            f"needs {job.memory_mib} MiB of memory per task; the nodes with GPU room have at most {most} left"
+        )
+    return (
+        f"needs {what} with {job.cpu_milli} millicores and {job.memory_mib} MiB per task; no set of "
+        "nodes has all of it at once"
+    )

@@ -1,0 +1,166 @@
+"""``core.sharing``: fractional GPUs and CPU / memory per task, under every policy.
+
+Each case schedules one cycle (or a few, binding what the previous one bound) and checks where jobs land
+and what a waiting job's reason names. Every cycle also runs with the pending list reversed and must give
+the same decisions: the core's determinism holds with sharing on.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from rallypoint.core import (
+    ClusterModel,
+    Decisions,
+    Node,
+    PendingJob,
+    RunningJob,
+    Snapshot,
+    policy_by_name,
+    schedule,
+)
+
+from .builders import cluster, nodes, pending, running
+
+POLICIES = ("fifo", "easy-backfill", "las", "rallypoint")
+
+
+def _cycle(model: ClusterModel, jobs: list[PendingJob], policy: str) -> Decisions:
+    decisions = schedule(Snapshot(now=100.0, cluster=model, pending=tuple(jobs)), policy_by_name(policy))
+    again = schedule(
+        Snapshot(now=100.0, cluster=model, pending=tuple(reversed(jobs))), policy_by_name(policy)
+    )
+    assert msgspec.json.encode(decisions) == msgspec.json.encode(again)
+    return decisions
+
+
+def _bind_all(model: ClusterModel, jobs: list[PendingJob], decisions: Decisions) -> None:
+    by_id = {j.id: j for j in jobs}
+    for b in decisions.binds:
+        j = by_id[b.job_id]
+        model.bind(
+            RunningJob(
+                id=j.id, team=j.team, gpus=b.gpus, placements=b.placements, start_time=100.0,
+                gpu_milli=j.gpu_milli, cpu_milli=j.cpu_milli, memory_mib=j.memory_mib,
+            )
+        )  # fmt: skip
+
+
+def _where(decisions: Decisions) -> dict[str, tuple[str, tuple[int, ...]]]:
+    return {b.job_id: (b.placements[0].node_id, b.placements[0].gpus) for b in decisions.binds}
+
+
+def _reasons(decisions: Decisions) -> dict[str, tuple[str, str]]:
+    return {p.job_id: (p.code, p.message) for p in decisions.pending}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_fractions_share_one_gpu_until_it_is_full(policy: str) -> None:
+    model = cluster(nodes(per_rack=1))
+    jobs = [pending(f"nb{i}", 1, submit=float(i), gpu_milli=300) for i in range(4)]
+    d = _cycle(model, jobs, policy)
+    where = _where(d)
+    # three shares of 300 fill one GPU to 900; the fourth needs a second GPU
+    gpus = sorted(where[j][1] for j in where)
+    assert len(where) == 4
+    assert gpus.count(gpus[0]) == 3 and len(set(gpus)) == 2, gpus
+    _bind_all(model, jobs, d)
+    assert sorted(model.shares.values()) == [300, 900]
+    assert len(model.free_gpus("s0r0n0")) == 6  # two shared GPUs are not free for whole-GPU jobs
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_share_goes_to_the_fullest_shared_gpu_that_holds_it(policy: str) -> None:
+    model = cluster(nodes(per_rack=1))
+    model.bind(running("a", {"s0r0n0": (0,)}, gpu_milli=500))
+    model.bind(running("b", {"s0r0n0": (1,)}, gpu_milli=800))
+    d = _cycle(
+        model, [pending("small", 1, gpu_milli=200), pending("big", 1, submit=1.0, gpu_milli=600)], policy
+    )
+    where = _where(d)
+    assert where["small"] == ("s0r0n0", (1,))  # 800 + 200: the GPU with the least room that holds it
+    assert where["big"][1] not in ((0,), (1,))  # 500 + 600 > 1000: a fresh GPU
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_whole_gpu_jobs_never_land_on_a_shared_gpu(policy: str) -> None:
+    model = cluster(nodes(per_rack=1))
+    model.bind(running("nb", {"s0r0n0": (3,)}, gpu_milli=100))
+    d = _cycle(model, [pending("whole", 7, gpt=7), pending("eight", 8, submit=1.0)], policy)
+    assert 3 not in _where(d)["whole"][1]
+    assert "eight" not in _where(d)
+    code, message = _reasons(d)["eight"]
+    assert code in ("Resources", "Reservation"), message
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_released_share_frees_the_gpu_only_when_it_was_the_last(policy: str) -> None:
+    model = cluster(nodes(per_rack=1, gpus=1))
+    model.bind(running("a", {"s0r0n0": (0,)}, gpu_milli=500))
+    model.bind(running("b", {"s0r0n0": (0,)}, gpu_milli=500))
+    with pytest.raises(ValueError, match="milli left"):
+        model.bind(running("c", {"s0r0n0": (0,)}, gpu_milli=1))
+    model.unbind("a")
+    assert model.free_gpus("s0r0n0") == ()
+    assert "whole" not in _where(_cycle(model, [pending("whole", 1)], policy))
+    model.unbind("b")
+    assert model.free_gpus("s0r0n0") == (0,)
+    assert _where(_cycle(model, [pending("whole", 1)], policy))["whole"] == ("s0r0n0", (0,))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_cpu_per_task_keeps_tasks_off_nodes_without_it(policy: str) -> None:
+    ns = [
+        Node(id="small", rack="r", gpu_type="h100", gpus=8, cpu_milli=8_000, memory_mib=1 << 20),
+        Node(id="large", rack="r", gpu_type="h100", gpus=8, cpu_milli=96_000, memory_mib=1 << 20),
+    ]
+    model = cluster(ns)
+    # best fit by GPUs alone ties the two nodes and picks "large" or "small" by order; 16 cores per task
+    # fit only "large", and two tasks of 4 GPUs with 48 cores each fill it
+    d = _cycle(model, [pending("cpu", 8, gpt=4, cpu_milli=48_000)], policy)
+    assert {p.node_id for p in d.binds[0].placements} == {"large"}
+    _bind_all(model, [pending("cpu", 8, gpt=4, cpu_milli=48_000)], d)
+    assert model.node_cpu_mem_used["large"] == (96_000, 0)
+    d = _cycle(model, [pending("more", 1, cpu_milli=9_000)], policy)
+    code, message = _reasons(d)["more"]
+    assert code == "Resources" and "9000 millicores" in message and "at most 8000 left" in message
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_memory_limits_how_many_tasks_share_a_node(policy: str) -> None:
+    ns = [
+        Node(id=f"n{i}", rack="r", gpu_type="h100", gpus=8, cpu_milli=64_000, memory_mib=100_000)
+        for i in range(3)
+    ]
+    model = cluster(ns)
+    job = pending("mem", 10, gpt=1, memory_mib=25_000)  # four tasks per node at most, by memory
+    d = _cycle(model, [job], policy)
+    per_node: dict[str, int] = {}
+    for p in d.binds[0].placements:
+        per_node[p.node_id] = per_node.get(p.node_id, 0) + 1
+    assert sorted(per_node.values()) == [2, 4, 4]
+    # without the memory request the same gang packs onto two nodes
+    d = _cycle(cluster(ns), [pending("mem", 10, gpt=1)], policy)
+    assert len({p.node_id for p in d.binds[0].placements}) == 2
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_fraction_with_cpu_skips_a_shared_gpu_whose_node_lacks_cpu(policy: str) -> None:
+    ns = [
+        Node(id="a", rack="r", gpu_type="h100", gpus=8, cpu_milli=4_000, memory_mib=1 << 20),
+        Node(id="b", rack="r", gpu_type="h100", gpus=8, cpu_milli=64_000, memory_mib=1 << 20),
+    ]
+    model = cluster(ns)
+    model.bind(running("nb", {"a": (0,)}, gpu_milli=500, cpu_milli=4_000))
+    d = _cycle(model, [pending("nb2", 1, gpu_milli=500, cpu_milli=1_000)], policy)
+    assert _where(d)["nb2"][0] == "b"
+
+
+def test_team_usage_counts_cpu_and_memory_of_every_task() -> None:
+    model = cluster(nodes(per_rack=2))
+    model.bind(running("g", {"s0r0n0": (0, 1), "s0r0n1": (0, 1)}, cpu_milli=3_000, memory_mib=10))
+    assert model.team_usage["t"] == (4, 6_000, 20)
+    model.unbind("g")
+    assert model.team_usage["t"] == (0, 0, 0)
+    assert model.node_cpu_mem_used == {}
