@@ -40,7 +40,7 @@ def test_a_leaving_pod_frees_its_gpu_for_the_waiting_one_and_the_time_average_is
     run = run_replay(TWO_ONE_GPU, pods, policy)
     assert run.waits == [0.0, 0.0, 20.0, None]
     assert (run.placed, run.failed, run.max_queue) == (3, 1, 1)
-    assert run.horizon_s == 100.0
+    assert run.horizon_s == 100.0 and run.peak_alloc == 100.0
     assert run.time_avg_alloc == pytest.approx(90.0)
     assert run.alloc_while_waiting == pytest.approx(100.0) and run.backlog_s == 20.0
     s = replay_summary(run)
@@ -72,7 +72,7 @@ def test_shared_pods_share_a_gpu_and_release_only_their_milli() -> None:
     pods = [pod("a", 0, 50, milli=600), pod("b", 0, 10, milli=400), pod("c", 1, 10, milli=600)]
     for policy in POLICIES:
         run = run_replay(node, pods, policy)
-        assert run.waits == [0.0, 0.0, 49.0], policy
+        assert run.waits == [0.0, 0.0, 49.0] and run.peak_alloc == 100.0, policy
         # 1,000 milli over 0..10, 600 over 10..50, 600 over 50..60 -> 40,000 / (1,000 x 60)
         assert run.time_avg_alloc == pytest.approx(100 * 40_000 / 60_000)
 
@@ -83,6 +83,9 @@ def test_speedup_packs_arrivals_closer_and_keeps_lifetimes() -> None:
     assert run_replay(TWO_ONE_GPU, pods, "bestfit").horizon_s == 3050.0
     fast = run_replay(TWO_ONE_GPU, pods, "bestfit", speedup=100)
     assert fast.horizon_s == 100.0 and fast.waits == [0.0, 0.0, 0.0]
+    # p1 leaves at 30 as p2 arrives: never more than 2 of 2 GPUs, but 100% over 0..30 and 30..80
+    assert fast.peak_alloc == 100.0
+    assert run_replay(TWO_ONE_GPU, pods[:1] + pods[2:], "bestfit").peak_alloc == 50.0
     slower = run_replay(TWO_ONE_GPU, pods, "bestfit", speedup=300)  # p2 at 10: waits for p1 until 30
     assert slower.waits == [0.0, 0.0, 20.0]
     with pytest.raises(ValueError, match="speedup"):

@@ -89,6 +89,7 @@ class ReplayRun:
     waits: list[float | None]  # per pod in file order: seconds from arrival to start (None: failed)
     time_avg_alloc: float  # percent of GPU capacity, averaged over [first arrival, last departure]
     horizon_s: float
+    peak_alloc: float  # percent of GPU capacity: the most allocated at once
     alloc_while_waiting: float | None  # the same average over the time some pod waited (None: none did)
     backlog_s: float
     max_queue: int
@@ -128,6 +129,7 @@ def run_replay(
     failed = max_queue = 0
     area = 0.0  # allocated milli x seconds
     backlog_area = backlog_s = 0.0  # the same, and the seconds, while some pod waits
+    peak = 0  # the most milli allocated over a stretch of time
     now = at[order[0]]
 
     def start(i: int) -> bool:
@@ -142,6 +144,8 @@ def run_replay(
     while k < len(order) or departures:
         t = min(at[order[k]] if k < len(order) else np.inf, departures[0][0] if departures else np.inf)
         area += state.allocated_milli * (t - now)
+        if t > now:
+            peak = max(peak, state.allocated_milli)
         if queue:
             backlog_area += state.allocated_milli * (t - now)
             backlog_s += t - now
@@ -184,6 +188,7 @@ def run_replay(
         waits=waits,
         time_avg_alloc=100.0 * area / (capacity * horizon) if horizon > 0 else 0.0,
         horizon_s=horizon,
+        peak_alloc=100.0 * peak / capacity,
         alloc_while_waiting=100.0 * backlog_area / (capacity * backlog_s) if backlog_s > 0 else None,
         backlog_s=backlog_s,
         max_queue=max_queue,
@@ -211,6 +216,7 @@ def replay_summary(run: ReplayRun) -> dict[str, object]:
         "placed_pods": run.placed,
         "max_queue": run.max_queue,
         "horizon_s": round(run.horizon_s, 3),
+        "peak_alloc": round(run.peak_alloc, 4),
         "alloc_while_waiting": None if run.alloc_while_waiting is None else round(run.alloc_while_waiting, 4),
         "backlog_s": round(run.backlog_s, 3),
         "decision_ms_p99": round(float(np.percentile(times, 99)), 4),
