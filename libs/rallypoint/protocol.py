@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
+from rallypoint.events.catalogue import MigSlice
+
 
 class RankSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     rank: int
@@ -43,6 +45,9 @@ class LaunchTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     #: the share of its one GPU a fractional job's rank gets, in thousandths (0: whole GPUs). Such a GPU
     #: runs several jobs' ranks at once: the agent never evicts one sharer for another (``_evict``)
     gpu_milli: int = 0
+    #: a MIG job's slice of its one GPU: the agent makes (or reuses) that GPU instance and shows the rank
+    #: its device alone (``CUDA_VISIBLE_DEVICES`` = the instance's UUID)
+    mig: MigSlice | None = None
 
     def __repr__(self) -> str:
         # a log line, a traceback's locals or a debugger shows the task; never a secret's value

@@ -22,6 +22,7 @@ from rallypoint.agent.nvml_backend import NvmlGpus, NvmlUnavailable
 from rallypoint.agent.rankuser import RankUserRefused, requested_rank_user, resolve_rank_user
 from rallypoint.agent.reaper import orphans_come_to_us
 from rallypoint.agent.sim_backend import DEFAULT_MEMORY_MIB, SimulatedGpus
+from rallypoint.cli.resources import parse_gpu_indices
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 
 _log = logging.getLogger("rallypoint.agent")
@@ -57,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="GPU type to register (sim default sim-h100; nvml default the device name)",
     )
     parser.add_argument("--gpu-memory-mib", type=int, default=DEFAULT_MEMORY_MIB, help="sim: memory per GPU")
+    parser.add_argument(
+        "--mig-gpus",
+        type=parse_gpu_indices,
+        default=(),
+        metavar="I,J",
+        help="sim: GPUs in MIG mode (they run MIG slices only; the type must be MIG-capable, e.g. sim-h100)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="sim: seed of the sample noise")
     parser.add_argument(
         "--fault-file",
@@ -107,6 +115,7 @@ def make_backend(args: argparse.Namespace) -> GpuBackend:
         nvlink_domain_size=args.nvlink_domain_size,
         seed=args.seed,
         fault_file=args.fault_file,
+        mig_gpus=args.mig_gpus,
     )
 
 
@@ -135,6 +144,7 @@ async def agent_main(ctx: ServiceContext, args: argparse.Namespace) -> int:
             reap_orphans=orphans_come_to_us(),
             run_as=run_as,
             shared_paths=args.rank_path,
+            mig_device=backend.mig_device,
         )
     )
     # Waits for the NATS server if it is not up yet: a node agent may boot before it.

@@ -11,6 +11,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, get_args
 
+from rallypoint.core.mig import MIG_PROFILES
 from rallypoint.jobs import DEFAULT_PRIORITY, PRIORITY_CLASSES, TOPOLOGY_LEVELS
 from rallypoint.jobs.arrays import ARRAY_PATTERN
 from rallypoint.jobs.text import CLEAN_TEXT_PATTERN, FORBIDDEN, FREE_TEXT_PATTERN
@@ -298,6 +299,12 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "A fraction of one GPU in thousandths (250 = a quarter), shared with other "
                 "fractional jobs: needs gpus=1 and one rank, not elastic. Omit for whole GPUs.",
             },
+            "mig_profile": {
+                "type": ["string", "null"],
+                "enum": [*sorted(MIG_PROFILES), None],
+                "description": "A MIG slice of this profile on a GPU in MIG mode (docs/sharing.md): needs "
+                "gpus=1 and one rank, not with gpu_milli, not elastic. The node's GPU model must offer it.",
+            },
             "secrets": _SECRETS,
             "secret_names": {
                 "type": "array",
@@ -370,6 +377,11 @@ _SCHEMAS: dict[str, Any] = {
             "task": {"type": "integer"},
             "node_id": {"type": "string"},
             "gpus": {"type": "array", "items": {"type": "integer"}},
+            "mig": {
+                "type": "object",
+                "properties": {"profile": {"type": "string"}, "start": {"type": "integer"}},
+                "description": "A MIG job's slice of its one GPU: its profile and first memory slice.",
+            },
         },
     },
     "Job": {
@@ -391,6 +403,7 @@ _SCHEMAS: dict[str, Any] = {
             "cpu_milli": {"type": "integer"},
             "memory_mib": {"type": "integer"},
             "gpu_milli": _NULLABLE_INT,
+            "mig_profile": _NULLABLE_STR,
             "array": {
                 "type": ["object", "null"],
                 "description": "The array this job is a member of: array_id, index, count, max_running.",
@@ -552,6 +565,17 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "object",
                 "additionalProperties": {"type": "integer"},
                 "description": "GPU index -> thousandths of it that fractional jobs hold (any team's).",
+            },
+            "mig_gpus": {
+                "type": "object",
+                "additionalProperties": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"profile": {"type": "string"}, "start": {"type": "integer"}},
+                    },
+                },
+                "description": "GPU index (in MIG mode) -> the MIG slices held on it (any team's).",
             },
             "cpu_milli": {"type": "integer", "description": "CPU of the node, in millicores."},
             "memory_mib": {"type": "integer", "description": "Host memory of the node, in MiB."},

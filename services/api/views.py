@@ -181,6 +181,7 @@ def render_job(
         "queue_position": positions.get(job.job_id),
         "allocation": [
             {"task": p.task, "node_id": p.node_id, "gpus": list(p.gpus)}
+            | ({"mig": {"profile": p.mig.profile, "start": p.mig.start}} if p.mig is not None else {})
             for p in sorted(job.placements, key=lambda p: p.task)
         ],
         "nodes": sorted({p.node_id for p in job.placements}),
@@ -276,6 +277,15 @@ def render_node(
         "busy_gpus": sorted(node.allocated),
         # GPUs fractional jobs share: thousandths in use on each (which jobs: ``jobs``, the reader's own)
         "shared_gpus": {str(g): sum(held.values()) for g, held in sorted(node.shares.items())},
+        # GPUs in MIG mode, each with the slices MIG jobs hold on it (any team's; whose: ``jobs``)
+        "mig_gpus": {
+            str(g.index): [
+                {"profile": s.profile, "start": s.start}
+                for s in sorted(node.slices.get(g.index, {}).values(), key=lambda s: s.start)
+            ]
+            for g in node.gpus
+            if g.mig
+        },
         "cpu_milli": node.cpu_milli,
         "memory_mib": node.memory_mib,
         "jobs": sorted(job_id for job_id in node.job_ids() if reader.sees(job_id)),

@@ -7,6 +7,8 @@ the same decisions: the core's determinism holds with sharing on.
 
 from __future__ import annotations
 
+import random
+
 import msgspec
 import pytest
 
@@ -20,6 +22,8 @@ from rallypoint.core import (
     policy_by_name,
     schedule,
 )
+from rallypoint.core.mig import free_mask, mig_model
+from rallypoint.events import MigSlice, TaskPlacement
 
 from .builders import cluster, nodes, pending, running
 
@@ -164,3 +168,111 @@ def test_team_usage_counts_cpu_and_memory_of_every_task() -> None:
     model.unbind("g")
     assert model.team_usage["t"] == (0, 0, 0)
     assert model.node_cpu_mem_used == {}
+
+
+def _mig_nodes() -> list[Node]:
+    """One H100 node: GPUs 0 and 1 in MIG mode, 2-7 whole."""
+    return [
+        Node(id="h", rack="r", gpu_type="H100", gpus=8, mig_gpus=(0, 1), cpu_milli=64_000, memory_mib=1 << 20)
+    ]
+
+
+def _mig_job(job_id: str, profile: str, submit: float = 0.0) -> PendingJob:
+    return pending(job_id, 1, submit=submit, mig_profile=profile)
+
+
+def _bind_mig_all(model: ClusterModel, jobs: list[PendingJob], decisions: Decisions) -> None:
+    by_id = {j.id: j for j in jobs}
+    for b in decisions.binds:
+        j = by_id[b.job_id]
+        model.bind(
+            RunningJob(
+                id=j.id,
+                team=j.team,
+                gpus=b.gpus,
+                placements=b.placements,
+                start_time=100.0,
+                mig_profile=j.mig_profile,
+            )
+        )
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_mig_slices_pack_one_mig_gpu_and_whole_jobs_never_touch_it(policy: str) -> None:
+    model = cluster(_mig_nodes())
+    jobs = [
+        _mig_job("a", "3g.40gb"),
+        _mig_job("b", "3g.40gb", 1.0),
+        _mig_job("c", "1g.10gb", 2.0),
+        pending("w", 6, submit=3.0),
+    ]
+    d = _cycle(model, jobs, policy)
+    cut = {b.job_id: (b.placements[0].gpus[0], b.placements[0].mig) for b in d.binds}
+    assert cut["a"][0] == cut["b"][0]  # the two 3g slices fill one GPU before the other is opened
+    assert {cut["a"][1].start, cut["b"][1].start} == {0, 4}  # type: ignore[union-attr]
+    assert cut["c"][0] != cut["a"][0] and cut["c"][1].start == 6  # type: ignore[union-attr]  # most room left
+    assert cut["w"] == (2, None) and set(
+        next(b for b in d.binds if b.job_id == "w").placements[0].gpus
+    ) == set(range(2, 8))
+    _bind_mig_all(model, jobs, d)
+    more = [_mig_job("d", "4g.40gb", 4.0), _mig_job("e", "3g.40gb", 5.0)]
+    d = _cycle(model, more, policy)
+    assert [(b.job_id, b.placements[0].gpus[0], b.placements[0].mig.start) for b in d.binds] == [  # type: ignore[union-attr]
+        ("d", cut["c"][0], 0)
+    ]
+    code, message = _reasons(d)["e"]
+    assert code == "Resources" and "no MIG GPU has a free layout for it now" in message, message
+    d = _cycle(model, [_mig_job("f", "1g.18gb")], policy)  # an H200 profile: H100s do not offer it
+    assert "no GPU model of its types offers that profile" in _reasons(d)["f"][1]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_mig_request_waits_only_when_no_layout_of_the_free_slices_holds_it(seed: int) -> None:
+    """Random requests and releases: each request binds exactly when some MIG GPU has a start of its
+    profile whose slices no running slice takes (the oracle enumerates the table, as test_mig's does)."""
+    rng = random.Random(seed)
+    model = cluster(_mig_nodes())
+    h100 = mig_model("H100")
+    assert h100 is not None
+    running_ids: list[str] = []
+    for step in range(60):
+        if running_ids and rng.random() < 0.35:
+            model.unbind(running_ids.pop(rng.randrange(len(running_ids))))
+            continue
+        profile = rng.choice(h100.profiles)
+        fits = any(
+            not profile.mask_at(start) & ~free_mask(h100, model.mig_busy.get(("h", g), ()))
+            for g in (0, 1)
+            for start in profile.starts
+        )
+        job = _mig_job(f"j{step}", profile.name, float(step))
+        d = schedule(Snapshot(now=100.0, cluster=model, pending=(job,)), policy_by_name("rallypoint"))
+        assert bool(d.binds) == fits, (step, profile.name, model.mig_busy)
+        if d.binds:
+            _bind_mig_all(model, [job], d)
+            running_ids.append(job.id)
+
+
+def test_a_mig_bind_checks_its_slice() -> None:
+    model = cluster(_mig_nodes())
+
+    def at(job_id: str, gpu: int, profile: str, start: int) -> RunningJob:
+        placement = TaskPlacement(
+            task=0, node_id="h", gpus=(gpu,), mig=MigSlice(profile=profile, start=start)
+        )
+        return RunningJob(
+            id=job_id, team="t", gpus=1, placements=(placement,), start_time=0.0, mig_profile=profile
+        )
+
+    model.bind(at("a", 0, "3g.40gb", 4))
+    with pytest.raises(ValueError, match="overlaps"):
+        model.bind(at("b", 0, "1g.10gb", 5))
+    with pytest.raises(ValueError, match=r"no 3g\.40gb slice at 2"):
+        model.bind(at("c", 0, "3g.40gb", 2))
+    with pytest.raises(ValueError, match="MIG mode"):
+        model.bind(running("f", {"h": (1,)}, gpu_milli=100))
+    with pytest.raises(ValueError, match="no whole GPU 1"):
+        model.bind(running("w", {"h": (1,)}))
+    model.unbind("a")
+    model.bind(at("b", 0, "1g.10gb", 5))
+    assert model.free_gpus("h") == (2, 3, 4, 5, 6, 7)

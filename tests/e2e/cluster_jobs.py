@@ -1,14 +1,17 @@
 """Job requests the end-to-end tests send to a local cluster's API, in one place.
 
 ``submit`` posts a job (a 1-GPU, 1-rank task of team ``e2e`` unless told otherwise) and returns its id;
-``job`` reads its view. Both assert the API's answer, so a test fails on the request that went wrong.
-A test module with other defaults binds them once: ``submit = partial(cluster_jobs.submit, team="obs")``.
-``log_records`` reads the whole log, for the tests that check it.
+``job`` reads its view and ``wait_for`` polls it until a condition holds. They assert the API's answer, so
+a test fails on the request that went wrong. A test module with other defaults binds them once:
+``submit = partial(cluster_jobs.submit, team="obs")``. ``log_records`` reads the whole log, for the tests
+that check it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from typing import Any
 
 from rallypoint.eventlog import EventLog
@@ -46,6 +49,20 @@ def job(cluster: LocalCluster, job_id: str) -> dict[str, Any]:
     status, view = call("GET", f"{cluster.api_url}/v1/jobs/{job_id}")
     assert status == 200, view
     return dict(view)
+
+
+def wait_for(
+    cluster: LocalCluster, job_id: str, ok: Callable[[dict[str, Any]], bool], what: str, timeout: float = 90.0
+) -> dict[str, Any]:
+    """The job's view once ``ok`` holds for it; fails naming ``what`` never happened, and the last view."""
+    deadline = time.monotonic() + timeout
+    seen: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        seen = job(cluster, job_id)
+        if ok(seen):
+            return seen
+        time.sleep(0.2)
+    raise AssertionError(f"{job_id} never {what}; last seen {seen}")
 
 
 def log_records(cluster: LocalCluster, name: str) -> list[tuple[int, Event]]:

@@ -1,11 +1,14 @@
-"""Fractional GPUs and CPU / memory requests on a real local cluster (one agent, 2 GPUs, every service its
-own process).
+"""Fractional GPUs, MIG slices and CPU / memory requests on a real local cluster (one agent, 4 GPUs of which
+2 in MIG mode, every service its own process).
 
 Three notebooks of 0.3 GPU share one GPU and run at once (the agent evicts none of them for another), each
 rank told its share; a whole-GPU job takes the other GPU; a fourth notebook waits for GPU room and one
 asking more CPU than the node has waits with a reason naming CPU; the API and `rally nodes` show the
 shared GPU; once a notebook ends, the waiting one starts on its share. The log then audits clean:
 every bind recomputes bit for bit with sharing on.
+
+MIG jobs get slices of the two MIG GPUs, packed (two 3g slices fill one GPU), each rank seeing its own MIG
+device alone; one no layout can hold waits, and starts once a slice ends.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_jobs import job, log_records, submit
+from cluster_jobs import job, log_records, submit, wait_for
 
 from rallypoint.audit import verify_decisions
 from rallypoint.cli.jobs_cmds import format_nodes
@@ -33,20 +36,12 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    local = LocalCluster(tmp_path_factory.mktemp("sharing"), nodes=1, gpus_per_node=2, racks=1)
+    # GPUs 0-1 whole or shared, 2-3 in MIG mode (the simulated agent's type is an H100 for MIG)
+    local = LocalCluster(
+        tmp_path_factory.mktemp("sharing"), nodes=1, gpus_per_node=4, racks=1, mig_gpus=(2, 3)
+    )
     with local:
         yield local
-
-
-def wait_for(cluster: LocalCluster, job_id: str, ok: Any, what: str, timeout: float = 60.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    seen: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        seen = job(cluster, job_id)
-        if ok(seen):
-            return seen
-        time.sleep(0.2)
-    raise AssertionError(f"{job_id} never {what}; last seen {seen}")
 
 
 def running(cluster: LocalCluster, job_id: str) -> dict[str, Any]:
@@ -122,3 +117,40 @@ def test_fractions_share_a_gpu_whole_jobs_keep_theirs_and_cpu_is_a_resource(
     )
     assert report.ok and report.mismatches == [] and report.refused == [], report
     assert report.verified == report.decisions >= 5
+
+
+def test_mig_jobs_get_their_own_slices_packed_and_wait_only_when_no_layout_fits(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    out = cluster.give_to_ranks(cluster.shared_dir / tmp_path.name)
+    first, second = (submit(cluster, f"eval{i}", probe(out, 300), mig_profile="3g.40gb") for i in range(2))
+    big = submit(cluster, "eval-big", probe(out, 300), mig_profile="4g.40gb")
+    views = {job_id: running(cluster, job_id) for job_id in (first, second, big)}
+    devices = {job_id: probe_env(out, job_id)["CUDA_VISIBLE_DEVICES"] for job_id in views}
+    assert all(d.startswith("MIG-") for d in devices.values()) and len(set(devices.values())) == 3, devices
+    status, nodes = call("GET", f"{cluster.api_url}/v1/nodes")
+    assert status == 200
+    (node,) = nodes["nodes"] if isinstance(nodes, dict) else nodes
+    layouts = sorted(sorted((c["profile"], c["start"]) for c in cuts) for cuts in node["mig_gpus"].values())
+    assert layouts == [[("3g.40gb", 0), ("3g.40gb", 4)], [("4g.40gb", 0)]], node["mig_gpus"]
+    assert node["gpus"]["free"] <= 2  # MIG GPUs never count as free whole GPUs
+
+    late = submit(cluster, "eval-late", probe(out, 1), mig_profile="4g.40gb")
+    message = wait_for(
+        cluster, late, lambda v: (v.get("pending_reason") or {}).get("code") == "Resources", "waited"
+    )["pending_reason"]["message"]
+    assert "no MIG GPU has a free layout" in message, message
+    # a 4g slice starts at memory slice 0 only: the 3g there must end, not the one at 4
+    at_zero, at_four = sorted((first, second), key=lambda j: job(cluster, j)["allocation"][0]["mig"]["start"])
+    call("DELETE", f"{cluster.api_url}/v1/jobs/{at_zero}")
+    wait_for(
+        cluster, late, lambda v: v.get("state") in ("running", "completed"), "started on the freed slices"
+    )
+    for job_id in (at_four, big):
+        call("DELETE", f"{cluster.api_url}/v1/jobs/{job_id}")
+
+    last_seq = log_records(cluster, "e2e-mig")[-1][0]
+    report = verify_decisions(
+        asyncio.run(read_history(cluster.nats_url, last_seq)), SchedulingPolicy("rallypoint")
+    )
+    assert report.ok and report.mismatches == [] and report.refused == [], report

@@ -145,6 +145,7 @@ UNSTATED_RULES = {
     "secrets": "an array cannot have secrets",
     # a fraction of one GPU: one GPU, one rank, not elastic (relations no schema keyword states)
     "gpu_milli": "",
+    "mig_profile": "",
 }
 
 

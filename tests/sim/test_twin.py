@@ -409,3 +409,60 @@ def test_fractions_and_cpu_requests_decide_the_same_in_the_simulator_and_live(
     ends = {r.id: r for r in twin.sim.records}
     assert all(j.id in ends for j in jobs)  # every job ran to its end
     assert joined, "no notebook ever shared a GPU: the case tests nothing about sharing"
+
+
+def with_mig(seed: int) -> list[Job]:
+    """MIG slices of every H100 profile beside whole-GPU gangs and notebooks, arriving together."""
+    rng = random.Random(seed)
+    profiles = ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
+    jobs: list[Job] = []
+    for i in range(40):
+        submit, duration = float(rng.randrange(0, 200)), float(rng.randrange(20, 200))
+        kind = rng.random()
+        if kind < 0.6:
+            jobs.append(
+                J(f"mig{i}", submit, 1, duration, rng.choice(("t1", "t2")), mig_profile=rng.choice(profiles))
+            )
+        elif kind < 0.8:
+            jobs.append(J(f"nb{i}", submit, 1, duration, "t1", gpu_milli=rng.choice((250, 500))))
+        else:
+            # six whole GPUs a node (two of eight run MIG): tasks of at most six
+            jobs.append(
+                J(f"w{i}", submit, rng.choice((2, 6, 12)), duration, "t2", time_limit=400.0, gpus_per_task=2)
+            )
+    return sorted(jobs, key=lambda j: j.submit)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("policy", POLICIES)
+def test_mig_slices_decide_the_same_in_the_simulator_and_live(
+    policy: str, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    beside: list[str] = []  # slices bound on a MIG GPU another slice already ran on (either world)
+    bind_mig = ClusterModel._bind_mig
+
+    def counting(model: ClusterModel, job: RunningJob) -> None:
+        p = job.placements[0]
+        if model.mig_busy.get((p.node_id, p.gpus[0])):
+            beside.append(job.id)
+        bind_mig(model, job)
+
+    monkeypatch.setattr(ClusterModel, "_bind_mig", counting)
+    _, _, queues = synthetic()
+    cluster = cluster_from_obj(
+        {
+            "generator": {
+                "racks": 1,
+                "nodes_per_rack": 2,
+                "gpus_per_node": 8,
+                "gpu_type": "H100",
+                "mig_gpus": [0, 1],
+            }
+        }
+    )
+    jobs = with_mig(seed)
+    twin = Twin(jobs, cluster, policy, queues)
+    assert_identical(twin.run())
+    ends = {r.id: r for r in twin.sim.records}
+    assert all(j.id in ends for j in jobs)  # every job ran to its end, slices included
+    assert beside, "no two slices ever shared a MIG GPU: the case tests nothing about MIG layouts"

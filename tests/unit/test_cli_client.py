@@ -315,6 +315,10 @@ def test_nodes_table() -> None:
             "gpu_type": "H100",
             "gpus": {"total": 8, "free": 0, "allocated": 8},
             "shared_gpus": {"10": 250, "2": 900},
+            "mig_gpus": {
+                "0": [{"profile": "3g.40gb", "start": 0}, {"profile": "1g.10gb", "start": 6}],
+                "1": [],
+            },
             "jobs": ["j-a", "j-b"],
         },
         {
@@ -332,9 +336,12 @@ def test_nodes_table() -> None:
         },
     ]
     assert jobs_cmds.format_nodes(nodes).splitlines() == [
-        "NODE  RACK  STATUS   HEALTH                           GPU_TYPE  GPUS(FREE/TOTAL)  SHARED               JOBS",
-        "n0    r0    UP       healthy                          H100      0/8               gpu2=0.9,gpu10=0.25  j-a,j-b",
-        "n1    r0    DRAINED  failed: gpu 3 xid 79 >= 79 (+1)  H100      0/8               -                    -",
+        "NODE  RACK  STATUS   HEALTH                           GPU_TYPE  GPUS(FREE/TOTAL)  "
+        "SHARED                                                       JOBS",
+        "n0    r0    UP       healthy                          H100      0/8               "
+        "gpu0=mig:3g.40gb@0+1g.10gb@6,gpu1=mig:-,gpu2=0.9,gpu10=0.25  j-a,j-b",
+        "n1    r0    DRAINED  failed: gpu 3 xid 79 >= 79 (+1)  H100      0/8               "
+        "-                                                            -",
     ]
 
 

@@ -78,7 +78,13 @@ def test_nodes_shows_a_lost_node_lost_and_a_draining_one_with_its_jobs_plans() -
     story.given(*job("j2", "production", "n2"), drained("n2"), drained("n4"), *lost)
     rows = {row.split()[0]: row.split() for row in nodes_table(story)[1:]}
     assert rows["n1"][2:4] == ["UP", "healthy"]
-    assert rows["n2"][2] == "DRAINING" and rows["n2"][6:] == ["-", "j2", "at-deadline", "by", _clock(30.0 + WAIT)]
+    assert rows["n2"][2] == "DRAINING" and rows["n2"][6:] == [
+        "-",
+        "j2",
+        "at-deadline",
+        "by",
+        _clock(30.0 + WAIT),
+    ]
     assert rows["n3"][2:4] == ["LOST", "-"], "a lost node is not healthy"
     assert rows["n4"][2] == "DRAINED"
 

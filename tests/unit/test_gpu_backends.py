@@ -10,6 +10,7 @@ import pynvml
 import pytest
 
 from rallypoint.agent import GpuBackend, NvmlGpus, NvmlUnavailable, SimulatedGpus, gpu_infos, parse_fault_spec
+from rallypoint.agent.backend import MigUnavailable
 from rallypoint.agent.nvml_backend import normalize_bus_id, nvlink_domains
 from rallypoint.agent.sim_backend import FAULTS_ENV, sim_uuid
 from rallypoint.protocol import NicSample
@@ -155,6 +156,7 @@ class _FakeNvml:
     NVML_NVLINK_DEVICE_TYPE_SWITCH = pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
     NVML_NVLINK_DEVICE_TYPE_UNKNOWN = pynvml.NVML_NVLINK_DEVICE_TYPE_UNKNOWN
     nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
+    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
 
     def __init__(self) -> None:
         self.shutdowns = 0
@@ -191,6 +193,12 @@ class _FakeNvml:
 
     def nvmlDeviceGetUUID(self, h: int) -> str:
         return f"GPU-fake-{h}"
+
+    def nvmlDeviceGetMigMode(self, h: int) -> tuple[int, int]:
+        """GPU 3 runs MIG; GPU 2 has it pending (not current: still whole); 0-1 are not MIG-capable."""
+        if h < 2:
+            self._unsupported()
+        return (pynvml.NVML_DEVICE_MIG_ENABLE, 1) if h == 3 else (pynvml.NVML_DEVICE_MIG_DISABLE, 1)
 
     def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
         return self._ns(total=80 * 1024**3, used=h * 1024**3)
@@ -262,12 +270,14 @@ def test_nvml_backend_against_a_fake_library(monkeypatch: pytest.MonkeyPatch, tm
     (port / "counters" / "symbol_error").write_text("5\n")
     with NvmlGpus(sysfs_root=tmp_path / "sys") as gpus:
         assert gpus.gpu_type == "NVIDIA Fake 80GB"
-        assert [(d.uuid, d.memory_mib, d.nvlink_domain) for d in gpus.inventory()] == [
-            ("GPU-fake-0", 81920, 0),
-            ("GPU-fake-1", 81920, 0),
-            ("GPU-fake-2", 81920, 1),
-            ("GPU-fake-3", 81920, 1),
+        assert [(d.uuid, d.memory_mib, d.nvlink_domain, d.mig) for d in gpus.inventory()] == [
+            ("GPU-fake-0", 81920, 0, False),
+            ("GPU-fake-1", 81920, 0, False),
+            ("GPU-fake-2", 81920, 1, False),
+            ("GPU-fake-3", 81920, 1, True),
         ]
+        with pytest.raises(MigUnavailable, match="does not create MIG instances yet"):
+            gpus.mig_device(3, "1g.10gb", 0)
         s = gpus.sample()
         assert [x.temperature_c for x in s] == [40, 41, 42, 43]
         assert [x.utilization for x in s] == [0, 10, 20, 30]
@@ -287,3 +297,15 @@ def test_nvml_backend_against_a_fake_library(monkeypatch: pytest.MonkeyPatch, tm
         assert [x.xid for x in s] == [0, 0, 79, 0]
         assert gpus.sample()[2].xid == 79  # the last XID sticks until the agent restarts
     assert fake.shutdowns == 1
+
+
+def test_simulated_mig_gpus_register_as_such_and_give_stable_mig_devices() -> None:
+    gpus = SimulatedGpus("n0", 4, mig_gpus=(2, 3))
+    assert [info.mig for info in gpu_infos(gpus)] == [False, False, True, True]
+    device = gpus.mig_device(2, "3g.40gb", 4)
+    assert device.startswith("MIG-") and device == SimulatedGpus("n0", 4, mig_gpus=(2,)).mig_device(
+        2, "3g.40gb", 4
+    )
+    assert len({device, gpus.mig_device(2, "3g.40gb", 0), gpus.mig_device(3, "3g.40gb", 4)}) == 3
+    with pytest.raises(MigUnavailable, match="not in MIG mode"):
+        gpus.mig_device(0, "1g.10gb", 0)

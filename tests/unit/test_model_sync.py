@@ -30,6 +30,7 @@ from rallypoint.events import (
     JobSpec,
     JobStarted,
     JobSubmitted,
+    MigSlice,
     NodeDrained,
     NodeHeartbeatLost,
     NodeLost,
@@ -425,6 +426,7 @@ def test_the_signatures_hold_every_field_the_bridge_reads() -> None:
         "registered_at": 5.0,
         "allocated": {0: "other"},
         "shares": {0: {"other": 100}},
+        "slices": {0: {"other": MigSlice(profile="1g.10gb", start=0)}},
         "health_since": 9.0,
         "health_evidence": (
             HealthEvidence(signal="xid", subject="gpu 0", severity="failed", value=79, threshold=79),

@@ -85,3 +85,16 @@ def test_impossible_mixes_name_the_field(extra: dict[str, object], field: str, s
     with pytest.raises(SpecError) as err:
         validate_spec({**BODY, **extra})
     assert err.value.field == field and says in str(err.value), err.value
+
+
+def test_a_mig_spec_names_a_known_profile_and_takes_one_gpu_and_rank() -> None:
+    assert validate_spec({**BODY, "gpus": 1, "mig_profile": "3g.40gb"}).mig_profile == "3g.40gb"
+    for extra, says in (
+        ({"gpus": 1, "mig_profile": "9g.99gb"}, "is not a MIG profile; one of 1g.10gb"),
+        ({"gpus": 2, "mig_profile": "1g.10gb"}, "runs as gpus=1"),
+        ({"gpus": 1, "mig_profile": "1g.10gb", "gpu_milli": 100}, "not both"),
+        ({"gpus": 1, "mig_profile": "1g.10gb", "min_gpus": 1, "max_gpus": 2}, "cannot be elastic"),
+    ):
+        with pytest.raises(SpecError) as err:
+            validate_spec({**BODY, **extra})
+        assert err.value.field == "mig_profile" and says in str(err.value), err.value

@@ -25,11 +25,16 @@ class GpuDevice(msgspec.Struct, frozen=True, kw_only=True):
     memory_mib: int
     nvlink_domain: int
     name: str
+    mig: bool = False  # in MIG mode: it runs MIG slices only
 
     def to_info(self) -> GpuInfo:
         """The slice of the inventory that goes into ``NodeRegistered`` (the name travels as gpu_type)."""
         return GpuInfo(
-            index=self.index, uuid=self.uuid, memory_mib=self.memory_mib, nvlink_domain=self.nvlink_domain
+            index=self.index,
+            uuid=self.uuid,
+            memory_mib=self.memory_mib,
+            nvlink_domain=self.nvlink_domain,
+            mig=self.mig,
         )
 
 
@@ -59,7 +64,18 @@ class GpuBackend(Protocol):
         node told to be slow (``node:slow=F``), which the agent makes real (``slowdown.DutyCycler``)."""
         ...
 
+    def mig_device(self, index: int, profile: str, start: int) -> str:
+        """The UUID of the MIG device of ``profile`` at memory slice ``start`` of GPU ``index``, made if it
+        does not exist yet: what a MIG rank's ``CUDA_VISIBLE_DEVICES`` names. Raises ``MigUnavailable``
+        when it cannot be made."""
+        ...
+
     def close(self) -> None: ...
+
+
+class MigUnavailable(RuntimeError):
+    """A MIG slice the scheduler gave cannot be made on this node (the GPU is not in MIG mode, or the
+    backend cannot create instances)."""
 
 
 def gpu_infos(backend: GpuBackend) -> tuple[GpuInfo, ...]:

@@ -38,8 +38,10 @@ from pathlib import Path
 import msgspec
 
 from rallypoint.agent import workdir
+from rallypoint.agent.backend import MigUnavailable
 from rallypoint.agent.reaper import OrphanReaper, reap_child
 from rallypoint.agent.reports import ReportSource
+from rallypoint.events import MigSlice
 from rallypoint.jobs.launch import rank_environment
 from rallypoint.protocol import LaunchTask, RankStatus
 
@@ -91,7 +93,7 @@ class _Rank:
     rank: int
     directory: Path
     gpus: tuple[int, ...] = ()
-    shared: bool = False  # a fractional job's rank: its GPU runs other fractional jobs' ranks too
+    shared: bool = False  # a fractional or MIG job's rank: its GPU runs other such jobs' ranks too
     popen: subprocess.Popen[bytes] | None = None  # only for wrappers this launcher spawned itself
     claimed_at: float = 0.0
     wrapper_pid: int | None = None
@@ -125,8 +127,11 @@ class RankLauncher:
         reap_orphans: bool = False,
         run_as: str | None = None,
         shared_paths: Sequence[Path] = (),
+        mig_device: Callable[[int, str, int], str] | None = None,
     ) -> None:
         self.work_dir = Path(work_dir)
+        # the backend's ``mig_device``: the UUID of a MIG rank's slice (made when it does not exist yet)
+        self._mig_device = mig_device
         # the user ranks run as when this process is root (rankuser); None: this process's own user
         self._run_as = run_as
         # folders every rank may reach besides its own (datasets, a scratch space): its sandbox shows them
@@ -175,7 +180,7 @@ class RankLauncher:
                             rank=rank,
                             directory=attempt_dir,
                             gpus=_gpus_of(task, rank),
-                            shared=task is not None and task.gpu_milli > 0,
+                            shared=task is not None and _shares_its_gpu(task),
                         )
                         self._load(record)
                         self._ranks[key] = record
@@ -213,7 +218,7 @@ class RankLauncher:
                     rank=spec.rank,
                     directory=directory,
                     gpus=tuple(spec.gpus),
-                    shared=task.gpu_milli > 0,
+                    shared=_shares_its_gpu(task),
                 )
                 now = self._clock()
                 # The claim is the idempotency key on disk: created exclusively *before* the spawn, so
@@ -230,6 +235,8 @@ class RankLauncher:
                 # the training client appends checkpoint commits and step progress here (reports.py)
                 env["RALLY_REPORT_FILE"] = str(record.file("report").absolute())
                 try:
+                    if task.mig is not None:  # the rank sees its slice alone, never the whole GPU
+                        env["CUDA_VISIBLE_DEVICES"] = self._slice_device(spec.gpus, task.mig)
                     self._spawn(record, task.command, env)
                 except OSError as exc:
                     if not _rank_cannot_exec(exc):
@@ -237,6 +244,16 @@ class RankLauncher:
                     self._record_exec_failure(record, exc)
                 started.append(spec.rank)
         return LaunchOutcome(started=tuple(started), already=tuple(already), evicted=evicted)
+
+    def _slice_device(self, gpus: Sequence[int], cut: MigSlice) -> str:
+        """The MIG device UUID of ``cut`` on the rank's one GPU; an ``OSError`` (the rank cannot start,
+        recorded as its exit) when this node cannot make it."""
+        try:
+            if self._mig_device is None or len(gpus) != 1:
+                raise MigUnavailable("this agent has no MIG backend")
+            return self._mig_device(gpus[0], cut.profile, cut.start)
+        except MigUnavailable as exc:
+            raise OSError(errno.ENODEV, f"no MIG device {cut.profile} at slice {cut.start}: {exc}") from exc
 
     def _newer_attempt(self, task: LaunchTask) -> int | None:
         """The newest attempt of the task's job with a rank running here, if newer than the task's."""
@@ -251,7 +268,7 @@ class RankLauncher:
         while this node could not be told (lost, unreachable, a kill that never arrived). Left running,
         it would hold the GPU's memory under the new rank. It gets no grace: its gang has moved on.
 
-        A fractional task's GPU runs other fractional jobs' ranks by design: those are not stale."""
+        A fractional or MIG task's GPU runs other such jobs' ranks by design: those are not stale."""
         wanted = {gpu for spec in task.ranks for gpu in spec.gpus}
         if not wanted:
             return ()
@@ -265,7 +282,7 @@ class RankLauncher:
                         for r in live
                         if (r.job_id, r.attempt) != (task.job_id, task.attempt)
                         and wanted.intersection(r.gpus)
-                        and not (r.shared and task.gpu_milli > 0)
+                        and not (r.shared and _shares_its_gpu(task))
                     }
                 )
             )
@@ -546,8 +563,15 @@ class RankLauncher:
 
 def _rank_cannot_exec(exc: OSError) -> bool:
     """Exec failed because of what the job asked for: arguments and environment over the kernel's limits
-    (E2BIG). Other failures (no memory, no processes left) are the node's, and stay the launch's error."""
-    return exc.errno == errno.E2BIG
+    (E2BIG), or a MIG slice this node cannot make (ENODEV, ``_slice_device``: the attempt fails with the
+    reason in the rank's log rather than a launch retried forever). Other failures (no memory, no processes
+    left) are the node's, and stay the launch's error."""
+    return exc.errno in (errno.E2BIG, errno.ENODEV)
+
+
+def _shares_its_gpu(task: LaunchTask) -> bool:
+    """A fractional job's task (a share of its GPU) or a MIG job's (a slice of it)."""
+    return task.gpu_milli > 0 or task.mig is not None
 
 
 def _gpus_of(task: LaunchTask | None, rank: int) -> tuple[int, ...]:

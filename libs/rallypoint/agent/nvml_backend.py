@@ -30,7 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rallypoint.agent.backend import MIB, GpuDevice
+from rallypoint.agent.backend import MIB, GpuDevice, MigUnavailable
 from rallypoint.agent.nics import SYSFS, read_nics
 from rallypoint.protocol import GpuSample, NicSample
 
@@ -137,6 +137,7 @@ class NvmlGpus:
                     memory_mib=int(pynvml.nvmlDeviceGetMemoryInfo(h).total) // MIB,
                     nvlink_domain=domains[i],
                     name=names[i],
+                    mig=_mig_enabled(pynvml, h),
                 )
                 for i, h in enumerate(self._handles)
             )
@@ -170,6 +171,13 @@ class NvmlGpus:
     def slowdown(self) -> float:
         """Real hardware is as slow as it is: the agent never slows a real node's ranks."""
         return 1.0
+
+    def mig_device(self, index: int, profile: str, start: int) -> str:
+        """Not yet: creating a GPU instance needs root and a MIG-mode GPU, and this path has not run on
+        one (docs/sharing.md, "MIG"); the launch fails with the reason rather than running unconfined."""
+        raise MigUnavailable(
+            f"the NVML backend does not create MIG instances yet ({profile} at slice {start} of GPU {index})"
+        )
 
     def close(self) -> None:
         with self._lock:
@@ -322,3 +330,12 @@ class NvmlGpus:
                 index = uuid_to_index.get(_text(self._try(partial(nv.nvmlDeviceGetUUID, data.device), "")))
                 if index is not None:
                     self._last_xid[index] = int(data.eventData)
+
+
+def _mig_enabled(nvml: Any, handle: Any) -> bool:
+    """Whether the GPU runs in MIG mode now (its current mode; a pending change needs a GPU reset)."""
+    try:
+        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+    except nvml.NVMLError:
+        return False  # not MIG-capable
+    return bool(current == nvml.NVML_DEVICE_MIG_ENABLE)

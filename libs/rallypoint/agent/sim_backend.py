@@ -43,12 +43,12 @@ import os
 import random
 import re
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from rallypoint.agent.backend import GpuDevice
+from rallypoint.agent.backend import GpuDevice, MigUnavailable
 from rallypoint.protocol import GpuSample, NicSample
 
 FAULTS_ENV = "RALLY_SIM_FAULTS"
@@ -333,6 +333,7 @@ class SimulatedGpus:
         nic_speed_gbps: float = DEFAULT_NIC_SPEED_GBPS,
         clock: Callable[[], float] | None = None,
         sample_interval_s: float = 1.0,
+        mig_gpus: Sequence[int] = (),
     ) -> None:
         if count < 0 or nics < 0:
             raise ValueError("count and nics must be >= 0")
@@ -347,6 +348,7 @@ class SimulatedGpus:
                 memory_mib=memory_mib,
                 nvlink_domain=i // nvlink_domain_size,
                 name=gpu_type,
+                mig=i in mig_gpus,
             )
             for i in range(count)
         )
@@ -376,6 +378,13 @@ class SimulatedGpus:
         self._file_stamp: tuple[int, int] | None = None
 
     # -- GpuBackend ---------------------------------------------------------------------------------
+
+    def mig_device(self, index: int, profile: str, start: int) -> str:
+        """A simulated MIG device: NVIDIA-style ``MIG-<uuid>``, stable for (GPU, profile, start)."""
+        device = self._devices[index] if 0 <= index < len(self._devices) else None
+        if device is None or not device.mig:
+            raise MigUnavailable(f"GPU {index} of {self.node_id} is not in MIG mode")
+        return f"MIG-{uuid.uuid5(_UUID_NAMESPACE, f'{device.uuid}/{profile}/{start}')}"
 
     @property
     def gpu_type(self) -> str:

@@ -11,6 +11,7 @@ from typing import IO
 
 from rallypoint.cli.client import TOKENS_FILE
 from rallypoint.cli.clusterinfo import CLUSTER_FILE
+from rallypoint.cli.resources import parse_gpu_indices
 
 
 def _positive(text: str) -> int:
@@ -44,6 +45,7 @@ def _up(args: argparse.Namespace) -> int:
         api_port=args.api_port,
         queues=_queue_file(args, workdir),
         allow_root_ranks=args.allow_root_ranks,
+        mig_gpus=args.mig_gpus,
     )
     # Ctrl-C and SIGTERM both stop everything `rally up` started. SIGINT is installed explicitly too: a
     # process started in the background by a script inherits SIGINT as ignored, and Python then keeps it so.
@@ -155,6 +157,13 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--postgres-dsn", default=None, help="use this PostgreSQL instead of an embedded one")
     up.add_argument("--api-port", type=int, default=8080, help="HTTP port of the API (default 8080)")
     up.add_argument("--data-dir", default=".rally/local", help="where servers keep state and logs")
+    up.add_argument(
+        "--mig-gpus",
+        type=parse_gpu_indices,
+        default=(),
+        metavar="I,J",
+        help="GPUs of every node in MIG mode, for `rally submit --mig` (e.g. 6,7; default none)",
+    )
     queues = up.add_mutually_exclusive_group()
     queues.add_argument(
         "--queues",

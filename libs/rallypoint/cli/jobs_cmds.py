@@ -136,6 +136,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         help="a share of one GPU (0.25 or 25%%), shared with other such jobs; one rank",
     )
     submit.add_argument(
+        "--mig",
+        dest="mig_profile",
+        metavar="PROFILE",
+        help="a MIG slice of this profile (1g.10gb, 3g.40gb, ...) on a GPU in MIG mode; one rank",
+    )
+    submit.add_argument(
         "--cpus", type=parse_cpus, dest="cpu_milli", metavar="N", help="CPU cores per task (4, 0.5, 500m)"
     )
     submit.add_argument(
@@ -306,7 +312,8 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    gpus = args.gpus if args.gpus is not None or args.gpu_milli is None else 1
+    one_share = args.gpu_milli is not None or args.mig_profile is not None
+    gpus = args.gpus if args.gpus is not None or not one_share else 1
     body: dict[str, Any] = {"name": args.name or default_name(command), "gpus": gpus, "command": command}
     if args.team:
         # Without one the API takes the token's team (an admin token must name one).
@@ -326,6 +333,7 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
         "max_gpus": args.max_gpus,
         "gpu_step": args.gpu_step,
         "gpu_milli": args.gpu_milli,
+        "mig_profile": args.mig_profile,
         "cpu_milli": args.cpu_milli,
         "memory_mib": args.memory_mib,
     }
@@ -373,6 +381,7 @@ SUBMIT_FLAGS: dict[str, str] = {
     "singleton": "--singleton",
     "array": "--array",
     "gpu_milli": "--gpu-fraction",
+    "mig_profile": "--mig",
     "cpu_milli": "--cpus",
     "memory_mib": "--memory",
 }
@@ -403,7 +412,7 @@ def _precheck(body: dict[str, Any]) -> str | None:
     if not body["command"]:
         return "error: command: is required, after `--` (rally submit --gpus 8 -- python train.py)"
     if body["gpus"] is None:
-        return "error: --gpus: is required (or --gpu-fraction for a share of one GPU)"
+        return "error: --gpus: is required (or --gpu-fraction / --mig for a share of one GPU)"
     try:
         # Any node size passes here: the API knows the real one and fills gpus_per_task from it.
         # A stand-in team when none is given: the API fills in the token's. The priority is left out:
@@ -829,13 +838,14 @@ def node_jobs(node: dict[str, Any]) -> str:
     return ",".join(cells) or "-"
 
 
-def shared_text(shared: dict[str, int]) -> str:
-    """The GPUs fractional jobs share, each with the part of it they hold: ``gpu0=0.9,gpu3=0.25``."""
-    if not shared:
-        return "-"
-    return ",".join(
-        f"gpu{g}={milli / 1000:g}" for g, milli in sorted(shared.items(), key=lambda i: int(i[0]))
-    )
+def shared_text(shared: dict[str, int], mig: dict[str, list[dict[str, Any]]] | None = None) -> str:
+    """The GPUs fractional jobs share, each with the part of it they hold (``gpu0=0.9``), and the GPUs in
+    MIG mode with their busy slices (``gpu1=mig:3g.40gb@0+1g.10gb@6``; ``gpu2=mig:-`` when none)."""
+    parts = {int(g): f"gpu{g}={milli / 1000:g}" for g, milli in shared.items()}
+    for g, cuts in (mig or {}).items():
+        held = "+".join(f"{c['profile']}@{c['start']}" for c in cuts) or "-"
+        parts[int(g)] = f"gpu{g}=mig:{held}"
+    return ",".join(parts[g] for g in sorted(parts)) or "-"
 
 
 def format_nodes(nodes: Sequence[dict[str, Any]]) -> str:
@@ -848,7 +858,7 @@ def format_nodes(nodes: Sequence[dict[str, Any]]) -> str:
             node_health(n),
             n["gpu_type"],
             f"{n['gpus']['free']}/{n['gpus']['total']}",
-            shared_text(n.get("shared_gpus") or {}),
+            shared_text(n.get("shared_gpus") or {}, n.get("mig_gpus") or {}),
             node_jobs(n),
         )
         for n in nodes

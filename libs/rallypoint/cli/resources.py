@@ -10,7 +10,7 @@ import argparse
 import math
 import re
 
-__all__ = ["parse_cpus", "parse_gpu_fraction", "parse_memory"]
+__all__ = ["parse_cpus", "parse_gpu_fraction", "parse_gpu_indices", "parse_memory"]
 
 _NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
 _CPUS = re.compile(rf"^{_NUMBER}(m?)$")
@@ -53,3 +53,14 @@ def parse_gpu_fraction(text: str) -> int:
             f"a GPU fraction is between 0.001 and 0.999, got {text!r} (a whole GPU: --gpus 1)"
         )
     return milli
+
+
+def parse_gpu_indices(text: str) -> tuple[int, ...]:
+    """GPU indices from ``6,7`` (sorted, each once): the GPUs a node runs in MIG mode."""
+    try:
+        indices = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want GPU indices like 6,7; got {text!r}") from None
+    if any(i < 0 for i in indices):
+        raise argparse.ArgumentTypeError(f"GPU indices are >= 0; got {text!r}")
+    return indices

@@ -23,7 +23,8 @@ import msgspec
 import numpy as np
 
 from rallypoint.core.formulas import add_team_usage
-from rallypoint.core.types import Node, RunningJob
+from rallypoint.core.mig import MigInstance, free_mask, mig_model
+from rallypoint.core.types import Node, RunningJob, TaskPlacement
 from rallypoint.events.catalogue import GPU_MILLI
 
 __all__ = ["GPU_MILLI", "ClusterIndex", "ClusterModel", "RunningColumns", "load_cluster", "nodes_from_spec"]
@@ -203,7 +204,8 @@ class ClusterIndex:
             self.rack_of.append(r)
             self.spine_of.append(s)
             self.rack_nodes[r].append(o)
-        self.full = [(1 << n.gpus) - 1 for n in nodes]
+        # a GPU in MIG mode is never free for whole-GPU placement: its slices are ``core.sharing``'s
+        self.full = [((1 << n.gpus) - 1) & ~sum(1 << g for g in n.mig_gpus) for n in nodes]
         self.doms: list[tuple[int, ...]] = []
         self.dom_size: list[int] = []  # largest NVLink domain of the node
         self.multi_dom: list[bool] = []
@@ -237,13 +239,14 @@ class ClusterIndex:
             t = n.gpu_type
             self.rack_hist.setdefault((t, self.rack_of[o]), [0] * width)
             self.spine_hist.setdefault((t, self.spine_of[o]), [0] * width)
-            self.type_capacity[t] += n.gpus
+            whole = self.full[o].bit_count()  # GPUs not in MIG mode
+            self.type_capacity[t] += whole
             rk = (t, self.rack_of[o])
-            self.rack_capacity[rk] = self.rack_capacity.get(rk, 0) + n.gpus
+            self.rack_capacity[rk] = self.rack_capacity.get(rk, 0) + whole
             sk = (t, self.spine_of[o])
-            self.spine_capacity[sk] = self.spine_capacity.get(sk, 0) + n.gpus
+            self.spine_capacity[sk] = self.spine_capacity.get(sk, 0) + whole
             if self.sched[o]:
-                self._count(o, n.gpus, +1)
+                self._count(o, whole, +1)
         # per node ordinal: the position of its (type, rack) / (type, spine) histogram in rack_hist /
         # spine_hist (insertion order, which copies keep), so the bind path indexes a list of the histograms
         # instead of hashing a tuple key
@@ -335,6 +338,8 @@ class ClusterModel:
         self._used: dict[str, int] = {}  # node id -> used mask (survives index rebuilds)
         # (node id, GPU) -> thousandths of the GPU its fractional jobs hold (a GPU with any share is used)
         self.shares: dict[tuple[str, int], int] = {}
+        # (node id, GPU in MIG mode) -> its busy MIG instances (the slices its MIG jobs hold)
+        self.mig_busy: dict[tuple[str, int], tuple[MigInstance, ...]] = {}
         # node id -> (CPU millicores, memory MiB) its running tasks asked for; nodes with none are absent
         self.node_cpu_mem_used: dict[str, tuple[int, int]] = {}
         # per running job: (node id, GPU mask) per task, and the jobs sorted by expected end, both kept at
@@ -390,7 +395,7 @@ class ClusterModel:
     def free_gpus(self, node_id: str) -> tuple[int, ...]:
         node = self._nodes[node_id]
         used = self._used.get(node_id, 0)
-        return tuple(g for g in range(node.gpus) if not used >> g & 1)
+        return tuple(g for g in range(node.gpus) if not used >> g & 1 and g not in node.mig_gpus)
 
     # --- jobs ----------------------------------------------------------------------------------
 
@@ -401,6 +406,9 @@ class ClusterModel:
         if job.gpu_milli is not None:
             self._bind_share(job)
             return
+        if job.mig_profile is not None:
+            self._bind_mig(job)
+            return
         masks: dict[str, int] = {}
         for p in job.placements:
             node = self._nodes.get(p.node_id)
@@ -408,8 +416,8 @@ class ClusterModel:
                 raise ValueError(f"job {job.id}: unknown node {p.node_id}")
             m = 0
             for g in p.gpus:
-                if not 0 <= g < node.gpus:
-                    raise ValueError(f"job {job.id}: node {p.node_id} has no GPU {g}")
+                if not 0 <= g < node.gpus or g in node.mig_gpus:
+                    raise ValueError(f"job {job.id}: node {p.node_id} has no whole GPU {g}")
                 m |= 1 << g
             if m & masks.get(p.node_id, 0) or m & self._used.get(p.node_id, 0):
                 raise ValueError(f"job {job.id}: GPU already bound on {p.node_id}")
@@ -430,15 +438,10 @@ class ClusterModel:
         mask and no expected end (its end frees no whole GPU while others share it, so reservation
         arithmetic never counts on it) and is never a preemption victim (evicting it frees no whole GPU
         either; ``docs/sharing.md``)."""
-        if len(job.placements) != 1 or len(job.placements[0].gpus) != 1:
-            raise ValueError(f"job {job.id}: a fractional job holds exactly one GPU of one node")
-        p = job.placements[0]
-        node = self._nodes.get(p.node_id)
-        if node is None:
-            raise ValueError(f"job {job.id}: unknown node {p.node_id}")
+        p = self._one_gpu(job)
         g = p.gpus[0]
-        if not 0 <= g < node.gpus:
-            raise ValueError(f"job {job.id}: node {p.node_id} has no GPU {g}")
+        if g in self._nodes[p.node_id].mig_gpus:
+            raise ValueError(f"job {job.id}: GPU {g} of {p.node_id} is in MIG mode")
         key = (p.node_id, g)
         used = self.shares.get(key)
         assert job.gpu_milli is not None
@@ -448,15 +451,47 @@ class ClusterModel:
             raise ValueError(f"job {job.id}: GPU {g} of {p.node_id} has {GPU_MILLI - (used or 0)} milli left")
         self.shares[key] = (used or 0) + job.gpu_milli
         self._set_used(p.node_id, self._used[p.node_id] | 1 << g)
+        self._register_part(job, p.node_id)
+
+    def _bind_mig(self, job: RunningJob) -> None:
+        """A MIG job: its slice joins its GPU's busy instances. Like a share it holds no mask and no
+        expected end and is never a victim (``_bind_share``)."""
+        p = self._one_gpu(job)
+        node = self._nodes[p.node_id]
+        g = p.gpus[0]
+        model = mig_model(node.gpu_type)
+        if p.mig is None or g not in node.mig_gpus or model is None:
+            raise ValueError(f"job {job.id}: a MIG job holds a slice of a MIG GPU, got {p}")
+        offered = {q.name: q for q in model.profiles}.get(p.mig.profile)
+        if offered is None or p.mig.start not in offered.starts:
+            raise ValueError(f"job {job.id}: {node.gpu_type} has no {p.mig.profile} slice at {p.mig.start}")
+        key = (p.node_id, g)
+        busy = self.mig_busy.get(key, ())
+        if offered.mask_at(p.mig.start) & ~free_mask(model, busy):
+            raise ValueError(f"job {job.id}: slice {p.mig} of GPU {g} of {p.node_id} overlaps another")
+        self.mig_busy[key] = (*busy, MigInstance(p.mig.profile, p.mig.start, True))
+        self._register_part(job, p.node_id)
+
+    def _register_part(self, job: RunningJob, node_id: str) -> None:
+        """A share or slice is running: no GPU mask of its own (its GPU is its parts'), and never chosen
+        as a preemption victim."""
         self.running[job.id] = job
         self.job_masks[job.id] = ()
         self._account(job, +1)
-        self.cols.add(
-            msgspec.structs.replace(job, preemptible=False),
-            self.job_gpu_type(job),
-            [(self._node_key[p.node_id], 1)],
-        )
+        victimless = msgspec.structs.replace(job, preemptible=False)
+        self.cols.add(victimless, self.job_gpu_type(job), [(self._node_key[node_id], 1)])
         self.version += 1
+
+    def _one_gpu(self, job: RunningJob) -> TaskPlacement:
+        if len(job.placements) != 1 or len(job.placements[0].gpus) != 1:
+            raise ValueError(f"job {job.id}: holds exactly one GPU (or a slice of one) of one node")
+        p = job.placements[0]
+        node = self._nodes.get(p.node_id)
+        if node is None:
+            raise ValueError(f"job {job.id}: unknown node {p.node_id}")
+        if not 0 <= p.gpus[0] < node.gpus:
+            raise ValueError(f"job {job.id}: node {p.node_id} has no GPU {p.gpus[0]}")
+        return p
 
     def unbind(self, job_id: str) -> RunningJob:
         """Remove a running gang (completed, failed, preempted) and free its GPUs."""
@@ -465,12 +500,25 @@ class ClusterModel:
             self._set_used(nid, self._used[nid] & ~m)
         if job.gpu_milli is not None:
             self._unbind_share(job)
-        if job.expected_end is not None and job.gpu_milli is None:
+        if job.mig_profile is not None:
+            self._unbind_mig(job)
+        if job.expected_end is not None and job.gpu_milli is None and job.mig_profile is None:
             self._drop_end(job.expected_end, job_id)
         self._account(job, -1)
         self.cols.remove(job_id)
         self.version += 1
         return job
+
+    def _unbind_mig(self, job: RunningJob) -> None:
+        p = job.placements[0]
+        assert p.mig is not None
+        key = (p.node_id, p.gpus[0])
+        left = list(self.mig_busy[key])
+        left.remove(MigInstance(p.mig.profile, p.mig.start, True))
+        if left:
+            self.mig_busy[key] = tuple(left)
+        else:
+            del self.mig_busy[key]
 
     def _unbind_share(self, job: RunningJob) -> None:
         assert job.gpu_milli is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 
 from rallypoint.core import reasons, sharing
@@ -193,7 +194,7 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
             types = ctx.types_of[job.gpu_type] = job_types(job, ctx.idx)
     else:
         types = job_types(job, ctx.idx)
-    if job.gpu_milli is not None or job.cpu_milli or job.memory_mib:
+    if job.gpu_milli is not None or job.mig_profile is not None or job.cpu_milli or job.memory_mib:
         return _attempt_with_resources(job, types, policy, ctx, out)
     if job.min_gpus is None and len(types) == 1:
         # one size and one GPU type (most jobs): ``_admit_and_place`` without its lists and loops
@@ -237,6 +238,11 @@ def _attempt_with_resources(
         if plan is not None:
             _bind(job, size, plan, ctx, out)
             sharing.record(job, plan, ctx)
+            if job.mig_profile is not None:  # the Bind names the slice its one task gets
+                bind = out.binds[-1]
+                cut = sharing.side_of(ctx).slices[job.id]
+                placed = msgspec.structs.replace(bind.placements[0], mig=cut)
+                out.binds[-1] = msgspec.structs.replace(bind, placements=(placed,))
             return None
     if refusal is not None and all(policy.permit.check(job, t, size, ctx) is not None for t in types):
         return Status("QuotaExceeded", refusal + _quota_ceiling_note(job, size, types, ctx))

@@ -25,6 +25,7 @@ import msgspec
 __all__ = [
     "MEMORY_SLICES",
     "MIG_MODELS",
+    "MIG_PROFILES",
     "Carve",
     "MigInstance",
     "MigModel",
@@ -90,9 +91,14 @@ def _model(name: str, aliases: tuple[str, ...], gb: tuple[int, int, int, int, in
 MIG_MODELS: tuple[MigModel, ...] = (
     _model("A100-40GB", ("A100", "A100-SXM4-40GB", "A100-PCIE-40GB"), (5, 10, 10, 20, 20, 40)),
     _model("A100-80GB", ("A100-SXM4-80GB", "A100-PCIE-80GB"), (10, 20, 20, 40, 40, 80)),
-    _model("H100-80GB", ("H100", "H100-SXM5-80GB", "H100-PCIE-80GB"), (10, 20, 20, 40, 40, 80)),
+    # sim-h100: the simulated agent's default type, an H100 as far as scheduling goes
+    _model("H100-80GB", ("H100", "H100-SXM5-80GB", "H100-PCIE-80GB", "sim-h100"), (10, 20, 20, 40, 40, 80)),
     _model("H200-141GB", ("H200", "H200-SXM5-141GB"), (18, 35, 35, 71, 71, 141)),
 )
+
+
+#: every profile name some model offers (a request names one; the node's model decides where it fits)
+MIG_PROFILES: frozenset[str] = frozenset(p.name for m in MIG_MODELS for p in m.profiles)
 
 
 def mig_model(gpu_type: str) -> MigModel | None:

@@ -22,7 +22,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rallypoint.core.cluster import GPU_MILLI
+from rallypoint.core.mig import MigInstance, carve, free_mask, mig_model, room
 from rallypoint.core.placement import Plan, _pick, new_plan, place
+from rallypoint.events.catalogue import MigSlice
 
 if TYPE_CHECKING:
     from rallypoint.core.context import Ctx
@@ -35,7 +37,7 @@ _UNLIMITED = 1 << 62
 
 
 def wants_resources(job: PendingJob) -> bool:
-    return job.gpu_milli is not None or job.cpu_milli > 0 or job.memory_mib > 0
+    return job.gpu_milli is not None or job.mig_profile is not None or job.cpu_milli > 0 or job.memory_mib > 0
 
 
 class SideResources:
@@ -56,6 +58,13 @@ class SideResources:
         self.shares: dict[tuple[int, int], int] = {
             (idx.ord_of[node_id], g): milli for (node_id, g), milli in cluster.shares.items()
         }
+        # every GPU in MIG mode, (node ordinal, GPU) in that order, and the busy slices of each
+        self.mig_gpus = [(o, g) for o, n in enumerate(idx.nodes) for g in n.mig_gpus]
+        self.mig_busy: dict[tuple[int, int], tuple[MigInstance, ...]] = {
+            (idx.ord_of[node_id], g): busy for (node_id, g), busy in cluster.mig_busy.items()
+        }
+        # the slice each MIG job bound this cycle got (the engine writes it into the job's Bind)
+        self.slices: dict[str, MigSlice] = {}
 
     def tasks_fit(self, o: int, cpu: int, mem: int) -> int:
         """How many tasks of (``cpu``, ``mem``) node ``o`` has room for."""
@@ -77,7 +86,37 @@ def try_place(job: PendingJob, size: int, gpu_type: str, ctx: Ctx) -> Plan | Non
     side = side_of(ctx)
     if job.gpu_milli is not None:
         return _place_share(ctx.ws, side, job, gpu_type)
+    if job.mig_profile is not None:
+        return _place_mig(ctx.ws, side, job, gpu_type)
     return _place_gang(ctx, side, job, size, gpu_type)
+
+
+def _place_mig(ws: Workspace, side: SideResources, job: PendingJob, t: str) -> Plan | None:
+    """The MIG GPU of type ``t`` where ``carve`` fits the slice and leaves the least room (pack MIG GPUs:
+    the emptiest stay open for large profiles), ties by node order then GPU; on that GPU, carve's start."""
+    profile = job.mig_profile
+    model = mig_model(t)
+    if profile is None or model is None or profile not in {p.name for p in model.profiles}:
+        return None
+    wanted = model.profile(profile)
+    type_of, sched = ws.idx.type_of, ws.sched
+    best: tuple[int, int, int, int] | None = None
+    for o, g in side.mig_gpus:
+        if type_of[o] != t or not sched[o] or not side.tasks_fit(o, job.cpu_milli, job.memory_mib):
+            continue
+        busy = side.mig_busy.get((o, g), ())
+        c = carve(model, busy, profile)
+        if c is None:
+            continue
+        taken = ~free_mask(model, busy) | wanted.mask_at(c.start)
+        key = (room(model, taken & 0xFF), o, g, c.start)
+        if best is None or key < best:
+            best = key
+    if best is None:
+        return None
+    _room, o, g, start = best
+    side.slices[job.id] = MigSlice(profile=profile, start=start)
+    return new_plan(t, "nvlink", ((o, 1 << g),))
 
 
 def _place_share(ws: Workspace, side: SideResources, job: PendingJob, t: str) -> Plan | None:
@@ -135,15 +174,20 @@ def record(job: PendingJob, plan: Plan, ctx: Ctx) -> None:
     for o, mask in plan.tasks:
         side.cpu_left[o] -= job.cpu_milli
         side.mem_left[o] -= job.memory_mib
+        key = (o, mask.bit_length() - 1)
         if job.gpu_milli is not None:
-            key = (o, mask.bit_length() - 1)
             side.shares[key] = side.shares.get(key, 0) + job.gpu_milli
+        if job.mig_profile is not None:
+            cut = side.slices[job.id]
+            side.mig_busy[key] = (*side.mig_busy.get(key, ()), MigInstance(cut.profile, cut.start, True))
 
 
 def why_short(job: PendingJob, types: list[str], ctx: Ctx) -> str:
     """What the job lacks, naming the resource: the GPU room, else CPU or memory on the nodes with it."""
     side = side_of(ctx)
     ws = ctx.ws
+    if job.mig_profile is not None:
+        return _why_no_slice(job, types, side, ctx)
     milli = job.gpu_milli
     with_share = {
         o for (o, _g), used in side.shares.items() if milli is not None and GPU_MILLI - used >= milli
@@ -174,3 +218,16 @@ def why_short(job: PendingJob, types: list[str], ctx: Ctx) -> str:
         f"needs {what} with {job.cpu_milli} millicores and {job.memory_mib} MiB per task; no set of "
         "nodes has all of it at once"
     )
+
+
+def _why_no_slice(job: PendingJob, types: list[str], side: SideResources, ctx: Ctx) -> str:
+    offering = [
+        t
+        for t in types
+        if (m := mig_model(t)) is not None and job.mig_profile in {p.name for p in m.profiles}
+    ]
+    if not offering:
+        return f"needs a {job.mig_profile} MIG slice; no GPU model of its types offers that profile"
+    if not any(ctx.idx.type_of[o] in offering for o, _g in side.mig_gpus):
+        return f"needs a {job.mig_profile} MIG slice; no GPU of its types is in MIG mode"
+    return f"needs a {job.mig_profile} MIG slice; no MIG GPU has a free layout for it now"

@@ -66,6 +66,8 @@ class Node(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     cpu_milli: int = 0
     memory_mib: int = 0
     schedulable: bool = True
+    #: GPUs in MIG mode: they hold MIG slices only (``core.sharing``), never whole or fractional jobs
+    mig_gpus: tuple[int, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -110,6 +112,7 @@ class RunningJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     submit_time: float | None = None
     preempting_for: str | None = None
     gpu_milli: int | None = None  # a fractional job's share of its one GPU (``PendingJob.gpu_milli``)
+    mig_profile: str | None = None  # a MIG job's profile; its slice is in ``placements[0].mig``
 
     @property
     def queue_name(self) -> str:
@@ -132,7 +135,8 @@ class PendingJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     ``cpu_milli`` and ``memory_mib`` are per task: each task's node must have that much CPU and memory left
     (``Node.cpu_milli`` / ``memory_mib`` less its running tasks'). ``gpu_milli`` (1-999) makes the job a
     fractional one: ``gpus`` is 1 and its one task takes that share of one GPU, which other fractional jobs
-    may share (``core.sharing``).
+    may share (``core.sharing``). ``mig_profile`` makes it a MIG job: one task on a slice of that profile of
+    a GPU in MIG mode (``Node.mig_gpus``).
     """
 
     id: str
@@ -160,6 +164,7 @@ class PendingJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     user: str | None = None
     name: str | None = None
     gpu_milli: int | None = None
+    mig_profile: str | None = None
 
     @property
     def queue_name(self) -> str:

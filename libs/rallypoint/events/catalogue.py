@@ -95,21 +95,37 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     #: a fraction of one GPU in thousandths (1-999): the job is one task of one rank on a GPU it shares
     #: with other fractional jobs (``docs/sharing.md``); None: whole GPUs
     gpu_milli: int | None = None
+    #: a MIG slice of this profile (``1g.10gb``) on a GPU in MIG mode: one task, one rank, one slice
+    mig_profile: str | None = None
 
 
-class GpuInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class GpuInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
     index: int
     uuid: str
     memory_mib: int
     nvlink_domain: int
+    #: the GPU is in MIG mode: it runs MIG slices (``MigSlice``), never a whole-GPU or fractional job
+    mig: bool = False
 
 
-class TaskPlacement(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One task of a gang: the node it runs on and the exact GPU indices it owns there."""
+class MigSlice(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A MIG GPU instance of ``profile`` (``1g.10gb``) beginning at memory slice ``start`` of its GPU
+    (``core.mig``: which starts each profile may take)."""
+
+    profile: str
+    start: int
+
+
+class TaskPlacement(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
+    """One task of a gang: the node it runs on and the exact GPU indices it owns there; for a MIG job, the
+    slice of its one GPU (``mig``)."""
 
     task: int
     node_id: str
     gpus: tuple[int, ...]
+    mig: MigSlice | None = None
 
 
 # ---------------------------------------------------------------------------------------------------

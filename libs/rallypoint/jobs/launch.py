@@ -77,6 +77,7 @@ def launch_plan(
                 command=spec.command,
                 env={**spec.env, **(extra_env or {})},
                 gpu_milli=spec.gpu_milli or 0,
+                mig=placement.mig,
             )
         )
     return tasks

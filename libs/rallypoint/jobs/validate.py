@@ -205,6 +205,7 @@ def validate_spec(
     singleton = _bool(body, "singleton")
     cpu_milli, memory_mib = _check_task_resources(body)
     gpu_milli = _check_gpu_milli(body, gpus, ranks_per_task, min_gpus, max_gpus)
+    mig_profile = _check_mig_profile(body, gpus, ranks_per_task, min_gpus, max_gpus, gpu_milli)
     max_retries = _int(body, "max_retries")
     if max_retries is None:
         max_retries = 0
@@ -236,6 +237,7 @@ def validate_spec(
         cpu_milli=cpu_milli,
         memory_mib=memory_mib,
         gpu_milli=gpu_milli,
+        mig_profile=mig_profile,
     )
 
 
@@ -553,6 +555,36 @@ def _check_gpu_milli(
     if min_gpus is not None or max_gpus is not None:
         raise SpecError("gpu_milli", "a fraction of one GPU cannot be elastic (min_gpus / max_gpus)")
     return milli
+
+
+def _check_mig_profile(
+    body: Mapping[str, Any],
+    gpus: int,
+    ranks_per_task: int,
+    min_gpus: int | None,
+    max_gpus: int | None,
+    gpu_milli: int | None,
+) -> str | None:
+    """A MIG slice: a profile some MIG-capable model offers; one task, one rank, one slice."""
+    profile = _str(body, "mig_profile")
+    if profile is None:
+        return None
+    # here, not at the top: importing the core (numpy) would slow every `rally` command (test_cli_wiring)
+    from rallypoint.core.mig import MIG_PROFILES
+
+    if profile not in MIG_PROFILES:
+        raise SpecError(
+            "mig_profile", f"{profile!r} is not a MIG profile; one of {', '.join(sorted(MIG_PROFILES))}"
+        )
+    if gpu_milli is not None:
+        raise SpecError(
+            "mig_profile", "give gpu_milli (a shared fraction) or mig_profile (a slice), not both"
+        )
+    if gpus != 1 or ranks_per_task != 1:
+        raise SpecError("mig_profile", f"a MIG slice runs as gpus=1 with one rank, got gpus={gpus}")
+    if min_gpus is not None or max_gpus is not None:
+        raise SpecError("mig_profile", "a MIG slice cannot be elastic (min_gpus / max_gpus)")
+    return profile
 
 
 def _check_topology(body: Mapping[str, Any]) -> tuple[TopologyLevel | None, TopologyLevel | None]:

@@ -122,12 +122,15 @@ class LocalCluster:
         with_agents: bool = True,
         queues: Path | None = None,
         allow_root_ranks: bool | None = None,
+        mig_gpus: Sequence[int] = (),
     ) -> None:
         if nodes < 1 or gpus_per_node < 1 or racks < 1:
             raise ValueError("nodes, gpus per node and racks must all be at least 1")
         self.workdir = workdir.resolve()
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
+        # GPUs of every node that run in MIG mode (simulated H100s: ``--mig-gpus`` of each agent)
+        self.mig_gpus = tuple(mig_gpus)
         self.racks = min(racks, nodes)
         self._nats_url = nats_url
         self._postgres_dsn = postgres_dsn
@@ -360,6 +363,7 @@ class LocalCluster:
             str(self.shared_dir),
             *(["--rank-path", str(EXAMPLES)] if EXAMPLES.is_dir() else []),
             *(["--run-as", self.rank_user] if self.rank_user else ["--allow-root-ranks"]),
+            *(["--mig-gpus", ",".join(map(str, self.mig_gpus))] if self.mig_gpus else []),
         ]
 
     def fault_file(self, node_id: str) -> Path:

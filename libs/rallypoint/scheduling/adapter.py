@@ -47,8 +47,9 @@ def core_node(
     cpu_milli: int,
     memory_mib: int,
     schedulable: bool = True,
+    mig_gpus: tuple[int, ...] = (),
 ) -> Node:
-    """One machine as the core sees it; ``gpus`` as for ``nvlink_domains``."""
+    """One machine as the core sees it; ``gpus`` as for ``nvlink_domains``; ``mig_gpus`` in MIG mode."""
     return Node(
         id=node_id,
         rack=rack,
@@ -59,6 +60,7 @@ def core_node(
         cpu_milli=cpu_milli,
         memory_mib=memory_mib,
         schedulable=schedulable,
+        mig_gpus=mig_gpus,
     )
 
 

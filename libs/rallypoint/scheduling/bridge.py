@@ -53,6 +53,7 @@ def node_of(view: NodeView) -> Node:
         cpu_milli=view.cpu_milli,
         memory_mib=view.memory_mib,
         schedulable=view.schedulable,
+        mig_gpus=tuple(gpu.index for gpu in view.gpus if gpu.mig),
     )
 
 
@@ -91,6 +92,7 @@ def running_of(job: JobView) -> RunningJob:
         cpu_milli=job.spec.cpu_milli,
         memory_mib=job.spec.memory_mib,
         gpu_milli=job.spec.gpu_milli,
+        mig_profile=job.spec.mig_profile,
     )
 
 
@@ -127,6 +129,7 @@ def pending_of(job: JobView) -> PendingJob:
         cpu_milli=spec.cpu_milli,
         memory_mib=spec.memory_mib,
         gpu_milli=spec.gpu_milli,
+        mig_profile=spec.mig_profile,
     )
 
 

@@ -46,6 +46,7 @@ class Node(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     cpu: int = 0
     memory: int = 0
     nvlink_domain: int | None = None  # GPUs per NVLink domain; None means the whole node
+    mig_gpus: tuple[int, ...] = ()  # GPUs in MIG mode (MIG slices only; the type must be MIG-capable)
 
 
 class Generator(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -56,6 +57,7 @@ class Generator(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     gpu_type: str = "gpu"
     cpu: int = 0
     memory: int = 0
+    mig_gpus: tuple[int, ...] = ()
     prefix: str = ""
     racks_per_spine: int | None = None  # None: every rack under one spine
 
@@ -111,6 +113,7 @@ def generate(gen: Generator) -> list[Node]:
             cpu=gen.cpu,
             memory=gen.memory,
             nvlink_domain=gen.nvlink_domain,
+            mig_gpus=gen.mig_gpus,
         )
         for r in range(gen.racks)
         for k in range(gen.nodes_per_rack)

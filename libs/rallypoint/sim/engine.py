@@ -184,6 +184,7 @@ def to_core_nodes(cluster: Cluster) -> list[ct.Node]:
             gpus=[(i, i // n.nvlink_domain if n.nvlink_domain else 0) for i in range(n.gpus)],
             cpu_milli=n.cpu,
             memory_mib=n.memory,
+            mig_gpus=n.mig_gpus,
         )
         for n in cluster.nodes
     ]
@@ -333,6 +334,7 @@ class Simulator:
             cpu_milli=j.cpu_milli,
             memory_mib=j.memory_mib,
             gpu_milli=j.gpu_milli,
+            mig_profile=j.mig_profile,
         )
 
     def _submit(self, sj: _SimJob, now: float) -> bool:
@@ -441,6 +443,7 @@ class Simulator:
             cpu_milli=j.cpu_milli,
             memory_mib=j.memory_mib,
             gpu_milli=j.gpu_milli,
+            mig_profile=j.mig_profile,
         )
         self.model.bind(rj)  # raises ValueError on a double bind; callers check first
         for n in node_ids:
@@ -735,7 +738,7 @@ class Simulator:
             sj = self.pending.get(b.job_id)
             if sj is None:
                 raise SimError(f"t={now}: core bound {b.job_id}, which is not pending")
-            busy = self._busy(b.placements, sj.job.gpu_milli)
+            busy = None if sj.job.mig_profile is not None else self._busy(b.placements, sj.job.gpu_milli)
             if busy:
                 if self.opts.strict:
                     raise SimError(f"t={now}: core bound {b.job_id} onto GPUs already taken ({busy})")

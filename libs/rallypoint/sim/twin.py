@@ -133,6 +133,7 @@ def job_spec(job: Job, priority: str) -> JobSpec:
         cpu_milli=job.cpu_milli,
         memory_mib=job.memory_mib,
         gpu_milli=job.gpu_milli,
+        mig_profile=job.mig_profile,
     )
 
 
@@ -140,7 +141,9 @@ def node_registered(node: Node, at: float) -> NodeRegistered:
     """The inventory's registration of a simulated node: its GPUs, numbered, in their NVLink domains."""
     size = node.nvlink_domain or node.gpus or 1
     gpus = tuple(
-        GpuInfo(index=i, uuid=f"{node.id}-gpu{i}", memory_mib=0, nvlink_domain=i // size)
+        GpuInfo(
+            index=i, uuid=f"{node.id}-gpu{i}", memory_mib=0, nvlink_domain=i // size, mig=i in node.mig_gpus
+        )
         for i in range(node.gpus)
     )
     return NodeRegistered(

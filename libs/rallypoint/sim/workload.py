@@ -56,6 +56,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
     cpu_milli: int = 0
     memory_mib: int = 0
     gpu_milli: int | None = None
+    #: a MIG slice of this profile (``gpus`` is then 1), as the live spec's ``mig_profile``
+    mig_profile: str | None = None
 
     @property
     def job_name(self) -> str:

@@ -54,6 +54,7 @@ from rallypoint.events import (
     JobStarted,
     JobSubmitted,
     LeaderEpochStarted,
+    MigSlice,
     NodeDrained,
     NodeHealthChanged,
     NodeHeartbeatLost,
@@ -104,6 +105,8 @@ class NodeView(msgspec.Struct, kw_only=True):
     allocated: dict[int, str] = {}
     #: GPU index -> {job id: thousandths} of the fractional jobs sharing it (``JobSpec.gpu_milli``)
     shares: dict[int, dict[str, int]] = {}
+    #: GPU index (in MIG mode) -> {job id: its slice} of the MIG jobs on it (``JobSpec.mig_profile``)
+    slices: dict[int, dict[str, MigSlice]] = {}
     #: The health monitor's verdict on the node's signals (``NodeHealthChanged``): ``degraded`` cordons
     #: the node, ``failed`` drains it too. Silence is ``status``'s business, not this.
     health: str = "healthy"
@@ -132,11 +135,14 @@ class NodeView(msgspec.Struct, kw_only=True):
         return self.status == "up" and not self.cordoned
 
     def free_gpus(self) -> tuple[int, ...]:
-        return tuple(g.index for g in self.gpus if g.index not in self.allocated)
+        """Whole GPUs no job holds (a GPU in MIG mode is never one)."""
+        return tuple(g.index for g in self.gpus if g.index not in self.allocated and not g.mig)
 
     def job_ids(self) -> set[str]:
-        """Every job holding a GPU of the node, whole or a share of one."""
-        return {*self.allocated.values(), *(j for held in self.shares.values() for j in held)}
+        """Every job holding a GPU of the node, whole, a share of one or a MIG slice."""
+        shared = (j for jobs in self.shares.values() for j in jobs)
+        sliced = (j for jobs in self.slices.values() for j in jobs)
+        return {*self.allocated.values(), *shared, *sliced}
 
 
 class CheckpointView(msgspec.Struct, kw_only=True):
@@ -495,25 +501,32 @@ def _release(state: ClusterState, job: JobView) -> None:
             _unhold(node, gpu, job.job_id)
 
 
-def _hold(node: NodeView, gpu: int, job: JobView) -> None:
-    """``job`` holds ``gpu`` of ``node``: whole, or its share of it when it is a fractional job."""
+def _hold(node: NodeView, gpu: int, job: JobView, cut: MigSlice | None = None) -> None:
+    """``job`` holds ``gpu`` of ``node``: whole, its share of it (a fractional job) or the slice ``cut``
+    (a MIG job). A GPU some shares or slices hold names the least of their jobs in ``allocated``."""
     milli = job.spec.gpu_milli
-    if milli is None:
+    if cut is not None:
+        sliced = node.slices.setdefault(gpu, {})
+        sliced[job.job_id] = cut
+        node.allocated[gpu] = min(sliced)
+    elif milli is not None:
+        held = node.shares.setdefault(gpu, {})
+        held[job.job_id] = milli
+        node.allocated[gpu] = min(held)
+    else:
         node.allocated[gpu] = job.job_id
-        return
-    held = node.shares.setdefault(gpu, {})
-    held[job.job_id] = milli
-    node.allocated[gpu] = min(held)
 
 
 def _unhold(node: NodeView, gpu: int, job_id: str) -> None:
-    held = node.shares.get(gpu)
-    if held is not None and job_id in held:
-        del held[job_id]
-        if held:
-            node.allocated[gpu] = min(held)
-            return
-        del node.shares[gpu]
+    parts: tuple[dict[int, dict[str, int]] | dict[int, dict[str, MigSlice]], ...] = (node.shares, node.slices)
+    for part in parts:
+        held = part.get(gpu)
+        if held is not None and job_id in held:
+            del held[job_id]
+            if held:
+                node.allocated[gpu] = min(held)
+                return
+            del part[gpu]
     if node.allocated.get(gpu) == job_id:
         del node.allocated[gpu]
 
@@ -587,7 +600,7 @@ def _take(state: ClusterState, job: JobView, e: GangBound | GangRepaired, seq: i
     for placement in e.placements:
         node = state.nodes[placement.node_id]
         for gpu in placement.gpus:
-            _hold(node, gpu, job)
+            _hold(node, gpu, job, placement.mig)
     job.state = "bound"
     job.attempt = e.attempt
     job.placements = e.placements
@@ -1079,9 +1092,42 @@ def _placement_refusal(
                 continue  # a GPU the gang kept through the failure
             if not schedulable:
                 return Refusal("overtaken", f"node {node.node_id} is {node.status}")
-            if gpu in node.allocated and not _share_fits(node, gpu, job.spec.gpu_milli):
-                return Refusal("invalid", f"GPU {gpu} of {node.node_id} is held by {node.allocated[gpu]}")
+            refusal = _gpu_refusal(node, gpu, job.spec, placement.mig)
+            if refusal is not None:
+                return refusal
     return _spec_refusal(state, job.spec, placements)
+
+
+def _gpu_refusal(node: NodeView, gpu: int, spec: JobSpec, cut: MigSlice | None) -> Refusal | None:
+    """Whether the job may take ``gpu``: a MIG job a free slice of a MIG GPU, a fractional job room on a
+    shared GPU or a free one, any other job a free whole GPU."""
+    mig = any(g.mig for g in node.gpus if g.index == gpu)
+    if spec.mig_profile is not None or cut is not None:
+        if cut is None or not mig or cut.profile != spec.mig_profile:
+            return Refusal("invalid", f"a MIG job gets a {spec.mig_profile} slice of a MIG GPU, not {cut}")
+        if not _slice_fits(node, gpu, cut):
+            return Refusal(
+                "invalid", f"slice {cut.profile} at {cut.start} of GPU {gpu} of {node.node_id} is taken"
+            )
+        return None
+    if mig:
+        return Refusal("invalid", f"GPU {gpu} of {node.node_id} is in MIG mode")
+    if gpu in node.allocated and not _share_fits(node, gpu, spec.gpu_milli):
+        return Refusal("invalid", f"GPU {gpu} of {node.node_id} is held by {node.allocated[gpu]}")
+    return None
+
+
+def _slice_fits(node: NodeView, gpu: int, cut: MigSlice) -> bool:
+    """``cut`` is a slice the node's GPU model offers, and no slice held on that GPU overlaps it."""
+    # here, not at the top: the fold is imported by tools that never load the core (numpy)
+    from rallypoint.core.mig import MigInstance, free_mask, mig_model
+
+    model = mig_model(node.gpu_type)
+    profile = next((p for p in model.profiles if p.name == cut.profile), None) if model else None
+    if model is None or profile is None or cut.start not in profile.starts:
+        return False
+    held = [MigInstance(s.profile, s.start, True) for s in node.slices.get(gpu, {}).values()]
+    return not profile.mask_at(cut.start) & ~free_mask(model, held)
 
 
 def _share_fits(node: NodeView, gpu: int, milli: int | None) -> bool:

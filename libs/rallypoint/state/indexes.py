@@ -63,7 +63,7 @@ def node_share(node: NodeView) -> tuple[int, int, int]:
     count = node.gpu_count
     if not node.schedulable:
         return count, 0, 0
-    return count, count, count - len(node.allocated)
+    return count, count, len(node.free_gpus())
 
 
 # (submitted_seq, first-seen ordinal): the ordinal keeps jobs of equal submitted_seq (only in a hand-built
