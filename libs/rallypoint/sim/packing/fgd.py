@@ -8,7 +8,8 @@ runnable, so its share of the idle GPUs is always fragment. Memory is not part o
 
 FGD places a pod where fragmentation grows least: a node scores ``int(100 x sigmoid((F_before - F_after) /
 1000))`` (whole GPUs: the lowest-indexed free ones; a shared pod: the GPU with the best score, the lowest
-index on a tie, which is also the GPU it gets). Integer scores tie often; ties go uniformly at random.
+index on a tie, which is also the GPU it gets). Integer scores tie often; ties go to the node name that
+sorts first (``policy.pick``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class Fragmentation:
         self.total_share = sum(s.share for s in shapes)
         self.share = np.array([s.share for s in gpu_shapes], dtype=np.float64)
         self.cpu = np.array([s.cpu for s in gpu_shapes], dtype=np.int64)
+        self.memory = np.array([s.memory for s in gpu_shapes], dtype=np.int64)
+        self.needs_memory = bool(self.memory.any())  # FGD's own shapes: no
         self.num = np.array([s.num_gpu for s in gpu_shapes], dtype=np.int64)
         self.levels, self.level = np.unique(
             np.array([s.milli for s in gpu_shapes], dtype=np.int64), return_inverse=True
@@ -41,15 +44,31 @@ class Fragmentation:
             access[1:, k] = cluster.allowed(s.gpu_spec)
         self.access = access
 
-    def of(self, cpu_left: np.ndarray, gpu_left: np.ndarray, model: np.ndarray) -> np.ndarray:
-        """Fragmentation (milli GPU) of M node states: cpu_left (M,), gpu_left (M, 8), model id (M,)."""
+    def of(
+        self,
+        cpu_left: np.ndarray,
+        gpu_left: np.ndarray,
+        model: np.ndarray,
+        mem_left: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Fragmentation (milli GPU) of M node states: cpu_left (M,), gpu_left (M, 8), model id (M,).
+
+        ``mem_left`` (M,) is looked at only where the shapes have a memory (``Shape.memory``).
+        """
         idle = gpu_left.sum(axis=1).astype(np.float64)
         if not len(self.share):
             return idle * self.total_share
-        fits = gpu_left[:, None, :] >= self.levels[None, :, None]  # (M, L, 8)
-        count = fits.sum(axis=2)[:, self.level]  # GPUs that can take shape k
-        usable = (gpu_left[:, None, :] * fits).sum(axis=2)[:, self.level]  # milli on those GPUs
+        m, n = gpu_left.shape[0], len(self.levels) + 1
+        # a GPU's bucket: how many of the distinct shape levels fit in what it has left (0..L)
+        cell = (np.searchsorted(self.levels, gpu_left, side="right") + n * np.arange(m)[:, None]).ravel()
+        gpus = np.bincount(cell, minlength=m * n).reshape(m, n)
+        milli = np.bincount(cell, weights=gpu_left.ravel(), minlength=m * n).reshape(m, n).astype(np.int64)
+        # per level l: the GPUs in buckets above l (reversed cumulative sums), then per shape k its level's
+        count = np.cumsum(gpus[:, :0:-1], axis=1)[:, ::-1][:, self.level]  # GPUs that can take shape k
+        usable = np.cumsum(milli[:, :0:-1], axis=1)[:, ::-1][:, self.level]  # milli on those GPUs
         runs = (count >= self.num) & (cpu_left[:, None] >= self.cpu) & self.access[model + 1]
+        if self.needs_memory and mem_left is not None:
+            runs &= mem_left[:, None] >= self.memory
         return idle * self.total_share - (runs * usable) @ self.share
 
 
@@ -66,6 +85,32 @@ class FGDPolicy:
         self._cached = np.zeros(0)
         self._seen = np.zeros(0, dtype=np.int64)
 
+    def measure(
+        self, cpu_left: np.ndarray, mem_left: np.ndarray, gpu_left: np.ndarray, model: np.ndarray
+    ) -> np.ndarray:
+        """What the policy descends, per node state (FGD: the fragmentation)."""
+        return self.frag.of(cpu_left, gpu_left, model, mem_left)
+
+    def _measure_distinct(
+        self, cpu_left: np.ndarray, mem_left: np.ndarray, gpu_left: np.ndarray, model: np.ndarray
+    ) -> np.ndarray:
+        """``measure`` of M node states, computed once per distinct state (the same values, faster).
+
+        The measure reads a node's GPUs as a multiset, so states equal up to GPU order are one state; early
+        in a replay most candidate nodes are still untouched and equal to many others of their model.
+        """
+        if len(model) < 64:
+            return self.measure(cpu_left, mem_left, gpu_left, model)
+        key = np.column_stack([model, cpu_left, mem_left, np.sort(gpu_left, axis=1)])
+        order = np.lexsort(key.T[::-1])
+        ranked = key[order]
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = (ranked[1:] != ranked[:-1]).any(axis=1)
+        rows = order[first]
+        group = np.empty(len(order), dtype=np.int64)
+        group[order] = np.cumsum(first) - 1
+        return self.measure(cpu_left[rows], mem_left[rows], gpu_left[rows], model[rows])[group]
+
     def _frag_now(self, state: State, nodes: np.ndarray) -> np.ndarray:
         """Current fragmentation of ``nodes``, recomputed only for nodes placed on since last asked."""
         if self._state is not state:
@@ -74,8 +119,11 @@ class FGDPolicy:
             self._seen = np.full(len(state.cluster), -1, dtype=np.int64)
         stale = nodes[self._seen[nodes] != state.version[nodes]]
         if len(stale):
-            self._cached[stale] = self.frag.of(
-                state.cpu_left[stale], state.gpu_left[stale], state.cluster.model[stale]
+            self._cached[stale] = self._measure_distinct(
+                state.cpu_left[stale],
+                state.mem_left[stale],
+                state.gpu_left[stale],
+                state.cluster.model[stale],
             )
             self._seen[stale] = state.version[stale]
         return self._cached[nodes]
@@ -89,7 +137,12 @@ class FGDPolicy:
         after_gpu = left[rows].copy()
         after_gpu[np.arange(len(rows)), gpus] -= pod.milli
         node_ids = nodes[rows]
-        after = self.frag.of(state.cpu_left[node_ids] - pod.cpu, after_gpu, state.cluster.model[node_ids])
+        after = self._measure_distinct(
+            state.cpu_left[node_ids] - pod.cpu,
+            state.mem_left[node_ids] - pod.memory,
+            after_gpu,
+            state.cluster.model[node_ids],
+        )
         table = np.full(left.shape, -np.inf)
         table[rows, gpus] = _score(self._frag_now(state, nodes)[rows], after)
         return table.max(axis=1).astype(np.int64), table.argmax(axis=1)
@@ -103,7 +156,12 @@ class FGDPolicy:
             free = left == MILLI
             take = free & (np.cumsum(free, axis=1) <= pod.num_gpu)  # the lowest-indexed free GPUs
             left[take] = 0
-        after = self.frag.of(state.cpu_left[nodes] - pod.cpu, left, state.cluster.model[nodes])
+        after = self._measure_distinct(
+            state.cpu_left[nodes] - pod.cpu,
+            state.mem_left[nodes] - pod.memory,
+            left,
+            state.cluster.model[nodes],
+        )
         return _score(before, after)
 
     def gpus(self, state: State, pod: Pod, node: int, rng: np.random.Generator) -> list[int]:

@@ -9,11 +9,14 @@ placed or not; the allocation is read when it first reaches 100% of capacity.
 ``typical_pods``: the target workload FGD measures fragmentation against: pod shapes (cpu, gpu_milli, num_gpu,
 gpu_spec) of the trace, CPU pods included, by popularity, the most popular first until they cover 95% of the
 pods, their shares renormalised to sum to 1.
+
+``demand_shapes``: the same shapes, each with the median memory of its pods (the rallypoint policy's target
+workload, which also asks whether a node has the memory a shape needs; FGD's shapes have ``memory == 0``).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,18 +57,46 @@ class Shape:
     num_gpu: int
     gpu_spec: str
     share: float
+    memory: int = 0  # MiB; 0 (FGD's shapes): memory is not looked at
 
 
-def typical_pods(pods: Sequence[PodSpec], popularity: float = POPULARITY) -> list[Shape]:
-    counts = Counter((p.cpu, p.gpu_milli, p.num_gpu, p.gpu_spec) for p in pods)
+Key = tuple[int, int, int, str]
+
+
+def _key(p: PodSpec) -> Key:
+    return (p.cpu, p.gpu_milli, p.num_gpu, p.gpu_spec)
+
+
+def _popular(pods: Sequence[PodSpec], popularity: float) -> list[tuple[Key, int]]:
+    """Shape keys and pod counts, the most popular first until they cover ``popularity`` of the pods."""
+    counts = Counter(_key(p) for p in pods)
     # most popular first; equal counts: the larger shape first (cpu, then milli, num, spec)
     ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
     total = sum(counts.values())
-    chosen: list[tuple[tuple[int, int, int, str], int]] = []
+    chosen: list[tuple[Key, int]] = []
     covered = 0
     for key, n in ranked:
         if covered >= popularity * total:
             break
         chosen.append((key, n))
         covered += n
+    return chosen
+
+
+def typical_pods(pods: Sequence[PodSpec], popularity: float = POPULARITY) -> list[Shape]:
+    chosen = _popular(pods, popularity)
+    covered = sum(n for _, n in chosen)
     return [Shape(cpu, milli, num, spec, n / covered) for (cpu, milli, num, spec), n in chosen]
+
+
+def demand_shapes(pods: Sequence[PodSpec], popularity: float = POPULARITY) -> list[Shape]:
+    """``typical_pods`` with each shape's median memory (MiB) over the trace's pods of that shape."""
+    memory: dict[Key, list[int]] = defaultdict(list)
+    for p in pods:
+        memory[_key(p)].append(p.memory)
+    chosen = _popular(pods, popularity)
+    covered = sum(n for _, n in chosen)
+    return [
+        Shape(cpu, milli, num, spec, n / covered, int(np.median(memory[(cpu, milli, num, spec)])))
+        for (cpu, milli, num, spec), n in chosen
+    ]

@@ -13,6 +13,7 @@ from rallypoint.sim.packing.fgd import FGDPolicy, Fragmentation
 from rallypoint.sim.packing.gpu import GpuClusteringPolicy, GpuPackingPolicy
 from rallypoint.sim.packing.policy import Policy, pick
 from rallypoint.sim.packing.protocol import TUNE_RATIO, arrivals, typical_pods
+from rallypoint.sim.packing.rally import RallypointPolicy
 from rallypoint.sim.packing.state import Cluster, State
 from rallypoint.sim.packing.trace import NodeSpec, PodSpec
 
@@ -23,6 +24,7 @@ POLICIES: dict[str, Callable[[Cluster, Sequence[PodSpec]], Policy]] = {
     "gpupacking": lambda c, p: GpuPackingPolicy(),
     "bestfit": lambda c, p: BestFitPolicy(),
     "fgd": lambda c, p: FGDPolicy(Fragmentation(c, typical_pods(p))),
+    "rallypoint": lambda c, p: RallypointPolicy(c, p),
 }
 ALIASES = {"dot-product": "dotprod", "dotproduct": "dotprod", "gpu-clustering": "gpuclustering",
            "gpu-packing": "gpupacking", "best-fit": "bestfit"}  # fmt: skip
