@@ -276,3 +276,74 @@ def test_a_mig_bind_checks_its_slice() -> None:
     model.unbind("a")
     model.bind(at("b", 0, "1g.10gb", 5))
     assert model.free_gpus("h") == (2, 3, 4, 5, 6, 7)
+
+
+def _with_class(job: RunningJob, priority_class: str, preempting_for: str | None = None) -> RunningJob:
+    return msgspec.structs.replace(job, priority_class=priority_class, preempting_for=preempting_for)
+
+
+def _rallypoint(model: ClusterModel, jobs: list[PendingJob]) -> Decisions:
+    return _cycle(model, jobs, "rallypoint")
+
+
+def test_a_notebook_preempts_the_fewest_lower_shares_it_needs_and_never_a_production_one() -> None:
+    model = cluster([Node(id="h", rack="r", gpu_type="H100", gpus=1, cpu_milli=64_000, memory_mib=1 << 20)])
+    model.bind(_with_class(running("be3", {"h": (0,)}, gpu_milli=300), "best-effort"))
+    model.bind(_with_class(running("be4", {"h": (0,)}, gpu_milli=400), "best-effort"))
+    model.bind(_with_class(running("prod", {"h": (0,)}, gpu_milli=300), "production"))
+    nb = pending("nb", 1, gpu_milli=500, priority_class="training-high")
+    d = _rallypoint(model, [nb])
+    assert sorted((p.victim_id, p.for_job) for p in d.preemptions) == [("be3", "nb"), ("be4", "nb")]
+    assert _reasons(d)["nb"][0] == "Preempting"
+    # while they stop it waits, naming them, and asks for no one else
+    for v in ("be3", "be4"):
+        model.update_running(_with_class(model.running[v], "best-effort", preempting_for="nb"))
+    d = _rallypoint(model, [nb])
+    assert not d.preemptions and _reasons(d)["nb"][0] == "Preempting" and "be3, be4" in _reasons(d)["nb"][1]
+    model.unbind("be3")
+    model.unbind("be4")
+    d = _rallypoint(model, [nb])
+    assert _where(d)["nb"] == ("h", (0,))
+    model.bind(_with_class(running("nb", {"h": (0,)}, gpu_milli=500), "training-high"))
+    # a notebook ranked below every share evicts nobody
+    d = _rallypoint(model, [pending("low", 1, gpu_milli=500, priority_class="best-effort")])
+    assert not d.preemptions and _reasons(d)["low"][0] == "Resources"
+
+
+def test_a_mig_job_evicts_exactly_the_slices_overlapping_its_placement() -> None:
+    model = cluster(_mig_nodes())
+
+    def at(job_id: str, gpu: int, profile: str, start: int, cls: str) -> RunningJob:
+        placement = TaskPlacement(
+            task=0, node_id="h", gpus=(gpu,), mig=MigSlice(profile=profile, start=start)
+        )
+        job = RunningJob(
+            id=job_id, team="t", gpus=1, placements=(placement,), start_time=0.0, mig_profile=profile
+        )
+        return _with_class(job, cls)
+
+    for gpu in (0, 1):  # both MIG GPUs full: 3g at 0 best-effort, 3g at 4 production
+        model.bind(at(f"low{gpu}", gpu, "3g.40gb", 0, "best-effort"))
+        model.bind(at(f"prod{gpu}", gpu, "3g.40gb", 4, "production"))
+    model.bind(running("whole", {"h": (2, 3, 4, 5, 6, 7)}, priority_class="production"))
+    d = _rallypoint(model, [pending("big", 1, mig_profile="4g.40gb", priority_class="training-high")])
+    assert [(p.victim_id, p.for_job) for p in d.preemptions] == [("low0", "big")]  # one victim, first GPU
+
+
+def test_a_gang_evicts_the_shares_of_a_gpu_it_needs_and_holds_it_while_they_stop() -> None:
+    model = cluster([Node(id="h", rack="r", gpu_type="H100", gpus=8, cpu_milli=64_000, memory_mib=1 << 20)])
+    model.bind(running("prod", {"h": (0, 1, 2, 3, 4, 5)}, priority_class="production"))
+    model.bind(_with_class(running("nb1", {"h": (7,)}, gpu_milli=300), "best-effort"))
+    model.bind(_with_class(running("nb2", {"h": (7,)}, gpu_milli=300), "best-effort"))
+    gang = pending("gang", 2, gpt=2, priority_class="training-high")
+    d = _rallypoint(model, [gang])
+    assert sorted(p.victim_id for p in d.preemptions) == ["nb1", "nb2"]
+    assert _reasons(d)["gang"][0] == "Preempting"
+    for v in ("nb1", "nb2"):
+        model.update_running(_with_class(model.running[v], "best-effort", preempting_for="gang"))
+    # while they stop, GPU 6 is held for the gang: a small job of a lower class does not get it
+    d = _rallypoint(model, [gang, pending("small", 1, submit=1.0, priority_class="development")])
+    assert not d.binds and not d.preemptions, d
+    model.unbind("nb1")
+    model.unbind("nb2")
+    assert set(_where(_rallypoint(model, [gang]))["gang"][1]) == {6, 7}

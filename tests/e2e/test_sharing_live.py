@@ -154,3 +154,25 @@ def test_mig_jobs_get_their_own_slices_packed_and_wait_only_when_no_layout_fits(
         asyncio.run(read_history(cluster.nats_url, last_seq)), SchedulingPolicy("rallypoint")
     )
     assert report.ok and report.mismatches == [] and report.refused == [], report
+
+
+def test_a_higher_notebook_preempts_a_lower_share_and_takes_its_room(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    out = cluster.give_to_ranks(cluster.shared_dir / tmp_path.name)
+    low = [
+        submit(cluster, f"low{i}", probe(out, 300), gpu_milli=600, priority="best-effort") for i in range(2)
+    ]
+    for job_id in low:
+        running(cluster, job_id)
+    high = submit(cluster, "high", probe(out, 300), gpu_milli=600, priority="training-high")
+    view = running(cluster, high)
+    victims = [job_id for job_id in low if job(cluster, job_id)["preemptions"] == 1]
+    assert len(victims) == 1, [job(cluster, j) for j in low]  # one share of one GPU made room
+    (victim,) = victims
+    assert job(cluster, victim)["state"] in ("pending", "queued"), job(cluster, victim)
+    kept = next(j for j in low if j != victim)
+    assert job(cluster, kept)["state"] == "running"
+    assert view["allocation"][0]["gpus"] != job(cluster, kept)["allocation"][0]["gpus"]
+    for job_id in (*low, high):
+        call("DELETE", f"{cluster.api_url}/v1/jobs/{job_id}")

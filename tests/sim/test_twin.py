@@ -360,6 +360,19 @@ def test_array_limits_hold_the_same_members_in_the_simulator_and_live(policy: st
             assert array_id != "arr" or at_once == limit, runs  # and it binds (8 small members at once)
 
 
+def shared_cluster() -> Cluster:
+    """Four nodes of 8 GPUs and 16 cores each (the sharing cases')."""
+    return cluster_from_obj(
+        {"generator": {"racks": 2, "nodes_per_rack": 2, "gpus_per_node": 8, "cpu": 16000, "memory": 1 << 20}}
+    )
+
+
+def mig_cluster() -> Cluster:
+    """Two H100 nodes, GPUs 0 and 1 of each in MIG mode (the MIG cases')."""
+    gen = {"racks": 1, "nodes_per_rack": 2, "gpus_per_node": 8, "gpu_type": "H100", "mig_gpus": [0, 1]}
+    return cluster_from_obj({"generator": gen})
+
+
 def with_sharing(seed: int) -> list[Job]:
     """Notebooks on fractions of a GPU, CPU-heavy gangs and plain gangs arriving together on nodes of 16
     cores each: shares pack, CPU runs out before GPUs on some nodes, and both release as jobs end."""
@@ -373,14 +386,27 @@ def with_sharing(seed: int) -> list[Job]:
                 "gpu_milli": rng.choice((100, 250, 300, 500, 700)),
                 "cpu_milli": rng.choice((0, 1000, 4000)),
             }
-            jobs.append(J(f"nb{i}", submit, 1, duration, rng.choice(("t1", "t2")), **share))
+            priority = rng.choice(("best-effort", "development", "training-high"))
+            jobs.append(
+                J(f"nb{i}", submit, 1, duration, rng.choice(("t1", "t2")), priority=priority, **share)
+            )
         elif kind == "cpu":
             gpus = rng.choice((1, 2, 4, 8))
             jobs.append(
                 J(f"cpu{i}", submit, gpus, duration, "t1", cpu_milli=rng.choice((6000, 12000)), memory_mib=64)
             )
         else:
-            jobs.append(J(f"w{i}", submit, rng.choice((2, 8, 16)), duration, "t2", time_limit=400.0))
+            jobs.append(
+                J(
+                    f"w{i}",
+                    submit,
+                    rng.choice((2, 8, 16)),
+                    duration,
+                    "t2",
+                    time_limit=400.0,
+                    priority="training-high",
+                )
+            )
     return sorted(jobs, key=lambda j: j.submit)
 
 
@@ -400,9 +426,7 @@ def test_fractions_and_cpu_requests_decide_the_same_in_the_simulator_and_live(
 
     monkeypatch.setattr(ClusterModel, "_bind_share", counting)
     _, _, queues = synthetic()
-    cluster = cluster_from_obj(
-        {"generator": {"racks": 2, "nodes_per_rack": 2, "gpus_per_node": 8, "cpu": 16000, "memory": 1 << 20}}
-    )
+    cluster = shared_cluster()
     jobs = with_sharing(seed)
     twin = Twin(jobs, cluster, policy, queues)
     assert_identical(twin.run())
@@ -420,9 +444,9 @@ def with_mig(seed: int) -> list[Job]:
         submit, duration = float(rng.randrange(0, 200)), float(rng.randrange(20, 200))
         kind = rng.random()
         if kind < 0.6:
-            jobs.append(
-                J(f"mig{i}", submit, 1, duration, rng.choice(("t1", "t2")), mig_profile=rng.choice(profiles))
-            )
+            priority = rng.choice(("best-effort", "training-high"))
+            profile = rng.choice(profiles)
+            jobs.append(J(f"mig{i}", submit, 1, duration, "t1", mig_profile=profile, priority=priority))
         elif kind < 0.8:
             jobs.append(J(f"nb{i}", submit, 1, duration, "t1", gpu_milli=rng.choice((250, 500))))
         else:
@@ -449,20 +473,27 @@ def test_mig_slices_decide_the_same_in_the_simulator_and_live(
 
     monkeypatch.setattr(ClusterModel, "_bind_mig", counting)
     _, _, queues = synthetic()
-    cluster = cluster_from_obj(
-        {
-            "generator": {
-                "racks": 1,
-                "nodes_per_rack": 2,
-                "gpus_per_node": 8,
-                "gpu_type": "H100",
-                "mig_gpus": [0, 1],
-            }
-        }
-    )
+    cluster = mig_cluster()
     jobs = with_mig(seed)
     twin = Twin(jobs, cluster, policy, queues)
     assert_identical(twin.run())
     ends = {r.id: r for r in twin.sim.records}
     assert all(j.id in ends for j in jobs)  # every job ran to its end, slices included
     assert beside, "no two slices ever shared a MIG GPU: the case tests nothing about MIG layouts"
+
+
+def test_shares_and_slices_are_preempted_in_both_worlds_alike() -> None:
+    """The workloads above do make notebooks and evals preempt lower-ranked shares and slices (so the twin
+    cases compare real part preemptions), and both worlds agree on each."""
+    _, _, queues = synthetic()
+    shared = shared_cluster()
+    mig = mig_cluster()
+    for workload, cluster, part in ((with_sharing, shared, "gpu_milli"), (with_mig, mig, "mig_profile")):
+        preempted = 0
+        for seed in range(3):
+            jobs = workload(seed)
+            twin = Twin(jobs, cluster, "rallypoint", queues)
+            assert_identical(twin.run())
+            ends = {r.id: r for r in twin.sim.records}
+            preempted += sum(ends[j.id].preemptions for j in jobs if getattr(j, part) is not None)
+        assert preempted, f"no {part} job was ever preempted: the cases compare no part preemption"

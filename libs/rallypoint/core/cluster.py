@@ -338,6 +338,8 @@ class ClusterModel:
         self._used: dict[str, int] = {}  # node id -> used mask (survives index rebuilds)
         # (node id, GPU) -> thousandths of the GPU its fractional jobs hold (a GPU with any share is used)
         self.shares: dict[tuple[str, int], int] = {}
+        # (node id, GPU) -> the ids of the fractional or MIG jobs on it, in bind order
+        self.parts_on: dict[tuple[str, int], list[str]] = {}
         # (node id, GPU in MIG mode) -> its busy MIG instances (the slices its MIG jobs hold)
         self.mig_busy: dict[tuple[str, int], tuple[MigInstance, ...]] = {}
         # node id -> (CPU millicores, memory MiB) its running tasks asked for; nodes with none are absent
@@ -474,7 +476,8 @@ class ClusterModel:
 
     def _register_part(self, job: RunningJob, node_id: str) -> None:
         """A share or slice is running: no GPU mask of its own (its GPU is its parts'), and never chosen
-        as a preemption victim."""
+        as a victim by the whole-GPU planner (``core.part_preemption`` evicts shares and slices)."""
+        self.parts_on.setdefault((node_id, job.placements[0].gpus[0]), []).append(job.id)
         self.running[job.id] = job
         self.job_masks[job.id] = ()
         self._account(job, +1)
@@ -498,6 +501,11 @@ class ClusterModel:
         job = self.running.pop(job_id)
         for nid, m in self.job_masks.pop(job_id):
             self._set_used(nid, self._used[nid] & ~m)
+        if job.gpu_milli is not None or job.mig_profile is not None:
+            key = (job.placements[0].node_id, job.placements[0].gpus[0])
+            self.parts_on[key].remove(job_id)
+            if not self.parts_on[key]:
+                del self.parts_on[key]
         if job.gpu_milli is not None:
             self._unbind_share(job)
         if job.mig_profile is not None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
-from rallypoint.core import reasons, sharing
+from rallypoint.core import part_preemption, reasons, sharing
 from rallypoint.core.backfill import hold
 from rallypoint.core.consolidation import plan_consolidation
 from rallypoint.core.context import Ctx, Status
@@ -226,7 +226,8 @@ def _attempt_with_resources(
     job: PendingJob, types: list[str], policy: Policy, ctx: Ctx, out: _Out
 ) -> Status | None:
     """``_attempt`` for a job that asks for a GPU fraction, CPU or memory (``sharing``): the first of its
-    types that its quota admits and that has the room now; it neither preempts nor reserves."""
+    types that its quota admits and that has the room now. It reserves nothing; a share or slice may evict
+    lower-ranked ones (``part_preemption``), and waits while they stop."""
     size = job.gpus
     refusal = None
     for t in types:
@@ -246,6 +247,17 @@ def _attempt_with_resources(
             return None
     if refusal is not None and all(policy.permit.check(job, t, size, ctx) is not None for t in types):
         return Status("QuotaExceeded", refusal + _quota_ceiling_note(job, size, types, ctx))
+    victims = ctx.stopping.get(job.id)
+    if victims:  # its victims are stopping: it takes their room once they have, ahead of whom it outranks
+        n = len(victims)
+        return Status(
+            "Preempting",
+            f"waiting for {n} preempted job{'s' if n != 1 else ''} to stop ({', '.join(victims)})",
+        )
+    if job.gpu_milli is not None or job.mig_profile is not None:
+        pst = part_preemption.preempt_for_part(job, types, policy, ctx, out.preemptions)
+        if pst is not None:
+            return pst
     return Status("Resources", sharing.why_short(job, types, ctx))
 
 
@@ -365,6 +377,8 @@ def _make_room(job: PendingJob, size: int, st: Status, policy: Policy, ctx: Ctx,
             return cst
     if policy.preemptor is not None and counts["preemptors"] < cfg.max_preemptors_per_cycle:
         pst = _preempt(job, size, policy, ctx, out)
+        if pst is None and ctx.cluster.parts_on and counts["preemptors"] < cfg.max_preemptors_per_cycle:
+            pst = _preempt_shares(job, size, policy, ctx, out)
         if pst is not None:
             return pst
     # reserve: the earliest slot, held (``Reserver``: not called once the cycle's reservations are spent)
@@ -468,6 +482,28 @@ def _preempt(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out) ->
     return None
 
 
+def _preempt_shares(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out) -> Status | None:
+    """A whole-GPU gang the planner found no room for evicts the shares of GPUs it outranks every share of
+    (``part_preemption.preempt_for_gang``); its slot is held like a preemptor's."""
+    for t in ctx.job_types(job):
+        found = part_preemption.preempt_for_gang(job, size, t, policy, ctx)
+        if found is None:
+            continue
+        victims, plan = found
+        ctx.ws.bump(ctx.counts, "preemptors")
+        part_preemption.evict(job, victims, t, policy, ctx, out.preemptions)
+        until = ctx.now + ctx.cfg.preemption_grace_s
+        hold(ctx, job.id, until, plan, strict=True)
+        _announce(job.id, until, plan.tasks, ctx, out)
+        return Status(
+            "Preempting",
+            f"needs {size} GPUs; {reasons.making_room([], victims)} on shared GPUs; "
+            f"{reasons.once_stopped(until - ctx.now)}",
+            until,
+        )
+    return None
+
+
 def _hold_for_stopping_victims(snapshot: Snapshot, ctx: Ctx, out: _Out) -> None:
     """Stateless protection of earlier preemptions: running jobs with ``preempting_for`` set are stopping
     for that job. They are never victims again nor releases for anyone else, and each such preemptor that
@@ -489,10 +525,15 @@ def _hold_for_stopping_victims(snapshot: Snapshot, ctx: Ctx, out: _Out) -> None:
     until = ctx.now + ctx.cfg.preemption_grace_s
     for pid in sorted(pending):
         job = pending[pid]
+        if job.gpu_milli is not None or job.mig_profile is not None:
+            continue  # a share's or slice's preemptor holds nothing: it takes the room as it frees
         mark = ws.mark()
         for vid in ctx.stopping[pid]:
             for n, m in ctx.cluster.job_masks[vid]:
                 ws.give(ord_of[n], m)
+        if ctx.cluster.parts_on:  # shared GPUs whose every share stops for it (``_preempt_shares``)
+            for o, g in part_preemption.shares_stopping_for(pid, ctx):
+                ws.give(o, 1 << g)
         plan = None
         # a job with several allowed types tries them in its order (gpu_type None: every type at once)
         tries: list[str | None] = [job.gpu_type] if job.gpu_types is None else list(ctx.job_types(job))

@@ -12,9 +12,10 @@ Two kinds of request take this path (``wants_resources``):
   its free GPUs as it has CPU and memory for (a transaction rolled back at once), so every topology rule
   of ``placement`` holds unchanged.
 
-Such a job binds on free room only: it neither preempts nor reserves (its reason says what it lacks), and
-a fractional job is never a victim (``ClusterModel._bind_share``). ``docs/sharing.md`` says what this
-leaves out and why. Jobs that ask for none of it never come here, so whole-GPU scheduling costs the same.
+Such a job binds on free room only and reserves nothing; a fractional or MIG job may evict lower-ranked
+shares or slices (``core.part_preemption``), and is never a victim of the whole-GPU planner
+(``ClusterModel._register_part``). ``docs/sharing.md`` says what this leaves out and why. Jobs that ask for
+none of it never come here, so whole-GPU scheduling costs the same.
 """
 
 from __future__ import annotations
