@@ -347,3 +347,48 @@ def test_a_gang_evicts_the_shares_of_a_gpu_it_needs_and_holds_it_while_they_stop
     model.unbind("nb1")
     model.unbind("nb2")
     assert set(_where(_rallypoint(model, [gang]))["gang"][1]) == {6, 7}
+
+
+def test_cpu_and_memory_quotas_admit_borrow_and_refuse_like_gpu_quotas() -> None:
+    from rallypoint.core import Queue, Quota
+    from rallypoint.core.types import CPU, MEMORY
+
+    ns = [
+        Node(id=f"n{i}", rack="r", gpu_type="h100", gpus=8, cpu_milli=64_000, memory_mib=1 << 20)
+        for i in (0, 1)
+    ]
+    queues = (
+        Queue(name="a", cohort="c", quotas=(Quota(nominal=16), Quota(gpu_type=CPU, nominal=8_000))),
+        Queue(name="b", cohort="c", quotas=(Quota(nominal=16), Quota(gpu_type=CPU, nominal=4_000))),
+    )
+
+    def run(model: ClusterModel, jobs: list[PendingJob]) -> Decisions:
+        return schedule(
+            Snapshot(now=1.0, cluster=model, pending=tuple(jobs), queues=queues), policy_by_name("rallypoint")
+        )
+
+    model = cluster(ns)
+    # a: 8,000 nominal + 4,000 b lends = 12,000 millicores at most, whatever its GPU quota says
+    d = run(
+        model,
+        [
+            pending("fits", 2, gpt=1, team="a", cpu_milli=6_000),
+            pending("over", 1, submit=1.0, team="a", cpu_milli=1_000),
+        ],
+    )
+    assert [b.job_id for b in d.binds] == ["fits"]
+    code, message = _reasons(d)["over"]
+    assert code == "QuotaExceeded" and "queue a uses 12000 of 8000 nominal millicores of CPU" in message, (
+        message
+    )
+    # memory has no quota anywhere: unlimited; and b's own nominal is its own even while a borrows it
+    d = run(
+        model,
+        [
+            pending("mem", 1, team="b", memory_mib=500_000),
+            pending("bcpu", 1, submit=1.0, team="b", cpu_milli=4_000),
+        ],
+    )
+    assert sorted(b.job_id for b in d.binds) == ["bcpu", "mem"]
+    model.bind(running("fits", {"n0": (0,), "n1": (0,)}, team="a", cpu_milli=6_000))
+    assert model.usage[("a", CPU)] == 12_000 and ("a", MEMORY) not in model.usage

@@ -497,3 +497,18 @@ def test_shares_and_slices_are_preempted_in_both_worlds_alike() -> None:
             ends = {r.id: r for r in twin.sim.records}
             preempted += sum(ends[j.id].preemptions for j in jobs if getattr(j, part) is not None)
         assert preempted, f"no {part} job was ever preempted: the cases compare no part preemption"
+
+
+@pytest.mark.parametrize("policy", ("easy-backfill", "rallypoint"))
+def test_cpu_and_memory_quotas_decide_the_same_in_the_simulator_and_live(policy: str) -> None:
+    queues = queues_from_obj(
+        {
+            "cohorts": [{"name": "all"}],
+            "teams": [
+                {"name": "t1", "nominal": 16, "cohort": "all", "cpus": 12, "memory_gib": 1},
+                {"name": "t2", "nominal": 16, "cohort": "all", "cpus": 8},
+            ],
+        }
+    )
+    twin = Twin(with_sharing(0), shared_cluster(), policy, queues)
+    assert_identical(twin.run())

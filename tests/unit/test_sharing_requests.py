@@ -98,3 +98,16 @@ def test_a_mig_spec_names_a_known_profile_and_takes_one_gpu_and_rank() -> None:
         with pytest.raises(SpecError) as err:
             validate_spec({**BODY, **extra})
         assert err.value.field == "mig_profile" and says in str(err.value), err.value
+
+
+def test_a_queue_file_gives_teams_cpu_and_memory_quota() -> None:
+    from rallypoint.core.types import CPU, MEMORY
+    from rallypoint.scheduling.config import core_queues
+    from rallypoint.scheduling.queues import QueuesError, queues_from_obj
+
+    teams = [{"name": "nlp", "nominal": 8, "cpus": 1.5, "memory_gib": 2}, {"name": "cv", "nominal": 8}]
+    queues, _ = core_queues(queues_from_obj({"teams": teams}))
+    by_name = {q.name: {qt.gpu_type: qt.nominal for qt in q.quotas} for q in queues}
+    assert by_name == {"nlp": {"*": 8, CPU: 1500, MEMORY: 2048}, "cv": {"*": 8}}
+    with pytest.raises(QueuesError, match="cpus must be a number >= 0"):
+        queues_from_obj({"teams": [{"name": "nlp", "cpus": -1}]})

@@ -24,7 +24,7 @@ import numpy as np
 
 from rallypoint.core.formulas import add_team_usage
 from rallypoint.core.mig import MigInstance, free_mask, mig_model
-from rallypoint.core.types import Node, RunningJob, TaskPlacement
+from rallypoint.core.types import CPU, MEMORY, Node, RunningJob, TaskPlacement
 from rallypoint.events.catalogue import GPU_MILLI
 
 __all__ = ["GPU_MILLI", "ClusterIndex", "ClusterModel", "RunningColumns", "load_cluster", "nodes_from_spec"]
@@ -573,6 +573,10 @@ class ClusterModel:
         tasks = len(job.placements)
         cpu, mem = job.cpu_milli, job.memory_mib
         add_team_usage(tu, job.team, sign * job.gpus, sign * cpu * tasks, sign * mem * tasks)
+        for resource, amount in ((CPU, cpu), (MEMORY, mem)):
+            if amount:  # quota usage of the resources beside GPUs (``quota.CPU`` / ``MEMORY``)
+                rkey = (job.queue_name, resource)
+                self.usage[rkey] = self.usage.get(rkey, 0) + sign * amount * tasks
         if cpu or mem:
             for p in job.placements:
                 c, m = self.node_cpu_mem_used.get(p.node_id, (0, 0))

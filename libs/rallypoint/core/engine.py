@@ -22,6 +22,8 @@ from rallypoint.core.formulas import add_team_usage, job_types, runtime_estimate
 from rallypoint.core.placement import BITS, Plan, bits, place
 from rallypoint.core.preemption import running_view
 from rallypoint.core.types import (
+    CPU,
+    MEMORY,
     Bind,
     Decisions,
     PendingJob,
@@ -230,22 +232,25 @@ def _attempt_with_resources(
     lower-ranked ones (``part_preemption``), and waits while they stop."""
     size = job.gpus
     refusal = None
+    admitted = False
     for t in types:
-        msg = policy.permit.check(job, t, size, ctx)
+        msg = policy.permit.check(job, t, size, ctx) or _resources_permit(job, policy, ctx)
         if msg is not None:
             refusal = refusal or msg
             continue
+        admitted = True
         plan = sharing.try_place(job, size, t, ctx)
         if plan is not None:
             _bind(job, size, plan, ctx, out)
             sharing.record(job, plan, ctx)
+            _use_resources(job, plan, ctx)
             if job.mig_profile is not None:  # the Bind names the slice its one task gets
                 bind = out.binds[-1]
                 cut = sharing.side_of(ctx).slices[job.id]
                 placed = msgspec.structs.replace(bind.placements[0], mig=cut)
                 out.binds[-1] = msgspec.structs.replace(bind, placements=(placed,))
             return None
-    if refusal is not None and all(policy.permit.check(job, t, size, ctx) is not None for t in types):
+    if refusal is not None and not admitted:
         return Status("QuotaExceeded", refusal + _quota_ceiling_note(job, size, types, ctx))
     victims = ctx.stopping.get(job.id)
     if victims:  # its victims are stopping: it takes their room once they have, ahead of whom it outranks
@@ -259,6 +264,23 @@ def _attempt_with_resources(
         if pst is not None:
             return pst
     return Status("Resources", sharing.why_short(job, types, ctx))
+
+
+def _resources_permit(job: PendingJob, policy: Policy, ctx: Ctx) -> str | None:
+    """The queue's CPU and memory quota (``quota.CPU`` / ``MEMORY``) for every task of ``job``."""
+    tasks = job.gpus // job.gpus_per_task
+    for resource, amount in ((CPU, job.cpu_milli), (MEMORY, job.memory_mib)):
+        msg = policy.permit.check(job, resource, amount * tasks, ctx) if amount else None
+        if msg is not None:
+            return msg
+    return None
+
+
+def _use_resources(job: PendingJob, plan: Plan, ctx: Ctx) -> None:
+    """The bound job's CPU and memory join its queue's quota usage for the rest of the cycle."""
+    for resource, amount in ((CPU, job.cpu_milli), (MEMORY, job.memory_mib)):
+        if amount:
+            ctx.ws.add_usage(job.queue_name, resource, amount * len(plan.tasks))
 
 
 def _admit_and_place(

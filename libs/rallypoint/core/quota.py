@@ -10,10 +10,18 @@ the configuration does not name, means no limit.
 
 from __future__ import annotations
 
-from rallypoint.core.types import Queue, Quota
+from rallypoint.core.types import CPU, MEMORY, Queue, Quota
 from rallypoint.core.workspace import Workspace
 
-__all__ = ["QuotaBook"]
+__all__ = ["CPU", "MEMORY", "QuotaBook", "resource_units"]
+
+_UNITS = {CPU: "millicores of CPU", MEMORY: "MiB of memory"}
+
+
+def resource_units(gpu_type: str) -> str:
+    """How a quota's amounts read: ``H100 GPUs``, ``millicores of CPU``, ``MiB of memory``."""
+    return _UNITS.get(gpu_type) or f"{gpu_type} GPUs"
+
 
 #: (ancestor name, cap) for each ancestor of a queue with a quota for one GPU type, nearest first.
 Ancestors = tuple[tuple[str, int], ...]
@@ -35,6 +43,8 @@ class QuotaBook:
         # parent -> every queue below it, at any depth (an org's total is the sum of their usage)
         self.children: dict[str, list[str]] = {}
         self.cohorts: dict[str, list[str]] = {}
+        # CPU / memory are limited only where some queue has a quota for them (else every request passes)
+        self.limits_resources = {qt.gpu_type for q in queues for qt in q.quotas if qt.gpu_type in _UNITS}
         ordered = sorted(queues, key=lambda q: q.name)
         parents = {q.parent for q in ordered if q.parent is not None}
         for q in ordered:
@@ -69,7 +79,7 @@ class QuotaBook:
                 if qt.gpu_type == gpu_type:
                     found = qt
                     break
-                if qt.gpu_type == "*":
+                if qt.gpu_type == "*" and gpu_type not in _UNITS:
                     star = qt
         found = found if found is not None else star
         self._quota[key] = found
@@ -118,10 +128,14 @@ class QuotaBook:
         return st
 
     def check(self, ws: Workspace, queue: str, gpu_type: str, gpus: int) -> str | None:
-        """None if ``queue`` may take ``gpus`` more GPUs of ``gpu_type`` now, else why not (with numbers)."""
+        """None if ``queue`` may take ``gpus`` more GPUs of ``gpu_type`` now, else why not (with numbers).
+        ``gpu_type`` may be ``CPU`` or ``MEMORY`` (``gpus`` in millicores or MiB): unlimited unless some queue
+        has a quota for it."""
         key = (queue, gpu_type)
         st = self._statics.get(key)
         if st is None:
+            if gpu_type in _UNITS and gpu_type not in self.limits_resources:
+                return None
             st = self._static(queue, gpu_type)
             if st is None:
                 return None
@@ -132,19 +146,19 @@ class QuotaBook:
             borrow = new - nominal
             if limit is not None and borrow > limit:
                 return (
-                    f"queue {queue} uses {used} {gpu_type} GPUs, nominal {nominal} + borrowing limit "
-                    f"{limit}; needs {gpus} more"
+                    f"queue {queue} uses {used} {resource_units(gpu_type)}, nominal {nominal} + borrowing "
+                    f"limit {limit}; needs {gpus} more"
                 )
             avail = self.cohort_available(ws, q, gpu_type)
             if borrow > avail:
                 return (
-                    f"queue {queue} uses {used} of {nominal} nominal {gpu_type} GPUs; needs {gpus}; "
-                    f"cohort can lend {avail}"
+                    f"queue {queue} uses {used} of {nominal} nominal {resource_units(gpu_type)}; needs "
+                    f"{gpus}; cohort can lend {avail}"
                 )
         for parent, cap in caps:
             total = self.org_usage(ws, parent, gpu_type)
             if total + gpus > cap:
-                return f"org {parent} uses {total} of {cap} {gpu_type} GPUs; needs {gpus} more"
+                return f"org {parent} uses {total} of {cap} {resource_units(gpu_type)}; needs {gpus} more"
         return None
 
     def ceiling(self, queue: str, gpu_type: str) -> tuple[int, str] | None:

@@ -25,7 +25,9 @@ if TYPE_CHECKING:
     from rallypoint.core.cluster import ClusterModel
 
 __all__ = [
+    "CPU",
     "DEFAULT_PRIORITY_CLASSES",
+    "MEMORY",
     "Bind",
     "Decisions",
     "Node",
@@ -179,6 +181,12 @@ class PendingJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 # ---------------------------------------------------------------------------------------------------
 # Queues, quotas, priority classes
 # ---------------------------------------------------------------------------------------------------
+
+
+#: Quota keys of the resources beside GPUs: a ``Quota`` with one of these as its ``gpu_type`` counts
+#: millicores of CPU or MiB of memory (every task's), and a ``"*"`` quota never applies to them.
+CPU = "resource:cpu"
+MEMORY = "resource:memory"
 
 
 class Quota(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rallypoint.core.types import DEFAULT_PRIORITY_CLASSES, PriorityClass, Queue, Quota
+from rallypoint.core.types import CPU, DEFAULT_PRIORITY_CLASSES, MEMORY, PriorityClass, Queue, Quota
 
-from .queues import Org, Queues, load_queues
+from .queues import Org, Queues, Team, load_queues
 
 
 def core_queues(config: Queues) -> tuple[tuple[Queue, ...], tuple[PriorityClass, ...]]:
@@ -23,6 +23,7 @@ def core_queues(config: Queues) -> tuple[tuple[Queue, ...], tuple[PriorityClass,
                     borrowing_limit=team.borrowing_limit,
                     lending_limit=team.lending_limit,
                 ),
+                *_resource_quotas(team),
             ),
         )
         for team in sorted(config.teams, key=lambda t: t.name)
@@ -34,6 +35,16 @@ def core_queues(config: Queues) -> tuple[tuple[Queue, ...], tuple[PriorityClass,
         PriorityClass(name=c.name, value=c.value, preemptible=c.preemptible) for c in config.priority_classes
     )
     return queues, classes
+
+
+def _resource_quotas(team: Team) -> tuple[Quota, ...]:
+    """The team's CPU (millicores) and memory (MiB) nominal, where the file sets them."""
+    out = []
+    if team.cpus is not None:
+        out.append(Quota(gpu_type=CPU, nominal=round(team.cpus * 1000)))
+    if team.memory_gib is not None:
+        out.append(Quota(gpu_type=MEMORY, nominal=round(team.memory_gib * 1024)))
+    return tuple(out)
 
 
 def _org_queue(org: Org) -> Queue:

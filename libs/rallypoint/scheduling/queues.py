@@ -26,7 +26,9 @@ but ``production`` (``RESERVED_PRIORITIES``: granted only by naming it in ``prio
 from idle quota in its cohort (None: unlimited); ``lending_limit`` how many of its nominal GPUs others may
 borrow; ``weight`` its fair-share weight; ``max_priority`` the most important class its jobs may ask for
 (None: every class), which the API enforces at submission as Slurm's per-account QOS list does. A job
-whose team is not listed lands in a team with nominal 0 and no priority ceiling.
+whose team is not listed lands in a team with nominal 0 and no priority ceiling. ``cpus`` and ``memory_gib``
+are the team's guaranteed CPU cores and host memory, borrowed and lent within its cohort as GPUs are; once
+any team sets one, a team without it runs CPU or memory requests on borrowed quota only (docs/sharing.md).
 
 An org's ``limit`` caps the GPUs held by everything below it (its teams, and its sub-orgs' teams) however
 much idle quota their cohorts could lend; an org without ``limit`` only groups. A team's ``parent`` names an
@@ -97,6 +99,10 @@ class Team(FairUse, frozen=True, kw_only=True, forbid_unknown_fields=True):
     lending_limit: int | None = None
     weight: float = 1.0
     max_priority: str | None = None
+    #: guaranteed CPU cores and host memory (GiB) of the team's running tasks; others in its cohort may
+    #: borrow what it leaves idle, as with GPUs. None: no quota of its own (docs/sharing.md, "Quotas")
+    cpus: float | None = None
+    memory_gib: float | None = None
 
 
 class Queues(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -202,6 +208,10 @@ def validate_queues(q: Queues) -> None:
         raise QueuesError("duplicate team name")
     if any(t.nominal < 0 or t.weight <= 0 for t in q.teams):
         raise QueuesError("team nominal must be >= 0 and weight > 0")
+    for t in q.teams:
+        for field, value in (("cpus", t.cpus), ("memory_gib", t.memory_gib)):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise QueuesError(f"team {t.name}: {field} must be a number >= 0, got {value}")
     classes = [c.name for c in q.priority_classes or ()]
     if len(set(classes)) != len(classes):
         raise QueuesError("duplicate priority class")

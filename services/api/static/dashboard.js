@@ -215,10 +215,13 @@ function gpuCell(node, gpu, owner, unseen, plans, geometry) {
     : unseen && state === "busy" ? `GPU ${gpu}: busy (another team's job)` : `GPU ${gpu}: ${state}`;
   // a GPU fractional jobs share: how much of it they hold (the owner shown is one of them)
   const sharedMilli = (node.shared_gpus || {})[String(gpu)];
-  const sharedText = sharedMilli ? ` · shared: ${sharedMilli / 1000} of it held by fractional jobs` : "";
+  const slices = (node.mig_gpus || {})[String(gpu)];
+  const sharedText = sharedMilli ? ` · shared: ${sharedMilli / 1000} of it held by fractional jobs`
+    : slices ? ` · MIG: ${slices.map((c) => `${c.profile}@${c.start}`).join(", ") || "no slice in use"}` : "";
   const rect = svg("rect", {
     class: draining ? "gpu draining-job" : "gpu", x, y, width: cell, height: cell, rx: 3, fill,
     "data-shared": sharedMilli ? String(sharedMilli) : null,
+    "data-mig": slices ? slices.map((c) => `${c.profile}@${c.start}`).join(",") || "-" : null,
     "data-node": node.node_id, "data-gpu": gpu, "data-state": state, "data-draining": draining ? "true" : null,
     "data-job": shown ? shown.job_id : null, "data-team": shown ? shown.team : null,
   }, title(about + sharedText));
