@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from rallypoint.core import ClusterModel, RunningJob
+from rallypoint.sim.engine import SimOptions, Simulator
 from rallypoint.sim.workload import Job, load_workload
 from rallypoint.traces import load, openb, philly
 from rallypoint.traces.convert import convert_openb, convert_philly
@@ -81,3 +83,39 @@ def test_openb_whole_gpu_pods_and_types(data_dir: Path) -> None:
     conv = convert_openb(data_dir / "openb_nodes_sample.csv", data_dir / "openb_pods_sample.csv")
     assert conv.cluster.total_gpus > 0 and len(conv.cluster.gpu_types) > 2
     assert conv.jobs[0].submit == 0.0
+
+
+def test_openb_with_shares_keeps_fractional_pods_and_every_pods_cpu_and_memory(data_dir: Path) -> None:
+    whole, skipped = openb.read_pods(data_dir / "openb_pods_sample.csv")
+    full, none_skipped = openb.read_pods(data_dir / "openb_pods_sample.csv", shares=True)
+    fractional = [j for j in full if j.gpu_milli is not None]
+    # (the fractional pods that never ran are skipped as never_ran instead)
+    assert 0 < len(fractional) <= skipped.fractional and none_skipped.fractional == 0
+    assert len(fractional) + none_skipped.never_ran - skipped.never_ran == skipped.fractional
+    assert all(j.gpus == 1 and 0 < (j.gpu_milli or 0) < 1000 for j in fractional)
+    assert all(j.cpu_milli > 0 and j.memory_mib > 0 for j in full) and all(j.cpu_milli == 0 for j in whole)
+    assert {j.id for j in whole} < {j.id for j in full}
+
+
+def test_an_openb_slice_with_shares_replays_through_the_scheduler(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fractions, CPU, memory and GPU types through the real core (the simulator calls it as the scheduler
+    does), arrivals compressed: every job ends, none is rejected, and shares ran side by side on a GPU."""
+    joined: list[str] = []
+    bind_share = ClusterModel._bind_share
+
+    def counting(model: ClusterModel, job: RunningJob) -> None:
+        if (job.placements[0].node_id, job.placements[0].gpus[0]) in model.shares:
+            joined.append(job.id)
+        bind_share(model, job)
+
+    monkeypatch.setattr(ClusterModel, "_bind_share", counting)
+    conv = convert_openb(
+        data_dir / "openb_nodes_sample.csv", data_dir / "openb_pods_sample.csv", target_load=1.2, shares=True
+    )
+    assert conv.info["fractional_jobs"] > 0
+    sim = Simulator(conv.jobs, conv.cluster, "rallypoint", options=SimOptions(tick=600.0))
+    result = sim.run().summary
+    assert result["completed"] == len(conv.jobs) and result["rejected"] == 0, result
+    assert joined, "no fractional pod ever joined a shared GPU"

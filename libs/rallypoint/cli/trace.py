@@ -51,6 +51,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--nodes", help="openb: node list CSV (default alibaba-openb/openb_node_list_gpu_node.csv)"
     )
     c.add_argument("--pods", help="openb: pod list CSV (default alibaba-openb/openb_pod_list_default.csv)")
+    c.add_argument(
+        "--with-shares",
+        action="store_true",
+        help="openb: also the pods that ask for a fraction of one GPU (gpu_milli), and every pod's CPU and "
+        "memory (docs/sharing.md); default whole-GPU pods only",
+    )
     c.add_argument("--seed", type=int, default=0)
     add_output_args(c)
     c.set_defaults(func=handle_convert)
@@ -93,6 +99,7 @@ def handle_convert(args: argparse.Namespace) -> int:
                 Path(args.pods) if args.pods else traces / "alibaba-openb" / "openb_pod_list_default.csv",
                 target_load=args.load,
                 checkpoint_interval=ckpt,
+                shares=args.with_shares,
             )
         else:
             gpus = args.gpus or 64

@@ -188,10 +188,12 @@ def convert_openb(
     target_load: float | None = None,
     nodes_per_rack: int = 16,
     checkpoint_interval: float | None = None,
+    shares: bool = False,
 ) -> Converted:
-    """The openb cluster as is; its whole-GPU pods, optionally with arrivals compressed to a load."""
+    """The openb cluster as is; its whole-GPU pods (``shares``: its fractional pods too, and every pod's CPU
+    and memory), optionally with arrivals compressed to a load."""
     cluster = openb.read_nodes(nodes_csv, nodes_per_rack=nodes_per_rack)
-    jobs, skipped = openb.read_pods(pods_csv)
+    jobs, skipped = openb.read_pods(pods_csv, shares=shares)
     if not jobs:
         raise ValueError(f"{pods_csv}: no whole-GPU pods")
     t0 = jobs[0].submit
@@ -211,6 +213,7 @@ def convert_openb(
             "never_ran": skipped.never_ran,
         },
         "typed_jobs": sum(j.gpu_type is not None for j in jobs),
+        "fractional_jobs": sum(j.gpu_milli is not None for j in jobs),
     }
     if target_load is not None:
         jobs, window = load.compress_arrivals(jobs, cluster.total_gpus, window, target_load)

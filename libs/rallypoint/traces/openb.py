@@ -1,9 +1,12 @@
 """Alibaba openb (cluster-trace-gpu-v2023) nodes and pods -> canonical cluster and workload.
 
-Only whole-GPU pods are replayed (``num_gpu >= 1`` and, for one GPU, ``gpu_milli == 1000``): Rallypoint
-allocates whole GPUs. Pods that never ran (no ``scheduled_time``) have no runtime and are skipped. The runtime
-is
-``deletion_time - scheduled_time``; ``gpu_spec`` ("A|B") becomes the job's allowed GPU types.
+By default only whole-GPU pods are replayed (``num_gpu >= 1`` and, for one GPU, ``gpu_milli == 1000``), as
+the evaluation's openb section always has. With ``shares=True`` a pod asking for a fraction of one GPU becomes
+a fractional job (``gpu_milli``) and every job carries its pod's CPU and memory (one pod is one task:
+``cpu_milli`` / ``memory_mib`` per task), so the trace replays through the scheduler with GPU sharing
+(docs/sharing.md). CPU-only pods are always skipped: a job holds at least part of a GPU. Pods that never ran
+(no ``scheduled_time``) have no runtime and are skipped. The runtime is ``deletion_time - scheduled_time``;
+``gpu_spec`` ("A|B") becomes the job's allowed GPU types.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ def read_nodes(path: str | Path, nodes_per_rack: int = 16, gpu_only: bool = True
     return Cluster(nodes=tuple(nodes), name=p.stem)
 
 
-def read_pods(path: str | Path) -> tuple[list[Job], SkipCounts]:
+def read_pods(path: str | Path, shares: bool = False) -> tuple[list[Job], SkipCounts]:
+    """The pods as jobs; ``shares``: fractional pods too, and every job's CPU and memory (module doc)."""
     jobs: list[Job] = []
     frac = cpu = never = 0
     p = Path(path)
@@ -69,7 +73,8 @@ def read_pods(path: str | Path) -> tuple[list[Job], SkipCounts]:
                 if n == 0:
                     cpu += 1
                     continue
-                if n == 1 and milli < 1000:
+                fractional = n == 1 and 0 < milli < 1000
+                if fractional and not shares:
                     frac += 1
                     continue
                 if not r["scheduled_time"].strip():
@@ -90,6 +95,9 @@ def read_pods(path: str | Path) -> tuple[list[Job], SkipCounts]:
                         team=f"qos-{qos.lower()}",
                         priority=QOS_PRIORITY.get(qos, "training-standard"),
                         gpu_type=r["gpu_spec"].strip() or None,
+                        gpu_milli=milli if fractional else None,
+                        cpu_milli=int(r["cpu_milli"] or 0) if shares else 0,
+                        memory_mib=int(r["memory_mib"] or 0) if shares else 0,
                     )
                 )
             except (KeyError, ValueError) as e:
