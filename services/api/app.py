@@ -65,6 +65,7 @@ from .predictions import StartPredictions, add_predictions_route, render_predict
 from .problems import PROBLEM_JSON, invalid_spec, not_found, problem, unavailable, unparseable
 from .readindex import ReadIndex, stream_tip
 from .reads import FoldReads, ready_to_read
+from .suspend import add_suspend_routes
 from .traced import trace_middleware
 from .views import audience, job_links, queue_positions, render_checkpoints, render_job, render_node
 from .why import add_why_routes
@@ -878,6 +879,8 @@ def build_app(
     app.router.add_get("/v1/nodes", reads(handlers.list_nodes))
     # POST /v1/nodes/{id}/drain and /undrain: an operator's, admin tokens only
     add_node_routes(app, log, follower, config.source, config.fold_wait_s, config.drain)
+    # POST /v1/jobs/{id}/suspend and /resume: the job's team or an admin
+    add_suspend_routes(app, log, follower, config.source, config.fold_wait_s, handlers._ready)
     app.router.add_get("/v1/state", reads(handlers.get_state))
     app.router.add_get("/v1/openapi.json", handlers.openapi)
     app.router.add_get("/healthz", handlers.healthz)

@@ -371,6 +371,16 @@ _SCHEMAS: dict[str, Any] = {
             "links": {"type": "object"},
         },
     },
+    "SuspendAccepted": {
+        "type": "object",
+        "properties": {
+            "job_id": {"type": "string"},
+            "seq": {"type": "integer", "description": "Stream sequence of the appended event."},
+            "state": {"type": "string", "enum": _JOB_STATES},
+            "suspend_requested": {"type": "boolean"},
+            "links": {"type": "object"},
+        },
+    },
     "Placement": {
         "type": "object",
         "properties": {
@@ -490,6 +500,11 @@ _SCHEMAS: dict[str, Any] = {
                 },
             },
             "cancel_requested": {"type": "boolean"},
+            "suspend_requested": {
+                "type": "boolean",
+                "description": "A suspend was asked for and has not taken effect yet (docs/api.md, Suspend).",
+            },
+            "suspended_s": {"type": "number", "description": "Seconds spent suspended, earlier suspensions."},
             "preemptions": {"type": "integer", "description": "Times this job was preempted and requeued."},
             "last_preempted_at": _NULLABLE_NUM,
             "preempting_for": {**_NULLABLE_STR, "description": "Job this one is being stopped for."},
@@ -951,6 +966,35 @@ def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
                         "503": _problem("The event log did not acknowledge."),
                     },
                 },
+            },
+            **{
+                f"/v1/jobs/{{job_id}}/{action}": {
+                    "parameters": [_JOB_ID],
+                    "post": {
+                        "operationId": f"{action}Job",
+                        "summary": summary,
+                        "responses": {
+                            "202": _json(f"{event} appended.", _ref("SuspendAccepted")),
+                            "404": _problem("Unknown job."),
+                            "409": _problem(conflict),
+                            "503": _problem("The event log did not acknowledge."),
+                        },
+                    },
+                }
+                for action, event, summary, conflict in (
+                    (
+                        "suspend",
+                        "JobSuspendRequested",
+                        "Suspend: checkpoint, stop every rank, free the GPUs until a resume",
+                        "The job finished, is suspended or is being suspended.",
+                    ),
+                    (
+                        "resume",
+                        "JobResumed",
+                        "Resume a suspended job in its original place (or withdraw a pending suspend)",
+                        "The job finished, or is neither suspended nor being suspended.",
+                    ),
+                )
             },
             "/v1/jobs/{job_id}/checkpoints": {
                 "parameters": [_JOB_ID],

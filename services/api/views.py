@@ -194,6 +194,8 @@ def render_job(
         "last_interruption": reader.text(last_interruption) or None,
         "drain": render_job_drain(drain, reader),
         "cancel_requested": job.cancel_requested,
+        "suspend_requested": job.suspend_requested,
+        "suspended_s": round(job.suspended_s, 3),
         "preemptions": job.preemptions,
         "last_preempted_at": job.last_preempted_at,
         "preempting_for": reader.job_ref(job.preempt_for),

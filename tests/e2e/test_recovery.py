@@ -38,6 +38,7 @@ from rallypoint.events import (
     JobInterrupted,
     JobPreempted,
     JobStarted,
+    JobSuspended,
     RankExited,
 )
 from rallypoint.localcluster import LocalCluster
@@ -286,3 +287,33 @@ def test_a_preempted_job_checkpoints_before_its_ranks_stop_and_resumes_from_it(c
         call("DELETE", f"{cluster.api_url}/v1/jobs/{filler}")
     for filler in fillers:
         wait_for(cluster, filler, TERMINAL, timeout=60)
+
+
+# --- suspend and resume (issue 35) ------------------------------------------------------------------------
+
+
+def test_a_suspended_gang_checkpoints_frees_its_gpus_and_resumes_from_its_step(cluster: LocalCluster) -> None:
+    steps, every = 2000, 100000  # checkpoints only when told to stop
+    job_id = submit(cluster, "suspendable", train_command(steps, 0.05, every), gpus=8, gpus_per_task=8)
+    wait_for(cluster, job_id, {"running"})
+    wait_until_stepped(cluster, job_id)
+    status, answer = call("POST", f"{cluster.api_url}/v1/jobs/{job_id}/suspend")
+    assert status == 202 and answer["suspend_requested"], answer
+    status, again = call("POST", f"{cluster.api_url}/v1/jobs/{job_id}/suspend")
+    assert status == 409, again  # already being suspended
+    view = wait_for(cluster, job_id, {"suspended"})
+    assert view["allocation"] == [] and view["nodes"] == []
+    mine = of_job(history(cluster), job_id)
+    commits = [e for e in mine if isinstance(e, CheckpointCommitted) and e.attempt == 1]
+    [suspended] = [e for e in mine if isinstance(e, JobSuspended)]
+    assert commits and suspended.attempt == 1 and suspended.checkpoint_step == commits[-1].step
+    status, answer = call("POST", f"{cluster.api_url}/v1/jobs/{job_id}/resume")
+    assert status == 202 and answer["state"] in ("pending", "bound", "running"), answer
+    view = wait_for(cluster, job_id, {"running", "completed"})
+    assert view["suspended_s"] > 0, view
+    restarted = [e for e in of_job(history(cluster), job_id) if isinstance(e, JobStarted) and e.attempt == 2]
+    assert restarted and restarted[0].resume_step == suspended.checkpoint_step, view
+    call("DELETE", f"{cluster.api_url}/v1/jobs/{job_id}")
+    wait_for(cluster, job_id, TERMINAL, timeout=60)
+    status, answer = call("POST", f"{cluster.api_url}/v1/jobs/{job_id}/resume")
+    assert status == 409 and answer["state"] == "cancelled", answer

@@ -196,6 +196,12 @@ class ApiClient:
         body: dict[str, Any] = self.request("DELETE", f"/v1/jobs/{urllib.parse.quote(job_id, safe='')}").body
         return body
 
+    def suspend_or_resume(self, job_id: str, action: str) -> dict[str, Any]:
+        """POST /v1/jobs/{id}/suspend or /resume."""
+        path = f"/v1/jobs/{urllib.parse.quote(job_id, safe='')}/{action}"
+        body: dict[str, Any] = self.request("POST", path).body
+        return body
+
 
 def stale_params(stale: bool) -> dict[str, str]:
     """The query parameters of a stale read (docs/api.md, "Reading what was written"); none without one."""

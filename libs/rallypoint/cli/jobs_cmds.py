@@ -36,7 +36,7 @@ EXIT_JOB_ENDED_WITHOUT_CODE = 125
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
 
-ACTIVE_STATES = "pending,bound,running"
+ACTIVE_STATES = "pending,bound,running,suspended"
 TERMINAL_STATES = frozenset({"completed", "failed", "cancelled", "rejected"})
 
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$")
@@ -284,6 +284,18 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     nodes.set_defaults(func=cmd_nodes)
     add_node_action_parsers(nodes, _api_arg)  # rally nodes drain|undrain NODE --reason TEXT
 
+    for action, what in (
+        (
+            "suspend",
+            "checkpoint and stop a job, freeing its GPUs until `rally resume` (like scontrol suspend)",
+        ),
+        ("resume", "put a suspended job back in its place in the queue (like scontrol resume)"),
+    ):
+        sub = subparsers.add_parser(action, help=what)
+        sub.add_argument("job_id")
+        add_output_args(sub)
+        _api_arg(sub)
+        sub.set_defaults(func=cmd_suspend_or_resume, action=action)
     cancel = subparsers.add_parser("cancel", help="cancel a job (like scancel)")
     cancel.add_argument("job_id")
     add_output_args(cancel)
@@ -891,6 +903,22 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     note_stale(args, listing)
     print(json.dumps(listing, indent=2) if wants_json(args) else format_nodes(listing["nodes"]))
+    return EXIT_OK
+
+
+def cmd_suspend_or_resume(args: argparse.Namespace) -> int:
+    client = ApiClient(resolve_api_url(args.api_url))
+    try:
+        answer = client.suspend_or_resume(args.job_id, args.action)
+    except (ApiError, ApiUnreachable) as err:
+        print(err.line(), file=sys.stderr)
+        return EXIT_ERROR
+    if wants_json(args):
+        print(json.dumps(answer, indent=2))
+    elif args.action == "suspend":
+        print(f"suspend requested for {args.job_id} (now {answer['state']})")
+    else:
+        print(f"{args.job_id} resumed (now {answer['state']})")
     return EXIT_OK
 
 

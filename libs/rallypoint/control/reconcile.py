@@ -35,6 +35,7 @@ from rallypoint.events import (
     JobPreempted,
     JobResized,
     JobStarted,
+    JobSuspended,
     TaskPlacement,
     subjects,
 )
@@ -136,15 +137,22 @@ def reconcile(
     config = recovery if recovery is not None else RecoveryConfig()
     if job.terminal:
         return []
-    if job.state == "pending":
+    if job.state in ("pending", "suspended"):
         if job.cancel_requested:
             return [Append(event=JobCancelled(job_id=job.job_id, attempt=None, at=now))]
+        if job.suspend_requested:  # nothing runs: suspended at once
+            return [Append(event=JobSuspended(job_id=job.job_id, attempt=None, at=now))]
+        if job.state == "suspended":
+            return []  # waits for a resume
         unmet = never_met(job, state.jobs) if job.spec.depends_on else None
         if unmet is not None:  # it would wait forever: end it, saying which dependency
             return [Append(event=JobFailed(job_id=job.job_id, attempt=job.attempt, reason=unmet, at=now))]
         return []
     if job.cancel_requested:
         return [_kill_then(job, JobCancelled(job_id=job.job_id, attempt=job.attempt, at=now))]
+    if job.suspend_requested:  # as a preemption: the grace to checkpoint, then every rank stopped
+        suspended = JobSuspended(job_id=job.job_id, attempt=job.attempt, at=now)
+        return [_kill_then(job, suspended, grace_s=preemption_grace_s, awaited=True)]
     if job.preempt_for is not None:
         return [_preempt(job, now, preemption_grace_s)]
     if job.resize is not None and job.state in LAUNCHED:
@@ -274,7 +282,7 @@ def with_lost_work(event: Event, job: JobView, at: float) -> Event:
     """``event`` with the work its attempt loses, counted at ``at`` (once every rank has stopped, so a
     checkpoint written in the grace period counts): GPUs held x seconds since the attempt's newest
     complete checkpoint or, when it has none, since it started. Other events pass unchanged."""
-    if not isinstance(event, JobPreempted | JobAttemptFailed | JobInterrupted | JobResized):
+    if not isinstance(event, JobPreempted | JobAttemptFailed | JobInterrupted | JobResized | JobSuspended):
         return event
     latest = job.latest_checkpoint()
     since = job.started_at

@@ -258,6 +258,36 @@ class JobCancelled(_Event, tag="JobCancelled.v1", frozen=True, kw_only=True):
     at: float
 
 
+class JobSuspendRequested(_Event, tag="JobSuspendRequested.v1", frozen=True, kw_only=True):
+    """The job's team or an admin asked to suspend it (``rally suspend``): checkpoint, stop, free the GPUs."""
+
+    job_id: str
+    at: float
+    requested_by: str = "user"
+
+
+class JobSuspended(_Event, tag="JobSuspended.v1", frozen=True, kw_only=True):
+    """The suspended job holds nothing: its attempt's ranks stopped after the grace to checkpoint (``attempt``
+    None: it was waiting, nothing ran). It waits for a resume, not for the scheduler. ``lost_gpu_s`` and
+    ``checkpoint_step`` as for ``JobPreempted``."""
+
+    job_id: str
+    attempt: int | None = None
+    lost_gpu_s: float = 0.0
+    checkpoint_step: int | None = None
+    at: float
+
+
+class JobResumed(_Event, tag="JobResumed.v1", frozen=True, kw_only=True):
+    """Its team or an admin resumed the job (``rally resume``): it waits for the scheduler again, in its
+    original place, and its next attempt starts from its latest checkpoint. A resume before the job was
+    suspended withdraws the request."""
+
+    job_id: str
+    at: float
+    requested_by: str = "user"
+
+
 # ---------------------------------------------------------------------------------------------------
 # Checkpoints — rally.agent.<node_id>.ckpt.<job_id> (commits, agents), rally.ckpt.<job_id> (checkpoint svc)
 # ---------------------------------------------------------------------------------------------------
@@ -583,6 +613,9 @@ JobEvent = (
     | JobCancelRequested
     | JobCancelled
     | JobResized
+    | JobSuspendRequested
+    | JobSuspended
+    | JobResumed
 )
 CheckpointEvent = CheckpointCommitted | CheckpointVerified | CheckpointDeleted
 NodeEvent = (
@@ -639,4 +672,7 @@ ALL_EVENT_TYPES: tuple[type[_Event], ...] = (
     GangResized,
     JobResized,
     SnapshotTaken,
+    JobSuspendRequested,
+    JobSuspended,
+    JobResumed,
 )

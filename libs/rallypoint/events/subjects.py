@@ -46,7 +46,7 @@ def _token(value: str) -> str:
 
 
 def job(job_id: str) -> str:
-    """The API's subject for a job: JobSubmitted, JobCancelRequested."""
+    """The API's subject for a job: JobSubmitted, JobCancelRequested, JobSuspendRequested, JobResumed."""
     return f"rally.job.{_token(job_id)}"
 
 
@@ -177,6 +177,7 @@ _JOB_CONTROL = (
     ev.JobInterrupted,
     ev.JobCancelled,
     ev.JobResized,
+    ev.JobSuspended,
 )
 _NODE_VERDICTS = (
     ev.NodeHeartbeatLost,
@@ -195,6 +196,8 @@ def _drained(e: ev.NodeDrained) -> str:
 _SUBJECT_OF: dict[type, Callable[[Any], str]] = {
     ev.JobSubmitted: lambda e: job(e.job_id),
     ev.JobCancelRequested: lambda e: job(e.job_id),
+    ev.JobSuspendRequested: lambda e: job(e.job_id),
+    ev.JobResumed: lambda e: job(e.job_id),
     ev.JobQueued: lambda e: admission(e.job_id),
     ev.JobRejected: lambda e: admission(e.job_id),
     **{t: (lambda e: job_control(e.job_id)) for t in _JOB_CONTROL},

@@ -50,9 +50,12 @@ from rallypoint.events import (
     JobRejected,
     JobRequeued,
     JobResized,
+    JobResumed,
     JobSpec,
     JobStarted,
     JobSubmitted,
+    JobSuspended,
+    JobSuspendRequested,
     LeaderEpochStarted,
     MigSlice,
     NodeDrained,
@@ -73,7 +76,9 @@ from .dependencies import hold_message, throttle_holds
 from .indexes import GROWABLE, NOTHING, PENDING, REPAIRING, StateIndex, Touched
 
 RefusalKind = Literal["epoch", "unknown-job", "invalid", "overtaken"]
-JobState = Literal["pending", "bound", "running", "repairing", "completed", "failed", "cancelled", "rejected"]
+JobState = Literal[
+    "pending", "bound", "running", "repairing", "suspended", "completed", "failed", "cancelled", "rejected"
+]
 NodeStatus = Literal["up", "unreachable", "drained", "lost"]
 CheckpointStatus = Literal["committed", "verified", "corrupt", "deleted"]
 #: Health verdicts that keep new work off a node.
@@ -198,6 +203,11 @@ class JobView(msgspec.Struct, kw_only=True):
     pending_position: int | None = None
     pending_at: float | None = None
     cancel_requested: bool = False
+    # Suspend: asked for and not yet done or withdrawn; since when the job is suspended, and for how long
+    # it was before (accounting shows suspended time apart from waiting time).
+    suspend_requested: bool = False
+    suspended_at: float | None = None
+    suspended_s: float = 0.0
     ranks_exited: dict[int, int] = {}
     preempt_for: str | None = None
     preempt_reason: str = ""
@@ -259,7 +269,9 @@ class JobView(msgspec.Struct, kw_only=True):
 #: 9: a pending job keeps its position and when its reason was written (``pending_position``, ``pending_at``).
 #: 10: a rank exit counts only from the node its rank runs on (``foreign_exits``); a re-registration that
 #: changes a node's hardware is held for an operator (``NodeView.held_registration``).
-FOLD_VERSION = 10
+#: 11: GPU shares and MIG slices (``NodeView.shares`` / ``slices``, binds onto them), suspend and resume
+#: (``JobSuspendRequested``, ``JobSuspended``, ``JobResumed``; the ``suspended`` state).
+FOLD_VERSION = 11
 
 
 # A job's placements, whether it holds their GPUs, and its pending resize (which holds GPUs too): an event
@@ -665,6 +677,41 @@ def _on_cancel_requested(state: ClusterState, seq: int, e: JobCancelRequested) -
     job = _job(state, e.job_id, seq)
     if job is not None and not job.terminal:
         job.cancel_requested = True
+
+
+def _on_suspend_requested(state: ClusterState, seq: int, e: JobSuspendRequested) -> None:
+    job = _job(state, e.job_id, seq)
+    if job is not None and not job.terminal and job.state != "suspended":
+        job.suspend_requested = True
+
+
+def _on_suspended(state: ClusterState, seq: int, e: JobSuspended) -> None:
+    """Its ranks stopped (or it was waiting): it holds nothing and waits for a resume."""
+    job = _job(state, e.job_id, seq)
+    if job is None or job.terminal or not job.suspend_requested:
+        return
+    if job.state in ACTIVE:
+        if job.attempt != e.attempt:
+            return
+        _requeue(state, job, e.at)
+        job.lost_gpu_s += e.lost_gpu_s
+    elif job.state != "pending":
+        return
+    job.state = "suspended"
+    job.suspend_requested = False
+    job.suspended_at = e.at
+
+
+def _on_resumed(state: ClusterState, seq: int, e: JobResumed) -> None:
+    """Back in the queue at its original place (a resume before the suspension withdraws the request)."""
+    job = _job(state, e.job_id, seq)
+    if job is None or job.terminal:
+        return
+    job.suspend_requested = False
+    if job.state == "suspended":
+        job.state = "pending"
+        job.suspended_s += max(0.0, e.at - (job.suspended_at or e.at))
+        job.suspended_at = None
 
 
 def _on_cancelled(state: ClusterState, seq: int, e: JobCancelled) -> None:
@@ -1231,6 +1278,9 @@ _HANDLERS: dict[type, Callable[[ClusterState, int, Any], None]] = {
     JobCompleted: _on_completed,
     JobFailed: _on_failed,
     JobCancelRequested: _on_cancel_requested,
+    JobSuspendRequested: _on_suspend_requested,
+    JobSuspended: _on_suspended,
+    JobResumed: _on_resumed,
     JobCancelled: _on_cancelled,
     NodeRegistered: _on_node_registered,
     NodeHeartbeatLost: _on_heartbeat_lost,

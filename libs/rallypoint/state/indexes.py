@@ -44,8 +44,8 @@ NOTHING = Touched(job_id=None, node_ids=frozenset())
 
 def job_classes(job: JobView) -> int:
     """The reader classes ``job`` belongs to, as a mask of PENDING, REPAIRING and GROWABLE."""
-    if job.cancel_requested:
-        return 0
+    if job.cancel_requested or job.suspend_requested:
+        return 0  # on its way out of the queue: nothing binds or grows it
     if job.state == "pending":
         return PENDING
     if job.state == "repairing":
