@@ -52,7 +52,7 @@ from rallypoint.state.dependencies import hold_code
 from .arrays import accepted_array, append_array, existing_array
 from .auth import auth_middleware, forbidden, not_theirs, principal
 from .dashboard import add_dashboard_routes
-from .dependencies import dependency_refusal, held_at_submit
+from .dependencies import dependency_refusal, held_at_submit, with_array_members
 from .dryrun import DryReason, DryRuns, already_submitted, dry_run_flag, dry_run_response, judge_submission
 from .fairuse import FairUse, refusal_metrics, too_many
 from .fold import FoldFollower, quarantine_metrics
@@ -197,6 +197,12 @@ class Handlers:
         except SpecError as err:
             self.submissions["invalid"] += 1
             return invalid_spec(err)
+        # a dependency on a whole array waits for every member (before the key's replay check: the log
+        # holds the expanded spec)
+        expanded = await with_array_members(spec, who, lambda: self.state, self._ready)
+        if isinstance(expanded, web.Response):
+            return expanded
+        spec = expanded
         if array is not None:
             return await self._submit_array(
                 request, who, spec, job_id, key, array, dry_run=dry_run, secrets=secrets

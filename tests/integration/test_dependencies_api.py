@@ -211,3 +211,27 @@ async def test_a_bad_array_is_refused_naming_it(cluster: Cluster) -> None:
     )
     assert status == 422 and problem["field"] == "secrets", problem
     assert await cluster.log.last_seq() == before
+
+
+async def test_a_dependency_on_a_whole_array_waits_for_every_member(cluster: Cluster) -> None:
+    status, accepted = await cluster.post(
+        "nlp", {"name": "shard", "gpus": 1, "command": ["x"], "array": "0-2"}
+    )
+    assert status == 202, accepted
+    array_id, ids = accepted["array_id"], accepted["job_ids"]
+    merge = await cluster.submit("nlp", "merge", depends_on=_after("after-ok", array_id))
+    view = await cluster.view("nlp", merge)
+    assert view["depends_on"] == [{"kind": "after-ok", "job_id": i} for i in ids]  # one per member
+    # another team does not see the array: its id is refused as a missing job
+    status, refused = await cluster.post(
+        "vision", {"name": "peek", "gpus": 1, "command": ["x"], "depends_on": _after("after-ok", array_id)}
+    )
+    assert status == 422 and refused["field"] == "depends_on[0].job_id", refused
+    await _cycle(cluster.log, cluster.loop)
+    for member in ids[:2]:
+        await cluster.run_to_end(member, ok=True)
+    await _cycle(cluster.log, cluster.loop)
+    assert cluster.loop.state.jobs[merge].state == "pending"  # one member still runs
+    await cluster.run_to_end(ids[2], ok=True)
+    await _cycle(cluster.log, cluster.loop)
+    assert cluster.loop.state.jobs[merge].state == "bound"
