@@ -141,6 +141,18 @@ def test_cli_default_mode_stays_the_fgd_protocol(capsys: pytest.CaptureFixture[s
     argv = ["sim", "packing", "--nodes", str(NODES), "--pods", str(PODS), "--policy", "random", "--json"]
     assert main(argv) == 0
     assert "alloc_at_100_median" in json.loads(capsys.readouterr().out)
+    assert main([*argv, "--speedup", "10"]) == 2
+    assert "--speedup is for --mode replay" in capsys.readouterr().err
+
+
+def test_cli_replay_writes_the_object_to_a_file_and_prints_the_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "replay.json"
+    assert main(replay_argv("--policy", "gpu-packing", "--seeds", "3", "--json", str(out))) == 0
+    figures = json.loads(out.read_text())
+    assert (figures["policy"], figures["seed"], figures["speedup"]) == ("gpupacking", 3, 1.0)
+    assert capsys.readouterr().out.startswith("gpupacking (replay): time-averaged allocation ")
 
 
 @pytest.mark.parametrize(

@@ -232,6 +232,8 @@ def _packing(args: argparse.Namespace) -> int:
         return _err("packing needs --nodes, --pods and --policy")
     if args.workload or args.cluster or args.from_log:
         return _err("packing takes --nodes/--pods, not --workload/--cluster/--from-log")
+    if args.speedup != 1.0 and args.packing_mode != "replay":
+        return _err("--speedup is for --mode replay (FGD's protocol has no arrival times)")
     try:
         figures, line = (_packing_replay if args.packing_mode == "replay" else _packing_fgd)(args)
     except ValueError as e:
