@@ -512,3 +512,37 @@ def test_cpu_and_memory_quotas_decide_the_same_in_the_simulator_and_live(policy:
     )
     twin = Twin(with_sharing(0), shared_cluster(), policy, queues)
     assert_identical(twin.run())
+
+
+def with_suspensions(seed: int) -> list[Job]:
+    """The synthetic contention with some jobs suspended by their team for a while (running or waiting
+    when it happens), others suspended and never resumed."""
+    rng = random.Random(seed)
+    jobs = []
+    for job in seeded(seed):
+        roll = rng.random()
+        if roll < 0.4:
+            at = job.submit + rng.choice((5.0, 30.0, 90.0))
+            job = msgspec.structs.replace(job, suspend_at=at, resume_at=at + rng.choice((10.0, 60.0)))
+        elif roll < 0.45:
+            job = msgspec.structs.replace(job, suspend_at=job.submit + 20.0)
+        jobs.append(job)
+    return jobs
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("policy", POLICIES)
+def test_suspend_and_resume_decide_the_same_in_the_simulator_and_live(policy: str, seed: int) -> None:
+    _, cluster, queues = synthetic()
+    jobs = with_suspensions(seed)
+    twin = Twin(jobs, cluster, policy, queues)
+    assert_identical(twin.run())
+    ends = {r.id for r in twin.sim.records}
+    never_resumed = [j.id for j in jobs if j.suspend_at is not None and j.resume_at is None]
+    suspended = [
+        j.id for j in jobs if twin.live.state.jobs.get(j.id) and twin.live.state.jobs[j.id].suspended_s
+    ]
+    assert suspended, "no job was ever suspended and resumed: the case tests nothing"
+    assert all(twin.live.state.jobs[j].state == "suspended" for j in never_resumed if j not in ends), [
+        twin.live.state.jobs[j].state for j in never_resumed
+    ]

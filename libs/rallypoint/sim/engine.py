@@ -55,6 +55,8 @@ END, REPAIR, FAIL, SUBMIT, TICK = 0, 1, 2, 3, 4
 SLOW_START, SLOW_END, DETECT, UNCORDON = 5, 6, 7, 8
 # a running gang commits a checkpoint (jobs with a checkpoint_interval): the core reads the last one
 CKPT = 9
+# a job's team suspends or resumes it (the workload's ``suspend_at`` / ``resume_at``)
+SUSPEND, RESUME = 10, 11
 
 Scheduler = Callable[[ct.Snapshot, Any], ct.Decisions]
 
@@ -131,6 +133,8 @@ class _SimJob:
         "seq",
         "slow_gpu_s",
         "slowdown",
+        "suspended",
+        "suspensions",
     )
 
     def __init__(self, job: Job, seq: int, pclass: str) -> None:
@@ -153,6 +157,9 @@ class _SimJob:
         self.last_preempted: float | None = None
         self.overhead_due = 0.0
         self.ckpt_interval = job.checkpoint_interval
+        self.suspended = False  # suspended by its team: neither queued nor running until resumed
+        # every suspension: [when, when resumed (None: not yet)], in order (the twin replays them)
+        self.suspensions: list[list[float | None]] = []
         self.nodes = 0
         self.racks = 0
         self.placed_type: str | None = None
@@ -249,6 +256,7 @@ class Simulator:
         self.unsubmitted = len(self.jobs)
         self.bind_conflicts = 0
         self.rejected: list[str] = []
+        self.resumes_due = 0  # RESUME events still in the heap
         self.holds = Holds(self._placed)
         self.limits = ArrayLimits(jobs)
         self.arrived: set[str] = set()
@@ -281,6 +289,11 @@ class Simulator:
     def _seed_events(self) -> None:
         for sj in self.jobs.values():
             self._push(sj.job.submit, SUBMIT, sj.job.id)
+            if sj.job.suspend_at is not None:
+                self._push(sj.job.suspend_at, SUSPEND, sj.job.id)
+            if sj.job.resume_at is not None:
+                self._push(sj.job.resume_at, RESUME, sj.job.id)
+                self.resumes_due += 1
         mtbf = self.cluster.faults.node_mtbf
         if mtbf:
             for n in self.cluster.nodes:
@@ -620,6 +633,32 @@ class Simulator:
 
     # --- event handlers --------------------------------------------------------------------------
 
+    def _on_suspend(self, job_id: str, now: float) -> bool:
+        """Its team suspends the job: a running one checkpoints and stops (as on a preemption: nothing of
+        its progress is lost), a waiting one leaves the queue; one not arrived, held or ended is left."""
+        sj = self.jobs[job_id]
+        if job_id in self.running:
+            self._stop(sj, now, None)
+            sj.overhead_due = self.cluster.faults.checkpoint_overhead
+        elif job_id in self.pending:
+            self._dequeue(sj)
+        else:
+            return False
+        sj.suspended = True
+        sj.suspensions.append([now, None])
+        return True
+
+    def _on_resume(self, job_id: str, now: float) -> bool:
+        """Back in the queue, in its original place (its arrival order)."""
+        sj = self.jobs[job_id]
+        self.resumes_due -= 1
+        if not sj.suspended:
+            return False
+        sj.suspended = False
+        sj.suspensions[-1][1] = now
+        self._enqueue(sj, now)
+        return True
+
     def _on_checkpoint(self, job_id: str, run_id: int, now: float) -> bool:
         """A running gang committed a checkpoint (on the grid of its attempt's start, the one a failure
         falls back to): the core counts a victim's lost work from it, as the scheduler counts it from the
@@ -850,6 +889,10 @@ class Simulator:
                     dirty |= self._on_uncordon(key, now)
                 elif kind == CKPT:
                     dirty |= self._on_checkpoint(key, version, now)
+                elif kind == SUSPEND:
+                    dirty |= self._on_suspend(key, now)
+                elif kind == RESUME:
+                    dirty |= self._on_resume(key, now)
             if self.holds.held or self.limits.arrays:
                 dirty |= self._release_held(now)
             follow_up = False
@@ -873,6 +916,7 @@ class Simulator:
                 and not self.cordoned
                 and self.pending
                 and not follow_up
+                and not self.resumes_due  # a resume to come may still change what fits
             ):
                 break
             if self.tick and self.pending and self.running and self._tick_at is None:

@@ -40,9 +40,12 @@ from rallypoint.events import (
     JobFailed,
     JobPreempted,
     JobResized,
+    JobResumed,
     JobSpec,
     JobStarted,
     JobSubmitted,
+    JobSuspended,
+    JobSuspendRequested,
     LeaderEpochStarted,
     NodeLost,
     NodeRecovered,
@@ -59,7 +62,7 @@ from rallypoint.state import ACTIVE, ClusterState, JobView, Touched
 from rallypoint.state.dependencies import never_met
 
 from .cluster import Cluster, Node
-from .engine import SimOptions, Simulator
+from .engine import SimOptions, Simulator, _SimJob
 from .workload import Job
 
 EPOCH = 1
@@ -292,6 +295,8 @@ class Twin:
         )
         self.jobs = {j.id: j for j in jobs}
         self.live = LiveSide(cluster, self.live_policy)
+        self._suspends = any(j.suspend_at is not None for j in jobs)  # (the check below costs a pass)
+        self._mirrored: dict[str, tuple[int, int]] = {}  # job -> (suspensions, resumes) appended live
         self.report = TwinReport()
         self._enc = msgspec.json.Encoder()
 
@@ -363,6 +368,20 @@ class Twin:
                 self.live.append(checkpoint_committed(view, rj.last_checkpoint))
                 self.report.checkpoints += 1
 
+    def _suspensions(self) -> None:
+        """Suspensions and resumes since the last cycle, in arrival order."""
+        jobs = self.live.state.jobs
+        for sj in sorted(self.sim.jobs.values(), key=lambda sj: sj.seq):
+            view = jobs.get(sj.job.id)
+            if view is None or not sj.suspensions:
+                continue
+            done = (len(sj.suspensions), sum(back is not None for _at, back in sj.suspensions))
+            mirrored = self._mirrored.get(sj.job.id, (0, 0))
+            if mirrored != done:
+                for event in _suspension_events(sj, view, mirrored):
+                    self.live.append(event)
+                self._mirrored[sj.job.id] = done
+
     def _catch_up(self, snap: ct.Snapshot) -> None:
         """Append what happened in the simulated world since the last cycle: nodes down or back, gangs
         that finished or lost a node, jobs submitted (in the simulator's arrival order)."""
@@ -375,6 +394,8 @@ class Twin:
                 self.live.append(NodeRecovered(node_id=node_id, at=now))
             elif not node.schedulable and view.status == "up":
                 self.live.append(NodeLost(node_id=node_id, reason="simulated failure", at=now))
+        if self._suspends:
+            self._suspensions()
         ends = {r.id: r.end for r in sim.records}
         for job in state.active_jobs():
             if job.job_id in sim.running:
@@ -408,6 +429,28 @@ class Twin:
                 reason = never_met(held, state.jobs) or "dependency can never be met"
                 self.live.append(JobFailed(job_id=job_id, attempt=held.attempt, reason=reason, at=now))
         assert all(j.state not in ACTIVE or j.job_id in sim.running for j in state.jobs.values())
+
+
+def _suspension_events(sj: _SimJob, view: JobView, mirrored: tuple[int, int]) -> list[Event]:
+    """What the API and the job controller appended for the simulator's suspensions and resumes of the job
+    that the fold has not seen yet (``mirrored``: how many of each it has): the team's request and the stop
+    at the same instant, then the resume."""
+    events: list[Event] = []
+    suspended, resumed = mirrored
+    state = view.state
+    for i, (at, back) in enumerate(sj.suspensions):
+        assert at is not None
+        if i >= suspended:
+            attempt = view.attempt if state in ACTIVE else None
+            events += [
+                JobSuspendRequested(job_id=view.job_id, at=at),
+                JobSuspended(job_id=view.job_id, attempt=attempt, at=at),
+            ]
+            state = "suspended"
+        if back is not None and i >= resumed:
+            events.append(JobResumed(job_id=view.job_id, at=back))
+            state = "pending"
+    return events
 
 
 def checkpoint_committed(job: JobView, at: float) -> CheckpointCommitted:

@@ -9,7 +9,8 @@ the job runs with its full allocation), ``time_limit`` (the user's estimate, opt
 that order: the core gets ``PendingJob.gpu_types``), ``name`` (default the id), ``depends_on``
 (``[{"kind": "after-ok", "job_id": "j1"}]``, the live API's kinds; each job waited for arrives first) and
 ``singleton`` (optional; held as the live fold holds them, ``sim/holds.py``), ``cpu_milli`` / ``memory_mib``
-(per task) and ``gpu_milli`` (a fraction of one GPU; ``gpus`` is then 1), as the live spec has them.
+(per task) and ``gpu_milli`` (a fraction of one GPU; ``gpus`` is then 1), as the live spec has them;
+``suspend_at`` / ``resume_at`` (optional: its team suspends it then, and resumes it later or never).
 
 Line order is meaningful: jobs submitted in the same second keep file order (the golden peers do too), so the
 loader keeps a ``seq`` per job and never re-sorts by anything but ``(submit, seq)``.
@@ -58,6 +59,10 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
     gpu_milli: int | None = None
     #: a MIG slice of this profile (``gpus`` is then 1), as the live spec's ``mig_profile``
     mig_profile: str | None = None
+    #: its team suspends it at ``suspend_at`` (``rally suspend``: a running job checkpoints and stops, a
+    #: waiting one leaves the queue) and resumes it at ``resume_at`` (back in its original place)
+    suspend_at: float | None = None
+    resume_at: float | None = None
 
     @property
     def job_name(self) -> str:
