@@ -2,7 +2,7 @@
 what a shared GPU can still be filled to.
 
 FGD (``fgd.py``) scores a node by how much its fragmentation grows, where a GPU's idle milli is fragment for
-each typical pod shape that cannot use it. On openb that measure misses two things that decide the last
+each typical pod shape that cannot use it. On openb that measure misses three things that decide the last
 points of allocation:
 
 - Pods whose GPUs exist but whose CPU or memory does not. A G2 node has 12 cores and 48 GiB per GPU, the
@@ -11,10 +11,14 @@ points of allocation:
   memory before 100% has arrived).
 - What a partly used GPU can still become. FGD counts a GPU with 350 milli left as usable by every shape up
   to 350, whether a 320 (30 left over) or a 230 (120 left over) will fill it.
+- Shapes that only a few GPU models accept. A pod asking for P100s can use 265 of the 6,212 GPUs, yet FGD
+  weighs its shape by its share of the pods alone, so taking a P100 for a pod that could go anywhere costs
+  the score less than one integer step, and the tie goes to the first name (openb-node-0000 is a P100).
 
 The measure this policy descends is, per node:
 
-    fragmentation (FGD's, its shapes also needing their median memory)
+    fragmentation (FGD's, its shapes also needing their median memory, and each shape's share scaled by
+                   all GPUs / the GPUs of the models it accepts, renormalised to the same total)
     + stranded GPU milli = max(0, idle GPU milli - min(cpu left / c, memory left / m))
     + WASTE x sum over GPUs of waste(milli left)
 
@@ -24,17 +28,18 @@ as fully as the target shapes' GPU sizes allow (any number of each: r minus the 
 fits). Everything else is FGD's: the score ``int(100 sigmoid(-delta / 1000))`` (near-equal deltas tie, and
 ties go to the name that sorts first, which fills nodes in one fixed order and leaves the rest whole), whole
 GPUs the lowest-indexed free ones, a shared pod's GPU the best-scored one. Nothing is keyed on the trace: c,
-m, the shapes and their sizes come from the pods given.
+m, the shapes, their weights and their sizes come from the pods and nodes given.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from rallypoint.sim.packing.fgd import FGDPolicy, Fragmentation
-from rallypoint.sim.packing.protocol import demand_shapes
+from rallypoint.sim.packing.protocol import Shape, demand_shapes
 from rallypoint.sim.packing.state import Cluster
 from rallypoint.sim.packing.trace import MILLI, PodSpec
 
@@ -52,11 +57,24 @@ def waste_table(sizes: Sequence[int]) -> np.ndarray:
     return (milli - np.maximum.accumulate(np.where(reach, milli, 0))).astype(np.float64)
 
 
+def scarcity_weighted(cluster: Cluster, shapes: Sequence[Shape]) -> list[Shape]:
+    """Each shape's share times (all GPUs / GPUs of the models it accepts), renormalised to the same total."""
+    has = cluster.model >= 0
+    capacity = np.bincount(cluster.model[has], weights=cluster.gpus[has], minlength=len(cluster.models))
+    total = capacity.sum()
+    raw = []
+    for s in shapes:
+        reach = capacity[cluster.allowed(s.gpu_spec)].sum() if s.milli else total
+        raw.append(s.share * (total / reach if reach else 1.0))
+    scale = sum(s.share for s in shapes) / sum(raw) if sum(raw) else 1.0
+    return [replace(s, share=w * scale) for s, w in zip(shapes, raw, strict=True)]
+
+
 class RallypointPolicy(FGDPolicy):
     name = "rallypoint"
 
     def __init__(self, cluster: Cluster, pods: Sequence[PodSpec]) -> None:
-        super().__init__(Fragmentation(cluster, demand_shapes(pods)))
+        super().__init__(Fragmentation(cluster, scarcity_weighted(cluster, demand_shapes(pods))))
         gpu_pods = [p for p in pods if p.num_gpu]
         milli = sum(p.total_milli for p in gpu_pods)
         # milli GPU that one milli CPU / one MiB feeds at the workload's mix (inf: nothing to feed)
