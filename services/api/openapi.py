@@ -299,6 +299,13 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "A fraction of one GPU in thousandths (250 = a quarter), shared with other "
                 "fractional jobs: needs gpus=1 and one rank, not elastic. Omit for whole GPUs.",
             },
+            "kind": {
+                "type": ["string", "null"],
+                "enum": ["batch", "service", None],
+                "default": "batch",
+                "description": "service: runs until cancelled, restarted whenever its ranks exit (after the "
+                "retry backoff), never preempted; no time_limit_s. batch: runs to completion.",
+            },
             "mig_profile": {
                 "type": ["string", "null"],
                 "enum": [*sorted(MIG_PROFILES), None],

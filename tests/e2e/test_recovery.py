@@ -317,3 +317,24 @@ def test_a_suspended_gang_checkpoints_frees_its_gpus_and_resumes_from_its_step(c
     wait_for(cluster, job_id, TERMINAL, timeout=60)
     status, answer = call("POST", f"{cluster.api_url}/v1/jobs/{job_id}/resume")
     assert status == 409 and answer["state"] == "cancelled", answer
+
+
+# --- services (issue 35) -----------------------------------------------------------------------------------
+
+
+def test_a_service_survives_its_ranks_crash_and_runs_until_cancelled(cluster: LocalCluster) -> None:
+    # each attempt's rank runs a second and crashes; the service starts again each time (local backoff 1 s)
+    service = submit(
+        cluster, "endpoint", ["sh", "-c", "sleep 1; exit 3"], kind="service", priority="best-effort"
+    )
+    deadline = time.monotonic() + 90
+    view = job(cluster, service)
+    while (
+        not (view["attempt"] >= 3 and view["state"] in ("bound", "running")) and time.monotonic() < deadline
+    ):
+        time.sleep(0.3)
+        view = job(cluster, service)
+    assert view["attempt"] >= 3 and view["state"] in ("bound", "running"), view
+    assert view["spec"]["kind"] == "service" and view["recovery"]["user_failures"] >= 2, view
+    call("DELETE", f"{cluster.api_url}/v1/jobs/{service}")
+    assert wait_for(cluster, service, TERMINAL, timeout=60)["state"] == "cancelled"

@@ -146,6 +146,7 @@ UNSTATED_RULES = {
     # a fraction of one GPU: one GPU, one rank, not elastic (relations no schema keyword states)
     "gpu_milli": "",
     "mig_profile": "",
+    "kind": "no time_limit_s",
 }
 
 

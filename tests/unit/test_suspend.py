@@ -54,3 +54,33 @@ def test_a_suspension_of_another_attempt_changes_nothing() -> None:
         assert state.jobs["j1"].state == "bound" and state.free_gpus() == 0
     _apply(state, JobSuspended(job_id="j1", attempt=1, at=7.0))
     assert state.jobs["j1"].state == "suspended" and state.free_gpus() == 8
+
+
+def test_a_service_restarts_whenever_its_ranks_exit_and_is_never_a_victim() -> None:
+    import msgspec
+
+    from rallypoint.events import JobAttemptFailed, JobSubmitted, RankExited
+    from rallypoint.scheduling.bridge import running_of
+
+    plain = submit("svc", 8)
+    service = JobSubmitted(
+        job_id="svc",
+        spec=msgspec.structs.replace(plain.spec, kind="service"),
+        submitted_at=plain.submitted_at,
+    )
+    state = fold(node("n1"), service, bound("svc", ("n1", EIGHT)))
+    _apply(state, JobStarted(job_id="svc", attempt=1, at=4.0))
+    job = state.jobs["svc"]
+    assert not running_of(job).preemptible
+    for rank in range(8):  # every rank exits cleanly: a batch job would complete
+        _apply(state, RankExited(job_id="svc", attempt=1, rank=rank, node_id="n1", exit_code=0, at=5.0))
+    (append,) = reconcile(job, state, 6.0)
+    assert isinstance(append, Append) and isinstance(append.event, JobAttemptFailed), append
+    assert append.event.retry_at is not None and append.event.retry_at > 6.0  # after the backoff
+    # and past max_retries (0) it still restarts after a crash
+    _apply(state, append.event)
+    assert job.state == "pending" and job.user_failures == 1
+    _apply(state, bound("svc", ("n1", EIGHT), attempt=2), JobStarted(job_id="svc", attempt=2, at=20.0))
+    _apply(state, RankExited(job_id="svc", attempt=2, rank=3, node_id="n1", exit_code=139, at=21.0))
+    actions = reconcile(job, state, 22.0)
+    assert isinstance(actions[0], Kill) and isinstance(actions[0].then, JobAttemptFailed), actions

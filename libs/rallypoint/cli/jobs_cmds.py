@@ -136,6 +136,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         help="a share of one GPU (0.25 or 25%%), shared with other such jobs; one rank",
     )
     submit.add_argument(
+        "--kind",
+        choices=("batch", "service"),
+        help="service: runs until cancelled, restarted whenever its ranks exit, never preempted "
+        "(default batch: runs to completion)",
+    )
+    submit.add_argument(
         "--mig",
         dest="mig_profile",
         metavar="PROFILE",
@@ -346,6 +352,7 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
         "gpu_step": args.gpu_step,
         "gpu_milli": args.gpu_milli,
         "mig_profile": args.mig_profile,
+        "kind": args.kind,
         "cpu_milli": args.cpu_milli,
         "memory_mib": args.memory_mib,
     }
@@ -394,6 +401,7 @@ SUBMIT_FLAGS: dict[str, str] = {
     "array": "--array",
     "gpu_milli": "--gpu-fraction",
     "mig_profile": "--mig",
+    "kind": "--kind",
     "cpu_milli": "--cpus",
     "memory_mib": "--memory",
 }

@@ -45,7 +45,7 @@ from rallypoint.protocol import LaunchTask
 from rallypoint.state import LAUNCHED, ClusterState, JobView
 from rallypoint.state.dependencies import never_met
 
-from .recovery import RecoveryConfig, classify_failure, eviction_wake_at, failure_events
+from .recovery import RecoveryConfig, classify_failure, eviction_wake_at, failure_events, user_outcome
 
 __all__ = [
     "PREEMPTION_GRACE_S",
@@ -231,6 +231,9 @@ def _reconcile_launched(
             )
         ]
     if len(job.ranks_exited) >= job.world_size:
+        if job.spec.kind == "service":  # a service never completes: it starts again, after the backoff
+            what = "every rank of the service exited; restarting it"
+            return [Append(event=user_outcome(job, what, 0, now, config))]
         return [Append(event=JobCompleted(job_id=job.job_id, attempt=job.attempt, at=now))]
     limit = job.spec.time_limit_s
     if (

@@ -180,15 +180,13 @@ def _meaning(exit_code: int) -> str:
 
 def _user_event(job: JobView, failure: UserFailure, now: float, config: RecoveryConfig) -> Event:
     what = f"rank {failure.rank} exited with code {failure.exit_code}{_meaning(failure.exit_code)}"
-    return _user_outcome(job, what, failure.exit_code, now, config)
+    return user_outcome(job, what, failure.exit_code, now, config)
 
 
-def _user_outcome(
-    job: JobView, what: str, exit_code: int | None, now: float, config: RecoveryConfig
-) -> Event:
-    """A user failure described by ``what``: a retry after the backoff while ``max_retries`` allows, else
-    ``JobFailed`` naming every attempt."""
-    if job.user_failures < job.spec.max_retries:
+def user_outcome(job: JobView, what: str, exit_code: int | None, now: float, config: RecoveryConfig) -> Event:
+    """A user failure described by ``what``: a retry after the backoff while ``max_retries`` allows (a
+    service: always), else ``JobFailed`` naming every attempt."""
+    if job.user_failures < job.spec.max_retries or job.spec.kind == "service":
         return JobAttemptFailed(
             job_id=job.job_id,
             attempt=job.attempt,
@@ -249,7 +247,7 @@ def refusal_event(
     chosen = user[:1] or [r for r, _ in known]  # the spec's fault reads the same on every node: name one
     what = "; ".join(f"launch refused by node {r.node_id}: {r.error}" for r in chosen)
     if user:
-        return _user_outcome(job, what, None, now, config)
+        return user_outcome(job, what, None, now, config)
     everyone = tuple(sorted({p.node_id for p in job.placements}))
     return _infra_event(job, InfraFailure(failed_nodes=everyone, reason=what), now, config)
 

@@ -97,6 +97,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     gpu_milli: int | None = None
     #: a MIG slice of this profile (``1g.10gb``) on a GPU in MIG mode: one task, one rank, one slice
     mig_profile: str | None = None
+    #: ``service``: runs until cancelled; restarted whenever its ranks exit, never preempted
+    #: (``docs/api.md``, "Services"); ``batch``: runs to completion
+    kind: Literal["batch", "service"] = "batch"
 
 
 class GpuInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):

@@ -22,7 +22,7 @@ import re
 import secrets
 from collections.abc import Mapping, Sequence
 from itertools import accumulate
-from typing import Any, cast, get_args
+from typing import Any, Literal, cast, get_args
 
 import msgspec
 
@@ -206,6 +206,7 @@ def validate_spec(
     cpu_milli, memory_mib = _check_task_resources(body)
     gpu_milli = _check_gpu_milli(body, gpus, ranks_per_task, min_gpus, max_gpus)
     mig_profile = _check_mig_profile(body, gpus, ranks_per_task, min_gpus, max_gpus, gpu_milli)
+    kind = _check_kind(body, time_limit_s)
     max_retries = _int(body, "max_retries")
     if max_retries is None:
         max_retries = 0
@@ -238,6 +239,7 @@ def validate_spec(
         memory_mib=memory_mib,
         gpu_milli=gpu_milli,
         mig_profile=mig_profile,
+        kind=kind,
     )
 
 
@@ -555,6 +557,18 @@ def _check_gpu_milli(
     if min_gpus is not None or max_gpus is not None:
         raise SpecError("gpu_milli", "a fraction of one GPU cannot be elastic (min_gpus / max_gpus)")
     return milli
+
+
+def _check_kind(body: Mapping[str, Any], time_limit_s: int | None) -> Literal["batch", "service"]:
+    """``batch`` (the default) or ``service``, which runs until cancelled: no time limit."""
+    kind = _str(body, "kind")
+    if kind is None or kind == "batch":
+        return "batch"
+    if kind != "service":
+        raise SpecError("kind", f"{kind!r} is not a job kind; one of batch, service")
+    if time_limit_s is not None:
+        raise SpecError("kind", "a service runs until cancelled: it takes no time_limit_s")
+    return "service"
 
 
 def _check_mig_profile(
