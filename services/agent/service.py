@@ -22,7 +22,7 @@ from rallypoint.agent.nvml_backend import NvmlGpus, NvmlUnavailable
 from rallypoint.agent.rankuser import RankUserRefused, requested_rank_user, resolve_rank_user
 from rallypoint.agent.reaper import orphans_come_to_us
 from rallypoint.agent.sim_backend import DEFAULT_MEMORY_MIB, SimulatedGpus
-from rallypoint.cli.resources import parse_gpu_indices
+from rallypoint.cli.resources import parse_gpu_indices, parse_label
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 
 _log = logging.getLogger("rallypoint.agent")
@@ -78,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
         "default .rally/agent/<node-id>)",
     )
     parser.add_argument("--cpu-milli", type=int, default=None, help="CPU to register (default: this host's)")
+    parser.add_argument(
+        "--label",
+        type=parse_label,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label of this node, for jobs' node_selector (repeatable), e.g. zone=a",
+    )
     parser.add_argument("--memory-mib", type=int, default=None, help="RAM to register (default: this host's)")
     parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between heartbeats")
     parser.add_argument(
@@ -156,6 +164,7 @@ async def agent_main(ctx: ServiceContext, args: argparse.Namespace) -> int:
         address=args.address,
         cpu_milli=args.cpu_milli,
         memory_mib=args.memory_mib,
+        labels=dict(args.label),
         heartbeat_interval_s=args.heartbeat_interval,
         instance=ctx.config.instance,
     )

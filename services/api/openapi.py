@@ -17,6 +17,7 @@ from rallypoint.jobs.arrays import ARRAY_PATTERN
 from rallypoint.jobs.text import CLEAN_TEXT_PATTERN, FORBIDDEN, FREE_TEXT_PATTERN
 from rallypoint.jobs.validate import (
     IDEMPOTENCY_KEY_PATTERN,
+    LABEL_PATTERN,
     MAX_ARG_BYTES,
     MAX_COMMAND_BYTES,
     MAX_COMMAND_ITEMS,
@@ -298,6 +299,13 @@ _SCHEMAS: dict[str, Any] = {
                 "maximum": 999,
                 "description": "A fraction of one GPU in thousandths (250 = a quarter), shared with other "
                 "fractional jobs: needs gpus=1 and one rank, not elastic. Omit for whole GPUs.",
+            },
+            "node_selector": {
+                "type": ["object", "null"],
+                "maxProperties": 32,
+                "propertyNames": {"pattern": LABEL_PATTERN.pattern},
+                "additionalProperties": {"type": "string", "pattern": LABEL_PATTERN.pattern},
+                "description": "Labels every task's node must have (its agent's --label), e.g. zone: a.",
             },
             "kind": {
                 "type": ["string", "null"],
@@ -598,6 +606,11 @@ _SCHEMAS: dict[str, Any] = {
                     },
                 },
                 "description": "GPU index (in MIG mode) -> the MIG slices held on it (any team's).",
+            },
+            "labels": {
+                "type": "object",
+                "additionalProperties": {"type": "string"},
+                "description": "The node's labels, which jobs' node_selector match.",
             },
             "cpu_milli": {"type": "integer", "description": "CPU of the node, in millicores."},
             "memory_mib": {"type": "integer", "description": "Host memory of the node, in MiB."},

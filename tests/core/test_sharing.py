@@ -392,3 +392,29 @@ def test_cpu_and_memory_quotas_admit_borrow_and_refuse_like_gpu_quotas() -> None
     assert sorted(b.job_id for b in d.binds) == ["bcpu", "mem"]
     model.bind(running("fits", {"n0": (0,), "n1": (0,)}, team="a", cpu_milli=6_000))
     assert model.usage[("a", CPU)] == 12_000 and ("a", MEMORY) not in model.usage
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_node_selector_keeps_every_kind_of_job_on_nodes_with_its_labels(policy: str) -> None:
+    ns = [
+        Node(id="a0", rack="r", gpu_type="H100", gpus=8, mig_gpus=(7,), labels=(("zone", "a"),)),
+        Node(
+            id="b0", rack="r", gpu_type="H100", gpus=8, mig_gpus=(7,), labels=(("ib", "hdr"), ("zone", "b"))
+        ),
+    ]
+    model = cluster(ns)
+    b = (("zone", "b"),)
+    jobs = [
+        pending("gang", 4, gpt=4, node_selector=b),
+        pending("nb", 1, submit=1.0, gpu_milli=300, node_selector=b),
+        pending("eval", 1, submit=2.0, mig_profile="1g.10gb", node_selector=b),
+        pending("hdr", 1, submit=3.0, node_selector=(("ib", "hdr"), ("zone", "a"))),  # no node has both
+    ]
+    d = _cycle(model, jobs, policy)
+    assert {b_.job_id: b_.placements[0].node_id for b_ in d.binds} == {"gang": "b0", "nb": "b0", "eval": "b0"}
+    code, message = _reasons(d)["hdr"]  # can never run: rejected, never left to block a queue
+    assert code == "GangTooLarge" and "node selector (ib=hdr, zone=a) allows have 0" in message, message
+    # b0's whole GPUs are taken: a second gang for zone b waits though a0 has room
+    full = cluster(ns, [running("x", {"b0": (0, 1, 2, 3, 4, 5, 6)})])
+    d = _cycle(full, [pending("more", 1, node_selector=b)], policy)
+    assert not d.binds and _reasons(d)["more"][0] == "Resources"

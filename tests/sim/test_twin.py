@@ -546,3 +546,26 @@ def test_suspend_and_resume_decide_the_same_in_the_simulator_and_live(policy: st
     assert all(twin.live.state.jobs[j].state == "suspended" for j in never_resumed if j not in ends), [
         twin.live.state.jobs[j].state for j in never_resumed
     ]
+
+
+@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("policy", POLICIES)
+def test_node_selectors_decide_the_same_in_the_simulator_and_live(policy: str, seed: int) -> None:
+    _, _, queues = synthetic()
+    cluster = cluster_from_obj(
+        {
+            "nodes": [
+                {"id": f"n{i}", "rack": f"r{i // 2}", "gpus": 8, "labels": {"zone": "a" if i < 2 else "b"}}
+                for i in range(4)
+            ]
+        }
+    )
+    rng = random.Random(seed)
+    jobs = [
+        msgspec.structs.replace(job, node_selector={"zone": rng.choice("ab")}) if rng.random() < 0.5 else job
+        for job in seeded(seed)
+    ]
+    twin = Twin(jobs, cluster, policy, queues)
+    assert_identical(twin.run())
+    placed = {r.id for r in twin.sim.records}
+    assert any(j.node_selector for j in jobs if j.id in placed)

@@ -95,6 +95,7 @@ class AgentConfig:
     address: str = "127.0.0.1"
     cpu_milli: int | None = None  # default: this host's CPUs
     memory_mib: int | None = None  # default: this host's RAM
+    labels: dict[str, str] = field(default_factory=dict)  # what jobs' node_selector match (``--label``)
     heartbeat_interval_s: float = 1.0
     poll_interval_s: float = 0.2
     instance: str = field(default_factory=new_instance_id)
@@ -208,6 +209,7 @@ class NodeAgent:
             memory_mib=cfg.memory_mib if cfg.memory_mib is not None else host_memory_mib(),
             agent_instance=cfg.instance,
             at=self._clock(),
+            labels=dict(cfg.labels),
         )
         self.registered_seq = await self._append_until_stored(
             subjects.for_event(event), event, f"{cfg.node_id}:{cfg.instance}:NodeRegistered"

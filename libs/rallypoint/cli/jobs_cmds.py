@@ -25,7 +25,7 @@ from rallypoint.jobs.arrays import parse_array
 from .client import ApiClient, ApiError, ApiUnreachable, Response, resolve_api_url
 from .node_cmds import add_node_action_parsers
 from .output import add_output_args, wants_json
-from .resources import parse_cpus, parse_gpu_fraction, parse_memory
+from .resources import parse_cpus, parse_gpu_fraction, parse_label, parse_memory
 from .stale import add_stale_arg, error_line, note_stale
 
 EXIT_OK = 0
@@ -134,6 +134,14 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         dest="gpu_milli",
         metavar="F",
         help="a share of one GPU (0.25 or 25%%), shared with other such jobs; one rank",
+    )
+    submit.add_argument(
+        "--node-selector",
+        type=parse_label,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="run only on nodes with this label (repeatable: all of them), e.g. zone=a",
     )
     submit.add_argument(
         "--kind",
@@ -353,6 +361,7 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
         "gpu_milli": args.gpu_milli,
         "mig_profile": args.mig_profile,
         "kind": args.kind,
+        "node_selector": dict(args.node_selector) or None,
         "cpu_milli": args.cpu_milli,
         "memory_mib": args.memory_mib,
     }
@@ -402,6 +411,7 @@ SUBMIT_FLAGS: dict[str, str] = {
     "gpu_milli": "--gpu-fraction",
     "mig_profile": "--mig",
     "kind": "--kind",
+    "node_selector": "--node-selector",
     "cpu_milli": "--cpus",
     "memory_mib": "--memory",
 }

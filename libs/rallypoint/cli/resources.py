@@ -10,7 +10,7 @@ import argparse
 import math
 import re
 
-__all__ = ["parse_cpus", "parse_gpu_fraction", "parse_gpu_indices", "parse_memory"]
+__all__ = ["parse_cpus", "parse_gpu_fraction", "parse_gpu_indices", "parse_label", "parse_memory"]
 
 _NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
 _CPUS = re.compile(rf"^{_NUMBER}(m?)$")
@@ -64,3 +64,11 @@ def parse_gpu_indices(text: str) -> tuple[int, ...]:
     if any(i < 0 for i in indices):
         raise argparse.ArgumentTypeError(f"GPU indices are >= 0; got {text!r}")
     return indices
+
+
+def parse_label(text: str) -> tuple[str, str]:
+    """``KEY=VALUE``: a node label (the agent's ``--label``) or one a job selects (``--node-selector``)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key or not value:
+        raise argparse.ArgumentTypeError(f"want KEY=VALUE, got {text!r}")
+    return key, value

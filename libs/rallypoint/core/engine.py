@@ -196,7 +196,14 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
             types = ctx.types_of[job.gpu_type] = job_types(job, ctx.idx)
     else:
         types = job_types(job, ctx.idx)
-    if job.gpu_milli is not None or job.mig_profile is not None or job.cpu_milli or job.memory_mib:
+    # (``sharing.wants_resources`` inlined: it is asked for every waiting job of every cycle)
+    if (
+        job.gpu_milli is not None
+        or job.mig_profile is not None
+        or job.cpu_milli
+        or job.memory_mib
+        or job.node_selector
+    ):
         return _attempt_with_resources(job, types, policy, ctx, out)
     if job.min_gpus is None and len(types) == 1:
         # one size and one GPU type (most jobs): ``_admit_and_place`` without its lists and loops
@@ -231,6 +238,8 @@ def _attempt_with_resources(
     types that its quota admits and that has the room now. It reserves nothing; a share or slice may evict
     lower-ranked ones (``part_preemption``), and waits while they stop."""
     size = job.gpus
+    if job.node_selector and (never := sharing.never_fits(job, types, ctx)) is not None:
+        return Status("GangTooLarge", never)
     refusal = None
     admitted = False
     for t in types:

@@ -32,13 +32,33 @@ if TYPE_CHECKING:
     from rallypoint.core.types import PendingJob
     from rallypoint.core.workspace import Workspace
 
-__all__ = ["SideResources", "record", "side_of", "try_place", "wants_resources", "why_short"]
+__all__ = ["SideResources", "never_fits", "record", "side_of", "try_place", "wants_resources", "why_short"]
 
 _UNLIMITED = 1 << 62
 
 
 def wants_resources(job: PendingJob) -> bool:
-    return job.gpu_milli is not None or job.mig_profile is not None or job.cpu_milli > 0 or job.memory_mib > 0
+    return (
+        job.gpu_milli is not None
+        or job.mig_profile is not None
+        or job.cpu_milli > 0
+        or job.memory_mib > 0
+        or bool(job.node_selector)
+    )
+
+
+def selected(job: PendingJob, ctx: Ctx) -> list[bool] | None:
+    """Per node ordinal, whether the node has every label of the job's ``node_selector`` (None: no
+    selector, every node does); memoized per selector for the cycle."""
+    if not job.node_selector:
+        return None
+    memo = ctx.cache.setdefault("selected", {})
+    assert isinstance(memo, dict)
+    hit = memo.get(job.node_selector)
+    if hit is None:
+        wanted = set(job.node_selector)
+        hit = memo[job.node_selector] = [wanted <= set(n.labels) for n in ctx.idx.nodes]
+    return hit
 
 
 class SideResources:
@@ -85,14 +105,17 @@ def side_of(ctx: Ctx) -> SideResources:
 def try_place(job: PendingJob, size: int, gpu_type: str, ctx: Ctx) -> Plan | None:
     """A plan for ``job`` on free room of ``gpu_type`` now, or None (the workspace is left as it was)."""
     side = side_of(ctx)
+    allowed = selected(job, ctx)
     if job.gpu_milli is not None:
-        return _place_share(ctx.ws, side, job, gpu_type)
+        return _place_share(ctx.ws, side, job, gpu_type, allowed)
     if job.mig_profile is not None:
-        return _place_mig(ctx.ws, side, job, gpu_type)
-    return _place_gang(ctx, side, job, size, gpu_type)
+        return _place_mig(ctx.ws, side, job, gpu_type, allowed)
+    return _place_gang(ctx, side, job, size, gpu_type, allowed)
 
 
-def _place_mig(ws: Workspace, side: SideResources, job: PendingJob, t: str) -> Plan | None:
+def _place_mig(
+    ws: Workspace, side: SideResources, job: PendingJob, t: str, allowed: list[bool] | None
+) -> Plan | None:
     """The MIG GPU of type ``t`` where ``carve`` fits the slice and leaves the least room (pack MIG GPUs:
     the emptiest stay open for large profiles), ties by node order then GPU; on that GPU, carve's start."""
     profile = job.mig_profile
@@ -104,6 +127,8 @@ def _place_mig(ws: Workspace, side: SideResources, job: PendingJob, t: str) -> P
     best: tuple[int, int, int, int] | None = None
     for o, g in side.mig_gpus:
         if type_of[o] != t or not sched[o] or not side.tasks_fit(o, job.cpu_milli, job.memory_mib):
+            continue
+        if allowed is not None and not allowed[o]:
             continue
         busy = side.mig_busy.get((o, g), ())
         c = carve(model, busy, profile)
@@ -120,7 +145,9 @@ def _place_mig(ws: Workspace, side: SideResources, job: PendingJob, t: str) -> P
     return new_plan(t, "nvlink", ((o, 1 << g),))
 
 
-def _place_share(ws: Workspace, side: SideResources, job: PendingJob, t: str) -> Plan | None:
+def _place_share(
+    ws: Workspace, side: SideResources, job: PendingJob, t: str, allowed: list[bool] | None
+) -> Plan | None:
     milli = job.gpu_milli
     assert milli is not None
     cpu, mem = job.cpu_milli, job.memory_mib
@@ -129,6 +156,8 @@ def _place_share(ws: Workspace, side: SideResources, job: PendingJob, t: str) ->
     for (o, g), used in side.shares.items():
         left = GPU_MILLI - used - milli
         if left < 0 or type_of[o] != t or not sched[o] or not side.tasks_fit(o, cpu, mem):
+            continue
+        if allowed is not None and not allowed[o]:
             continue
         key = (left, o, g)
         if best is None or key < best:
@@ -140,12 +169,14 @@ def _place_share(ws: Workspace, side: SideResources, job: PendingJob, t: str) ->
         return None
     for c in range(1, len(buckets)):
         for o in buckets[c]:
-            if side.tasks_fit(o, cpu, mem):
+            if side.tasks_fit(o, cpu, mem) and (allowed is None or allowed[o]):
                 return new_plan(t, "nvlink", ((o, _pick(ws, o, ws.free[o], 1)),))
     return None
 
 
-def _place_gang(ctx: Ctx, side: SideResources, job: PendingJob, size: int, t: str) -> Plan | None:
+def _place_gang(
+    ctx: Ctx, side: SideResources, job: PendingJob, size: int, t: str, allowed: list[bool] | None
+) -> Plan | None:
     """Whole GPUs: ``placement.place`` on the nodes' free GPUs cut down to what their CPU and memory
     can feed, inside a transaction rolled back before returning."""
     ws = ctx.ws
@@ -156,7 +187,7 @@ def _place_gang(ctx: Ctx, side: SideResources, job: PendingJob, size: int, t: st
     mark = ws.mark()
     for c in range(1, len(buckets)):
         for o in list(buckets[c]):  # (``take`` moves nodes between buckets)
-            fits = side.tasks_fit(o, job.cpu_milli, job.memory_mib)
+            fits = side.tasks_fit(o, job.cpu_milli, job.memory_mib) if allowed is None or allowed[o] else 0
             if fits * gpt < c:
                 free = ws.free[o]
                 keep = 0
@@ -183,10 +214,28 @@ def record(job: PendingJob, plan: Plan, ctx: Ctx) -> None:
             side.mig_busy[key] = (*side.mig_busy.get(key, ()), MigInstance(cut.profile, cut.start, True))
 
 
+def never_fits(job: PendingJob, types: list[str], ctx: Ctx) -> str | None:
+    """Why a whole-GPU gang with a node selector can never run here (the nodes it allows, healthy or not,
+    hold fewer GPUs of its types than it asks for); None when it might. A ``GangTooLarge``: rejected."""
+    allowed = selected(job, ctx)
+    if allowed is None or job.gpu_milli is not None or job.mig_profile is not None:
+        return None
+    idx = ctx.idx
+    has = sum(idx.full[o].bit_count() for o, ok in enumerate(allowed) if ok and idx.type_of[o] in types)
+    if has >= job.gpus:
+        return None
+    wanted = ", ".join(f"{k}={v}" for k, v in job.node_selector)
+    return f"asks for {job.gpus} GPUs; the nodes its node selector ({wanted}) allows have {has}"
+
+
 def why_short(job: PendingJob, types: list[str], ctx: Ctx) -> str:
     """What the job lacks, naming the resource: the GPU room, else CPU or memory on the nodes with it."""
     side = side_of(ctx)
     ws = ctx.ws
+    allowed = selected(job, ctx)
+    if allowed is not None and not any(allowed):
+        wanted = ", ".join(f"{k}={v}" for k, v in job.node_selector)
+        return f"no node has the labels of its node selector ({wanted})"
     if job.mig_profile is not None:
         return _why_no_slice(job, types, side, ctx)
     milli = job.gpu_milli
@@ -194,10 +243,13 @@ def why_short(job: PendingJob, types: list[str], ctx: Ctx) -> str:
         o for (o, _g), used in side.shares.items() if milli is not None and GPU_MILLI - used >= milli
     }
     need = 1 if milli is not None else job.gpus_per_task
-    gpu_room = [  # ordinals with GPU room of an allowed type
+    gpu_room = [  # ordinals with GPU room of an allowed type, on a node its selector allows
         o
         for o, t in enumerate(ws.idx.type_of)
-        if t in types and ws.sched[o] and (ws.free[o].bit_count() >= need or o in with_share)
+        if t in types
+        and ws.sched[o]
+        and (allowed is None or allowed[o])
+        and (ws.free[o].bit_count() >= need or o in with_share)
     ]
     what = f"{milli / GPU_MILLI:g} of a GPU" if milli is not None else f"{job.gpus} GPUs"
     if not gpu_room:

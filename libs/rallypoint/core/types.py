@@ -70,6 +70,8 @@ class Node(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     schedulable: bool = True
     #: GPUs in MIG mode: they hold MIG slices only (``core.sharing``), never whole or fractional jobs
     mig_gpus: tuple[int, ...] = ()
+    #: the node's labels as (key, value) pairs, sorted: a job's ``node_selector`` must find all of its own
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -167,6 +169,7 @@ class PendingJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     name: str | None = None
     gpu_milli: int | None = None
     mig_profile: str | None = None
+    node_selector: tuple[tuple[str, str], ...] = ()  # labels every task's node must have, sorted
 
     @property
     def queue_name(self) -> str:

@@ -97,6 +97,8 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     gpu_milli: int | None = None
     #: a MIG slice of this profile (``1g.10gb``) on a GPU in MIG mode: one task, one rank, one slice
     mig_profile: str | None = None
+    #: the node labels every task's node must have (``NodeRegistered.labels``), e.g. ``{"zone": "a"}``
+    node_selector: dict[str, str] = {}
     #: ``service``: runs until cancelled; restarted whenever its ranks exit, never preempted
     #: (``docs/api.md``, "Services"); ``batch``: runs to completion
     kind: Literal["batch", "service"] = "batch"
@@ -351,6 +353,8 @@ class NodeRegistered(_Event, tag="NodeRegistered.v1", frozen=True, kw_only=True)
     memory_mib: int
     agent_instance: str
     at: float
+    #: the node's labels (its agent's ``--label``): a job's ``node_selector`` must match them
+    labels: dict[str, str] = {}
 
 
 class NodeHeartbeatLost(_Event, tag="NodeHeartbeatLost.v1", frozen=True, kw_only=True):

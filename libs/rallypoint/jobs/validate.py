@@ -207,6 +207,7 @@ def validate_spec(
     gpu_milli = _check_gpu_milli(body, gpus, ranks_per_task, min_gpus, max_gpus)
     mig_profile = _check_mig_profile(body, gpus, ranks_per_task, min_gpus, max_gpus, gpu_milli)
     kind = _check_kind(body, time_limit_s)
+    node_selector = _check_node_selector(body)
     max_retries = _int(body, "max_retries")
     if max_retries is None:
         max_retries = 0
@@ -240,6 +241,7 @@ def validate_spec(
         gpu_milli=gpu_milli,
         mig_profile=mig_profile,
         kind=kind,
+        node_selector=node_selector,
     )
 
 
@@ -557,6 +559,31 @@ def _check_gpu_milli(
     if min_gpus is not None or max_gpus is not None:
         raise SpecError("gpu_milli", "a fraction of one GPU cannot be elastic (min_gpus / max_gpus)")
     return milli
+
+
+#: A node label's key and value, and how many a selector may name (what Kubernetes allows a label value).
+LABEL_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$")
+MAX_SELECTOR_LABELS = 32
+
+
+def _check_node_selector(body: Mapping[str, Any]) -> dict[str, str]:
+    """Labels (key -> value) every task's node must have."""
+    value = body.get("node_selector")
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError("node_selector", f"must be an object of strings, got {_type_name(value)}")
+    if len(value) > MAX_SELECTOR_LABELS:
+        raise SpecError("node_selector", f"at most {MAX_SELECTOR_LABELS} labels, got {len(value)}")
+    for key, label in value.items():
+        for what, text in (("key", key), ("value", label)):
+            if not isinstance(text, str) or not LABEL_PATTERN.fullmatch(text):
+                shown = text if not isinstance(text, str) or len(text) <= 64 else f"{text[:64]}..."
+                raise SpecError(
+                    "node_selector",
+                    f"label {what} {shown!r} is not 1-63 letters, digits, '.', '_', '/' or '-'",
+                )
+    return dict(value)
 
 
 def _check_kind(body: Mapping[str, Any], time_limit_s: int | None) -> Literal["batch", "service"]:

@@ -48,6 +48,7 @@ def core_node(
     memory_mib: int,
     schedulable: bool = True,
     mig_gpus: tuple[int, ...] = (),
+    labels: tuple[tuple[str, str], ...] = (),
 ) -> Node:
     """One machine as the core sees it; ``gpus`` as for ``nvlink_domains``; ``mig_gpus`` in MIG mode."""
     return Node(
@@ -61,6 +62,7 @@ def core_node(
         memory_mib=memory_mib,
         schedulable=schedulable,
         mig_gpus=mig_gpus,
+        labels=labels,
     )
 
 

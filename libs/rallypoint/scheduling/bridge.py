@@ -54,6 +54,7 @@ def node_of(view: NodeView) -> Node:
         memory_mib=view.memory_mib,
         schedulable=view.schedulable,
         mig_gpus=tuple(gpu.index for gpu in view.gpus if gpu.mig),
+        labels=tuple(sorted(view.labels.items())),
     )
 
 
@@ -131,6 +132,7 @@ def pending_of(job: JobView) -> PendingJob:
         memory_mib=spec.memory_mib,
         gpu_milli=spec.gpu_milli,
         mig_profile=spec.mig_profile,
+        node_selector=tuple(sorted(spec.node_selector.items())),
     )
 
 

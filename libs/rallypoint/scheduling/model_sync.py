@@ -48,7 +48,18 @@ __all__ = ["NODE_FIELDS", "PENDING_FIELDS", "RUNNING_FIELDS", "Changed", "ModelS
 
 # Every field of the view that the bridge's conversion reads (tests/unit/test_model_sync.py fails if
 # bridge.py starts reading one more without it being added here).
-NODE_FIELDS = ("node_id", "rack", "spine", "gpu_type", "gpus", "cpu_milli", "memory_mib", "status", "health")
+NODE_FIELDS = (
+    "node_id",
+    "rack",
+    "spine",
+    "gpu_type",
+    "gpus",
+    "cpu_milli",
+    "memory_mib",
+    "status",
+    "health",
+    "labels",
+)
 RUNNING_FIELDS = (
     "job_id", "spec", "submitted_at", "bound_at", "started_at", "placements", "last_preempted_at",
     "preempt_for", "attained_gpu_s", "last_checkpoint_at", "resize",

@@ -47,6 +47,7 @@ class Node(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     memory: int = 0
     nvlink_domain: int | None = None  # GPUs per NVLink domain; None means the whole node
     mig_gpus: tuple[int, ...] = ()  # GPUs in MIG mode (MIG slices only; the type must be MIG-capable)
+    labels: dict[str, str] = {}  # what jobs' node_selector match, as an agent's --label
 
 
 class Generator(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -58,6 +59,7 @@ class Generator(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     cpu: int = 0
     memory: int = 0
     mig_gpus: tuple[int, ...] = ()
+    labels: dict[str, str] = {}
     prefix: str = ""
     racks_per_spine: int | None = None  # None: every rack under one spine
 
@@ -114,6 +116,7 @@ def generate(gen: Generator) -> list[Node]:
             memory=gen.memory,
             nvlink_domain=gen.nvlink_domain,
             mig_gpus=gen.mig_gpus,
+            labels=gen.labels,
         )
         for r in range(gen.racks)
         for k in range(gen.nodes_per_rack)

@@ -192,6 +192,7 @@ def to_core_nodes(cluster: Cluster) -> list[ct.Node]:
             cpu_milli=n.cpu,
             memory_mib=n.memory,
             mig_gpus=n.mig_gpus,
+            labels=tuple(sorted(n.labels.items())),
         )
         for n in cluster.nodes
     ]
@@ -348,6 +349,7 @@ class Simulator:
             memory_mib=j.memory_mib,
             gpu_milli=j.gpu_milli,
             mig_profile=j.mig_profile,
+            node_selector=tuple(sorted(j.node_selector.items())),
         )
 
     def _submit(self, sj: _SimJob, now: float) -> bool:

@@ -137,6 +137,7 @@ def job_spec(job: Job, priority: str) -> JobSpec:
         memory_mib=job.memory_mib,
         gpu_milli=job.gpu_milli,
         mig_profile=job.mig_profile,
+        node_selector=dict(job.node_selector),
     )
 
 
@@ -160,6 +161,7 @@ def node_registered(node: Node, at: float) -> NodeRegistered:
         memory_mib=node.memory,
         agent_instance=LEADER,
         at=at,
+        labels=dict(node.labels),
     )
 
 

@@ -63,6 +63,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
     #: waiting one leaves the queue) and resumes it at ``resume_at`` (back in its original place)
     suspend_at: float | None = None
     resume_at: float | None = None
+    #: node labels every task's node must have (the live spec's ``node_selector``)
+    node_selector: dict[str, str] = {}
 
     @property
     def job_name(self) -> str:

@@ -112,6 +112,8 @@ class NodeView(msgspec.Struct, kw_only=True):
     shares: dict[int, dict[str, int]] = {}
     #: GPU index (in MIG mode) -> {job id: its slice} of the MIG jobs on it (``JobSpec.mig_profile``)
     slices: dict[int, dict[str, MigSlice]] = {}
+    #: what the node's agent says it is (``zone=a``, ``ib=hdr``): jobs' ``node_selector`` matches them
+    labels: dict[str, str] = {}
     #: The health monitor's verdict on the node's signals (``NodeHealthChanged``): ``degraded`` cordons
     #: the node, ``failed`` drains it too. Silence is ``status``'s business, not this.
     health: str = "healthy"
@@ -767,6 +769,10 @@ def _register(state: ClusterState, e: NodeRegistered) -> None:
         agent_instance=e.agent_instance,
         registered_at=e.at,
         allocated=allocated,
+        # and the shares and slices its GPUs hold, which the log still says too
+        shares=existing.shares if existing is not None else {},
+        slices=existing.slices if existing is not None else {},
+        labels=dict(e.labels),
     )
     if existing is not None:  # a restarted agent does not clear what its signals said
         kept = state.nodes[e.node_id]
