@@ -1,4 +1,4 @@
-"""Suspend and resume in the fold and the job controller's reconcile (issue 35, Build item 3)."""
+"""Suspend and resume, and services, in the fold and the job controller's reconcile (issue 35, items 3, 5)."""
 
 from __future__ import annotations
 
