@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from gpujoins import GpuJoins, count_gpu_joins
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parent / "data"
@@ -22,3 +23,9 @@ def shared_traces() -> Path:
     if not (p / "golden").is_dir():
         pytest.skip(f"shared traces not found at {p} (clone the repo beside shared/ to run this test)")
     return p
+
+
+@pytest.fixture
+def gpu_joins(monkeypatch: pytest.MonkeyPatch) -> GpuJoins:
+    """Counts the binds onto a GPU other shares or slices already held (``gpujoins``)."""
+    return count_gpu_joins(monkeypatch)

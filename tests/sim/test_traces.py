@@ -7,8 +7,8 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from gpujoins import GpuJoins
 
-from rallypoint.core import ClusterModel, RunningJob
 from rallypoint.sim.engine import SimOptions, Simulator
 from rallypoint.sim.workload import Job, load_workload
 from rallypoint.traces import load, openb, philly
@@ -98,19 +98,10 @@ def test_openb_with_shares_keeps_fractional_pods_and_every_pods_cpu_and_memory(d
 
 
 def test_an_openb_slice_with_shares_replays_through_the_scheduler(
-    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+    data_dir: Path, gpu_joins: GpuJoins
 ) -> None:
     """Fractions, CPU, memory and GPU types through the real core (the simulator calls it as the scheduler
     does), arrivals compressed: every job ends, none is rejected, and shares ran side by side on a GPU."""
-    joined: list[str] = []
-    bind_share = ClusterModel._bind_share
-
-    def counting(model: ClusterModel, job: RunningJob) -> None:
-        if (job.placements[0].node_id, job.placements[0].gpus[0]) in model.shares:
-            joined.append(job.id)
-        bind_share(model, job)
-
-    monkeypatch.setattr(ClusterModel, "_bind_share", counting)
     conv = convert_openb(
         data_dir / "openb_nodes_sample.csv", data_dir / "openb_pods_sample.csv", target_load=1.2, shares=True
     )
@@ -118,4 +109,4 @@ def test_an_openb_slice_with_shares_replays_through_the_scheduler(
     sim = Simulator(conv.jobs, conv.cluster, "rallypoint", options=SimOptions(tick=600.0))
     result = sim.run().summary
     assert result["completed"] == len(conv.jobs) and result["rejected"] == 0, result
-    assert joined, "no fractional pod ever joined a shared GPU"
+    assert gpu_joins.shares, "no fractional pod ever joined a shared GPU"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from gpujoins import GpuJoins
 
-from rallypoint.core import ClusterModel, RunningJob
 from rallypoint.events import ArrayMember, Dependency
 from rallypoint.scheduling.queues import Queues, queues_from_obj
 from rallypoint.sim.cluster import Cluster, cluster_from_obj
@@ -413,18 +413,8 @@ def with_sharing(seed: int) -> list[Job]:
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("policy", POLICIES)
 def test_fractions_and_cpu_requests_decide_the_same_in_the_simulator_and_live(
-    policy: str, seed: int, monkeypatch: pytest.MonkeyPatch
+    policy: str, seed: int, gpu_joins: GpuJoins
 ) -> None:
-    joined: list[str] = []  # notebooks bound onto a GPU another notebook already shared (either world)
-    bind_share = ClusterModel._bind_share
-
-    def counting(model: ClusterModel, job: RunningJob) -> None:
-        p = job.placements[0]
-        if (p.node_id, p.gpus[0]) in model.shares:
-            joined.append(job.id)
-        bind_share(model, job)
-
-    monkeypatch.setattr(ClusterModel, "_bind_share", counting)
     _, _, queues = synthetic()
     cluster = shared_cluster()
     jobs = with_sharing(seed)
@@ -432,7 +422,7 @@ def test_fractions_and_cpu_requests_decide_the_same_in_the_simulator_and_live(
     assert_identical(twin.run())
     ends = {r.id: r for r in twin.sim.records}
     assert all(j.id in ends for j in jobs)  # every job ran to its end
-    assert joined, "no notebook ever shared a GPU: the case tests nothing about sharing"
+    assert gpu_joins.shares, "no notebook ever shared a GPU: the case tests nothing about sharing"
 
 
 def with_mig(seed: int) -> list[Job]:
@@ -460,18 +450,8 @@ def with_mig(seed: int) -> list[Job]:
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("policy", POLICIES)
 def test_mig_slices_decide_the_same_in_the_simulator_and_live(
-    policy: str, seed: int, monkeypatch: pytest.MonkeyPatch
+    policy: str, seed: int, gpu_joins: GpuJoins
 ) -> None:
-    beside: list[str] = []  # slices bound on a MIG GPU another slice already ran on (either world)
-    bind_mig = ClusterModel._bind_mig
-
-    def counting(model: ClusterModel, job: RunningJob) -> None:
-        p = job.placements[0]
-        if model.mig_busy.get((p.node_id, p.gpus[0])):
-            beside.append(job.id)
-        bind_mig(model, job)
-
-    monkeypatch.setattr(ClusterModel, "_bind_mig", counting)
     _, _, queues = synthetic()
     cluster = mig_cluster()
     jobs = with_mig(seed)
@@ -479,7 +459,7 @@ def test_mig_slices_decide_the_same_in_the_simulator_and_live(
     assert_identical(twin.run())
     ends = {r.id: r for r in twin.sim.records}
     assert all(j.id in ends for j in jobs)  # every job ran to its end, slices included
-    assert beside, "no two slices ever shared a MIG GPU: the case tests nothing about MIG layouts"
+    assert gpu_joins.slices, "no two slices ever shared a MIG GPU: the case tests nothing about MIG layouts"
 
 
 def test_shares_and_slices_are_preempted_in_both_worlds_alike() -> None:

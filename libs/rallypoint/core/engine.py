@@ -196,7 +196,8 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
             types = ctx.types_of[job.gpu_type] = job_types(job, ctx.idx)
     else:
         types = job_types(job, ctx.idx)
-    # (``sharing.wants_resources`` inlined: it is asked for every waiting job of every cycle)
+    # a share, a slice, CPU, memory or a node selector: ``core.sharing`` places it (inline attribute
+    # checks: this runs for every waiting job of every cycle)
     if (
         job.gpu_milli is not None
         or job.mig_profile is not None

@@ -195,7 +195,7 @@ def preempt_for_gang(
         if all(_evictable(i, rank, ctx, view) for i in ids):
             freeable[(o, g)] = list(ids)
             ws.give(o, 1 << g)
-    required = ctx.required_level(job) if ctx.consolidate_small else job.topology_required
+    required = ctx.required_level(job)
     plan = (
         place(ws, size // job.gpus_per_task, job.gpus_per_task, t, required, ctx.cfg.first_fit)
         if freeable

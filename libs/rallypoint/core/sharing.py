@@ -1,6 +1,6 @@
 """Jobs that ask for more than whole GPUs: a fraction of one GPU, or CPU and memory on each task's node.
 
-Two kinds of request take this path (``wants_resources``):
+The engine sends a job here when it asks for any of these (``engine._attempt``):
 
 - **A fractional job** (``PendingJob.gpu_milli``, 1-999 thousandths): one task on one GPU that other
   fractional jobs may share. It goes to the shared GPU of its type with the least room left that still
@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rallypoint.core.cluster import GPU_MILLI
-from rallypoint.core.mig import MigInstance, carve, free_mask, mig_model, room
+from rallypoint.core.mig import MEMORY_SLICES, MigInstance, carve, free_mask, mig_model, room
 from rallypoint.core.placement import Plan, _pick, new_plan, place
 from rallypoint.events.catalogue import MigSlice
 
@@ -32,19 +32,10 @@ if TYPE_CHECKING:
     from rallypoint.core.types import PendingJob
     from rallypoint.core.workspace import Workspace
 
-__all__ = ["SideResources", "never_fits", "record", "side_of", "try_place", "wants_resources", "why_short"]
+__all__ = ["SideResources", "never_fits", "record", "side_of", "try_place", "why_short"]
 
 _UNLIMITED = 1 << 62
-
-
-def wants_resources(job: PendingJob) -> bool:
-    return (
-        job.gpu_milli is not None
-        or job.mig_profile is not None
-        or job.cpu_milli > 0
-        or job.memory_mib > 0
-        or bool(job.node_selector)
-    )
+ALL_SLICES = (1 << MEMORY_SLICES) - 1  # every memory slice of a MIG GPU, as bits
 
 
 def selected(job: PendingJob, ctx: Ctx) -> list[bool] | None:
@@ -87,6 +78,16 @@ class SideResources:
         # the slice each MIG job bound this cycle got (the engine writes it into the job's Bind)
         self.slices: dict[str, MigSlice] = {}
 
+    def usable(self, ws: Workspace, o: int, t: str, job: PendingJob, allowed: list[bool] | None) -> bool:
+        """Node ``o`` is of type ``t``, schedulable, allowed by the job's selector and has one task's
+        CPU and memory left."""
+        return (
+            ws.idx.type_of[o] == t
+            and ws.sched[o]
+            and (allowed is None or allowed[o])
+            and self.tasks_fit(o, job.cpu_milli, job.memory_mib) > 0
+        )
+
     def tasks_fit(self, o: int, cpu: int, mem: int) -> int:
         """How many tasks of (``cpu``, ``mem``) node ``o`` has room for."""
         by_cpu = self.cpu_left[o] // cpu if cpu else _UNLIMITED
@@ -123,19 +124,16 @@ def _place_mig(
     if profile is None or model is None or profile not in {p.name for p in model.profiles}:
         return None
     wanted = model.profile(profile)
-    type_of, sched = ws.idx.type_of, ws.sched
     best: tuple[int, int, int, int] | None = None
     for o, g in side.mig_gpus:
-        if type_of[o] != t or not sched[o] or not side.tasks_fit(o, job.cpu_milli, job.memory_mib):
-            continue
-        if allowed is not None and not allowed[o]:
+        if not side.usable(ws, o, t, job, allowed):
             continue
         busy = side.mig_busy.get((o, g), ())
         c = carve(model, busy, profile)
         if c is None:
             continue
         taken = ~free_mask(model, busy) | wanted.mask_at(c.start)
-        key = (room(model, taken & 0xFF), o, g, c.start)
+        key = (room(model, taken & ALL_SLICES), o, g, c.start)
         if best is None or key < best:
             best = key
     if best is None:
@@ -150,14 +148,10 @@ def _place_share(
 ) -> Plan | None:
     milli = job.gpu_milli
     assert milli is not None
-    cpu, mem = job.cpu_milli, job.memory_mib
-    type_of, sched = ws.idx.type_of, ws.sched
     best: tuple[int, int, int] | None = None
     for (o, g), used in side.shares.items():
         left = GPU_MILLI - used - milli
-        if left < 0 or type_of[o] != t or not sched[o] or not side.tasks_fit(o, cpu, mem):
-            continue
-        if allowed is not None and not allowed[o]:
+        if left < 0 or not side.usable(ws, o, t, job, allowed):
             continue
         key = (left, o, g)
         if best is None or key < best:
@@ -169,7 +163,7 @@ def _place_share(
         return None
     for c in range(1, len(buckets)):
         for o in buckets[c]:
-            if side.tasks_fit(o, cpu, mem) and (allowed is None or allowed[o]):
+            if side.usable(ws, o, t, job, allowed):
                 return new_plan(t, "nvlink", ((o, _pick(ws, o, ws.free[o], 1)),))
     return None
 
@@ -194,8 +188,7 @@ def _place_gang(
                 for _ in range(min(fits, c // gpt)):
                     keep |= _pick(ws, o, free & ~keep, gpt)
                 ws.take(o, free & ~keep)
-    required = ctx.required_level(job) if ctx.consolidate_small else job.topology_required
-    plan = place(ws, size // gpt, gpt, t, required, ctx.cfg.first_fit)
+    plan = place(ws, size // gpt, gpt, t, ctx.required_level(job), ctx.cfg.first_fit)
     ws.rollback(mark)
     return plan
 
