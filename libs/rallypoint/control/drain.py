@@ -10,6 +10,10 @@ gangs already running there depends on their priority class:
   ``checkpoint_wait_s`` if no checkpoint comes (a job that never checkpoints does not pin a bad node);
 - ``finish``: left to run to its end; the node empties as its jobs end.
 
+A service (``kind: service``) leaves at once whatever its class: it never ends, so ``finish`` would pin
+the node forever, and it keeps no training progress for a checkpoint to save. Its ranks get SIGTERM and
+the grace, and it starts again on another node.
+
 A failed node is evicted at once whatever the class: its GPU no longer computes correctly (or at all), so
 waiting only burns the gang's time.
 """
@@ -111,6 +115,10 @@ def drain_plan(job: JobView, node: NodeView, policy: DrainPolicy) -> DrainPlan |
     priority = job.spec.priority
     if node.health == "failed":
         return DrainPlan(plan="now", deadline=since, detail="the node failed: its GPUs cannot be trusted")
+    if job.spec.kind == "service":
+        # a service never ends and has no training progress to lose: waiting for it to finish or to
+        # checkpoint would pin the node for good. It moves at once, gracefully (SIGTERM, the grace)
+        return DrainPlan(plan="now", deadline=since, detail="a service moves at once, to another node")
     action = policy.action_for(priority)
     if action == "now":
         return DrainPlan(plan="now", deadline=since, detail=f"class {priority} drains at once")
