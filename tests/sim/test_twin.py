@@ -549,3 +549,50 @@ def test_node_selectors_decide_the_same_in_the_simulator_and_live(policy: str, s
     assert_identical(twin.run())
     placed = {r.id for r in twin.sim.records}
     assert any(j.node_selector for j in jobs if j.id in placed)
+
+
+def with_services(seed: int) -> list[Job]:
+    """The seeded contention with a third of the jobs turned into services (whole runs of 30 to 120 s, each
+    ending in an exit and a restart after the backoff), some of the lowest class, among training that
+    outranks them; team t1 reserves 3 GPUs for its services, and two of 2 GPUs each arrive first, so one
+    of them waits for that room (``QuotaExceeded``, "service capacity") while the other runs."""
+    rng = random.Random(seed)
+    jobs = [J(f"svc-{x}", 0.0, 2, 60.0, "t1", kind="service") for x in "ab"]
+    for job in seeded(seed):
+        if rng.random() < 0.33 and job.min_gpus is None and job.gpus <= 8:
+            job = msgspec.structs.replace(
+                job,
+                kind="service",
+                time_limit=None,
+                duration=float(rng.randint(30, 120)),
+                priority=rng.choice(("best-effort", None)),
+            )
+        jobs.append(job)
+    return jobs
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("policy", POLICIES)
+def test_services_decide_the_same_in_the_simulator_and_live(policy: str, seed: int) -> None:
+    _, cluster, _ = synthetic()
+    queues = queues_from_obj(
+        {
+            "cohorts": [{"name": "all"}],
+            "teams": [
+                {"name": "t1", "nominal": 16, "cohort": "all", "borrowing_limit": 8, "service_gpus": 3},
+                {"name": "t2", "nominal": 16, "cohort": "all"},
+            ],
+        }
+    )
+    jobs = with_services(seed)
+    twin = Twin(jobs, cluster, policy, queues)
+    assert_identical(twin.run())
+    services = [j.id for j in jobs if j.kind == "service"]
+    assert services and not {r.id for r in twin.sim.records} & set(services), "a service never completes"
+    assert any(twin.sim.jobs[s].restarts for s in services), "no service ever restarted: nothing compared"
+    live = twin.live.state.jobs
+    assert all(live[s].state != "completed" and twin.sim.jobs[s].preemptions == 0 for s in services)
+    # each restart the live side saw was the job controller's user failure (an exit after the last cycle
+    # is not told to it: no cycle follows)
+    assert all(live[s].user_failures <= twin.sim.jobs[s].restarts for s in services if s in live)
+    assert sum(live[s].user_failures for s in services if s in live) > 0

@@ -24,7 +24,7 @@ import numpy as np
 
 from rallypoint.core.formulas import add_team_usage
 from rallypoint.core.mig import MigInstance, free_mask, mig_model
-from rallypoint.core.types import CPU, MEMORY, Node, RunningJob, TaskPlacement
+from rallypoint.core.types import CPU, MEMORY, SERVICE, Node, RunningJob, TaskPlacement
 from rallypoint.events.catalogue import GPU_MILLI
 
 __all__ = ["GPU_MILLI", "ClusterIndex", "ClusterModel", "RunningColumns", "load_cluster", "nodes_from_spec"]
@@ -577,6 +577,9 @@ class ClusterModel:
             if amount:  # quota usage of the resources beside GPUs (``quota.CPU`` / ``MEMORY``)
                 rkey = (job.queue_name, resource)
                 self.usage[rkey] = self.usage.get(rkey, 0) + sign * amount * tasks
+        if job.service:  # the room its queue reserves for services (``Queue.service_gpus``)
+            skey = (job.queue_name, SERVICE)
+            self.usage[skey] = self.usage.get(skey, 0) + sign * job.gpus
         if cpu or mem:
             for p in job.placements:
                 c, m = self.node_cpu_mem_used.get(p.node_id, (0, 0))

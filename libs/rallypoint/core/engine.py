@@ -24,6 +24,7 @@ from rallypoint.core.preemption import running_view
 from rallypoint.core.types import (
     CPU,
     MEMORY,
+    SERVICE,
     Bind,
     Decisions,
     PendingJob,
@@ -73,6 +74,8 @@ def _bind(job: PendingJob, size: int, plan: Plan, ctx: Ctx, out: _Out) -> None:
     q = job.queue  # job.queue_name inlined (every bind)
     team = job.team
     ctx.ws.bind(tasks, q if q is not None else team, plan.gpu_type, size)
+    if job.service:  # its queue's service capacity (``ServiceCapacity``) for the rest of the cycle
+        ctx.ws.add_usage(q if q is not None else team, SERVICE, size)
     ids = ctx.idx.ids
     get_bits = BITS.get  # (``bits``' memo read inline: one lookup per task of every bind)
     # build the output structs directly (no intermediate tuples per task)

@@ -50,6 +50,7 @@ __all__ = [
     "Permit",
     "Policy",
     "QuotaPermit",
+    "ServiceCapacity",
     "ShapeFilter",
     "policy_by_name",
     "policy_from_config",
@@ -95,6 +96,18 @@ class QuotaPermit:
     def check(self, job: PendingJob, gpu_type: str, gpus: int, ctx: Ctx) -> str | None:
         q = job.queue  # job.queue_name inlined (runs for every pending job)
         return ctx.quota.check(ctx.ws, q if q is not None else job.team, gpu_type, gpus)
+
+
+class ServiceCapacity:
+    """A service (``kind: service``) waits while its queue's services already hold the GPUs the queue
+    reserves for them (``Queue.service_gpus``). A filter, not a permit: no preemption can make that room
+    (services are never victims), so the job is not offered to the preemptor or a reservation."""
+
+    def check(self, job: PendingJob, ctx: Ctx) -> Status | None:
+        if not job.service:
+            return None
+        why = ctx.quota.service_refusal(ctx.ws, job.queue_name, job.gpus)
+        return Status("QuotaExceeded", why) if why is not None else None
 
 
 class NoQuota:
@@ -143,6 +156,7 @@ def _rallypoint(cfg: PolicyConfig) -> Policy:
         "rallypoint",
         cfg,
         ClassLasOrder() if cfg.class_las else DrfPriorityOrder(),
+        filters=(ShapeFilter(), ServiceCapacity()),
         permit=QuotaPermit(),
         reserver=EasyReserver() if cfg.backfill else None,
         preemptor=(

@@ -10,7 +10,7 @@ the configuration does not name, means no limit.
 
 from __future__ import annotations
 
-from rallypoint.core.types import CPU, MEMORY, Queue, Quota
+from rallypoint.core.types import CPU, MEMORY, SERVICE, Queue, Quota
 from rallypoint.core.workspace import Workspace
 
 __all__ = ["CPU", "MEMORY", "QuotaBook", "resource_units"]
@@ -160,6 +160,23 @@ class QuotaBook:
             if total + gpus > cap:
                 return f"org {parent} uses {total} of {cap} {resource_units(gpu_type)}; needs {gpus} more"
         return None
+
+    def service_refusal(self, ws: Workspace, queue: str, gpus: int) -> str | None:
+        """None if a service of ``gpus`` GPUs fits what ``queue`` reserves for its services now (a queue
+        that reserves nothing does not cap them), else why not, with the numbers. Its own cap, never
+        borrowed nor lent: room set aside for serving is not a pool the cohort shares."""
+        q = self.queues.get(queue)
+        reserved = q.service_gpus if q is not None else None
+        if reserved is None:
+            return None
+        used = ws.usage.get((queue, SERVICE), 0)
+        if used + gpus <= reserved:
+            return None
+        never = f"; never fits: the queue reserves {reserved} for services" if gpus > reserved else ""
+        return (
+            f"service capacity: queue {queue}'s services hold {used} of its {reserved} reserved GPUs; "
+            f"needs {gpus} more{never}"
+        )
 
     def ceiling(self, queue: str, gpu_type: str) -> tuple[int, str] | None:
         """The most GPUs of ``gpu_type`` ``queue`` could ever hold, whatever the other queues do, and what

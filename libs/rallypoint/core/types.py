@@ -28,6 +28,7 @@ __all__ = [
     "CPU",
     "DEFAULT_PRIORITY_CLASSES",
     "MEMORY",
+    "SERVICE",
     "Bind",
     "Decisions",
     "Node",
@@ -117,6 +118,7 @@ class RunningJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     preempting_for: str | None = None
     gpu_milli: int | None = None  # a fractional job's share of its one GPU (``PendingJob.gpu_milli``)
     mig_profile: str | None = None  # a MIG job's profile; its slice is in ``placements[0].mig``
+    service: bool = False  # ``kind: service``: counts against its queue's ``Queue.service_gpus``
 
     @property
     def queue_name(self) -> str:
@@ -170,6 +172,7 @@ class PendingJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     gpu_milli: int | None = None
     mig_profile: str | None = None
     node_selector: tuple[tuple[str, str], ...] = ()  # labels every task's node must have, sorted
+    service: bool = False  # ``kind: service``: admitted only within its queue's ``Queue.service_gpus``
 
     @property
     def queue_name(self) -> str:
@@ -190,6 +193,8 @@ class PendingJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 #: millicores of CPU or MiB of memory (every task's), and a ``"*"`` quota never applies to them.
 CPU = "resource:cpu"
 MEMORY = "resource:memory"
+#: The usage key of the GPUs a queue's services hold (``Queue.service_gpus``); never a ``Quota`` key.
+SERVICE = "resource:service-gpus"
 
 
 class Quota(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -218,6 +223,9 @@ class Queue(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     cohort: str | None = None
     weight: float = 1.0
     quotas: tuple[Quota, ...] = ()
+    #: GPUs reserved for the queue's services (``kind: service``): its services hold at most this many
+    #: together, and a service beyond it waits (``QuotaExceeded``, "service capacity"). None: no cap.
+    service_gpus: int | None = None
 
 
 class PriorityClass(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -95,6 +95,7 @@ def running_of(job: JobView) -> RunningJob:
         gpu_milli=job.spec.gpu_milli,
         mig_profile=job.spec.mig_profile,
         preemptible=job.spec.kind != "service",  # a service is never preempted, whatever its class
+        service=job.spec.kind == "service",
     )
 
 
@@ -133,6 +134,7 @@ def pending_of(job: JobView) -> PendingJob:
         gpu_milli=spec.gpu_milli,
         mig_profile=spec.mig_profile,
         node_selector=tuple(sorted(spec.node_selector.items())),
+        service=spec.kind == "service",
     )
 
 

@@ -17,6 +17,7 @@ def core_queues(config: Queues) -> tuple[tuple[Queue, ...], tuple[PriorityClass,
             parent=team.parent,
             cohort=team.cohort,
             weight=team.weight,
+            service_gpus=team.service_gpus,
             quotas=(
                 Quota(
                     nominal=team.nominal,

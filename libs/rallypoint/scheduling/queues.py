@@ -29,6 +29,9 @@ borrow; ``weight`` its fair-share weight; ``max_priority`` the most important cl
 whose team is not listed lands in a team with nominal 0 and no priority ceiling. ``cpus`` and ``memory_gib``
 are the team's guaranteed CPU cores and host memory, borrowed and lent within its cohort as GPUs are; once
 any team sets one, a team without it runs CPU or memory requests on borrowed quota only (docs/sharing.md).
+``service_gpus`` reserves part of a team's nominal for its services (``kind: service``, docs/api.md
+"Services"): they hold at most that many GPUs together, a service beyond waits, and they are never
+preempted; a team without it does not cap its services.
 
 An org's ``limit`` caps the GPUs held by everything below it (its teams, and its sub-orgs' teams) however
 much idle quota their cohorts could lend; an org without ``limit`` only groups. A team's ``parent`` names an
@@ -103,6 +106,9 @@ class Team(FairUse, frozen=True, kw_only=True, forbid_unknown_fields=True):
     #: borrow what it leaves idle, as with GPUs. None: no quota of its own (docs/sharing.md, "Quotas")
     cpus: float | None = None
     memory_gib: float | None = None
+    #: GPUs reserved for the team's services (``kind: service``), out of its nominal: its services hold
+    #: at most this many together, and one beyond it waits naming the service capacity. None: no cap
+    service_gpus: int | None = None
 
 
 class Queues(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -212,6 +218,13 @@ def validate_queues(q: Queues) -> None:
         for field, value in (("cpus", t.cpus), ("memory_gib", t.memory_gib)):
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise QueuesError(f"team {t.name}: {field} must be a number >= 0, got {value}")
+        if t.service_gpus is not None and not 0 <= t.service_gpus <= t.nominal:
+            # reserved room is guaranteed quota: a service never preempted must not sit on borrowed GPUs
+            # that their lender may reclaim
+            raise QueuesError(
+                f"team {t.name}: service_gpus must be between 0 and its nominal {t.nominal}, "
+                f"got {t.service_gpus}"
+            )
     classes = [c.name for c in q.priority_classes or ()]
     if len(set(classes)) != len(classes):
         raise QueuesError("duplicate priority class")

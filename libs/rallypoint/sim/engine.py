@@ -35,6 +35,7 @@ from typing import Any
 
 import msgspec
 
+from rallypoint.control.recovery import RecoveryConfig, backoff_s
 from rallypoint.core import types as ct
 from rallypoint.core.cluster import GPU_MILLI, ClusterModel
 from rallypoint.scheduling.adapter import attempt_end, core_node, exceeds_cluster, pending_time_limit
@@ -57,6 +58,8 @@ SLOW_START, SLOW_END, DETECT, UNCORDON = 5, 6, 7, 8
 CKPT = 9
 # a job's team suspends or resumes it (the workload's ``suspend_at`` / ``resume_at``)
 SUSPEND, RESUME = 10, 11
+# a service whose run ended is queued again once its backoff is over (``Simulator._service_exit``)
+RESTART = 12
 
 Scheduler = Callable[[ct.Snapshot, Any], ct.Decisions]
 
@@ -94,6 +97,8 @@ class SimOptions:
     follow_up_s: float = 1.0
     # Fail-slow episodes and straggler replacement (sim/failslow.py); None: no node is ever slow.
     failslow: FailSlow | None = None
+    # The job controller's retry backoff, which a service waits out before each restart (the live default).
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
 
 
 class _SimJob:
@@ -126,6 +131,8 @@ class _SimJob:
         "replace_lost_gpu_s",
         "replace_overhead",
         "replacements",
+        "restarts",
+        "retry_at",
         "run_id",
         "run_start",
         "run_time",
@@ -158,6 +165,9 @@ class _SimJob:
         self.overhead_due = 0.0
         self.ckpt_interval = job.checkpoint_interval
         self.suspended = False  # suspended by its team: neither queued nor running until resumed
+        self.restarts = 0  # a service's runs that ended (each one a user failure to the job controller)
+        # a service whose last run ended: when it ended and when it may start again (None: it did not)
+        self.retry_at: tuple[float, float] | None = None
         # every suspension: [when, when resumed (None: not yet)], in order (the twin replays them)
         self.suspensions: list[list[float | None]] = []
         self.nodes = 0
@@ -258,6 +268,8 @@ class Simulator:
         self.bind_conflicts = 0
         self.rejected: list[str] = []
         self.resumes_due = 0  # RESUME events still in the heap
+        self.restarts_due = 0  # RESTART events still in the heap
+        self.service_ids = frozenset(j.id for j in jobs if j.kind == "service")
         self.holds = Holds(self._placed)
         self.limits = ArrayLimits(jobs)
         self.arrived: set[str] = set()
@@ -350,6 +362,7 @@ class Simulator:
             gpu_milli=j.gpu_milli,
             mig_profile=j.mig_profile,
             node_selector=tuple(sorted(j.node_selector.items())),
+            service=j.kind == "service",
         )
 
     def _submit(self, sj: _SimJob, now: float) -> bool:
@@ -459,7 +472,11 @@ class Simulator:
             memory_mib=j.memory_mib,
             gpu_milli=j.gpu_milli,
             mig_profile=j.mig_profile,
+            # a service is never preempted, whatever its class (the scheduler's bridge says the same)
+            preemptible=j.kind != "service",
+            service=j.kind == "service",
         )
+        sj.retry_at = None
         self.model.bind(rj)  # raises ValueError on a double bind; callers check first
         for n in node_ids:
             self.on_node[n].add(j.id)
@@ -679,6 +696,8 @@ class Simulator:
         if sj is None or sj.attempt != version:
             return False  # stale: the run was preempted, failed or resized
         j = sj.job
+        if j.kind == "service":
+            return self._service_exit(sj, now)
         self._stop(sj, now, None)
         sj.remaining = 0.0
         self.holds.end(j, "completed")
@@ -703,6 +722,23 @@ class Simulator:
                 placed_gpu_type=sj.placed_type,
             )
         )
+        return True
+
+    def _service_exit(self, sj: _SimJob, now: float) -> bool:
+        """A service's run ended (its ranks exited): never completed, it waits out the job controller's
+        retry backoff, doubling with each exit, and is queued again in its original place."""
+        self._stop(sj, now, None)
+        sj.remaining = sj.job.duration  # a service has no progress to keep: each run is a fresh start
+        retry = now + backoff_s(sj.restarts, self.opts.recovery)
+        sj.restarts += 1
+        sj.retry_at = (now, retry)
+        self.restarts_due += 1
+        self._push(retry, RESTART, sj.job.id)
+        return True
+
+    def _on_restart(self, job_id: str, now: float) -> bool:
+        self.restarts_due -= 1
+        self._enqueue(self.jobs[job_id], now)
         return True
 
     def _on_fail(self, node_id: str, now: float, version: int) -> bool:
@@ -833,7 +869,7 @@ class Simulator:
         now = self.advance(after_instant)
         self.rec.finish(now)
         ended = {r.id for r in self.records} | set(self.rejected) | set(self.holds.failed)
-        unfinished = sorted(set(self.jobs) - ended)
+        unfinished = sorted(set(self.jobs) - ended - self.service_ids)  # a service never finishes
         extra: dict[str, Any] = {
             "cycles": self.cycles,
             "unfinished": len(unfinished),
@@ -842,6 +878,9 @@ class Simulator:
         }
         if self.has_holds:
             extra["dependency_failed"] = len(self.holds.failed)
+        if self.service_ids:
+            extra["services"] = len(self.service_ids)
+            extra["service_restarts"] = sum(self.jobs[s].restarts for s in sorted(self.service_ids))
         if self.fs is not None:
             extra["failslow"] = self._failslow_summary()
         summary = summarize(
@@ -895,6 +934,8 @@ class Simulator:
                     dirty |= self._on_suspend(key, now)
                 elif kind == RESUME:
                     dirty |= self._on_resume(key, now)
+                elif kind == RESTART:
+                    dirty |= self._on_restart(key, now)
             if self.holds.held or self.limits.arrays:
                 dirty |= self._release_held(now)
             follow_up = False
@@ -911,14 +952,19 @@ class Simulator:
             # Done when every job finished; or stuck: nothing runs, nothing is left to arrive and every node
             # is up, so no later event (only more failures) can make a waiting job fit.
             ended = len(self.records) + len(self.rejected) + len(self.holds.failed)
-            if ended == len(self.jobs) or (
-                not self.running
-                and not self.unsubmitted
-                and not self.down
-                and not self.cordoned
-                and self.pending
-                and not follow_up
-                and not self.resumes_due  # a resume to come may still change what fits
+            if (
+                ended == len(self.jobs)
+                or self._only_services_left(ended)
+                or (
+                    not self.running
+                    and not self.unsubmitted
+                    and not self.down
+                    and not self.cordoned
+                    and self.pending
+                    and not follow_up
+                    and not self.resumes_due  # a resume to come may still change what fits
+                    and not self.restarts_due  # so may a service's restart
+                )
             ):
                 break
             if self.tick and self.pending and self.running and self._tick_at is None:
@@ -927,6 +973,13 @@ class Simulator:
             if after_instant is not None and after_instant(now):
                 break
         return now
+
+    def _only_services_left(self, ended: int) -> bool:
+        """Every job but the services has ended: they would run on forever, so the run ends here."""
+        if not self.service_ids or ended + len(self.service_ids) < len(self.jobs):
+            return False
+        done = {r.id for r in self.records} | set(self.rejected) | set(self.holds.failed)
+        return all(job_id in done or job_id in self.service_ids for job_id in self.jobs)
 
     def _has_elastic_running(self) -> bool:
         return self.elastic_running > 0

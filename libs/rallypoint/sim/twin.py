@@ -138,6 +138,7 @@ def job_spec(job: Job, priority: str) -> JobSpec:
         gpu_milli=job.gpu_milli,
         mig_profile=job.mig_profile,
         node_selector=dict(job.node_selector),
+        kind=job.kind,
     )
 
 
@@ -404,6 +405,8 @@ class Twin:
                 continue
             if job.job_id in ends:
                 self.live.append(JobCompleted(job_id=job.job_id, attempt=job.attempt, at=ends[job.job_id]))
+            elif (exited := sim.jobs[job.job_id].retry_at) is not None:
+                self.live.append(service_exited(job, *exited))
             else:  # back in the simulator's queue without a preemption: a node under it failed
                 self.live.append(
                     JobAttemptFailed(
@@ -453,6 +456,20 @@ def _suspension_events(sj: _SimJob, view: JobView, mirrored: tuple[int, int]) ->
             events.append(JobResumed(job_id=view.job_id, at=back))
             state = "pending"
     return events
+
+
+def service_exited(job: JobView, at: float, retry_at: float) -> JobAttemptFailed:
+    """The job controller's answer to a service whose ranks all exited at ``at`` (``reconcile``): not
+    completed, started again once the backoff is over (the simulator computed ``retry_at`` the same way)."""
+    return JobAttemptFailed(
+        job_id=job.job_id,
+        attempt=job.attempt,
+        cause="user",
+        reason="every rank of the service exited; restarting it",
+        exit_code=0,
+        retry_at=retry_at,
+        at=at,
+    )
 
 
 def checkpoint_committed(job: JobView, at: float) -> CheckpointCommitted:

@@ -10,7 +10,10 @@ that order: the core gets ``PendingJob.gpu_types``), ``name`` (default the id), 
 (``[{"kind": "after-ok", "job_id": "j1"}]``, the live API's kinds; each job waited for arrives first) and
 ``singleton`` (optional; held as the live fold holds them, ``sim/holds.py``), ``cpu_milli`` / ``memory_mib``
 (per task) and ``gpu_milli`` (a fraction of one GPU; ``gpus`` is then 1), as the live spec has them;
-``suspend_at`` / ``resume_at`` (optional: its team suspends it then, and resumes it later or never).
+``suspend_at`` / ``resume_at`` (optional: its team suspends it then, and resumes it later or never);
+``kind`` (``batch``, the default, or ``service``: it never completes; each run lasts ``duration`` and then its
+ranks exit, and it starts again after the job controller's retry backoff, as a live service does; it takes
+no ``time_limit`` and is never preempted).
 
 Line order is meaningful: jobs submitted in the same second keep file order (the golden peers do too), so the
 loader keeps a ``seq`` per job and never re-sorts by anything but ``(submit, seq)``.
@@ -21,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 
@@ -65,6 +69,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
     resume_at: float | None = None
     #: node labels every task's node must have (the live spec's ``node_selector``)
     node_selector: dict[str, str] = {}
+    #: ``service``: runs until the simulation ends, restarted after the backoff each time a run of
+    #: ``duration`` ends, never preempted (the live spec's ``kind``, docs/api.md "Services")
+    kind: Literal["batch", "service"] = "batch"
 
     @property
     def job_name(self) -> str:
@@ -99,6 +106,8 @@ def validate_job(job: Job) -> str | None:
         return f"job {job.id}: gpus ({job.gpus}) must be a multiple of gpus_per_task ({tg})"
     if job.time_limit is not None and job.time_limit <= 0:
         return f"job {job.id}: time_limit must be > 0"
+    if job.kind == "service" and job.time_limit is not None:
+        return f"job {job.id}: a service runs until cancelled: it takes no time_limit"
     if job.checkpoint_interval is not None and job.checkpoint_interval <= 0:
         return f"job {job.id}: checkpoint_interval must be > 0"
     lo = job.min_gpus if job.min_gpus is not None else job.gpus
