@@ -399,6 +399,7 @@ def test_the_signatures_hold_every_field_the_bridge_reads() -> None:
         "preempt_reason": "x",
         "preemptions": 9,
         "run_s": 9.0,
+        "user": "x",  # read by pending_of only (the fair share between a team's users)
         "user_failures": 2,
         "infra_failures": 3,
         "retry_at": 7.0,
@@ -457,7 +458,7 @@ def test_the_signatures_hold_every_field_the_bridge_reads() -> None:
         "resize": ResizeView(attempt=2, placements=(), reason="x", at=1.0),
     }
     pending_others = {
-        k: v for k, v in job_others.items() if k not in ("submitted_seq", "run_s")
+        k: v for k, v in job_others.items() if k not in ("submitted_seq", "run_s", "user")
     } | pending_only
     cases: list[tuple[msgspec.Struct, dict[str, object], tuple[str, ...], Callable[[Any], object]]] = [
         (job, job_others, RUNNING_FIELDS, running_of),

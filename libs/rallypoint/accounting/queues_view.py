@@ -1,17 +1,36 @@
 """Per team and cohort: nominal, borrowed, used, pending (``rally queues``, like ``kueuectl list``).
 
 Used and pending come from the fold now; nominal and limits from the queue file the scheduler reads
-(``scheduling.queues``). Without one there are no quotas: every team shows used and pending only.
+(``scheduling.queues``). Without one there are no quotas: every team shows used and pending only. Each
+team lists its users too (org -> team -> user): their decayed usage, which fair share between the team's
+users orders by (``core.usage``), their weight and their jobs.
 """
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 
+from rallypoint.core.usage import HORIZON_DAYS, UserUsage, day_of, decayed_gpu_s
 from rallypoint.scheduling.queues import Queues
 from rallypoint.state import ACTIVE, ClusterState
 
 NO_COHORT = "default"
+
+
+class UserRow(msgspec.Struct, kw_only=True):
+    """One user of a team: the fair share between the team's users puts the lowest ``usage_gpu_h`` per
+    ``weight`` first."""
+
+    user: str
+    #: the queue file's weight for the user in the team (``users:``; 1 unless listed)
+    weight: float
+    #: GPU-hours used in the team, decayed with the half-life (``core.usage``), running jobs included
+    usage_gpu_h: float
+    running_jobs: int
+    running_gpus: int
+    pending_jobs: int
 
 
 class QueueRow(msgspec.Struct, kw_only=True):
@@ -28,6 +47,8 @@ class QueueRow(msgspec.Struct, kw_only=True):
     running_jobs: int
     pending_jobs: int
     pending_gpus: int
+    #: the team's users (jobs submitted without one are not listed), lightest first per weight
+    users: list[UserRow] = []
 
 
 class CohortRow(msgspec.Struct, kw_only=True):
@@ -61,7 +82,8 @@ class QueuesReport(msgspec.Struct, kw_only=True):
     seq: int
 
 
-def queues_report(state: ClusterState, queues: Queues | None) -> QueuesReport:
+def queues_report(state: ClusterState, queues: Queues | None, *, now: float | None = None) -> QueuesReport:
+    """``now``: when users' usage is decayed to (None: the wall clock)."""
     used: dict[str, int] = {}
     running: dict[str, int] = {}
     pending_jobs: dict[str, int] = {}
@@ -97,6 +119,7 @@ def queues_report(state: ClusterState, queues: Queues | None) -> QueuesReport:
                 pending_gpus=pending_gpus.get(name, 0),
             )
         )
+    _add_users(rows, state, queues, time.time() if now is None else now)
     return QueuesReport(
         quotas=queues is not None,
         teams=rows,
@@ -106,6 +129,47 @@ def queues_report(state: ClusterState, queues: Queues | None) -> QueuesReport:
         free_gpus=state.free_gpus(),
         seq=state.last_seq,
     )
+
+
+def _add_users(rows: list[QueueRow], state: ClusterState, queues: Queues | None, now: float) -> None:
+    """Each team's users: those with usage on record or jobs running or waiting."""
+    counts: dict[tuple[str, str], list[int]] = {}  # (team, user) -> [running jobs, running GPUs, pending]
+    for job in state.jobs.values():
+        if job.user is None:
+            continue
+        c = counts.setdefault((job.spec.team, job.user), [0, 0, 0])
+        if job.state in ACTIVE:
+            c[0] += 1
+            c[1] += job.bound_gpus
+        elif job.state == "pending" and not job.cancel_requested:
+            c[2] += 1
+    first = day_of(now) - HORIZON_DAYS
+    by_team = {r.team: r for r in rows}
+    pairs = set(counts) | {(t, u) for t, users in state.users.items() for u in users}
+    for team, user in sorted(pairs):
+        row = by_team.get(team)
+        if row is None:
+            continue
+        ledger = state.users.get(team, {}).get(user)
+        gpu_s = 0.0
+        if ledger is not None:
+            days = tuple(sorted((d, g) for d, g in ledger.days.items() if d >= first))
+            usage = UserUsage(team=team, user=user, days=days, running=tuple(sorted(ledger.running.values())))
+            gpu_s = decayed_gpu_s(usage, now)
+        running_jobs, running_gpus, waiting = counts.get((team, user), [0, 0, 0])
+        weight = queues.team(team).users.get(user, 1.0) if queues is not None else 1.0
+        row.users.append(
+            UserRow(
+                user=user,
+                weight=weight,
+                usage_gpu_h=round(gpu_s / 3600.0, 2),
+                running_jobs=running_jobs,
+                running_gpus=running_gpus,
+                pending_jobs=waiting,
+            )
+        )
+    for row in rows:
+        row.users.sort(key=lambda u: (u.usage_gpu_h / u.weight, u.user))
 
 
 def _cohorts(rows: list[QueueRow], *, quotas: bool) -> list[CohortRow]:

@@ -46,6 +46,8 @@ def format_show(h: dict[str, Any]) -> str:
         lines.append(f"   {drain_line(h['drain'], now=time.time())}")
     if h.get("cancel_requested_by"):
         lines.append(f"   CancelRequestedBy={h['cancel_requested_by']}")
+    if h.get("cancel_reason"):
+        lines.append(f"   CancelReason={h['cancel_reason']}")
     lines.append("Attempts:")
     rows = [
         (
@@ -186,6 +188,22 @@ def format_queues(report: dict[str, Any]) -> str:
         for t in report["teams"]
     ]
     text = format_table(headers, rows)
+    # each team's users, lightest first per weight: the order fair share between them gives their jobs
+    user_rows = [
+        (
+            t["team"],
+            u["user"],
+            f"{u['weight']:g}",
+            f"{u['usage_gpu_h']:.2f}",
+            u["running_gpus"],
+            u["pending_jobs"],
+        )
+        for t in report["teams"]
+        for u in t.get("users", ())
+    ]
+    if user_rows:
+        user_headers = ("TEAM", "USER", "WEIGHT", "USAGE-GPU-H", "RUNNING-GPUS", "PENDING-JOBS")
+        text += "\n\n" + format_table(user_headers, user_rows)
     if quotas and report["cohorts"]:
         cohort_rows = [
             (c["cohort"], ",".join(c["teams"]), c["nominal"], c["borrowed"], c["used"], c["pending_gpus"])

@@ -10,7 +10,7 @@ import heapq
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from operator import attrgetter, eq
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from rallypoint.core.formulas import (
     starving,
 )
 from rallypoint.core.types import PendingJob, RunningJob
+from rallypoint.core.usage import user_keys
 
 if TYPE_CHECKING:
     from rallypoint.core.cluster import RunningColumns
@@ -64,6 +65,31 @@ def _tie(job: PendingJob) -> tuple[float, int, str]:
 
 _tie_of = attrgetter("submit_time", "arrival", "id")  # _tie without a Python call per job
 _submit_of = attrgetter("submit_time")
+
+UserKeys = dict[tuple[str, str], float]
+
+
+def fair_user_keys(ctx: Ctx) -> UserKeys:
+    """(team, user) -> the user's decayed GPU-seconds per unit of weight in the team (``core.usage``), for
+    the users with any usage; memoized per cycle. Empty when no waiting job's user has used anything:
+    every user's key is then 0 and the order is the one without users."""
+    keys = ctx.cache.get("user_keys")
+    if keys is None:
+        snap = ctx.snap
+        weights = {q.name: dict(q.user_weights) for q in snap.queues if q.user_weights}
+        keys = ctx.cache["user_keys"] = user_keys(snap.user_usage, weights, ctx.now)
+    return cast(UserKeys, keys)
+
+
+def _user_tie(keys: UserKeys) -> Any:
+    """The tie key with the user's fair-share key first: (user key, submit, arrival, id). A job without a
+    user, or whose user has no usage, has key 0."""
+
+    def key(j: PendingJob) -> tuple[float, float, int, str]:
+        u = j.user
+        return (keys.get((j.team, u), 0.0) if u is not None else 0.0, j.submit_time, j.arrival, j.id)
+
+    return key
 
 
 def class_rank_array(cols: RunningColumns, ctx: Ctx) -> np.ndarray:
@@ -116,15 +142,16 @@ class PriorityOrder:
 
 
 class DrfPriorityOrder(PriorityOrder):
-    """Priority (plus aging), then weighted dominant-resource share of the team (lowest first), then
+    """Priority (plus aging), then weighted dominant-resource share of the team (lowest first), then the
+    user's fair share inside the team (least decayed usage per weight first, ``core.usage``), then
     submission order. Shares are updated as the cycle binds (progressive filling).
 
     Jobs of one (aged priority, team) group share the first two key parts, so inside a group the order is
-    fixed (submission order): the heap holds one entry per group, keyed by the group's head job, instead
-    of one per job. A lazy update re-pushes a group whose team's share grew since it was pushed; shares
-    only grow during a cycle, so a stale key is always too small and the re-push is exact. This yields
-    exactly the per-job order (the minimum of (priority, current share, tie) over all jobs) with one or
-    two heap operations per job instead of one per job per bind of its team."""
+    fixed (user key, then submission order): the heap holds one entry per group, keyed by the group's head
+    job, instead of one per job. A lazy update re-pushes a group whose team's share grew since it was
+    pushed; shares only grow during a cycle, so a stale key is always too small and the re-push is exact.
+    This yields exactly the per-job order (the minimum of (priority, current share, tie) over all jobs)
+    with one or two heap operations per job instead of one per job per bind of its team."""
 
     def order(self, jobs: Iterable[PendingJob], ctx: Ctx) -> Iterator[PendingJob]:
         groups: dict[tuple[int, str], list[PendingJob]] = {}
@@ -134,9 +161,12 @@ class DrfPriorityOrder(PriorityOrder):
         step, interval, cap = cfg.aging_step, cfg.aging_interval_s, cfg.aging_max
         aging = step > 0 and interval > 0
         now = ctx.now
-        # jobs in submission order first, so every group's list comes out sorted (ids are unique: the tie
-        # key is a total order, and appending in that order is the same as sorting each group)
-        for j in sorted(jobs, key=_tie):
+        # jobs in (user key, submission) order first, so every group's list comes out sorted (ids are
+        # unique: the tie key is a total order, and appending in that order is the same as sorting each
+        # group)
+        keys = fair_user_keys(ctx)
+        tie = _user_tie(keys)
+        for j in sorted(jobs, key=tie):
             p = prio.get(j.priority_class, 0)
             if aging:
                 p += aging_boost(now - j.submit_time, step, interval, cap)
@@ -146,12 +176,12 @@ class DrfPriorityOrder(PriorityOrder):
                 groups[key] = [j]
             else:
                 g.append(j)
-        heap: list[tuple[int, float, float, int, str, int]] = []
+        heap: list[tuple[int, float, tuple[float, float, int, str], int]] = []
         members: list[list[PendingJob]] = []
         pos: list[int] = []
         for (negp, team), js in sorted(groups.items()):
             h = js[0]
-            heap.append((negp, ctx.dominant_share(team), h.submit_time, h.arrival, h.id, len(members)))
+            heap.append((negp, ctx.dominant_share(team), tie(h), len(members)))
             members.append(js)
             pos.append(0)
         heapq.heapify(heap)
@@ -159,7 +189,7 @@ class DrfPriorityOrder(PriorityOrder):
         replace = heapq.heapreplace
         while heap:
             item = heap[0]
-            gi = item[5]
+            gi = item[3]
             js = members[gi]
             k = pos[gi]
             j = js[k]
@@ -167,7 +197,7 @@ class DrfPriorityOrder(PriorityOrder):
             if now_share is None:
                 now_share = ctx.dominant_share(j.team)
             if now_share > item[1]:
-                new = (item[0], now_share, item[2], item[3], item[4], gi)
+                new = (item[0], now_share, item[2], gi)
                 replace(heap, new)
                 if heap[0] is not new:
                     continue
@@ -175,7 +205,7 @@ class DrfPriorityOrder(PriorityOrder):
             pos[gi] = k
             if k < len(js):
                 h = js[k]
-                replace(heap, (item[0], now_share, h.submit_time, h.arrival, h.id, gi))
+                replace(heap, (item[0], now_share, tie(h), gi))
             else:
                 heapq.heappop(heap)
             yield j
@@ -250,7 +280,7 @@ class ClassLasOrder:
     """Rallypoint's order: guaranteed quota, then priority band, then least attained service, then DRF.
 
     Key per job, smallest first: (tier, -band, LAS level, -class value, team's weighted dominant share,
-    submit, arrival, id), where
+    user's fair-share key, submit, arrival, id), where
 
     - *tier* is 0 while the job fits in what its queue has left of its nominal quota (of some GPU type),
       else 1: work inside a guaranteed share is considered before borrowing work. This is the order
@@ -269,7 +299,11 @@ class ClassLasOrder:
       A waiting job moves up one level per ``level_aging_s`` waited since it last ran (no starvation
       inside a band);
     - the DRF share (in steps of 1/1024) is updated as the cycle binds (progressive filling between
-      teams).
+      teams);
+    - the user's fair-share key is the decayed GPU-seconds the job's user used in its team per unit of
+      the user's weight (``core.usage``; org -> team -> user, as Slurm's fair-share tree): among the
+      jobs the keys before it leave equal, the lighter user's go first. It does not change during a
+      cycle (usage is service over time, as in Slurm), so it is part of the job's rank (``_ranked``).
 
     Tier and share only grow during a cycle (binds), so, as in :class:`DrfPriorityOrder`, the heap keeps
     one entry per (band, level, class, team, queue, size) group, keyed by the group's head
@@ -313,8 +347,8 @@ class ClassLasOrder:
         return 1
 
     @staticmethod
-    def _ranked(jobs: Iterable[PendingJob]) -> list[PendingJob]:
-        """Stage 1: the jobs in submission order; a job's place there is its rank.
+    def _ranked(jobs: Iterable[PendingJob], ctx: Ctx | None = None) -> list[PendingJob]:
+        """Stage 1: the jobs in (user key, submission) order; a job's place there is its rank.
 
         Every job gets its rank in submission order (the tie key (submit, arrival, id) is a total order:
         ids are unique), so a heap entry is one int, (prefix, share step, rank) packed, instead of the
@@ -322,8 +356,12 @@ class ClassLasOrder:
         are what the heap spends its time on. The rank also names the job, its group and the group's
         next job. Sorting on the submit time alone is the same as sorting on the whole tie key when no two
         jobs share a submit time (the usual case, and a cheaper sort: float keys instead of tuples);
-        otherwise (or with a NaN, which compares inconsistently) sort on the whole key."""
+        otherwise (or with a NaN, which compares inconsistently) sort on the whole key. Once some waiting
+        job's user has used GPUs (``fair_user_keys``), the user's key comes first."""
         jobs = jobs if isinstance(jobs, (tuple, list)) else tuple(jobs)
+        keys = fair_user_keys(ctx) if ctx is not None else None
+        if keys:
+            return sorted(jobs, key=_user_tie(keys))
         ranked = sorted(jobs, key=_submit_of)
         subs = list(map(_submit_of, ranked))
         total = sum(subs)  # NaN if some submit time is (or +inf and -inf meet: then just sort again)
@@ -334,7 +372,7 @@ class ClassLasOrder:
     def order(self, jobs: Iterable[PendingJob], ctx: Ctx) -> Iterator[PendingJob]:
         """Stages: rank (``_ranked``) -> group (``_groups``) -> first keys (``_first_keys``) -> pop the
         heap of groups, re-pushing a group whose tier or share changed since it was pushed."""
-        ranked = self._ranked(jobs)
+        ranked = self._ranked(jobs, ctx)
         n = len(ranked)
         if not n:
             return

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 import msgspec
 
 from rallypoint.core.formulas import runtime_estimate
+from rallypoint.core.usage import UserUsage
 from rallypoint.events.catalogue import TaskPlacement, TopologyLevel
 
 if TYPE_CHECKING:
@@ -216,6 +217,7 @@ class Queue(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
     Queues in the same ``cohort`` share idle quota; a team's cohort defaults to its parent org.
     A parent's quotas cap the sum of its children. ``weight`` scales DRF fair share (higher = bigger share).
+    ``user_weights`` scales the fair share of the team's users (``core.usage``; unlisted users weigh 1).
     """
 
     name: str
@@ -223,6 +225,7 @@ class Queue(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     cohort: str | None = None
     weight: float = 1.0
     quotas: tuple[Quota, ...] = ()
+    user_weights: tuple[tuple[str, float], ...] = ()
     #: GPUs reserved for the queue's services (``kind: service``): its services hold at most this many
     #: together, and a service beyond it waits (``QuotaExceeded``, "service capacity"). None: no cap.
     service_gpus: int | None = None
@@ -254,7 +257,8 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     ``cluster`` holds the nodes, free GPUs and the running jobs (``cluster.running``). ``pending`` may be
     in any order: the policy orders it. No queues configured means no quota enforcement; a job naming an
     unknown queue is unlimited too (so a trace without quotas replays). Unknown priority class names get
-    value 0.
+    value 0. ``user_usage`` holds the usage of the users with pending jobs (``core.usage``: fair share
+    between a team's users); a user without a row has used nothing.
     """
 
     now: float
@@ -262,6 +266,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     pending: tuple[PendingJob, ...] = ()
     queues: tuple[Queue, ...] = ()
     priority_classes: tuple[PriorityClass, ...] = DEFAULT_PRIORITY_CLASSES
+    user_usage: tuple[UserUsage, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from rallypoint.core.types import (
     RunningJob,
     Snapshot,
 )
+from rallypoint.core.usage import UserUsage, usage_rows
 from rallypoint.events import (
     Event,
     GangBound,
@@ -126,6 +127,7 @@ def pending_of(job: JobView) -> PendingJob:
         max_gpus=spec.max_gpus,
         gpu_step=spec.gpu_step,
         name=spec.name,
+        user=job.user,
         last_preempted_at=job.last_preempted_at,
         attained_gpu_s=job.attained_gpu_s,
         last_run_s=job.run_s,
@@ -148,12 +150,25 @@ def build_snapshot(
     model = ClusterModel(node_of(state.nodes[k]) for k in sorted(state.nodes))
     for job in state.active_jobs():
         model.bind(running_of(job))
+    pending = tuple(pending_of(j) for j in state.ready_jobs(now))
     return Snapshot(
         now=now,
         cluster=model,
-        pending=tuple(pending_of(j) for j in state.ready_jobs(now)),
+        pending=pending,
         queues=tuple(queues),
         priority_classes=tuple(priority_classes),
+        user_usage=user_usage_of(state, pending, now),
+    )
+
+
+def user_usage_of(state: ClusterState, pending: Iterable[PendingJob], now: float) -> tuple[UserUsage, ...]:
+    """The service of the waiting jobs' users, from the fold's ledgers (``core.usage``; the simulator
+    hands the core the same rows from its own)."""
+    users = state.users
+    if not users:
+        return ()
+    return usage_rows(
+        lambda team, user: users.get(team, {}).get(user), ((j.team, j.user) for j in pending), now
     )
 
 

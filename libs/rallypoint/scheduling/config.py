@@ -17,6 +17,7 @@ def core_queues(config: Queues) -> tuple[tuple[Queue, ...], tuple[PriorityClass,
             parent=team.parent,
             cohort=team.cohort,
             weight=team.weight,
+            user_weights=tuple(sorted(team.users.items())),
             service_gpus=team.service_gpus,
             quotas=(
                 Quota(

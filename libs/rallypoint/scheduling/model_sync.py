@@ -42,7 +42,7 @@ from rallypoint.core.types import (
 )
 from rallypoint.state import ACTIVE, ClusterState, JobView, NodeView
 
-from .bridge import node_of, pending_of, running_of
+from .bridge import node_of, pending_of, running_of, user_usage_of
 
 __all__ = ["NODE_FIELDS", "PENDING_FIELDS", "RUNNING_FIELDS", "Changed", "ModelSync", "SyncCounts"]
 
@@ -65,7 +65,7 @@ RUNNING_FIELDS = (
     "preempt_for", "attained_gpu_s", "last_checkpoint_at", "resize",
 )  # fmt: skip
 PENDING_FIELDS = (
-    "job_id", "spec", "submitted_at", "submitted_seq", "last_preempted_at", "run_s", "attained_gpu_s",
+    "job_id", "spec", "submitted_at", "submitted_seq", "last_preempted_at", "run_s", "attained_gpu_s", "user",
 )  # fmt: skip
 # The node fields of NODE_FIELDS the fold changes in place (the others come only with a new view).
 NODE_MUTABLE = ("status", "health")
@@ -199,12 +199,14 @@ class ModelSync:
     ) -> Snapshot:
         """The snapshot ``build_snapshot`` would give for ``state``, on the synced model."""
         model = self.sync(state, changed)
+        pending = self._pending_of(state.ready_jobs(now))
         return Snapshot(
             now=now,
             cluster=model,
-            pending=self._pending_of(state.ready_jobs(now)),
+            pending=pending,
             queues=tuple(queues),
             priority_classes=tuple(priority_classes),
+            user_usage=user_usage_of(state, pending, now),
         )
 
     # --- nodes -----------------------------------------------------------------------------------

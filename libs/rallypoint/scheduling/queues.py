@@ -29,6 +29,8 @@ borrow; ``weight`` its fair-share weight; ``max_priority`` the most important cl
 whose team is not listed lands in a team with nominal 0 and no priority ceiling. ``cpus`` and ``memory_gib``
 are the team's guaranteed CPU cores and host memory, borrowed and lent within its cohort as GPUs are; once
 any team sets one, a team without it runs CPU or memory requests on borrowed quota only (docs/sharing.md).
+``users`` weighs the fair share between the team's users (``users: {alice: 2}``: alice's usage counts half;
+unlisted users weigh 1; docs/scheduling-core.md "Fair share between a team's users").
 ``service_gpus`` reserves part of a team's nominal for its services (``kind: service``, docs/api.md
 "Services"): they hold at most that many GPUs together, a service beyond waits, and they are never
 preempted; a team without it does not cap its services.
@@ -106,6 +108,9 @@ class Team(FairUse, frozen=True, kw_only=True, forbid_unknown_fields=True):
     #: borrow what it leaves idle, as with GPUs. None: no quota of its own (docs/sharing.md, "Quotas")
     cpus: float | None = None
     memory_gib: float | None = None
+    #: user -> fair-share weight inside the team (> 0; unlisted users weigh 1): among the team's jobs the
+    #: policy orders equally, the user with the least decayed usage per weight goes first (``core.usage``)
+    users: dict[str, float] = {}
     #: GPUs reserved for the team's services (``kind: service``), out of its nominal: its services hold
     #: at most this many together, and one beyond it waits naming the service capacity. None: no cap
     service_gpus: int | None = None
@@ -218,6 +223,9 @@ def validate_queues(q: Queues) -> None:
         for field, value in (("cpus", t.cpus), ("memory_gib", t.memory_gib)):
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise QueuesError(f"team {t.name}: {field} must be a number >= 0, got {value}")
+        for user, weight in sorted(t.users.items()):
+            if not user.strip() or not (math.isfinite(weight) and weight > 0):
+                raise QueuesError(f"team {t.name}: users.{user} must be a weight > 0, got {weight}")
         if t.service_gpus is not None and not 0 <= t.service_gpus <= t.nominal:
             # reserved room is guaranteed quota: a service never preempted must not sit on borrowed GPUs
             # that their lender may reclaim

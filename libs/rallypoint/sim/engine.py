@@ -38,6 +38,7 @@ import msgspec
 from rallypoint.control.recovery import RecoveryConfig, backoff_s
 from rallypoint.core import types as ct
 from rallypoint.core.cluster import GPU_MILLI, ClusterModel
+from rallypoint.core.usage import UserLedger, UserUsage, end_attempt, start_attempt, usage_rows
 from rallypoint.scheduling.adapter import attempt_end, core_node, exceeds_cluster, pending_time_limit
 from rallypoint.scheduling.bridge import resized_placements
 from rallypoint.scheduling.config import core_queues
@@ -276,6 +277,8 @@ class Simulator:
         self.has_holds = any(j.depends_on or j.singleton for j in jobs)
         self.pending_gpus = 0
         self.team_alloc: Counter[str] = Counter()
+        # (team, user) -> the service of the user's jobs (``core.usage``), as the live fold keeps it
+        self.user_ledgers: dict[tuple[str, str], UserLedger] = {}
         self.team_pending_sizes: dict[str, Counter[int]] = {}
         self.records: list[JobRecord] = []
         self.cycles = 0
@@ -357,6 +360,7 @@ class Simulator:
             last_preempted_at=sj.last_preempted,
             last_run_s=sj.run_time,
             name=j.job_name,  # the scheduler passes its spec's (twin.job_spec: the same)
+            user=j.user,
             cpu_milli=j.cpu_milli,
             memory_mib=j.memory_mib,
             gpu_milli=j.gpu_milli,
@@ -484,6 +488,8 @@ class Simulator:
         self.elastic_running += j.elastic
         self.allocated += gpus
         self.team_alloc[j.team] += gpus
+        if j.user is not None:
+            start_attempt(self.user_ledgers.setdefault((j.team, j.user), UserLedger()), j.id, now, gpus)
         self._push(end, END, j.id, sj.attempt)
         if sj.ckpt_interval:
             self._push(sj.ckpt_origin + sj.ckpt_interval, CKPT, j.id, sj.run_id)
@@ -498,6 +504,8 @@ class Simulator:
         self.elastic_running -= j.elastic
         self.allocated -= sj.alloc
         self.team_alloc[j.team] -= sj.alloc
+        if j.user is not None:
+            end_attempt(self.user_ledgers[(j.team, j.user)], j.id, now)
         held = now - sj.seg_start
         if sj.slowdown != 1.0:
             self._bank_slow(sj, now)
@@ -785,6 +793,7 @@ class Simulator:
             pending=tuple(sj.pending for sj in self.pending.values() if sj.pending is not None),
             queues=self.core_queues,
             priority_classes=self.core_classes,
+            user_usage=self._user_usage(now),
         )
         d = self.schedule(snap, self.policy)
         self.cycles += 1
@@ -833,6 +842,13 @@ class Simulator:
                 self._reject(pr.job_id)
                 stopped = True
         return stopped
+
+    def _user_usage(self, now: float) -> tuple[UserUsage, ...]:
+        """The service of the waiting jobs' users, the rows the live bridge builds from its fold."""
+        if not self.user_ledgers:
+            return ()
+        waiting = ((sj.job.team, sj.job.user) for sj in self.pending.values() if sj.pending is not None)
+        return usage_rows(lambda team, user: self.user_ledgers.get((team, user)), waiting, now)
 
     def _busy(self, placements: tuple[ct.TaskPlacement, ...], gpu_milli: int | None = None) -> str | None:
         """The first GPU of ``placements`` that is not free (or repeated), as text; None if all are free. A

@@ -209,7 +209,9 @@ def canonical_inputs(snap: ct.Snapshot) -> bytes:
     )
     running = sorted(snap.cluster.running.values(), key=lambda j: j.id)
     nodes = sorted(snap.cluster.nodes.values(), key=lambda n: n.id)
-    return msgspec.json.encode([snap.now, ranked, running, nodes, snap.queues, snap.priority_classes])
+    return msgspec.json.encode(
+        [snap.now, ranked, running, nodes, snap.queues, snap.priority_classes, snap.user_usage]
+    )
 
 
 class LiveSide:
@@ -426,7 +428,11 @@ class Twin:
                 break
             if arrived.id not in state.jobs:
                 spec = job_spec(arrived, sj.pclass)
-                self.live.append(JobSubmitted(job_id=arrived.id, spec=spec, submitted_at=arrived.submit))
+                self.live.append(
+                    JobSubmitted(
+                        job_id=arrived.id, spec=spec, submitted_at=arrived.submit, submitted_by=arrived.user
+                    )
+                )
         # what the job controller appends for a held job whose dependency can no longer be met
         for job_id in sim.holds.failed:
             held = state.jobs[job_id]

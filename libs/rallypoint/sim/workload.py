@@ -10,6 +10,7 @@ that order: the core gets ``PendingJob.gpu_types``), ``name`` (default the id), 
 (``[{"kind": "after-ok", "job_id": "j1"}]``, the live API's kinds; each job waited for arrives first) and
 ``singleton`` (optional; held as the live fold holds them, ``sim/holds.py``), ``cpu_milli`` / ``memory_mib``
 (per task) and ``gpu_milli`` (a fraction of one GPU; ``gpus`` is then 1), as the live spec has them;
+``user`` (optional: who submitted it; fair share between a team's users, docs/scheduling-core.md);
 ``suspend_at`` / ``resume_at`` (optional: its team suspends it then, and resumes it later or never);
 ``kind`` (``batch``, the default, or ``service``: it never completes; each run lasts ``duration`` and then its
 ranks exit, and it starts again after the job controller's retry backoff, as a live service does; it takes
@@ -69,6 +70,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
     resume_at: float | None = None
     #: node labels every task's node must have (the live spec's ``node_selector``)
     node_selector: dict[str, str] = {}
+    #: who submitted it (the live API token's user, ``JobSubmitted.submitted_by``): fair share between the
+    #: users of its team counts its service to them (``core.usage``)
+    user: str | None = None
     #: ``service``: runs until the simulation ends, restarted after the backoff each time a run of
     #: ``duration`` ends, never preempted (the live spec's ``kind``, docs/api.md "Services")
     kind: Literal["batch", "service"] = "batch"

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from rallypoint.core.usage import UserLedger, end_attempt, start_attempt
 from rallypoint.events import (
     CheckpointCommitted,
     CheckpointDeleted,
@@ -188,6 +189,10 @@ class JobView(msgspec.Struct, kw_only=True):
     spec: JobSpec
     submitted_at: float
     submitted_seq: int
+    #: who submitted it (``JobSubmitted.submitted_by``, the API token's user): fair share between a team's
+    #: users counts its service to them. Left out of the state hash while None (a log without users keeps
+    #: its hash)
+    user: str | None = None
     state: JobState = "pending"
     queue: str | None = None
     attempt: int = 0
@@ -273,7 +278,8 @@ class JobView(msgspec.Struct, kw_only=True):
 #: changes a node's hardware is held for an operator (``NodeView.held_registration``).
 #: 11: GPU shares and MIG slices (``NodeView.shares`` / ``slices``, binds onto them), suspend and resume
 #: (``JobSuspendRequested``, ``JobSuspended``, ``JobResumed``; the ``suspended`` state).
-FOLD_VERSION = 11
+#: 12: who submitted each job and each team's users' service (``JobView.user``, ``ClusterState.users``).
+FOLD_VERSION = 12
 
 
 # A job's placements, whether it holds their GPUs, and its pending resize (which holds GPUs too): an event
@@ -303,6 +309,9 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
     # Messages no fold of this version can apply (undecodable, unknown or newer event types): skipped and
     # kept here, so every fold of one log skips the same ones and the hash covers them.
     quarantine: QuarantineLog = msgspec.field(default_factory=QuarantineLog)
+    # team -> user -> the GPU service of the user's jobs in the team (``core.usage``: fair share between a
+    # team's users). Left out of the state hash while empty.
+    users: dict[str, dict[str, UserLedger]] = {}
 
     @property
     def epoch(self) -> int:
@@ -464,6 +473,10 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         for job in canonical["jobs"].values():
             if job["resize"] is None:
                 del job["resize"]
+            if job["user"] is None:
+                del job["user"]
+        if not canonical["users"]:
+            del canonical["users"]
         return hashlib.sha256(msgspec.json.encode(canonical, order="deterministic")).hexdigest()
 
     def encode(self) -> bytes:
@@ -574,6 +587,7 @@ def _free(
 def _finish(state: ClusterState, job: JobView, new_state: JobState, at: float) -> None:
     if job.state in ACTIVE:
         _release(state, job)
+        _bill_user(state, job, at)
     job.state = new_state
     job.ended_at = at
 
@@ -582,7 +596,12 @@ def _on_submitted(state: ClusterState, seq: int, e: JobSubmitted) -> None:
     if e.job_id in state.jobs:
         return
     state.jobs[e.job_id] = JobView(
-        job_id=e.job_id, spec=e.spec, submitted_at=e.submitted_at, submitted_seq=seq, last_seq=seq
+        job_id=e.job_id,
+        spec=e.spec,
+        submitted_at=e.submitted_at,
+        submitted_seq=seq,
+        last_seq=seq,
+        user=e.submitted_by,
     )
 
 
@@ -642,6 +661,9 @@ def _on_started(state: ClusterState, seq: int, e: JobStarted) -> None:
         job.state = "running"
         job.started_at = e.at
         job.resume_step = e.resume_step
+        ledger = _user_ledger(state, job)
+        if ledger is not None:
+            start_attempt(ledger, job.job_id, e.at, job.bound_gpus)
 
 
 def _on_rank_exited(state: ClusterState, seq: int, e: RankExited) -> None:
@@ -898,10 +920,30 @@ def _account_service(job: JobView, at: float) -> None:
         job.attained_gpu_s += ran * job.bound_gpus
 
 
+def _user_ledger(state: ClusterState, job: JobView) -> UserLedger | None:
+    """The service record of the job's user in its team (None: the job has no user)."""
+    if job.user is None:
+        return None
+    team = state.users.setdefault(job.spec.team, {})
+    ledger = team.get(job.user)
+    if ledger is None:
+        ledger = team[job.user] = UserLedger()
+    return ledger
+
+
+def _bill_user(state: ClusterState, job: JobView, at: float) -> None:
+    """The job's running attempt ended at ``at``: bill it to its user (``core.usage``)."""
+    if job.user is not None:
+        ledger = state.users.get(job.spec.team, {}).get(job.user)
+        if ledger is not None:
+            end_attempt(ledger, job.job_id, at)
+
+
 def _requeue(state: ClusterState, job: JobView, at: float) -> None:
     """Release every GPU and put the job back in the queue at its original place (next bind: attempt + 1)."""
     _release(state, job)
     _account_service(job, at)
+    _bill_user(state, job, at)
     job.state = "pending"
     job.placements = ()
     job.bound_at = job.bound_seq = job.started_at = None
@@ -941,6 +983,7 @@ def _on_interrupted(state: ClusterState, seq: int, e: JobInterrupted) -> None:
         for gpu in placement.gpus:
             _unhold(node, gpu, job.job_id)
     _account_service(job, e.at)
+    _bill_user(state, job, e.at)
     job.state = "repairing"
     job.missing_tasks = tuple(sorted(p.task for p in job.placements if p.node_id in failed))
     job.placements = kept
@@ -996,6 +1039,7 @@ def _on_job_resized(state: ClusterState, seq: int, e: JobResized) -> None:
     kept = {(p.node_id, g) for p in resize.placements for g in p.gpus}
     _free(state, job, job.placements, keep=kept)
     _account_service(job, e.at)
+    _bill_user(state, job, e.at)
     job.lost_gpu_s += e.lost_gpu_s
     job.resize = None
     job.state = "bound"
