@@ -8,6 +8,8 @@ by (job id, attempt, rank), so the controller can resend after a timeout or a re
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from rallypoint.events.catalogue import MigSlice
@@ -48,6 +50,9 @@ class LaunchTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     #: a MIG job's slice of its one GPU: the agent makes (or reuses) that GPU instance and shows the rank
     #: its device alone (``CUDA_VISIBLE_DEVICES`` = the instance's UUID)
     mig: MigSlice | None = None
+    #: an interactive job's task: each rank runs on a pseudo-terminal its wrapper holds, which the agent
+    #: relays to the user through the API (``agent.terminal``)
+    pty: bool = False
 
     def __repr__(self) -> str:
         # a log line, a traceback's locals or a debugger shows the task; never a secret's value
@@ -189,3 +194,25 @@ class LogsReply(msgspec.Struct, frozen=True, kw_only=True):
     next_offset: int = 0
     size: int = 0
     text: str = ""
+
+
+class TerminalRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Ask ``cmd.agent.<node>.tty`` about an interactive rank's terminal (``agent.terminal``).
+
+    ``open``: relay the terminal of (job, attempt, rank) to ``session`` from now on: output on
+    ``tty.<node>.<session>``, input taken from ``cmd.agent.<node>.tty.<session>``; a session already
+    attached to that terminal is closed (the last attach wins). ``info``: is any session attached?
+    """
+
+    op: Literal["open", "info"]
+    job_id: str
+    attempt: int
+    rank: int
+    session: str = ""
+
+
+class TerminalReply(msgspec.Struct, frozen=True, kw_only=True):
+    ok: bool
+    error: str = ""
+    #: a session is attached to that terminal (``info``), or was just taken over (``open``)
+    attached: bool = False

@@ -66,6 +66,7 @@ from .problems import PROBLEM_JSON, invalid_spec, not_found, problem, unavailabl
 from .readindex import ReadIndex, stream_tip
 from .reads import FoldReads, ready_to_read
 from .suspend import add_suspend_routes
+from .terminal import add_terminal_routes
 from .traced import trace_middleware
 from .views import audience, job_links, queue_positions, render_checkpoints, render_job, render_node
 from .why import add_why_routes
@@ -897,4 +898,6 @@ def build_app(
     # rally why: reasons in numbers, and the predicted start
     add_why_routes(app, log, follower, getattr(config, "queues", None), handlers.predictions)
     add_predictions_route(app, handlers.predictions)  # rally predictions: how, and how good
+    # rally run --pty / rally attach: an interactive job's terminal over a WebSocket
+    add_terminal_routes(app, log, follower, config.queues, config.source)
     return app

@@ -6,11 +6,13 @@
 - an array of 20 members, at most 4 at once: every member completes and sees its own index, and the log
   never has more than 4 members holding GPUs at any position;
 - a service survives its rank's crash (restarted after the backoff) and a drain of its node (SIGTERM first,
-  then it runs again on the other node); it is never completed or failed.
+  then it runs again on the other node); it is never completed or failed; its team reserves 1 GPU for
+  services (``service_gpus`` in the queue file), so a second service waits naming the service capacity.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,15 +37,21 @@ pytestmark = pytest.mark.slow
 
 #: How long after its dependency's end a dependent may be bound: the scheduler binds it at its next cycle
 #: (well under a second here); the margin is for a loaded test machine.
-PROMPT_S = 10.0
+PROMPT_S = 30.0
 #: The events after which a job holds no GPU (an array member's slot is free again).
 RELEASES = (JobCompleted, JobFailed, JobAttemptFailed, JobPreempted, JobCancelled, JobSuspended)
 
 
+#: The whole cluster is team e2e's, one of its GPUs reserved for its services.
+QUEUES = {"teams": [{"name": "e2e", "nominal": 8, "service_gpus": 1}]}
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    local = LocalCluster(tmp_path_factory.mktemp("workloads"), nodes=2, gpus_per_node=4, racks=1)
-    with local:
+    work = tmp_path_factory.mktemp("workloads")
+    queues = work / "queues.json"
+    queues.write_text(json.dumps(QUEUES))
+    with LocalCluster(work / "cluster", nodes=2, gpus_per_node=4, racks=1, queues=queues) as local:
         yield local
 
 
@@ -77,11 +85,16 @@ def test_a_pipeline_with_a_failing_middle_stage_ends_its_dependent_and_runs_its_
     assert isinstance(ended_report, JobFailed)
     assert f"dependency can never be met: {train} ended failed (after-ok)" in ended_report.reason
     assert not any(isinstance(e, GangBound) and e.job_id == report for _, e in records), "report never ran"
-    # each dependent is bound within a scheduler cycle or so of its dependency's end
+    # each dependent is bound by the first scheduler cycle that saw its dependency's end: the first decision
+    # computed at or after the end's position in the log is its bind (and that within seconds)
     for dependency, end_kind, dependent in ((prepare, JobCompleted, train), (train, JobFailed, cleanup)):
-        end, bound = first(records, end_kind, dependency), first(records, GangBound, dependent)
-        assert isinstance(end, JobCompleted | JobFailed) and isinstance(bound, GangBound)
-        assert 0 <= bound.at - end.at < PROMPT_S, (dependency, end, bound)
+        end_seq, end = next(
+            (q, e) for q, e in records if isinstance(e, end_kind) and getattr(e, "job_id", None) == dependency
+        )
+        decided = [e for _, e in records if getattr(e, "computed_at_seq", -1) >= end_seq]
+        bound = decided[0] if decided else None
+        assert isinstance(bound, GangBound) and bound.job_id == dependent, (dependency, decided[:3])
+        assert isinstance(end, JobCompleted | JobFailed) and 0 <= bound.at - end.at < PROMPT_S, (end, bound)
     assert 0 <= ended_report.at - first(records, JobFailed, train).at < PROMPT_S  # type: ignore[attr-defined]
 
 
@@ -121,16 +134,22 @@ def test_a_service_survives_its_ranks_crash_and_a_drain_of_its_node(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
     out = cluster.give_to_ranks(cluster.shared_dir / tmp_path.name)
-    # the first attempt crashes; every later one serves until SIGTERM, which it records
+    # the first attempt crashes; every later one says it is ready once it would record a SIGTERM, and
+    # serves until one comes
     script = (
         f"if [ ! -e {out}/crashed ]; then touch {out}/crashed; exit 3; fi; "
-        f"trap 'touch {out}/term-$RALLY_ATTEMPT; exit 0' TERM; while :; do sleep 0.2; done"
+        f"trap 'touch {out}/term-$RALLY_ATTEMPT; exit 0' TERM; touch {out}/ready-$RALLY_ATTEMPT; "
+        "while :; do sleep 0.2; done"
     )
     service = submit(cluster, "endpoint", ["sh", "-c", script], kind="service")
     serving = wait_for(
         cluster,
         service,
-        lambda v: v.get("state") == "running" and v["recovery"]["user_failures"] == 1,
+        lambda v: (
+            v.get("state") == "running"
+            and v["recovery"]["user_failures"] == 1
+            and (out / f"ready-{v['attempt']}").exists()
+        ),
         "ran again after its crash",
     )
     node = serving["allocation"][0]["node_id"]
@@ -148,8 +167,17 @@ def test_a_service_survives_its_ranks_crash_and_a_drain_of_its_node(
         assert (out / f"term-{serving['attempt']}").exists(), "its rank was not stopped with SIGTERM"
     finally:
         call("POST", f"{cluster.api_url}/v1/nodes/{node}/undrain", {"reason": "done"})
-    call("DELETE", f"{cluster.api_url}/v1/jobs/{service}")
+    # the team's one reserved GPU is the first service's: a second one waits for that room
+    second = submit(cluster, "endpoint-2", ["sleep", "300"], kind="service")
+    reason = wait_for(
+        cluster, second, lambda v: "service capacity" in str(v.get("pending_reason")), "waited for room"
+    )["pending_reason"]
+    assert reason["code"] == "QuotaExceeded", reason
+    assert "queue e2e's services hold 1 of its 1 reserved GPUs; needs 1 more" in reason["message"], reason
+    for each in (service, second):
+        call("DELETE", f"{cluster.api_url}/v1/jobs/{each}")
     assert wait_for(cluster, service, ended, "ended")["state"] == "cancelled"
+    assert wait_for(cluster, second, ended, "ended")["state"] == "cancelled"
 
     mine = [e for _, e in log_records(cluster, "workloads-service") if getattr(e, "job_id", None) == service]
     assert not any(isinstance(e, JobCompleted | JobFailed) for e in mine), "a service is never completed"

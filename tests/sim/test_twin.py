@@ -596,3 +596,37 @@ def test_services_decide_the_same_in_the_simulator_and_live(policy: str, seed: i
     # is not told to it: no cycle follows)
     assert all(live[s].user_failures <= twin.sim.jobs[s].restarts for s in services if s in live)
     assert sum(live[s].user_failures for s in services if s in live) > 0
+
+
+def with_sessions(seed: int) -> list[Job]:
+    """The seeded contention with interactive sessions arriving among it (``rally run --pty``): a GPU or a
+    quarter of one each, for one to five minutes, under their own class (they name none), which ranks
+    above standard training and is never preempted."""
+    rng = random.Random(seed)
+    jobs = seeded(seed)
+    for x in range(6):
+        share: dict[str, object] = {"gpu_milli": 250} if x % 2 else {}
+        submit, duration, team = (
+            rng.uniform(0.0, 300.0),
+            float(rng.randint(60, 300)),
+            rng.choice(("t1", "t2")),
+        )
+        jobs.append(J(f"tty-{x}", submit, 1, duration, team, kind="interactive", **share))
+    return jobs
+
+
+@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("policy", POLICIES)
+def test_interactive_sessions_decide_the_same_in_the_simulator_and_live(policy: str, seed: int) -> None:
+    _, cluster, queues = synthetic()
+    jobs = with_sessions(seed)
+    twin = Twin(jobs, cluster, policy, queues)
+    assert_identical(twin.run())
+    sessions = [j.id for j in jobs if j.kind == "interactive"]
+    live = twin.live.state.jobs
+    assert all(live[s].spec.priority == "interactive" == twin.sim.jobs[s].pclass for s in sessions)
+    assert all(twin.sim.jobs[s].preemptions == 0 for s in sessions), "a session was preempted"
+    started = {r.id: r.start - r.submit for r in twin.sim.records}
+    assert set(sessions) <= started.keys(), "every session got its GPU"
+    if policy == "rallypoint":  # its class outranks the training in its way: each starts as it arrives
+        assert all(started[s] == 0.0 for s in sessions), {s: started[s] for s in sessions}

@@ -26,6 +26,8 @@ NOT_PRINTING = {
     "up": "a local cluster in the foreground: a banner, then it supervises until Ctrl-C",
     "demo": "the same, with a guided batch of jobs narrated as it runs",
     "sim": "writes its reports to files; its --json names the summary's file",
+    "run": "a terminal session: the rank's own output, byte for byte",
+    "attach": "a terminal session, as run",
 }
 
 

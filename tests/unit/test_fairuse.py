@@ -114,7 +114,13 @@ def test_a_bad_limit_is_refused_naming_its_key(config: dict[str, Any], message: 
 
 # --- the priority classes a team may use ------------------------------------------------------------------
 
-EVERY_CLASS_BUT_PRODUCTION = ["training-high", "training-standard", "development", "best-effort"]
+EVERY_CLASS_BUT_PRODUCTION = [
+    "training-high",
+    "interactive",
+    "training-standard",
+    "development",
+    "best-effort",
+]
 
 
 def test_production_is_reserved_unless_granted() -> None:

@@ -98,7 +98,27 @@ def test_max_gpus_per_node_sets_the_default_task_size() -> None:
 
 @pytest.mark.parametrize("priority", PRIORITY_CLASSES)
 def test_every_priority_class_is_accepted(priority: str) -> None:
-    assert validate_spec(body(priority=priority)).priority == priority
+    kind = {"kind": "interactive"} if priority == "interactive" else {}  # that class is its kind's alone
+    assert validate_spec(body(priority=priority, **kind)).priority == priority
+
+
+def test_an_interactive_job_gets_its_own_class_and_no_other_kind_may() -> None:
+    spec = validate_spec(body(kind="interactive"))
+    assert (spec.kind, spec.priority) == ("interactive", "interactive")
+    # a cluster whose queue file has no such class: the cluster's default
+    assert (
+        validate_spec(body(kind="interactive"), priority_classes=("low",), default_priority="low").priority
+        == "low"
+    )
+    for refused, field in (
+        (body(priority="interactive"), "priority"),
+        (body(kind="interactive", max_retries=2), "max_retries"),
+        (body(kind="interactive", gpus=2, min_gpus=1, gpus_per_task=1), "kind"),
+        (body(kind="shell"), "kind"),
+    ):
+        with pytest.raises(SpecError) as err:
+            validate_spec(refused)
+        assert err.value.field == field
 
 
 # --- a cluster's own priority classes (its queue file's) -------------------------------------------

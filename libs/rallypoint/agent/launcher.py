@@ -237,7 +237,9 @@ class RankLauncher:
                 try:
                     if task.mig is not None:  # the rank sees its slice alone, never the whole GPU
                         env["CUDA_VISIBLE_DEVICES"] = self._slice_device(spec.gpus, task.mig)
-                    self._spawn(record, task.command, env)
+                    if task.pty:  # what a terminal program needs to draw; the job's env may say otherwise
+                        env.setdefault("TERM", "xterm-256color")
+                    self._spawn(record, task.command, env, pty=task.pty)
                 except OSError as exc:
                     if not _rank_cannot_exec(exc):
                         raise
@@ -403,6 +405,16 @@ class RankLauncher:
         with self._lock:
             return {g for r in self._ranks.values() if r.exit is None for g in r.gpus}
 
+    def terminal_path(self, job_id: str, attempt: int, rank: int) -> Path | None:
+        """The socket of a running interactive rank's terminal (``ptyhost``); None when this node runs no
+        such rank of that attempt, or it has exited."""
+        with self._lock:
+            record = self._ranks.get((job_id, attempt, rank))
+            if record is None or record.exit is not None:
+                return None
+            path = record.file("tty")
+        return path if path.exists() else None
+
     def log_path(self, job_id: str, attempt: int, rank: int) -> Path:
         return workdir.rank_file(workdir.attempt_dir(self.work_dir, job_id, attempt), rank, "log")
 
@@ -420,7 +432,9 @@ class RankLauncher:
 
     # -- internals (lock held) ----------------------------------------------------------------------
 
-    def _spawn(self, record: _Rank, command: tuple[str, ...], env: dict[str, str]) -> None:
+    def _spawn(
+        self, record: _Rank, command: tuple[str, ...], env: dict[str, str], *, pty: bool = False
+    ) -> None:
         argv = [
             self._python,
             "-m",
@@ -431,6 +445,7 @@ class RankLauncher:
             str(record.rank),
             *(["--user", self._run_as] if self._run_as else []),
             *(f"--reach={path}" for path in self._shared if self._run_as),
+            *(["--pty"] if pty else []),
             "--",
             *command,
         ]

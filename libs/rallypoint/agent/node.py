@@ -41,6 +41,7 @@ from rallypoint.agent.reports import CHECKPOINT_FIELDS as CHECKPOINT_FIELDS
 from rallypoint.agent.reports import ReportBatch, ReportSource, ReportTail
 from rallypoint.agent.sim_backend import SimulatedGpus
 from rallypoint.agent.slowdown import DutyCycler, LauncherGroups
+from rallypoint.agent.terminal import TerminalRelay
 from rallypoint.eventlog import AppendConflict, EventLog
 from rallypoint.events import CheckpointCommitted, NodeRegistered, RankExited, subjects
 from rallypoint.observability.instruments import HEARTBEATS_SENT, RANK_LAUNCHES
@@ -60,6 +61,8 @@ from rallypoint.protocol import (
     LogsRequest,
     RankStatus,
     StatusReply,
+    TerminalReply,
+    TerminalRequest,
 )
 
 _log = logging.getLogger(__name__)
@@ -133,6 +136,7 @@ class NodeAgent:
         self.heartbeats_sent = 0
         # Makes a backend's slowdown factor real on this node's ranks (a simulated straggler).
         self.slowdown = DutyCycler(LauncherGroups(launcher))
+        self.terminals: TerminalRelay | None = None  # interactive ranks' terminals, once started
 
     @property
     def node_id(self) -> str:
@@ -143,11 +147,14 @@ class NodeAgent:
     async def start(self) -> None:
         await self.register()
         nc = self.log.nc
+        self.terminals = TerminalRelay(nc, self.node_id, self.launcher)
+        self.terminals.start()
         handlers = (
             ("launch", self._on_launch),
             ("kill", self._on_kill),
             ("status", self._on_status),
             ("logs", self._on_logs),
+            ("tty", self._on_tty),
         )
         for verb, handler in handlers:
             self._subs.append(
@@ -184,6 +191,8 @@ class NodeAgent:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        if self.terminals is not None:
+            await self.terminals.close()
         # Never leave a rank stopped behind us: the cycler continues whatever it stopped.
         await asyncio.to_thread(self.slowdown.close)
 
@@ -448,6 +457,15 @@ class NodeAgent:
         except msgspec.DecodeError as exc:
             return _json.encode(LogsReply(ok=False, error=f"bad LogsRequest: {exc}"))
         return _json.encode(await asyncio.to_thread(read_log_chunk, self.launcher.work_dir, request))
+
+    async def _on_tty(self, msg: Msg) -> bytes:
+        try:
+            request = msgspec.json.decode(msg.data, type=TerminalRequest)
+        except msgspec.DecodeError as exc:
+            return _json.encode(TerminalReply(ok=False, error=f"bad TerminalRequest: {exc}"))
+        if self.terminals is None:
+            return _json.encode(TerminalReply(ok=False, error="the agent is not serving yet"))
+        return _json.encode(await self.terminals.handle(request))
 
     async def _on_status(self, msg: Msg) -> bytes:
         ranks = await asyncio.to_thread(self.launcher.status)

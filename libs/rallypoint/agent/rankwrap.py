@@ -26,6 +26,10 @@ exits).
 Signals sent to the wrapper itself (SIGTERM, SIGINT, SIGHUP) are forwarded to the rank's group, so
 stopping the wrapper stops the rank and still records how it ended.
 
+With ``--pty`` (an interactive job) the rank runs on a pseudo-terminal, the leader of its own session, and
+the wrapper relays that terminal (``ptyhost``); a SIGTERM reaches it as a hang-up first (an interactive
+shell ignores SIGTERM, and exits on SIGHUP as when its terminal goes away).
+
 Standard library only (plus ``workdir``): it runs once per rank and should start fast.
 """
 
@@ -34,17 +38,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import fcntl
 import os
 import signal
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from rallypoint.agent import ranksandbox, rankuser, workdir
+from rallypoint.agent import ptyhost, ranksandbox, rankuser, workdir
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -79,13 +85,15 @@ def _reap_exited() -> None:
             pass
 
 
-def _pdeathsig(parent_pid: int, *, private: bool = False) -> Callable[[], None]:
+def _pdeathsig(parent_pid: int, *, private: bool = False, terminal: bool = False) -> Callable[[], None]:
     # Loaded before fork: loading a library in the child between fork and exec is not safe.
     libc = _libc()
 
     def preexec() -> None:
         if private:  # a rank of its own uid: what it creates is its job's alone
             os.umask(0o077)
+        if terminal:  # its stdin, the pty's slave, becomes the controlling terminal of its new session
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         if libc is not None:
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent_pid:  # the wrapper died between fork and prctl
@@ -140,6 +148,7 @@ def run(
     *,
     user: str | None = None,
     shared: list[str] | None = None,
+    pty: bool = False,
 ) -> int:
     exit_path = workdir.rank_file(directory, rank, "exit")
     if exit_path.exists():
@@ -156,24 +165,30 @@ def run(
     def forward(signum: int, _frame: FrameType | None) -> None:
         if child is None:
             pending.append(signum)
-        else:
+            return
+        for sent in (signal.SIGHUP, signum) if pty and signum == signal.SIGTERM else (signum,):
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signum)
+                os.killpg(child.pid, sent)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
     _become_subreaper()
 
+    host: ptyhost.PtyHost | None = None
     try:
-        child = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            process_group=0,
-            preexec_fn=_pdeathsig(os.getpid(), private=user is not None),
-            close_fds=True,
-            cwd=directory,
-            **_as_user(user, directory, shared or []),
-        )
+        streams, slave, host = _streams(directory, rank, pty)
+        try:
+            child = subprocess.Popen(
+                command,
+                preexec_fn=_pdeathsig(os.getpid(), private=user is not None, terminal=pty),
+                close_fds=True,
+                cwd=directory,
+                **streams,
+                **_as_user(user, directory, shared or []),
+            )
+        finally:
+            if slave is not None:
+                os.close(slave)  # the rank holds it now: the master reads EIO once the rank is gone
     except FileNotFoundError as exc:
         print(f"rankwrap: cannot start rank {rank}: {exc}", file=sys.stderr)
         _finish(directory, rank, workdir.EXIT_NOT_FOUND)
@@ -200,9 +215,24 @@ def run(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)
 
-    returncode = _wait_rank(child)
+    returncode = _wait_rank(child) if host is None else host.serve(child)
     _finish(directory, rank, workdir.exit_code_of(returncode))
     return 0
+
+
+def _streams(
+    directory: Path, rank: int, pty: bool
+) -> tuple[dict[str, Any], int | None, ptyhost.PtyHost | None]:
+    """Popen's stream and session arguments; with a pty, also its slave (to close once the rank has it)
+    and the host that relays its master. A rank with a terminal leads a session of its own (a process
+    group alone cannot have one); its group is still the one the agent signals."""
+    if not pty:
+        return {"stdin": subprocess.DEVNULL, "process_group": 0}, None, None
+    master, slave = ptyhost.open_pty()
+    server = ptyhost.listen(workdir.rank_file(directory, rank, "tty"))
+    host = ptyhost.PtyHost(master, server, log_fd=sys.stdout.fileno())
+    streams = {"stdin": slave, "stdout": slave, "stderr": slave, "start_new_session": True}
+    return streams, slave, host
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--reach", action="append", default=[], help="a folder shared with every rank (with --user)"
     )
+    parser.add_argument("--pty", action="store_true", help="run the rank on a pseudo-terminal (interactive)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
     args = parser.parse_args(argv)
     command = list(args.command)
@@ -220,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         command = command[1:]
     if not command:
         parser.error("no command given")
-    return run(args.dir, args.rank, command, user=args.user, shared=args.reach)
+    return run(args.dir, args.rank, command, user=args.user, shared=args.reach, pty=args.pty)
 
 
 if __name__ == "__main__":

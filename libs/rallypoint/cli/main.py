@@ -20,6 +20,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "rallypoint.cli.serve",
     "rallypoint.cli.cluster_cmds",
     "rallypoint.cli.jobs_cmds",
+    "rallypoint.cli.interactive_cmds",
     "rallypoint.cli.why_cmds",
     "rallypoint.cli.predictions_cmds",
     "rallypoint.cli.account_cmds",

@@ -240,6 +240,9 @@ class PriorityClass(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 DEFAULT_PRIORITY_CLASSES: tuple[PriorityClass, ...] = (
     PriorityClass(name="production", value=1000, preemptible=False),
     PriorityClass(name="training-high", value=800),
+    # interactive sessions (``kind: interactive``, the only jobs that may use it): ahead of standard
+    # training, so a shell starts in seconds, and never stopped for training once it runs
+    PriorityClass(name="interactive", value=600, preemptible=False),
     PriorityClass(name="training-standard", value=500),
     PriorityClass(name="development", value=200),
     PriorityClass(name="best-effort", value=0),

@@ -100,8 +100,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     #: the node labels every task's node must have (``NodeRegistered.labels``), e.g. ``{"zone": "a"}``
     node_selector: dict[str, str] = {}
     #: ``service``: runs until cancelled; restarted whenever its ranks exit, never preempted
-    #: (``docs/api.md``, "Services"); ``batch``: runs to completion
-    kind: Literal["batch", "service"] = "batch"
+    #: (``docs/api.md``, "Services"); ``batch``: runs to completion; ``interactive``: each rank runs on a
+    #: pseudo-terminal the user reaches through the API (``rally run --pty``, docs/api.md "Terminals")
+    kind: Literal["batch", "service", "interactive"] = "batch"
 
 
 class GpuInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -255,6 +256,8 @@ class JobCancelRequested(_Event, tag="JobCancelRequested.v1", frozen=True, kw_on
     job_id: str
     at: float
     requested_by: str = "user"
+    #: why, when the cluster asked rather than a person: an interactive session's client gone or idle
+    reason: str | None = None
 
 
 class JobCancelled(_Event, tag="JobCancelled.v1", frozen=True, kw_only=True):

@@ -162,6 +162,26 @@ def agent_command(node_id: str, verb: str) -> str:
     return f"cmd.agent.{_token(node_id)}.{_token(verb)}"
 
 
+def terminal_input(node_id: str, session: str) -> str:
+    """Where the API sends an interactive session's keystrokes, resizes and keepalives (core NATS): a
+    command to the rank's agent, which alone subscribes to its ``cmd.agent.<node>.>``."""
+    return f"{agent_command(node_id, 'tty')}.{_token(session)}"
+
+
+def terminal_output(node_id: str, session: str) -> str:
+    """Where a node's agent sends an interactive session's output and end (core NATS); only that agent
+    may publish under ``tty.<node>.>``, only the API subscribes."""
+    return f"tty.{_token(node_id)}.{_token(session)}"
+
+
+def terminal_tree(node_id: str) -> str:
+    """Every session's output of one node's agent: what that agent alone may publish."""
+    return f"tty.{_token(node_id)}.*"
+
+
+TERMINALS = "tty.*.*"
+
+
 def query(service: str, what: str) -> str:
     return f"q.{_token(service)}.{_token(what)}"
 

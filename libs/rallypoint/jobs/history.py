@@ -99,6 +99,8 @@ class JobHistory(msgspec.Struct, kw_only=True):
     #: why the job is in its current state (empty once it runs again: see ``last_interruption``)
     reason: str
     cancel_requested_by: str | None
+    #: why the cancel was asked for, when the cluster asked (an interactive session gone or idle)
+    cancel_reason: str | None
     attempts: list[AttemptRecord]
     reasons: list[ReasonChange]
     checkpoints: list[CheckpointView]
@@ -129,6 +131,7 @@ class _Story:
         self.preemptions: list[Preemption] = []
         self.timeline: list[TimelineEntry] = []
         self.cancel_by: str | None = None
+        self.cancel_reason: str | None = None
 
     def record(self, seq: int, event: Event, applied: bool) -> None:
         self.timeline.append(TimelineEntry(seq=seq, at=_at(event), type=event_type(event), applied=applied))
@@ -146,6 +149,7 @@ class _Story:
             self._preempted(event)
         elif isinstance(event, JobCancelRequested):
             self.cancel_by = event.requested_by
+            self.cancel_reason = event.reason
         elif isinstance(event, JobAttemptFailed | JobInterrupted | GangRepaired | JobRequeued):
             self.recovery.append(_recovery_step(seq, event, self._ended_as(seq, event)))
 
@@ -221,6 +225,7 @@ def job_history(events: Iterable[tuple[int, Event | Quarantined]], job_id: str) 
         reason=reason,
         last_interruption=last_interruption,
         cancel_requested_by=story.cancel_by,
+        cancel_reason=story.cancel_reason,
         attempts=ledger.of(job_id),
         reasons=story.reasons,
         checkpoints=list(job.checkpoints),

@@ -78,6 +78,7 @@ def launch_plan(
                 env={**spec.env, **(extra_env or {})},
                 gpu_milli=spec.gpu_milli or 0,
                 mig=placement.mig,
+                pty=spec.kind == "interactive",
             )
         )
     return tasks

@@ -83,12 +83,15 @@ _MAXIMUM: dict[str, tuple[int, str]] = {
 PRIORITY_CLASSES: tuple[str, ...] = (
     "production",
     "training-high",
+    "interactive",
     "training-standard",
     "development",
     "best-effort",
 )
 #: The class of a job that names none, unless the cluster's queue file says otherwise.
 DEFAULT_PRIORITY = "training-standard"
+#: The class of an interactive job that names none (when the cluster has it), and of no other kind of job.
+INTERACTIVE_PRIORITY = "interactive"
 
 # Narrowest first: a preferred level wider than the required one could never be honoured.
 TOPOLOGY_LEVELS: tuple[str, ...] = get_args(TopologyLevel)
@@ -190,7 +193,11 @@ def validate_spec(
     team = _check_team(body)
     gpus, gpus_per_task, ranks_per_task = _check_shape(body, max_gpus_per_node)
     command = _check_command(body)
-    priority = _check_priority(body, priority_classes, default_priority)
+    # an interactive job's default is its own class, where the cluster has it
+    interactive = body.get("kind") == "interactive" and INTERACTIVE_PRIORITY in priority_classes
+    priority = _check_priority(
+        body, priority_classes, INTERACTIVE_PRIORITY if interactive else default_priority
+    )
     env = _check_env(body)
     secret_names = tuple(sorted(check_secrets(body, env)))
     time_limit_s = _int(body, "time_limit_s")
@@ -213,6 +220,7 @@ def validate_spec(
         max_retries = 0
     if not 0 <= max_retries <= MAX_RETRIES_LIMIT:
         raise SpecError("max_retries", f"must be between 0 and {MAX_RETRIES_LIMIT}, got {max_retries}")
+    _check_interactive(kind, priority, max_retries, min_gpus is not None or max_gpus is not None)
 
     return JobSpec(
         name=name,
@@ -374,6 +382,20 @@ def _check_total(field: str, value: object, limit: int) -> None:
     size = len(msgspec.json.encode(value))
     if size > limit:
         raise SpecError(field, f"is {size} bytes as JSON; at most {limit}")
+
+
+def _check_interactive(kind: str, priority: str, max_retries: int, elastic: bool) -> None:
+    """An interactive session is one terminal a person types into: run again after a failure or resized,
+    it would be a fresh shell nobody watches. Its class is for sessions alone: a batch job under it would
+    be a training run no training may preempt."""
+    if kind != "interactive":
+        if priority == INTERACTIVE_PRIORITY:
+            raise SpecError("priority", f"{INTERACTIVE_PRIORITY!r} is for interactive jobs alone (kind)")
+        return
+    if max_retries:
+        raise SpecError("max_retries", "an interactive session is never retried; it takes no max_retries")
+    if elastic:
+        raise SpecError("kind", "an interactive session has a fixed size: no min_gpus or max_gpus")
 
 
 def _check_priority(body: Mapping[str, Any], classes: Sequence[str], default: str) -> str:
@@ -586,13 +608,18 @@ def _check_node_selector(body: Mapping[str, Any]) -> dict[str, str]:
     return dict(value)
 
 
-def _check_kind(body: Mapping[str, Any], time_limit_s: int | None) -> Literal["batch", "service"]:
-    """``batch`` (the default) or ``service``, which runs until cancelled: no time limit."""
+def _check_kind(
+    body: Mapping[str, Any], time_limit_s: int | None
+) -> Literal["batch", "service", "interactive"]:
+    """``batch`` (the default), ``service``, which runs until cancelled: no time limit, or
+    ``interactive``, a terminal session (``_check_interactive``)."""
     kind = _str(body, "kind")
     if kind is None or kind == "batch":
         return "batch"
+    if kind == "interactive":
+        return "interactive"
     if kind != "service":
-        raise SpecError("kind", f"{kind!r} is not a job kind; one of batch, service")
+        raise SpecError("kind", f"{kind!r} is not a job kind; one of batch, service, interactive")
     if time_limit_s is not None:
         raise SpecError("kind", "a service runs until cancelled: it takes no time_limit_s")
     return "service"

@@ -95,7 +95,8 @@ def running_of(job: JobView) -> RunningJob:
         memory_mib=job.spec.memory_mib,
         gpu_milli=job.spec.gpu_milli,
         mig_profile=job.spec.mig_profile,
-        preemptible=job.spec.kind != "service",  # a service is never preempted, whatever its class
+        # a service or an interactive session is never preempted, whatever its class
+        preemptible=job.spec.kind not in ("service", "interactive"),
         service=job.spec.kind == "service",
     )
 

@@ -68,6 +68,10 @@ class FairUse(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     submissions_per_minute: float | None = None
     submission_burst: int | None = None
     priorities: list[str] | None = None
+    #: an interactive session with no keystroke and no output this long is ended (its job cancelled)
+    interactive_idle_timeout_s: float | None = None
+    #: an interactive session whose client went away is ended this long after, unless it attached again
+    interactive_disconnect_grace_s: float | None = None
 
 
 class TeamLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -262,7 +266,8 @@ def validate_queues(q: Queues) -> None:
 
 def _validate_fair_use(where: str, holder: FairUse, classes: Collection[str]) -> None:
     """Each fair-use key positive, and ``priorities`` a non-empty list of distinct, known classes."""
-    for key in ("max_pending_jobs", "submissions_per_minute", "submission_burst"):
+    keys = ("max_pending_jobs", "submissions_per_minute", "submission_burst")
+    for key in (*keys, "interactive_idle_timeout_s", "interactive_disconnect_grace_s"):
         value = getattr(holder, key)
         if value is not None and not value > 0:
             raise QueuesError(f"{where}: {key} must be > 0, got {value}")

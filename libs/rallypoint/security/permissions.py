@@ -158,13 +158,16 @@ def _matrix() -> dict[str, Permissions]:
         "api": _service(
             # rally.node.*.op: an operator's drain and undrain (admin tokens only: the API checks the token)
             writes="JobSubmitted, JobCancelRequested, an operator's NodeDrained and NodeUndrained; "
-            "asks agents for rank logs",
+            "asks agents for rank logs; relays interactive terminals",
             # rally-secrets: stores a submission's secrets before its JobSubmitted
             publish=(
                 f"rally.job.{one}",
                 f"rally.node.{one}.op",
                 "q.>",
                 f"cmd.agent.{one}.logs",
+                # interactive sessions: open one (request/reply), then its keystrokes (agent.terminal)
+                f"cmd.agent.{one}.tty",
+                f"cmd.agent.{one}.tty.{one}",
                 *job_secrets(),
             ),
             serves=False,
@@ -198,7 +201,8 @@ def _matrix() -> dict[str, Permissions]:
         roles[role] = _with_snapshots(roles[role], role)
     subscriptions = {role: _queries(role) for role in roles if role not in (ADMIN, "api")}
     subscriptions["health-monitor"] = (subjects.HEARTBEATS, *subscriptions["health-monitor"])
-    subscriptions["api"] = ()  # it asks, it answers nothing
+    # it asks, it answers nothing; it reads the agents' terminal output (interactive sessions)
+    subscriptions["api"] = (subjects.TERMINALS,)
     for role, extra in subscriptions.items():
         roles[role] = _with_subscriptions(roles[role], own_inboxes(role), *extra)
     return roles
@@ -229,9 +233,11 @@ def agent_permissions(node_id: str) -> Permissions:
             subjects.heartbeat(node_id),
             subjects.node_registration(node_id),
             subjects.agent_tree(node_id),
+            subjects.terminal_tree(node_id),  # its interactive ranks' terminals (agent.terminal)
             *LOG,
         ),
         subscribe=(own_inboxes(agent_user(node_id)), f"cmd.agent.{node_id}.>"),
         allow_responses=True,
-        writes="NodeRegistered, RankExited, CheckpointCommitted for its own node; heartbeats",
+        writes="NodeRegistered, RankExited, CheckpointCommitted for its own node; heartbeats; "
+        "its interactive ranks' terminal output",
     )

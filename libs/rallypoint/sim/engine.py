@@ -246,6 +246,9 @@ class Simulator:
         self.queues_cfg = queues
         self.core_queues, self.core_classes = to_core_queues(queues)
         default_class = queues.default_priority if queues else "training-standard"
+        # an interactive session's own class, where the cluster has it (the API's default for that kind)
+        interactive_class = next((c.name for c in self.core_classes if c.name == "interactive"), None)
+        interactive_class = interactive_class or default_class
         self.model = ClusterModel(to_core_nodes(cluster))
         self.node_gpus = {n.id: n.gpus for n in cluster.nodes}
         self.node_rack = {n.id: n.rack for n in cluster.nodes}
@@ -254,7 +257,8 @@ class Simulator:
         order = sorted(range(len(jobs)), key=lambda i: (jobs[i].submit, i))
         for seq, i in enumerate(order):
             j = jobs[i]
-            self.jobs[j.id] = _SimJob(j, seq, j.priority or default_class)
+            default = interactive_class if j.kind == "interactive" else default_class
+            self.jobs[j.id] = _SimJob(j, seq, j.priority or default)
         self.rng = random.Random(self.opts.seed)
         self.heap: list[tuple[float, int, int, str, int]] = []
         self._ctr = 0
@@ -476,8 +480,8 @@ class Simulator:
             memory_mib=j.memory_mib,
             gpu_milli=j.gpu_milli,
             mig_profile=j.mig_profile,
-            # a service is never preempted, whatever its class (the scheduler's bridge says the same)
-            preemptible=j.kind != "service",
+            # a service or a session is never preempted, whatever its class (as the scheduler's bridge says)
+            preemptible=j.kind not in ("service", "interactive"),
             service=j.kind == "service",
         )
         sj.retry_at = None

@@ -74,8 +74,10 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
     #: users of its team counts its service to them (``core.usage``)
     user: str | None = None
     #: ``service``: runs until the simulation ends, restarted after the backoff each time a run of
-    #: ``duration`` ends, never preempted (the live spec's ``kind``, docs/api.md "Services")
-    kind: Literal["batch", "service"] = "batch"
+    #: ``duration`` ends, never preempted (the live spec's ``kind``, docs/api.md "Services");
+    #: ``interactive``: a terminal session of ``duration``, under its own class unless it names one, never
+    #: preempted (``rally run --pty``)
+    kind: Literal["batch", "service", "interactive"] = "batch"
 
     @property
     def job_name(self) -> str:

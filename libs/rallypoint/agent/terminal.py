@@ -1,0 +1,197 @@
+"""The node agent's side of interactive sessions: relay a rank's terminal between its wrapper and NATS.
+
+The rank wrapper holds the pty and serves it on a Unix socket in the attempt folder (``ptyhost``). The
+API asks ``cmd.agent.<node>.tty`` to ``open`` a session for one rank; from then on this relay
+
+- reads the wrapper's frames (output, the rank's exit, a takeover) and publishes each as one message on
+  ``tty.<node>.<session>``, the subject only this node's agent may publish on;
+- takes the API's frames from ``cmd.agent.<node>.tty.<session>`` (keystrokes, window sizes, keepalives,
+  a detach) and writes keystrokes and sizes to the wrapper.
+
+One session per terminal: a new ``open`` for a rank closes the session attached to it (as the wrapper
+would: it serves one client). A session whose API stops sending keepalives (the API process died with
+its WebSocket) is closed after ``KEEPALIVE_TIMEOUT_S``, so ``info`` answers "detached" and the API that
+watches the disconnect grace may end the job. The rank never sees any of this: it holds no credential,
+and its terminal outlives every session (``rally attach``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from rallypoint.agent.launcher import RankLauncher
+from rallypoint.agent.ptyhost import short_path
+from rallypoint.events import subjects
+from rallypoint.interactive import frames
+from rallypoint.protocol import TerminalReply, TerminalRequest
+
+_log = logging.getLogger(__name__)
+
+#: The API sends a keepalive every few seconds while its client is connected; this long without one,
+#: the session is treated as gone.
+KEEPALIVE_TIMEOUT_S = 20.0
+_RankKey = tuple[str, int, int]
+
+
+@dataclass
+class _Session:
+    session: str
+    key: _RankKey
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    last_ping: float
+    sub: Subscription | None = None
+    pump: asyncio.Task[None] | None = None
+    closed: bool = False
+    exited: bool = field(default=False)
+
+
+class TerminalRelay:
+    def __init__(
+        self,
+        nc: NATS,
+        node_id: str,
+        launcher: RankLauncher,
+        *,
+        keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.nc = nc
+        self.node_id = node_id
+        self.launcher = launcher
+        self.keepalive_timeout_s = keepalive_timeout_s
+        self._clock = clock
+        self._by_key: dict[_RankKey, _Session] = {}
+        self._watchdog: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._watchdog = asyncio.create_task(self._watch(), name=f"agent-{self.node_id}-terminals")
+
+    async def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
+        for session in list(self._by_key.values()):
+            await self._end(session, "the node agent is stopping")
+
+    def attached(self, job_id: str, attempt: int, rank: int) -> bool:
+        return (job_id, attempt, rank) in self._by_key
+
+    async def handle(self, request: TerminalRequest) -> TerminalReply:
+        if request.op == "info":
+            return TerminalReply(
+                ok=True, attached=self.attached(request.job_id, request.attempt, request.rank)
+            )
+        return await self.open(request)
+
+    async def open(self, request: TerminalRequest) -> TerminalReply:
+        if not subjects.TOKEN_PATTERN.match(request.session):
+            return TerminalReply(ok=False, error=f"not a valid session id: {request.session!r}")
+        key = (request.job_id, request.attempt, request.rank)
+        try:
+            path = await asyncio.to_thread(self.launcher.terminal_path, *key)
+        except ValueError as exc:  # a job id that is no folder name
+            return TerminalReply(ok=False, error=str(exc))
+        if path is None:
+            error = (
+                f"no interactive rank {request.rank} of {request.job_id} attempt {request.attempt} runs here"
+            )
+            return TerminalReply(ok=False, error=error)
+        previous = self._by_key.get(key)
+        if previous is not None:
+            await self._end(previous, "the terminal was attached elsewhere")
+        try:
+            reader, writer = await _connect(path)
+        except OSError as exc:
+            return TerminalReply(ok=False, error=f"cannot reach the terminal: {exc}")
+        session = _Session(request.session, key, reader, writer, last_ping=self._clock())
+        self._by_key[key] = session
+        session.sub = await self.nc.subscribe(
+            subjects.terminal_input(self.node_id, request.session), cb=self._input(session)
+        )
+        session.pump = asyncio.create_task(self._pump(session), name=f"tty-{request.session}")
+        _log.info("terminal of %s attempt %d rank %d opened for session %s", *key, request.session)
+        return TerminalReply(ok=True, attached=previous is not None)
+
+    def _input(self, session: _Session) -> Callable[[Msg], Awaitable[None]]:
+        async def on_message(msg: Msg) -> None:
+            try:
+                frame = frames.decode(msg.data)
+            except frames.FrameError as exc:
+                _log.warning("session %s: dropped a bad frame (%s)", session.session, exc)
+                return
+            session.last_ping = self._clock()
+            if frame.kind in (frames.DATA, frames.RESIZE):
+                session.writer.write(frames.encode_stream(frame.kind + frame.payload))
+                with contextlib.suppress(ConnectionError):
+                    await session.writer.drain()
+            elif frame.kind == frames.CLOSED:  # the client left: detach, the rank runs on
+                await self._end(session, None)
+
+        return on_message
+
+    async def _pump(self, session: _Session) -> None:
+        """The wrapper's frames, one NATS message each, until it closes the connection."""
+        decoder = frames.StreamDecoder()
+        subject = subjects.terminal_output(self.node_id, session.session)
+        try:
+            while chunk := await session.reader.read(65536):
+                for frame in decoder.feed(chunk):
+                    session.exited = session.exited or frame.kind == frames.EXIT
+                    await self.nc.publish(subject, frame.kind + frame.payload)
+        except (ConnectionError, frames.FrameError) as exc:
+            _log.warning("session %s: the terminal connection failed (%s)", session.session, exc)
+        if not session.closed and not session.exited:
+            with contextlib.suppress(Exception):
+                await self.nc.publish(subject, frames.closed("the terminal went away"))
+        await self._end(session, None)
+
+    async def _end(self, session: _Session, reason: str | None) -> None:
+        """Close one session; ``reason``: tell its client why (None: it knows, or it asked)."""
+        if session.closed:
+            return
+        session.closed = True
+        if self._by_key.get(session.key) is session:
+            del self._by_key[session.key]
+        if reason is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.publish(
+                    subjects.terminal_output(self.node_id, session.session), frames.closed(reason)
+                )
+        if session.sub is not None:
+            with contextlib.suppress(Exception):
+                await session.sub.unsubscribe()
+        session.writer.close()
+        with contextlib.suppress(Exception):
+            await session.writer.wait_closed()
+        if session.pump is not None and session.pump is not asyncio.current_task():
+            session.pump.cancel()
+        _log.info("session %s detached%s", session.session, f": {reason}" if reason else "")
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(min(5.0, self.keepalive_timeout_s / 2))
+            now = self._clock()
+            for session in list(self._by_key.values()):
+                if now - session.last_ping > self.keepalive_timeout_s:
+                    await self._end(session, "no keepalive from the API")
+
+
+async def _connect(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    short, fd = short_path(path.parent, path.name)
+    try:
+        return await asyncio.open_unix_connection(short)
+    finally:
+        os.close(fd)

@@ -1,0 +1,185 @@
+"""`rally run --pty` and `rally attach`: an interactive shell on a job's rank, as `srun --pty bash`.
+
+``rally run --gpus 1 --pty -- bash`` submits a job of kind ``interactive`` (its own priority class, ahead of
+standard training), waits until it runs, then relays this terminal to its rank through the API
+(``rallypoint.interactive.client``). It exits with the shell's exit status. Ctrl-C while it waits cancels
+the job (as ``srun`` gives its allocation back); once the shell runs, Ctrl-C is the shell's.
+
+If the connection is lost the job keeps its terminal for the team's disconnect grace (a minute unless the
+queue file says otherwise): ``rally attach JOB`` reaches it again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+from .client import ApiClient, ApiError, ApiUnreachable, resolve_api_url
+from .jobs_cmds import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_JOB_ENDED_WITHOUT_CODE,
+    TERMINAL_STATES,
+    _answer,
+    _api_arg,
+    default_name,
+    describe,
+    flag_error,
+    parse_duration,
+    parse_env,
+)
+from .resources import parse_gpu_fraction, parse_label
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    run = subparsers.add_parser(
+        "run",
+        help="run an interactive shell on GPUs (like srun --pty bash)",
+        description="Start an interactive job and attach this terminal to it: "
+        "`rally run --gpus 1 --pty -- bash`. Exits with the shell's exit status.",
+    )
+    run.add_argument("--gpus", type=int, help="GPUs (default 1)")
+    run.add_argument(
+        "--gpu-fraction",
+        type=parse_gpu_fraction,
+        dest="gpu_milli",
+        metavar="F",
+        help="a share of one GPU (0.25 or 25%%) instead of whole GPUs",
+    )
+    run.add_argument("--mig", dest="mig_profile", metavar="PROFILE", help="a MIG slice of this profile")
+    run.add_argument("--pty", action="store_true", help="give the command a terminal (required for now)")
+    run.add_argument("--team", default=os.environ.get("RALLY_TEAM"), help="team (default: the token's)")
+    run.add_argument("--name", help="job name (default: derived from the command)")
+    run.add_argument("--priority", help="priority class (default: the cluster's interactive class)")
+    run.add_argument("--time-limit", type=parse_duration, help="wall-clock limit: 3600, 90m, 2h")
+    run.add_argument("--gpu-type", help="only nodes with this GPU type")
+    run.add_argument("--node-selector", type=parse_label, action="append", default=[], metavar="KEY=VALUE")
+    run.add_argument("--env", type=parse_env, action="append", default=[], metavar="NAME=VALUE")
+    run.add_argument("--poll-interval", type=float, default=0.5, help=argparse.SUPPRESS)
+    _api_arg(run)
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- the program (bash)")
+    run.set_defaults(func=cmd_run)
+
+    attach = subparsers.add_parser(
+        "attach",
+        help="attach this terminal to a running interactive job again",
+        description="Reach a running interactive job's terminal again (after a lost connection, within "
+        "the disconnect grace). A session attached elsewhere is taken over.",
+    )
+    attach.add_argument("job_id")
+    attach.add_argument("--rank", type=int, default=0, help="which rank's terminal (default 0)")
+    _api_arg(attach)
+    attach.set_defaults(func=cmd_attach)
+
+
+def run_body(args: argparse.Namespace) -> dict[str, Any]:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    body: dict[str, Any] = {
+        "name": args.name or default_name(command),
+        "gpus": args.gpus if args.gpus is not None else 1,
+        "command": command,
+        "kind": "interactive",
+    }
+    optional = {
+        "team": args.team,
+        "priority": args.priority,
+        "time_limit_s": args.time_limit,
+        "gpu_type": args.gpu_type,
+        "gpu_milli": args.gpu_milli,
+        "mig_profile": args.mig_profile,
+        "node_selector": dict(args.node_selector) or None,
+        "env": dict(args.env) or None,
+    }
+    body.update({k: v for k, v in optional.items() if v is not None})
+    return body
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if not args.pty:
+        print(
+            "error: --pty: rally run starts a terminal session; for a batch job use rally submit",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    body = run_body(args)
+    if not body["command"]:
+        print("error: command: is required, after `--` (rally run --gpus 1 --pty -- bash)", file=sys.stderr)
+        return EXIT_ERROR
+    client = ApiClient(resolve_api_url(args.api_url))
+    resp = _answer(lambda: client.submit(body))
+    if resp is None:
+        return EXIT_ERROR
+    job_id = str(resp.body["job_id"])
+    print(f"rally: job {job_id} submitted; waiting for it to start", file=sys.stderr, flush=True)
+    try:
+        job = _wait_running(client, job_id, args.poll_interval)
+    except KeyboardInterrupt:
+        _cancel_quietly(client, job_id)
+        print(f"\nrally: cancelled {job_id}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (ApiError, ApiUnreachable) as err:
+        print(err.line(), file=sys.stderr)
+        return EXIT_ERROR
+    if job["state"] != "running":
+        print(f"rally: {job_id} {describe(job)}", file=sys.stderr)
+        return EXIT_JOB_ENDED_WITHOUT_CODE
+    return _attach(client, job_id, 0)
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    client = ApiClient(resolve_api_url(args.api_url))
+    return _attach(client, args.job_id, args.rank)
+
+
+def _wait_running(client: ApiClient, job_id: str, poll_s: float) -> dict[str, Any]:
+    """The job once it runs, or once it ended without running."""
+    while True:
+        job = client.get_job(job_id)
+        if job["state"] == "running" or job["state"] in TERMINAL_STATES:
+            return job
+        time.sleep(poll_s)
+
+
+def _cancel_quietly(client: ApiClient, job_id: str) -> None:
+    try:
+        client.cancel(job_id)
+    except (ApiError, ApiUnreachable) as err:
+        print(err.line(), file=sys.stderr)
+
+
+def _attach(client: ApiClient, job_id: str, rank: int) -> int:
+    from rallypoint.interactive.client import HandshakeRefused, run
+
+    try:
+        ending = run(client.base_url, client.token, job_id, rank)
+    except HandshakeRefused as err:
+        detail = _refusal(client, job_id, err)
+        print(flag_error(None, detail), file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as err:
+        print(f"error: cannot reach the terminal of {job_id}: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    if ending.status is not None:
+        return ending.status if 0 <= ending.status < 256 else EXIT_JOB_ENDED_WITHOUT_CODE
+    if ending.lost:
+        print(f"\r\nrally: connection lost; `rally attach {job_id}` reaches the shell again", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"\r\nrally: session closed: {ending.reason}", file=sys.stderr)
+    return EXIT_JOB_ENDED_WITHOUT_CODE
+
+
+def _refusal(client: ApiClient, job_id: str, err: Exception) -> str:
+    """Why the API refused the terminal, in its words (a WebSocket handshake carries no body: ask again
+    over plain HTTP, which answers the same problem)."""
+    try:
+        client.request("GET", f"/v1/jobs/{job_id}/terminal")
+    except ApiError as refused:
+        return refused.detail
+    except ApiUnreachable as unreachable:
+        return unreachable.line()
+    return str(err)

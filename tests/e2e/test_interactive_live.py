@@ -1,0 +1,154 @@
+"""End to end: interactive sessions on a real local cluster (issue 35, Build item 4).
+
+``rally run --pty -- bash`` is driven through a pseudo-terminal, as a person at a terminal would: it
+submits an interactive job, waits until it runs, and relays the terminal to the rank through the API and
+NATS (never to the node directly). The shell shows its slice, exits 3, and the job ends with that status.
+A client that disconnects is reattached (``rally attach``) within the team's grace; one that does not come
+back has its job cancelled, the reason recorded. Another team's token gets no terminal (404).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+import yaml
+from cluster_jobs import job, log_records, wait_for
+
+from rallypoint.events import JobCancelRequested
+from rallypoint.localcluster import LocalCluster
+from rallypoint.localcluster.http import call
+
+pytestmark = pytest.mark.slow
+
+GRACE_S = 4.0
+RALLY = [sys.executable, "-m", "rallypoint.cli.main"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    folder = tmp_path_factory.mktemp("interactive")
+    queues = folder / "queues.yaml"
+    teams = [
+        {"name": name, "nominal": 1, "interactive_disconnect_grace_s": GRACE_S} for name in ("ml", "other")
+    ]
+    queues.write_text(yaml.safe_dump({"teams": teams}))
+    local = LocalCluster(folder / "cluster", nodes=1, gpus_per_node=2, racks=1, queues=queues)
+    with local:
+        yield local
+
+
+class Terminal:
+    """A ``rally`` command on a pseudo-terminal of its own: what it prints, and keys typed into it."""
+
+    def __init__(self, cluster: LocalCluster, team: str, *args: str) -> None:
+        master, slave = pty.openpty()
+        env = {**os.environ, "RALLY_API_URL": cluster.api_url, "RALLY_TOKEN": cluster.token_for(team)}
+        self.process = subprocess.Popen(
+            [*RALLY, *args], stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True
+        )
+        os.close(slave)
+        self.master = master
+        self.seen = b""
+
+    def type(self, text: str) -> None:
+        os.write(self.master, text.encode())
+
+    def expect(self, pattern: str, timeout: float = 60.0) -> re.Match[bytes]:
+        """Read until ``pattern`` shows in the output (what was read before stays in ``seen``)."""
+        deadline = time.monotonic() + timeout
+        while (found := re.search(pattern.encode(), self.seen)) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"never saw {pattern!r}; the terminal showed {self.seen!r}")
+            ready, _, _ = select.select([self.master], [], [], min(left, 0.5))
+            if ready:
+                with contextlib.suppress(OSError):  # EIO: the command exited, its output is all read
+                    self.seen += os.read(self.master, 65536)
+        return found
+
+    def wait(self, timeout: float = 60.0) -> int:
+        with contextlib.suppress(OSError):
+            while select.select([self.master], [], [], 0.2)[0] and (chunk := os.read(self.master, 65536)):
+                self.seen += chunk
+        return self.process.wait(timeout)
+
+    def kill(self) -> None:
+        """The client dies (a laptop closed): no goodbye to the API."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.kill()
+        os.close(self.master)
+
+
+@pytest.fixture
+def terminals() -> Iterator[list[Terminal]]:
+    opened: list[Terminal] = []
+    yield opened
+    for terminal in opened:
+        terminal.close()
+
+
+def open_terminal(terminals: list[Terminal], cluster: LocalCluster, team: str, *args: str) -> Terminal:
+    terminal = Terminal(cluster, team, *args)
+    terminals.append(terminal)
+    return terminal
+
+
+def job_id_of(terminal: Terminal) -> str:
+    return terminal.expect(r"job (\S+) submitted").group(1).decode()
+
+
+def test_shell_shows_its_slice_and_exits_with_its_status(cluster: LocalCluster, terminals: list) -> None:
+    shell = open_terminal(terminals, cluster, "ml", "run", "--gpus", "1", "--pty", "--", "bash", "--norc")
+    job_id = job_id_of(shell)
+    shell.expect(r"\$ |# ")  # the prompt: the rank's terminal, through the API
+    shell.type("echo slice=$CUDA_VISIBLE_DEVICES job=$RALLY_JOB_ID; tty\r")
+    shell.expect(rf"slice=\d job={job_id}")
+    shell.expect(r"/dev/pts/\d+")  # a real terminal, not a pipe
+    shell.type("exit 3\r")
+    assert shell.wait() == 3
+    view = wait_for(cluster, job_id, lambda v: v["state"] == "failed", "failed with the shell's status")
+    assert view["exit_code"] == 3
+    assert view["spec"]["kind"] == "interactive" and view["spec"]["priority"] == "interactive"
+
+
+def test_reattach_within_the_grace_and_cancel_after_it(cluster: LocalCluster, terminals: list) -> None:
+    first = open_terminal(terminals, cluster, "ml", "run", "--gpu-fraction", "0.25", "--pty", "--", "sh")
+    job_id = job_id_of(first)
+    first.expect(r"\$ |# ")
+    first.type("echo share=$RALLY_GPU_MILLI\r")
+    first.expect(r"share=250")
+    first.kill()
+
+    # another team cannot reach it, not even to learn it exists
+    status, answer = call(
+        "GET", f"{cluster.api_url}/v1/jobs/{job_id}/terminal", token=cluster.token_for("other")
+    )
+    assert status == 404, answer
+    again = open_terminal(terminals, cluster, "ml", "attach", job_id)
+    again.expect(r"share=250")  # the recent screen comes back first
+    again.type("echo back\r")
+    again.expect(r"\r\nback\r\n")
+    again.kill()
+
+    view = wait_for(cluster, job_id, lambda v: v["state"] == "cancelled", "cancelled after the grace", 60)
+    assert view["state"] == "cancelled"
+    reasons = [
+        e.reason for _, e in log_records(cluster, "interactive-test") if isinstance(e, JobCancelRequested)
+        and e.job_id == job_id
+    ]  # fmt: skip
+    assert reasons == [f"interactive session disconnected for {GRACE_S:g} s"]
+    assert job(cluster, job_id)["state"] == "cancelled"
