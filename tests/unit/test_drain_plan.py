@@ -134,18 +134,30 @@ def test_a_failed_node_is_left_now_and_a_finish_class_never_has_to() -> None:
     assert eviction_at(story.state.jobs["j1"], story.state.nodes["n1"], policy) is None
 
 
+def service_on_drained_node() -> Story:
+    """A production service ``svc`` running on ``n1``, drained at t=30."""
+    submitted, *rest = job("svc", "production", "n1")
+    assert isinstance(submitted, JobSubmitted)
+    service = msgspec.structs.replace(submitted, spec=msgspec.structs.replace(submitted.spec, kind="service"))
+    return Story(node("n1"), service, *rest, drained())
+
+
 def test_a_service_leaves_a_drained_node_at_once_whatever_its_class() -> None:
     # production drains after a checkpoint and finish never: either would pin the node under a service
     policy = msgspec.structs.replace(DEFAULT_DRAIN_POLICY, by_class={"production": "finish"})
-    events = job("svc", "production", "n1")
-    submitted = events[0]
-    assert isinstance(submitted, JobSubmitted)
-    service = msgspec.structs.replace(submitted, spec=msgspec.structs.replace(submitted.spec, kind="service"))
-    story = Story(node("n1"), service, *events[1:], drained())
+    story = service_on_drained_node()
     plan = drain_plan(story.state.jobs["svc"], story.state.nodes["n1"], policy)
     assert plan is not None and (plan.plan, plan.deadline) == ("now", 30.0) and "service" in plan.detail
     [then] = story.controller("svc", 31.0)  # stopped (SIGTERM, grace) and back in the queue, not ended
     assert isinstance(then, JobAttemptFailed) and then.cause == "infra" and then.retry_at == 31.0
+
+
+def test_a_service_outlives_the_infrastructure_retry_cap_waiting_out_the_backoff() -> None:
+    story = service_on_drained_node()
+    story.state.jobs["svc"].infra_failures = CONFIG.max_infra_retries + 1  # drained and lost all its life
+    [then] = story.controller("svc", 31.0)  # not JobFailed, as a training job would be: requeued, later
+    assert isinstance(then, JobAttemptFailed) and then.cause == "infra"
+    assert then.retry_at == 31.0 + CONFIG.retry_backoff_s * 2, then
 
 
 def test_the_plan_is_the_controllers_deadline() -> None:

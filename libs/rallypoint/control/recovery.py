@@ -146,6 +146,19 @@ def failure_events(
 
 
 def _infra_event(job: JobView, failure: InfraFailure, now: float, config: RecoveryConfig) -> Event:
+    if job.infra_failures >= config.max_infra_retries and job.spec.kind == "service":
+        # a service runs until cancelled, through any number of drains and lost nodes in its life; past
+        # the cap it waits out the retry backoff first, so one that keeps breaking its nodes cannot spin
+        past = job.infra_failures - config.max_infra_retries
+        reason = f"{failure.reason}; {job.infra_failures} earlier infrastructure failures: after the backoff"
+        return JobAttemptFailed(
+            job_id=job.job_id,
+            attempt=job.attempt,
+            cause="infra",
+            reason=reason,
+            retry_at=now + backoff_s(past, config),
+            at=now,
+        )
     if job.infra_failures >= config.max_infra_retries:
         reason = f"{failure.reason}; gave up after {job.infra_failures} earlier infrastructure failures"
         return JobFailed(job_id=job.job_id, attempt=job.attempt, reason=reason, at=now)
