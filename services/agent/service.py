@@ -22,7 +22,7 @@ from rallypoint.agent.nvml_backend import NvmlGpus, NvmlUnavailable
 from rallypoint.agent.rankuser import RankUserRefused, requested_rank_user, resolve_rank_user
 from rallypoint.agent.reaper import orphans_come_to_us
 from rallypoint.agent.sim_backend import DEFAULT_MEMORY_MIB, SimulatedGpus
-from rallypoint.cli.resources import parse_gpu_indices, parse_label
+from rallypoint.cli.resources import add_taint_arg, parse_gpu_indices, parse_label
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 
 _log = logging.getLogger("rallypoint.agent")
@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a label of this node, for jobs' node_selector (repeatable), e.g. zone=a",
     )
+    add_taint_arg(parser, "a taint of this node")
     parser.add_argument("--memory-mib", type=int, default=None, help="RAM to register (default: this host's)")
     parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between heartbeats")
     parser.add_argument(
@@ -165,6 +166,7 @@ async def agent_main(ctx: ServiceContext, args: argparse.Namespace) -> int:
         cpu_milli=args.cpu_milli,
         memory_mib=args.memory_mib,
         labels=dict(args.label),
+        taints=tuple(args.taint),
         heartbeat_interval_s=args.heartbeat_interval,
         instance=ctx.config.instance,
     )

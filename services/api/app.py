@@ -60,6 +60,7 @@ from .history_views import add_history_routes
 from .http_metrics import metrics_middleware
 from .metrics import PROMETHEUS_CONTENT_TYPE, read_index_metrics, render_metrics
 from .node_ops import add_node_routes
+from .node_rules import add_node_rules_route
 from .openapi import openapi_document
 from .predictions import StartPredictions, add_predictions_route, render_predicted_start
 from .problems import PROBLEM_JSON, invalid_spec, not_found, problem, unavailable, unparseable
@@ -886,6 +887,8 @@ def build_app(
     app.router.add_get("/v1/nodes", reads(handlers.list_nodes))
     # POST /v1/nodes/{id}/drain and /undrain: an operator's, admin tokens only
     add_node_routes(app, log, follower, config.source, config.fold_wait_s, config.drain)
+    # PUT /v1/nodes/{id}/rules: an operator's labels and taints (admin tokens only)
+    add_node_rules_route(app, log, follower, config.source, config.fold_wait_s)
     # POST /v1/jobs/{id}/suspend and /resume: the job's team or an admin
     add_suspend_routes(app, log, follower, config.source, config.fold_wait_s, handlers._ready)
     app.router.add_get("/v1/state", reads(handlers.get_state))

@@ -25,7 +25,7 @@ from aiohttp import web
 
 from rallypoint.control.drain import DEFAULT_DRAIN_POLICY, DrainPolicy
 from rallypoint.eventlog import AppendConflict, EventLog, LogUnavailable
-from rallypoint.events import NodeDrained, NodeUndrained, subjects
+from rallypoint.events import NodeDrained, NodeEvent, NodeUndrained, subjects
 from rallypoint.events.subjects import TOKEN_PATTERN
 from rallypoint.jobs.text import SpecError, check_strings
 from rallypoint.jobs.validate import BodyError, decode_json_body
@@ -108,7 +108,7 @@ class NodeOps:
             return not_found("node", node_id)
         if who.user == subjects.HEALTH_MONITOR:
             return forbidden(f"user {who.user!r} is the health monitor's name: act under your own user")
-        subject, facts = subjects.node_operator(node_id), subjects.node_facts(node_id)
+        facts = subjects.node_facts(node_id)
         try:
             for _ in range(ATTEMPTS):
                 last = await self.log.last_seq(facts)
@@ -138,13 +138,8 @@ class NodeOps:
                     else NodeUndrained(node_id=node_id, reason=reason, undrained_by=who.user, at=now)
                 )
                 try:
-                    seq = await self.log.append(
-                        subject,
-                        event,
-                        msg_id=f"{node_id}:{action}:{last}",
-                        source=self.source,
-                        expected_last_subject_seq=last,
-                        expected_subject_filter=facts,  # any newer fact about the node: decide again
+                    seq = await append_fenced(
+                        self.log, event, f"{node_id}:{action}:{last}", self.source, last
                     )
                 except AppendConflict:
                     continue  # a health verdict or another operator got there first: decide again
@@ -165,6 +160,19 @@ class NodeOps:
             "changed": changed,
         }
         return web.Response(status=200, body=_json.encode(body), content_type="application/json")
+
+
+async def append_fenced(log: EventLog, event: NodeEvent, msg_id: str, source: str, last: int) -> int:
+    """Append an operator's ``event`` on its node's operator subject, fenced on every fact about the node:
+    ``AppendConflict`` when any landed after ``last`` (the caller decides again on the newer view)."""
+    return await log.append(
+        subjects.for_event(event),
+        event,
+        msg_id=msg_id,
+        source=source,
+        expected_last_subject_seq=last,
+        expected_subject_filter=subjects.node_facts(event.node_id),
+    )
 
 
 def _conflict(node_id: str, status: str, why: str, detail: str) -> web.Response:

@@ -14,6 +14,7 @@ from typing import Any, get_args
 from rallypoint.core.mig import MIG_PROFILES
 from rallypoint.jobs import DEFAULT_PRIORITY, PRIORITY_CLASSES, TOPOLOGY_LEVELS
 from rallypoint.jobs.arrays import ARRAY_PATTERN
+from rallypoint.jobs.placement_rules import GROUP_PATTERN, TAINT_PATTERN
 from rallypoint.jobs.text import CLEAN_TEXT_PATTERN, FORBIDDEN, FREE_TEXT_PATTERN
 from rallypoint.jobs.validate import (
     IDEMPOTENCY_KEY_PATTERN,
@@ -306,6 +307,30 @@ _SCHEMAS: dict[str, Any] = {
                 "propertyNames": {"pattern": LABEL_PATTERN.pattern},
                 "additionalProperties": {"type": "string", "pattern": LABEL_PATTERN.pattern},
                 "description": "Labels every task's node must have (its agent's --label), e.g. zone: a.",
+            },
+            "tolerations": {
+                "type": ["array", "null"],
+                "maxItems": 16,
+                "items": {"type": "string", "pattern": TAINT_PATTERN.pattern},
+                "description": "Taints of nodes the job may run on: key=value, or key for any value. A "
+                "tainted node (its agent's --taint) takes only jobs that tolerate all of its taints.",
+            },
+            "affinity": {
+                "type": ["array", "null"],
+                "maxItems": 8,
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["group"],
+                    "properties": {
+                        "group": {"type": "string", "pattern": GROUP_PATTERN.pattern},
+                        "level": {"type": "string", "enum": ["node", "rack"], "default": "node"},
+                        "anti": {"type": "boolean", "default": False},
+                    },
+                },
+                "description": "Rules between the job and other running jobs of its team, one per group: "
+                "on a node (or rack) holding a member of group (anywhere while none runs), or with anti "
+                "never on one (two replicas never in one rack). The job is a member of every group it names.",
             },
             "kind": {
                 "type": ["string", "null"],
@@ -612,6 +637,11 @@ _SCHEMAS: dict[str, Any] = {
                 "additionalProperties": {"type": "string"},
                 "description": "The node's labels, which jobs' node_selector match.",
             },
+            "taints": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "The node's taints: only jobs whose tolerations match all of them run here.",
+            },
             "cpu_milli": {"type": "integer", "description": "CPU of the node, in millicores."},
             "memory_mib": {"type": "integer", "description": "Host memory of the node, in MiB."},
             "jobs": {
@@ -788,6 +818,50 @@ def _node_action_paths() -> dict[str, Any]:
             },
         }
     return paths
+
+
+def _node_rules_path() -> dict[str, Any]:
+    """PUT /v1/nodes/{node_id}/rules (services/api/node_rules.py; docs/api.md "Placement rules")."""
+    part = GROUP_PATTERN.pattern
+    body = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "labels": {
+                "type": ["object", "null"],
+                "maxProperties": 32,
+                "propertyNames": {"pattern": part},
+                "additionalProperties": {"type": "string", "pattern": part},
+                "description": "Labels on top of the agent's (the operator's wins for the same key).",
+            },
+            "taints": {
+                "type": ["array", "null"],
+                "maxItems": 16,
+                "items": {"type": "string", "pattern": TAINT_PATTERN.pattern},
+                "description": "Taints beside the agent's: key=value or key.",
+            },
+        },
+    }
+    done = {"type": "object", "properties": {"node": _ref("Node"), "seq": {"type": "integer"}}}
+    return {
+        "/v1/nodes/{node_id}/rules": {
+            "parameters": [_NODE_ID],
+            "put": {
+                "operationId": "setNodeRules",
+                "summary": "Set the operator's labels and taints of a node, replacing the previous set "
+                "(admin only); running jobs stay",
+                "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+                "responses": {
+                    "200": _json("NodeRulesSet appended; the node as this API's fold now shows it.", done),
+                    "400": _problem("Body is not JSON."),
+                    "403": _problem("The token is not an admin's."),
+                    "404": _problem("Unknown node."),
+                    "422": _problem("A bad label or taint (`field` names it)."),
+                    "503": _problem("The event log did not acknowledge, or the node's state kept changing."),
+                },
+            },
+        }
+    }
 
 
 _REPLAYED = {
@@ -1039,6 +1113,7 @@ def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
                 )
             },
             **_node_action_paths(),
+            **_node_rules_path(),
             "/v1/state": {
                 "get": _fold_read(
                     {

@@ -289,6 +289,7 @@ def render_node(
             if g.mig
         },
         "labels": dict(sorted(node.labels.items())),
+        "taints": list(node.taints),
         "cpu_milli": node.cpu_milli,
         "memory_mib": node.memory_mib,
         "jobs": sorted(job_id for job_id in node.job_ids() if reader.sees(job_id)),

@@ -147,6 +147,8 @@ UNSTATED_RULES = {
     "gpu_milli": "",
     "mig_profile": "",
     "kind": "no time_limit_s",
+    # one affinity rule per group (uniqueness of one property across items: no schema keyword states it)
+    "affinity.group": "one rule per group",
 }
 
 

@@ -437,6 +437,11 @@ def test_the_signatures_hold_every_field_the_bridge_reads() -> None:
         ),
         "degraded_at": (3.0,),
         "out_since": 4.0,
+        # what labels and taints are made of (the bridge reads the merged labels and taints)
+        "agent_labels": {"x": "y"},
+        "agent_taints": ("x",),
+        "operator_labels": {"x": "z"},
+        "operator_taints": ("y",),
         "held_registration": NodeRegistered(
             node_id="n0",
             address="x",

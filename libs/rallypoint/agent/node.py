@@ -99,6 +99,7 @@ class AgentConfig:
     cpu_milli: int | None = None  # default: this host's CPUs
     memory_mib: int | None = None  # default: this host's RAM
     labels: dict[str, str] = field(default_factory=dict)  # what jobs' node_selector match (``--label``)
+    taints: tuple[str, ...] = ()  # only jobs tolerating all of them run here (``--taint``)
     heartbeat_interval_s: float = 1.0
     poll_interval_s: float = 0.2
     instance: str = field(default_factory=new_instance_id)
@@ -219,6 +220,7 @@ class NodeAgent:
             agent_instance=cfg.instance,
             at=self._clock(),
             labels=dict(cfg.labels),
+            taints=tuple(sorted(set(cfg.taints))),
         )
         self.registered_seq = await self._append_until_stored(
             subjects.for_event(event), event, f"{cfg.node_id}:{cfg.instance}:NodeRegistered"

@@ -25,7 +25,14 @@ from rallypoint.jobs.arrays import parse_array
 from .client import ApiClient, ApiError, ApiUnreachable, Response, resolve_api_url
 from .node_cmds import add_node_action_parsers
 from .output import add_output_args, wants_json
-from .resources import parse_cpus, parse_gpu_fraction, parse_label, parse_memory
+from .resources import (
+    parse_affinity,
+    parse_anti_affinity,
+    parse_cpus,
+    parse_gpu_fraction,
+    parse_label,
+    parse_memory,
+)
 from .stale import add_stale_arg, error_line, note_stale
 
 EXIT_OK = 0
@@ -118,6 +125,22 @@ DEPENDENCY_FLAGS: dict[str, str] = {
 }
 
 
+_AFFINITY_FLAGS = (
+    (
+        "--affinity",
+        parse_affinity,
+        "run on a node (or rack) that holds a running job of your team in GROUP (anywhere while none runs); "
+        "repeatable",
+    ),
+    (
+        "--anti-affinity",
+        parse_anti_affinity,
+        "never on a node (or rack) that holds a running job of your team in GROUP, e.g. web:rack for "
+        "replicas in different racks; repeatable",
+    ),
+)
+
+
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     submit = subparsers.add_parser(
         "submit",
@@ -143,6 +166,20 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="run only on nodes with this label (repeatable: all of them), e.g. zone=a",
     )
+    submit.add_argument(
+        "--toleration",
+        action="append",
+        default=[],
+        dest="tolerations",
+        metavar="KEY[=VALUE]",
+        help="may run on nodes with this taint (repeatable; a bare KEY tolerates any value), "
+        "e.g. dedicated=inference",
+    )
+    for flag, parse, help_text in _AFFINITY_FLAGS:
+        submit.add_argument(
+            flag, type=parse, action="append", default=[], dest="affinity", metavar="GROUP[:node|rack]",
+            help=help_text,
+        )  # fmt: skip
     submit.add_argument(
         "--kind",
         choices=("batch", "service"),
@@ -362,6 +399,8 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
         "mig_profile": args.mig_profile,
         "kind": args.kind,
         "node_selector": dict(args.node_selector) or None,
+        "tolerations": list(args.tolerations) or None,
+        "affinity": list(args.affinity) or None,
         "cpu_milli": args.cpu_milli,
         "memory_mib": args.memory_mib,
     }
@@ -412,6 +451,8 @@ SUBMIT_FLAGS: dict[str, str] = {
     "mig_profile": "--mig",
     "kind": "--kind",
     "node_selector": "--node-selector",
+    "tolerations": "--toleration",
+    "affinity": "--affinity",
     "cpu_milli": "--cpus",
     "memory_mib": "--memory",
 }

@@ -1,5 +1,6 @@
 """``rally nodes drain|undrain NODE --reason TEXT``: an operator takes a node out of service or returns it
-(admin token only; POST /v1/nodes/{node}/drain and /undrain, docs/health.md "Operator drain")."""
+(admin token only; POST /v1/nodes/{node}/drain and /undrain, docs/health.md "Operator drain"); ``rally nodes
+rules NODE --label K=V --taint K[=V]`` sets its operator labels and taints (PUT /v1/nodes/{node}/rules)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 from .client import ApiClient, ApiError, ApiUnreachable, resolve_api_url
 from .output import add_output_args, wants_json
+from .resources import add_taint_arg, parse_label
 
 EXIT_OK = 0
 EXIT_ERROR = 2
@@ -28,7 +30,7 @@ _HELP = {
 def add_node_action_parsers(
     nodes: argparse.ArgumentParser, api_arg: Callable[[argparse.ArgumentParser], None]
 ) -> None:
-    actions = nodes.add_subparsers(dest="node_action", metavar="{drain,undrain}")
+    actions = nodes.add_subparsers(dest="node_action", metavar="{drain,undrain,rules}")
     for action, help_text in _HELP.items():
         parser = actions.add_parser(action, help=help_text, description=help_text)
         parser.add_argument("node_id", metavar="NODE")
@@ -36,6 +38,46 @@ def add_node_action_parsers(
         add_output_args(parser)
         api_arg(parser)
         parser.set_defaults(func=cmd_node_action, action=action)
+    _add_rules_parser(actions, api_arg)
+
+
+_RULES_HELP = (
+    "set a node's operator labels and taints on top of its agent's, replacing the previous set (none given: "
+    "clear them); running jobs stay, new placements follow them (admin token only)"
+)
+
+
+def _add_rules_parser(actions: Any, api_arg: Callable[[argparse.ArgumentParser], None]) -> None:
+    parser = actions.add_parser("rules", help=_RULES_HELP, description=_RULES_HELP)
+    parser.add_argument("node_id", metavar="NODE")
+    parser.add_argument(
+        "--label", type=parse_label, action="append", default=[], metavar="KEY=VALUE", help="repeatable"
+    )
+    add_taint_arg(parser, "an operator's taint")
+    add_output_args(parser)
+    api_arg(parser)
+    parser.set_defaults(func=cmd_node_rules)
+
+
+def cmd_node_rules(args: argparse.Namespace) -> int:
+    client = ApiClient(resolve_api_url(args.api_url))
+    path = f"/v1/nodes/{urllib.parse.quote(args.node_id, safe='')}/rules"
+    try:
+        body = client.request("PUT", path, body={"labels": dict(args.label), "taints": list(args.taint)}).body
+    except ApiError as err:
+        print(f"error: cannot set the rules of node {args.node_id}: {err.detail}", file=sys.stderr)
+        return EXIT_ERROR
+    except ApiUnreachable as err:
+        print(err.line(), file=sys.stderr)
+        return EXIT_ERROR
+    if wants_json(args):
+        print(json.dumps(body, indent=2))
+        return EXIT_OK
+    node = body.get("node") or {}
+    labels = ",".join(f"{k}={v}" for k, v in sorted((node.get("labels") or {}).items())) or "none"
+    taints = ",".join(node.get("taints") or []) or "none"
+    print(f"node {args.node_id}: labels {labels}; taints {taints}")
+    return EXIT_OK
 
 
 def cmd_node_action(args: argparse.Namespace) -> int:

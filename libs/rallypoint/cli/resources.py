@@ -10,7 +10,17 @@ import argparse
 import math
 import re
 
-__all__ = ["parse_cpus", "parse_gpu_fraction", "parse_gpu_indices", "parse_label", "parse_memory"]
+__all__ = [
+    "add_taint_arg",
+    "parse_affinity",
+    "parse_anti_affinity",
+    "parse_cpus",
+    "parse_gpu_fraction",
+    "parse_gpu_indices",
+    "parse_label",
+    "parse_memory",
+    "parse_taint",
+]
 
 _NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
 _CPUS = re.compile(rf"^{_NUMBER}(m?)$")
@@ -72,3 +82,40 @@ def parse_label(text: str) -> tuple[str, str]:
     if not sep or not key or not value:
         raise argparse.ArgumentTypeError(f"want KEY=VALUE, got {text!r}")
     return key, value
+
+
+def parse_affinity(text: str) -> dict[str, object]:
+    """``GROUP[:node|rack]``: an affinity rule (``--affinity``), node level unless said."""
+    group, _sep, level = text.partition(":")
+    if not group or level not in ("", "node", "rack"):
+        raise argparse.ArgumentTypeError(f"want GROUP, GROUP:node or GROUP:rack; got {text!r}")
+    return {"group": group, "level": level or "node"}
+
+
+def parse_anti_affinity(text: str) -> dict[str, object]:
+    """``GROUP[:node|rack]``: an anti-affinity rule (``--anti-affinity``)."""
+    return {**parse_affinity(text), "anti": True}
+
+
+def add_taint_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--taint KEY[=VALUE]`` (repeatable) on ``parser``; ``what`` says whose taint it is."""
+    parser.add_argument(
+        "--taint",
+        type=parse_taint,
+        action="append",
+        default=[],
+        metavar="KEY[=VALUE]",
+        help=f"{what} (repeatable): only jobs with a matching --toleration run on the node, "
+        "e.g. dedicated=inference",
+    )
+
+
+def parse_taint(text: str) -> str:
+    """``KEY[=VALUE]``: a node's taint (the agent's ``--taint``), checked as the API checks tolerations."""
+    from rallypoint.jobs.placement_rules import TAINT_PATTERN  # (lazy: the CLI's start stays light)
+
+    if not TAINT_PATTERN.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"want KEY or KEY=VALUE (letters, digits, '.', '_', '/', '-'); got {text!r}"
+        )
+    return text

@@ -223,7 +223,10 @@ class ClusterIndex:
         self.rack_hi = [ns[-1] + 1 for ns in self.rack_nodes]
         self.rack_multi = [any(self.multi_dom[o] for o in ns) for ns in self.rack_nodes]
         self.free = list(self.full)
-        self.sched = [n.schedulable for n in nodes]
+        # a tainted node is closed to every job here; a job that tolerates its taints opens it inside a
+        # transaction (``Workspace.open_node``, ``core.constraints``)
+        self.sched = [n.schedulable and not n.taints for n in nodes]
+        self.tainted = [o for o, n in enumerate(nodes) if n.taints]
         self.ord_of_key: np.ndarray = np.zeros(0, np.int64)  # set by ClusterModel.index()
         self.rack_of_np = np.asarray(self.rack_of, np.int64)
         self.spine_of_np = np.asarray(self.spine_of, np.int64)
@@ -344,6 +347,8 @@ class ClusterModel:
         self.mig_busy: dict[tuple[str, int], tuple[MigInstance, ...]] = {}
         # node id -> (CPU millicores, memory MiB) its running tasks asked for; nodes with none are absent
         self.node_cpu_mem_used: dict[str, tuple[int, int]] = {}
+        # (team, affinity group) -> {running member's id: the nodes of its tasks} (``core.constraints``)
+        self.group_nodes: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
         # per running job: (node id, GPU mask) per task, and the jobs sorted by expected end, both kept at
         # bind time so reservations never rescan every running job
         self.job_masks: dict[str, tuple[tuple[str, int], ...]] = {}
@@ -371,7 +376,7 @@ class ClusterModel:
         node = self._nodes[node_id]
         self._nodes[node_id] = msgspec.structs.replace(node, schedulable=flag)
         if self._index is not None:
-            self._index.set_sched(self._index.ord_of[node_id], flag)
+            self._index.set_sched(self._index.ord_of[node_id], flag and not node.taints)
             self._index.nodes[self._index.ord_of[node_id]] = self._nodes[node_id]
         self.version += 1
 
@@ -580,6 +585,8 @@ class ClusterModel:
         if job.service:  # the room its queue reserves for services (``Queue.service_gpus``)
             skey = (job.queue_name, SERVICE)
             self.usage[skey] = self.usage.get(skey, 0) + sign * job.gpus
+        for group in job.affinity_groups:
+            self._join_group(job, group, sign)
         if cpu or mem:
             for p in job.placements:
                 c, m = self.node_cpu_mem_used.get(p.node_id, (0, 0))
@@ -588,6 +595,16 @@ class ClusterModel:
                     self.node_cpu_mem_used[p.node_id] = (c, m)
                 else:
                     del self.node_cpu_mem_used[p.node_id]
+
+    def _join_group(self, job: RunningJob, group: str, sign: int) -> None:
+        key = (job.team, group)
+        members = self.group_nodes.setdefault(key, {})
+        if sign > 0:
+            members[job.id] = tuple(p.node_id for p in job.placements)
+            return
+        members.pop(job.id, None)
+        if not members:
+            del self.group_nodes[key]
 
     def job_gpu_type(self, job: RunningJob) -> str:
         if job.gpu_type is not None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
-from rallypoint.core import part_preemption, reasons, sharing
+from rallypoint.core import constraints, part_preemption, reasons, sharing
 from rallypoint.core.backfill import hold
 from rallypoint.core.consolidation import plan_consolidation
 from rallypoint.core.context import Ctx, Status
@@ -207,6 +207,8 @@ def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | N
         or job.cpu_milli
         or job.memory_mib
         or job.node_selector
+        or job.tolerations
+        or job.affinity
     ):
         return _attempt_with_resources(job, types, policy, ctx, out)
     if job.min_gpus is None and len(types) == 1:
@@ -256,6 +258,7 @@ def _attempt_with_resources(
         if plan is not None:
             _bind(job, size, plan, ctx, out)
             sharing.record(job, plan, ctx)
+            constraints.record(job, plan, ctx)
             _use_resources(job, plan, ctx)
             if job.mig_profile is not None:  # the Bind names the slice its one task gets
                 bind = out.binds[-1]

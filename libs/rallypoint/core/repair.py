@@ -9,7 +9,7 @@ the same cluster gives the same replacements.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from rallypoint.core.cluster import ClusterModel
 from rallypoint.core.types import Node, TaskPlacement
@@ -41,12 +41,15 @@ def place_replacements(
     gpu_type: str,
     excluded: Sequence[str] = (),
     taken: Mapping[str, set[int]] | None = None,
+    admits: Callable[[Node], bool] | None = None,
 ) -> tuple[TaskPlacement, ...] | None:
     """A placement for every task in ``missing_tasks``, or None when they do not all fit now.
 
     ``excluded`` nodes (the failed ones) are never chosen, whatever their state says; ``taken`` GPUs are
-    free in ``cluster`` but already promised (to an earlier repair of the same cycle).
+    free in ``cluster`` but already promised (to an earlier repair of the same cycle). ``admits``: whether
+    the job's placement rules allow a node (``constraints.node_admits``); by default an untainted one.
     """
+    allows = admits if admits is not None else _untainted
     promised = taken or {}
     nodes = cluster.nodes
     racks = {nodes[p.node_id].rack for p in survivors if p.node_id in nodes}
@@ -55,7 +58,7 @@ def place_replacements(
     free = {
         nid: set(cluster.free_gpus(nid)) - promised.get(nid, set())
         for nid, node in nodes.items()
-        if node.schedulable and node.gpu_type == gpu_type and nid not in banned
+        if node.schedulable and node.gpu_type == gpu_type and nid not in banned and allows(node)
     }
     out: list[TaskPlacement] = []
     for task in sorted(missing_tasks):
@@ -66,6 +69,10 @@ def place_replacements(
         free[node_id] -= set(gpus)
         out.append(TaskPlacement(task=task, node_id=node_id, gpus=gpus))
     return tuple(out)
+
+
+def _untainted(node: Node) -> bool:
+    return not node.taints
 
 
 def _closest(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rallypoint.core import constraints
 from rallypoint.core.cluster import GPU_MILLI
 from rallypoint.core.mig import MEMORY_SLICES, MigInstance, carve, free_mask, mig_model, room
 from rallypoint.core.placement import Plan, _pick, new_plan, place
@@ -104,14 +105,20 @@ def side_of(ctx: Ctx) -> SideResources:
 
 
 def try_place(job: PendingJob, size: int, gpu_type: str, ctx: Ctx) -> Plan | None:
-    """A plan for ``job`` on free room of ``gpu_type`` now, or None (the workspace is left as it was)."""
+    """A plan for ``job`` on free room of ``gpu_type`` now, or None (the workspace is left as it was:
+    tainted nodes the job tolerates are open only while it is placed, ``constraints.open_tolerated``)."""
     side = side_of(ctx)
-    allowed = selected(job, ctx)
+    allowed = constraints.allowed_nodes(job, ctx)
+    mark = ctx.ws.mark()
+    constraints.open_tolerated(job, allowed, ctx)
     if job.gpu_milli is not None:
-        return _place_share(ctx.ws, side, job, gpu_type, allowed)
-    if job.mig_profile is not None:
-        return _place_mig(ctx.ws, side, job, gpu_type, allowed)
-    return _place_gang(ctx, side, job, size, gpu_type, allowed)
+        plan = _place_share(ctx.ws, side, job, gpu_type, allowed)
+    elif job.mig_profile is not None:
+        plan = _place_mig(ctx.ws, side, job, gpu_type, allowed)
+    else:
+        plan = _place_gang(ctx, side, job, size, gpu_type, allowed)
+    ctx.ws.rollback(mark)
+    return plan
 
 
 def _place_mig(
@@ -225,10 +232,10 @@ def why_short(job: PendingJob, types: list[str], ctx: Ctx) -> str:
     """What the job lacks, naming the resource: the GPU room, else CPU or memory on the nodes with it."""
     side = side_of(ctx)
     ws = ctx.ws
-    allowed = selected(job, ctx)
-    if allowed is not None and not any(allowed):
-        wanted = ", ".join(f"{k}={v}" for k, v in job.node_selector)
-        return f"no node has the labels of its node selector ({wanted})"
+    allowed = constraints.allowed_nodes(job, ctx)
+    excluded = constraints.why_excluded(job, allowed, types, ctx)
+    if excluded is not None:
+        return excluded
     if job.mig_profile is not None:
         return _why_no_slice(job, types, side, ctx)
     milli = job.gpu_milli
@@ -236,11 +243,12 @@ def why_short(job: PendingJob, types: list[str], ctx: Ctx) -> str:
         o for (o, _g), used in side.shares.items() if milli is not None and GPU_MILLI - used >= milli
     }
     need = 1 if milli is not None else job.gpus_per_task
-    gpu_room = [  # ordinals with GPU room of an allowed type, on a node its selector allows
+    gpu_room = [  # ordinals with GPU room of an allowed type, on a node its rules allow (a tainted one
+        # it tolerates included: closed to everyone else, ``constraints``)
         o
         for o, t in enumerate(ws.idx.type_of)
         if t in types
-        and ws.sched[o]
+        and (ws.sched[o] or (allowed is not None and allowed[o] and ws.idx.nodes[o].schedulable))
         and (allowed is None or allowed[o])
         and (ws.free[o].bit_count() >= need or o in with_share)
     ]

@@ -20,7 +20,7 @@ import msgspec
 
 from rallypoint.core.formulas import runtime_estimate
 from rallypoint.core.usage import UserUsage
-from rallypoint.events.catalogue import TaskPlacement, TopologyLevel
+from rallypoint.events.catalogue import Affinity, TaskPlacement, TopologyLevel
 
 if TYPE_CHECKING:
     from rallypoint.core.cluster import ClusterModel
@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_PRIORITY_CLASSES",
     "MEMORY",
     "SERVICE",
+    "Affinity",
     "Bind",
     "Decisions",
     "Node",
@@ -74,6 +75,10 @@ class Node(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     mig_gpus: tuple[int, ...] = ()
     #: the node's labels as (key, value) pairs, sorted: a job's ``node_selector`` must find all of its own
     labels: tuple[tuple[str, str], ...] = ()
+    #: the node's taints (``key=value`` or ``key``), sorted: only a job that tolerates every one of them
+    #: (``PendingJob.tolerations``) runs here; the index counts a tainted node as unschedulable for all
+    #: other jobs (``core.constraints``)
+    taints: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -118,6 +123,8 @@ class RunningJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     submit_time: float | None = None
     preempting_for: str | None = None
     gpu_milli: int | None = None  # a fractional job's share of its one GPU (``PendingJob.gpu_milli``)
+    #: the affinity groups the job is a member of (``Affinity.group``; ``core.constraints``)
+    affinity_groups: tuple[str, ...] = ()
     mig_profile: str | None = None  # a MIG job's profile; its slice is in ``placements[0].mig``
     service: bool = False  # ``kind: service``: counts against its queue's ``Queue.service_gpus``
 
@@ -174,6 +181,8 @@ class PendingJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     mig_profile: str | None = None
     node_selector: tuple[tuple[str, str], ...] = ()  # labels every task's node must have, sorted
     service: bool = False  # ``kind: service``: admitted only within its queue's ``Queue.service_gpus``
+    tolerations: tuple[str, ...] = ()  # taints (``key=value``, or ``key`` for any value) it may run on
+    affinity: tuple[Affinity, ...] = ()  # rules between it and other jobs of its team (``Affinity``)
 
     @property
     def queue_name(self) -> str:

@@ -42,7 +42,8 @@ class Workspace:
         self.idx: ClusterIndex = idx
         self.cluster = cluster
         self.free: list[int] = list(idx.free)
-        self.sched = idx.sched
+        # a copy: ``open_node`` opens a tainted node to one job inside a transaction
+        self.sched = list(idx.sched)
         # bucket 0 (nodes with no free GPU, most of a busy cluster) is not kept: no placement reads it, and
         # keeping it sorted was a memmove of ~9,000 ordinals per bind
         self.buckets: dict[str, list[list[int]]] = {
@@ -192,6 +193,30 @@ class Workspace:
     def give(self, o: int, mask: int) -> None:
         self.set_free(o, self.free[o] | mask)
 
+    def open_node(self, o: int) -> None:
+        """Make node ``o`` (closed: a tainted node, ``ClusterIndex.tainted``) schedulable until the
+        enclosing transaction is rolled back; journaled. Its free GPUs join the buckets and histograms as a
+        release does."""
+        if self.sched[o]:
+            return
+        mask = self.free[o]
+        self._journal.append((6, o, mask, self.release_epoch, self.version))
+        self.free[o] = 0
+        self.sched[o] = True
+        self._rack_hists[self._rack_slot[o]][0] += 1  # it enters with no free GPU, then gets its own
+        self._spine_hists[self._spine_slot[o]][0] += 1
+        self._set(o, 0, mask)
+
+    def _close_node(self, o: int) -> None:
+        """Undo ``open_node`` (every later change to the node is already undone)."""
+        mask = self.free[o]
+        self._set(o, mask, 0)
+        self._rack_hists[self._rack_slot[o]][0] -= 1
+        self._spine_hists[self._spine_slot[o]][0] -= 1
+        self.sched[o] = False
+        self.fcount[o] = 0
+        self.free[o] = mask
+
     # --- quota usage -----------------------------------------------------------------------------
 
     def add_usage(self, queue: str, gpu_type: str, gpus: int) -> None:
@@ -252,6 +277,10 @@ class Workspace:
             kind, a, old, stamp, ver = j.pop()
             if kind == 0:
                 self._set(a, self.free[a], old)
+                self.release_epoch = stamp
+                self.version = ver
+            elif kind == 6:
+                self._close_node(a)
                 self.release_epoch = stamp
                 self.version = ver
             elif kind == 1:

@@ -3,6 +3,7 @@
 from . import subjects
 from .catalogue import (
     ALL_EVENT_TYPES,
+    Affinity,
     ArrayMember,
     CheckpointCommitted,
     CheckpointDeleted,
@@ -46,6 +47,7 @@ from .catalogue import (
     NodeLost,
     NodeRecovered,
     NodeRegistered,
+    NodeRulesSet,
     NodeSwap,
     NodeUndrained,
     PreemptionRequested,
@@ -60,6 +62,7 @@ from .codec import decode, encode, envelope_from_headers, envelope_headers, even
 
 __all__ = [
     "ALL_EVENT_TYPES",
+    "Affinity",
     "ArrayMember",
     "CheckpointCommitted",
     "CheckpointDeleted",
@@ -103,6 +106,7 @@ __all__ = [
     "NodeLost",
     "NodeRecovered",
     "NodeRegistered",
+    "NodeRulesSet",
     "NodeSwap",
     "NodeUndrained",
     "PreemptionRequested",

@@ -52,6 +52,18 @@ class ArrayMember(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     max_running: int | None = None
 
 
+class Affinity(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A rule between jobs of one team: the job's tasks go only to ``level`` domains (a node or a rack)
+    that hold a running member of ``group`` (``anti`` False: together with them, anywhere while none
+    runs), or only to domains that hold none (``anti`` True: e.g. two service replicas never in the same
+    rack). A job naming a group is a member of it (``core.constraints``). Groups are per team: one
+    team's rules never see another team's jobs."""
+
+    group: str
+    level: Literal["node", "rack"] = "node"
+    anti: bool = False
+
+
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What a user asked for. Validated by ``rallypoint.jobs.validate`` before it is ever appended.
 
@@ -99,6 +111,11 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     mig_profile: str | None = None
     #: the node labels every task's node must have (``NodeRegistered.labels``), e.g. ``{"zone": "a"}``
     node_selector: dict[str, str] = {}
+    #: taints of nodes it may run on (``key=value``, or ``key`` for any value): a tainted node
+    #: (``NodeRegistered.taints``) takes only jobs that tolerate every one of its taints
+    tolerations: tuple[str, ...] = ()
+    #: affinity and anti-affinity with other jobs of its team, by group (``Affinity``)
+    affinity: tuple[Affinity, ...] = ()
     #: ``service``: runs until cancelled; restarted whenever its ranks exit, never preempted
     #: (``docs/api.md``, "Services"); ``batch``: runs to completion; ``interactive``: each rank runs on a
     #: pseudo-terminal the user reaches through the API (``rally run --pty``, docs/api.md "Terminals")
@@ -358,6 +375,9 @@ class NodeRegistered(_Event, tag="NodeRegistered.v1", frozen=True, kw_only=True)
     at: float
     #: the node's labels (its agent's ``--label``): a job's ``node_selector`` must match them
     labels: dict[str, str] = {}
+    #: the node's taints (its agent's ``--taint``, ``key=value`` or ``key``): only jobs whose
+    #: ``tolerations`` match all of them run here
+    taints: tuple[str, ...] = ()
 
 
 class NodeHeartbeatLost(_Event, tag="NodeHeartbeatLost.v1", frozen=True, kw_only=True):
@@ -393,6 +413,18 @@ class NodeUndrained(_Event, tag="NodeUndrained.v1", frozen=True, kw_only=True):
     node_id: str
     reason: str
     undrained_by: str
+    at: float
+
+
+class NodeRulesSet(_Event, tag="NodeRulesSet.v1", frozen=True, kw_only=True):
+    """An operator's labels and taints for a node (``rally nodes rules``), on top of what its agent
+    registers (the operator's label wins over the agent's of the same key); each replaces the operator's
+    previous set, and an empty one clears it. Running jobs stay: rules decide only new placements."""
+
+    node_id: str
+    labels: dict[str, str] = {}
+    taints: tuple[str, ...] = ()
+    set_by: str
     at: float
 
 
@@ -636,6 +668,7 @@ NodeEvent = (
     | NodeRecovered
     | NodeUndrained
     | NodeHealthChanged
+    | NodeRulesSet
 )
 SchedulerEvent = (
     LeaderEpochStarted
@@ -685,4 +718,5 @@ ALL_EVENT_TYPES: tuple[type[_Event], ...] = (
     JobSuspendRequested,
     JobSuspended,
     JobResumed,
+    NodeRulesSet,
 )

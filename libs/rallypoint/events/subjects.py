@@ -229,6 +229,7 @@ _SUBJECT_OF: dict[type, Callable[[Any], str]] = {
     **{t: (lambda e: node_health(e.node_id)) for t in _NODE_VERDICTS},
     ev.NodeDrained: _drained,
     ev.NodeUndrained: lambda e: node_operator(e.node_id),
+    ev.NodeRulesSet: lambda e: node_operator(e.node_id),
     ev.LeaderEpochStarted: lambda e: epoch(e.role),
     ev.SchedulerSettings: lambda e: SCHEDULER_SETTINGS,
     ev.GangBound: lambda e: bind(e.job_id),

@@ -31,6 +31,7 @@ from rallypoint.events.catalogue import GPU_MILLI
 from rallypoint.events.subjects import TOKEN_PATTERN
 
 from .launch import CONTRACT_VARIABLES
+from .placement_rules import check_affinity, check_tolerations
 from .text import SpecError, check_strings, utf8_fault
 
 DEFAULT_MAX_GPUS_PER_NODE = 8
@@ -215,6 +216,8 @@ def validate_spec(
     mig_profile = _check_mig_profile(body, gpus, ranks_per_task, min_gpus, max_gpus, gpu_milli)
     kind = _check_kind(body, time_limit_s)
     node_selector = _check_node_selector(body)
+    tolerations = check_tolerations(body)
+    affinity = check_affinity(body)
     max_retries = _int(body, "max_retries")
     if max_retries is None:
         max_retries = 0
@@ -250,6 +253,8 @@ def validate_spec(
         mig_profile=mig_profile,
         kind=kind,
         node_selector=node_selector,
+        tolerations=tolerations,
+        affinity=affinity,
     )
 
 

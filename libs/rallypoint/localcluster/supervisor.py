@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +123,7 @@ class LocalCluster:
         queues: Path | None = None,
         allow_root_ranks: bool | None = None,
         mig_gpus: Sequence[int] = (),
+        agent_args: Mapping[int, Sequence[str]] | None = None,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1 or racks < 1:
             raise ValueError("nodes, gpus per node and racks must all be at least 1")
@@ -131,6 +132,8 @@ class LocalCluster:
         self.gpus_per_node = gpus_per_node
         # GPUs of every node that run in MIG mode (simulated H100s: ``--mig-gpus`` of each agent)
         self.mig_gpus = tuple(mig_gpus)
+        # more arguments for the agent of node index i (0-based), e.g. its ``--label`` / ``--taint``
+        self.agent_args = {i: tuple(a) for i, a in (agent_args or {}).items()}
         self.racks = min(racks, nodes)
         self._nats_url = nats_url
         self._postgres_dsn = postgres_dsn
@@ -364,6 +367,7 @@ class LocalCluster:
             *(["--rank-path", str(EXAMPLES)] if EXAMPLES.is_dir() else []),
             *(["--run-as", self.rank_user] if self.rank_user else ["--allow-root-ranks"]),
             *(["--mig-gpus", ",".join(map(str, self.mig_gpus))] if self.mig_gpus else []),
+            *self.agent_args.get(index, ()),
         ]
 
     def fault_file(self, node_id: str) -> Path:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rallypoint.core.types import Node
+from rallypoint.core.types import Affinity, Node
 from rallypoint.state import ClusterState
 
 
@@ -49,6 +49,7 @@ def core_node(
     schedulable: bool = True,
     mig_gpus: tuple[int, ...] = (),
     labels: tuple[tuple[str, str], ...] = (),
+    taints: tuple[str, ...] = (),
 ) -> Node:
     """One machine as the core sees it; ``gpus`` as for ``nvlink_domains``; ``mig_gpus`` in MIG mode."""
     return Node(
@@ -63,7 +64,13 @@ def core_node(
         schedulable=schedulable,
         mig_gpus=mig_gpus,
         labels=labels,
+        taints=taints,
     )
+
+
+def affinity_groups(rules: Sequence[Affinity]) -> tuple[str, ...]:
+    """The groups a job with these affinity rules is a member of, each once, sorted."""
+    return tuple(sorted({rule.group for rule in rules}))
 
 
 def attempt_end(start: float, time_limit_s: float | None) -> float | None:

@@ -34,6 +34,7 @@ from rallypoint.events import (
 from rallypoint.state import ACTIVE, LAUNCHED, ClusterState, JobView, NodeView
 
 from .adapter import (
+    affinity_groups,
     attempt_end,
     core_node,
     exceeds_cluster,
@@ -56,6 +57,7 @@ def node_of(view: NodeView) -> Node:
         schedulable=view.schedulable,
         mig_gpus=tuple(gpu.index for gpu in view.gpus if gpu.mig),
         labels=tuple(sorted(view.labels.items())),
+        taints=tuple(sorted(view.taints)),
     )
 
 
@@ -98,6 +100,7 @@ def running_of(job: JobView) -> RunningJob:
         # a service or an interactive session is never preempted, whatever its class
         preemptible=job.spec.kind not in ("service", "interactive"),
         service=job.spec.kind == "service",
+        affinity_groups=affinity_groups(job.spec.affinity),
     )
 
 
@@ -138,6 +141,8 @@ def pending_of(job: JobView) -> PendingJob:
         mig_profile=spec.mig_profile,
         node_selector=tuple(sorted(spec.node_selector.items())),
         service=spec.kind == "service",
+        tolerations=spec.tolerations,
+        affinity=spec.affinity,
     )
 
 

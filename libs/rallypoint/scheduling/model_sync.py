@@ -59,6 +59,7 @@ NODE_FIELDS = (
     "status",
     "health",
     "labels",
+    "taints",
 )
 RUNNING_FIELDS = (
     "job_id", "spec", "submitted_at", "bound_at", "started_at", "placements", "last_preempted_at",

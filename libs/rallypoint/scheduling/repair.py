@@ -10,7 +10,10 @@ shrinks to it; any other gang gives its GPUs back and waits in the queue at its 
 
 from __future__ import annotations
 
+from functools import partial
+
 from rallypoint.core.cluster import ClusterModel
+from rallypoint.core.constraints import node_admits
 from rallypoint.core.repair import place_replacements, renumbered
 from rallypoint.events import Event, GangRepaired, JobRequeued, NodeSwap, TaskPlacement, subjects
 from rallypoint.state import ClusterState, JobView
@@ -84,6 +87,9 @@ def _decide(
             gpu_type,
             excluded=job.failed_nodes,
             taken=taken,
+            admits=partial(
+                node_admits, node_selector=job.spec.node_selector.items(), tolerations=job.spec.tolerations
+            ),
         )
     if found is not None:
         return _repaired(job, state, found, epoch, policy_version, now, at)

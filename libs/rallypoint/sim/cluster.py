@@ -48,6 +48,7 @@ class Node(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     nvlink_domain: int | None = None  # GPUs per NVLink domain; None means the whole node
     mig_gpus: tuple[int, ...] = ()  # GPUs in MIG mode (MIG slices only; the type must be MIG-capable)
     labels: dict[str, str] = {}  # what jobs' node_selector match, as an agent's --label
+    taints: tuple[str, ...] = ()  # only jobs tolerating all of them run here, as an agent's --taint
 
 
 class Generator(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -60,6 +61,7 @@ class Generator(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     memory: int = 0
     mig_gpus: tuple[int, ...] = ()
     labels: dict[str, str] = {}
+    taints: tuple[str, ...] = ()
     prefix: str = ""
     racks_per_spine: int | None = None  # None: every rack under one spine
 
@@ -117,6 +119,7 @@ def generate(gen: Generator) -> list[Node]:
             nvlink_domain=gen.nvlink_domain,
             mig_gpus=gen.mig_gpus,
             labels=gen.labels,
+            taints=gen.taints,
         )
         for r in range(gen.racks)
         for k in range(gen.nodes_per_rack)

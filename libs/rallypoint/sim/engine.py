@@ -39,7 +39,13 @@ from rallypoint.control.recovery import RecoveryConfig, backoff_s
 from rallypoint.core import types as ct
 from rallypoint.core.cluster import GPU_MILLI, ClusterModel
 from rallypoint.core.usage import UserLedger, UserUsage, end_attempt, start_attempt, usage_rows
-from rallypoint.scheduling.adapter import attempt_end, core_node, exceeds_cluster, pending_time_limit
+from rallypoint.scheduling.adapter import (
+    affinity_groups,
+    attempt_end,
+    core_node,
+    exceeds_cluster,
+    pending_time_limit,
+)
 from rallypoint.scheduling.bridge import resized_placements
 from rallypoint.scheduling.config import core_queues
 from rallypoint.scheduling.pending import NEVER_FITS
@@ -204,6 +210,7 @@ def to_core_nodes(cluster: Cluster) -> list[ct.Node]:
             memory_mib=n.memory,
             mig_gpus=n.mig_gpus,
             labels=tuple(sorted(n.labels.items())),
+            taints=tuple(sorted(n.taints)),
         )
         for n in cluster.nodes
     ]
@@ -370,6 +377,8 @@ class Simulator:
             gpu_milli=j.gpu_milli,
             mig_profile=j.mig_profile,
             node_selector=tuple(sorted(j.node_selector.items())),
+            tolerations=tuple(sorted(set(j.tolerations))),
+            affinity=j.affinity,
             service=j.kind == "service",
         )
 
@@ -480,6 +489,7 @@ class Simulator:
             memory_mib=j.memory_mib,
             gpu_milli=j.gpu_milli,
             mig_profile=j.mig_profile,
+            affinity_groups=affinity_groups(j.affinity),
             # a service or a session is never preempted, whatever its class (as the scheduler's bridge says)
             preemptible=j.kind not in ("service", "interactive"),
             service=j.kind == "service",

@@ -138,6 +138,8 @@ def job_spec(job: Job, priority: str) -> JobSpec:
         gpu_milli=job.gpu_milli,
         mig_profile=job.mig_profile,
         node_selector=dict(job.node_selector),
+        tolerations=tuple(sorted(set(job.tolerations))),
+        affinity=job.affinity,
         kind=job.kind,
     )
 
@@ -163,6 +165,7 @@ def node_registered(node: Node, at: float) -> NodeRegistered:
         agent_instance=LEADER,
         at=at,
         labels=dict(node.labels),
+        taints=tuple(sorted(set(node.taints))),
     )
 
 

@@ -29,7 +29,7 @@ from typing import Literal
 
 import msgspec
 
-from rallypoint.events import ArrayMember, Dependency
+from rallypoint.events import Affinity, ArrayMember, Dependency
 
 
 class WorkloadError(ValueError):
@@ -73,6 +73,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
     #: who submitted it (the live API token's user, ``JobSubmitted.submitted_by``): fair share between the
     #: users of its team counts its service to them (``core.usage``)
     user: str | None = None
+    #: taints of nodes it may run on, and its affinity rules (the live spec's ``tolerations`` / ``affinity``)
+    tolerations: tuple[str, ...] = ()
+    affinity: tuple[Affinity, ...] = ()
     #: ``service``: runs until the simulation ends, restarted after the backoff each time a run of
     #: ``duration`` ends, never preempted (the live spec's ``kind``, docs/api.md "Services");
     #: ``interactive``: a terminal session of ``duration``, under its own class unless it names one, never

@@ -65,6 +65,7 @@ from rallypoint.events import (
     NodeLost,
     NodeRecovered,
     NodeRegistered,
+    NodeRulesSet,
     NodeUndrained,
     PreemptionRequested,
     RankExited,
@@ -115,6 +116,14 @@ class NodeView(msgspec.Struct, kw_only=True):
     slices: dict[int, dict[str, MigSlice]] = {}
     #: what the node's agent says it is (``zone=a``, ``ib=hdr``): jobs' ``node_selector`` matches them
     labels: dict[str, str] = {}
+    #: taints (``key=value`` or ``key``): only jobs that tolerate all of them are placed here
+    taints: tuple[str, ...] = ()
+    #: what ``labels`` and ``taints`` are made of: the agent's registration and an operator's
+    #: ``NodeRulesSet`` (whose label wins over the agent's of the same key)
+    agent_labels: dict[str, str] = {}
+    agent_taints: tuple[str, ...] = ()
+    operator_labels: dict[str, str] = {}
+    operator_taints: tuple[str, ...] = ()
     #: The health monitor's verdict on the node's signals (``NodeHealthChanged``): ``degraded`` cordons
     #: the node, ``failed`` drains it too. Silence is ``status``'s business, not this.
     health: str = "healthy"
@@ -279,7 +288,8 @@ class JobView(msgspec.Struct, kw_only=True):
 #: 11: GPU shares and MIG slices (``NodeView.shares`` / ``slices``, binds onto them), suspend and resume
 #: (``JobSuspendRequested``, ``JobSuspended``, ``JobResumed``; the ``suspended`` state).
 #: 12: who submitted each job and each team's users' service (``JobView.user``, ``ClusterState.users``).
-FOLD_VERSION = 12
+#: 13: node taints (``NodeView.taints``) and an operator's labels and taints (``NodeRulesSet``).
+FOLD_VERSION = 13
 
 
 # A job's placements, whether it holds their GPUs, and its pending resize (which holds GPUs too): an event
@@ -794,13 +804,34 @@ def _register(state: ClusterState, e: NodeRegistered) -> None:
         # and the shares and slices its GPUs hold, which the log still says too
         shares=existing.shares if existing is not None else {},
         slices=existing.slices if existing is not None else {},
-        labels=dict(e.labels),
+        agent_labels=dict(e.labels),
+        agent_taints=e.taints,
+        operator_labels=existing.operator_labels if existing is not None else {},
+        operator_taints=existing.operator_taints if existing is not None else (),
     )
+    _apply_rules(state.nodes[e.node_id])
     if existing is not None:  # a restarted agent does not clear what its signals said
         kept = state.nodes[e.node_id]
         kept.health, kept.health_since = existing.health, existing.health_since
         kept.health_evidence, kept.degraded_at = existing.health_evidence, existing.degraded_at
         kept.out_since = existing.out_since
+
+
+def _apply_rules(node: NodeView) -> None:
+    """The node's labels and taints: its agent's with its operator's on top."""
+    node.labels = {**node.agent_labels, **node.operator_labels}
+    node.taints = tuple(sorted({*node.agent_taints, *node.operator_taints}))
+
+
+def _on_rules_set(state: ClusterState, seq: int, e: NodeRulesSet) -> None:
+    node = _node(state, e.node_id)
+    if node is not None:
+        # a new view, not an in-place change: the scheduler's model sync compares views by identity
+        # (``model_sync.NODE_MUTABLE``) and rebuilds on a node whose rules changed
+        node = state.nodes[e.node_id] = msgspec.structs.replace(
+            node, operator_labels=dict(e.labels), operator_taints=e.taints
+        )
+        _apply_rules(node)
 
 
 def _node(state: ClusterState, node_id: str) -> NodeView | None:
@@ -1338,6 +1369,7 @@ _HANDLERS: dict[type, Callable[[ClusterState, int, Any], None]] = {
     NodeLost: _on_lost,
     NodeRecovered: _on_recovered,
     NodeUndrained: _on_undrained,
+    NodeRulesSet: _on_rules_set,
     NodeHealthChanged: _on_health_changed,
     LeaderEpochStarted: _on_epoch,
     PreemptionRequested: _on_preemption_requested,
