@@ -250,7 +250,13 @@ class HistoryHandlers:
     # -- GET /v1/queues ----------------------------------------------------------------------------
 
     async def queues_view(self, request: web.Request) -> web.Response:
-        return _ok(queues_report(self.state, self.queues))
+        report = queues_report(self.state, self.queues)
+        who = principal(request)
+        if not who.admin:  # a team token sees its own team's users; of the others only the counts
+            for row in report.teams:
+                if row.team != who.team:
+                    row.users = []
+        return _ok(report)
 
     # -- GET /v1/jobs/{job_id}/logs ----------------------------------------------------------------
 

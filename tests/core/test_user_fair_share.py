@@ -106,6 +106,13 @@ def test_usage_decays_with_the_half_life() -> None:
     # a running attempt counts as if it ended now
     r = UserUsage(team="t", user="a", running=((0.0, 2),))
     assert decayed_gpu_s(r, 100.0) == 200.0
+    # over several days, as much as the same attempt billed by day once it ends now
+    now = 40 * DAY_S + 5000.0
+    days: dict[int, int] = {}
+    bill(days, 37 * DAY_S - 3000.0, now, 8)
+    running = UserUsage(team="t", user="a", running=((37 * DAY_S - 3000.0, 8),))
+    ended = UserUsage(team="t", user="a", days=tuple(sorted(days.items())))
+    assert decayed_gpu_s(running, now) == pytest.approx(decayed_gpu_s(ended, now), abs=8.0)
 
 
 def test_billing_is_whole_gpu_seconds_by_day_and_order_free() -> None:

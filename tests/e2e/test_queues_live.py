@@ -209,6 +209,11 @@ def test_borrowing_then_reclaim(cluster: LocalCluster) -> None:
         assert (teams["b"]["used"], teams["b"]["borrowed"]) == (0, 0)
         table = rally("queues")
         assert re.search(r"^a\s+lab\s+4\s+4\s+8\s", table, re.MULTILINE), table
+        # the team's users (fair share org -> team -> user): the admin token's user submitted both
+        (user,) = teams["a"]["users"]
+        assert (user["user"], user["weight"], user["running_jobs"]) == ("admin", 1.0, 2)
+        assert user["running_gpus"] == 8
+        assert re.search(r"^a\s+admin\s+1\s+\d+\.\d\d\s+8\s+0\s*$", table, re.MULTILINE), table
 
         # reclaim: b asks for its nominal; one of a's borrowing jobs is preempted for it
         b_job = submit(cluster, "b", "b-0", 4, priority="best-effort")

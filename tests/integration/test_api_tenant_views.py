@@ -283,6 +283,18 @@ async def test_a_victim_sees_it_was_preempted_for_another_team_not_for_which_job
     assert admin["preemptions"][0]["for_job"] in {j.job_id for j in scene.of("nlp")}
 
 
+async def test_queues_show_a_team_its_own_users_and_of_the_others_only_counts(scene: Scene) -> None:
+    def users(report: Any) -> dict[str, list[str]]:
+        return {t["team"]: [u["user"] for u in t["users"]] for t in report["teams"]}
+
+    # each job carries its token's user (JobSubmitted.submitted_by): fair share between a team's users
+    admin = await _json(scene, "admin", "/v1/queues")
+    assert users(admin) == {"nlp": ["alice"], "vision": ["bob"]}
+    nlp = await _json(scene, "nlp", "/v1/queues")
+    assert users(nlp) == {"nlp": ["alice"], "vision": []}
+    assert [t["running_jobs"] for t in nlp["teams"]] == [t["running_jobs"] for t in admin["teams"]]
+
+
 async def test_nodes_show_another_teams_gpus_busy_without_its_jobs(scene: Scene) -> None:
     nodes = {n["node_id"]: n for n in (await _json(scene, "nlp", "/v1/nodes"))["nodes"]}
     admin = {n["node_id"]: n for n in (await _json(scene, "admin", "/v1/nodes"))["nodes"]}

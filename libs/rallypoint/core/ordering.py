@@ -359,14 +359,17 @@ class ClassLasOrder:
         otherwise (or with a NaN, which compares inconsistently) sort on the whole key. Once some waiting
         job's user has used GPUs (``fair_user_keys``), the user's key comes first."""
         jobs = jobs if isinstance(jobs, (tuple, list)) else tuple(jobs)
-        keys = fair_user_keys(ctx) if ctx is not None else None
-        if keys:
-            return sorted(jobs, key=_user_tie(keys))
         ranked = sorted(jobs, key=_submit_of)
         subs = list(map(_submit_of, ranked))
         total = sum(subs)  # NaN if some submit time is (or +inf and -inf meet: then just sort again)
         if total != total or any(map(eq, subs, islice(subs, 1, None))):
             ranked = sorted(jobs, key=_tie_of)
+        keys = fair_user_keys(ctx) if ctx is not None else None
+        if keys:
+            # a stable sort on the user's key keeps the submission order among equal keys: the same as
+            # sorting on (user key, submit, arrival, id), with a float key (a job without a user: 0)
+            get = keys.get
+            ranked.sort(key=lambda j: get((j.team, j.user), 0.0))
         return ranked
 
     def order(self, jobs: Iterable[PendingJob], ctx: Ctx) -> Iterator[PendingJob]:

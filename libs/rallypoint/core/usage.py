@@ -109,13 +109,47 @@ def _weight(age: float) -> float:
     return 0.5 ** (age / HALF_LIFE_S) if age > 0 else 1.0
 
 
-def decayed_gpu_s(u: UserUsage, now: float) -> float:
+class _Decay:
+    """The weight of each day inside the horizon at ``now`` (a day counts as of its end), and the weighted
+    length of the full days from each day up to today: computed once per call and shared by every user,
+    so a running attempt costs O(1) however many days it spans."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.today = day_of(now)
+        self.first = self.today - HORIZON_DAYS
+        self.w = [_weight(now - (d + 1) * DAY_S) for d in range(self.first, self.today + 1)]
+        # full[i]: DAY_S x the weights of days first + i .. today - 1 (today is the partial one)
+        self.full = [0.0] * (len(self.w) + 1)
+        for i in range(len(self.w) - 2, -1, -1):
+            self.full[i] = self.full[i + 1] + DAY_S * self.w[i]
+
+    def held(self, start: float, gpus: int) -> float:
+        """``gpus`` held from ``start`` until now, each day's part weighted (before the horizon: nothing)."""
+        now = self.now
+        if not now > start or gpus <= 0 or not math.isfinite(start):
+            return 0.0
+        ds = day_of(start)
+        if ds < self.first:
+            ds, start = self.first, self.first * DAY_S
+        if ds >= self.today:
+            return gpus * (now - start)
+        i = ds - self.first
+        first_day = ((ds + 1) * DAY_S - start) * self.w[i]
+        return gpus * (first_day + self.full[i + 1] + (now - self.today * DAY_S))
+
+
+def decayed_gpu_s(u: UserUsage, now: float, decay: _Decay | None = None) -> float:
     """The user's GPU-seconds at ``now``: each day's counted as of the day's end, halved per half-life
-    since; running attempts as if they ended now."""
-    first = day_of(now) - HORIZON_DAYS
-    parts = [gpu_s * _weight(now - (d + 1) * DAY_S) for d, gpu_s in u.days if d >= first]
-    for start, gpus in u.running:
-        parts.extend(gpu_s * _weight(now - (d + 1) * DAY_S) for d, gpu_s in _pieces(start, now, gpus))
+    since; running attempts as if they ended now. ``decay``: the day weights at ``now``, when the caller
+    already has them."""
+    dw = decay if decay is not None and decay.now == now else _Decay(now)
+    first, today, w = dw.first, dw.today, dw.w
+    # (dw.day inlined: this runs for every day of every waiting user, every cycle)
+    parts = [gpu_s * (w[d - first] if d <= today else 1.0) for d, gpu_s in u.days if d >= first]
+    if u.running:
+        held = dw.held
+        parts.extend([held(start, gpus) for start, gpus in u.running])
     return math.fsum(parts)
 
 
@@ -143,7 +177,10 @@ def user_keys(
     """(team, user) -> decayed GPU-seconds per unit of the user's weight in the team (default 1). Users
     without a row have 0: they go first."""
     keys = {}
+    decay: _Decay | None = None
     for u in rows:
+        if decay is None:
+            decay = _Decay(now)
         w = weights.get(u.team, {}).get(u.user, 1.0)
-        keys[(u.team, u.user)] = decayed_gpu_s(u, now) / max(w, 1e-9)
+        keys[(u.team, u.user)] = decayed_gpu_s(u, now, decay) / max(w, 1e-9)
     return keys
