@@ -43,6 +43,7 @@ from .dryrun import dry_run_ok, dry_run_parameter, dry_run_schemas
 from .history_openapi import comma_list, history_paths, history_schemas
 from .predictions import predictions_paths, predictions_schemas
 from .reads import document_fold_read
+from .terminal import terminal_paths
 from .why import why_paths, why_schemas
 
 _JOB_STATES = list(get_args(JobState))
@@ -1146,6 +1147,7 @@ def _document(job_spec: dict[str, Any]) -> dict[str, Any]:
             **history_paths(),
             **why_paths(),
             **predictions_paths(),
+            **terminal_paths(),
             **dashboard_paths(),
             "/metrics": {
                 "get": {

@@ -43,6 +43,7 @@ from rallypoint.state import JobView
 
 from .auth import not_theirs, principal
 from .fold import FoldFollower
+from .history_openapi import _JOB_ID, _problem, _query
 from .history_views import rank_node
 from .problems import invalid_spec, not_found, problem, unavailable
 
@@ -250,6 +251,30 @@ class _Relay:
             if time.monotonic() - self.active_at >= self.idle_s:
                 return
             await self.nc.publish(self.input, frames.ping())
+
+
+def terminal_paths() -> dict[str, Any]:
+    """The terminal's entry in the OpenAPI document (a WebSocket: its frames are in docs/api.md)."""
+    rank = _query("rank", {"type": "integer", "minimum": 0}, "Which rank's terminal (default 0).")
+    return {
+        "/v1/jobs/{job_id}/terminal": {
+            "parameters": [_JOB_ID],
+            "get": {
+                "operationId": "openJobTerminal",
+                "summary": "An interactive job's terminal, as a WebSocket of frames (docs/api.md, Terminals)",
+                "parameters": [rank],
+                "responses": {
+                    "101": {"description": "Switching to the WebSocket; frames both ways."},
+                    "404": _problem("Unknown job, or another team's."),
+                    "409": _problem("Not an interactive job, not running yet, or finished."),
+                    "422": _problem("No such rank."),
+                    "426": _problem("Not a WebSocket handshake."),
+                    "502": _problem("The rank's agent refused."),
+                    "503": _problem("The rank's agent did not answer."),
+                },
+            },
+        }
+    }
 
 
 def add_terminal_routes(

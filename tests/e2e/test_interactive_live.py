@@ -31,6 +31,7 @@ from rallypoint.localcluster.http import call
 pytestmark = pytest.mark.slow
 
 GRACE_S = 4.0
+IDLE_S = 3.0
 RALLY = [sys.executable, "-m", "rallypoint.cli.main"]
 
 
@@ -41,6 +42,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     teams = [
         {"name": name, "nominal": 1, "interactive_disconnect_grace_s": GRACE_S} for name in ("ml", "other")
     ]
+    teams.append({"name": "idle", "nominal": 0, "interactive_idle_timeout_s": IDLE_S})
     queues.write_text(yaml.safe_dump({"teams": teams}))
     local = LocalCluster(folder / "cluster", nodes=1, gpus_per_node=2, racks=1, queues=queues)
     with local:
@@ -146,9 +148,24 @@ def test_reattach_within_the_grace_and_cancel_after_it(cluster: LocalCluster, te
 
     view = wait_for(cluster, job_id, lambda v: v["state"] == "cancelled", "cancelled after the grace", 60)
     assert view["state"] == "cancelled"
-    reasons = [
+    assert cancel_reasons(cluster, job_id) == [f"interactive session disconnected for {GRACE_S:g} s"]
+    assert job(cluster, job_id)["state"] == "cancelled"
+
+
+def cancel_reasons(cluster: LocalCluster, job_id: str) -> list[str | None]:
+    return [
         e.reason for _, e in log_records(cluster, "interactive-test") if isinstance(e, JobCancelRequested)
         and e.job_id == job_id
     ]  # fmt: skip
-    assert reasons == [f"interactive session disconnected for {GRACE_S:g} s"]
-    assert job(cluster, job_id)["state"] == "cancelled"
+
+
+def test_an_idle_session_ends_and_its_job_is_cancelled(cluster: LocalCluster, terminals: list) -> None:
+    shell = open_terminal(terminals, cluster, "idle", "run", "--gpu-fraction", "0.25", "--pty", "--", "sh")
+    job_id = job_id_of(shell)
+    shell.expect(r"\$ |# ")
+    shell.type("echo busy\r")
+    shell.expect(r"\r\nbusy\r\n")
+    shell.expect(rf"session closed: idle for {IDLE_S:g} s", timeout=30)  # then nothing is typed or printed
+    assert shell.wait() == 125
+    wait_for(cluster, job_id, lambda v: v["state"] == "cancelled", "cancelled for idling")
+    assert cancel_reasons(cluster, job_id) == [f"interactive session idle for {IDLE_S:g} s"]
