@@ -28,7 +28,7 @@ from rallypoint.events import JobSpec, TaskPlacement
 from rallypoint.runtime.changes import Changes, ChangeSet
 from rallypoint.runtime.follower import Follower
 from rallypoint.scheduling import SchedulingPolicy
-from rallypoint.scheduling.bridge import pending_of
+from rallypoint.scheduling.bridge import pending_of, user_usage_of
 from rallypoint.scheduling.config import core_queues
 from rallypoint.scheduling.pending import NEVER_FITS
 from rallypoint.scheduling.queues import Queues
@@ -217,17 +217,23 @@ class DryRuns:
         job_id: str | None,
         refused: DryReason | None,
         now: float,
+        user: str | None = None,
     ) -> DryRun:
         """The answer for ``spec`` on ``state``: ``refused`` is admission's refusal, if any; else the
-        next cycle with the job added decides where it binds or why it waits."""
+        next cycle with the job added decides where it binds or why it waits. ``user``: who would submit
+        it (fair share between the team's users weighs their usage, as it would the submitted job's)."""
         snapshot = self.snapshot(state, now)
         view = JobView(
             job_id=job_id or UNNAMED_JOB,
             spec=spec,
             submitted_at=snapshot.now,  # the moment the rest of the snapshot is of
             submitted_seq=state.last_seq + 1,
+            user=user,
         )
         job = pending_of(view)
+        if user is not None:  # the user's usage row, which the snapshot has only if they have jobs waiting
+            rows = user_usage_of(state, (*snapshot.pending, job), snapshot.now)
+            snapshot = msgspec.structs.replace(snapshot, user_usage=rows)
         explanation = explain(snapshot, job, self.policy.policy.config)
         answer = DryRun(
             would_admit=refused is None,
@@ -299,7 +305,7 @@ def judge_submission(
 ) -> DryRun:
     """Admission (the priority ceiling, then fair use on a trial copy), then the core."""
     refused = _admission_reason(priority_refusal, trial_fair_use(fair_use, who, spec.team, state))
-    return runs.judge(state, spec, job_id=job_id, refused=refused, now=time.time())
+    return runs.judge(state, spec, job_id=job_id, refused=refused, now=time.time(), user=who.user)
 
 
 # --- the OpenAPI description, merged into the document by ``openapi.py`` -------------------------------

@@ -7,6 +7,7 @@ import json
 
 import msgspec
 import pytest
+from rallypoint_services.api.dryrun import DryRuns
 
 from rallypoint.accounting import queues_report
 from rallypoint.cli.account_format import format_queues
@@ -146,3 +147,18 @@ def test_rally_queues_lists_each_teams_users() -> None:
     # no users at all: no users table
     bare = queues_report(ClusterState(), None, now=0.0)
     assert "USER" not in format_queues(json.loads(msgspec.json.encode(bare)))
+
+
+def test_a_dry_run_weighs_the_callers_usage_as_a_submit_would() -> None:
+    state = fold()  # the node is full: every waiting job waits, in the policy's order
+    runs = DryRuns(queues=None)
+    spec = JobSpec(name="try", team="nlp", gpus=8, gpus_per_task=8, ranks_per_task=1, command=("x",))
+
+    def ahead(user: str | None) -> int | None:
+        answer = runs.judge(state, spec, job_id=None, refused=None, now=300.0, user=user)
+        assert answer.reason is not None
+        return answer.reason.jobs_ahead
+
+    # users without usage (bob, no user) first by submission: b1, x1; then alice's a3 (she used GPUs)
+    assert ahead("bob") == 2
+    assert ahead("alice") == 3  # behind her own earlier a3 too
