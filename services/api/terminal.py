@@ -112,10 +112,17 @@ class TerminalHandlers:
         idle_s, grace_s = session_limits(self.queues, job.spec.team)
         relay = _Relay(self.log, ws, output, node_id, session, idle_s)
         ended = await relay.run()
-        if ended == "idle":
+        if ended == "idle":  # cancelled before the client hears it: what it reads next is the cancel
             await self._cancel(job, f"interactive session idle for {idle_s:g} s", principal(request).user)
-        elif ended == "client":
+            await relay.close(f"idle for {idle_s:g} s: the session ends and its job is cancelled")
             await relay.detach()
+            return ws
+        await relay.close()
+        if not relay.exited:
+            # the client left, or the agent closed the session: taken over by another attach (the grace
+            # then finds it attached), or the agent stopping (the user has the grace to attach again)
+            if ended == "client":
+                await relay.detach()
             task = asyncio.create_task(self._after_grace(job, attempt, rank, node_id, grace_s))
             self._graces.add(task)
             task.add_done_callback(self._graces.discard)
@@ -192,6 +199,7 @@ class _Relay:
         self.input = subjects.terminal_input(node_id, session)
         self.idle_s = idle_s
         self.active_at = time.monotonic()
+        self.exited = False  # the rank exited (an EXIT frame came): its job ends by itself
 
     async def run(self) -> str:
         tasks = {
@@ -207,14 +215,14 @@ class _Relay:
                 await task
         with contextlib.suppress(Exception):
             await self.output.unsubscribe()
-        ended = next(iter(done)).get_name()
-        if ended == "idle":
-            note = f"idle for {self.idle_s:g} s: the session ends and its job is cancelled"
-            with contextlib.suppress(Exception):
-                await self.ws.send_bytes(frames.closed(note))
+        return next(iter(done)).get_name()
+
+    async def close(self, note: str | None = None) -> None:
+        """End the client's side, telling it why first (``note``)."""
         with contextlib.suppress(Exception):
+            if note is not None:
+                await self.ws.send_bytes(frames.closed(note))
             await self.ws.close()
-        return ended
 
     async def detach(self) -> None:
         """Tell the agent the client left; the rank keeps its terminal for a later attach."""
@@ -242,6 +250,7 @@ class _Relay:
                 continue
             self.active_at = time.monotonic()
             await self.ws.send_bytes(msg.data)
+            self.exited = frame.kind == frames.EXIT
             if frame.kind in (frames.EXIT, frames.CLOSED):
                 return
 

@@ -170,7 +170,17 @@ def _attach(client: ApiClient, job_id: str, rank: int) -> int:
         print(f"\r\nrally: connection lost; `rally attach {job_id}` reaches the shell again", file=sys.stderr)
         return EXIT_ERROR
     print(f"\r\nrally: session closed: {ending.reason}", file=sys.stderr)
+    if _still_running(client, job_id):
+        print(f"rally: {job_id} goes on; `rally attach {job_id}` reaches it again", file=sys.stderr)
     return EXIT_JOB_ENDED_WITHOUT_CODE
+
+
+def _still_running(client: ApiClient, job_id: str) -> bool:
+    try:
+        job = client.get_job(job_id)
+        return job.get("state") == "running" and not job.get("cancel_requested")
+    except (ApiError, ApiUnreachable):
+        return False
 
 
 def _refusal(client: ApiClient, job_id: str, err: Exception) -> str:
