@@ -3,8 +3,10 @@
 As in the Kubernetes scheduler the original runs in, the node with the highest score wins; a tie goes to the
 node whose name sorts first (the artifact's vendored ``selectHost`` does this "for reproducibility" instead of
 upstream's uniform draw, and it matters: a CPU pod that every node scores alike lands on the first node, not
-anywhere). A shared pod's GPU is chosen by the policy's own rule (``best_fit_gpu`` unless it has
-one), whole GPUs are always the lowest-indexed free ones.
+anywhere). The artifact's simulator prefixes every node name with a per-seed random number, so "first" is a
+random order fixed for the run: ``protocol.tie_order`` draws it, ``Cluster.rank`` is plain name order.
+A shared pod's GPU is chosen by the policy's own rule (``best_fit_gpu`` unless it has one), whole GPUs are
+always the lowest-indexed free ones.
 """
 
 from __future__ import annotations
@@ -39,6 +41,6 @@ class BestFitGpus:
 
 
 def pick(nodes: np.ndarray, scores: np.ndarray, rank: np.ndarray) -> int:
-    """The highest-scored node; on a tie the one of lowest ``rank`` (its name's place in sorted order)."""
+    """The highest-scored node; on a tie the one of lowest ``rank`` (``protocol.tie_order``)."""
     best = nodes[scores == scores.max()]
     return int(best[0] if len(best) == 1 else best[np.argmin(rank[best])])

@@ -6,6 +6,11 @@ per-GPU ``gpu_milli``, as the original does), then the whole list shuffled. Pods
 never leave. ``arrived demand`` is the summed GPU request (num_gpu x gpu_milli) of the pods offered so far,
 placed or not; the allocation is read when it first reaches 100% of capacity.
 
+``tie_order``: the order in which tied nodes are picked. The original's scheduler takes the tied node whose
+name sorts first, and its simulator, before creating the nodes, prefixes each name (in name order) with
+``%04d-`` of a random permutation drawn from the seeded stream after the workload: so ties go by a random
+order, fixed for the whole run and different per seed, not by the trace's node names.
+
 ``typical_pods``: the target workload FGD measures fragmentation against: pod shapes (cpu, gpu_milli, num_gpu,
 gpu_spec) of the trace, CPU pods included, by popularity, the most popular first until they cover 95% of the
 pods, their shares renormalised to sum to 1.
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rallypoint.sim.packing.state import Cluster
 from rallypoint.sim.packing.trace import PodSpec
 
 TUNE_RATIO = 1.3
@@ -48,6 +54,12 @@ def arrivals(
             order.append(k)
     rng.shuffle(order)
     return order
+
+
+def tie_order(cluster: Cluster, rng: np.random.Generator) -> np.ndarray:
+    """Per node, its place among tied nodes (lowest first): a permutation drawn from ``rng`` given to the
+    nodes in name order, as the original's random name prefixes (drawn after ``arrivals``, as there)."""
+    return rng.permutation(len(cluster))[cluster.rank]
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rallypoint.sim.packing.policy import Policy, pick
-from rallypoint.sim.packing.protocol import TUNE_RATIO, arrivals
+from rallypoint.sim.packing.protocol import TUNE_RATIO, arrivals, tie_order
 from rallypoint.sim.packing.runner import POLICIES, resolve
 from rallypoint.sim.packing.state import Cluster, Pod, State
 from rallypoint.sim.packing.timed import TimedPod
@@ -54,8 +54,11 @@ def release(state: State, node: int, pod: Pod, gpus: Sequence[int]) -> None:
 class Placer:
     """One policy deciding pods on one state; every decision timed (filter, score, pick, GPUs)."""
 
-    def __init__(self, cluster: Cluster, policy: Policy, rng: np.random.Generator) -> None:
+    def __init__(
+        self, cluster: Cluster, policy: Policy, rng: np.random.Generator, rank: np.ndarray | None = None
+    ) -> None:
         self.state = State(cluster)
+        self.rank = cluster.rank if rank is None else rank  # tie order (see ``pick``)
         self.policy = policy
         self.rng = rng
         self.decision_ms: list[float] = []
@@ -66,7 +69,7 @@ class Placer:
         nodes = state.feasible(pod)
         where: Placement | None = None
         if len(nodes):
-            node = pick(nodes, self.policy.scores(state, pod, nodes, self.rng), state.cluster.rank)
+            node = pick(nodes, self.policy.scores(state, pod, nodes, self.rng), self.rank)
             where = node, self.policy.gpus(state, pod, node, self.rng)
             state.place(node, pod, where[1])
         self.decision_ms.append((time.perf_counter() - t0) * 1000)
@@ -232,8 +235,9 @@ def arrival_curve(
     if cluster.gpu_capacity == 0:
         raise ValueError("the cluster has no GPUs")
     rng = np.random.default_rng(seed)
-    placer = Placer(cluster, POLICIES[resolve(policy_name)](cluster, pods), rng)
+    policy = POLICIES[resolve(policy_name)](cluster, pods)
     order = arrivals(pods, cluster.gpu_capacity, rng, ratio)
+    placer = Placer(cluster, policy, rng, tie_order(cluster, rng))
     shaped = {i: cluster.pod(pods[i]) for i in set(order)}
     demand = np.cumsum([pods[i].total_milli for i in order], dtype=np.float64)
     alloc = np.empty(len(order))

@@ -12,7 +12,7 @@ from rallypoint.sim.packing.baseline import BestFitPolicy, DotProductPolicy, Ran
 from rallypoint.sim.packing.fgd import FGDPolicy, Fragmentation
 from rallypoint.sim.packing.gpu import GpuClusteringPolicy, GpuPackingPolicy
 from rallypoint.sim.packing.policy import Policy, pick
-from rallypoint.sim.packing.protocol import TUNE_RATIO, arrivals, typical_pods
+from rallypoint.sim.packing.protocol import TUNE_RATIO, arrivals, tie_order, typical_pods
 from rallypoint.sim.packing.rally import RallypointPolicy
 from rallypoint.sim.packing.state import Cluster, State
 from rallypoint.sim.packing.trace import NodeSpec, PodSpec
@@ -57,6 +57,7 @@ def run_seed(nodes: Sequence[NodeSpec], pods: Sequence[PodSpec], policy_name: st
     policy = POLICIES[resolve(policy_name)](cluster, pods)
     rng = np.random.default_rng(seed)
     order = arrivals(pods, cluster.gpu_capacity, rng, ratio)
+    rank = tie_order(cluster, rng)
     shaped = {i: cluster.pod(pods[i]) for i in set(order)}
     state = State(cluster)
     arrived = failed = 0
@@ -68,7 +69,7 @@ def run_seed(nodes: Sequence[NodeSpec], pods: Sequence[PodSpec], policy_name: st
         t0 = time.perf_counter()
         nodes_ok = state.feasible(pod)
         if len(nodes_ok):
-            node = pick(nodes_ok, policy.scores(state, pod, nodes_ok, rng), cluster.rank)
+            node = pick(nodes_ok, policy.scores(state, pod, nodes_ok, rng), rank)
             state.place(node, pod, policy.gpus(state, pod, node, rng))
         else:
             failed += 1
