@@ -53,6 +53,8 @@ class LaunchTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     #: an interactive job's task: each rank runs on a pseudo-terminal its wrapper holds, which the agent
     #: relays to the user through the API (``agent.terminal``)
     pty: bool = False
+    #: the ports the job publishes (``JobSpec.ports``): the agent forwards connections to these alone
+    ports: tuple[int, ...] = ()
 
     def __repr__(self) -> str:
         # a log line, a traceback's locals or a debugger shows the task; never a secret's value
@@ -202,13 +204,16 @@ class TerminalRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     ``open``: relay the terminal of (job, attempt, rank) to ``session`` from now on: output on
     ``tty.<node>.<session>``, input taken from ``cmd.agent.<node>.tty.<session>``; a session already
     attached to that terminal is closed (the last attach wins). ``info``: is any session attached?
+    ``forward``: the same for one TCP connection to ``port`` on the node's loopback, where the rank listens
+    (a port the job publishes; one session per connection).
     """
 
-    op: Literal["open", "info"]
+    op: Literal["open", "info", "forward"]
     job_id: str
     attempt: int
     rank: int
     session: str = ""
+    port: int = 0
 
 
 class TerminalReply(msgspec.Struct, frozen=True, kw_only=True):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import time
 from typing import Any
@@ -76,14 +77,15 @@ class TerminalHandlers:
         self.source = source
         self._graces: set[asyncio.Task[None]] = set()
 
-    async def terminal(self, request: web.Request) -> web.StreamResponse:
+    def _target(self, request: web.Request, kind: str | None) -> tuple[JobView, int, str] | web.Response:
+        """The job, rank and node a terminal or port request reaches, or the problem why not."""
         job_id = request.match_info["job_id"]
         job = self.follower.state.jobs.get(job_id) if TOKEN_PATTERN.match(job_id) else None
         if job is None:
             return not_found("job", job_id)
         if (refused := not_theirs(request, job)) is not None:
             return refused
-        if (wrong := _not_a_live_session(job)) is not None:
+        if (wrong := _not_live(job, kind)) is not None:
             return wrong
         try:
             rank = int(request.query.get("rank", "0"))
@@ -92,12 +94,17 @@ class TerminalHandlers:
         node_id = rank_node(job, job.placements, rank) if rank >= 0 else None
         if node_id is None:
             return invalid_spec_rank(rank, job)
-        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=frames.MAX_PAYLOAD + 1)
-        if not ws.can_prepare(request).ok:
-            detail = "the terminal is a WebSocket: send the Upgrade handshake (rally attach does)"
-            return problem(
-                426, "Upgrade required", detail, slug="upgrade-required", headers={"Upgrade": "websocket"}
-            )
+        return job, rank, node_id
+
+    async def terminal(self, request: web.Request) -> web.StreamResponse:
+        target = self._target(request, "interactive")
+        if isinstance(target, web.Response):
+            return target
+        job, rank, node_id = target
+        job_id = job.job_id
+        ws = _websocket(request)
+        if isinstance(ws, web.Response):
+            return ws
         attempt, session = job.attempt, secrets.token_hex(8)
         # subscribed before the agent is asked, so the first output (the prompt) is not missed
         output = await self.log.nc.subscribe(subjects.terminal_output(node_id, session))
@@ -126,6 +133,40 @@ class TerminalHandlers:
             task = asyncio.create_task(self._after_grace(job, attempt, rank, node_id, grace_s))
             self._graces.add(task)
             task.add_done_callback(self._graces.discard)
+        return ws
+
+    async def port(self, request: web.Request) -> web.StreamResponse:
+        """GET /v1/jobs/{id}/ports/{port}: one TCP connection to a port the job publishes, as a WebSocket
+        of ``DATA`` frames (``rally port-forward`` opens one per local connection)."""
+        target = self._target(request, None)
+        if isinstance(target, web.Response):
+            return target
+        job, rank, node_id = target
+        port = request.match_info["port"]
+        if not port.isdigit() or int(port) not in job.spec.ports:
+            published = ", ".join(map(str, job.spec.ports)) or "none"
+            detail = f"job {job.job_id} does not publish port {port} (its ports: {published})"
+            return problem(409, "Port not published", detail, slug="port-not-published")
+        ws = _websocket(request)
+        if isinstance(ws, web.Response):
+            return ws
+        session = secrets.token_hex(8)
+        output = await self.log.nc.subscribe(subjects.terminal_output(node_id, session))
+        ask = TerminalRequest(
+            op="forward", job_id=job.job_id, attempt=job.attempt, rank=rank, session=session, port=int(port)
+        )
+        reply = await self._ask(node_id, ask)
+        if reply is None or not reply.ok:
+            await output.unsubscribe()
+            if reply is None:
+                return unavailable(f"the agent of {node_id} did not answer; retry")
+            return problem(502, "Agent refused", reply.error, slug="agent-error", node_id=node_id)
+        await ws.prepare(request)
+        relay = _Relay(self.log, ws, output, node_id, session, math.inf)
+        ended = await relay.run()
+        await relay.close()
+        if ended == "client":  # the agent closes its connection to the port
+            await relay.detach()
         return ws
 
     async def close(self) -> None:
@@ -168,15 +209,24 @@ class TerminalHandlers:
         _log.info("cancelled %s: %s", job.job_id, reason)
 
 
-def _not_a_live_session(job: JobView) -> web.Response | None:
-    if job.spec.kind != "interactive":
+def _websocket(request: web.Request) -> web.WebSocketResponse | web.Response:
+    ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=frames.MAX_PAYLOAD + 1)
+    if ws.can_prepare(request).ok:
+        return ws
+    detail = "this is a WebSocket: send the Upgrade handshake (rally attach and rally port-forward do)"
+    return problem(426, "Upgrade required", detail, slug="upgrade-required", headers={"Upgrade": "websocket"})
+
+
+def _not_live(job: JobView, kind: str | None) -> web.Response | None:
+    """Why the job has no terminal (``kind`` interactive) or port (None: any kind) to reach now."""
+    if kind is not None and job.spec.kind != kind:
         detail = f"job {job.job_id} is a {job.spec.kind} job; only interactive jobs have a terminal"
         return problem(409, "Not interactive", detail, slug="not-interactive", state=job.state)
     if job.terminal:
-        detail = f"job {job.job_id} is already {job.state}; its terminal is gone"
+        detail = f"job {job.job_id} is already {job.state}; its terminal and ports are gone"
         return problem(409, "Job already finished", detail, slug="job-terminal", state=job.state)
     if job.state != "running":
-        detail = f"job {job.job_id} is {job.state}; its terminal opens once it runs"
+        detail = f"job {job.job_id} is {job.state}; its terminal and ports open once it runs"
         return problem(409, "Not running yet", detail, slug="not-running", state=job.state)
     return None
 
@@ -282,7 +332,31 @@ def terminal_paths() -> dict[str, Any]:
                     "503": _problem("The rank's agent did not answer."),
                 },
             },
-        }
+        },
+        "/v1/jobs/{job_id}/ports/{port}": {
+            "parameters": [
+                _JOB_ID,
+                {"name": "port", "in": "path", "required": True, "schema": {"type": "string"}},
+            ],
+            "get": {
+                "operationId": "forwardJobPort",
+                "summary": "A TCP connection to a port the job publishes, over a WebSocket (docs/api.md)",
+                "parameters": [
+                    _query("rank", {"type": "integer", "minimum": 0}, "Whose node (default rank 0's).")
+                ],
+                "responses": {
+                    "101": {
+                        "description": "Switching to the WebSocket; the connection's bytes in data frames."
+                    },
+                    "404": _problem("Unknown job, or another team's."),
+                    "409": _problem("The job does not publish that port, is not running yet, or finished."),
+                    "422": _problem("No such rank."),
+                    "426": _problem("Not a WebSocket handshake."),
+                    "502": _problem("The rank's agent refused: nothing of the job's listens there, say."),
+                    "503": _problem("The rank's agent did not answer."),
+                },
+            },
+        },
     }
 
 
@@ -296,3 +370,4 @@ def add_terminal_routes(
 
     app.on_cleanup.append(stop)
     app.router.add_get("/v1/jobs/{job_id}/terminal", handlers.terminal)
+    app.router.add_get("/v1/jobs/{job_id}/ports/{port}", handlers.port)

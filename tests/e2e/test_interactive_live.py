@@ -15,14 +15,16 @@ import pty
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
 import yaml
-from cluster_jobs import job, log_records, wait_for
+from cluster_jobs import job, log_records, submit, wait_for
 
 from rallypoint.events import JobCancelRequested
 from rallypoint.localcluster import LocalCluster
@@ -169,3 +171,39 @@ def test_an_idle_session_ends_and_its_job_is_cancelled(cluster: LocalCluster, te
     assert shell.wait() == 125
     wait_for(cluster, job_id, lambda v: v["state"] == "cancelled", "cancelled for idling")
     assert cancel_reasons(cluster, job_id) == [f"interactive session idle for {IDLE_S:g} s"]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_published_port_is_reached_through_the_api_and_only_by_its_team(cluster: LocalCluster) -> None:
+    port, local = free_port(), free_port()
+    server = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    job_id = submit(cluster, "notebook", server, team="ml", gpu_milli=250, ports=[port])
+    wait_for(cluster, job_id, lambda v: v["state"] == "running", "running")
+    for team, asked, status in (("other", port, 404), ("ml", port + 1, 409)):
+        answer = call(
+            "GET", f"{cluster.api_url}/v1/jobs/{job_id}/ports/{asked}", token=cluster.token_for(team)
+        )
+        assert answer[0] == status, answer
+    env = {**os.environ, "RALLY_API_URL": cluster.api_url, "RALLY_TOKEN": cluster.token_for("ml")}
+    forward = subprocess.Popen(
+        [*RALLY, "port-forward", job_id, str(port), "--local-port", str(local)],
+        env=env, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert forward.stderr is not None and b"reaches port" in forward.stderr.readline()
+        deadline, page, url = time.monotonic() + 60, "", f"http://127.0.0.1:{local}/"
+        while "Directory listing" not in page:  # until the server listens (the agent refuses before)
+            assert time.monotonic() < deadline, page
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=10) as answer:
+                page = answer.read().decode()
+            time.sleep(0.3)
+        assert "rank-0.log" in page  # the rank's own folder, served on the node, read here
+    finally:
+        forward.send_signal(signal.SIGINT)
+        assert forward.wait(10) == 0
+        call("DELETE", f"{cluster.api_url}/v1/jobs/{job_id}")

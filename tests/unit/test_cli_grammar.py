@@ -28,6 +28,7 @@ NOT_PRINTING = {
     "sim": "writes its reports to files; its --json names the summary's file",
     "run": "a terminal session: the rank's own output, byte for byte",
     "attach": "a terminal session, as run",
+    "port-forward": "relays connections until Ctrl-C; it prints one line of what it does",
 }
 
 

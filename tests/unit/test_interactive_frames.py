@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rallypoint.agent import workdir
+from rallypoint.agent import ports, workdir
 from rallypoint.agent.ptyhost import short_path
 from rallypoint.events import subjects
 from rallypoint.interactive import frames
@@ -134,3 +134,38 @@ def test_the_wrapper_serves_the_ranks_terminal_and_records_its_status(tmp_path: 
     assert got[-1] == frames.decode(frames.exited(7))
     assert workdir.read_record(workdir.rank_file(folder, 0, "exit"))["exit_code"] == 7  # type: ignore[index]
     assert b"got=hi" in (folder / "rank-0.log").read_bytes()  # the session is in the rank's log too
+
+
+def _table(*rows: tuple[str, str, int]) -> str:
+    """A /proc/net/tcp-style table: (local address, state, uid) per socket."""
+    head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode"
+    lines = [f"{i:4d}: {address} 00000000:0000 {st} 00000000:00000000 00:00000000 00000000 {uid} 0 {i}"
+             for i, (address, st, uid) in enumerate(rows)]  # fmt: skip
+    return "\n".join([head, *lines]) + "\n"
+
+
+TCP = _table(
+    ("0100007F:22B8", "0A", 1001),
+    ("00000000:1F90", "0A", 1002),
+    ("0100007F:1F91", "01", 1001),
+    ("0100000A:1F92", "0A", 1001),
+)
+TCP6 = _table(("00000000000000000000000001000000:1F93", "0A", 1001))
+
+
+def test_the_listeners_of_a_node_and_their_owners() -> None:
+    found = ports.listeners([TCP, TCP6])
+    assert [(str(x.address), x.port, x.uid) for x in found] == [
+        ("127.0.0.1", 8888, 1001),
+        ("0.0.0.0", 8080, 1002),
+        ("10.0.0.1", 8082, 1001),  # the established connection (st 01) is no listener
+        ("::1", 8083, 1001),
+    ]
+    assert ports.target(8888, 1001, found) == "127.0.0.1"
+    assert ports.target(8083, 1001, found) == "::1"
+    with pytest.raises(ports.PortRefused, match="another user's"):
+        ports.target(8080, 1001, found)  # the port is someone else's: never connected to
+    with pytest.raises(ports.PortRefused, match="nothing listens"):
+        ports.target(8082, 1001, found)  # not on the loopback: not what a rank publishes to its node
+    with pytest.raises(ports.PortRefused, match="nothing listens"):
+        ports.target(9999, 1001, found)

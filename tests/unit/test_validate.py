@@ -103,8 +103,8 @@ def test_every_priority_class_is_accepted(priority: str) -> None:
 
 
 def test_an_interactive_job_gets_its_own_class_and_no_other_kind_may() -> None:
-    spec = validate_spec(body(kind="interactive"))
-    assert (spec.kind, spec.priority) == ("interactive", "interactive")
+    spec = validate_spec(body(kind="interactive", ports=[8888, 6006]))
+    assert (spec.kind, spec.priority, spec.ports) == ("interactive", "interactive", (6006, 8888))
     # a cluster whose queue file has no such class: the cluster's default
     assert (
         validate_spec(body(kind="interactive"), priority_classes=("low",), default_priority="low").priority
@@ -115,6 +115,10 @@ def test_an_interactive_job_gets_its_own_class_and_no_other_kind_may() -> None:
         (body(kind="interactive", max_retries=2), "max_retries"),
         (body(kind="interactive", gpus=2, min_gpus=1, gpus_per_task=1), "kind"),
         (body(kind="shell"), "kind"),
+        (body(ports=[80]), "ports"),
+        (body(ports=[8888, 8888]), "ports"),
+        (body(ports=[True]), "ports"),
+        (body(ports="8888"), "ports"),
     ):
         with pytest.raises(SpecError) as err:
             validate_spec(refused)

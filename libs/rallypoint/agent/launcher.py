@@ -415,6 +415,17 @@ class RankLauncher:
             path = record.file("tty")
         return path if path.exists() else None
 
+    def published(self, job_id: str, attempt: int, rank: int) -> tuple[tuple[int, ...], int] | None:
+        """The ports a running rank's job publishes and the rank's pid (``agent.terminal`` forwards them);
+        None when this node runs no such rank of that attempt, or its process is not known yet."""
+        with self._lock:
+            record = self._ranks.get((job_id, attempt, rank))
+            if record is None or record.exit is not None or record.pid is None:
+                return None
+            directory, pid = record.directory, record.pid
+        task = self._read_task(directory)
+        return (task.ports if task is not None else ()), pid
+
     def log_path(self, job_id: str, attempt: int, rank: int) -> Path:
         return workdir.rank_file(workdir.attempt_dir(self.work_dir, job_id, attempt), rank, "log")
 

@@ -9,10 +9,14 @@ API asks ``cmd.agent.<node>.tty`` to ``open`` a session for one rank; from then 
   a detach) and writes keystrokes and sizes to the wrapper.
 
 One session per terminal: a new ``open`` for a rank closes the session attached to it (as the wrapper
-would: it serves one client). A session whose API stops sending keepalives (the API process died with
-its WebSocket) is closed after ``KEEPALIVE_TIMEOUT_S``, so ``info`` answers "detached" and the API that
-watches the disconnect grace may end the job. The rank never sees any of this: it holds no credential,
-and its terminal outlives every session (``rally attach``).
+would: it serves one client). A ``forward`` session is one TCP connection to a port the job publishes, on
+the node's loopback, once its listener is found to be the rank's own (``ports``): raw bytes both ways in
+``DATA`` frames, as many sessions as connections.
+
+A session whose API stops sending keepalives (the API process died with its WebSocket) is closed after
+``KEEPALIVE_TIMEOUT_S``, so ``info`` answers "detached" and the API that watches the disconnect grace may
+end the job. The rank never sees any of this: it holds no credential, and its terminal outlives every
+session (``rally attach``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from rallypoint.agent.launcher import RankLauncher
+from rallypoint.agent.ports import PortRefused, loopback_target
 from rallypoint.agent.ptyhost import short_path
 from rallypoint.events import subjects
 from rallypoint.interactive import frames
@@ -55,6 +60,8 @@ class _Session:
     pump: asyncio.Task[None] | None = None
     closed: bool = False
     exited: bool = field(default=False)
+    #: a terminal's stream carries frames (``encode_stream``); a forwarded port's, the raw bytes
+    framed: bool = True
 
 
 class TerminalRelay:
@@ -72,7 +79,8 @@ class TerminalRelay:
         self.launcher = launcher
         self.keepalive_timeout_s = keepalive_timeout_s
         self._clock = clock
-        self._by_key: dict[_RankKey, _Session] = {}
+        self._by_key: dict[_RankKey, _Session] = {}  # terminals, one session each
+        self._forwards: dict[str, _Session] = {}  # forwarded connections, by session
         self._watchdog: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -83,7 +91,7 @@ class TerminalRelay:
             self._watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watchdog
-        for session in list(self._by_key.values()):
+        for session in [*self._by_key.values(), *self._forwards.values()]:
             await self._end(session, "the node agent is stopping")
 
     def attached(self, job_id: str, attempt: int, rank: int) -> bool:
@@ -94,11 +102,36 @@ class TerminalRelay:
             return TerminalReply(
                 ok=True, attached=self.attached(request.job_id, request.attempt, request.rank)
             )
-        return await self.open(request)
-
-    async def open(self, request: TerminalRequest) -> TerminalReply:
         if not subjects.TOKEN_PATTERN.match(request.session):
             return TerminalReply(ok=False, error=f"not a valid session id: {request.session!r}")
+        if request.op == "forward":
+            return await self.forward(request)
+        return await self.open(request)
+
+    async def forward(self, request: TerminalRequest) -> TerminalReply:
+        key = (request.job_id, request.attempt, request.rank)
+        try:
+            published = await asyncio.to_thread(self.launcher.published, *key)
+        except ValueError as exc:
+            return TerminalReply(ok=False, error=str(exc))
+        if published is None:
+            error = f"no rank {request.rank} of {request.job_id} attempt {request.attempt} runs here"
+            return TerminalReply(ok=False, error=error)
+        ports, pid = published
+        if request.port not in ports:
+            return TerminalReply(ok=False, error=f"{request.job_id} does not publish port {request.port}")
+        try:
+            uid = (await asyncio.to_thread(os.stat, f"/proc/{pid}")).st_uid
+            host = await asyncio.to_thread(loopback_target, request.port, uid)
+            reader, writer = await asyncio.open_connection(host, request.port)
+        except (PortRefused, OSError) as exc:
+            return TerminalReply(ok=False, error=str(exc))
+        session = _Session(request.session, key, reader, writer, last_ping=self._clock(), framed=False)
+        self._forwards[request.session] = session
+        await self._relay(session)
+        return TerminalReply(ok=True)
+
+    async def open(self, request: TerminalRequest) -> TerminalReply:
         key = (request.job_id, request.attempt, request.rank)
         try:
             path = await asyncio.to_thread(self.launcher.terminal_path, *key)
@@ -118,12 +151,15 @@ class TerminalRelay:
             return TerminalReply(ok=False, error=f"cannot reach the terminal: {exc}")
         session = _Session(request.session, key, reader, writer, last_ping=self._clock())
         self._by_key[key] = session
-        session.sub = await self.nc.subscribe(
-            subjects.terminal_input(self.node_id, request.session), cb=self._input(session)
-        )
-        session.pump = asyncio.create_task(self._pump(session), name=f"tty-{request.session}")
+        await self._relay(session)
         _log.info("terminal of %s attempt %d rank %d opened for session %s", *key, request.session)
         return TerminalReply(ok=True, attached=previous is not None)
+
+    async def _relay(self, session: _Session) -> None:
+        session.sub = await self.nc.subscribe(
+            subjects.terminal_input(self.node_id, session.session), cb=self._input(session)
+        )
+        session.pump = asyncio.create_task(self._pump(session), name=f"tty-{session.session}")
 
     def _input(self, session: _Session) -> Callable[[Msg], Awaitable[None]]:
         async def on_message(msg: Msg) -> None:
@@ -133,8 +169,10 @@ class TerminalRelay:
                 _log.warning("session %s: dropped a bad frame (%s)", session.session, exc)
                 return
             session.last_ping = self._clock()
-            if frame.kind in (frames.DATA, frames.RESIZE):
-                session.writer.write(frames.encode_stream(frame.kind + frame.payload))
+            if frame.kind in (frames.DATA, frames.RESIZE) and (session.framed or frame.kind == frames.DATA):
+                # a terminal's wrapper reads frames; a forwarded port, the bytes as they came
+                data = frames.encode_stream(frame.kind + frame.payload) if session.framed else frame.payload
+                session.writer.write(data)
                 with contextlib.suppress(ConnectionError):
                     await session.writer.drain()
             elif frame.kind == frames.CLOSED:  # the client left: detach, the rank runs on
@@ -148,14 +186,18 @@ class TerminalRelay:
         subject = subjects.terminal_output(self.node_id, session.session)
         try:
             while chunk := await session.reader.read(65536):
+                if not session.framed:
+                    await self.nc.publish(subject, frames.data(chunk))
+                    continue
                 for frame in decoder.feed(chunk):
                     session.exited = session.exited or frame.kind == frames.EXIT
                     await self.nc.publish(subject, frame.kind + frame.payload)
         except (ConnectionError, frames.FrameError) as exc:
             _log.warning("session %s: the terminal connection failed (%s)", session.session, exc)
         if not session.closed and not session.exited:
+            gone = "the terminal went away" if session.framed else "the port closed the connection"
             with contextlib.suppress(Exception):
-                await self.nc.publish(subject, frames.closed("the terminal went away"))
+                await self.nc.publish(subject, frames.closed(gone))
         await self._end(session, None)
 
     async def _end(self, session: _Session, reason: str | None) -> None:
@@ -165,6 +207,7 @@ class TerminalRelay:
         session.closed = True
         if self._by_key.get(session.key) is session:
             del self._by_key[session.key]
+        self._forwards.pop(session.session, None)
         if reason is not None:
             with contextlib.suppress(Exception):
                 await self.nc.publish(
@@ -184,7 +227,7 @@ class TerminalRelay:
         while True:
             await asyncio.sleep(min(5.0, self.keepalive_timeout_s / 2))
             now = self._clock()
-            for session in list(self._by_key.values()):
+            for session in [*self._by_key.values(), *self._forwards.values()]:
                 if now - session.last_ping > self.keepalive_timeout_s:
                     await self._end(session, "no keepalive from the API")
 

@@ -22,6 +22,7 @@ from .jobs_cmds import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_JOB_ENDED_WITHOUT_CODE,
+    EXIT_OK,
     TERMINAL_STATES,
     _answer,
     _api_arg,
@@ -58,6 +59,16 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--gpu-type", help="only nodes with this GPU type")
     run.add_argument("--node-selector", type=parse_label, action="append", default=[], metavar="KEY=VALUE")
     run.add_argument("--env", type=parse_env, action="append", default=[], metavar="NAME=VALUE")
+    run.add_argument(
+        "--port",
+        type=int,
+        action="append",
+        default=[],
+        dest="ports",
+        metavar="PORT",
+        help="publish this port of the job (a notebook's 8888) and forward localhost:PORT to it while "
+        "attached (repeatable); `rally port-forward` reaches it from elsewhere",
+    )
     run.add_argument("--poll-interval", type=float, default=0.5, help=argparse.SUPPRESS)
     _api_arg(run)
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- the program (bash)")
@@ -73,6 +84,19 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     attach.add_argument("--rank", type=int, default=0, help="which rank's terminal (default 0)")
     _api_arg(attach)
     attach.set_defaults(func=cmd_attach)
+
+    forward = subparsers.add_parser(
+        "port-forward",
+        help="reach a port a running job publishes from this machine (like kubectl port-forward)",
+        description="Listen on localhost:LOCAL (default PORT) and relay each connection to the job's PORT "
+        "through the API (the job must publish it: rally run --port, or ports in its spec). Until Ctrl-C.",
+    )
+    forward.add_argument("job_id")
+    forward.add_argument("port", type=int)
+    forward.add_argument("--local-port", type=int, help="the local port (default: the same)")
+    forward.add_argument("--rank", type=int, default=0, help="whose node (default rank 0's)")
+    _api_arg(forward)
+    forward.set_defaults(func=cmd_port_forward)
 
 
 def run_body(args: argparse.Namespace) -> dict[str, Any]:
@@ -94,6 +118,7 @@ def run_body(args: argparse.Namespace) -> dict[str, Any]:
         "mig_profile": args.mig_profile,
         "node_selector": dict(args.node_selector) or None,
         "env": dict(args.env) or None,
+        "ports": list(args.ports) or None,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     return body
@@ -128,7 +153,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if job["state"] != "running":
         print(f"rally: {job_id} {describe(job)}", file=sys.stderr)
         return EXIT_JOB_ENDED_WITHOUT_CODE
-    return _attach(client, job_id, 0)
+    return _attach(client, job_id, 0, ports=args.ports)
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
@@ -152,11 +177,43 @@ def _cancel_quietly(client: ApiClient, job_id: str) -> None:
         print(err.line(), file=sys.stderr)
 
 
-def _attach(client: ApiClient, job_id: str, rank: int) -> int:
+def cmd_port_forward(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rallypoint.interactive.client import forward
+
+    client = ApiClient(resolve_api_url(args.api_url))
+    try:
+        job = client.get_job(args.job_id)
+    except (ApiError, ApiUnreachable) as err:
+        print(err.line(), file=sys.stderr)
+        return EXIT_ERROR
+    if args.port not in job["spec"].get("ports", []):
+        published = ", ".join(map(str, job["spec"].get("ports", []))) or "none"
+        print(
+            f"error: {args.job_id} does not publish port {args.port} (its ports: {published})",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    local = args.local_port or args.port
+    print(
+        f"rally: localhost:{local} reaches port {args.port} of {args.job_id}; Ctrl-C stops", file=sys.stderr
+    )
+    try:
+        asyncio.run(forward(client.base_url, client.token, args.job_id, args.port, local, args.rank))
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except OSError as err:
+        print(f"error: cannot listen on localhost:{local}: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def _attach(client: ApiClient, job_id: str, rank: int, ports: list[int] | None = None) -> int:
     from rallypoint.interactive.client import HandshakeRefused, run
 
     try:
-        ending = run(client.base_url, client.token, job_id, rank)
+        ending = run(client.base_url, client.token, job_id, rank, ports or ())
     except HandshakeRefused as err:
         detail = _refusal(client, job_id, err)
         print(flag_error(None, detail), file=sys.stderr)

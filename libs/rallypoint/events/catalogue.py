@@ -120,6 +120,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     #: (``docs/api.md``, "Services"); ``batch``: runs to completion; ``interactive``: each rank runs on a
     #: pseudo-terminal the user reaches through the API (``rally run --pty``, docs/api.md "Terminals")
     kind: Literal["batch", "service", "interactive"] = "batch"
+    #: TCP ports its rank 0 listens on that the job's team may reach through the API (a notebook's 8888:
+    #: ``rally port-forward``, docs/api.md "Ports"); nothing else of a node is reachable from outside
+    ports: tuple[int, ...] = ()
 
 
 class GpuInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):

@@ -79,6 +79,7 @@ def launch_plan(
                 gpu_milli=spec.gpu_milli or 0,
                 mig=placement.mig,
                 pty=spec.kind == "interactive",
+                ports=spec.ports,
             )
         )
     return tasks

@@ -224,6 +224,7 @@ def validate_spec(
     if not 0 <= max_retries <= MAX_RETRIES_LIMIT:
         raise SpecError("max_retries", f"must be between 0 and {MAX_RETRIES_LIMIT}, got {max_retries}")
     _check_interactive(kind, priority, max_retries, min_gpus is not None or max_gpus is not None)
+    ports = _check_ports(body)
 
     return JobSpec(
         name=name,
@@ -255,6 +256,7 @@ def validate_spec(
         node_selector=node_selector,
         tolerations=tolerations,
         affinity=affinity,
+        ports=ports,
     )
 
 
@@ -401,6 +403,25 @@ def _check_interactive(kind: str, priority: str, max_retries: int, elastic: bool
         raise SpecError("max_retries", "an interactive session is never retried; it takes no max_retries")
     if elastic:
         raise SpecError("kind", "an interactive session has a fixed size: no min_gpus or max_gpus")
+
+
+#: Ports a job may publish: unprivileged ones, a few (a notebook, a dashboard, a debugger).
+MIN_PORT, MAX_PORT, MAX_PORTS = 1024, 65535, 8
+
+
+def _check_ports(body: Mapping[str, Any]) -> tuple[int, ...]:
+    value = body.get("ports")
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise SpecError("ports", f"must be an array of port numbers, got {_type_name(value)}")
+    if odd := [p for p in value if not isinstance(p, int) or isinstance(p, bool)]:
+        raise SpecError("ports", f"a port is an integer, got {_type_name(odd[0])}")
+    if len(value) > MAX_PORTS or len(set(value)) != len(value):
+        raise SpecError("ports", f"at most {MAX_PORTS} distinct ports, got {value}")
+    if bad := [p for p in value if not MIN_PORT <= p <= MAX_PORT]:
+        raise SpecError("ports", f"a port is {MIN_PORT}-{MAX_PORT} (no privileged ports), got {bad[0]}")
+    return tuple(sorted(value))
 
 
 def _check_priority(body: Mapping[str, Any], classes: Sequence[str], default: str) -> str:
