@@ -214,6 +214,9 @@ class TerminalRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     rank: int
     session: str = ""
     port: int = 0
+    #: ``open``: the team's disconnect grace; a terminal detached this long (and a margin) is hung up by
+    #: the agent itself should the API not end it (0: never)
+    grace_s: float = 0.0
 
 
 class TerminalReply(msgspec.Struct, frozen=True, kw_only=True):

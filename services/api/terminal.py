@@ -106,17 +106,19 @@ class TerminalHandlers:
         if isinstance(ws, web.Response):
             return ws
         attempt, session = job.attempt, secrets.token_hex(8)
+        idle_s, grace_s = session_limits(self.queues, job.spec.team)
         # subscribed before the agent is asked, so the first output (the prompt) is not missed
         output = await self.log.nc.subscribe(subjects.terminal_output(node_id, session))
-        reply = await self._ask(node_id, TerminalRequest(op="open", job_id=job_id, attempt=attempt, rank=rank,
-                                                         session=session))  # fmt: skip
+        ask = TerminalRequest(
+            op="open", job_id=job_id, attempt=attempt, rank=rank, session=session, grace_s=grace_s
+        )
+        reply = await self._ask(node_id, ask)
         if reply is None or not reply.ok:
             await output.unsubscribe()
             if reply is None:
                 return unavailable(f"the agent of {node_id} did not answer; retry")
             return problem(502, "Agent refused", reply.error, slug="agent-error", node_id=node_id)
         await ws.prepare(request)
-        idle_s, grace_s = session_limits(self.queues, job.spec.team)
         relay = _Relay(self.log, ws, output, node_id, session, idle_s)
         ended = await relay.run()
         if ended == "idle":  # cancelled before the client hears it: what it reads next is the cancel

@@ -420,11 +420,26 @@ class RankLauncher:
         None when this node runs no such rank of that attempt, or its process is not known yet."""
         with self._lock:
             record = self._ranks.get((job_id, attempt, rank))
-            if record is None or record.exit is not None or record.pid is None:
+            if record is None or record.exit is not None:
+                return None
+            self._refresh_pids(record)  # a rank just started: its pid file is there before the next poll
+            if record.pid is None:
                 return None
             directory, pid = record.directory, record.pid
         task = self._read_task(directory)
         return (task.ports if task is not None else ()), pid
+
+    def hang_up(self, job_id: str, attempt: int, rank: int, note: str) -> bool:
+        """A terminal's hang-up for a running rank (its session's client never came back): ``note`` at the
+        end of its log, then SIGHUP to its group, which ends a shell as a dropped line would. False: no
+        such rank runs here."""
+        with self._lock:
+            record = self._ranks.get((job_id, attempt, rank))
+            if record is None or record.exit is not None or record.pid is None:
+                return False
+            with open(record.file("log"), "a", encoding="utf-8") as log:
+                log.write(f"\nrally agent: {note}\n")
+            return workdir.signal_group(record.pid, record.pid_start, signal.SIGHUP)
 
     def log_path(self, job_id: str, attempt: int, rank: int) -> Path:
         return workdir.rank_file(workdir.attempt_dir(self.work_dir, job_id, attempt), rank, "log")

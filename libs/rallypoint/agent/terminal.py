@@ -15,7 +15,10 @@ the node's loopback, once its listener is found to be the rank's own (``ports``)
 
 A session whose API stops sending keepalives (the API process died with its WebSocket) is closed after
 ``KEEPALIVE_TIMEOUT_S``, so ``info`` answers "detached" and the API that watches the disconnect grace may
-end the job. The rank never sees any of this: it holds no credential, and its terminal outlives every
+end the job. Should that API go too, nobody would: so a terminal left without a session for its team's
+grace (``TerminalRequest.grace_s``) and ``HANGUP_MARGIN_S`` more (the API's cancel goes first) is hung
+up here, as a terminal whose line dropped: SIGHUP to the rank's group, and a line in its log saying why.
+The rank never sees any of this: it holds no credential, and its terminal outlives every
 session (``rally attach``).
 """
 
@@ -46,6 +49,8 @@ _log = logging.getLogger(__name__)
 #: The API sends a keepalive every few seconds while its client is connected; this long without one,
 #: the session is treated as gone.
 KEEPALIVE_TIMEOUT_S = 20.0
+#: How long after the API should have ended a detached session the agent hangs its terminal up itself.
+HANGUP_MARGIN_S = 30.0
 _RankKey = tuple[str, int, int]
 
 
@@ -62,6 +67,8 @@ class _Session:
     exited: bool = field(default=False)
     #: a terminal's stream carries frames (``encode_stream``); a forwarded port's, the raw bytes
     framed: bool = True
+    #: the team's disconnect grace (0: none given): how long the terminal may stay detached
+    grace_s: float = 0.0
 
 
 class TerminalRelay:
@@ -81,6 +88,7 @@ class TerminalRelay:
         self._clock = clock
         self._by_key: dict[_RankKey, _Session] = {}  # terminals, one session each
         self._forwards: dict[str, _Session] = {}  # forwarded connections, by session
+        self._hangups: dict[_RankKey, asyncio.Task[None]] = {}  # detached terminals' deadlines
         self._watchdog: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -93,6 +101,8 @@ class TerminalRelay:
                 await self._watchdog
         for session in [*self._by_key.values(), *self._forwards.values()]:
             await self._end(session, "the node agent is stopping")
+        for hangup in self._hangups.values():
+            hangup.cancel()
 
     def attached(self, job_id: str, attempt: int, rank: int) -> bool:
         return (job_id, attempt, rank) in self._by_key
@@ -112,6 +122,11 @@ class TerminalRelay:
         key = (request.job_id, request.attempt, request.rank)
         try:
             published = await asyncio.to_thread(self.launcher.published, *key)
+            for _ in range(20):  # a rank that just started has no pid on record for a moment
+                if published is not None:
+                    break
+                await asyncio.sleep(0.1)
+                published = await asyncio.to_thread(self.launcher.published, *key)
         except ValueError as exc:
             return TerminalReply(ok=False, error=str(exc))
         if published is None:
@@ -149,8 +164,12 @@ class TerminalRelay:
             reader, writer = await _connect(path)
         except OSError as exc:
             return TerminalReply(ok=False, error=f"cannot reach the terminal: {exc}")
-        session = _Session(request.session, key, reader, writer, last_ping=self._clock())
+        session = _Session(
+            request.session, key, reader, writer, last_ping=self._clock(), grace_s=request.grace_s
+        )
         self._by_key[key] = session
+        if (hangup := self._hangups.pop(key, None)) is not None:
+            hangup.cancel()
         await self._relay(session)
         _log.info("terminal of %s attempt %d rank %d opened for session %s", *key, request.session)
         return TerminalReply(ok=True, attached=previous is not None)
@@ -176,7 +195,7 @@ class TerminalRelay:
                 with contextlib.suppress(ConnectionError):
                     await session.writer.drain()
             elif frame.kind == frames.CLOSED:  # the client left: detach, the rank runs on
-                await self._end(session, None)
+                await self._end(session, None, detached=True)
 
         return on_message
 
@@ -185,13 +204,15 @@ class TerminalRelay:
         decoder = frames.StreamDecoder()
         subject = subjects.terminal_output(self.node_id, session.session)
         try:
-            while chunk := await session.reader.read(65536):
+            while not session.exited and (chunk := await session.reader.read(65536)):
                 if not session.framed:
                     await self.nc.publish(subject, frames.data(chunk))
                     continue
                 for frame in decoder.feed(chunk):
-                    session.exited = session.exited or frame.kind == frames.EXIT
                     await self.nc.publish(subject, frame.kind + frame.payload)
+                    if frame.kind == frames.EXIT:  # the rank is gone: the session ends with it
+                        session.exited = True
+                        break
         except (ConnectionError, frames.FrameError) as exc:
             _log.warning("session %s: the terminal connection failed (%s)", session.session, exc)
         if not session.closed and not session.exited:
@@ -200,11 +221,14 @@ class TerminalRelay:
                 await self.nc.publish(subject, frames.closed(gone))
         await self._end(session, None)
 
-    async def _end(self, session: _Session, reason: str | None) -> None:
-        """Close one session; ``reason``: tell its client why (None: it knows, or it asked)."""
+    async def _end(self, session: _Session, reason: str | None, *, detached: bool = False) -> None:
+        """Close one session; ``reason``: tell its client why (None: it knows, or it asked). ``detached``:
+        its client is gone and its terminal left alone (the grace's deadline starts)."""
         if session.closed:
             return
         session.closed = True
+        if detached and session.framed and session.grace_s > 0 and session.key not in self._hangups:
+            self._hangups[session.key] = asyncio.create_task(self._hang_up_later(session))
         if self._by_key.get(session.key) is session:
             del self._by_key[session.key]
         self._forwards.pop(session.session, None)
@@ -229,7 +253,21 @@ class TerminalRelay:
             now = self._clock()
             for session in [*self._by_key.values(), *self._forwards.values()]:
                 if now - session.last_ping > self.keepalive_timeout_s:
-                    await self._end(session, "no keepalive from the API")
+                    await self._end(session, "no keepalive from the API", detached=True)
+
+    async def _hang_up_later(self, session: _Session) -> None:
+        """Hang the terminal up unless a session attached to it by the deadline."""
+        wait_s = session.grace_s + HANGUP_MARGIN_S
+        try:
+            await asyncio.sleep(wait_s)
+        finally:
+            if self._hangups.get(session.key) is asyncio.current_task():
+                del self._hangups[session.key]
+        if session.key in self._by_key:
+            return
+        note = f"the terminal was left without a session for {wait_s:g} s; hanging up"
+        if await asyncio.to_thread(self.launcher.hang_up, *session.key, note):
+            _log.warning("%s attempt %d rank %d: %s", *session.key, note)
 
 
 async def _connect(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

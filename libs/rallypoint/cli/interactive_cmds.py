@@ -162,11 +162,16 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 
 def _wait_running(client: ApiClient, job_id: str, poll_s: float) -> dict[str, Any]:
-    """The job once it runs, or once it ended without running."""
+    """The job once it runs, or once it ended without running; says on stderr why it waits, as srun's
+    "job queued and waiting for resources" does, each time that changes."""
+    said = ""
     while True:
         job = client.get_job(job_id)
         if job["state"] == "running" or job["state"] in TERMINAL_STATES:
             return job
+        if job.get("pending_reason") and (line := describe(job)) != said:
+            print(f"rally: {job_id} {line}", file=sys.stderr, flush=True)
+            said = line
         time.sleep(poll_s)
 
 
