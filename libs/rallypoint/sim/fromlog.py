@@ -94,6 +94,7 @@ def log_workload(state: ClusterState, t0: float) -> list[Job]:
                 max_gpus=spec.max_gpus,
                 gpu_step=spec.gpu_step,
                 gpu_type="|".join(types) or None,
+                user=view.user,  # fair share between a team's users, as live
             )
         )
     return jobs
