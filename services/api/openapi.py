@@ -302,6 +302,15 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "A fraction of one GPU in thousandths (250 = a quarter), shared with other "
                 "fractional jobs: needs gpus=1 and one rank, not elastic. Omit for whole GPUs.",
             },
+            "gpu_memory_mib": {
+                "type": ["integer", "null"],
+                "minimum": 1,
+                "maximum": 1 << 22,
+                "description": "GPU memory in MiB a fractional job needs on its shared GPU: its share "
+                "there is the larger of gpu_milli and this memory's part of the GPU's (the allocation's "
+                "milli says which it got). Alone it makes the job fractional; the same one-GPU rules; not "
+                "with mig_profile.",
+            },
             "node_selector": {
                 "type": ["object", "null"],
                 "maxProperties": 32,
@@ -432,6 +441,11 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "object",
                 "properties": {"profile": {"type": "string"}, "start": {"type": "integer"}},
                 "description": "A MIG job's slice of its one GPU: its profile and first memory slice.",
+            },
+            "milli": {
+                "type": "integer",
+                "description": "A fractional job that asked for GPU memory: the thousandths of its GPU it "
+                "holds.",
             },
         },
     },

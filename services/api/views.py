@@ -182,6 +182,7 @@ def render_job(
         "allocation": [
             {"task": p.task, "node_id": p.node_id, "gpus": list(p.gpus)}
             | ({"mig": {"profile": p.mig.profile, "start": p.mig.start}} if p.mig is not None else {})
+            | ({"milli": p.milli} if p.milli is not None else {})
             for p in sorted(job.placements, key=lambda p: p.task)
         ],
         "nodes": sorted({p.node_id for p in job.placements}),

@@ -145,6 +145,7 @@ UNSTATED_RULES = {
     "secrets": "an array cannot have secrets",
     # a fraction of one GPU: one GPU, one rank, not elastic (relations no schema keyword states)
     "gpu_milli": "",
+    "gpu_memory_mib": "",
     "mig_profile": "",
     "kind": "no time_limit_s",
     # one affinity rule per group (uniqueness of one property across items: no schema keyword states it)

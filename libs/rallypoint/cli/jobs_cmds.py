@@ -159,6 +159,14 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         help="a share of one GPU (0.25 or 25%%), shared with other such jobs; one rank",
     )
     submit.add_argument(
+        "--gpu-memory",
+        type=parse_memory,
+        dest="gpu_memory_mib",
+        metavar="SIZE",
+        help="GPU memory a share needs (20G): its share of a GPU is at least this part of the GPU's memory; "
+        "alone it asks for a share too",
+    )
+    submit.add_argument(
         "--node-selector",
         type=parse_label,
         action="append",
@@ -375,7 +383,7 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    one_share = args.gpu_milli is not None or args.mig_profile is not None
+    one_share = args.gpu_milli is not None or args.gpu_memory_mib is not None or args.mig_profile is not None
     gpus = args.gpus if args.gpus is not None or not one_share else 1
     body: dict[str, Any] = {"name": args.name or default_name(command), "gpus": gpus, "command": command}
     if args.team:
@@ -396,6 +404,7 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
         "max_gpus": args.max_gpus,
         "gpu_step": args.gpu_step,
         "gpu_milli": args.gpu_milli,
+        "gpu_memory_mib": args.gpu_memory_mib,
         "mig_profile": args.mig_profile,
         "kind": args.kind,
         "node_selector": dict(args.node_selector) or None,
@@ -448,6 +457,7 @@ SUBMIT_FLAGS: dict[str, str] = {
     "singleton": "--singleton",
     "array": "--array",
     "gpu_milli": "--gpu-fraction",
+    "gpu_memory_mib": "--gpu-memory",
     "mig_profile": "--mig",
     "kind": "--kind",
     "node_selector": "--node-selector",

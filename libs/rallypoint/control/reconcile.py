@@ -39,6 +39,7 @@ from rallypoint.events import (
     TaskPlacement,
     subjects,
 )
+from rallypoint.events.catalogue import share_milli
 from rallypoint.jobs.arrays import array_env
 from rallypoint.jobs.launch import checkpoint_env, launch_plan, share_env
 from rallypoint.protocol import LaunchTask
@@ -255,8 +256,9 @@ def _launch(job: JobView, state: ClusterState, now: float, config: RecoveryConfi
     nodes = _nodes_of(job)
     latest = job.latest_checkpoint()
     env = {**checkpoint_env(job.job_id, job.spec, config.checkpoint_root, latest), **array_env(job.spec)}
-    if job.spec.gpu_milli is not None:
-        env.update(share_env(job.spec.gpu_milli, _gpu_memory(state, job.placements[0])))
+    milli = share_milli(job.spec, job.placements[0]) if job.placements else None
+    if milli is not None:
+        env.update(share_env(milli, _gpu_memory(state, job.placements[0]), job.spec.gpu_memory_mib))
     tasks = launch_plan(
         job.job_id, job.attempt, job.spec, job.placements, _addresses(state, nodes), extra_env=env
     )

@@ -261,10 +261,9 @@ def _attempt_with_resources(
             constraints.record(job, plan, ctx)
             _use_resources(job, plan, ctx)
             if job.mig_profile is not None:  # the Bind names the slice its one task gets
-                bind = out.binds[-1]
-                cut = sharing.side_of(ctx).slices[job.id]
-                placed = msgspec.structs.replace(bind.placements[0], mig=cut)
-                out.binds[-1] = msgspec.structs.replace(bind, placements=(placed,))
+                _note_part(out, mig=sharing.side_of(ctx).slices[job.id])
+            elif job.gpu_memory_mib is not None:  # and the share a job asking for GPU memory holds
+                _note_part(out, milli=sharing.side_of(ctx).milli[job.id])
             return None
     if refusal is not None and not admitted:
         return Status("QuotaExceeded", refusal + _quota_ceiling_note(job, size, types, ctx))
@@ -280,6 +279,13 @@ def _attempt_with_resources(
         if pst is not None:
             return pst
     return Status("Resources", sharing.why_short(job, types, ctx))
+
+
+def _note_part(out: _Out, **part: object) -> None:
+    """The last Bind's one task, with what it holds of its GPU (a MIG slice, or a share's thousandths)."""
+    bind = out.binds[-1]
+    placed = msgspec.structs.replace(bind.placements[0], **part)
+    out.binds[-1] = msgspec.structs.replace(bind, placements=(placed,))
 
 
 def _resources_permit(job: PendingJob, policy: Policy, ctx: Ctx) -> str | None:

@@ -28,7 +28,7 @@ from rallypoint.core.context import Status
 from rallypoint.core.mig import mig_model
 from rallypoint.core.placement import Plan, bits, place
 from rallypoint.core.preemption import running_view
-from rallypoint.core.sharing import side_of
+from rallypoint.core.sharing import need_on, share_text, side_of
 from rallypoint.core.types import PendingJob, Preemption
 
 if TYPE_CHECKING:
@@ -89,21 +89,21 @@ def preempt_for_part(
 def _part_text(job: PendingJob) -> str:
     if job.mig_profile is not None:
         return f"a {job.mig_profile} MIG slice"
-    assert job.gpu_milli is not None
-    return f"{job.gpu_milli / GPU_MILLI:g} of a GPU"
+    return share_text(job)
 
 
 def _share_victims(
     job: PendingJob, t: str, rank: float, ctx: Ctx, view: RunningView
 ) -> tuple[tuple[int, float, int, int, int], list[str]] | None:
-    milli = job.gpu_milli
-    assert milli is not None
     side = side_of(ctx)
     idx, running = ctx.idx, ctx.cluster.running
     best: tuple[tuple[int, float, int, int, int], list[str]] | None = None
     for (node_id, g), ids in ctx.cluster.parts_on.items():
         o = idx.ord_of[node_id]
         if idx.type_of[o] != t or not ctx.ws.sched[o] or (node_id, g) not in ctx.cluster.shares:
+            continue
+        milli = need_on(job, idx.nodes[o])
+        if milli is None:
             continue
         used = side.shares.get((o, g), 0)
         victims: list[str] = []

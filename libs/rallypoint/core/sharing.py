@@ -30,7 +30,7 @@ from rallypoint.events.catalogue import MigSlice
 
 if TYPE_CHECKING:
     from rallypoint.core.context import Ctx
-    from rallypoint.core.types import PendingJob
+    from rallypoint.core.types import Node, PendingJob
     from rallypoint.core.workspace import Workspace
 
 __all__ = ["SideResources", "never_fits", "record", "side_of", "try_place", "why_short"]
@@ -60,6 +60,7 @@ class SideResources:
 
     def __init__(self, ws: Workspace) -> None:
         idx, cluster = ws.idx, ws.cluster
+        self.nodes = idx.nodes
         used = cluster.node_cpu_mem_used
         self.cpu_left = [n.cpu_milli for n in idx.nodes]
         self.mem_left = [n.memory_mib for n in idx.nodes]
@@ -78,6 +79,8 @@ class SideResources:
         }
         # the slice each MIG job bound this cycle got (the engine writes it into the job's Bind)
         self.slices: dict[str, MigSlice] = {}
+        # the share each job asking for GPU memory got on its GPU (the engine writes it into the Bind)
+        self.milli: dict[str, int] = {}
 
     def usable(self, ws: Workspace, o: int, t: str, job: PendingJob, allowed: list[bool] | None) -> bool:
         """Node ``o`` is of type ``t``, schedulable, allowed by the job's selector and has one task's
@@ -94,6 +97,27 @@ class SideResources:
         by_cpu = self.cpu_left[o] // cpu if cpu else _UNLIMITED
         by_mem = self.mem_left[o] // mem if mem else _UNLIMITED
         return max(0, min(by_cpu, by_mem))
+
+
+def need_on(job: PendingJob, node: Node) -> int | None:
+    """The thousandths of one of ``node``'s GPUs the fractional ``job`` needs: its ``gpu_milli``, or
+    more when its GPU memory is a larger part of the GPU's (rounded up); None when the GPU cannot hold it
+    (more memory than the GPU has, or a GPU of unknown memory)."""
+    milli = job.gpu_milli or 0
+    mem = job.gpu_memory_mib
+    if mem is None:
+        return milli
+    if node.gpu_memory_mib <= 0 or mem > node.gpu_memory_mib:
+        return None
+    return max(milli, -(-mem * GPU_MILLI // node.gpu_memory_mib))
+
+
+def share_text(job: PendingJob) -> str:
+    """What a fractional job asks for, in words: ``0.25 of a GPU``, ``20480 MiB of a GPU's memory``."""
+    parts = [f"{job.gpu_milli / GPU_MILLI:g} of a GPU"] if job.gpu_milli else []
+    if job.gpu_memory_mib is not None:
+        parts.append(f"{job.gpu_memory_mib} MiB of a GPU's memory")
+    return " and ".join(parts)
 
 
 def side_of(ctx: Ctx) -> SideResources:
@@ -153,26 +177,33 @@ def _place_mig(
 def _place_share(
     ws: Workspace, side: SideResources, job: PendingJob, t: str, allowed: list[bool] | None
 ) -> Plan | None:
-    milli = job.gpu_milli
-    assert milli is not None
+    nodes = ws.idx.nodes
     best: tuple[int, int, int] | None = None
     for (o, g), used in side.shares.items():
-        left = GPU_MILLI - used - milli
-        if left < 0 or not side.usable(ws, o, t, job, allowed):
+        milli = need_on(job, nodes[o])
+        if milli is None or GPU_MILLI - used - milli < 0 or not side.usable(ws, o, t, job, allowed):
             continue
-        key = (left, o, g)
+        key = (GPU_MILLI - used - milli, o, g)
         if best is None or key < best:
             best = key
     if best is not None:
-        return new_plan(t, "nvlink", ((best[1], 1 << best[2]),))
+        return _share_plan(side, job, t, best[1], 1 << best[2])
     buckets = ws.buckets.get(t)
     if buckets is None:
         return None
     for c in range(1, len(buckets)):
         for o in buckets[c]:
-            if side.usable(ws, o, t, job, allowed):
-                return new_plan(t, "nvlink", ((o, _pick(ws, o, ws.free[o], 1)),))
+            if side.usable(ws, o, t, job, allowed) and need_on(job, nodes[o]) is not None:
+                return _share_plan(side, job, t, o, _pick(ws, o, ws.free[o], 1))
     return None
+
+
+def _share_plan(side: SideResources, job: PendingJob, t: str, o: int, mask: int) -> Plan:
+    if job.gpu_memory_mib is not None:  # its share there, for the Bind (``need_on``)
+        need = need_on(job, side.nodes[o])
+        assert need is not None
+        side.milli[job.id] = need
+    return new_plan(t, "nvlink", ((o, mask),))
 
 
 def _place_gang(
@@ -208,7 +239,7 @@ def record(job: PendingJob, plan: Plan, ctx: Ctx) -> None:
         side.mem_left[o] -= job.memory_mib
         key = (o, mask.bit_length() - 1)
         if job.gpu_milli is not None:
-            side.shares[key] = side.shares.get(key, 0) + job.gpu_milli
+            side.shares[key] = side.shares.get(key, 0) + side.milli.get(job.id, job.gpu_milli)
         if job.mig_profile is not None:
             cut = side.slices[job.id]
             side.mig_busy[key] = (*side.mig_busy.get(key, ()), MigInstance(cut.profile, cut.start, True))
@@ -240,7 +271,9 @@ def why_short(job: PendingJob, types: list[str], ctx: Ctx) -> str:
         return _why_no_slice(job, types, side, ctx)
     milli = job.gpu_milli
     with_share = {
-        o for (o, _g), used in side.shares.items() if milli is not None and GPU_MILLI - used >= milli
+        o
+        for (o, _g), used in side.shares.items()
+        if milli is not None and used + (need_on(job, side.nodes[o]) or GPU_MILLI + 1) <= GPU_MILLI
     }
     need = 1 if milli is not None else job.gpus_per_task
     gpu_room = [  # ordinals with GPU room of an allowed type, on a node its rules allow (a tainted one
@@ -252,7 +285,7 @@ def why_short(job: PendingJob, types: list[str], ctx: Ctx) -> str:
         and (allowed is None or allowed[o])
         and (ws.free[o].bit_count() >= need or o in with_share)
     ]
-    what = f"{milli / GPU_MILLI:g} of a GPU" if milli is not None else f"{job.gpus} GPUs"
+    what = share_text(job) if milli is not None else f"{job.gpus} GPUs"
     if not gpu_room:
         return f"needs {what}; no node of its type has that room free"
     cpu_short = job.cpu_milli and all(side.cpu_left[o] < job.cpu_milli for o in gpu_room)

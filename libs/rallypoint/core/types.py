@@ -79,6 +79,8 @@ class Node(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     #: (``PendingJob.tolerations``) runs here; the index counts a tainted node as unschedulable for all
     #: other jobs (``core.constraints``)
     taints: tuple[str, ...] = ()
+    #: memory of each of its GPUs, in MiB (0: unknown; a job asking for GPU memory never shares it)
+    gpu_memory_mib: int = 0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -179,6 +181,8 @@ class PendingJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     name: str | None = None
     gpu_milli: int | None = None
     mig_profile: str | None = None
+    #: GPU memory a fractional job needs on its GPU (``JobSpec.gpu_memory_mib``; ``core.sharing.need_on``)
+    gpu_memory_mib: int | None = None
     node_selector: tuple[tuple[str, str], ...] = ()  # labels every task's node must have, sorted
     service: bool = False  # ``kind: service``: admitted only within its queue's ``Queue.service_gpus``
     tolerations: tuple[str, ...] = ()  # taints (``key=value``, or ``key`` for any value) it may run on

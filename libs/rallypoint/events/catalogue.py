@@ -107,6 +107,10 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     #: a fraction of one GPU in thousandths (1-999): the job is one task of one rank on a GPU it shares
     #: with other fractional jobs (``docs/sharing.md``); None: whole GPUs
     gpu_milli: int | None = None
+    #: GPU memory, in MiB, a fractional job needs on its shared GPU: its share there is the larger of
+    #: ``gpu_milli`` and this memory's part of the GPU's (``TaskPlacement.milli`` records it); alone it makes
+    #: the job fractional too (``docs/sharing.md``)
+    gpu_memory_mib: int | None = None
     #: a MIG slice of this profile (``1g.10gb``) on a GPU in MIG mode: one task, one rank, one slice
     mig_profile: str | None = None
     #: the node labels every task's node must have (``NodeRegistered.labels``), e.g. ``{"zone": "a"}``
@@ -152,6 +156,17 @@ class TaskPlacement(
     node_id: str
     gpus: tuple[int, ...]
     mig: MigSlice | None = None
+    #: a fractional job that asked for GPU memory: the thousandths of its GPU it holds there
+    #: (``JobSpec.gpu_memory_mib``); absent: its ``gpu_milli``
+    milli: int | None = None
+
+
+def share_milli(spec: JobSpec, placement: TaskPlacement | None) -> int | None:
+    """The thousandths of its GPU a fractional job holds on ``placement`` (what its Bind recorded for a
+    job asking for GPU memory, else its ``gpu_milli``); None for a job that is not fractional."""
+    if placement is not None and placement.milli is not None:
+        return placement.milli
+    return spec.gpu_milli
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from rallypoint.events import JobSpec, TaskPlacement
+from rallypoint.events.catalogue import share_milli
 from rallypoint.protocol import LaunchTask, RankSpec
 
 
@@ -76,7 +77,7 @@ def launch_plan(
                 ranks=ranks,
                 command=spec.command,
                 env={**spec.env, **(extra_env or {})},
-                gpu_milli=spec.gpu_milli or 0,
+                gpu_milli=share_milli(spec, placement) or 0,
                 mig=placement.mig,
                 pty=spec.kind == "interactive",
                 ports=spec.ports,
@@ -85,17 +86,20 @@ def launch_plan(
     return tasks
 
 
-def share_env(gpu_milli: int, gpu_memory_mib: int) -> dict[str, str]:
+def share_env(gpu_milli: int, gpu_memory_mib: int, asked_memory_mib: int | None = None) -> dict[str, str]:
     """What a fractional job's rank is told of its share: ``RALLY_GPU_MILLI``, and the limits a CUDA MPS
     client applies to itself: the share of the GPU's SMs (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, rounded up
-    to a whole percent) and of its memory (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for its one visible device,
-    when the GPU's memory is known). Without an MPS daemon on the node they are advice the job may read,
-    not a limit (``docs/sharing.md``, "Isolation")."""
+    to a whole percent) and of its memory (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for its one visible device:
+    the GPU memory it asked for, else its share of the GPU's when that is known). Without an MPS daemon on
+    the node they are advice the job may read, not a limit (``docs/sharing.md``, "Isolation")."""
     env = {
         "RALLY_GPU_MILLI": str(gpu_milli),
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, -(-gpu_milli // 10))),
     }
-    if gpu_memory_mib > 0:
+    if asked_memory_mib is not None:
+        env["RALLY_GPU_MEMORY_MIB"] = str(asked_memory_mib)
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={asked_memory_mib}M"
+    elif gpu_memory_mib > 0:
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={gpu_memory_mib * gpu_milli // 1000}M"
     return env
 

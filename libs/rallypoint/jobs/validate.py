@@ -213,6 +213,7 @@ def validate_spec(
     singleton = _bool(body, "singleton")
     cpu_milli, memory_mib = _check_task_resources(body)
     gpu_milli = _check_gpu_milli(body, gpus, ranks_per_task, min_gpus, max_gpus)
+    gpu_memory_mib = _check_gpu_memory(body, gpus, ranks_per_task, min_gpus, max_gpus)
     mig_profile = _check_mig_profile(body, gpus, ranks_per_task, min_gpus, max_gpus, gpu_milli)
     kind = _check_kind(body, time_limit_s)
     node_selector = _check_node_selector(body)
@@ -251,6 +252,7 @@ def validate_spec(
         cpu_milli=cpu_milli,
         memory_mib=memory_mib,
         gpu_milli=gpu_milli,
+        gpu_memory_mib=gpu_memory_mib,
         mig_profile=mig_profile,
         kind=kind,
         node_selector=node_selector,
@@ -598,15 +600,38 @@ def _check_gpu_milli(
             "gpu_milli",
             f"must be 1-{GPU_MILLI - 1} thousandths of one GPU, got {milli} (a whole GPU: omit gpu_milli)",
         )
-    if gpus != 1:
-        raise SpecError("gpu_milli", f"a fraction of one GPU runs as gpus=1, got gpus={gpus}")
-    if ranks_per_task != 1:
-        raise SpecError(
-            "gpu_milli", f"a fraction of one GPU runs one rank, got ranks_per_task={ranks_per_task}"
-        )
-    if min_gpus is not None or max_gpus is not None:
-        raise SpecError("gpu_milli", "a fraction of one GPU cannot be elastic (min_gpus / max_gpus)")
+    _one_shared_gpu("gpu_milli", gpus, ranks_per_task, min_gpus, max_gpus)
     return milli
+
+
+def _one_shared_gpu(field: str, gpus: int, ranks: int, min_gpus: int | None, max_gpus: int | None) -> None:
+    """A fractional job is one task of one rank on one GPU it shares; never elastic."""
+    if gpus != 1:
+        raise SpecError(field, f"a fraction of one GPU runs as gpus=1, got gpus={gpus}")
+    if ranks != 1:
+        raise SpecError(field, f"a fraction of one GPU runs one rank, got ranks_per_task={ranks}")
+    if min_gpus is not None or max_gpus is not None:
+        raise SpecError(field, "a fraction of one GPU cannot be elastic (min_gpus / max_gpus)")
+
+
+#: The most GPU memory a fractional job may ask for: more than any GPU has (the scheduler finds none that
+#: holds it and says so), small enough for any arithmetic on it.
+MAX_GPU_MEMORY_MIB = 1 << 22  # 4 TiB
+
+
+def _check_gpu_memory(
+    body: Mapping[str, Any], gpus: int, ranks_per_task: int, min_gpus: int | None, max_gpus: int | None
+) -> int | None:
+    """GPU memory (MiB) of a fractional job's shared GPU; with or without ``gpu_milli``, not with MIG."""
+    mem = _int(body, "gpu_memory_mib")
+    if mem is None:
+        return None
+    if not 1 <= mem <= MAX_GPU_MEMORY_MIB:
+        raise SpecError("gpu_memory_mib", f"must be 1-{MAX_GPU_MEMORY_MIB} MiB, got {mem}")
+    if body.get("mig_profile") is not None:
+        raise SpecError("gpu_memory_mib", "a MIG slice has its profile's memory: give mig_profile alone")
+    _one_shared_gpu("gpu_memory_mib", gpus, ranks_per_task, min_gpus, max_gpus)
+    return mem
 
 
 #: A node label's key and value, and how many a selector may name (what Kubernetes allows a label value).

@@ -50,6 +50,7 @@ def core_node(
     mig_gpus: tuple[int, ...] = (),
     labels: tuple[tuple[str, str], ...] = (),
     taints: tuple[str, ...] = (),
+    gpu_memory_mib: int = 0,
 ) -> Node:
     """One machine as the core sees it; ``gpus`` as for ``nvlink_domains``; ``mig_gpus`` in MIG mode."""
     return Node(
@@ -65,12 +66,19 @@ def core_node(
         mig_gpus=mig_gpus,
         labels=labels,
         taints=taints,
+        gpu_memory_mib=gpu_memory_mib,
     )
 
 
 def affinity_groups(rules: Sequence[Affinity]) -> tuple[str, ...]:
     """The groups a job with these affinity rules is a member of, each once, sorted."""
     return tuple(sorted({rule.group for rule in rules}))
+
+
+def pending_share(gpu_milli: int | None, gpu_memory_mib: int | None) -> int | None:
+    """The core's ``PendingJob.gpu_milli`` of a spec: its own, or 0 for a job that asks only for GPU
+    memory (fractional all the same: the core sizes its share per GPU, ``core.sharing.need_on``)."""
+    return gpu_milli if gpu_milli is not None or gpu_memory_mib is None else 0
 
 
 def attempt_end(start: float, time_limit_s: float | None) -> float | None:

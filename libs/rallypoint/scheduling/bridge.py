@@ -31,6 +31,7 @@ from rallypoint.events import (
     TaskPlacement,
     subjects,
 )
+from rallypoint.events.catalogue import share_milli
 from rallypoint.state import ACTIVE, LAUNCHED, ClusterState, JobView, NodeView
 
 from .adapter import (
@@ -39,6 +40,7 @@ from .adapter import (
     core_node,
     exceeds_cluster,
     exceeds_cluster_reason,
+    pending_share,
     pending_time_limit,
 )
 from .pending import pending_writes
@@ -58,6 +60,7 @@ def node_of(view: NodeView) -> Node:
         mig_gpus=tuple(gpu.index for gpu in view.gpus if gpu.mig),
         labels=tuple(sorted(view.labels.items())),
         taints=tuple(sorted(view.taints)),
+        gpu_memory_mib=min((gpu.memory_mib for gpu in view.gpus), default=0),
     )
 
 
@@ -95,7 +98,7 @@ def running_of(job: JobView) -> RunningJob:
         attained_gpu_s=job.attained_gpu_s,
         cpu_milli=job.spec.cpu_milli,
         memory_mib=job.spec.memory_mib,
-        gpu_milli=job.spec.gpu_milli,
+        gpu_milli=share_milli(job.spec, placements[0] if placements else None),
         mig_profile=job.spec.mig_profile,
         # a service or an interactive session is never preempted, whatever its class
         preemptible=job.spec.kind not in ("service", "interactive"),
@@ -137,7 +140,8 @@ def pending_of(job: JobView) -> PendingJob:
         last_run_s=job.run_s,
         cpu_milli=spec.cpu_milli,
         memory_mib=spec.memory_mib,
-        gpu_milli=spec.gpu_milli,
+        gpu_milli=pending_share(spec.gpu_milli, spec.gpu_memory_mib),
+        gpu_memory_mib=spec.gpu_memory_mib,
         mig_profile=spec.mig_profile,
         node_selector=tuple(sorted(spec.node_selector.items())),
         service=spec.kind == "service",

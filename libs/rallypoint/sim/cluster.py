@@ -49,6 +49,7 @@ class Node(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     mig_gpus: tuple[int, ...] = ()  # GPUs in MIG mode (MIG slices only; the type must be MIG-capable)
     labels: dict[str, str] = {}  # what jobs' node_selector match, as an agent's --label
     taints: tuple[str, ...] = ()  # only jobs tolerating all of them run here, as an agent's --taint
+    gpu_memory: int = 0  # MiB per GPU (0: unknown), as the agent registers it
 
 
 class Generator(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -44,6 +44,7 @@ from rallypoint.scheduling.adapter import (
     attempt_end,
     core_node,
     exceeds_cluster,
+    pending_share,
     pending_time_limit,
 )
 from rallypoint.scheduling.bridge import resized_placements
@@ -211,6 +212,7 @@ def to_core_nodes(cluster: Cluster) -> list[ct.Node]:
             mig_gpus=n.mig_gpus,
             labels=tuple(sorted(n.labels.items())),
             taints=tuple(sorted(n.taints)),
+            gpu_memory_mib=n.gpu_memory,
         )
         for n in cluster.nodes
     ]
@@ -374,7 +376,8 @@ class Simulator:
             user=j.user,
             cpu_milli=j.cpu_milli,
             memory_mib=j.memory_mib,
-            gpu_milli=j.gpu_milli,
+            gpu_milli=pending_share(j.gpu_milli, j.gpu_memory_mib),
+            gpu_memory_mib=j.gpu_memory_mib,
             mig_profile=j.mig_profile,
             node_selector=tuple(sorted(j.node_selector.items())),
             tolerations=tuple(sorted(set(j.tolerations))),
@@ -487,7 +490,7 @@ class Simulator:
             submit_time=j.submit,
             cpu_milli=j.cpu_milli,
             memory_mib=j.memory_mib,
-            gpu_milli=j.gpu_milli,
+            gpu_milli=placements[0].milli if placements and placements[0].milli is not None else j.gpu_milli,
             mig_profile=j.mig_profile,
             affinity_groups=affinity_groups(j.affinity),
             # a service or a session is never preempted, whatever its class (as the scheduler's bridge says)
@@ -838,7 +841,12 @@ class Simulator:
             sj = self.pending.get(b.job_id)
             if sj is None:
                 raise SimError(f"t={now}: core bound {b.job_id}, which is not pending")
-            busy = None if sj.job.mig_profile is not None else self._busy(b.placements, sj.job.gpu_milli)
+            milli = (
+                b.placements[0].milli
+                if b.placements and b.placements[0].milli is not None
+                else sj.job.gpu_milli
+            )
+            busy = None if sj.job.mig_profile is not None else self._busy(b.placements, milli)
             if busy:
                 if self.opts.strict:
                     raise SimError(f"t={now}: core bound {b.job_id} onto GPUs already taken ({busy})")

@@ -136,6 +136,7 @@ def job_spec(job: Job, priority: str) -> JobSpec:
         cpu_milli=job.cpu_milli,
         memory_mib=job.memory_mib,
         gpu_milli=job.gpu_milli,
+        gpu_memory_mib=job.gpu_memory_mib,
         mig_profile=job.mig_profile,
         node_selector=dict(job.node_selector),
         tolerations=tuple(sorted(set(job.tolerations))),
@@ -149,7 +150,11 @@ def node_registered(node: Node, at: float) -> NodeRegistered:
     size = node.nvlink_domain or node.gpus or 1
     gpus = tuple(
         GpuInfo(
-            index=i, uuid=f"{node.id}-gpu{i}", memory_mib=0, nvlink_domain=i // size, mig=i in node.mig_gpus
+            index=i,
+            uuid=f"{node.id}-gpu{i}",
+            memory_mib=node.gpu_memory,
+            nvlink_domain=i // size,
+            mig=i in node.mig_gpus,
         )
         for i in range(node.gpus)
     )

@@ -62,6 +62,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
     cpu_milli: int = 0
     memory_mib: int = 0
     gpu_milli: int | None = None
+    gpu_memory_mib: int | None = None  # GPU memory of a fractional job (the live spec's ``gpu_memory_mib``)
     #: a MIG slice of this profile (``gpus`` is then 1), as the live spec's ``mig_profile``
     mig_profile: str | None = None
     #: its team suspends it at ``suspend_at`` (``rally suspend``: a running job checkpoints and stops, a

@@ -71,7 +71,7 @@ from rallypoint.events import (
     RankExited,
     TaskPlacement,
 )
-from rallypoint.events.catalogue import GPU_MILLI
+from rallypoint.events.catalogue import GPU_MILLI, share_milli
 from rallypoint.events.codec import Quarantined, QuarantineLog
 
 from .dependencies import hold_message, throttle_holds
@@ -538,10 +538,12 @@ def _release(state: ClusterState, job: JobView) -> None:
             _unhold(node, gpu, job.job_id)
 
 
-def _hold(node: NodeView, gpu: int, job: JobView, cut: MigSlice | None = None) -> None:
-    """``job`` holds ``gpu`` of ``node``: whole, its share of it (a fractional job) or the slice ``cut``
-    (a MIG job). A GPU some shares or slices hold names the least of their jobs in ``allocated``."""
-    milli = job.spec.gpu_milli
+def _hold(node: NodeView, gpu: int, job: JobView, placement: TaskPlacement | None = None) -> None:
+    """``job`` holds ``gpu`` of ``node``: whole, its share of it (a fractional job) or the slice of its
+    ``placement`` (a MIG job). A GPU some shares or slices hold names the least of their jobs in
+    ``allocated``."""
+    milli = share_milli(job.spec, placement)
+    cut = placement.mig if placement is not None else None
     if cut is not None:
         sliced = node.slices.setdefault(gpu, {})
         sliced[job.job_id] = cut
@@ -643,7 +645,7 @@ def _take(state: ClusterState, job: JobView, e: GangBound | GangRepaired, seq: i
     for placement in e.placements:
         node = state.nodes[placement.node_id]
         for gpu in placement.gpus:
-            _hold(node, gpu, job, placement.mig)
+            _hold(node, gpu, job, placement)
     job.state = "bound"
     job.attempt = e.attempt
     job.placements = e.placements
@@ -1220,15 +1222,16 @@ def _placement_refusal(
                 continue  # a GPU the gang kept through the failure
             if not schedulable:
                 return Refusal("overtaken", f"node {node.node_id} is {node.status}")
-            refusal = _gpu_refusal(node, gpu, job.spec, placement.mig)
+            refusal = _gpu_refusal(node, gpu, job.spec, placement)
             if refusal is not None:
                 return refusal
     return _spec_refusal(state, job.spec, placements)
 
 
-def _gpu_refusal(node: NodeView, gpu: int, spec: JobSpec, cut: MigSlice | None) -> Refusal | None:
+def _gpu_refusal(node: NodeView, gpu: int, spec: JobSpec, placement: TaskPlacement) -> Refusal | None:
     """Whether the job may take ``gpu``: a MIG job a free slice of a MIG GPU, a fractional job room on a
     shared GPU or a free one, any other job a free whole GPU."""
+    cut = placement.mig
     mig = any(g.mig for g in node.gpus if g.index == gpu)
     if spec.mig_profile is not None or cut is not None:
         if cut is None or not mig or cut.profile != spec.mig_profile:
@@ -1240,7 +1243,10 @@ def _gpu_refusal(node: NodeView, gpu: int, spec: JobSpec, cut: MigSlice | None) 
         return None
     if mig:
         return Refusal("invalid", f"GPU {gpu} of {node.node_id} is in MIG mode")
-    if gpu in node.allocated and not _share_fits(node, gpu, spec.gpu_milli):
+    milli = share_milli(spec, placement)
+    if (spec.gpu_memory_mib is None) != (placement.milli is None) or not 0 < (milli or 1) <= GPU_MILLI:
+        return Refusal("invalid", f"a share asking for GPU memory holds 1-1000 thousandths, named: {milli}")
+    if gpu in node.allocated and not _share_fits(node, gpu, milli):
         return Refusal("invalid", f"GPU {gpu} of {node.node_id} is held by {node.allocated[gpu]}")
     return None
 
