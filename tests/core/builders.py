@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from rallypoint.core import ClusterModel, Node, PendingJob, RunningJob, TaskPlacement
+import msgspec
+
+from rallypoint.core import (
+    ClusterModel,
+    Decisions,
+    Node,
+    PendingJob,
+    RunningJob,
+    Snapshot,
+    TaskPlacement,
+    policy_by_name,
+    schedule,
+)
 
 
 def nodes(
@@ -64,3 +76,14 @@ def cluster(ns: list[Node], jobs: list[RunningJob] = (), unhealthy: tuple[str, .
 
 
 ALL = tuple(range(8))
+
+
+def cycle_both_orders(
+    model: ClusterModel, jobs: list[PendingJob], policy: str, now: float = 100.0
+) -> Decisions:
+    """One cycle of ``policy`` over ``jobs``, which must decide byte for byte the same with the pending list
+    reversed (the core's determinism)."""
+    decisions = schedule(Snapshot(now=now, cluster=model, pending=tuple(jobs)), policy_by_name(policy))
+    again = schedule(Snapshot(now=now, cluster=model, pending=tuple(reversed(jobs))), policy_by_name(policy))
+    assert msgspec.json.encode(decisions) == msgspec.json.encode(again)
+    return decisions

@@ -8,22 +8,13 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from rallypoint.core import ClusterModel, Decisions, Node, PendingJob, Snapshot, policy_by_name, schedule
+from rallypoint.core import Decisions, Node
 from rallypoint.core.types import Affinity
 
-from .builders import cluster, nodes, pending, running
+from .builders import cluster, cycle_both_orders, nodes, pending, running
 
 POLICIES = ("fifo", "easy-backfill", "las", "rallypoint")
 WEB_RACK = (Affinity(group="web", level="rack", anti=True),)
-
-
-def _cycle(model: ClusterModel, jobs: list[PendingJob], policy: str) -> Decisions:
-    decisions = schedule(Snapshot(now=100.0, cluster=model, pending=tuple(jobs)), policy_by_name(policy))
-    again = schedule(
-        Snapshot(now=100.0, cluster=model, pending=tuple(reversed(jobs))), policy_by_name(policy)
-    )
-    assert msgspec.json.encode(decisions) == msgspec.json.encode(again)
-    return decisions
 
 
 def _nodes_of(decisions: Decisions) -> dict[str, set[str]]:
@@ -47,7 +38,7 @@ def test_a_tainted_node_takes_only_jobs_that_tolerate_it(policy: str) -> None:
         pending("serve", 8, submit=1.0, tolerations=("dedicated=inference",)),
         pending("more", 8, submit=2.0),  # the untainted node is full: waits, never on the tainted one
     ]
-    d = _cycle(model, jobs, policy)
+    d = cycle_both_orders(model, jobs, policy)
     assert _nodes_of(d) == {"train": {"s0r0n0"}, "serve": {"s0r0n1"}}
     assert "more" in _reasons(d)
 
@@ -60,7 +51,7 @@ def test_a_bare_key_tolerates_any_value_and_a_wrong_value_does_not(policy: str) 
         pending("bare", 4, tolerations=("gpu",)),
         pending("wrong", 4, submit=1.0, tolerations=("gpu=other",)),
     ]
-    d = _cycle(model, jobs, policy)
+    d = cycle_both_orders(model, jobs, policy)
     assert set(_nodes_of(d)) == {"bare"}
     code, message = _reasons(d)["wrong"]
     assert code == "Resources" and "gpu=a100-reserved" in message, message
@@ -70,7 +61,7 @@ def test_a_bare_key_tolerates_any_value_and_a_wrong_value_does_not(policy: str) 
 def test_a_tolerating_job_never_lands_on_an_unhealthy_tainted_node(policy: str) -> None:
     ns = _tainted(nodes(racks=1, per_rack=1), {"s0r0n0"}, "pool=serve")
     model = cluster(ns, unhealthy=("s0r0n0",))
-    d = _cycle(model, [pending("serve", 1, tolerations=("pool",))], policy)
+    d = cycle_both_orders(model, [pending("serve", 1, tolerations=("pool",))], policy)
     assert not d.binds
 
 
@@ -78,7 +69,7 @@ def test_a_tolerating_job_never_lands_on_an_unhealthy_tainted_node(policy: str) 
 def test_replicas_with_rack_anti_affinity_spread_over_racks_in_one_cycle(policy: str) -> None:
     model = cluster(nodes(racks=3, per_rack=2))
     jobs = [pending(f"web{i}", 1, submit=float(i), affinity=WEB_RACK) for i in range(4)]
-    d = _cycle(model, jobs, policy)
+    d = cycle_both_orders(model, jobs, policy)
     racks = [next(iter(n))[:4] for n in _nodes_of(d).values()]
     assert len(racks) == 3 and len(set(racks)) == 3, racks  # three racks: the fourth replica waits
     code, message = _reasons(d)["web3"]
@@ -94,7 +85,7 @@ def test_anti_affinity_counts_running_members_of_the_same_team_only(policy: str)
             running("other-team", {"s0r1n0": (0,)}, team="u", affinity_groups=("web",)),
         ],
     )
-    d = _cycle(model, [pending("web1", 1, affinity=WEB_RACK)], policy)
+    d = cycle_both_orders(model, [pending("web1", 1, affinity=WEB_RACK)], policy)
     assert _nodes_of(d) == {"web1": {"s0r1n0"}}
 
 
@@ -103,7 +94,9 @@ def test_affinity_follows_a_running_member_and_goes_anywhere_without_one(policy:
     near = (Affinity(group="data", level="node"),)
     cache = running("cache", {"s0r1n0": (0,)}, affinity_groups=("data",))
     model = cluster(nodes(racks=2, per_rack=1), [cache])
-    d = _cycle(model, [pending("reader", 2, affinity=near)], policy)
+    d = cycle_both_orders(model, [pending("reader", 2, affinity=near)], policy)
     assert _nodes_of(d) == {"reader": {"s0r1n0"}}
-    alone = _cycle(cluster(nodes(racks=2, per_rack=1)), [pending("reader", 2, affinity=near)], policy)
+    alone = cycle_both_orders(
+        cluster(nodes(racks=2, per_rack=1)), [pending("reader", 2, affinity=near)], policy
+    )
     assert len(alone.binds) == 1

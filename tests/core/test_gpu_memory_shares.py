@@ -4,7 +4,6 @@ its Bind (``TaskPlacement.milli``), under every policy and in either pending ord
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 
 from rallypoint.core import (
@@ -13,12 +12,9 @@ from rallypoint.core import (
     Node,
     PendingJob,
     RunningJob,
-    Snapshot,
-    policy_by_name,
-    schedule,
 )
 
-from .builders import pending
+from .builders import cycle_both_orders, pending
 
 POLICIES = ("fifo", "easy-backfill", "las", "rallypoint")
 GIB = 1024
@@ -26,15 +22,6 @@ GIB = 1024
 
 def _node(node_id: str, gpu_gib: int, gpus: int = 1) -> Node:
     return Node(id=node_id, rack="r0", gpus=gpus, gpu_type="h", gpu_memory_mib=gpu_gib * GIB)
-
-
-def _cycle(model: ClusterModel, jobs: list[PendingJob], policy: str) -> Decisions:
-    decisions = schedule(Snapshot(now=100.0, cluster=model, pending=tuple(jobs)), policy_by_name(policy))
-    again = schedule(
-        Snapshot(now=100.0, cluster=model, pending=tuple(reversed(jobs))), policy_by_name(policy)
-    )
-    assert msgspec.json.encode(decisions) == msgspec.json.encode(again)
-    return decisions
 
 
 def _share(job_id: str, submit: float, gib: int, milli: int = 0) -> PendingJob:
@@ -54,7 +41,9 @@ def _bind(model: ClusterModel, decisions: Decisions) -> None:
 @pytest.mark.parametrize("policy", POLICIES)
 def test_a_memory_share_is_its_part_of_the_gpus_memory_and_the_bind_says_so(policy: str) -> None:
     model = ClusterModel([_node("a", 80)])
-    d = _cycle(model, [_share("q1", 0.0, 20), _share("q2", 1.0, 40), _share("q3", 2.0, 30)], policy)
+    d = cycle_both_orders(
+        model, [_share("q1", 0.0, 20), _share("q2", 1.0, 40), _share("q3", 2.0, 30)], policy
+    )
     got = {b.job_id: b.placements[0].milli for b in d.binds}
     assert got == {"q1": 250, "q2": 500}  # 20 and 40 of 80 GiB; 30 more GiB do not fit beside them
     _bind(model, d)
@@ -66,17 +55,17 @@ def test_the_larger_of_the_fraction_and_the_memory_counts_and_smaller_gpus_give_
     policy: str,
 ) -> None:
     model = ClusterModel([_node("big", 80), _node("small", 40)])
-    d = _cycle(model, [_share("mixed", 0.0, 10, milli=600)], policy)
+    d = cycle_both_orders(model, [_share("mixed", 0.0, 10, milli=600)], policy)
     assert d.binds[0].placements[0].milli == 600  # 10 GiB is 125 of 80 GiB or 250 of 40: the 600 wins
     small = ClusterModel([_node("small", 40)])
-    d = _cycle(small, [_share("mem", 0.0, 30)], policy)
+    d = cycle_both_orders(small, [_share("mem", 0.0, 30)], policy)
     assert d.binds[0].placements[0].milli == 750
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_more_memory_than_any_gpu_has_waits_naming_it(policy: str) -> None:
     model = ClusterModel([_node("a", 40), Node(id="unknown", rack="r0", gpus=1, gpu_type="h")])
-    d = _cycle(model, [_share("huge", 0.0, 60)], policy)
+    d = cycle_both_orders(model, [_share("huge", 0.0, 60)], policy)
     assert not d.binds
     (reason,) = d.pending
     assert reason.code == "Resources" and "61440 MiB of a GPU's memory" in reason.message, reason

@@ -25,18 +25,9 @@ from rallypoint.core import (
 from rallypoint.core.mig import free_mask, mig_model
 from rallypoint.events import MigSlice, TaskPlacement
 
-from .builders import cluster, nodes, pending, running
+from .builders import cluster, cycle_both_orders, nodes, pending, running
 
 POLICIES = ("fifo", "easy-backfill", "las", "rallypoint")
-
-
-def _cycle(model: ClusterModel, jobs: list[PendingJob], policy: str) -> Decisions:
-    decisions = schedule(Snapshot(now=100.0, cluster=model, pending=tuple(jobs)), policy_by_name(policy))
-    again = schedule(
-        Snapshot(now=100.0, cluster=model, pending=tuple(reversed(jobs))), policy_by_name(policy)
-    )
-    assert msgspec.json.encode(decisions) == msgspec.json.encode(again)
-    return decisions
 
 
 def _bind_all(model: ClusterModel, jobs: list[PendingJob], decisions: Decisions) -> None:
@@ -63,7 +54,7 @@ def _reasons(decisions: Decisions) -> dict[str, tuple[str, str]]:
 def test_fractions_share_one_gpu_until_it_is_full(policy: str) -> None:
     model = cluster(nodes(per_rack=1))
     jobs = [pending(f"nb{i}", 1, submit=float(i), gpu_milli=300) for i in range(4)]
-    d = _cycle(model, jobs, policy)
+    d = cycle_both_orders(model, jobs, policy)
     where = _where(d)
     # three shares of 300 fill one GPU to 900; the fourth needs a second GPU
     gpus = sorted(where[j][1] for j in where)
@@ -79,7 +70,7 @@ def test_a_share_goes_to_the_fullest_shared_gpu_that_holds_it(policy: str) -> No
     model = cluster(nodes(per_rack=1))
     model.bind(running("a", {"s0r0n0": (0,)}, gpu_milli=500))
     model.bind(running("b", {"s0r0n0": (1,)}, gpu_milli=800))
-    d = _cycle(
+    d = cycle_both_orders(
         model, [pending("small", 1, gpu_milli=200), pending("big", 1, submit=1.0, gpu_milli=600)], policy
     )
     where = _where(d)
@@ -91,7 +82,7 @@ def test_a_share_goes_to_the_fullest_shared_gpu_that_holds_it(policy: str) -> No
 def test_whole_gpu_jobs_never_land_on_a_shared_gpu(policy: str) -> None:
     model = cluster(nodes(per_rack=1))
     model.bind(running("nb", {"s0r0n0": (3,)}, gpu_milli=100))
-    d = _cycle(model, [pending("whole", 7, gpt=7), pending("eight", 8, submit=1.0)], policy)
+    d = cycle_both_orders(model, [pending("whole", 7, gpt=7), pending("eight", 8, submit=1.0)], policy)
     assert 3 not in _where(d)["whole"][1]
     assert "eight" not in _where(d)
     code, message = _reasons(d)["eight"]
@@ -107,10 +98,10 @@ def test_a_released_share_frees_the_gpu_only_when_it_was_the_last(policy: str) -
         model.bind(running("c", {"s0r0n0": (0,)}, gpu_milli=1))
     model.unbind("a")
     assert model.free_gpus("s0r0n0") == ()
-    assert "whole" not in _where(_cycle(model, [pending("whole", 1)], policy))
+    assert "whole" not in _where(cycle_both_orders(model, [pending("whole", 1)], policy))
     model.unbind("b")
     assert model.free_gpus("s0r0n0") == (0,)
-    assert _where(_cycle(model, [pending("whole", 1)], policy))["whole"] == ("s0r0n0", (0,))
+    assert _where(cycle_both_orders(model, [pending("whole", 1)], policy))["whole"] == ("s0r0n0", (0,))
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -122,11 +113,11 @@ def test_cpu_per_task_keeps_tasks_off_nodes_without_it(policy: str) -> None:
     model = cluster(ns)
     # best fit by GPUs alone ties the two nodes and picks "large" or "small" by order; 16 cores per task
     # fit only "large", and two tasks of 4 GPUs with 48 cores each fill it
-    d = _cycle(model, [pending("cpu", 8, gpt=4, cpu_milli=48_000)], policy)
+    d = cycle_both_orders(model, [pending("cpu", 8, gpt=4, cpu_milli=48_000)], policy)
     assert {p.node_id for p in d.binds[0].placements} == {"large"}
     _bind_all(model, [pending("cpu", 8, gpt=4, cpu_milli=48_000)], d)
     assert model.node_cpu_mem_used["large"] == (96_000, 0)
-    d = _cycle(model, [pending("more", 1, cpu_milli=9_000)], policy)
+    d = cycle_both_orders(model, [pending("more", 1, cpu_milli=9_000)], policy)
     code, message = _reasons(d)["more"]
     assert code == "Resources" and "9000 millicores" in message and "at most 8000 left" in message
 
@@ -139,13 +130,13 @@ def test_memory_limits_how_many_tasks_share_a_node(policy: str) -> None:
     ]
     model = cluster(ns)
     job = pending("mem", 10, gpt=1, memory_mib=25_000)  # four tasks per node at most, by memory
-    d = _cycle(model, [job], policy)
+    d = cycle_both_orders(model, [job], policy)
     per_node: dict[str, int] = {}
     for p in d.binds[0].placements:
         per_node[p.node_id] = per_node.get(p.node_id, 0) + 1
     assert sorted(per_node.values()) == [2, 4, 4]
     # without the memory request the same gang packs onto two nodes
-    d = _cycle(cluster(ns), [pending("mem", 10, gpt=1)], policy)
+    d = cycle_both_orders(cluster(ns), [pending("mem", 10, gpt=1)], policy)
     assert len({p.node_id for p in d.binds[0].placements}) == 2
 
 
@@ -157,7 +148,7 @@ def test_a_fraction_with_cpu_skips_a_shared_gpu_whose_node_lacks_cpu(policy: str
     ]
     model = cluster(ns)
     model.bind(running("nb", {"a": (0,)}, gpu_milli=500, cpu_milli=4_000))
-    d = _cycle(model, [pending("nb2", 1, gpu_milli=500, cpu_milli=1_000)], policy)
+    d = cycle_both_orders(model, [pending("nb2", 1, gpu_milli=500, cpu_milli=1_000)], policy)
     assert _where(d)["nb2"][0] == "b"
 
 
@@ -206,7 +197,7 @@ def test_mig_slices_pack_one_mig_gpu_and_whole_jobs_never_touch_it(policy: str) 
         _mig_job("c", "1g.10gb", 2.0),
         pending("w", 6, submit=3.0),
     ]
-    d = _cycle(model, jobs, policy)
+    d = cycle_both_orders(model, jobs, policy)
     cut = {b.job_id: (b.placements[0].gpus[0], b.placements[0].mig) for b in d.binds}
     assert cut["a"][0] == cut["b"][0]  # the two 3g slices fill one GPU before the other is opened
     assert {cut["a"][1].start, cut["b"][1].start} == {0, 4}  # type: ignore[union-attr]
@@ -216,13 +207,13 @@ def test_mig_slices_pack_one_mig_gpu_and_whole_jobs_never_touch_it(policy: str) 
     ) == set(range(2, 8))
     _bind_mig_all(model, jobs, d)
     more = [_mig_job("d", "4g.40gb", 4.0), _mig_job("e", "3g.40gb", 5.0)]
-    d = _cycle(model, more, policy)
+    d = cycle_both_orders(model, more, policy)
     assert [(b.job_id, b.placements[0].gpus[0], b.placements[0].mig.start) for b in d.binds] == [  # type: ignore[union-attr]
         ("d", cut["c"][0], 0)
     ]
     code, message = _reasons(d)["e"]
     assert code == "Resources" and "no MIG GPU has a free layout for it now" in message, message
-    d = _cycle(model, [_mig_job("f", "1g.18gb")], policy)  # an H200 profile: H100s do not offer it
+    d = cycle_both_orders(model, [_mig_job("f", "1g.18gb")], policy)  # an H200 profile: H100s do not offer it
     assert "no GPU model of its types offers that profile" in _reasons(d)["f"][1]
 
 
@@ -283,7 +274,7 @@ def _with_class(job: RunningJob, priority_class: str, preempting_for: str | None
 
 
 def _rallypoint(model: ClusterModel, jobs: list[PendingJob]) -> Decisions:
-    return _cycle(model, jobs, "rallypoint")
+    return cycle_both_orders(model, jobs, "rallypoint")
 
 
 def test_a_notebook_preempts_the_fewest_lower_shares_it_needs_and_never_a_production_one() -> None:
@@ -410,11 +401,11 @@ def test_a_node_selector_keeps_every_kind_of_job_on_nodes_with_its_labels(policy
         pending("eval", 1, submit=2.0, mig_profile="1g.10gb", node_selector=b),
         pending("hdr", 1, submit=3.0, node_selector=(("ib", "hdr"), ("zone", "a"))),  # no node has both
     ]
-    d = _cycle(model, jobs, policy)
+    d = cycle_both_orders(model, jobs, policy)
     assert {b_.job_id: b_.placements[0].node_id for b_ in d.binds} == {"gang": "b0", "nb": "b0", "eval": "b0"}
     code, message = _reasons(d)["hdr"]  # can never run: rejected, never left to block a queue
     assert code == "GangTooLarge" and "node selector (ib=hdr, zone=a) allows have 0" in message, message
     # b0's whole GPUs are taken: a second gang for zone b waits though a0 has room
     full = cluster(ns, [running("x", {"b0": (0, 1, 2, 3, 4, 5, 6)})])
-    d = _cycle(full, [pending("more", 1, node_selector=b)], policy)
+    d = cycle_both_orders(full, [pending("more", 1, node_selector=b)], policy)
     assert not d.binds and _reasons(d)["more"][0] == "Resources"
