@@ -53,9 +53,22 @@ def recorded_policy(history: History) -> str:
 
 
 def log_cluster(state: ClusterState) -> Cluster:
-    """The recorded nodes as the simulator's cluster (GPU count, type, rack, spine)."""
+    """The recorded nodes as the simulator's cluster: GPU count, type, rack, spine, CPU and memory, GPUs in
+    MIG mode and their memory, labels and taints."""
     nodes = tuple(
-        Node(id=n.node_id, rack=n.rack, spine=n.spine, gpus=n.gpu_count, gpu_type=n.gpu_type)
+        Node(
+            id=n.node_id,
+            rack=n.rack,
+            spine=n.spine,
+            gpus=n.gpu_count,
+            gpu_type=n.gpu_type,
+            cpu=n.cpu_milli,
+            memory=n.memory_mib,
+            mig_gpus=tuple(g.index for g in n.gpus if g.mig),
+            gpu_memory=min((g.memory_mib for g in n.gpus), default=0),
+            labels=dict(n.labels),
+            taints=n.taints,
+        )
         for n in sorted(state.nodes.values(), key=lambda n: n.node_id)
     )
     return Cluster(nodes=nodes, name="from-log")
@@ -95,6 +108,15 @@ def log_workload(state: ClusterState, t0: float) -> list[Job]:
                 gpu_step=spec.gpu_step,
                 gpu_type="|".join(types) or None,
                 user=view.user,  # fair share between a team's users, as live
+                # what it asked for beside whole GPUs, and where it may run, as its spec says
+                cpu_milli=spec.cpu_milli,
+                memory_mib=spec.memory_mib,
+                gpu_milli=spec.gpu_milli,
+                gpu_memory_mib=spec.gpu_memory_mib,
+                mig_profile=spec.mig_profile,
+                node_selector=dict(spec.node_selector),
+                tolerations=spec.tolerations,
+                affinity=spec.affinity,
             )
         )
     return jobs
