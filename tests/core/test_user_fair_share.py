@@ -1,4 +1,4 @@
-"""Fair share between the users of a team (org -> team -> user): ``core.usage`` and the orderers."""
+"""Fair share between the users of a team (org -> team -> user): ``userusage`` and the orderers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 
 from rallypoint.core import Queue, Quota, Snapshot, policy_by_name, schedule
-from rallypoint.core.usage import (
+from rallypoint.userusage import (
     DAY_S,
     HALF_LIFE_S,
     HORIZON_DAYS,

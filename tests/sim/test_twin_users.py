@@ -1,5 +1,5 @@
 """The twin (``tests/sim/test_twin.py``) for fair share between the users of a team (issue 35 item 7): the
-users' usage is folded the same way in the simulator and live (``core.usage``), so they order the same."""
+users' usage is folded the same way in the simulator and live (``userusage``), so they order the same."""
 
 from __future__ import annotations
 

@@ -11,7 +11,6 @@ from rallypoint_services.api.dryrun import DryRuns
 
 from rallypoint.accounting import queues_report
 from rallypoint.cli.account_format import format_queues
-from rallypoint.core.usage import UserUsage
 from rallypoint.events import (
     GangBound,
     GpuInfo,
@@ -27,6 +26,7 @@ from rallypoint.scheduling import build_snapshot
 from rallypoint.scheduling.config import core_queues
 from rallypoint.scheduling.queues import QueuesError, queues_from_obj
 from rallypoint.state import ClusterState
+from rallypoint.userusage import UserUsage
 
 
 def _node() -> NodeRegistered:

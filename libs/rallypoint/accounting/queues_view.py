@@ -3,7 +3,7 @@
 Used and pending come from the fold now; nominal and limits from the queue file the scheduler reads
 (``scheduling.queues``). Without one there are no quotas: every team shows used and pending only. Each
 team lists its users too (org -> team -> user): their decayed usage, which fair share between the team's
-users orders by (``core.usage``), their weight and their jobs.
+users orders by (``userusage``), their weight and their jobs.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import time
 
 import msgspec
 
-from rallypoint.core.usage import HORIZON_DAYS, UserUsage, day_of, decayed_gpu_s
 from rallypoint.scheduling.queues import Queues
 from rallypoint.state import ACTIVE, ClusterState
+from rallypoint.userusage import HORIZON_DAYS, UserUsage, day_of, decayed_gpu_s
 
 NO_COHORT = "default"
 
@@ -26,7 +26,7 @@ class UserRow(msgspec.Struct, kw_only=True):
     user: str
     #: the queue file's weight for the user in the team (``users:``; 1 unless listed)
     weight: float
-    #: GPU-hours used in the team, decayed with the half-life (``core.usage``), running jobs included
+    #: GPU-hours used in the team, decayed with the half-life (``userusage``), running jobs included
     usage_gpu_h: float
     running_jobs: int
     running_gpus: int

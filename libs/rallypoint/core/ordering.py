@@ -27,7 +27,7 @@ from rallypoint.core.formulas import (
     starving,
 )
 from rallypoint.core.types import PendingJob, RunningJob
-from rallypoint.core.usage import user_keys
+from rallypoint.userusage import user_keys
 
 if TYPE_CHECKING:
     from rallypoint.core.cluster import RunningColumns
@@ -70,7 +70,7 @@ UserKeys = dict[tuple[str, str], float]
 
 
 def fair_user_keys(ctx: Ctx) -> UserKeys:
-    """(team, user) -> the user's decayed GPU-seconds per unit of weight in the team (``core.usage``), for
+    """(team, user) -> the user's decayed GPU-seconds per unit of weight in the team (``userusage``), for
     the users with any usage; memoized per cycle. Empty when no waiting job's user has used anything:
     every user's key is then 0 and the order is the one without users."""
     keys = ctx.cache.get("user_keys")
@@ -143,7 +143,7 @@ class PriorityOrder:
 
 class DrfPriorityOrder(PriorityOrder):
     """Priority (plus aging), then weighted dominant-resource share of the team (lowest first), then the
-    user's fair share inside the team (least decayed usage per weight first, ``core.usage``), then
+    user's fair share inside the team (least decayed usage per weight first, ``userusage``), then
     submission order. Shares are updated as the cycle binds (progressive filling).
 
     Jobs of one (aged priority, team) group share the first two key parts, so inside a group the order is
@@ -301,7 +301,7 @@ class ClassLasOrder:
     - the DRF share (in steps of 1/1024) is updated as the cycle binds (progressive filling between
       teams);
     - the user's fair-share key is the decayed GPU-seconds the job's user used in its team per unit of
-      the user's weight (``core.usage``; org -> team -> user, as Slurm's fair-share tree): among the
+      the user's weight (``userusage``; org -> team -> user, as Slurm's fair-share tree): among the
       jobs the keys before it leave equal, the lighter user's go first. It does not change during a
       cycle (usage is service over time, as in Slurm), so it is part of the job's rank (``_ranked``).
 

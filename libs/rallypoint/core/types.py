@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Literal
 import msgspec
 
 from rallypoint.core.formulas import runtime_estimate
-from rallypoint.core.usage import UserUsage
 from rallypoint.events.catalogue import Affinity, TaskPlacement, TopologyLevel
+from rallypoint.userusage import UserUsage
 
 if TYPE_CHECKING:
     from rallypoint.core.cluster import ClusterModel
@@ -230,7 +230,7 @@ class Queue(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
     Queues in the same ``cohort`` share idle quota; a team's cohort defaults to its parent org.
     A parent's quotas cap the sum of its children. ``weight`` scales DRF fair share (higher = bigger share).
-    ``user_weights`` scales the fair share of the team's users (``core.usage``; unlisted users weigh 1).
+    ``user_weights`` scales the fair share of the team's users (``userusage``; unlisted users weigh 1).
     """
 
     name: str
@@ -273,7 +273,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     ``cluster`` holds the nodes, free GPUs and the running jobs (``cluster.running``). ``pending`` may be
     in any order: the policy orders it. No queues configured means no quota enforcement; a job naming an
     unknown queue is unlimited too (so a trace without quotas replays). Unknown priority class names get
-    value 0. ``user_usage`` holds the usage of the users with pending jobs (``core.usage``: fair share
+    value 0. ``user_usage`` holds the usage of the users with pending jobs (``userusage``: fair share
     between a team's users); a user without a row has used nothing.
     """
 

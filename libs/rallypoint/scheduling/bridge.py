@@ -20,7 +20,6 @@ from rallypoint.core.types import (
     RunningJob,
     Snapshot,
 )
-from rallypoint.core.usage import UserUsage, usage_rows
 from rallypoint.events import (
     Event,
     GangBound,
@@ -33,6 +32,7 @@ from rallypoint.events import (
 )
 from rallypoint.events.catalogue import share_milli
 from rallypoint.state import ACTIVE, LAUNCHED, ClusterState, JobView, NodeView
+from rallypoint.userusage import UserUsage, usage_rows
 
 from .adapter import (
     affinity_groups,
@@ -172,7 +172,7 @@ def build_snapshot(
 
 
 def user_usage_of(state: ClusterState, pending: Iterable[PendingJob], now: float) -> tuple[UserUsage, ...]:
-    """The service of the waiting jobs' users, from the fold's ledgers (``core.usage``; the simulator
+    """The service of the waiting jobs' users, from the fold's ledgers (``userusage``; the simulator
     hands the core the same rows from its own)."""
     users = state.users
     if not users:

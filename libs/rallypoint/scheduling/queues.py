@@ -113,7 +113,7 @@ class Team(FairUse, frozen=True, kw_only=True, forbid_unknown_fields=True):
     cpus: float | None = None
     memory_gib: float | None = None
     #: user -> fair-share weight inside the team (> 0; unlisted users weigh 1): among the team's jobs the
-    #: policy orders equally, the user with the least decayed usage per weight goes first (``core.usage``)
+    #: policy orders equally, the user with the least decayed usage per weight goes first (``userusage``)
     users: dict[str, float] = {}
     #: GPUs reserved for the team's services (``kind: service``), out of its nominal: its services hold
     #: at most this many together, and one beyond it waits naming the service capacity. None: no cap

@@ -38,7 +38,6 @@ import msgspec
 from rallypoint.control.recovery import RecoveryConfig, backoff_s
 from rallypoint.core import types as ct
 from rallypoint.core.cluster import GPU_MILLI, ClusterModel
-from rallypoint.core.usage import UserLedger, UserUsage, end_attempt, start_attempt, usage_rows
 from rallypoint.scheduling.adapter import (
     affinity_groups,
     attempt_end,
@@ -51,6 +50,7 @@ from rallypoint.scheduling.bridge import resized_placements
 from rallypoint.scheduling.config import core_queues
 from rallypoint.scheduling.pending import NEVER_FITS
 from rallypoint.scheduling.queues import Queues
+from rallypoint.userusage import UserLedger, UserUsage, end_attempt, start_attempt, usage_rows
 
 from .cluster import Cluster
 from .failslow import Episode, FailSlow, node_episodes, stragglers_in_gang
@@ -290,7 +290,7 @@ class Simulator:
         self.has_holds = any(j.depends_on or j.singleton for j in jobs)
         self.pending_gpus = 0
         self.team_alloc: Counter[str] = Counter()
-        # (team, user) -> the service of the user's jobs (``core.usage``), as the live fold keeps it
+        # (team, user) -> the service of the user's jobs (``userusage``), as the live fold keeps it
         self.user_ledgers: dict[tuple[str, str], UserLedger] = {}
         self.team_pending_sizes: dict[str, Counter[int]] = {}
         self.records: list[JobRecord] = []

@@ -72,7 +72,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
     #: node labels every task's node must have (the live spec's ``node_selector``)
     node_selector: dict[str, str] = {}
     #: who submitted it (the live API token's user, ``JobSubmitted.submitted_by``): fair share between the
-    #: users of its team counts its service to them (``core.usage``)
+    #: users of its team counts its service to them (``userusage``)
     user: str | None = None
     #: taints of nodes it may run on, and its affinity rules (the live spec's ``tolerations`` / ``affinity``)
     tolerations: tuple[str, ...] = ()

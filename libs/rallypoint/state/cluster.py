@@ -28,7 +28,6 @@ from typing import Any, Literal
 
 import msgspec
 
-from rallypoint.core.usage import UserLedger, end_attempt, start_attempt
 from rallypoint.events import (
     CheckpointCommitted,
     CheckpointDeleted,
@@ -73,6 +72,7 @@ from rallypoint.events import (
 )
 from rallypoint.events.catalogue import GPU_MILLI, share_milli
 from rallypoint.events.codec import Quarantined, QuarantineLog
+from rallypoint.userusage import UserLedger, end_attempt, start_attempt
 
 from .dependencies import hold_message, throttle_holds
 from .indexes import GROWABLE, NOTHING, PENDING, REPAIRING, StateIndex, Touched
@@ -319,7 +319,7 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
     # Messages no fold of this version can apply (undecodable, unknown or newer event types): skipped and
     # kept here, so every fold of one log skips the same ones and the hash covers them.
     quarantine: QuarantineLog = msgspec.field(default_factory=QuarantineLog)
-    # team -> user -> the GPU service of the user's jobs in the team (``core.usage``: fair share between a
+    # team -> user -> the GPU service of the user's jobs in the team (``userusage``: fair share between a
     # team's users). Left out of the state hash while empty.
     users: dict[str, dict[str, UserLedger]] = {}
 
@@ -965,7 +965,7 @@ def _user_ledger(state: ClusterState, job: JobView) -> UserLedger | None:
 
 
 def _bill_user(state: ClusterState, job: JobView, at: float) -> None:
-    """The job's running attempt ended at ``at``: bill it to its user (``core.usage``)."""
+    """The job's running attempt ended at ``at``: bill it to its user (``userusage``)."""
     if job.user is not None:
         ledger = state.users.get(job.spec.team, {}).get(job.user)
         if ledger is not None:
