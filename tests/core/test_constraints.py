@@ -100,3 +100,12 @@ def test_affinity_follows_a_running_member_and_goes_anywhere_without_one(policy:
         cluster(nodes(racks=2, per_rack=1)), [pending("reader", 2, affinity=near)], policy
     )
     assert len(alone.binds) == 1
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_gang_larger_than_the_untainted_nodes_says_the_taints_keep_it(policy: str) -> None:
+    model = cluster(_tainted(nodes(racks=1, per_rack=2), {"s0r0n1"}, "pool=serve"))
+    plain = _reasons(cycle_both_orders(model, [pending("plain", 16)], policy))["plain"][1]
+    assert "tainted pool=serve that it does not tolerate" in plain, plain
+    tolerant = _reasons(cycle_both_orders(model, [pending("tolerant", 16, tolerations=("other",))], policy))
+    assert "the nodes open to it (taints pool=serve need a toleration) have 8" in tolerant["tolerant"][1]

@@ -139,7 +139,7 @@ def why_excluded(job: PendingJob, allowed: list[bool] | None, types: list[str], 
         return None
     idx = ctx.idx
     if any(ok and idx.type_of[o] in types for o, ok in enumerate(allowed)):
-        return None
+        return _too_few(job, types, ctx)
     if job.node_selector and not any(set(job.node_selector) <= set(n.labels) for n in idx.nodes):
         wanted = ", ".join(f"{k}={v}" for k, v in job.node_selector)
         return f"no node has the labels of its node selector ({wanted})"
@@ -157,3 +157,20 @@ def why_excluded(job: PendingJob, allowed: list[bool] | None, types: list[str], 
             )
     tainted = sorted({t for o in idx.tainted for t in idx.nodes[o].taints})
     return f"no node of its types is open to it (node selector, taints {', '.join(tainted) or 'none'})"
+
+
+def _too_few(job: PendingJob, types: list[str], ctx: Ctx) -> str | None:
+    """A whole-GPU gang larger than every GPU its selector and taints leave it, healthy or not: it waits
+    (an operator may change the nodes' labels or taints) with a reason that says so."""
+    if job.gpu_milli is not None or job.mig_profile is not None or not (job.tolerations or ctx.idx.tainted):
+        return None
+    idx = ctx.idx
+    static = _static_allowed(job, ctx)
+    has = sum(idx.full[o].bit_count() for o, ok in enumerate(static) if ok and idx.type_of[o] in types)
+    if has >= job.gpus:
+        return None
+    tainted = sorted({t for o in idx.tainted for t in idx.nodes[o].taints})
+    return (
+        f"asks for {job.gpus} GPUs; the nodes open to it (taints {', '.join(tainted)} need a toleration) "
+        f"have {has}"
+    )

@@ -156,9 +156,14 @@ def _capacity_reason(
         return Status("GangTooLarge", f"needs {size}{tname} GPUs {where}; largest {level} has {cap}")
     healthy = max((ctx.healthy_capacity(t, level) for t in types), default=0)
     if size > healthy:
+        idx = ctx.idx
+        if not idx.tainted:
+            others = "unhealthy ones"
+        else:  # a tainted node is closed to this job as an unhealthy one is (``core.constraints``)
+            taints = ", ".join(sorted({t for o in idx.tainted for t in idx.nodes[o].taints}))
+            others = f"unhealthy ones or ones tainted {taints} that it does not tolerate"
         return Status(
             "NodeUnhealthy",
-            f"needs {size}{tname} GPUs {where}; {healthy} on healthy nodes, "
-            f"{cap - healthy} on unhealthy ones",
+            f"needs {size}{tname} GPUs {where}; {healthy} on healthy nodes, {cap - healthy} on {others}",
         )
     return None
