@@ -13,7 +13,7 @@
   replicas bound in one cycle still spread.
 
 The engine sends a job with any of these through ``core.sharing`` (which places on free room only: such a
-job reserves nothing and preempts nothing, ``docs/api.md`` "Placement constraints"); a job without them
+job reserves nothing and preempts nothing, ``docs/api.md`` "Placement rules"); a job without them
 never pays for this module. Everything here reads the cycle's snapshot only: same log in, same answer out.
 """
 
