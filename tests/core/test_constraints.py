@@ -109,3 +109,51 @@ def test_a_gang_larger_than_the_untainted_nodes_says_the_taints_keep_it(policy: 
     assert "tainted pool=serve that it does not tolerate" in plain, plain
     tolerant = _reasons(cycle_both_orders(model, [pending("tolerant", 16, tolerations=("other",))], policy))
     assert "the nodes open to it (taints pool=serve need a toleration) have 8" in tolerant["tolerant"][1]
+
+
+def _zones() -> list[Node]:
+    """Two 8-GPU nodes, zone a and zone b, each with 16 cores."""
+    return [
+        Node(id=f"n{z}", rack="r", gpus=8, cpu_milli=16_000, memory_mib=1 << 20, labels=(("zone", z),))
+        for z in "ab"
+    ]
+
+
+def test_a_gang_with_a_selector_preempts_lower_jobs_only_where_it_may_run() -> None:
+    model = cluster(
+        _zones(),
+        [
+            running("low-a", {"na": (0, 1, 2, 3, 4, 5, 6, 7)}, priority_class="best-effort"),
+            running("low-b", {"nb": (0, 1, 2, 3)}, priority_class="best-effort"),
+        ],
+    )
+    gang = pending("gang", 8, node_selector=(("zone", "a"),), priority_class="training-high")
+    d = cycle_both_orders(model, [gang], "rallypoint")
+    assert [(p.victim_id, p.for_job) for p in d.preemptions] == [("low-a", "gang")]
+    assert _reasons(d)["gang"][0] == "Preempting"
+    # while its victim stops it waits, asks for nobody else, and its slot is held from a lower job
+    model.update_running(msgspec.structs.replace(model.running["low-a"], preempting_for="gang"))
+    d = cycle_both_orders(model, [gang, pending("filler", 4, priority_class="best-effort")], "rallypoint")
+    assert not d.preemptions and _reasons(d)["gang"][0] == "Preempting"
+    assert all("na" not in n for n in _nodes_of(d).get("filler", set()))
+    model.unbind("low-a")
+    d = cycle_both_orders(model, [gang], "rallypoint")
+    assert _nodes_of(d) == {"gang": {"na"}}
+
+
+def test_a_gang_asking_for_cpu_evicts_the_job_that_holds_the_cpu_and_never_a_higher_one() -> None:
+    model = cluster(
+        _zones(),
+        [
+            running("cpu-hog", {"na": (0,)}, priority_class="best-effort", cpu_milli=14_000),
+            running("prod", {"nb": (0,)}, priority_class="production", cpu_milli=14_000),
+        ],
+    )
+    gang = pending("gang", 4, cpu_milli=8_000, priority_class="training-high")
+    d = cycle_both_orders(model, [gang], "rallypoint")
+    assert [p.victim_id for p in d.preemptions] == ["cpu-hog"]
+    # ranked below both, it evicts nobody and waits naming CPU
+    d = cycle_both_orders(
+        model, [pending("low", 4, cpu_milli=8_000, priority_class="best-effort")], "rallypoint"
+    )
+    assert not d.preemptions and "CPU" in _reasons(d)["low"][1]

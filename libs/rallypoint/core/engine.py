@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
-from rallypoint.core import constraints, part_preemption, reasons, sharing
+from rallypoint.core import constraints, part_preemption, reasons, rule_preemption, sharing
 from rallypoint.core.backfill import hold
 from rallypoint.core.consolidation import plan_consolidation
 from rallypoint.core.context import Ctx, Status
@@ -278,7 +278,38 @@ def _attempt_with_resources(
         pst = part_preemption.preempt_for_part(job, types, policy, ctx, out.preemptions)
         if pst is not None:
             return pst
+    else:
+        rst = _preempt_for_rules(job, size, types, policy, ctx, out)
+        if rst is not None:
+            return rst
     return Status("Resources", sharing.why_short(job, types, ctx))
+
+
+def _preempt_for_rules(
+    job: PendingJob, size: int, types: list[str], policy: Policy, ctx: Ctx, out: _Out
+) -> Status | None:
+    """A whole-GPU gang with placement rules, CPU or memory evicts lower-ranked whole-GPU jobs where they
+    make room it may use (``rule_preemption``); its slot is held like a preemptor's."""
+    if policy.preemptor is None or ctx.counts["preemptors"] >= ctx.cfg.max_preemptors_per_cycle:
+        return None
+    for t in types:
+        if policy.permit.check(job, t, size, ctx) is not None:
+            continue
+        found = rule_preemption.victims_for_rules(job, size, t, policy, ctx)
+        if found is None:
+            continue
+        victims, plan = found
+        ctx.ws.bump(ctx.counts, "preemptors")
+        part_preemption.evict(job, victims, t, policy, ctx, out.preemptions)
+        until = ctx.now + ctx.cfg.preemption_grace_s
+        hold(ctx, job.id, until, plan, strict=True)
+        _announce(job.id, until, plan.tasks, ctx, out)
+        return Status(
+            "Preempting",
+            f"needs {size} GPUs; {reasons.making_room([], victims)}; {reasons.once_stopped(until - ctx.now)}",
+            until,
+        )
+    return None
 
 
 def _note_part(out: _Out, **part: object) -> None:
@@ -571,6 +602,12 @@ def _hold_for_stopping_victims(snapshot: Snapshot, ctx: Ctx, out: _Out) -> None:
         job = pending[pid]
         if job.gpu_milli is not None or job.mig_profile is not None:
             continue  # a share's or slice's preemptor holds nothing: it takes the room as it frees
+        if _placed_by_sharing(job):  # a gang with placement rules, CPU or memory: its own placement
+            rules_plan = _rules_slot(job, ctx.stopping[pid], ctx)
+            if rules_plan is not None:
+                hold(ctx, pid, until, rules_plan, strict=True)
+                _announce(pid, None, rules_plan.tasks, ctx, out)
+            continue
         mark = ws.mark()
         for vid in ctx.stopping[pid]:
             for n, m in ctx.cluster.job_masks[vid]:
@@ -596,6 +633,22 @@ def _hold_for_stopping_victims(snapshot: Snapshot, ctx: Ctx, out: _Out) -> None:
             continue  # its victims no longer make room: it is treated like any other waiting job
         hold(ctx, pid, until, plan, strict=True)
         _announce(pid, None, plan.tasks, ctx, out)
+
+
+def _placed_by_sharing(job: PendingJob) -> bool:
+    """A whole-GPU gang ``_attempt`` sends to ``_attempt_with_resources`` (its inline test, spelled out)."""
+    return bool(job.cpu_milli or job.memory_mib or constraints.constrained(job))
+
+
+def _rules_slot(job: PendingJob, victims: list[str], ctx: Ctx) -> Plan | None:
+    """The slot of a rules preemptor whose ``victims`` are stopping: its own placement on the room they
+    leave (``rule_preemption.freed``), in its order of GPU types."""
+    with rule_preemption.freed(ctx, victims):
+        for t in ctx.job_types(job):
+            plan = sharing.try_place(job, job.gpus, t, ctx)
+            if plan is not None:
+                return plan
+    return None
 
 
 def run_cycle(snapshot: Snapshot, policy: Policy) -> Decisions:

@@ -317,6 +317,16 @@ class RankPreemptor:
         gpus = max(size, guaranteed_gpus(job, ctx.cfg.elastic)) if self.borrowers_only else size
         return ctx.quota.within_nominal(ctx.ws, job.queue_name, gpu_type, gpus)
 
+    def eligible(
+        self, job: PendingJob, size: int, gpu_type: str, rank: float, ctx: Ctx, view: RunningView
+    ) -> list[str]:
+        """The running jobs this preemptor may evict for ``job`` (reclaim, then priority and same-class
+        candidates, each in cost order), by id: what a planner with its own placement walks
+        (``rule_preemption``)."""
+        slots, _kinds = self._evictions(job, size, gpu_type, rank, ctx, view)
+        ids = view.cols.ids
+        return [ids[s] for s in slots.tolist()]
+
     def _evictions(
         self, job: PendingJob, size: int, gpu_type: str, rank: float, ctx: Ctx, view: RunningView
     ) -> tuple[np.ndarray, np.ndarray]:
