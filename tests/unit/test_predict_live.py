@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from rallypoint.events import JobCompleted, JobSpec, JobSubmitted
-from rallypoint.predict import RuntimeEstimator, refresh
+from rallypoint.predict import RuntimeEstimator, live, refresh
 from rallypoint.predict.live import (
     OutOfTime,
     PredictedStart,
@@ -28,9 +28,10 @@ from rallypoint.predict.live import (
 )
 from rallypoint.predict.refresh import Predictor
 from rallypoint.scheduling import SchedulingPolicy
+from rallypoint.scheduling.writes import Write
 from rallypoint.sim.cluster import Cluster, Node
 from rallypoint.sim.twin import LiveSide
-from rallypoint.state import ClusterState, JobView
+from rallypoint.state import ACTIVE, ClusterState, JobView
 
 T0 = 1_800_000_000.0
 
@@ -221,3 +222,113 @@ def test_a_dry_run_not_answered_within_its_budget_stops_and_says_so() -> None:
         )
     answered = asyncio.run(Predictor(lambda: state, no_settings).dry_run(spec("next", 8), T0 + 70))
     assert answered.p50 is not None
+
+
+class _FullCycle(live.ForwardRun):
+    """The run forward with the twin's whole cycle (``LiveSide.cycle``: the audit, the pending reasons
+    written): what ``ForwardRun._decide`` leaves out must change no start."""
+
+    def _decide(self, now: float) -> list[Write]:
+        return self.side.cycle(now).writes
+
+
+def crowded_cluster() -> ClusterState:
+    """``busy_cluster`` under the rallypoint policy with more waiting: a job larger than the cluster
+    (rejected by the run's first cycle), a high-priority job and small ones behind the gang."""
+    state = busy_cluster()
+    side = LiveSide.over(state, SchedulingPolicy("rallypoint"))
+    submit(side, "huge", spec("huge", 64), T0 + 30)
+    submit(side, "urgent", spec("urgent", 8, priority="training-high"), T0 + 40)
+    for i in range(3):
+        submit(side, f"small{i}", spec(f"small{i}", 8), T0 + 50 + i)
+    return side.state
+
+
+@pytest.mark.parametrize("policy", ["fifo", "rallypoint"])
+def test_the_forward_run_starts_every_job_where_the_twins_whole_cycle_does(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    estimator = taught({"short": 600.0, "long": 3600.0, "gang": 1800.0, "single": 300.0, "urgent": 900.0})
+    lean = predict(crowded_cluster(), SchedulingPolicy(policy), estimator, T0 + 60)
+    monkeypatch.setattr(live, "ForwardRun", _FullCycle)
+    whole = predict(crowded_cluster(), SchedulingPolicy(policy), estimator, T0 + 60)
+    assert lean == whole
+    assert "huge" not in lean.jobs or lean.jobs["huge"].p50 is None  # rejected: it never starts
+    assert sum(start.p50 is not None for start in lean.jobs.values()) >= 3
+
+
+def test_the_p90_run_is_left_out_only_where_it_would_repeat_the_p50_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runs: list[str] = []
+    real = live.run_forward
+
+    def counted(*args: Any, **kwargs: Any) -> live.ForwardRun:
+        runs.append(args[2].quantile)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(live, "run_forward", counted)
+    policy = SchedulingPolicy("rallypoint")
+    # no history: every runtime is the time limit (or one hour), P50 = P90: one run answers both
+    first = predict(crowded_cluster(), policy, RuntimeEstimator(), T0 + 60)
+    assert runs == ["p50"]
+    runs.clear()
+    # a history of 10 min runs and one of 50: the P90 differs, so the P90 run is made
+    estimator = RuntimeEstimator()
+    for i, seconds in enumerate((600.0, 600.0, 600.0, 600.0, 3000.0)):
+        features = features_of(crowded_cluster().jobs["small0"])
+        estimator.observe(T0 - 86400 + i * 3600, features, seconds)
+    second = predict(crowded_cluster(), policy, estimator, T0 + 60)
+    assert runs == ["p50", "p90"]
+    # each answer is what two separate runs give
+    for estimator_, answer in ((RuntimeEstimator(), first), (estimator, second)):
+        for job_id, start in answer.jobs.items():
+            p50 = real(crowded_cluster(), policy, _quantile(estimator_, "p50"), T0 + 60).starts.get(job_id)
+            p90 = real(crowded_cluster(), policy, _quantile(estimator_, "p90"), T0 + 60).starts.get(job_id)
+            assert (start.p50, start.p90) == (p50, None if p90 is None else max(p90, p50 or p90)), job_id
+
+
+def _quantile(estimator: RuntimeEstimator, quantile: str) -> Callable[[JobView], float]:
+    now = T0 + 60
+
+    def runtime(job: JobView) -> float:
+        elapsed = job.run_s + (now - job.started_at if job.state in ACTIVE and job.started_at else 0.0)
+        estimate = estimator.estimate(features_of(job), now, max(0.0, elapsed))
+        return max(1.0, getattr(estimate, quantile) - job.run_s)
+
+    return runtime
+
+
+def test_a_dry_run_from_the_fork_made_ahead_predicts_what_a_fork_made_then_does() -> None:
+    state = crowded_cluster()
+    estimator = taught({"short": 600.0, "long": 3600.0, "gang": 1800.0, "single": 300.0})
+
+    async def no_settings() -> None:
+        return None
+
+    async def both() -> tuple[PredictedStart, PredictedStart, bool]:
+        ahead = Predictor(lambda: state, no_settings)
+        ahead.estimator = estimator
+        ahead.prepare(SchedulingPolicy(), T0 + 60)
+        await ahead.preparing()
+        ready = ahead._ready is not None
+        start = await ahead.dry_run(spec("next", 8), now=T0 + 70)
+        assert ahead._ready is None or ahead._preparing is not None  # used up, the next one under way
+        await ahead.preparing()
+        cold = Predictor(lambda: state, no_settings)
+        cold.estimator = estimator
+        return start, await cold.dry_run(spec("next", 8), now=T0 + 70), ready
+
+    ahead, cold, ready = asyncio.run(both())
+    assert ready and ahead == cold and ahead.p50 is not None
+    # the fold moved: the fork made ahead is stale and not used
+    predictor = Predictor(lambda: state, no_settings)
+    asyncio.run(_prepare_then_move(predictor, state))
+    assert predictor._ready is None
+
+
+async def _prepare_then_move(predictor: Predictor, state: ClusterState) -> None:
+    predictor.prepare(SchedulingPolicy(), T0 + 60)
+    await predictor.preparing()
+    state.apply(state.last_seq + 1, JobSubmitted(job_id="later", spec=spec("later", 8), submitted_at=T0 + 65))
+    assert predictor._take_ready(SchedulingPolicy()) is None

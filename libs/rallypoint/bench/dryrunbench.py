@@ -15,7 +15,8 @@ Then the predictor service's query handlers (``answer_queries``) are served on t
 the API's fold, and a quarter of ``--runs`` more dry runs (at least two of each shape) are timed with their
 predicted start (``with_prediction``: the API's latency, the predictor's own time per dry run, how many
 answers said ``now``, ``predicted``, ``beyond-horizon`` or ``unavailable``, and the same per shape); no
-periodic refresh runs, and each dry run waits until the predictor finished the last one. ``appended`` is
+periodic refresh runs, and each dry run waits until the predictor finished the last one and made the
+next one's fork ahead (``ready_forks``: how many ran from such a fork). ``appended`` is
 how far the log moved over all the dry runs: 0.
 
 ``rally bench dryrun --nodes 12500 --pending 10000 --json`` (``cli/bench.py`` holds its arguments).
@@ -212,7 +213,9 @@ class _TimedPredictor(Predictor):
                 self._idle.set()
 
     async def idle(self) -> None:
+        """Until no dry run is under way and the next one's fork is made (``Predictor.prepare``)."""
         await self._idle.wait()
+        await self.preparing()
 
 
 async def _time_dry_runs(
@@ -293,6 +296,8 @@ async def _with_prediction(
         **_latency(took),
         # the predictor's own time per dry run (fork, both runs forward), also where the API gave up at 2 s
         "predictor": _latency(predictor.took),
+        # dry runs that ran from the fork made ahead of them (the first makes its own)
+        "ready_forks": predictor.ready_taken,
         **{
             status: statuses.count(status) for status in ("now", "predicted", "beyond-horizon", "unavailable")
         },

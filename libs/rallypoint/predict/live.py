@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
-from rallypoint.events import GangBound, GangResized, JobCompleted
+from rallypoint.events import GangBound, GangResized, JobCompleted, JobSpec, JobSubmitted
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.scheduling.cycle import decide, writes_before_deciding
 from rallypoint.scheduling.writes import Write
@@ -48,6 +48,7 @@ __all__ = [
     "OutOfTime",
     "PredictedStart",
     "Predictions",
+    "ReadyFork",
     "features_of",
     "learn",
     "predict",
@@ -124,12 +125,47 @@ class OutOfTime(Exception):
     """A run forward passed its ``deadline`` (``time.monotonic``) before it could answer."""
 
 
+class ReadyFork:
+    """A copy of a fold made before it is needed (``refresh.Predictor`` keeps one for the next dry run):
+    decoded, with the scheduler's model built on it and its waiting jobs converted (``ModelSync``), as
+    ``policy`` (its ``version``) decides. A run forward from it starts at once, on the model the first
+    cycle would otherwise build. Used once: the run consumes it."""
+
+    def __init__(self, encoded: bytes, policy: SchedulingPolicy, now: float) -> None:
+        state = ClusterState.decode(encoded)
+        self.seq = state.last_seq
+        self.version = policy.version
+        self.side = LiveSide.over(state, _own(policy))
+        mine = self.side.policy
+        # the sync the first cycle would do, and the waiting jobs' conversion (cached by value: ``now``
+        # only picks which are ready); the fold's later changes reach the model through ``side.changes``
+        mine.model_sync.snapshot(
+            state,
+            now,
+            queues=mine.queues,
+            priority_classes=mine.priority_classes,
+            changed=self.side.changes.take(),
+        )
+
+    def submit(self, job_id: str, spec: JobSpec, at: float) -> None:
+        """``job_id`` submitted at ``at`` (a dry run's job), folded into the copy."""
+        self.side.append(JobSubmitted(job_id=job_id, spec=spec, submitted_at=at))
+
+
+def _own(policy: SchedulingPolicy) -> SchedulingPolicy:
+    """The same policy with a model of its own (a run forward mutates its policy's ``ModelSync``)."""
+    return SchedulingPolicy(policy.name, queues=policy.queues, priority_classes=policy.priority_classes)
+
+
 class ForwardRun:
     """One run forward of a forked fold: who ends when, when each waiting job started, and how many
     cycles it took (``cycles``)."""
 
-    def __init__(self, state: ClusterState, policy: SchedulingPolicy, runtime: Runtime, now: float) -> None:
-        self.side = LiveSide.over(state, policy)
+    def __init__(
+        self, fork: ClusterState | ReadyFork, policy: SchedulingPolicy, runtime: Runtime, now: float
+    ) -> None:
+        self.side = fork.side if isinstance(fork, ReadyFork) else LiveSide.over(fork, policy)
+        state = self.side.state
         self.runtime = runtime
         self.waiting = {job.job_id for job in state.pending_jobs()}
         self.starts: dict[str, float] = {}
@@ -162,12 +198,15 @@ class ForwardRun:
     def _decide(self, now: float) -> list[Write]:
         """The writes of ``LiveSide.cycle`` (admissions, then ``decide`` on the synced model) without its
         audit (a second cycle on a snapshot built from scratch, to compare with): the same writes, for a
-        tenth of the time on the bench's fold at 1,000 nodes."""
+        tenth of the time on the bench's fold at 1,000 nodes. Nor the pending reasons (rejections kept):
+        no decision reads them, and they cost a pass over every waiting job per cycle."""
         side = self.side
         first, admissions = writes_before_deciding(side.state, now, repairs=())
         for write in first:
             side.append(write.event)
-        decided = decide(side.policy, side.state, now, side.changes, epoch=side.epoch, admissions=admissions)
+        decided = decide(
+            side.policy, side.state, now, side.changes, epoch=side.epoch, admissions=admissions, reasons=False
+        )
         return admissions if decided is None else decided[1]
 
     def settled(self, job_id: str) -> bool:
@@ -199,7 +238,7 @@ class ForwardRun:
 
 
 def run_forward(
-    state: ClusterState,
+    state: ClusterState | ReadyFork,
     policy: SchedulingPolicy,
     runtime: Runtime,
     now: float,
@@ -212,7 +251,8 @@ def run_forward(
     """``state`` run forward until every job waiting in it started, or only until ``until`` did (or can
     no longer: rejected, cancelled), if every job runs ``runtime(job)`` seconds in all (for a running one,
     from its attempt's start); the run: when each started (``starts``), in how many ``cycles``. ``state``
-    is used up: pass a copy. ``deadline``: ``OutOfTime`` when a cycle would begin after it."""
+    is used up: pass a copy (a ``ReadyFork`` runs with its own policy). ``deadline``: ``OutOfTime`` when
+    a cycle would begin after it."""
     run = ForwardRun(state, policy, runtime, now)
     t = now
     for _ in range(max_cycles):
@@ -229,19 +269,29 @@ def run_forward(
     return run
 
 
-def _runtime(estimator: RuntimeEstimator, now: float, quantile: str, advance: bool) -> Runtime:
-    """A job's runtime in the fork at ``quantile`` ("p50", "p90"), less what it ran in earlier attempts."""
-    cache: dict[tuple[str, int], RuntimeEstimate] = {}
+class _Runtimes:
+    """Each job's runtime in a fork, less what it ran in earlier attempts, at ``quantile`` ("p50",
+    "p90"), estimated once per attempt. Asked for the P50, it also notes whether the P90 would have
+    differed for any job (``differs``): where none does, a P90 run would ask the same questions, get the
+    same answers and so take the very same path, and the P50 run's starts are the P90 run's."""
 
-    def runtime(job: JobView) -> float:
+    def __init__(self, estimator: RuntimeEstimator, now: float, quantile: str, advance: bool) -> None:
+        self.estimator, self.now, self.quantile, self.advance = estimator, now, quantile, advance
+        self.cache: dict[tuple[str, int], RuntimeEstimate] = {}
+        self.differs = False
+
+    def __call__(self, job: JobView) -> float:
         key = (job.job_id, job.attempt)
-        if key not in cache:
+        estimate = self.cache.get(key)
+        if estimate is None:
+            now = self.now
             elapsed = job.run_s + (now - job.started_at if job.state in ACTIVE and job.started_at else 0.0)
-            cache[key] = estimator.estimate(features_of(job), now, max(0.0, elapsed), advance=advance)
-        total: float = getattr(cache[key], quantile)
-        return max(_MIN_REMAINING_S, total - job.run_s)
-
-    return runtime
+            estimate = self.estimator.estimate(features_of(job), now, max(0.0, elapsed), advance=self.advance)
+            self.cache[key] = estimate
+        value = max(_MIN_REMAINING_S, getattr(estimate, self.quantile) - job.run_s)
+        if not self.differs and value != max(_MIN_REMAINING_S, estimate.p90 - job.run_s):
+            self.differs = True
+        return value
 
 
 def _start(job: JobView, runs: dict[str, dict[str, float]], runtime: RuntimeEstimate) -> PredictedStart:
@@ -252,7 +302,7 @@ def _start(job: JobView, runs: dict[str, dict[str, float]], runtime: RuntimeEsti
 
 
 def predict(
-    state: ClusterState,
+    state: ClusterState | ReadyFork,
     policy: SchedulingPolicy,
     estimator: RuntimeEstimator,
     now: float,
@@ -266,26 +316,32 @@ def predict(
     consume: bool = False,
 ) -> Predictions:
     """Every waiting job's P50 and P90 start; ``state`` is left as it was (each run forks its own copy),
-    unless ``consume`` (a copy the caller gives away: the last run uses it, one copy fewer).
+    unless ``consume`` (a copy the caller gives away: the P50 run uses it, one copy fewer) or it is a
+    ``ReadyFork`` (always given away, and run with its own policy).
     ``only``: that waiting job's alone (a dry run's), each run stopping once it started.
     ``advance_clock=False``: the estimator's clock stays where it was (``RuntimeEstimator.estimate``).
-    ``deadline`` (``time.monotonic``): ``OutOfTime`` when a run has not answered by then."""
-    seq = state.last_seq
-    waiting = [job for job in state.pending_jobs() if only is None or job.job_id == only]
-    quantiles = ("p50", "p90")
-    runs = {
-        quantile: run_forward(
-            state if consume and quantile == quantiles[-1] else ClusterState.decode(state.encode()),
-            SchedulingPolicy(policy.name, queues=policy.queues, priority_classes=policy.priority_classes),
-            _runtime(estimator, now, quantile, advance_clock),
-            now,
-            horizon_s=horizon_s,
-            max_cycles=max_cycles,
-            until=only,
+    ``deadline`` (``time.monotonic``): ``OutOfTime`` when a run has not answered by then.
+    The P90 run is made only where some job's P90 runtime differs from its P50 one on the P50 run's path;
+    else it would be the same run (``_Runtimes``)."""
+    fold = state.side.state if isinstance(state, ReadyFork) else state
+    seq = fold.last_seq
+    waiting = [job for job in fold.pending_jobs() if only is None or job.job_id == only]
+    given = isinstance(state, ReadyFork) or consume
+    encoded = fold.encode()  # the copy of each run that needs one, taken before the given one runs
+
+    def run(fork: ClusterState | ReadyFork, runtime: _Runtimes) -> dict[str, float]:
+        return run_forward(
+            fork, _own(policy), runtime, now, horizon_s=horizon_s, max_cycles=max_cycles, until=only,
             deadline=deadline,
-        ).starts
-        for quantile in quantiles
-    }
+        ).starts  # fmt: skip
+
+    p50 = _Runtimes(estimator, now, "p50", advance_clock)
+    runs = {"p50": run(state if given else ClusterState.decode(encoded), p50)}
+    runs["p90"] = (
+        run(ClusterState.decode(encoded), _Runtimes(estimator, now, "p90", advance_clock))
+        if p50.differs
+        else runs["p50"]
+    )
     jobs = {
         job.job_id: _start(job, runs, estimator.estimate(features_of(job), now, advance=advance_clock))
         for job in waiting

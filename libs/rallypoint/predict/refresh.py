@@ -7,6 +7,12 @@ started score their predicted start (``tracking``); then the scheduler's setting
 decides with) and a copy of the fold go to ``live.predict`` in a worker thread, so answering queries never
 waits for a run. The latest answer is kept encoded, ready for ``q.predictor.starts``. A dry run
 (``q.predictor.dryrun``) runs its own fork forward in another thread, beside a refresh under way.
+
+A dry run's fork is made before it is asked for: after each refresh and each dry run, a ``ReadyFork`` of
+the fold as it is then (decoded, the scheduler's model built on it) is prepared off the event loop. A
+dry run takes it when the fold has not moved since and the leader's settings are the same, and so starts
+its run forward at once; else it forks the fold as it is (the seconds of a decode and a model build on a
+large fold). Either way its prediction is the full run's from the fold it saw.
 """
 
 from __future__ import annotations
@@ -23,7 +29,17 @@ from rallypoint.events import JobSpec, JobSubmitted, SchedulerSettings
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.state import ClusterState
 
-from .live import HORIZON_S, MAX_CYCLES, OutOfTime, PredictedStart, Predictions, learn, predict, runtime_of
+from .live import (
+    HORIZON_S,
+    MAX_CYCLES,
+    OutOfTime,
+    PredictedStart,
+    Predictions,
+    ReadyFork,
+    learn,
+    predict,
+    runtime_of,
+)
 from .runtimes import RuntimeEstimator
 from .tracking import Accuracy, AccuracyTracker
 
@@ -97,6 +113,9 @@ class Predictor:
         # run never waits for a refresh, which on a large queue takes minutes
         self._running = asyncio.Lock()
         self._dry_running = asyncio.Lock()
+        self._ready: ReadyFork | None = None  # the next dry run's fork, made ahead (under _dry_running)
+        self._preparing: asyncio.Task[None] | None = None
+        self.ready_taken = 0  # dry runs that ran from a fork made ahead
 
     def observe(self, job_ids: set[str] | None) -> None:
         """Learn from the jobs ``job_ids`` (None: all of them) as the fold has them now."""
@@ -138,24 +157,61 @@ class Predictor:
         a fork with its submission folded in, run forward as a refresh is, until that job started. It reads
         the leader's settings as a refresh does (a dry run may come before the first refresh ends). Dry
         runs go one at a time, off the event loop (the fold is only encoded on it), beside a refresh under
-        way, and leave the estimator's clock where it was. ``live.OutOfTime`` when it has no answer within
-        ``dry_run_budget_s`` of the question."""
+        way, and leave the estimator's clock where it was. The fork is the one made ahead (``ReadyFork``)
+        when the fold has not moved since; another is made for the next dry run once this one answered.
+        ``live.OutOfTime`` when it has no answer within ``dry_run_budget_s`` of the question."""
         deadline = time.monotonic() + self.dry_run_budget_s
         policy = policy_of(await self._settings())
-        encoded = self._state().encode()
         at = time.time() if now is None else now
-        async with self._dry_running:
-            return await asyncio.to_thread(self._dry_run, encoded, spec, policy, at, deadline)
+        try:
+            async with self._dry_running:
+                fork = self._take_ready(policy) or self._state().encode()
+                return await asyncio.to_thread(self._dry_run, fork, spec, policy, at, deadline)
+        finally:
+            self.prepare(policy, at)
+
+    def _take_ready(self, policy: SchedulingPolicy) -> ReadyFork | None:
+        """The fork made ahead, if it is of the fold as it is now and of ``policy``; used up either way."""
+        ready, self._ready = self._ready, None
+        if ready is None or ready.seq != self._state().last_seq or ready.version != policy.version:
+            return None
+        self.ready_taken += 1
+        return ready
+
+    def prepare(self, policy: SchedulingPolicy, now: float) -> None:
+        """Make the next dry run's fork of the fold as it is now, off the event loop (unless one of this
+        fold is ready or being made)."""
+        if self._preparing is not None and not self._preparing.done():
+            return
+        ready = self._ready
+        if ready is not None and ready.seq == self._state().last_seq and ready.version == policy.version:
+            return
+        self._preparing = asyncio.get_running_loop().create_task(self._prepare(policy, now))
+
+    async def _prepare(self, policy: SchedulingPolicy, now: float) -> None:
+        async with self._dry_running:  # a dry run arriving meanwhile waits for it rather than redo it
+            encoded = self._state().encode()
+            self._ready = await asyncio.to_thread(ReadyFork, encoded, policy, now)
+
+    async def preparing(self) -> None:
+        """Until the fork being made ahead is ready (nothing when none is being made)."""
+        if self._preparing is not None:
+            await asyncio.shield(self._preparing)
 
     def _dry_run(
-        self, encoded: bytes, spec: JobSpec, policy: SchedulingPolicy, at: float, deadline: float
+        self, fork: ReadyFork | bytes, spec: JobSpec, policy: SchedulingPolicy, at: float, deadline: float
     ) -> PredictedStart:
         if time.monotonic() > deadline:
             raise OutOfTime("the budget was spent waiting for the dry runs before it")
-        fork = ClusterState.decode(encoded)
-        fork.apply(fork.last_seq + 1, JobSubmitted(job_id=DRY_RUN_JOB, spec=spec, submitted_at=at))
+        if isinstance(fork, bytes):
+            state = ClusterState.decode(fork)
+            state.apply(state.last_seq + 1, JobSubmitted(job_id=DRY_RUN_JOB, spec=spec, submitted_at=at))
+            given: ClusterState | ReadyFork = state
+        else:
+            fork.submit(DRY_RUN_JOB, spec, at)
+            given = fork
         predictions = predict(
-            fork,
+            given,
             policy,
             self.estimator,
             at,
@@ -165,7 +221,7 @@ class Predictor:
             only=DRY_RUN_JOB,
             advance_clock=False,
             deadline=deadline,
-            consume=True,  # the fork is this dry run's: its P90 run uses it
+            consume=True,  # the fork is this dry run's: its P50 run uses it
         )
         return predictions.jobs[DRY_RUN_JOB]
 
@@ -179,6 +235,7 @@ class Predictor:
         self.latest = predictions
         self.tracker.remember(predictions)
         self.encoded = self._encode()
+        self.prepare(self.policy, predictions.now)
         return predictions
 
     def _encode(self) -> bytes:

@@ -43,7 +43,7 @@ from .adapter import (
     pending_share,
     pending_time_limit,
 )
-from .pending import pending_writes
+from .pending import pending_writes, rejection_writes
 from .writes import Write
 
 
@@ -189,6 +189,7 @@ def decision_writes(
     epoch: int,
     policy_version: str,
     at: float,
+    reasons: bool = True,
 ) -> list[Write]:
     """The appends that carry out a cycle's whole ``decisions``, in this order: binds (they matter), the
     resizes and preemption requests their preemptors wait for, then changed pending codes. One writer, one
@@ -199,7 +200,9 @@ def decision_writes(
     for the same job never are (the server would otherwise answer the loser "already stored").
 
     Pending reasons follow ``pending.pending_writes``: a changed code at once, changed numbers rate-limited,
-    and a job that can never run rejected with the core's reason.
+    and a job that can never run rejected with the core's reason. ``reasons=False``: the rejections alone
+    (a prediction's run forward: no decision reads a pending reason, and writing them costs a pass over
+    every waiting job each cycle).
     """
     writes: list[Write] = []
     for bind in decisions.binds:
@@ -224,7 +227,10 @@ def decision_writes(
         )
     writes.extend(resize_writes(decisions, state, epoch=epoch, policy_version=policy_version, at=at))
     writes.extend(preemption_writes(decisions, state, epoch=epoch, policy_version=policy_version, at=at))
-    writes.extend(pending_writes(decisions, state, epoch=epoch, policy_version=policy_version, at=at))
+    if reasons:
+        writes.extend(pending_writes(decisions, state, epoch=epoch, policy_version=policy_version, at=at))
+    else:
+        writes.extend(rejection_writes(decisions, state, at=at))
     return writes
 
 

@@ -48,12 +48,15 @@ def decide(
     *,
     epoch: int,
     admissions: Sequence[Write],
+    reasons: bool = True,
 ) -> tuple[Decisions, list[Write]] | None:
     """The cycle's decisions on ``state`` and their writes (the decisions', then ``admissions``); None
-    when no cycle is needed. The changes are taken only when the model is synced: a skipped cycle leaves
-    them for the next one."""
+    when no cycle is needed. ``reasons=False``: no pending reasons among them (``decision_writes``). The
+    changes are taken only when the model is synced: a skipped cycle leaves them for the next one."""
     if not cycle_needed(state):
         return None
     decisions = policy.decide_live(state, now, changed=changes.take())
-    writes = decision_writes(decisions, state, epoch=epoch, policy_version=policy.version, at=now)
+    writes = decision_writes(
+        decisions, state, epoch=epoch, policy_version=policy.version, at=now, reasons=reasons
+    )
     return decisions, [*writes, *admissions]

@@ -63,6 +63,17 @@ def pending_writes(
     return writes
 
 
+def rejection_writes(decisions: Decisions, state: ClusterState, *, at: float) -> list[Write]:
+    """The rejections of ``pending_writes`` alone, in the same order: what a run forward that writes no
+    reasons still folds (``predict.live``). No decision reads a pending reason, only its rejection."""
+    return [
+        rejection(reason, job, at=at)
+        for reason in decisions.pending
+        if reason.code in NEVER_FITS and (job := state.jobs.get(reason.job_id)) is not None
+        if job.state == "pending"
+    ]
+
+
 def _numbers_changed(reason: PendingReason, job: JobView) -> bool:
     return reason.message != job.pending_message or reason.position != job.pending_position
 
