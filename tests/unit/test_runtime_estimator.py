@@ -83,3 +83,23 @@ def test_gpu_classes_and_bad_settings() -> None:
         RuntimeEstimator(window=2, min_samples=3)
     with pytest.raises(ValueError, match="runtime_s"):
         RuntimeEstimator().observe(0.0, A1, 0.0)
+
+
+def test_a_limit_no_ended_job_had_is_answered_from_the_share_of_their_limits_like_jobs_used() -> None:
+    # the team's 1-GPU jobs asked for 1 h and used about half of it; a first 4 h job is expected to use
+    # about half of its 4 h, not the half hour its team's runtimes say whatever their limits
+    est = fed([(A1, r) for r in (1500.0, 1800.0, 2100.0)])
+    four = JobFeatures(team="a", gpus=1, time_limit_s=4 * 3600.0)
+    e = est.estimate(four, 10.0)
+    assert e.key == "team+gpus+share"
+    assert (e.p50, e.p90) == pytest.approx((4 * 1800.0, 4 * 2100.0))
+    # a job running past its limit counts as having used all of it; jobs without a limit have no share:
+    # their runtimes answer
+    late = fed([(A1, 7200.0), (A1, 7200.0)])
+    assert late.estimate(four, 10.0).p50 == 4 * 3600.0
+    unlimited = fed([(JobFeatures(team="a", gpus=1), 100.0)] * 2).estimate(four, 10.0)
+    assert (unlimited.key, unlimited.p50) == ("team+gpus", 100.0)
+    # a team that never gave a limit to any job: the share of everyone else's
+    stranger = JobFeatures(team="b", gpus=8, time_limit_s=600.0)
+    assert est.estimate(stranger, 10.0).key == "share"
+    assert est.estimate(stranger, 10.0).p50 == pytest.approx(600.0 * 1800.0 / 3600.0)

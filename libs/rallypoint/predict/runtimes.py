@@ -10,10 +10,13 @@ The method is the published one for batch schedulers without a learned model (Ts
 user-history averages, 3Sigma's per-feature histories): per key, the runtimes of the last
 ``window`` ended jobs, and the quantiles of the most specific key that has at least ``min_samples`` of
 them. Keys, most specific first: (user, name), (team, name), (team, command), (team, GPU class, time
-limit), (team, time limit), (time limit), (team, GPU class), (team), everything. A key with the time
-limit groups jobs that asked for the same wall time (users round their estimate up to familiar values),
-and every answer is capped at the job's time limit (the cluster stops it there). Memory is bounded per
-key (``window`` runtimes).
+limit), (team, time limit), (time limit), then for a job with a time limit the share of their limits
+that like jobs used, times its own limit, over (team, GPU class), (team) and everything; then (team, GPU
+class), (team), everything. A key with the time limit groups jobs that asked for the same wall time
+(users round their estimate up to familiar values); a limit no ended job had yet is better answered by
+how much of their limits like jobs used (users ask for a similar margin over what they need) than by
+their runtimes whatever their limits. Every answer is capped at the job's time limit (the cluster stops
+it there). Memory is bounded per key (``window`` runtimes).
 
 A job already running for ``elapsed`` seconds is answered from the runtimes of its key that exceeded
 ``elapsed`` (a conditional quantile), so an estimate never ends a job in the past.
@@ -66,7 +69,8 @@ def gpu_class(gpus: int) -> int:
 
 
 def _keys(f: JobFeatures) -> Iterator[tuple[str, tuple[object, ...]]]:
-    """The keys of ``f``, most specific first; a key is (its kind, its values)."""
+    """The keys of ``f``, most specific first; a key is (its kind, its values). The ``share`` kinds
+    (``_SHARE_KINDS``) hold runtimes as shares of their jobs' time limits, for jobs that have one."""
     if f.user is not None and f.name is not None:
         yield "user+name", (f.user, f.name)
     if f.name is not None:
@@ -77,9 +81,17 @@ def _keys(f: JobFeatures) -> Iterator[tuple[str, tuple[object, ...]]]:
         yield "team+gpus+limit", (f.team, gpu_class(f.gpus), f.time_limit_s)
         yield "team+limit", (f.team, f.time_limit_s)
         yield "limit", (f.time_limit_s,)
+        yield "team+gpus+share", (f.team, gpu_class(f.gpus))
+        yield "team+share", (f.team,)
+        yield "share", ()
     yield "team+gpus", (f.team, gpu_class(f.gpus))
     yield "team", (f.team,)
     yield "all", ()
+
+
+#: Kinds of key whose history is the share of the time limit a job used (runtime / limit, at most 1): a
+#: limit no ended job had yet is answered from how much of their limits like jobs used.
+_SHARE_KINDS = frozenset({"team+gpus+share", "team+share", "share"})
 
 
 def quantile(ordered: list[float], q: float) -> float:
@@ -105,11 +117,12 @@ class RuntimeEstimator:
         if not runtime_s > 0:
             raise ValueError("runtime_s must be > 0")
         self.clock = ended_at
+        limit = features.time_limit_s
         for key in _keys(features):
             runs = self._history.get(key)
             if runs is None:
                 runs = self._history[key] = deque(maxlen=self.window)
-            runs.append(runtime_s)
+            runs.append(min(1.0, runtime_s / limit) if key[0] in _SHARE_KINDS and limit else runtime_s)
 
     def estimate(
         self, features: JobFeatures, now: float, elapsed_s: float = 0.0, *, advance: bool = True
@@ -128,7 +141,10 @@ class RuntimeEstimator:
             if runs is None:
                 continue
             remembered = True
-            longer = sorted(r for r in tuple(runs) if r > elapsed_s)  # a copy: ``observe`` may append
+            scale = limit if key[0] in _SHARE_KINDS and limit else 1.0
+            longer = sorted(
+                r * scale for r in tuple(runs) if r * scale > elapsed_s
+            )  # a copy: ``observe`` may append
             if len(longer) >= self.min_samples:
                 return self._capped(
                     quantile(longer, 0.5), quantile(longer, 0.9), limit, elapsed_s, key[0], len(longer)
