@@ -118,3 +118,24 @@ def test_an_operator_taints_a_node_through_the_api_and_new_jobs_keep_off_it(clus
     assert status == 200 and cleared["node"]["taints"] == [] and "zone" not in cleared["node"]["labels"]
     for job_id in (held, welcome):
         call("DELETE", f"{cluster.api_url}/v1/jobs/{job_id}")
+
+
+def test_a_higher_job_with_a_selector_preempts_a_lower_one_on_the_node_it_selects(
+    cluster: LocalCluster,
+) -> None:
+    url = f"{cluster.api_url}/v1/nodes/node-2/rules"
+    assert call("PUT", url, {"labels": {"zone": "y"}})[0] == 200
+    low = submit(
+        cluster, "low", SLEEP, gpus=2, gpus_per_task=2, node_selector={"zone": "y"}, priority="best-effort"
+    )
+    assert wait_for(cluster, low, running, "the low job runs on node-2")["nodes"] == ["node-2"]
+    high = submit(
+        cluster, "high", SLEEP, gpus=2, gpus_per_task=2, node_selector={"zone": "y"}, priority="training-high"
+    )
+    assert wait_for(cluster, high, running, "the high job runs after preempting", timeout=120)["nodes"] == [
+        "node-2"
+    ]
+    assert job(cluster, low)["state"] == "pending"  # requeued, waiting for node-2 again
+    assert call("PUT", url, {})[0] == 200
+    for job_id in (low, high):
+        call("DELETE", f"{cluster.api_url}/v1/jobs/{job_id}")
