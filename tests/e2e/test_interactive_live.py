@@ -10,14 +10,17 @@ back has its job cancelled, the reason recorded. Another team's token gets no te
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pty
 import re
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -56,21 +59,28 @@ class Terminal:
 
     def __init__(self, cluster: LocalCluster, team: str, *args: str) -> None:
         master, slave = pty.openpty()
+        self.resize(slave, 30, 100)
+        self.modes = termios.tcgetattr(slave)  # as a person's terminal is before `rally run`
         env = {**os.environ, "RALLY_API_URL": cluster.api_url, "RALLY_TOKEN": cluster.token_for(team)}
         self.process = subprocess.Popen(
-            [*RALLY, *args], stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True
-        )
-        os.close(slave)
-        self.master = master
+            [*RALLY, *args], stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True,
+            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),  # its terminal: SIGWINCH reaches it
+        )  # fmt: skip
+        self.master, self.slave = master, slave
         self.seen = b""
+
+    @staticmethod
+    def resize(fd: int, rows: int, cols: int) -> None:
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
     def type(self, text: str) -> None:
         os.write(self.master, text.encode())
 
-    def expect(self, pattern: str, timeout: float = 60.0) -> re.Match[bytes]:
-        """Read until ``pattern`` shows in the output (what was read before stays in ``seen``)."""
+    def expect(self, pattern: str, timeout: float = 60.0, since: int = 0) -> re.Match[bytes]:
+        """Read until ``pattern`` shows in the output from byte ``since`` on (what was read before stays in
+        ``seen``)."""
         deadline = time.monotonic() + timeout
-        while (found := re.search(pattern.encode(), self.seen)) is None:
+        while (found := re.compile(pattern.encode()).search(self.seen, since)) is None:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise AssertionError(f"never saw {pattern!r}; the terminal showed {self.seen!r}")
@@ -95,6 +105,7 @@ class Terminal:
         if self.process.poll() is None:
             self.kill()
         os.close(self.master)
+        os.close(self.slave)
 
 
 @pytest.fixture
@@ -118,12 +129,26 @@ def job_id_of(terminal: Terminal) -> str:
 def test_shell_shows_its_slice_and_exits_with_its_status(cluster: LocalCluster, terminals: list) -> None:
     shell = open_terminal(terminals, cluster, "ml", "run", "--gpus", "1", "--pty", "--", "bash", "--norc")
     job_id = job_id_of(shell)
-    shell.expect(r"\$ |# ")  # the prompt: the rank's terminal, through the API
-    shell.type("echo slice=$CUDA_VISIBLE_DEVICES job=$RALLY_JOB_ID; tty\r")
+    try:
+        shell.expect(r"\$ |# ")  # the prompt: the rank's terminal, through the API
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; job {job(cluster, job_id)}") from None
+    shell.type("echo slice=$CUDA_VISIBLE_DEVICES job=$RALLY_JOB_ID; tty; stty size\r")
     shell.expect(rf"slice=\d job={job_id}")
-    shell.expect(r"/dev/pts/\d+")  # a real terminal, not a pipe
+    shell.expect(r"/dev/pts/\d+\r\n30 100\r\n")  # a real terminal, the size of ours
+    before = len(shell.seen)
+    shell.resize(shell.slave, 40, 120)  # the window grows: SIGWINCH, and the rank's terminal follows
+    shell.expect(r"\x1b\[K", since=before)  # bash redraws its prompt: its SIGWINCH came
+    shell.type("stty size\r")
+    shell.expect(r"[\r\n]40 120\r\n")
+    shell.type("sleep 60\r")
+    time.sleep(0.5)
+    shell.type("\x03")  # Ctrl-C: the rank's foreground command is interrupted, not rally
+    shell.type("echo rc=$?\r")
+    shell.expect(r"rc=130", timeout=20)
     shell.type("exit 3\r")
     assert shell.wait() == 3
+    assert termios.tcgetattr(shell.slave) == shell.modes  # our terminal as it was, out of raw mode
     view = wait_for(cluster, job_id, lambda v: v["state"] == "failed", "failed with the shell's status")
     assert view["exit_code"] == 3
     assert view["spec"]["kind"] == "interactive" and view["spec"]["priority"] == "interactive"
