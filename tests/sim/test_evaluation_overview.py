@@ -138,6 +138,9 @@ def predicted(
         "baseline_within_10min": 0.993,
         "runtime_within_50pct": 0.881,
         "runtime_off_2x": 0.096,
+        "predicted_jobs": 141,
+        "predicted_p90_coverage": 0.872,
+        "predicted_p90_run_coverage": 0.794,
     }
     return {"week": week, "load": load, "gpus": 640, "figures": figures, "wall": 1_240.6}
 
@@ -147,10 +150,13 @@ def test_the_predicted_start_section_has_a_row_per_week_and_load_and_says_what_w
     assert lines[0] == "## 5. Predicted start times\n"
     assert "Run here: 2017-10-02 at 0.9, 2017-10-09 at 1.1. The harness's cost grows" in lines[1]
     assert lines[4] == (
-        "| 2017-10-02 | 0.9 | 640 | 11,386 | 0.992 | 0.994 | 0 | 0.997 | 89 | 0.034 / - | 0.990 / 0.993 "
-        "| 0.881 | 0.096 | 1,241 |"
+        "| 2017-10-02 | 0.9 | 640 | 11,386 | 0.992 | 0.994 | 0 | 0.997 | 141: 0.872 (0.794) | 89 | 0.034 / - "
+        "| 0.990 / 0.993 | 0.881 | 0.096 | 1,241 |"
     )
-    assert lines[5].startswith("| 2017-10-09 | 1.1 | 640 | 11,386 | 0.992 | 0.994 | 0 | 0.950 | 89 |")
+    assert lines[5].startswith("| 2017-10-09 | 1.1 | 640 | 11,386 | 0.992 | 0.994 | 0 | 0.950 | 141: ")
+    older = predicted("2017-10-02", 0.9)  # figures from before the calibrated P90: no such column
+    del older["figures"]["predicted_jobs"]
+    assert "| 0.997 | - | 89 |" in predict_section([older], 5)[4]
     assert lines[-1].startswith("Why the issue's targets are or are not reachable on this trace: docs/pred")
     assert lines[-1].endswith(
         "Here the baseline is within 1 min for 0.500-0.990 of the jobs: 3x it can be reached in no row; "
@@ -192,7 +198,7 @@ def test_the_section_follows_the_others_and_leaves_them_unchanged(data_dir: Path
     [row] = [line for line in section if line.startswith("| 2017-10-02 |")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[:5] == ["2017-10-02", "0.9", "8", "80", f"{f['within_1min']:.3f}"]
-    assert cells[8] == str(f["waited_jobs"]) and len(cells) == 14
+    assert cells[9] == str(f["waited_jobs"]) and len(cells) == 15
     alone = render([], [], [], "img", 1.0, (), [run])
     assert alone.endswith(both[len(others) :]) and "### " not in alone
 

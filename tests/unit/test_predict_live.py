@@ -17,6 +17,7 @@ import pytest
 
 from rallypoint.events import JobCompleted, JobSpec, JobSubmitted
 from rallypoint.predict import RuntimeEstimator, live, refresh
+from rallypoint.predict.calibration import WaitCalibrator
 from rallypoint.predict.live import (
     OutOfTime,
     PredictedStart,
@@ -332,3 +333,32 @@ async def _prepare_then_move(predictor: Predictor, state: ClusterState) -> None:
     await predictor.preparing()
     state.apply(state.last_seq + 1, JobSubmitted(job_id="later", spec=spec("later", 8), submitted_at=T0 + 65))
     assert predictor._take_ready(SchedulingPolicy()) is None
+
+
+def test_the_predictor_calibrates_its_p90_on_the_jobs_it_predicted_that_started() -> None:
+    state = busy_cluster()
+
+    async def no_settings() -> None:
+        return None
+
+    predictor = Predictor(lambda: state, no_settings)
+    predictor.calibrator = WaitCalibrator(min_resolved=1)
+    first = asyncio.run(predictor.refresh(now=T0 + 60))
+    assert first.jobs["gang"].p90 == pytest.approx(T0 + 3600)  # no history: both 1 h jobs end at T0 + 1 h
+    # they ran 2 h: the gang starts at T0 + 2 h, twice as late as its P90 run said (from T0 + 60)
+    side = LiveSide.over(state, SchedulingPolicy())
+    for job_id in ("short", "long"):
+        side.append(JobCompleted(job_id=job_id, attempt=1, at=T0 + 7200))
+    run_cycle(side, T0 + 7200)
+    assert state.jobs["gang"].started_at == T0 + 7200
+    predictor.observe(None)
+    assert predictor.calibrator.resolved == 1
+    assert predictor.calibrator.factor() == pytest.approx((7200 - 60) / (3600 - 60))
+    # the next refresh shows the single job's P90 run's wait scaled by that factor
+    now = T0 + 7300
+    fork = ClusterState.decode(state.encode())
+    raw = predict(fork, SchedulingPolicy(), predictor.estimator, now, advance_clock=False)
+    shown = asyncio.run(predictor.refresh(now=now)).jobs["single"]
+    expected = raw.jobs["single"]
+    assert expected.p90 is not None and shown.p50 == expected.p50
+    assert shown.p90 == pytest.approx(now + predictor.calibrator.factor() * (expected.p90 - now))

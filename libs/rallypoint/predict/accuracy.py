@@ -5,7 +5,10 @@ infinite error. ``p90_coverage`` is the share of jobs that started no later than
 calibrated P90 covers about 90%). Runtime figures compare the estimator's P50 at submit with the job's
 runtime: within 50% (|estimate - runtime| <= runtime / 2) and off by 2x or more (estimate >= 2 x runtime
 or <= runtime / 2), as Helios and 3Sigma count them. ``started_at_submit`` is the share of jobs whose start
-was known at submit (the core started them in that instant): every predictor gets those right.
+was known at submit (the core started them in that instant): every predictor gets those right, and
+every one of them is covered by its P90. So the P90's calibration shows on the others alone:
+``predicted_jobs`` (not started at submit), their ``predicted_p90_coverage`` (the calibrated P90 the
+predictions show) and ``predicted_p90_run_coverage`` (the P90 run's own start, uncalibrated).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ def accuracy(predictions: Sequence[Prediction]) -> dict[str, float | int | None]
     waited = [p for p in done if p.start is not None and p.start - p.submit >= WAITED_S]
     waited_errors = [_error(p.p50, p.start) for p in waited if p.start is not None]
     covered = [p.p90 is not None and p.start is not None and p.start <= p.p90 for p in done]
+    predicted = [p for p in done if p.start != p.submit]
+    covered_run = [p.p90_run is not None and p.start is not None and p.start <= p.p90_run for p in predicted]
     ratio = [p.runtime_p50 / p.duration for p in done]
     return {
         "jobs": len(done),
@@ -49,6 +54,11 @@ def accuracy(predictions: Sequence[Prediction]) -> dict[str, float | int | None]
         "within_10min": _within(errors, 600.0),
         "median_abs_error_s": median(errors) if errors else None,
         "p90_coverage": _share(covered),
+        "predicted_jobs": len(predicted),
+        "predicted_p90_coverage": _share(
+            [p.p90 is not None and p.start is not None and p.start <= p.p90 for p in predicted]
+        ),
+        "predicted_p90_run_coverage": _share(covered_run),
         "waited_jobs": len(waited),
         "waited_within_1min": _within(waited_errors, 60.0),
         "waited_within_10min": _within(waited_errors, 600.0),

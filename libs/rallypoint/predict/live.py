@@ -9,7 +9,9 @@ its estimated runtime) or a waiting retry comes due. So a waiting job's predicte
 real policy, with the cluster's queues and quotas, would bind it if every job ran as long as estimated.
 
 Two runs per refresh: one with every job's P50 runtime (the P50 start), one with its P90 runtime (the
-P90 start: later, since everything ahead of it runs longer). The estimates come from
+P90 run's start: later, since everything ahead of it runs longer; the service calibrates it,
+``calibration``). Where no job's P90 runtime differs from its P50 one, the P90 run would be the P50 run
+again and is not made. The estimates come from
 ``RuntimeEstimator``, fed only with jobs that have ended (``learn``). Pure and deterministic: the same
 fold, estimator and ``now`` give the same predictions.
 

@@ -2,7 +2,9 @@
 
 Each refresh (every ``interval_s``, when the log moved): the jobs the fold touched are looked at; those
 that completed teach the estimator their runtimes and score the first prediction made for them, those that
-started score their predicted start (``tracking``); then the scheduler's settings of its current epoch
+started score their predicted start (``tracking``) and teach the P90's calibration
+(``calibration.WaitCalibrator``: the P90 shown is the P90 run's, its wait scaled by how late the jobs
+predicted so far started against theirs); then the scheduler's settings of its current epoch
 (``SchedulerSettings``, read from the log: the same policy, queues and priority classes the leader
 decides with) and a copy of the fold go to ``live.predict`` in a worker thread, so answering queries never
 waits for a run. The latest answer is kept encoded, ready for ``q.predictor.starts``. A dry run
@@ -29,6 +31,7 @@ from rallypoint.events import JobSpec, JobSubmitted, SchedulerSettings
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.state import ClusterState
 
+from .calibration import WaitCalibrator
 from .live import (
     HORIZON_S,
     MAX_CYCLES,
@@ -101,6 +104,9 @@ class Predictor:
         self.max_cycles = max_cycles
         self.estimator = RuntimeEstimator()
         self.tracker = AccuracyTracker()
+        # the P90 shown is the P90 run's, calibrated on the jobs predicted so far that started
+        self.calibrator = WaitCalibrator()
+        self._first_p90: dict[str, tuple[float, float]] = {}  # job -> (predicted at, its P90 run's start)
         self.learned = 0
         self._seen_started: set[str] = set()
         self._done: set[str] = set()
@@ -128,9 +134,12 @@ class Predictor:
             if view.started_at is not None and view.job_id not in self._seen_started:
                 self._seen_started.add(view.job_id)
                 self.tracker.started(view.job_id, view.started_at)
+                if (first := self._first_p90.pop(view.job_id, None)) is not None:
+                    self.calibrator.resolve(*first, view.started_at)
         self.learned += learn(self.estimator, ended)
         for view in ended:
             self._done.add(view.job_id)
+            self._first_p90.pop(view.job_id, None)  # ended without starting: nothing to learn
             runtime = runtime_of(view)
             if runtime is None:
                 self.tracker.forget(view.job_id)
@@ -223,15 +232,24 @@ class Predictor:
             deadline=deadline,
             consume=True,  # the fork is this dry run's: its P50 run uses it
         )
-        return predictions.jobs[DRY_RUN_JOB]
+        return self._calibrated(predictions.jobs[DRY_RUN_JOB], at)
+
+    def _calibrated(self, start: PredictedStart, now: float) -> PredictedStart:
+        """``start`` with its P90 run's start calibrated (``WaitCalibrator``)."""
+        return msgspec.structs.replace(start, p90=self.calibrator.p90(now, start.p50, start.p90))
 
     async def refresh(self, now: float | None = None) -> Predictions:
         """New predictions for the fold as it is now, computed off the event loop."""
         self.policy = policy_of(await self._settings())
         fork = ClusterState.decode(self._state().encode())
         began = time.perf_counter()
-        predictions = await self._predict(fork, now)
+        run = await self._predict(fork, now)
         self.refresh_s = time.perf_counter() - began
+        for job_id, start in run.jobs.items():
+            if start.p90 is not None and job_id not in self._first_p90:
+                self._first_p90[job_id] = (run.now, start.p90)
+        calibrated = {job_id: self._calibrated(start, run.now) for job_id, start in run.jobs.items()}
+        predictions = msgspec.structs.replace(run, jobs=calibrated)
         self.latest = predictions
         self.tracker.remember(predictions)
         self.encoded = self._encode()

@@ -8,12 +8,17 @@ jobs of that instant have started. Three forks per instant: the estimator's P50 
 its P90 runtimes (the P90 start) and, as Slurm's ``squeue --start`` does, every job's time limit (the
 baseline). A job the core started at its submit instant needs no fork: its start is known then.
 
+The P90 start reported is the P90 run's, calibrated on the predictions resolved so far
+(``calibration.WaitCalibrator``: its wait scaled so that about 90% of the last jobs predicted started
+within theirs); the P90 run's own start is kept beside it (``p90_run``).
+
 The estimator (runtimes.py) learns only from the jobs of the replay that have ended, as they end; its
 clock refuses anything else.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -24,6 +29,7 @@ from rallypoint.sim.fork import fork, progress, set_runtime
 from rallypoint.sim.run import resolve_policy
 from rallypoint.sim.workload import Job
 
+from .calibration import WaitCalibrator
 from .runtimes import JobFeatures, RuntimeEstimator
 
 __all__ = ["BASELINE_DEFAULT_LIMIT_S", "Prediction", "predict_starts"]
@@ -34,8 +40,9 @@ BASELINE_DEFAULT_LIMIT_S = 86400.0
 
 @dataclass(frozen=True, slots=True)
 class Prediction:
-    """One job's predicted start (P50, P90, baseline; None: not within the fork's run), its runtime
-    estimate at submit, and what really happened (``start`` None: it never started in the replay)."""
+    """One job's predicted start (P50, calibrated P90, baseline; None: not within the fork's run), its
+    runtime estimate at submit, what really happened (``start`` None: it never started in the replay),
+    and the P90 run's own start (``p90_run``; a job started at its submit has no run: its start)."""
 
     job_id: str
     submit: float
@@ -45,6 +52,7 @@ class Prediction:
     runtime_p50: float
     duration: float
     start: float | None = None
+    p90_run: float | None = None
 
 
 def features(job: Job, priority_class: str) -> JobFeatures:
@@ -68,9 +76,12 @@ class _Replay:
         self.next_arrival = 0
         self.records_seen = 0
         self.predictions: dict[str, Prediction] = {}
+        self.calibrator = WaitCalibrator()
+        self.unresolved: dict[str, tuple[float, float]] = {}  # predicted, not started: (at, P90 run's)
 
     def __call__(self, now: float) -> bool:
         sim = self.sim
+        self._resolve(now)
         for r in sim.records[self.records_seen :]:
             self.estimator.observe(r.end, features(sim.jobs[r.id].job, r.priority), r.duration)
         self.records_seen = len(sim.records)
@@ -86,12 +97,35 @@ class _Replay:
             self._predict(waiting, now)
         return False
 
+    def _resolve(self, now: float) -> None:
+        """Teach the calibrator each predicted job that has started by ``now``."""
+        for job_id, (at, p90) in list(self.unresolved.items()):
+            started = self.sim.jobs[job_id].first_start
+            if started is not None and started <= now:
+                self.calibrator.resolve(at, p90, started)
+                del self.unresolved[job_id]
+
     def _keep(
-        self, job_id: str, now: float, p50: float | None, p90: float | None, base: float | None
+        self,
+        job_id: str,
+        now: float,
+        p50: float | None,
+        p90: float | None,
+        base: float | None,
+        p90_run: float | None = None,
     ) -> None:
         sj = self.sim.jobs[job_id]
         est = self.estimator.estimate(features(sj.job, sj.pclass), now)
-        self.predictions[job_id] = Prediction(job_id, sj.job.submit, p50, p90, base, est.p50, sj.job.duration)
+        self.predictions[job_id] = Prediction(
+            job_id,
+            sj.job.submit,
+            p50,
+            p90,
+            base,
+            est.p50,
+            sj.job.duration,
+            p90_run=p90 if p90_run is None else p90_run,
+        )
 
     def _predict(self, waiting: list[str], now: float) -> None:
         sim = self.sim
@@ -103,7 +137,10 @@ class _Replay:
         p90 = _forward(sim, waiting, now, lambda jid: estimates[jid].p90)
         base = _forward(sim, waiting, now, lambda jid: _limit(sim.jobs[jid].job))
         for jid in waiting:
-            self._keep(jid, now, p50[jid], p90[jid], base[jid])
+            run = p90[jid]
+            self._keep(jid, now, p50[jid], self.calibrator.p90(now, p50[jid], run), base[jid], run)
+            if run is not None:
+                self.unresolved[jid] = (now, run)
 
 
 def _limit(job: Job) -> float:
@@ -140,4 +177,4 @@ def predict_starts(
 
 
 def _with_start(p: Prediction, start: float | None) -> Prediction:
-    return Prediction(p.job_id, p.submit, p.p50, p.p90, p.baseline, p.runtime_p50, p.duration, start)
+    return dataclasses.replace(p, start=start)

@@ -588,11 +588,20 @@ def _predict_row(run: Mapping[str, Any]) -> str:
     med = "-" if f["median_abs_error_s"] is None else f"{f['median_abs_error_s']:,.0f}"
     return (
         f"| {run['week']} | {run['load']:g} | {run['gpus']} | {f['jobs']:,} | {_share(f['within_1min'])} | "
-        f"{_share(f['within_10min'])} | {med} | {_share(f['p90_coverage'])} | {f['waited_jobs']:,} | "
+        f"{_share(f['within_10min'])} | {med} | {_share(f['p90_coverage'])} | {_predicted_cover(f)} | "
+        f"{f['waited_jobs']:,} | "
         f"{_share(f['waited_within_1min'])} / {_share(f['waited_within_10min'])} | "
         f"{_share(f['baseline_within_1min'])} / {_share(f['baseline_within_10min'])} | "
         f"{_share(f['runtime_within_50pct'])} | {_share(f['runtime_off_2x'])} | {run['wall']:,.0f} |"
     )
+
+
+def _predicted_cover(f: Mapping[str, Any]) -> str:
+    """The jobs not started at submit, their calibrated P90's coverage and their P90 run's."""
+    if f.get("predicted_jobs") is None:
+        return "-"
+    cover, run = _share(f.get("predicted_p90_coverage")), _share(f.get("predicted_p90_run_coverage"))
+    return f"{f['predicted_jobs']:,}: {cover} ({run})"
 
 
 def predict_section(runs: Sequence[Mapping[str, Any]], number: int) -> list[str]:
@@ -607,6 +616,8 @@ def predict_section(runs: Sequence[Mapping[str, Any]], number: int) -> list[str]
         "harness of `rally sim predict` (`rallypoint.predict.predict_starts`, figures from "
         "`rallypoint.predict.accuracy`). *Waited*: jobs that started 10 minutes or more after their submit; "
         "*baseline*: a fork with every job's time limit as its runtime, as Slurm's `squeue --start`. "
+        "*Predicted jobs*: those not started at their submit, whose P90 is the P90 run's calibrated on the "
+        "predictions resolved so far (in brackets: the P90 run's own coverage). "
         f"Run here: {done}. The harness's cost grows with the jobs that wait (each waiting job's forks run "
         "the core forward over its wait, three times): on this 2-core machine, with other work on it, the "
         "week of 2017-10-16 at 0.9 took 468 s and 2017-10-02 at 1.1 1,226 s (docs/prediction.md). So "
@@ -616,10 +627,10 @@ def predict_section(runs: Sequence[Mapping[str, Any]], number: int) -> list[str]
     )
     L.append(
         "| week | load | GPUs | jobs | within 1 min | within 10 min | median error s | P90 coverage "
-        "| waited jobs | waited within 1 / 10 min | baseline within 1 / 10 min | runtime within 50% "
-        "| runtime off 2x | wall s |"
+        "| predicted jobs: P90 coverage (P90 run's) | waited jobs | waited within 1 / 10 min "
+        "| baseline within 1 / 10 min | runtime within 50% | runtime off 2x | wall s |"
     )
-    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     L.extend(_predict_row(r) for r in runs)
     L.append("")
     L.append(_predict_reach(runs))
