@@ -15,7 +15,7 @@ from rallypoint.cli.main import main
 
 @pytest.fixture(scope="module")
 def figures() -> dict[str, Any]:
-    cfg = argparse.Namespace(nodes=200, pending=100, runs=8, seed=1)
+    cfg = argparse.Namespace(nodes=200, pending=100, runs=8, seed=1, predictor_budget=None)
     return run(cfg, settle=False)  # the test runner's heap is not the bench's to freeze
 
 

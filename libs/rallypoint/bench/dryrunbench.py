@@ -19,6 +19,10 @@ periodic refresh runs, and each dry run waits until the predictor finished the l
 next one's fork ahead (``ready_forks``: how many ran from such a fork). ``appended`` is
 how far the log moved over all the dry runs: 0.
 
+``--predictor-budget S`` gives the predictor's dry runs another budget than the service's
+(``DRY_RUN_BUDGET_S``): with a large one, ``with_prediction.predictor`` is how long a prediction takes
+(the API still answers ``unavailable`` after its 2 s).
+
 ``rally bench dryrun --nodes 12500 --pending 10000 --json`` (``cli/bench.py`` holds its arguments).
 """
 
@@ -65,7 +69,7 @@ from rallypoint.events import (
 )
 from rallypoint.infra import NatsServer, free_port
 from rallypoint.predict.live import PredictedStart
-from rallypoint.predict.refresh import Predictor
+from rallypoint.predict.refresh import DRY_RUN_BUDGET_S, Predictor
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.scheduling.config import core_queues
 from rallypoint.scheduling.queues import Org, Queues, Team
@@ -268,12 +272,12 @@ def _predicted_runs(runs: int) -> int:
 
 
 async def _with_prediction(
-    log: EventLog, app: web.Application, url: str, token: str, runs: int
+    log: EventLog, app: web.Application, url: str, token: str, runs: int, budget_s: float
 ) -> dict[str, Any]:
     """The same dry runs with the predictor service's query handlers (``answer_queries``) on the same NATS
     server, over the API's fold, so each answer carries the predictor's run forward (``predicted_start``).
     No periodic refresh runs beside them (the log does not move): each dry run is timed alone."""
-    predictor = _TimedPredictor(lambda: app[FOLLOWER].state, settings_reader(log))
+    predictor = _TimedPredictor(lambda: app[FOLLOWER].state, settings_reader(log), dry_run_budget_s=budget_s)
     subscriptions = await answer_queries(log.nc, predictor)
     try:
         took, answers = await _time_dry_runs(url, token, runs, predictor)
@@ -328,7 +332,9 @@ async def _serve_and_measure(
         before, cpu = await log.last_seq(), time.process_time()
         took, answers = await _time_dry_runs(url, token, cfg.runs)
         cpu = time.process_time() - cpu
-        predicted = await _with_prediction(log, app, url, token, _predicted_runs(cfg.runs))
+        runs = _predicted_runs(cfg.runs)
+        budget = DRY_RUN_BUDGET_S if cfg.predictor_budget is None else cfg.predictor_budget
+        predicted = await _with_prediction(log, app, url, token, runs, budget)
         appended = await log.last_seq() - before
     finally:
         await runner.cleanup()
@@ -384,6 +390,8 @@ def run(cfg: argparse.Namespace, *, settle: bool = True) -> dict[str, Any]:
 
 def check(cfg: argparse.Namespace) -> str | None:
     """A one-line error for arguments the bench cannot run with, else None."""
+    if cfg.predictor_budget is not None and cfg.predictor_budget <= 0:
+        return "error: --predictor-budget must be above 0 seconds"
     if cfg.nodes < 4 or cfg.pending < 0 or cfg.runs < 1:
         return "error: --nodes must be at least 4, --pending at least 0, --runs at least 1"
     return None

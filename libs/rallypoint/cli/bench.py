@@ -92,6 +92,12 @@ def dryrun_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pending", type=int, default=10000, help="waiting jobs (default 10000)")
     parser.add_argument("--runs", type=int, default=100, help="dry runs timed (default 100)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--predictor-budget",
+        type=float,
+        default=None,
+        help="seconds the predictor may take per dry run (default: the service's, 1.5)",
+    )
 
 
 def handle_dryrun(args: argparse.Namespace) -> int:
