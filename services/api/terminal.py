@@ -107,17 +107,12 @@ class TerminalHandlers:
             return ws
         attempt, session = job.attempt, secrets.token_hex(8)
         idle_s, grace_s = session_limits(self.queues, job.spec.team)
-        # subscribed before the agent is asked, so the first output (the prompt) is not missed
-        output = await self.log.nc.subscribe(subjects.terminal_output(node_id, session))
         ask = TerminalRequest(
             op="open", job_id=job_id, attempt=attempt, rank=rank, session=session, grace_s=grace_s
         )
-        reply = await self._ask(node_id, ask)
-        if reply is None or not reply.ok:
-            await output.unsubscribe()
-            if reply is None:
-                return unavailable(f"the agent of {node_id} did not answer; retry")
-            return problem(502, "Agent refused", reply.error, slug="agent-error", node_id=node_id)
+        output = await self._open(node_id, ask)
+        if isinstance(output, web.Response):
+            return output
         await ws.prepare(request)
         relay = _Relay(self.log, ws, output, node_id, session, idle_s)
         ended = await relay.run()
@@ -152,19 +147,15 @@ class TerminalHandlers:
         ws = _websocket(request)
         if isinstance(ws, web.Response):
             return ws
-        session = secrets.token_hex(8)
-        output = await self.log.nc.subscribe(subjects.terminal_output(node_id, session))
         ask = TerminalRequest(
-            op="forward", job_id=job.job_id, attempt=job.attempt, rank=rank, session=session, port=int(port)
-        )
-        reply = await self._ask(node_id, ask)
-        if reply is None or not reply.ok:
-            await output.unsubscribe()
-            if reply is None:
-                return unavailable(f"the agent of {node_id} did not answer; retry")
-            return problem(502, "Agent refused", reply.error, slug="agent-error", node_id=node_id)
+            op="forward", job_id=job.job_id, attempt=job.attempt, rank=rank, session=secrets.token_hex(8),
+            port=int(port),
+        )  # fmt: skip
+        output = await self._open(node_id, ask)
+        if isinstance(output, web.Response):
+            return output
         await ws.prepare(request)
-        relay = _Relay(self.log, ws, output, node_id, session, math.inf)
+        relay = _Relay(self.log, ws, output, node_id, ask.session, math.inf)
         ended = await relay.run()
         await relay.close()
         if ended == "client":  # the agent closes its connection to the port
@@ -174,6 +165,18 @@ class TerminalHandlers:
     async def close(self) -> None:
         for task in list(self._graces):
             task.cancel()
+
+    async def _open(self, node_id: str, ask: TerminalRequest) -> Subscription | web.Response:
+        """Ask the agent to open ``ask``'s session; its output's subscription, or the problem why not. The
+        subscription comes first, so the first output (a prompt, a server's greeting) is not missed."""
+        output = await self.log.nc.subscribe(subjects.terminal_output(node_id, ask.session))
+        reply = await self._ask(node_id, ask)
+        if reply is not None and reply.ok:
+            return output
+        await output.unsubscribe()
+        if reply is None:
+            return unavailable(f"the agent of {node_id} did not answer; retry")
+        return problem(502, "Agent refused", reply.error, slug="agent-error", node_id=node_id)
 
     async def _ask(self, node_id: str, ask: TerminalRequest) -> TerminalReply | None:
         try:
