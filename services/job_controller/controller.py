@@ -1,7 +1,10 @@
 """The job controller shell: carry out what ``rallypoint.control.reconcile`` says each job needs.
 
 Talks to node agents by request/reply (commands are not facts) and appends the outcomes to the log.
-Several controllers can run side by side, each owning a stable shard of the jobs (``--shard i/n``).
+Several controllers can run side by side: the jobs (and, for the sweeps, the nodes) fall into a fixed
+number of partitions (``subjects.CONTROL_PARTITIONS``) that the live replicas share (``runtime.partitions``);
+a replica acts only on the partitions it owns now, and every append it makes is fenced by its ownership
+epoch, so a deposed owner's write is refused by the server and it drops the partition at once.
 
 Each pass reconciles only the jobs whose answer may have changed since the last one (reconciling every
 job on every event was nearly all of its CPU at 20k jobs): those the follower's change feed names, those
@@ -36,7 +39,6 @@ from rallypoint.control import (
     Launch,
     LaunchRefusal,
     RecoveryConfig,
-    owned_by,
     reconcile,
     refusal_event,
     stale_attempts,
@@ -44,7 +46,7 @@ from rallypoint.control import (
     with_lost_work,
 )
 from rallypoint.control.recovery import secrets_lost_event
-from rallypoint.eventlog import EventLog, EventLogError
+from rallypoint.eventlog import AppendConflict, EventLog, EventLogError
 from rallypoint.eventlog.secretstore import SecretStore
 from rallypoint.events import Event, subjects
 from rallypoint.observability import tracing
@@ -52,6 +54,7 @@ from rallypoint.observability.instruments import JOB_CONTROLLER_ACTIONS
 from rallypoint.observability.tracing import span, trace_headers
 from rallypoint.protocol import KillReply, KillTask, LaunchReply, LaunchTask, StatusReply
 from rallypoint.runtime.follower import Changes, Follower
+from rallypoint.runtime.partitions import NotOwner, PartitionOwnership
 from rallypoint.state import ClusterState, JobView
 
 _log = logging.getLogger("rallypoint.job_controller")
@@ -97,8 +100,7 @@ class JobController:
         log: EventLog,
         follower: Follower,
         *,
-        shard: int = 0,
-        shards: int = 1,
+        partitions: PartitionOwnership | None = None,
         clock: Callable[[], float] = time.time,
         command_timeout: float = 5.0,
         tick_s: float = 1.0,
@@ -110,8 +112,11 @@ class JobController:
         self.nc = nc
         self.log = log
         self.follower = follower
-        self.shard = shard
-        self.shards = shards
+        # None: this controller owns every job and appends unfenced (one controller in tests and benches)
+        self.partitions = partitions
+        self._generation = -1  # the ownership generation the last pass saw
+        if partitions is not None:
+            partitions.listeners.append(self.follower.changed.set)  # a gain or loss wakes the loop
         self.clock = clock
         self.command_timeout = command_timeout
         self.tick_s = tick_s
@@ -144,6 +149,8 @@ class JobController:
         """One pass: reconcile what may have changed, and sweep the nodes that came back."""
         changes = self._changes.take()
         now = self.clock()
+        if self._ownership_moved():
+            changes = Changes(frozenset(), frozenset(), everything=True)
         if changes.everything or now - self._last_full >= self.full_sweep_s:
             self._last_full = now
             self.reconcile_all()
@@ -151,8 +158,22 @@ class JobController:
             self.reconcile_jobs(self._due(changes, now))
         self.sweep_recovered_nodes(None if changes.everything else changes.nodes)
 
+    def _owns(self, key: str) -> bool:
+        return self.partitions is None or self.partitions.owns(key)
+
+    def _ownership_moved(self) -> bool:
+        """True when partitions came or went since the last pass: the actions of jobs no longer ours stop
+        (their appends would be refused anyway), and a full pass finds the jobs of the partitions gained."""
+        if self.partitions is None or self.partitions.generation == self._generation:
+            return False
+        self._generation = self.partitions.generation
+        for job_id, task in list(self._inflight.items()):
+            if not self._owns(job_id):
+                task.cancel()
+        return True
+
     def reconcile_all(self) -> None:
-        """Reconcile every job of this shard (a full pass)."""
+        """Reconcile every job of the partitions owned now (a full pass)."""
         self._ended.clear()
         self.reconcile_jobs(list(self.follower.state.jobs))
 
@@ -187,7 +208,7 @@ class JobController:
                 continue
             if job.job_id in self._inflight:
                 continue  # in flight: looked at again when its actions end
-            if not owned_by(job.job_id, self.shard, self.shards):
+            if not self._owns(job.job_id):
                 continue
             self._reconcile_one(state, job.job_id, now)
 
@@ -285,13 +306,22 @@ class JobController:
             await self.follower.next_change(min(remaining, 1.0))
 
     async def _append(self, job_id: str, event: Event) -> None:
+        """Append for ``job_id``, fenced by the epoch of its partition's ownership: ``NotOwner`` when this
+        replica does not own it now; ``AppendConflict`` (and the partition dropped) when a newer one does."""
         job = self.follower.state.jobs[job_id]
-        seq = await self.log.append(
-            subjects.for_event(event),
-            event,
-            source=SOURCE,
-            msg_id=f"{job_id}:{job.attempt}:{type(event).__name__}",
-        )
+        subject = subjects.for_event(event)
+        msg_id = f"{job_id}:{job.attempt}:{type(event).__name__}"
+        if self.partitions is None:
+            seq = await self.log.append(subject, event, source=SOURCE, msg_id=msg_id)
+        else:
+            writer = self.partitions.writer_for(job_id)
+            if writer is None:
+                raise NotOwner(job_id)
+            try:
+                seq = await writer.append(subject, event, msg_id)
+            except AppendConflict:
+                self.partitions.deposed(job_id, writer)
+                raise
         await self.follower.wait_for(seq)
 
     async def _request(self, subject: str, payload: msgspec.Struct) -> bytes | None:
@@ -347,7 +377,7 @@ class JobController:
         job_id = job.job_id
         if not job.spec.secret_names or job_id in self._secrets_forgotten:
             return
-        if not owned_by(job_id, self.shard, self.shards):
+        if not self._owns(job_id):
             return
         self._secrets_forgotten.add(job_id)
         task = asyncio.create_task(self._purge_secrets(job_id))
@@ -404,7 +434,7 @@ class JobController:
             self._node_status[node_id] = node.status
             if before is None or before == "up" or node.status != "up":
                 continue
-            if not owned_by(node_id, self.shard, self.shards):
+            if not self._owns(node_id):  # nodes fall into the same partitions by their id
                 continue
             task = asyncio.create_task(self._sweep(node_id))
             self._sweeps.add(task)

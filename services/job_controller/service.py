@@ -1,26 +1,25 @@
-"""`rally serve job-controller`: launches bound gangs, collects exits, cancels. Shardable."""
+"""`rally serve job-controller`: launches bound gangs, collects exits, cancels. Run as many as you like: the
+live replicas share the jobs' partitions, and a killed one's are taken by the others within seconds."""
 
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 
 from rallypoint.control import RecoveryConfig
 from rallypoint.control.drain_flags import add_drain_policy_args, drain_policy_from_args
+from rallypoint.events import subjects
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.following import open_follower
+from rallypoint.runtime.partitions import PARTITION_TTL_S, PartitionOwnership
 
-from .controller import JobController
+from .controller import SOURCE, JobController
 
 
-def _shard(text: str) -> tuple[int, int]:
-    try:
-        index, count = (int(part) for part in text.split("/"))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError("expected I/N, e.g. 0/1") from exc
-    if not 0 <= index < count:
-        raise argparse.ArgumentTypeError("shard index must be in [0, N)")
-    return index, count
+def _member(instance: str) -> str:
+    """The replica's name in the partitions' bucket: one key token (host-pid stays as it is)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", instance)
 
 
 def _add_recovery_args(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +56,13 @@ def _add_recovery_args(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rally serve job-controller", description=__doc__)
     add_common_args(parser)
-    parser.add_argument("--shard", type=_shard, default=(0, 1), help="this replica's share of jobs, I/N")
+    parser.add_argument(
+        "--partition-ttl",
+        type=float,
+        default=PARTITION_TTL_S,
+        help="seconds a killed replica keeps its partitions before the others take them "
+        "(the bucket's TTL wins once it exists)",
+    )
     parser.add_argument("--command-timeout", type=float, default=5.0, help="seconds to wait for an agent")
     parser.add_argument(
         "--preemption-grace",
@@ -80,13 +85,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     async def run(ctx: ServiceContext) -> int:
         follower = await open_follower(ctx)
         log = follower.log
-        shard, shards = args.shard
+        partitions = await PartitionOwnership.open(
+            await ctx.jetstream(),
+            log,
+            follower,
+            service=subjects.CONTROL_ROLE,
+            member=_member(config.instance),
+            count=subjects.CONTROL_PARTITIONS,
+            source=SOURCE,
+            ttl=args.partition_ttl,
+        )
+        # Registered after the connection's drain, so it runs before it (LIFO): hand over while connected.
+        ctx.stack.push_async_callback(partitions.resign)
+        partitions.start(ctx.stop)
         controller = JobController(
             await ctx.nats(),
             log,
             follower,
-            shard=shard,
-            shards=shards,
+            partitions=partitions,
             command_timeout=args.command_timeout,
             preemption_grace_s=args.preemption_grace,
             recovery=recovery,

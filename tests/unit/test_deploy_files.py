@@ -286,6 +286,11 @@ MATRIX = (
         ("scheduler", "pub", "cmd.agent.n1.launch", False),
         ("job-controller", "pub", "rally.job.j1", False),
         ("job-controller", "pub", "rally.ctl.job.j1", True),
+        ("job-controller", "pub", "rally.ctl.epoch.7", True),  # its partitions' epochs (runtime.partitions)
+        ("job-controller", "pub", "$KV.rally-partitions.job-controller.lease.7", True),
+        ("job-controller", "pub", "$KV.rally-partitions.job-controller.member.host-1", True),
+        ("scheduler", "pub", "rally.ctl.epoch.7", False),
+        ("scheduler", "pub", "$KV.rally-partitions.job-controller.lease.7", False),
         ("job-controller", "pub", "cmd.agent.n1.launch", True),
         ("job-controller", "pub", "rally.sched.epoch", False),
         ("job-controller", "pub", "$KV.rally-leader.scheduler", False),

@@ -109,6 +109,8 @@ def test_every_event_type_has_a_subject() -> None:
         (registration(), "rally.node.n1.agent"),
         (LeaderEpochStarted(epoch=1, leader_id="a", at=1.0), "rally.sched.epoch"),
         (LeaderEpochStarted(epoch=1, leader_id="a", role="preemption", at=1.0), "rally.preempt.epoch"),
+        # a job-controller partition's new owner fences the old one on the partition's own epoch subject
+        (LeaderEpochStarted(epoch=1, leader_id="a", role="job-controller.7", at=1.0), "rally.ctl.epoch.7"),
         # the scheduler's preemption requests are on its fenced tree; the old service's stay readable
         (preemption_request("scheduler"), "rally.sched.preempt.j1"),
         (preemption_request("preemption"), "rally.preempt.request.j1"),
@@ -181,3 +183,17 @@ def test_a_forged_completion_changes_no_fold_and_every_fold_agrees() -> None:
     assert one.quarantine.by_reason == {"misplaced": 1}
     assert one.last_seq == 2
     assert one.hash() == two.hash()
+
+
+@pytest.mark.parametrize(
+    "role", ["job-controller.32", "job-controller.07", "job-controller.-1", "ctl.3", "x"]
+)
+def test_no_epoch_subject_for_a_role_that_is_not_a_single_writer(role: str) -> None:
+    with pytest.raises(ValueError):
+        subjects.epoch(role)
+
+
+def test_a_key_stays_in_its_partition() -> None:
+    # crc32, not hash(): every process and release agrees (a job's partition never moves)
+    assert subjects.partition_of("job-1", subjects.CONTROL_PARTITIONS) == 1279408703 % 32
+    assert {subjects.partition_of(f"j{i}", 32) for i in range(1000)} == set(range(32))

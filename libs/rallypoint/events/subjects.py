@@ -19,6 +19,7 @@ past the permissions still cannot change any fold.
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -138,11 +139,45 @@ def legacy_preempt(job_id: str) -> str:
 #: Single-writer role -> the subject its new leaders append LeaderEpochStarted to.
 EPOCH_SUBJECTS = {"scheduler": EPOCH, "preemption": PREEMPTION_EPOCH}
 
+#: The job controller's partitions. A job, and a node for the controller's sweeps, belongs to one of them for
+#: good (``partition_of``); each partition has one owner at a time, whose every write is fenced on the
+#: partition's epoch subject (``control_epoch``). Fixed: changing it would move jobs between partitions.
+CONTROL_PARTITIONS = 32
+CONTROL_ROLE = "job-controller"
+
+
+def partition_of(key: str, count: int) -> int:
+    """The partition of ``key`` among ``count``: stable across processes and releases (not ``hash()``)."""
+    return zlib.crc32(key.encode()) % count
+
+
+def partition_role(service: str, partition: int) -> str:
+    """The single-writer role of one partition (``LeaderEpochStarted.role``): ``job-controller.7``."""
+    return f"{service}.{partition}"
+
+
+def control_epoch(partition: int) -> str:
+    """Where a new owner of a job-controller partition appends its LeaderEpochStarted."""
+    return f"rally.ctl.epoch.{partition}"
+
+
+def _partition_epoch(role: str) -> str | None:
+    service, _, number = role.rpartition(".")
+    # one spelling per partition: no sign, no leading zero, no other digits than 0-9
+    if service != CONTROL_ROLE or not (number.isascii() and number.isdigit()) or number != str(int(number)):
+        return None
+    if int(number) >= CONTROL_PARTITIONS:
+        return None
+    return control_epoch(int(number))
+
 
 def epoch(role: str) -> str:
-    if role not in EPOCH_SUBJECTS:
+    if role in EPOCH_SUBJECTS:
+        return EPOCH_SUBJECTS[role]
+    subject = _partition_epoch(role)
+    if subject is None:
         raise ValueError(f"no single-writer role {role!r}")
-    return EPOCH_SUBJECTS[role]
+    return subject
 
 
 def snapshot_taken(role: str) -> str:

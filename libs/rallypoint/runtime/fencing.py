@@ -76,7 +76,8 @@ class FencedWriter:
             expected_last_subject_seq=self.fence,
             expected_subject_filter=self.tree,
         )
-        self.fence = seq
+        if subject_matches(self.tree, subject):  # a write off the tree leaves the tree's last sequence
+            self.fence = max(self.fence, seq)  # a duplicate answers with its first, older, sequence
         return seq
 
     async def append_many(self, writes: Sequence[Entry]) -> int:

@@ -7,6 +7,7 @@ ties each event type to one subject) plus the JetStream API calls it makes, and 
   message get / direct get, flow-control replies; never a stream create, update, delete or purge, never a
   message delete, never a consumer delete. Only ``admin`` sets the streams up (``rallypoint.security.setup``);
 - the leader lease (KV ``rally-leader``): the scheduler and the preemption service, each only its own key;
+- partitions (KV ``rally-partitions``): a partitioned service's replicas, only that service's keys;
 - snapshots: each role that folds the whole log (``SNAPSHOT_ROLES``) saves and loads its own, in an object
   store of its own (``rally-snapshots-<role>``: chunk subjects are random, so only the bucket can tell
   writers apart), and records each save on ``rally.snap.<role>``. Replacing an object purges its old
@@ -30,6 +31,7 @@ from rallypoint.events import subjects
 
 STREAM = "RALLY"
 LEADER_BUCKET = "rally-leader"
+PARTITION_BUCKET = "rally-partitions"
 SECRETS_BUCKET = "rally-secrets"
 SNAPSHOT_BUCKET_PREFIX = "rally-snapshots"
 #: The roles that fold the whole log and keep a snapshot of the fold, each its own.
@@ -69,6 +71,12 @@ def read_stream(stream: str) -> tuple[str, ...]:
 def leader_lease(key: str) -> tuple[str, ...]:
     """The leader lease ``key`` in KV ``rally-leader``: read the bucket, write only that key."""
     return (*read_stream(f"KV_{LEADER_BUCKET}"), f"$KV.{LEADER_BUCKET}.{key}")
+
+
+def partition_keys(service: str) -> tuple[str, ...]:
+    """A partitioned service's presence and partition leases in KV ``rally-partitions``
+    (``runtime.partitions``): read and watch the bucket, write only that service's keys."""
+    return (*read_stream(f"KV_{PARTITION_BUCKET}"), f"$KV.{PARTITION_BUCKET}.{service}.>")
 
 
 def job_secrets() -> tuple[str, ...]:
@@ -190,9 +198,16 @@ def _matrix() -> dict[str, Permissions]:
         ),
         "job-controller": _service(
             writes="JobStarted, JobCompleted, JobFailed, JobAttemptFailed, JobInterrupted, JobCancelled, "
-            "JobPreempted, JobResized; commands the agents",
-            # rally-secrets: reads a job's secrets into its launches, purges them once the job has ended
-            publish=(f"rally.ctl.job.{one}", "cmd.agent.>", *job_secrets()),
+            "JobPreempted, JobResized, its partitions' LeaderEpochStarted; commands the agents",
+            # rally-secrets: reads a job's secrets into its launches, purges them once the job has ended;
+            # rally-partitions: its replicas' presence and partition leases, each partition's epoch
+            publish=(
+                f"rally.ctl.job.{one}",
+                f"rally.ctl.epoch.{one}",
+                "cmd.agent.>",
+                *job_secrets(),
+                *partition_keys(subjects.CONTROL_ROLE),
+            ),
         ),
         "projector": _service(writes="nothing (PostgreSQL read models)"),
         "predictor": _service(writes="nothing (answers q.predictor.starts)"),

@@ -1,0 +1,275 @@
+"""A service's work in a fixed number of partitions, owned dynamically by its live replicas, fenced.
+
+Membership: every replica rewrites a presence key ``<service>.member.<member>`` in the KV bucket
+``rally-partitions`` (its TTL is the bucket's ``max_age``), so a killed replica's key is gone one TTL after
+its last rewrite. Assignment: rendezvous hashing over the live members (``assigned``): every replica
+computes the same owner for each partition from the same members, and a member's leaving moves only its
+own partitions.
+
+Ownership: a replica claims each partition assigned to it through the lease key ``<service>.lease.<p>``
+(``LeaderLease``: ``kv.create``, then ``kv.update`` with the revision, a TTL, a safety margin), releases
+the partitions the assignment moves away, and takes those of a killed replica once their leases expire
+(within about one TTL). A lease only says "probably owner": before acting on a partition its new owner
+appends ``LeaderEpochStarted`` (role ``<service>.<p>``) on the partition's epoch subject, conditional on
+that subject's last sequence, and every later write it makes is conditional on that epoch event still
+being the last one there (``FencedWriter`` with the epoch subject as its tree). So once a newer owner's
+epoch is stored, a deposed owner's next append is refused by the server (``AppendConflict``) and the owner
+drops the partition. Writes of one partition do not move its fence, so they go in parallel, as do the
+partitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from nats.js.client import JetStreamContext
+from nats.js.kv import KeyValue
+
+from rallypoint.eventlog import AppendConflict, EventLog, EventLogError, LogUnavailable
+from rallypoint.eventlog.setup import PARTITION_TTL_S, open_partition_bucket
+from rallypoint.events import subjects
+from rallypoint.security.permissions import PARTITION_BUCKET
+
+from .fencing import FencedWriter
+from .follower import Follower
+from .leader import _NO_ANSWER, LeaderLease
+
+__all__ = ["PARTITION_BUCKET", "PARTITION_TTL_S", "NotOwner", "PartitionOwnership", "assigned", "rendezvous"]
+
+_log = logging.getLogger("rallypoint.partitions")
+
+
+class NotOwner(EventLogError):
+    """Nothing was appended: this replica does not own the key's partition now."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"{key}: its partition is not ours now")
+
+
+def _weight(member: str, partition: int) -> bytes:
+    return hashlib.blake2b(f"{member}/{partition}".encode(), digest_size=8).digest()
+
+
+def rendezvous(partition: int, members: Iterable[str]) -> str | None:
+    """The member with the highest weight for ``partition`` (None without members): the same answer on
+    every replica that sees the same members, whatever order it lists them in."""
+    return max(members, key=lambda m: (_weight(m, partition), m), default=None)
+
+
+def assigned(member: str, members: Iterable[str], count: int) -> frozenset[int]:
+    """The partitions ``member`` owns when ``members`` are the live ones."""
+    everyone = sorted(set(members) | {member})
+    return frozenset(p for p in range(count) if rendezvous(p, everyone) == member)
+
+
+class PartitionOwnership:
+    """One replica's share of ``service``'s ``count`` partitions: ``run`` keeps it; ``owns`` and
+    ``writer_for`` tell the service what it may act on and how to write for it."""
+
+    def __init__(
+        self,
+        kv: KeyValue,
+        log: EventLog,
+        follower: Follower,
+        *,
+        service: str,
+        member: str,
+        count: int,
+        ttl: float,
+        source: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.kv = kv
+        self.log = log
+        self.follower = follower
+        self.service = service
+        self.member = member
+        self.count = count
+        self.ttl = ttl
+        self.source = source
+        self.clock = clock
+        self.tick_s = ttl / 10
+        self.leases: dict[int, LeaderLease] = {}  # held, fenced or being fenced
+        self.writers: dict[int, FencedWriter] = {}  # fenced: the partitions this replica acts on
+        self.generation = 0  # grows at every gain or loss
+        self.listeners: list[Callable[[], None]] = []  # told at every gain or loss
+        self.members: tuple[str, ...] = (member,)
+        self._last_presence = float("-inf")
+        self._presence_revision: int | None = None
+        self._runner: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(
+        cls,
+        js: JetStreamContext,
+        log: EventLog,
+        follower: Follower,
+        *,
+        service: str,
+        member: str,
+        count: int,
+        source: str,
+        ttl: float = PARTITION_TTL_S,
+    ) -> PartitionOwnership:
+        kv = await open_partition_bucket(js, ttl=ttl)
+        status = await kv.status()
+        if status.ttl and abs(status.ttl - ttl) > 1e-3:
+            _log.warning(
+                "bucket %s has ttl %.2fs, not %.2fs; using the bucket's", PARTITION_BUCKET, status.ttl, ttl
+            )
+            ttl = status.ttl
+        return cls(kv, log, follower, service=service, member=member, count=count, ttl=ttl, source=source)
+
+    # -- what the service asks ----------------------------------------------------------------------
+
+    def partition_of(self, key: str) -> int:
+        return subjects.partition_of(key, self.count)
+
+    def owns(self, key: str) -> bool:
+        return self.partition_of(key) in self.writers
+
+    def writer_for(self, key: str) -> FencedWriter | None:
+        """The fenced writer of ``key``'s partition, None when this replica does not own it now."""
+        return self.writers.get(self.partition_of(key))
+
+    def deposed(self, key: str, writer: FencedWriter) -> None:
+        """A write for ``key`` was refused (a newer owner's epoch): stop acting on its partition at once."""
+        partition = self.partition_of(key)
+        if self.writers.get(partition) is writer:
+            _log.warning("%s: partition %d was taken by a newer owner; dropping it", self.member, partition)
+            self._drop(partition)
+
+    # -- keeping the share ----------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Keep presence, claim what the assignment gives, release what it moves away; until ``stop``."""
+        while not stop.is_set():
+            try:
+                await self.step()
+            except _NO_ANSWER as exc:
+                _log.warning("%s: partition round got no answer (%s)", self.member, type(exc).__name__)
+            except Exception:
+                _log.exception("%s: partition round failed", self.member)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.tick_s)
+
+    def start(self, stop: asyncio.Event) -> asyncio.Task[None]:
+        self._runner = asyncio.create_task(self.run(stop), name=f"partitions-{self.member}")
+        return self._runner
+
+    async def step(self) -> None:
+        """One round: presence, the live members, then releases and claims."""
+        await self._keep_presence()
+        self.members = await self._live_members()
+        want = assigned(self.member, self.members, self.count)
+        for partition, lease in list(self.leases.items()):
+            if lease.lost.is_set():
+                self._drop(partition)
+            elif partition not in want and partition in self.writers:
+                await self._release(partition)
+        missing = [p for p in sorted(want) if p not in self.leases]
+        if missing:
+            await asyncio.gather(*(self._claim(p) for p in missing))
+
+    async def _keep_presence(self) -> None:
+        if time.monotonic() - self._last_presence < self.ttl / 3:
+            return
+        started = time.monotonic()
+        self._presence_revision = await self.kv.put(self._presence_key, self.member.encode())
+        self._last_presence = started
+
+    @property
+    def _presence_key(self) -> str:
+        return f"{self.service}.member.{self.member}"
+
+    async def _live_members(self) -> tuple[str, ...]:
+        """The members whose presence key has not expired, this one included."""
+        prefix = f"{self.service}.member."
+        watcher = await self.kv.watch(f"{prefix}*", meta_only=True, ignore_deletes=True)
+        names = {self.member}
+        try:
+            async for entry in watcher:
+                if entry is None:  # the end of what is stored now
+                    break
+                names.add(entry.key[len(prefix) :])
+        finally:
+            await watcher.stop()
+        return tuple(sorted(names))
+
+    async def _claim(self, partition: int) -> None:
+        lease = LeaderLease(
+            self.kv, key=f"{self.service}.lease.{partition}", holder=self.member, ttl=self.ttl
+        )
+        if not await lease.try_acquire():
+            return  # still another's (alive, or its lease has not expired yet): tried again next round
+        self.leases[partition] = lease
+        role = subjects.partition_role(self.service, partition)
+        epoch_subject = subjects.epoch(role)
+        writer = FencedWriter(
+            self.log,
+            self.follower,
+            role=role,
+            tree=epoch_subject,
+            epoch_subject=epoch_subject,
+            instance=self.member,
+            source=self.source,
+            clock=self.clock,
+        )
+        try:
+            await writer.start_epoch(lease.epoch or 0)
+        except (AppendConflict, LogUnavailable, TimeoutError) as exc:
+            _log.warning("%s: could not fence partition %d (%s)", self.member, partition, exc)
+            self.leases.pop(partition, None)
+            await lease.resign()
+            return
+        if lease.is_leader and self.leases.get(partition) is lease:
+            self.writers[partition] = writer
+            self._changed()
+
+    def _drop(self, partition: int) -> None:
+        """Stop acting on ``partition`` now; its lease, if still held, is given up in the background."""
+        self.writers.pop(partition, None)
+        lease = self.leases.pop(partition, None)
+        if lease is not None and lease.is_leader:
+            lease.abandon()  # not deleted: a newer owner holds the partition, or will after the TTL
+        self._changed()
+
+    async def _release(self, partition: int) -> None:
+        """Hand ``partition`` over: stop acting on it first, then delete its lease so its new owner need
+        not wait for the TTL."""
+        self.writers.pop(partition, None)
+        lease = self.leases.pop(partition, None)
+        self._changed()
+        if lease is not None:
+            await lease.resign()
+
+    def _changed(self) -> None:
+        self.generation += 1
+        for listener in self.listeners:
+            listener()
+
+    # -- leaving ------------------------------------------------------------------------------------
+
+    def abandon(self) -> None:
+        """Stop at once without a word to anyone, as a killed replica would: its presence and leases stay
+        until they expire (for tests and benchmarks)."""
+        if self._runner is not None:
+            self._runner.cancel()
+        for partition in list(self.leases):
+            self._drop(partition)
+
+    async def resign(self) -> None:
+        """Leave cleanly: give every partition up and delete the presence key, so the others take over
+        at their next round instead of after the TTL."""
+        if self._runner is not None:
+            self._runner.cancel()
+            await asyncio.wait([self._runner], timeout=self.ttl)  # a claim stuck on the log must not hold it
+        for partition in list(self.leases):
+            await self._release(partition)
+        with contextlib.suppress(Exception):  # best effort: the TTL removes it anyway
+            await self.kv.delete(self._presence_key, last=self._presence_revision)

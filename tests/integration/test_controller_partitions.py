@@ -1,0 +1,181 @@
+"""Three job controllers share the jobs' partitions on a real NATS; one is killed mid-stream.
+
+In this process, as in ``test_trace_chain``: a scheduler loop, a node agent on simulated GPUs and three job
+controllers, each with its own fold of the log and its own share of the partitions. One controller is
+killed as kill -9 would (its leases and presence abandoned, no hand-over); jobs submitted before and after
+all run to completion, the killed one's partitions are owned by the others within seconds, every launch
+request of an attempt is sent once, and the killed controller writes nothing after its death.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+from rallypoint_services.job_controller.controller import JobController
+from rallypoint_services.scheduler.leader import SchedulerLoop
+from test_trace_chain import node_agent, until
+
+from rallypoint.agent import SimulatedGpus
+from rallypoint.eventlog import EventLog
+from rallypoint.eventlog.setup import open_partition_bucket
+from rallypoint.events import JobCompleted, JobSpec, JobStarted, JobSubmitted, subjects
+from rallypoint.protocol import LaunchTask
+from rallypoint.runtime.follower import Follower
+from rallypoint.runtime.partitions import PARTITION_BUCKET, PartitionOwnership, assigned
+from rallypoint.scheduling import SchedulingPolicy
+
+TTL = 1.0
+COUNT = subjects.CONTROL_PARTITIONS
+NAMES = ("a", "b", "c")
+
+
+class Replica:
+    """One job controller with its fold and its share of the partitions."""
+
+    def __init__(self, log: EventLog, kv: object, name: str) -> None:
+        self.name = name
+        self.follower = Follower(log)
+        self.partitions = PartitionOwnership(
+            kv,  # type: ignore[arg-type]
+            log,
+            self.follower,
+            service=subjects.CONTROL_ROLE,
+            member=name,
+            count=COUNT,
+            ttl=TTL,
+            source=f"test/{name}",
+        )
+        self.controller = JobController(
+            log.nc, log, self.follower, partitions=self.partitions, command_timeout=5.0, tick_s=0.2
+        )
+        self.stop = asyncio.Event()
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        await self.follower.catch_up()
+        self.tasks = [
+            asyncio.create_task(self.follower.run()),
+            self.partitions.start(self.stop),
+            asyncio.create_task(self.controller.run(self.stop)),
+        ]
+
+    async def kill(self) -> None:
+        """As kill -9: everything stops at once; presence and leases stay until they expire."""
+        self.partitions.abandon()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.wait(self.tasks, timeout=5.0)
+
+
+@contextlib.asynccontextmanager
+async def _controllers(log: EventLog) -> AsyncIterator[dict[str, Replica]]:
+    with contextlib.suppress(Exception):
+        await log.js.delete_key_value(PARTITION_BUCKET)
+    kv = await open_partition_bucket(log.js, ttl=TTL)
+    replicas = {name: Replica(log, kv, name) for name in NAMES}
+    for replica in replicas.values():
+        await replica.start()
+    try:
+        yield replicas
+    finally:
+        for replica in replicas.values():
+            await replica.kill()
+        await log.js.delete_key_value(PARTITION_BUCKET)
+
+
+async def _submit(log: EventLog, job_id: str) -> None:
+    spec = JobSpec(name=job_id, team="t", gpus=1, gpus_per_task=1, ranks_per_task=1, command=("true",))
+    event = JobSubmitted(job_id=job_id, spec=spec, submitted_at=time.time())
+    await log.append(subjects.job(job_id), event, msg_id=f"{job_id}:0:JobSubmitted", source="test")
+
+
+def _settled(replicas: dict[str, Replica], live: list[str]) -> bool:
+    return all(set(replicas[n].partitions.writers) == assigned(n, live, COUNT) for n in live)
+
+
+async def test_three_controllers_share_the_jobs_and_survive_one_killed(
+    event_log: EventLog, tmp_path: Path
+) -> None:
+    launches: Counter[tuple[str, int]] = Counter()
+
+    async def seen(msg: object) -> None:  # every launch request, whichever controller sent it
+        task = msgspec.json.decode(msg.data, type=LaunchTask)  # type: ignore[attr-defined]
+        launches[(task.job_id, task.attempt)] += 1
+
+    watch = await event_log.nc.subscribe(subjects.agent_command("node-1", "launch"), cb=seen)
+    agent = node_agent(event_log, SimulatedGpus("node-1", 8), tmp_path / "work")
+    stop = asyncio.Event()
+    cycling: asyncio.Task[None] | None = None
+    try:
+        async with _controllers(event_log) as replicas:
+            await agent.start()
+            sched_fold = Follower(event_log)
+            await sched_fold.catch_up()
+            fold_task = asyncio.create_task(sched_fold.run())
+            scheduler = SchedulerLoop(
+                event_log, sched_fold, instance="s1", policy=SchedulingPolicy("rallypoint")
+            )
+            await scheduler.start_epoch()
+
+            async def cycle() -> None:
+                while not stop.is_set():
+                    await scheduler.cycle()
+                    await asyncio.sleep(0.05)
+
+            cycling = asyncio.create_task(cycle())
+            await until(
+                lambda: _settled(replicas, list(NAMES)), "three controllers split the partitions", 15.0
+            )
+
+            jobs = [f"job-{i}" for i in range(24)]
+            for job_id in jobs[:12]:
+                await _submit(event_log, job_id)
+            await until(
+                lambda: (
+                    sum(j in sched_fold.state.jobs and sched_fold.state.jobs[j].terminal for j in jobs[:4])
+                    >= 4
+                ),
+                "the first jobs to run",
+            )
+            killed = replicas["c"]
+            killed_from = await event_log.last_seq()
+            await killed.kill()
+            killed_at = time.monotonic()
+            for job_id in jobs[12:]:
+                await _submit(event_log, job_id)
+            await until(lambda: _settled(replicas, ["a", "b"]), "c's partitions to be taken", 10.0)
+            took = time.monotonic() - killed_at
+            assert took < 5 * TTL, took
+
+            def done() -> bool:
+                state = sched_fold.state.jobs
+                return all(j in state and state[j].state == "completed" for j in jobs)
+
+            await until(done, "every job to complete", 60.0)
+    finally:
+        stop.set()
+        if cycling is not None:
+            cycling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await cycling
+            fold_task.cancel()
+        await watch.unsubscribe()
+        await agent.close()
+
+    records = [r async for r in event_log.replay()]
+    started = Counter((r.event.job_id, r.event.attempt) for r in records if isinstance(r.event, JobStarted))
+    completed = Counter(r.event.job_id for r in records if isinstance(r.event, JobCompleted))
+    assert all(n == 1 for n in started.values()), started
+    assert set(completed) == set(jobs) and all(n == 1 for n in completed.values()), completed
+    assert all(n == 1 for n in launches.values()), launches  # no attempt launched twice
+    assert {job for job, _ in launches} == set(jobs)
+    late = [r for r in records if r.seq > killed_from and r.envelope.get("source") == "test/c"]
+    assert late == [], late  # the killed controller wrote nothing after its death
+    writers = {r.envelope.get("source") for r in records if isinstance(r.event, JobCompleted)}
+    assert writers <= {"test/a", "test/b", "test/c"} and len(writers) >= 2

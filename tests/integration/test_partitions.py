@@ -1,0 +1,109 @@
+"""Dynamic, fenced partitions on a real NATS: three replicas share them, a killed one's partitions are taken
+within seconds, and a deposed owner's append is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from rallypoint.eventlog import AppendConflict, EventLog
+from rallypoint.eventlog.setup import open_partition_bucket
+from rallypoint.events import JobStarted, LeaderEpochStarted, subjects
+from rallypoint.runtime.follower import Follower
+from rallypoint.runtime.partitions import PARTITION_BUCKET, PartitionOwnership, assigned
+
+SERVICE = subjects.CONTROL_ROLE
+COUNT = subjects.CONTROL_PARTITIONS
+TTL = 1.0
+
+
+async def _until(check: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def _replicas(log: EventLog, names: list[str]) -> AsyncIterator[dict[str, PartitionOwnership]]:
+    with contextlib.suppress(Exception):
+        await log.js.delete_key_value(PARTITION_BUCKET)
+    kv = await open_partition_bucket(log.js, ttl=TTL)
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+    replicas: dict[str, PartitionOwnership] = {}
+    for name in names:
+        follower = Follower(log)
+        await follower.catch_up()
+        tasks.append(asyncio.create_task(follower.run()))
+        replicas[name] = PartitionOwnership(
+            kv, log, follower, service=SERVICE, member=name, count=COUNT, ttl=TTL, source=f"test/{name}"
+        )
+        tasks.append(replicas[name].start(stop))
+    try:
+        yield replicas
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await log.js.delete_key_value(PARTITION_BUCKET)
+
+
+def _split(replicas: dict[str, PartitionOwnership], live: list[str]) -> bool:
+    """Every partition owned by exactly the live replica the assignment names."""
+    return all(set(replicas[n].writers) == assigned(n, live, COUNT) for n in live)
+
+
+def test_the_assignment_covers_every_partition_once_and_moves_only_the_leavers() -> None:
+    members = ["a", "b", "c"]
+    shares = {m: assigned(m, members, COUNT) for m in members}
+    assert sorted(p for share in shares.values() for p in share) == list(range(COUNT))
+    assert all(4 <= len(share) <= 18 for share in shares.values()), shares
+    after = {m: assigned(m, ["a", "b"], COUNT) for m in ("a", "b")}
+    assert shares["a"] <= after["a"] and shares["b"] <= after["b"]  # c's partitions moved, no other
+    assert assigned("a", ["c", "b", "a"], COUNT) == shares["a"]  # order does not matter
+
+
+async def test_three_replicas_share_and_a_killed_ones_partitions_are_taken_within_seconds(
+    event_log: EventLog,
+) -> None:
+    names = ["a", "b", "c"]
+    async with _replicas(event_log, names) as replicas:
+        await _until(lambda: _split(replicas, names), 15.0, "the three never settled on the assignment")
+        killed = replicas["c"]
+        its = set(killed.writers)
+        old_writer = killed.writers[min(its)]
+        killed.abandon()  # kill -9: no resign, its presence and leases stay until they expire
+        killed_at = time.monotonic()
+        await _until(lambda: _split(replicas, ["a", "b"]), 10.0, "c's partitions were not taken")
+        took = time.monotonic() - killed_at
+        assert took < 4 * TTL, took
+        assert its <= set(replicas["a"].writers) | set(replicas["b"].writers)
+
+        # The deposed owner's next write is refused by the server: a newer owner's epoch is stored.
+        job_id = next(f"j{i}" for i in range(10_000) if subjects.partition_of(f"j{i}", COUNT) == min(its))
+        with pytest.raises(AppendConflict):
+            await old_writer.append(
+                subjects.job_control(job_id), JobStarted(job_id=job_id, attempt=1, at=1.0), "late"
+            )
+        role = subjects.partition_role(SERVICE, min(its))
+        leaders = [
+            r.event.leader_id
+            async for r in event_log.replay()
+            if isinstance(r.event, LeaderEpochStarted) and r.event.role == role
+        ]
+        assert leaders[-1] != "c" and "c" in leaders  # c owned it, then a newer owner fenced it
+
+
+async def test_a_replica_that_joins_takes_its_share_and_the_others_hand_it_over(event_log: EventLog) -> None:
+    async with _replicas(event_log, ["a"]) as replicas:
+        await _until(lambda: len(replicas["a"].writers) == COUNT, 15.0, "a never owned every partition")
+    async with _replicas(event_log, ["a", "b"]) as replicas:
+        await _until(lambda: _split(replicas, ["a", "b"]), 15.0, "a and b never split the partitions")
