@@ -107,3 +107,11 @@ async def test_a_replica_that_joins_takes_its_share_and_the_others_hand_it_over(
         await _until(lambda: len(replicas["a"].writers) == COUNT, 15.0, "a never owned every partition")
     async with _replicas(event_log, ["a", "b"]) as replicas:
         await _until(lambda: _split(replicas, ["a", "b"]), 15.0, "a and b never split the partitions")
+
+
+def test_the_bench_reports_the_handover_of_each_kill() -> None:
+    from rallypoint.bench.partitionsbench import run_bench
+
+    result = run_bench(replicas=2, kills=2, ttl=0.6)
+    assert result["kills"] == 2 and result["partitions_moved"] > 0
+    assert 0 < result["handover_s_p50"] <= result["handover_s_max"] < 6 * 0.6, result

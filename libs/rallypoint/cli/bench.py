@@ -1,5 +1,5 @@
 """`rally bench scheduler` (the pure core, synthetic 100k-GPU cluster), `eventlog`, `recovery`, `cluster`,
-`dryrun` (dry runs of a submission on the API)."""
+`dryrun` (dry runs of a submission on the API), `partitions` (a killed job controller's handover)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--trials", type=int, default=10, help="hung-node trials (default 10)")
     add_output_args(r)
     r.set_defaults(func=handle_recovery)
+    pt = sub.add_parser("partitions", help="handover of a killed job controller's partitions, real NATS")
+    pt.add_argument("--replicas", type=int, default=3, help="job controllers sharing the partitions")
+    pt.add_argument("--kills", type=int, default=20, help="owners killed, one at a time (default 20)")
+    pt.add_argument("--ttl", type=float, default=None, help="presence and lease TTL, seconds (default 1.2)")
+    add_output_args(pt)
+    pt.set_defaults(func=handle_partitions)
     c = sub.add_parser("cluster", help="the live services against N simulated nodes (fleet processes)")
     c.add_argument("--nodes", type=int, default=12500)
     c.add_argument("--gpus-per-node", type=int, default=8)
@@ -152,6 +158,18 @@ def handle_recovery(args: argparse.Namespace) -> int:
         print("error: --trials: must be at least 1", file=sys.stderr)
         return 2
     res = {"node_failure": run_bench(args.trials), "checkpoint_save": bench_blocking()}
+    print(json.dumps(res, sort_keys=True) if wants_json(args) else json.dumps(res, indent=2, sort_keys=True))
+    return 0
+
+
+def handle_partitions(args: argparse.Namespace) -> int:
+    from rallypoint.bench.partitionsbench import run_bench
+    from rallypoint.eventlog.setup import PARTITION_TTL_S
+
+    if args.replicas < 2 or args.kills < 1:
+        print("error: --replicas must be at least 2 and --kills at least 1", file=sys.stderr)
+        return 2
+    res = run_bench(args.replicas, args.kills, PARTITION_TTL_S if args.ttl is None else args.ttl)
     print(json.dumps(res, sort_keys=True) if wants_json(args) else json.dumps(res, indent=2, sort_keys=True))
     return 0
 

@@ -24,7 +24,7 @@ from .snapshots import SnapshotStore
 LEASE_TTL_S = 3.0
 #: Partitioned services' presence and partition leases (runtime.partitions): a killed replica's partitions
 #: are taken about this long after its last renewal.
-PARTITION_TTL_S = 1.5
+PARTITION_TTL_S = 1.2
 SHARED_SNAPSHOT_BUCKET = "rally-snapshots"
 
 
