@@ -46,6 +46,7 @@ def _up(args: argparse.Namespace) -> int:
         queues=_queue_file(args, workdir),
         allow_root_ranks=args.allow_root_ranks,
         mig_gpus=args.mig_gpus,
+        replicas=args.replicas,
     )
     # Ctrl-C and SIGTERM both stop everything `rally up` started. SIGINT is installed explicitly too: a
     # process started in the background by a script inherits SIGINT as ignored, and Python then keeps it so.
@@ -142,6 +143,21 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args.nodes, args.gpus_per_node, args.racks)
 
 
+def _replicas(text: str) -> dict[str, int]:
+    """``job-controller=2,...`` -> {service: count}; only the partitioned services may have several."""
+    from rallypoint.localcluster.supervisor import PARTITIONED
+
+    counts: dict[str, int] = {}
+    for part in filter(None, text.split(",")):
+        service, _, count = part.partition("=")
+        if service not in PARTITIONED or not count.isdigit() or int(count) < 1:
+            raise argparse.ArgumentTypeError(
+                f"expected SERVICE=N with N >= 1 and SERVICE one of {', '.join(sorted(PARTITIONED))}"
+            )
+        counts[service] = int(count)
+    return counts
+
+
 def _add_shape(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=_positive, default=4, help="simulated GPU nodes (default 4)")
     parser.add_argument("--gpus-per-node", type=_positive, default=8, help="GPUs per node (default 8)")
@@ -157,6 +173,13 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--postgres-dsn", default=None, help="use this PostgreSQL instead of an embedded one")
     up.add_argument("--api-port", type=int, default=8080, help="HTTP port of the API (default 8080)")
     up.add_argument("--data-dir", default=".rally/local", help="where servers keep state and logs")
+    up.add_argument(
+        "--replicas",
+        type=_replicas,
+        default={},
+        metavar="SERVICE=N,...",
+        help="replicas of a partitioned service, sharing its work (job-controller=2; default one each)",
+    )
     up.add_argument(
         "--mig-gpus",
         type=parse_gpu_indices,

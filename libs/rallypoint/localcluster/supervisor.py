@@ -54,6 +54,16 @@ SINGLETONS: tuple[str, ...] = (
     "predictor",
 )
 SCHEDULERS = ("scheduler-1", "scheduler-2")
+#: Services that may run as several replicas sharing their work (``runtime.partitions``): ``replicas``.
+PARTITIONED: frozenset[str] = frozenset({"job-controller"})
+
+
+def instances(service: str, count: int) -> tuple[str, ...]:
+    """The instance names of ``count`` replicas: the service's own name for one (what tools and tests
+    name it by), ``<service>-1``, ``<service>-2``... for more."""
+    return (service,) if count == 1 else tuple(f"{service}-{i + 1}" for i in range(count))
+
+
 # Teams that get an API token when the cluster has no queue file: the default queue file's (the demo's, the
 # benchmarks', and two for trying things out by hand).
 DEFAULT_TEAMS: tuple[str, ...] = default_queues.TEAMS
@@ -124,9 +134,15 @@ class LocalCluster:
         allow_root_ranks: bool | None = None,
         mig_gpus: Sequence[int] = (),
         agent_args: Mapping[int, Sequence[str]] | None = None,
+        replicas: Mapping[str, int] | None = None,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1 or racks < 1:
             raise ValueError("nodes, gpus per node and racks must all be at least 1")
+        replicas = dict(replicas or {})
+        if set(replicas) - PARTITIONED or any(n < 1 for n in replicas.values()):
+            raise ValueError(f"only {', '.join(sorted(PARTITIONED))} may run as replicas, at least 1 each")
+        # per partitioned service: how many replicas share its partitions (default 1)
+        self.replicas = replicas
         self.workdir = workdir.resolve()
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
@@ -273,10 +289,11 @@ class LocalCluster:
         self._make_tokens()
         api_args = ["--http-host", "127.0.0.1", "--http-port", str(self.api_port)]
         self.start_service("api", "api", [*api_args, "--tokens-file", str(self.tokens_file)])
-        for name in SINGLETONS:
-            if name == "projector" and not self.with_projector:
+        for service in SINGLETONS:
+            if service == "projector" and not self.with_projector:
                 continue
-            self.start_service(name, name)
+            for name in instances(service, self.replicas.get(service, 1)):
+                self.start_service(name, service)
         for instance in SCHEDULERS:
             self.start_service(instance, "scheduler", ["--instance", instance])
         for index, node_id in enumerate(self.agent_nodes()):

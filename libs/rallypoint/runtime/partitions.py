@@ -102,6 +102,9 @@ class PartitionOwnership:
         self._last_presence = float("-inf")
         self._presence_revision: int | None = None
         self._runner: asyncio.Task[None] | None = None
+        self._seen: dict[str, float] = {}  # member -> when its presence was last written (monotonic)
+        self._watcher: KeyValue.KeyWatcher | None = None
+        self._watching: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(
@@ -188,18 +191,44 @@ class PartitionOwnership:
         return f"{self.service}.member.{self.member}"
 
     async def _live_members(self) -> tuple[str, ...]:
-        """The members whose presence key has not expired, this one included."""
+        """The members whose presence was written within the TTL (expiry writes nothing a watcher sees),
+        this one included. One watcher for the replica's life: our own presence, rewritten every TTL/3,
+        is its proof of life, and a watcher that stopped delivering it is replaced."""
+        now = time.monotonic()
+        if self._watching is None or now - self._seen.get(self.member, now) > self.ttl:
+            await self._watch()
+        live = {m for m, at in self._seen.items() if now - at < self.ttl}
+        return tuple(sorted(live | {self.member}))
+
+    async def _watch(self) -> None:
+        await self._stop_watching()
         prefix = f"{self.service}.member."
-        watcher = await self.kv.watch(f"{prefix}*", meta_only=True, ignore_deletes=True)
-        names = {self.member}
-        try:
-            async for entry in watcher:
-                if entry is None:  # the end of what is stored now
-                    break
-                names.add(entry.key[len(prefix) :])
-        finally:
-            await watcher.stop()
-        return tuple(sorted(names))
+        # one ordered consumer, not one per round: each is a consumer the (R3) stream keeps for minutes
+        self._watcher = await self.kv.watch(f"{prefix}*", meta_only=True)
+        self._seen[self.member] = time.monotonic()  # the new watcher gets its chance to prove itself
+        self._watching = asyncio.create_task(
+            self._follow(self._watcher, prefix), name=f"members-{self.member}"
+        )
+
+    async def _follow(self, watcher: KeyValue.KeyWatcher, prefix: str) -> None:
+        async for entry in watcher:
+            if entry is None:  # the end of what was stored when the watch began
+                continue
+            member = entry.key[len(prefix) :]
+            if entry.operation is not None:  # a delete or purge: that member left cleanly
+                self._seen.pop(member, None)
+                continue
+            age = max(0.0, time.time() - entry.created.timestamp()) if entry.created else 0.0
+            self._seen[member] = time.monotonic() - age  # an old key, read at the start, is as old
+
+    async def _stop_watching(self) -> None:
+        if self._watching is not None:
+            self._watching.cancel()
+            self._watching = None
+        if self._watcher is not None:
+            with contextlib.suppress(Exception):
+                await self._watcher.stop()
+            self._watcher = None
 
     async def _claim(self, partition: int) -> None:
         lease = LeaderLease(
@@ -260,6 +289,8 @@ class PartitionOwnership:
         until they expire (for tests and benchmarks)."""
         if self._runner is not None:
             self._runner.cancel()
+        if self._watching is not None:
+            self._watching.cancel()
         for partition in list(self.leases):
             self._drop(partition)
 
@@ -269,6 +300,7 @@ class PartitionOwnership:
         if self._runner is not None:
             self._runner.cancel()
             await asyncio.wait([self._runner], timeout=self.ttl)  # a claim stuck on the log must not hold it
+        await self._stop_watching()
         for partition in list(self.leases):
             await self._release(partition)
         with contextlib.suppress(Exception):  # best effort: the TTL removes it anyway

@@ -76,7 +76,12 @@ def leader_lease(key: str) -> tuple[str, ...]:
 def partition_keys(service: str) -> tuple[str, ...]:
     """A partitioned service's presence and partition leases in KV ``rally-partitions``
     (``runtime.partitions``): read and watch the bucket, write only that service's keys."""
-    return (*read_stream(f"KV_{PARTITION_BUCKET}"), f"$KV.{PARTITION_BUCKET}.{service}.>")
+    bucket_stream = f"KV_{PARTITION_BUCKET}"
+    return (
+        *read_stream(bucket_stream),
+        _js_api(f"CONSUMER.INFO.{bucket_stream}.>"),  # a KV watch reads its consumer's pending count
+        f"$KV.{PARTITION_BUCKET}.{service}.>",
+    )
 
 
 def job_secrets() -> tuple[str, ...]:
