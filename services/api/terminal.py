@@ -27,6 +27,7 @@ import logging
 import math
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -114,8 +115,14 @@ class TerminalHandlers:
         if isinstance(output, web.Response):
             return output
         await ws.prepare(request)
-        relay = _Relay(self.log, ws, output, node_id, session, idle_s)
+        relay = _Relay(self.log, ws, output, node_id, session, idle_s, lambda: self._gone(job_id, attempt))
         ended = await relay.run()
+        if ended == "gone":  # the fold says the rank is gone, which its lost node could not tell
+            if relay.why_gone.startswith("lost"):
+                await self._cancel(job, f"interactive session {relay.why_gone}", "interactive")
+            await relay.close(relay.why_gone)
+            await relay.detach()
+            return ws
         if ended == "idle":  # cancelled before the client hears it: what it reads next is the cancel
             await self._cancel(job, f"interactive session idle for {idle_s:g} s", principal(request).user)
             await relay.close(f"idle for {idle_s:g} s: the session ends and its job is cancelled")
@@ -161,6 +168,16 @@ class TerminalHandlers:
         if ended == "client":  # the agent closes its connection to the port
             await relay.detach()
         return ws
+
+    def _gone(self, job_id: str, attempt: int) -> str:
+        """Why the session's rank no longer runs, as the fold tells it ("": it runs). An attempt that moved
+        on lost its node: its shell is gone, and a new one would not be the one the user had."""
+        job = self.follower.state.jobs.get(job_id)
+        if job is None or job.terminal:
+            return f"the job ended ({job.state if job else 'gone'})"
+        if job.attempt != attempt:
+            return f"lost its node: attempt {attempt} ended (the job is cancelled, as srun's would be)"
+        return ""
 
     async def close(self) -> None:
         for task in list(self._graces):
@@ -242,11 +259,12 @@ def invalid_spec_rank(rank: int, job: JobView) -> web.Response:
 
 class _Relay:
     """One WebSocket and one agent session: pumps both ways until one of them ends. ``run`` says who:
-    ``rank`` (it exited, or the agent closed the session), ``client`` (it went away), ``idle``."""
+    ``rank`` (it exited, or the agent closed the session), ``client`` (it went away), ``idle``, ``gone``
+    (the fold says the rank no longer runs: ``why_gone``; a lost node sends no exit)."""
 
     def __init__(
         self, log: EventLog, ws: web.WebSocketResponse, output: Subscription, node_id: str, session: str,
-        idle_s: float,
+        idle_s: float, gone: Callable[[], str] = lambda: "",
     ) -> None:  # fmt: skip
         self.nc = log.nc
         self.ws = ws
@@ -255,12 +273,15 @@ class _Relay:
         self.idle_s = idle_s
         self.active_at = time.monotonic()
         self.exited = False  # the rank exited (an EXIT frame came): its job ends by itself
+        self.gone = gone
+        self.why_gone = ""
 
     async def run(self) -> str:
         tasks = {
             asyncio.create_task(self._from_client(), name="client"),
             asyncio.create_task(self._from_agent(), name="rank"),
             asyncio.create_task(self._keepalive(), name="idle"),
+            asyncio.create_task(self._watch(), name="gone"),
         }
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in pending:
@@ -308,6 +329,13 @@ class _Relay:
             self.exited = frame.kind == frames.EXIT
             if frame.kind in (frames.EXIT, frames.CLOSED):
                 return
+
+    async def _watch(self) -> None:
+        """Until the fold says the rank is gone; give its exit frame a moment to come first."""
+        while not (why := self.gone()):
+            await asyncio.sleep(KEEPALIVE_S)
+        await asyncio.sleep(KEEPALIVE_S)
+        self.why_gone = why
 
     async def _keepalive(self) -> None:
         while True:
