@@ -864,13 +864,15 @@ def test_api_service_and_scheduler_pdb(k8s: list[dict[str, Any]]) -> None:
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"]["path"] == "/healthz"
 
-    scheduler_labels = _deployment_for(k8s, "scheduler")["spec"]["template"]["metadata"]["labels"]
-    pdbs = [
-        p
-        for p in _of_kind(k8s, "PodDisruptionBudget")
-        if p["spec"]["selector"]["matchLabels"].items() <= scheduler_labels.items()
-    ]
-    assert len(pdbs) == 1 and pdbs[0]["spec"].get("minAvailable") == 1
+    # the scheduler's standby and the job controllers' partitions each need one replica through a drain
+    for service in ("scheduler", "job-controller"):
+        labels = _deployment_for(k8s, service)["spec"]["template"]["metadata"]["labels"]
+        pdbs = [
+            p
+            for p in _of_kind(k8s, "PodDisruptionBudget")
+            if p["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        ]
+        assert len(pdbs) == 1 and pdbs[0]["spec"].get("minAvailable") == 1, service
 
 
 def test_projector_reads_postgres_from_a_secret(k8s: list[dict[str, Any]]) -> None:
