@@ -17,17 +17,18 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
+import pytest
 from rallypoint_services.job_controller.controller import JobController
 from rallypoint_services.scheduler.leader import SchedulerLoop
 from test_trace_chain import node_agent, until
 
 from rallypoint.agent import SimulatedGpus
-from rallypoint.eventlog import EventLog
+from rallypoint.eventlog import AppendConflict, EventLog
 from rallypoint.eventlog.setup import open_partition_bucket
 from rallypoint.events import JobCompleted, JobSpec, JobStarted, JobSubmitted, subjects
 from rallypoint.protocol import LaunchTask
 from rallypoint.runtime.follower import Follower
-from rallypoint.runtime.partitions import PARTITION_BUCKET, PartitionOwnership, assigned
+from rallypoint.runtime.partitions import PARTITION_BUCKET, NotOwner, PartitionOwnership, assigned
 from rallypoint.scheduling import SchedulingPolicy
 
 TTL = 1.0
@@ -74,11 +75,11 @@ class Replica:
 
 
 @contextlib.asynccontextmanager
-async def _controllers(log: EventLog) -> AsyncIterator[dict[str, Replica]]:
+async def _controllers(log: EventLog, names: tuple[str, ...] = NAMES) -> AsyncIterator[dict[str, Replica]]:
     with contextlib.suppress(Exception):
         await log.js.delete_key_value(PARTITION_BUCKET)
     kv = await open_partition_bucket(log.js, ttl=TTL)
-    replicas = {name: Replica(log, kv, name) for name in NAMES}
+    replicas = {name: Replica(log, kv, name) for name in names}
     for replica in replicas.values():
         await replica.start()
     try:
@@ -179,3 +180,30 @@ async def test_three_controllers_share_the_jobs_and_survive_one_killed(
     assert late == [], late  # the killed controller wrote nothing after its death
     writers = {r.envelope.get("source") for r in records if isinstance(r.event, JobCompleted)}
     assert writers <= {"test/a", "test/b", "test/c"} and len(writers) >= 2
+
+
+async def test_a_paused_owner_is_refused_by_the_server_and_drops_the_partition(event_log: EventLog) -> None:
+    async with _controllers(event_log, ("old",)) as replicas:
+        old = replicas["old"]
+        await until(lambda: len(old.partitions.writers) == COUNT, "old to own every partition", 15.0)
+        # Paused (SIGSTOP, a long GC): no more rounds or renewals, but it still believes it owns them all.
+        old.tasks[1].cancel()
+        old.tasks[2].cancel()
+        for lease in old.partitions.leases.values():
+            lease.abandon()
+        new = Replica(event_log, old.partitions.kv, "new")
+        await new.start()
+        replicas["new"] = new
+        await until(lambda: len(new.partitions.writers) == COUNT, "new to own every partition", 15.0)
+
+        await _submit(event_log, "late")
+        await old.follower.wait_for(await event_log.last_seq())
+        partition = old.partitions.partition_of("late")
+        assert partition in old.partitions.writers
+        # Back from its pause, the old owner acts on what it thinks is its job: the server refuses it.
+        with pytest.raises(AppendConflict):
+            await old.controller._append("late", JobStarted(job_id="late", attempt=1, at=time.time()))
+        assert partition not in old.partitions.writers  # it dropped the partition at once
+        with pytest.raises(NotOwner):
+            await old.controller._append("late", JobStarted(job_id="late", attempt=1, at=time.time()))
+    assert not [r async for r in event_log.replay() if isinstance(r.event, JobStarted)]
