@@ -12,7 +12,8 @@ from rallypoint.control.drain_flags import add_drain_policy_args, drain_policy_f
 from rallypoint.events import subjects
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.following import open_follower
-from rallypoint.runtime.partitions import PARTITION_TTL_S, PartitionOwnership
+from rallypoint.runtime.metrics import add_collector
+from rallypoint.runtime.partitions import PARTITION_TTL_S, PartitionOwnership, PartitionsCollector
 
 from .controller import SOURCE, JobController
 
@@ -98,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Registered after the connection's drain, so it runs before it (LIFO): hand over while connected.
         ctx.stack.push_async_callback(partitions.resign)
         partitions.start(ctx.stop)
+        add_collector(ctx, PartitionsCollector(partitions))
         controller = JobController(
             await ctx.nats(),
             log,

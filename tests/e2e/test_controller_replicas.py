@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 
@@ -47,6 +48,10 @@ def test_a_killed_job_controller_loses_no_job_and_none_runs_twice(cluster: Local
     for job_id in jobs:
         wait_for(cluster, job_id, lambda v: v["state"] == "completed", "completed", timeout=60.0)
     assert cluster.dead_services() == ["job-controller-1"]
+    with urllib.request.urlopen(cluster.metrics_urls()["job-controller-2"], timeout=10) as answer:
+        metrics = answer.read().decode()
+    owned = [line for line in metrics.splitlines() if line.startswith("rally_partitions_owned{")]
+    assert len(owned) == 1 and float(owned[0].split()[-1]) == subjects.CONTROL_PARTITIONS, owned
 
     records = [event for _, event in log_records(cluster, "e2e-controllers")]
     started = Counter((e.job_id, e.attempt) for e in records if isinstance(e, JobStarted))

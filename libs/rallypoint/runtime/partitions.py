@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable
 
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from rallypoint.eventlog import AppendConflict, EventLog, EventLogError, LogUnavailable
 from rallypoint.eventlog.setup import PARTITION_TTL_S, open_partition_bucket
@@ -39,7 +41,15 @@ from .fencing import FencedWriter
 from .follower import Follower
 from .leader import _NO_ANSWER, LeaderLease
 
-__all__ = ["PARTITION_BUCKET", "PARTITION_TTL_S", "NotOwner", "PartitionOwnership", "assigned", "rendezvous"]
+__all__ = [
+    "PARTITION_BUCKET",
+    "PARTITION_TTL_S",
+    "NotOwner",
+    "PartitionOwnership",
+    "PartitionsCollector",
+    "assigned",
+    "rendezvous",
+]
 
 _log = logging.getLogger("rallypoint.partitions")
 
@@ -305,3 +315,28 @@ class PartitionOwnership:
             await self._release(partition)
         with contextlib.suppress(Exception):  # best effort: the TTL removes it anyway
             await self.kv.delete(self._presence_key, last=self._presence_revision)
+
+
+class PartitionsCollector(Collector):
+    """``rally_partitions_owned{service, instance}``: the partitions this replica owns and fences now, and
+    ``rally_partition_members{service, instance}``: the live replicas it sees. Summed over the replicas,
+    the first is the partition count when all is well (less: some are between owners)."""
+
+    def __init__(self, ownership: PartitionOwnership) -> None:
+        self.ownership = ownership
+
+    def collect(self) -> Iterable[Metric]:
+        labels = [self.ownership.service, self.ownership.member]
+        owned = GaugeMetricFamily(
+            "rally_partitions_owned",
+            "Partitions this replica owns and fences now.",
+            labels=["service", "instance"],
+        )
+        owned.add_metric(labels, len(self.ownership.writers))
+        members = GaugeMetricFamily(
+            "rally_partition_members",
+            "Live replicas this one sees sharing the partitions.",
+            labels=["service", "instance"],
+        )
+        members.add_metric(labels, len(self.ownership.members))
+        return [owned, members]
