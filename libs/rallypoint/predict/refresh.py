@@ -106,7 +106,6 @@ class Predictor:
         self.tracker = AccuracyTracker()
         # the P90 shown is the P90 run's, calibrated on the jobs predicted so far that started
         self.calibrator = WaitCalibrator()
-        self._first_p90: dict[str, tuple[float, float]] = {}  # job -> (predicted at, its P90 run's start)
         self.learned = 0
         self._seen_started: set[str] = set()
         self._done: set[str] = set()
@@ -134,12 +133,11 @@ class Predictor:
             if view.started_at is not None and view.job_id not in self._seen_started:
                 self._seen_started.add(view.job_id)
                 self.tracker.started(view.job_id, view.started_at)
-                if (first := self._first_p90.pop(view.job_id, None)) is not None:
-                    self.calibrator.resolve(*first, view.started_at)
+                self.calibrator.started(view.job_id, view.started_at)
         self.learned += learn(self.estimator, ended)
         for view in ended:
             self._done.add(view.job_id)
-            self._first_p90.pop(view.job_id, None)  # ended without starting: nothing to learn
+            self.calibrator.forget(view.job_id)  # ended without starting: nothing to learn
             runtime = runtime_of(view)
             if runtime is None:
                 self.tracker.forget(view.job_id)
@@ -245,9 +243,9 @@ class Predictor:
         began = time.perf_counter()
         run = await self._predict(fork, now)
         self.refresh_s = time.perf_counter() - began
+        self.calibrator.calibrate(run.now)
         for job_id, start in run.jobs.items():
-            if start.p90 is not None and job_id not in self._first_p90:
-                self._first_p90[job_id] = (run.now, start.p90)
+            self.calibrator.predicted(job_id, run.now, start.p90)
         calibrated = {job_id: self._calibrated(start, run.now) for job_id, start in run.jobs.items()}
         predictions = msgspec.structs.replace(run, jobs=calibrated)
         self.latest = predictions

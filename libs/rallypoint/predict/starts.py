@@ -77,7 +77,7 @@ class _Replay:
         self.records_seen = 0
         self.predictions: dict[str, Prediction] = {}
         self.calibrator = WaitCalibrator()
-        self.unresolved: dict[str, tuple[float, float]] = {}  # predicted, not started: (at, P90 run's)
+        self.unresolved: set[str] = set()  # predicted, not started yet
 
     def __call__(self, now: float) -> bool:
         sim = self.sim
@@ -99,11 +99,11 @@ class _Replay:
 
     def _resolve(self, now: float) -> None:
         """Teach the calibrator each predicted job that has started by ``now``."""
-        for job_id, (at, p90) in list(self.unresolved.items()):
+        for job_id in list(self.unresolved):
             started = self.sim.jobs[job_id].first_start
             if started is not None and started <= now:
-                self.calibrator.resolve(at, p90, started)
-                del self.unresolved[job_id]
+                self.calibrator.started(job_id, started)
+                self.unresolved.discard(job_id)
 
     def _keep(
         self,
@@ -136,11 +136,12 @@ class _Replay:
         p50 = _forward(sim, waiting, now, lambda jid: estimates[jid].p50)
         p90 = _forward(sim, waiting, now, lambda jid: estimates[jid].p90)
         base = _forward(sim, waiting, now, lambda jid: _limit(sim.jobs[jid].job))
+        self.calibrator.calibrate(now)
         for jid in waiting:
             run = p90[jid]
             self._keep(jid, now, p50[jid], self.calibrator.p90(now, p50[jid], run), base[jid], run)
-            if run is not None:
-                self.unresolved[jid] = (now, run)
+            self.calibrator.predicted(jid, now, run)
+            self.unresolved.add(jid)
 
 
 def _limit(job: Job) -> float:
