@@ -6,7 +6,9 @@ On a real embedded NATS server, ``replicas`` owners of the job controller's part
 hand-over), a fresh one joins so the count stays, and the clock runs from the kill until every partition
 the dead one held is fenced by a live owner (its ``LeaderEpochStarted`` stored and applied). Reported:
 that handover per kill and per partition, p50 / p99 / max, seconds. The server expires a key about
-0.25 s after its TTL: the handover is about TTL + 0.3 s at worst.
+0.25 s after its TTL: the handover is about TTL + 0.3 s at worst. Before the kills, what fencing costs an
+owner's appends: the job controller's appends, ``IN_FLIGHT`` at a time, plain and fenced on a partition's
+epoch (as ``FencedWriter`` writes them), per second.
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ from typing import Any
 from rallypoint.bench.loadgen import percentile
 from rallypoint.eventlog import EventLog
 from rallypoint.eventlog.setup import PARTITION_TTL_S, open_partition_bucket
-from rallypoint.events import subjects
+from rallypoint.events import JobStarted, subjects
 from rallypoint.infra import NatsServer
 from rallypoint.runtime.follower import Follower
 from rallypoint.runtime.partitions import PartitionOwnership, assigned
 
 COUNT = subjects.CONTROL_PARTITIONS
 POLL_S = 0.005
+IN_FLIGHT = 256  # the job controller's MAX_ACTIVE_JOBS
+APPENDS = 4000
 
 
 class _Owner:
@@ -69,12 +73,35 @@ async def _until(check: Any, timeout: float) -> None:
         await asyncio.sleep(POLL_S)
 
 
+async def _append_rate(owner: _Owner, fenced: bool) -> float:
+    """Appends a second of the job controller's events on one owner's connection, plain or fenced."""
+    tag = "fenced" if fenced else "plain"
+    jobs = [j for i in range(APPENDS * COUNT) if owner.ownership.owns(j := f"{tag}-{i}")][:APPENDS]
+
+    async def one(job_id: str) -> None:
+        subject, event = subjects.job_control(job_id), JobStarted(job_id=job_id, attempt=1, at=0.0)
+        writer = owner.ownership.writer_for(job_id)
+        if fenced and writer is not None:
+            await writer.append(subject, event, f"{job_id}:1:JobStarted")
+        else:
+            await owner.log.append(subject, event, msg_id=f"{job_id}:1:JobStarted", source="bench")
+
+    started = time.perf_counter()
+    for chunk in range(0, len(jobs), IN_FLIGHT):
+        await asyncio.gather(*(one(j) for j in jobs[chunk : chunk + IN_FLIGHT]))
+    return round(len(jobs) / (time.perf_counter() - started))
+
+
 async def _measure(url: str, replicas: int, kills: int, ttl: float) -> dict[str, Any]:
     owners = {f"r{i}": await _start(url, f"r{i}", ttl) for i in range(replicas)}
+    rates: dict[str, float] = {}
     whole: list[float] = []
     each: list[float] = []
     try:
         await _until(lambda: _settled(owners), 30.0)
+        first = owners["r0"]
+        rates = {"plain_appends_per_s": await _append_rate(first, False)}
+        rates["fenced_appends_per_s"] = await _append_rate(first, True)
         for kill in range(kills):
             name = sorted(owners)[kill % replicas]
             victim = owners.pop(name)
@@ -110,6 +137,7 @@ async def _measure(url: str, replicas: int, kills: int, ttl: float) -> dict[str,
         "partition_handover_s_p50": percentile(each, 0.5),
         "partition_handover_s_p99": percentile(each, 0.99),
         "partitions_moved": len(each),
+        **rates,
     }
 
 
