@@ -207,6 +207,8 @@ class PartitionOwnership:
         now = time.monotonic()
         if self._watching is None or now - self._seen.get(self.member, now) > self.ttl:
             await self._watch()
+        for member in [m for m, at in self._seen.items() if now - at > 100 * self.ttl]:
+            del self._seen[member]  # long gone: replicas come and go under new names (host-pid)
         live = {m for m, at in self._seen.items() if now - at < self.ttl}
         return tuple(sorted(live | {self.member}))
 
