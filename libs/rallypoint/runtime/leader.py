@@ -160,9 +160,9 @@ class LeaderLease:
             if not self.lost.is_set() and time.monotonic() - self._last_renewed > SAFETY_FRACTION * self.ttl:
                 self._mark_lost("could not renew within the safety margin")
 
-    def _mark_lost(self, why: str) -> None:
+    def _mark_lost(self, why: str, level: int = logging.WARNING) -> None:
         if not self.lost.is_set():
-            _log.warning("lost lease %s as %s (epoch %s): %s", self.key, self.holder, self.epoch, why)
+            _log.log(level, "lost lease %s as %s (epoch %s): %s", self.key, self.holder, self.epoch, why)
             self.lost.set()
 
     def abandon(self) -> None:
@@ -182,7 +182,7 @@ class LeaderLease:
                 await self._renewer
             self._renewer = None
         if was_leader:
-            self._mark_lost("resigned")
+            self._mark_lost("resigned", logging.INFO)  # asked for: a partitioned service gives up dozens
         self._revision = None
         if was_leader and revision is not None:
             with contextlib.suppress(Exception):  # best effort: the TTL hands it over anyway
