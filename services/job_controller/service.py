@@ -4,7 +4,6 @@ live replicas share the jobs' partitions, and a killed one's are taken by the ot
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Sequence
 
 from rallypoint.control import RecoveryConfig
@@ -12,15 +11,9 @@ from rallypoint.control.drain_flags import add_drain_policy_args, drain_policy_f
 from rallypoint.events import subjects
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.following import open_follower
-from rallypoint.runtime.metrics import add_collector
-from rallypoint.runtime.partitions import PARTITION_TTL_S, PartitionOwnership, PartitionsCollector
+from rallypoint.runtime.partitioned import add_partition_args, share_partitions
 
 from .controller import SOURCE, JobController
-
-
-def _member(instance: str) -> str:
-    """The replica's name in the partitions' bucket: one key token (host-pid stays as it is)."""
-    return re.sub(r"[^A-Za-z0-9_-]", "-", instance)
 
 
 def _add_recovery_args(parser: argparse.ArgumentParser) -> None:
@@ -57,13 +50,7 @@ def _add_recovery_args(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rally serve job-controller", description=__doc__)
     add_common_args(parser)
-    parser.add_argument(
-        "--partition-ttl",
-        type=float,
-        default=PARTITION_TTL_S,
-        help="seconds a killed replica keeps its partitions before the others take them "
-        "(the bucket's TTL wins once it exists)",
-    )
+    add_partition_args(parser)
     parser.add_argument("--command-timeout", type=float, default=5.0, help="seconds to wait for an agent")
     parser.add_argument(
         "--preemption-grace",
@@ -86,20 +73,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     async def run(ctx: ServiceContext) -> int:
         follower = await open_follower(ctx)
         log = follower.log
-        partitions = await PartitionOwnership.open(
-            await ctx.jetstream(),
+        partitions = await share_partitions(
+            ctx,
             log,
             follower,
             service=subjects.CONTROL_ROLE,
-            member=_member(config.instance),
             count=subjects.CONTROL_PARTITIONS,
             source=SOURCE,
             ttl=args.partition_ttl,
         )
-        # Registered after the connection's drain, so it runs before it (LIFO): hand over while connected.
-        ctx.stack.push_async_callback(partitions.resign)
-        partitions.start(ctx.stop)
-        add_collector(ctx, PartitionsCollector(partitions))
         controller = JobController(
             await ctx.nats(),
             log,

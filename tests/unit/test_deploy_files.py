@@ -864,8 +864,8 @@ def test_api_service_and_scheduler_pdb(k8s: list[dict[str, Any]]) -> None:
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"]["path"] == "/healthz"
 
-    # the scheduler's standby and the job controllers' partitions each need one replica through a drain
-    for service in ("scheduler", "job-controller"):
+    # the scheduler's standby and the partitioned services each need one replica through a drain
+    for service in ("scheduler", "job-controller", "health-monitor"):
         labels = _deployment_for(k8s, service)["spec"]["template"]["metadata"]["labels"]
         pdbs = [
             p

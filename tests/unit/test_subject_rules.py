@@ -111,6 +111,11 @@ def test_every_event_type_has_a_subject() -> None:
         (LeaderEpochStarted(epoch=1, leader_id="a", role="preemption", at=1.0), "rally.preempt.epoch"),
         # a job-controller partition's new owner fences the old one on the partition's own epoch subject
         (LeaderEpochStarted(epoch=1, leader_id="a", role="job-controller.7", at=1.0), "rally.ctl.epoch.7"),
+        # a health-monitor partition's: under the nodes' tree its fold reads, five tokens (no node's own)
+        (
+            LeaderEpochStarted(epoch=1, leader_id="a", role="health-monitor.7", at=1.0),
+            "rally.node.partition.7.epoch",
+        ),
         # the scheduler's preemption requests are on its fenced tree; the old service's stay readable
         (preemption_request("scheduler"), "rally.sched.preempt.j1"),
         (preemption_request("preemption"), "rally.preempt.request.j1"),
@@ -186,7 +191,17 @@ def test_a_forged_completion_changes_no_fold_and_every_fold_agrees() -> None:
 
 
 @pytest.mark.parametrize(
-    "role", ["job-controller.32", "job-controller.07", "job-controller.-1", "ctl.3", "x"]
+    "role",
+    [
+        "job-controller.32",
+        "job-controller.07",
+        "job-controller.-1",
+        "ctl.3",
+        "x",
+        "health-monitor.32",
+        "health-monitor.07",
+        "health-monitor",
+    ],
 )
 def test_no_epoch_subject_for_a_role_that_is_not_a_single_writer(role: str) -> None:
     with pytest.raises(ValueError):

@@ -178,7 +178,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         type=_replicas,
         default={},
         metavar="SERVICE=N,...",
-        help="replicas of a partitioned service, sharing its work (job-controller=2; default one each)",
+        help="replicas of a partitioned service, sharing its work "
+        "(job-controller=2,health-monitor=2; default one each)",
     )
     up.add_argument(
         "--mig-gpus",

@@ -161,14 +161,39 @@ def control_epoch(partition: int) -> str:
     return f"rally.ctl.epoch.{partition}"
 
 
+#: The health monitor's partitions: the nodes, by the same hash and count as the job controller's sweeps,
+#: so a node's partition number is the same for both services (their owners and fences are not).
+HEALTH_PARTITIONS = CONTROL_PARTITIONS
+HEALTH_ROLE = "health-monitor"
+
+
+def health_epoch(partition: int) -> str:
+    """Where a new owner of a health-monitor partition appends its LeaderEpochStarted. Under ``NODES``, so
+    the monitor's fold (which reads the nodes' subjects alone) sees its epochs; five tokens, where every
+    node's own subject has four (``rally.node.<id>.<kind>``), so no node id can name it."""
+    return f"rally.node.partition.{partition}.epoch"
+
+
+#: Partitioned role -> (its partition count, its partitions' epoch subjects).
+_PARTITIONED: dict[str, tuple[int, Callable[[int], str]]] = {
+    CONTROL_ROLE: (CONTROL_PARTITIONS, control_epoch),
+    HEALTH_ROLE: (HEALTH_PARTITIONS, health_epoch),
+}
+
+
 def _partition_epoch(role: str) -> str | None:
     service, _, number = role.rpartition(".")
     # one spelling per partition: no sign, no leading zero, no other digits than 0-9
-    if service != CONTROL_ROLE or not (number.isascii() and number.isdigit()) or number != str(int(number)):
+    if (
+        service not in _PARTITIONED
+        or not (number.isascii() and number.isdigit())
+        or number != str(int(number))
+    ):
         return None
-    if int(number) >= CONTROL_PARTITIONS:
+    count, subject = _PARTITIONED[service]
+    if int(number) >= count:
         return None
-    return control_epoch(int(number))
+    return subject(int(number))
 
 
 def epoch(role: str) -> str:

@@ -55,7 +55,7 @@ SINGLETONS: tuple[str, ...] = (
 )
 SCHEDULERS = ("scheduler-1", "scheduler-2")
 #: Services that may run as several replicas sharing their work (``runtime.partitions``): ``replicas``.
-PARTITIONED: frozenset[str] = frozenset({"job-controller"})
+PARTITIONED: frozenset[str] = frozenset({"job-controller", "health-monitor"})
 
 
 def instances(service: str, count: int) -> tuple[str, ...]:

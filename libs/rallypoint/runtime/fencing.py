@@ -55,7 +55,10 @@ class FencedWriter:
 
         The epoch is above both the log's last epoch for this role and the lease term, so epochs only
         grow even if the lease bucket was recreated."""
-        await self.follower.wait_for(await self.log.last_seq())
+        # a fold of part of the log (the health monitor's) waits for the last event on its own subjects
+        await self.follower.wait_for(
+            await self.log.last_seq(self.follower.subjects if self.follower.partial else None)
+        )
         self.fence = await self.log.last_seq(self.tree)
         epoch = max(self.follower.state.epochs.get(self.role, 0) + 1, term)
         event = LeaderEpochStarted(epoch=epoch, leader_id=self.instance, role=self.role, at=self.clock())

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 
@@ -48,6 +49,7 @@ __all__ = [
     "PartitionOwnership",
     "PartitionsCollector",
     "assigned",
+    "member_name",
     "rendezvous",
 ]
 
@@ -59,6 +61,11 @@ class NotOwner(EventLogError):
 
     def __init__(self, key: str) -> None:
         super().__init__(f"{key}: its partition is not ours now")
+
+
+def member_name(instance: str) -> str:
+    """A replica's name in the partitions' bucket: one key token (host-pid stays as it is)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", instance)
 
 
 def _weight(member: str, partition: int) -> bytes:

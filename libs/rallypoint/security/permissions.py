@@ -187,8 +187,15 @@ def _matrix() -> dict[str, Permissions]:
         ),
         "inventory": _service(writes="nothing (answers q.inventory.nodes)"),
         "health-monitor": _service(
-            writes="NodeHeartbeatLost, NodeDrained, NodeLost, NodeRecovered, NodeHealthChanged",
-            publish=(f"rally.node.{one}.health",),
+            writes="NodeHeartbeatLost, NodeDrained, NodeLost, NodeRecovered, NodeHealthChanged, "
+            "its partitions' LeaderEpochStarted",
+            # rally-partitions: its replicas' presence and partition leases; each partition's epoch (five
+            # tokens under rally.node: no node's own subject)
+            publish=(
+                f"rally.node.{one}.health",
+                f"rally.node.partition.{one}.epoch",
+                *partition_keys(subjects.HEALTH_ROLE),
+            ),
         ),
         "scheduler": _service(
             writes="LeaderEpochStarted, SchedulerSettings, GangBound, PreemptionRequested, GangResized, "

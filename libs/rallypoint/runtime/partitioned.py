@@ -1,0 +1,52 @@
+"""A partitioned service's share of its partitions (``runtime.partitions``), wired into its process: the
+``--partition-ttl`` flag, the claim loop until the service stops, a clean hand-over at a clean stop, and
+the ``rally_partitions_owned`` / ``rally_partition_members`` gauges."""
+
+from __future__ import annotations
+
+import argparse
+
+from rallypoint.eventlog import EventLog
+
+from .follower import Follower
+from .metrics import add_collector
+from .partitions import PARTITION_TTL_S, PartitionOwnership, PartitionsCollector, member_name
+from .service import ServiceContext
+
+
+def add_partition_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--partition-ttl",
+        type=float,
+        default=PARTITION_TTL_S,
+        help="seconds a killed replica keeps its partitions before the others take them "
+        "(the bucket's TTL wins once it exists)",
+    )
+
+
+async def share_partitions(
+    ctx: ServiceContext,
+    log: EventLog,
+    follower: Follower,
+    *,
+    service: str,
+    count: int,
+    source: str,
+    ttl: float,
+) -> PartitionOwnership:
+    """This replica's share of ``service``'s partitions, kept until the service stops."""
+    partitions = await PartitionOwnership.open(
+        await ctx.jetstream(),
+        log,
+        follower,
+        service=service,
+        member=member_name(ctx.config.instance),
+        count=count,
+        source=source,
+        ttl=ttl,
+    )
+    # Registered after the connection's drain, so it runs before it (LIFO): hand over while connected.
+    ctx.stack.push_async_callback(partitions.resign)
+    partitions.start(ctx.stop)
+    add_collector(ctx, PartitionsCollector(partitions))
+    return partitions
