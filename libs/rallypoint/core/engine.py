@@ -298,17 +298,7 @@ def _preempt_for_rules(
         found = rule_preemption.victims_for_rules(job, size, t, policy, ctx)
         if found is None:
             continue
-        victims, plan = found
-        ctx.ws.bump(ctx.counts, "preemptors")
-        part_preemption.evict(job, victims, t, policy, ctx, out.preemptions)
-        until = ctx.now + ctx.cfg.preemption_grace_s
-        hold(ctx, job.id, until, plan, strict=True)
-        _announce(job.id, until, plan.tasks, ctx, out)
-        return Status(
-            "Preempting",
-            f"needs {size} GPUs; {reasons.making_room([], victims)}; {reasons.once_stopped(until - ctx.now)}",
-            until,
-        )
+        return _evict_and_hold(job, size, t, found, "", policy, ctx, out)
     return None
 
 
@@ -564,19 +554,33 @@ def _preempt_shares(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _
         found = part_preemption.preempt_for_gang(job, size, t, policy, ctx)
         if found is None:
             continue
-        victims, plan = found
-        ctx.ws.bump(ctx.counts, "preemptors")
-        part_preemption.evict(job, victims, t, policy, ctx, out.preemptions)
-        until = ctx.now + ctx.cfg.preemption_grace_s
-        hold(ctx, job.id, until, plan, strict=True)
-        _announce(job.id, until, plan.tasks, ctx, out)
-        return Status(
-            "Preempting",
-            f"needs {size} GPUs; {reasons.making_room([], victims)} on shared GPUs; "
-            f"{reasons.once_stopped(until - ctx.now)}",
-            until,
-        )
+        return _evict_and_hold(job, size, t, found, " on shared GPUs", policy, ctx, out)
     return None
+
+
+def _evict_and_hold(
+    job: PendingJob,
+    size: int,
+    t: str,
+    found: tuple[list[str], Plan],
+    where: str,
+    policy: Policy,
+    ctx: Ctx,
+    out: _Out,
+) -> Status:
+    """Ask ``found``'s victims to stop for ``job`` and hold its slot strictly while they do."""
+    victims, plan = found
+    ctx.ws.bump(ctx.counts, "preemptors")
+    part_preemption.evict(job, victims, t, policy, ctx, out.preemptions)
+    until = ctx.now + ctx.cfg.preemption_grace_s
+    hold(ctx, job.id, until, plan, strict=True)
+    _announce(job.id, until, plan.tasks, ctx, out)
+    return Status(
+        "Preempting",
+        f"needs {size} GPUs; {reasons.making_room([], victims)}{where}; "
+        f"{reasons.once_stopped(until - ctx.now)}",
+        until,
+    )
 
 
 def _hold_for_stopping_victims(snapshot: Snapshot, ctx: Ctx, out: _Out) -> None:
