@@ -137,13 +137,17 @@ class JobController:
         self._forgetting: set[asyncio.Task[None]] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            self.follower.changed.clear()
-            self.reconcile_changed()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.follower.changed.wait(), self.tick_s)
-        for task in [*self._inflight.values(), *self._sweeps, *self._forgetting]:
-            task.cancel()
+        try:
+            while not stop.is_set():
+                self.follower.changed.clear()
+                self.reconcile_changed()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.follower.changed.wait(), self.tick_s)
+        finally:
+            # stopped or cancelled alike: no launch, kill or append of this controller outlives it (a
+            # cancelled run used to leave its in-flight actions writing after the process meant to stop)
+            for task in [*self._inflight.values(), *self._sweeps, *self._forgetting]:
+                task.cancel()
 
     def reconcile_changed(self) -> None:
         """One pass: reconcile what may have changed, and sweep the nodes that came back."""

@@ -145,8 +145,9 @@ async def test_three_controllers_share_the_jobs_and_survive_one_killed(
                 "the first jobs to run",
             )
             killed = replicas["c"]
-            killed_from = await event_log.last_seq()
             await killed.kill()
+            # its death: what it had already sent on the shared connection is stored before this answer
+            killed_from = await event_log.last_seq()
             killed_at = time.monotonic()
             for job_id in jobs[12:]:
                 await _submit(event_log, job_id)
