@@ -137,8 +137,9 @@ async def test_three_monitors_share_the_nodes_and_survive_one_killed(event_log: 
             victim = _node_of("c", list(NAMES), silent)
             partition = subjects.partition_of(victim, COUNT)
             stale = killed.partitions.writers[partition]
-            killed_from = await event_log.last_seq()
             await killed.kill()
+            # its death: what it had already sent on the shared connection is stored before this answer
+            killed_from = await event_log.last_seq()
             killed_at = time.monotonic()
             await until(lambda: _settled(replicas, ["a", "b"]), "c's partitions to be taken", 10.0)
             took = time.monotonic() - killed_at
