@@ -308,6 +308,14 @@ MATRIX = (
         ("scheduler", "pub", "rally.preempt.epoch", False),
         ("checkpoint", "pub", "rally.job.j1", False),
         ("checkpoint", "pub", "rally.ckpt.j1", True),
+        # its partitions' epochs and its own keys in rally-partitions (runtime.partitions), no other's
+        ("checkpoint", "pub", "rally.ckpt.epoch.7", True),
+        ("checkpoint", "pub", "$KV.rally-partitions.checkpoint.lease.7", True),
+        ("checkpoint", "pub", "$KV.rally-partitions.checkpoint.member.host-1", True),
+        ("checkpoint", "pub", "$KV.rally-partitions.job-controller.lease.7", False),
+        ("checkpoint", "pub", "rally.ctl.epoch.7", False),
+        ("job-controller", "pub", "rally.ckpt.epoch.7", False),
+        ("job-controller", "pub", "$KV.rally-partitions.checkpoint.lease.7", False),
         ("checkpoint", "pub", "rally.agent.sim-node-1.ckpt.j1", False),
         # an agent speaks only for its own node
         (AGENT, "pub", "hb.sim-node-1", True),
@@ -325,6 +333,7 @@ MATRIX = (
         (AGENT, "pub", "rally.job.j1", False),
         (AGENT, "pub", "rally.ctl.job.j1", False),
         (AGENT, "pub", "rally.ckpt.j1", False),
+        (AGENT, "pub", "rally.ckpt.epoch.7", False),
         (AGENT, "sub", "cmd.agent.sim-node-1.launch", True),
         (AGENT, "sub", "cmd.agent.sim-node-2.launch", False),
         (AGENT, "pub", "rally.sched.epoch", False),

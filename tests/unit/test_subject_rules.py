@@ -16,6 +16,7 @@ import pytest
 from rallypoint.events import (
     ALL_EVENT_TYPES,
     CheckpointCommitted,
+    CheckpointVerified,
     Event,
     JobCompleted,
     JobSpec,
@@ -116,6 +117,10 @@ def test_every_event_type_has_a_subject() -> None:
             LeaderEpochStarted(epoch=1, leader_id="a", role="health-monitor.7", at=1.0),
             "rally.node.partition.7.epoch",
         ),
+        # a checkpoint partition's: under rally.ckpt, four tokens (a job's own subject there has three)
+        (LeaderEpochStarted(epoch=1, leader_id="a", role="checkpoint.7", at=1.0), "rally.ckpt.epoch.7"),
+        # a job named "epoch" keeps its own three-token subject
+        (CheckpointVerified(job_id="epoch", step=1, ok=True, at=1.0), "rally.ckpt.epoch"),
         # the scheduler's preemption requests are on its fenced tree; the old service's stay readable
         (preemption_request("scheduler"), "rally.sched.preempt.j1"),
         (preemption_request("preemption"), "rally.preempt.request.j1"),
@@ -152,6 +157,11 @@ def test_the_subject_of_an_event(event: Event, subject: str) -> None:
         # a request may not claim the other role's tree (its epoch is judged by the role it names)
         (preemption_request("preemption"), "rally.sched.preempt.j1"),
         (preemption_request("scheduler"), "rally.preempt.request.j1"),
+        # a checkpoint partition's epoch is on its own partition's subject, never another's or a job's
+        (LeaderEpochStarted(epoch=1, leader_id="a", role="checkpoint.7", at=1.0), "rally.ckpt.epoch.8"),
+        (LeaderEpochStarted(epoch=1, leader_id="a", role="checkpoint.7", at=1.0), "rally.ckpt.j1"),
+        # nor a verification on an epoch subject
+        (CheckpointVerified(job_id="j1", step=1, ok=True, at=1.0), "rally.ckpt.epoch.7"),
         # an epoch of a role nobody fences
         (LeaderEpochStarted(epoch=1, leader_id="a", role="rogue", at=1.0), "rally.sched.epoch"),
         # ids that form no subject
@@ -201,6 +211,9 @@ def test_a_forged_completion_changes_no_fold_and_every_fold_agrees() -> None:
         "health-monitor.32",
         "health-monitor.07",
         "health-monitor",
+        "checkpoint.32",
+        "checkpoint.07",
+        "checkpoint",
     ],
 )
 def test_no_epoch_subject_for_a_role_that_is_not_a_single_writer(role: str) -> None:

@@ -174,10 +174,24 @@ def health_epoch(partition: int) -> str:
     return f"rally.node.partition.{partition}.epoch"
 
 
+#: The checkpoint service's partitions: the jobs, by the job controller's hash and count, so a job's
+#: partition number is the same for both services (their owners and fences are not).
+CHECKPOINT_PARTITIONS = CONTROL_PARTITIONS
+CHECKPOINT_ROLE = "checkpoint"
+
+
+def checkpoint_epoch(partition: int) -> str:
+    """Where a new owner of a checkpoint partition appends its LeaderEpochStarted. Under ``CHECKPOINTS``,
+    beside the verifications it fences (the service's fold reads the whole log); four tokens, where every
+    job's own subject there has three (``rally.ckpt.<id>``), so no job id can name it."""
+    return f"rally.ckpt.epoch.{partition}"
+
+
 #: Partitioned role -> (its partition count, its partitions' epoch subjects).
 _PARTITIONED: dict[str, tuple[int, Callable[[int], str]]] = {
     CONTROL_ROLE: (CONTROL_PARTITIONS, control_epoch),
     HEALTH_ROLE: (HEALTH_PARTITIONS, health_epoch),
+    CHECKPOINT_ROLE: (CHECKPOINT_PARTITIONS, checkpoint_epoch),
 }
 
 

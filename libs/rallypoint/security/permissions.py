@@ -206,7 +206,14 @@ def _matrix() -> dict[str, Permissions]:
         # may write the old preemption tree (rally.preempt.>, read in old logs only)
         "preemption": _service(writes="nothing (follows evictions)"),
         "checkpoint": _service(
-            writes="CheckpointVerified, CheckpointDeleted", publish=(f"rally.ckpt.{one}",)
+            writes="CheckpointVerified, CheckpointDeleted, its partitions' LeaderEpochStarted",
+            # rally-partitions: its replicas' presence and partition leases; each partition's epoch (four
+            # tokens under rally.ckpt: no job's own subject)
+            publish=(
+                f"rally.ckpt.{one}",
+                f"rally.ckpt.epoch.{one}",
+                *partition_keys(subjects.CHECKPOINT_ROLE),
+            ),
         ),
         "job-controller": _service(
             writes="JobStarted, JobCompleted, JobFailed, JobAttemptFailed, JobInterrupted, JobCancelled, "
