@@ -1,9 +1,12 @@
 """`rally serve projector`: follow the whole log into PostgreSQL (rally.jobs, rally.nodes, rally.events).
 
 A thin shell: the projection, its batching, the exactly-once write and the PostgreSQL reconnects all
-live in ``rallypoint.projection``. Run one replica per database; a second one is safe (the position
-row fences it) but only wastes work re-synchronising. An event PostgreSQL refuses is quarantined, not
-retried: ``/healthz`` says degraded and names it, ``/metrics`` counts it. See docs/projector.md.
+live in ``rallypoint.projection``. Any number of replicas per database: the holder of the leader lease
+(key ``projector``) projects, the others stand by with their fold kept at the stored position and take
+over about one lease TTL after it dies; the position row fences a deposed one (``projection.standby``).
+``/healthz``'s ``leader`` and ``rally_leader`` say which one projects. An event PostgreSQL refuses is
+quarantined, not retried: ``/healthz`` says degraded and names it, ``/metrics`` counts it. See
+docs/projector.md.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 from collections.abc import Sequence
 
 from rallypoint.projection import DEFAULT_NAME, Projector, QuarantineCollector
+from rallypoint.projection.standby import project_while_elected
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.health import add_health_check
 from rallypoint.runtime.metrics import add_collector
@@ -46,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=50_000,
         help="store the in-memory fold every N events, 0 to never (default %(default)s)",
     )
+    parser.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=3.0,
+        help="leader lease TTL in seconds: a killed projector's standby takes over after about this long "
+        "(the rally-leader bucket's TTL wins once it exists; default %(default)s)",
+    )
     return parser
 
 
@@ -69,7 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ctx.stack.push_async_callback(projector.close)
         add_health_check(ctx, projector.degraded, degraded=True)
         add_collector(ctx, QuarantineCollector(projector))
-        await projector.run(ctx.stop)
+        # One lease for every projector on this NATS: the key is the role's (its NATS user may write
+        # only that key), so run one projector deployment per cluster, with as many replicas as you like.
+        lease = await ctx.leader_lease(key="projector", ttl=args.lease_ttl)
+        await project_while_elected(projector, lease, ctx.stop)
         return 0
 
     return run_service(run, config)

@@ -321,12 +321,15 @@ async def tables(db: asyncpg.Connection) -> dict[str, list[Any]]:
 class ProjectorProcess:
     """`rally serve projector` as its own process, /healthz and /metrics on a free port."""
 
-    def __init__(self, log: EventLog, dsn: str, workdir: Path) -> None:
+    def __init__(
+        self, log: EventLog, dsn: str, workdir: Path, *extra: str, log_name: str = "projector.log"
+    ) -> None:
         self.port = free_port()
         self.argv = [sys.executable, "-m", "rallypoint.cli.main", "serve", "projector"]
         self.argv += ["--nats-url", nats_url(log), "--health-port", str(self.port), "--log-format", "text"]
+        self.argv += extra
         self.env = {**os.environ, "RALLY_POSTGRES_DSN": dsn}
-        self.log_path = workdir / "projector.log"
+        self.log_path = workdir / log_name
         self.proc = self.start()
 
     def start(self) -> ManagedProcess:

@@ -43,7 +43,7 @@ K8S_REPLICAS = {
     "preemption": 1,
     "checkpoint": 1,
     "job-controller": 2,
-    "projector": 1,
+    "projector": 2,
     "predictor": 1,
 }
 NATS_HOSTS = ("nats-1", "nats-2", "nats-3")
@@ -296,6 +296,9 @@ MATRIX = (
         ("job-controller", "pub", "$KV.rally-leader.scheduler", False),
         ("projector", "pub", "rally.job.j1", False),
         ("projector", "pub", "rally.node.n1.health", False),
+        ("projector", "pub", "$KV.rally-leader.projector", True),  # its lease: one projects, others stand by
+        ("projector", "pub", "$KV.rally-leader.scheduler", False),
+        ("scheduler", "pub", "$KV.rally-leader.projector", False),
         ("preemption", "pub", "rally.job.j1", False),
         # the scheduler writes the preemption requests; the old preemption tree is nobody's to write
         ("preemption", "pub", "rally.preempt.request.j1", False),
@@ -873,8 +876,8 @@ def test_api_service_and_scheduler_pdb(k8s: list[dict[str, Any]]) -> None:
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"]["path"] == "/healthz"
 
-    # the scheduler's standby and the partitioned services each need one replica through a drain
-    for service in ("scheduler", "job-controller", "health-monitor"):
+    # the standbys (scheduler, projector) and the partitioned services each need one replica through a drain
+    for service in ("scheduler", "projector", "job-controller", "health-monitor"):
         labels = _deployment_for(k8s, service)["spec"]["template"]["metadata"]["labels"]
         pdbs = [
             p

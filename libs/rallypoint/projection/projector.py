@@ -223,6 +223,31 @@ class Projector:
         log.info("projection %r synchronised at seq %d", self.name, position)
         return position
 
+    async def follow_stored(self) -> int:
+        """A standby's step: bring the in-memory fold up to the position another projector committed,
+        writing nothing, so that taking over costs the events since the last step, not a replay from the
+        snapshot. Fails (no retry) while PostgreSQL or the log is away; the fold stays exact up to its own
+        position either way (each record is applied whole and in order), so the next step goes on."""
+        if not self._synced:
+            return await self.sync()
+        store = await self._connected()
+        try:
+            position, (total, refused) = await store.position(), await store.quarantined(KEPT_REFUSALS)
+        except TRANSIENT_ERRORS:
+            await self._drop()
+            raise
+        if position < self.model.position:
+            # Rebuilt under us (`rally projector rebuild`): our fold is ahead of the views now.
+            self._synced = False
+            return await self.sync()
+        if position > self.model.position:
+            async for rec in self.log.replay(
+                from_seq=self.model.position + 1, to_seq=position, quarantine=True
+            ):
+                self.model.apply_stored(rec)
+        self.quarantined_total, self.quarantined = total, [_refused(row) for row in refused]
+        return self.model.position
+
     async def reset(self, *, keep_archive: bool = False) -> None:
         """Empty the views and the position (``rally projector rebuild``); the fold restarts at zero."""
 

@@ -6,7 +6,7 @@ ties each event type to one subject) plus the JetStream API calls it makes, and 
 - reading the log: stream info, ephemeral ordered consumers (their filter rides in the create subject),
   message get / direct get, flow-control replies; never a stream create, update, delete or purge, never a
   message delete, never a consumer delete. Only ``admin`` sets the streams up (``rallypoint.security.setup``);
-- the leader lease (KV ``rally-leader``): the scheduler and the preemption service, each only its own key;
+- the leader lease (KV ``rally-leader``): the scheduler and the projector, each only its own key;
 - partitions (KV ``rally-partitions``): a partitioned service's replicas, only that service's keys;
 - snapshots: each role that folds the whole log (``SNAPSHOT_ROLES``) saves and loads its own, in an object
   store of its own (``rally-snapshots-<role>``: chunk subjects are random, so only the bucket can tell
@@ -228,7 +228,8 @@ def _matrix() -> dict[str, Permissions]:
                 *partition_keys(subjects.CONTROL_ROLE),
             ),
         ),
-        "projector": _service(writes="nothing (PostgreSQL read models)"),
+        # its leader lease: one replica projects, the others stand by (projection.standby)
+        "projector": _service(writes="nothing (PostgreSQL read models)", publish=leader_lease("projector")),
         "predictor": _service(writes="nothing (answers q.predictor.starts)"),
     }
     for role in SNAPSHOT_ROLES:
