@@ -34,11 +34,15 @@ browser:
 	      { timeout 300 apt-get update -q >/dev/null 2>&1 && timeout 300 apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
 	  echo "note: no Chromium here; the dashboard's browser test will skip (apt-get install -y chromium)"
 
-# A 30-minute seeded chaos run on a local cluster with a summary table (MINUTES=, or STEPS=; SEED=7 reruns one);
-# make test runs a short one (tests/chaos/test_chaos_short.py).
+# A 30-minute seeded chaos run on a local cluster with a summary table (MINUTES=, or STEPS=; SEED=7 reruns one),
+# by default on the production shape: three nats-servers (R3) and two replicas of every service
+# (NATS_SERVERS=1 REPLICAS=1: one of each); make test runs a short one of each shape (tests/chaos/).
 MINUTES ?= 30
+NATS_SERVERS ?= 3
+REPLICAS ?= 2
 chaos: install
-	$(BIN)/python -m tests.chaos.monkey $(if $(STEPS),--steps $(STEPS),--minutes $(MINUTES)) $(if $(SEED),--seed $(SEED))
+	$(BIN)/python -m tests.chaos.monkey $(if $(STEPS),--steps $(STEPS),--minutes $(MINUTES)) $(if $(SEED),--seed $(SEED)) \
+		--nats-servers $(NATS_SERVERS) --replicas $(REPLICAS)
 
 bench: install
 	$(BIN)/rally bench scheduler --nodes 12500 --gpus-per-node 8 --pending 5000 --json

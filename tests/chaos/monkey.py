@@ -16,6 +16,14 @@ identity it tried. Whatever dies is brought back by the cluster's supervisor
 - the fold quarantined exactly the poison messages published, nothing else;
 - PostgreSQL's read model equals a fresh fold of the log at the projector's position.
 
+``--nats-servers 3 --replicas 2`` runs the same on a three-server JetStream cluster (R3 stream and buckets)
+with two replicas of every service (issue 34). Its faults then take turns, in an order drawn from the seed,
+so every kind comes within the first steps: kill -9 of any one nats-server, of any service replica, of a
+replica and a server together, a node frozen past the lost timeout under a two-node gang (a repair), an
+agent's kill, a paused replica, a poison message and a forged bind. The trickle then has two-node gangs too.
+After every step, also: no double action (one JobStarted per attempt, one end per job, one verification
+per checkpoint step), which replicas sharing partitions must never write.
+
 At the end every job must reach its right final state (completed / failed / cancelled), the projector must
 have caught up with the log, and the audit (``rally replay --verify-decisions``) must recompute every
 scheduler decision identically, refuse exactly the forged ones and find no event that is not its writer's.
@@ -47,18 +55,37 @@ import asyncpg
 from rallypoint.audit import verify_decisions
 from rallypoint.cli.replay import History, read_history
 from rallypoint.eventlog import EventLog, EventLogError
-from rallypoint.events import GangBound, TaskPlacement, subjects
+from rallypoint.events import (
+    CheckpointVerified,
+    GangBound,
+    JobCancelled,
+    JobCompleted,
+    JobFailed,
+    JobStarted,
+    TaskPlacement,
+    subjects,
+)
 from rallypoint.events.codec import Quarantined
 from rallypoint.localcluster import LocalCluster
 from rallypoint.localcluster.http import call
-from rallypoint.localcluster.supervisor import SCHEDULERS, SINGLETONS, local_service_seconds
+from rallypoint.localcluster.supervisor import REPLICATED, local_service_seconds
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.state import ACTIVE, ClusterState
 
 TERMINAL = {"completed", "failed", "cancelled", "rejected"}
-#: Every service the local cluster runs (agents and servers are faults of their own).
-SERVICES = ("api", *SINGLETONS, *SCHEDULERS)
 FAULTS = ("kill-service", "stop-service", "kill-agent", "freeze-node", "kill-nats", "poison", "forge")
+#: On a JetStream cluster with replicas (issue 34): any one server, any replica, or both at once; each kind
+#: once per round, so a short run meets them all.
+REPLICATED_FAULTS = (
+    "kill-service",
+    "kill-nats",
+    "kill-service+nats",
+    "freeze-node",
+    *FAULTS[1:3],
+    *FAULTS[5:],
+)
+#: The events that end a job: at most one each, however many job controllers there are.
+ENDS = (JobCompleted, JobFailed, JobCancelled)
 #: What a rolling upgrade or a broken client may write: bytes no decoder reads, a version nobody knows.
 POISON = (
     b"\x00junk",
@@ -77,7 +104,7 @@ REPAIR_WAIT_S = local_service_seconds("scheduler", "--repair-wait")
 @dataclass
 class Submitted:
     job_id: str
-    kind: str  # "ok", "fails", "cancel" or "tenant"
+    kind: str  # "ok", "fails", "cancel", "gang" (two nodes, long enough to meet a fault) or "tenant"
     expected: str
     step: int
 
@@ -140,6 +167,10 @@ class Monkey:
     def __init__(self, cluster: LocalCluster, seed: int) -> None:
         self.cluster = cluster
         self.rng = random.Random(seed)
+        # every service instance the cluster runs (agents and servers are faults of their own)
+        self.services = sorted(name for name in cluster.processes if not name.startswith("agent-"))
+        self.replicated = len(cluster.nats_cluster) > 1
+        self._round: list[str] = []  # the replicated run's faults still to come in this round
         self.result = ChaosResult(seed=seed)
         self.to_cancel: list[str] = []
         self.count = 0
@@ -153,8 +184,9 @@ class Monkey:
 
     def submit_some(self, step: int) -> int:
         submitted = 0
+        kinds, weights = ("ok", "fails", "cancel", "gang"), (6, 2, 1, 2 if self.replicated else 0)
         for _ in range(self.rng.randint(1, 3)):
-            kind = self.rng.choices(("ok", "fails", "cancel"), weights=(6, 2, 1))[0]
+            kind = self.rng.choices(kinds, weights=weights)[0]
             if self._submit(step, kind) is not None:
                 submitted += 1
         return submitted
@@ -162,18 +194,20 @@ class Monkey:
     def _submit(self, step: int, kind: str) -> str | None:
         self.count += 1
         name = f"chaos-{self.count}-{kind}"
-        gpus = self.rng.choice((1, 1, 2, 4, 8))
+        gpus = 16 if kind == "gang" else self.rng.choice((1, 1, 2, 4, 8))
         command = {
             "ok": ["sleep", f"{self.rng.uniform(0.5, 3):.1f}"],
             "fails": ["sh", "-c", "sleep 0.5; exit 3"],
             "cancel": ["sleep", "600"],
+            "gang": ["sleep", f"{self.rng.uniform(8, 15):.1f}"],
         }[kind]
-        body = {"name": name, "team": "chaos", "gpus": gpus, "gpus_per_task": gpus, "ranks_per_task": 1}
+        per_task = 8 if kind == "gang" else gpus
+        body = {"name": name, "team": "chaos", "gpus": gpus, "gpus_per_task": per_task, "ranks_per_task": 1}
         body["command"] = command
         answer = _post_until_acknowledged(self.cluster.api_url, body, key=name, within_s=30)
         if answer is None:
             return None  # never acknowledged: the client knows it must retry; not ours to track
-        expected = {"ok": "completed", "fails": "failed", "cancel": "cancelled"}[kind]
+        expected = {"ok": "completed", "fails": "failed", "cancel": "cancelled", "gang": "completed"}[kind]
         self.result.jobs[answer] = Submitted(job_id=answer, kind=kind, expected=expected, step=step)
         if kind == "cancel":
             self.to_cancel.append(answer)
@@ -232,15 +266,28 @@ class Monkey:
 
     # -- faults -----------------------------------------------------------------------------------
 
+    def _kind(self) -> str:
+        if not self.replicated:
+            return self.rng.choice(FAULTS)
+        if not self._round:
+            self._round = self.rng.sample(REPLICATED_FAULTS, len(REPLICATED_FAULTS))
+        return self._round.pop()
+
     def fault(self) -> tuple[str, str, float]:
-        kind = self.rng.choice(FAULTS)
+        kind = self._kind()
         nodes = self.cluster.node_ids()
         if kind == "kill-service":
-            target = self.rng.choice(SERVICES)
+            target = self.rng.choice(self.services)
             self.cluster.kill(target)
             return kind, target, 0.0
+        if kind == "kill-service+nats":
+            target = self.rng.choice(self.services)
+            server, pid = self._nats_victim()
+            self.cluster.kill(target)
+            os.kill(pid, signal.SIGKILL)
+            return kind, f"{target}+{server}", 0.0
         if kind == "stop-service":
-            target, seconds = self.rng.choice(SERVICES), self.rng.uniform(1, 6)
+            target, seconds = self.rng.choice(self.services), self.rng.uniform(1, 6)
             _pause(self.cluster.processes[target].pid, seconds)
             return kind, target, seconds
         if kind == "kill-agent":
@@ -263,9 +310,15 @@ class Monkey:
             node = self.rng.choice(nodes)
             self.result.forged_seqs.append(self._publish(lambda log: _forge(log, job_id, node)))
             return kind, job_id, 0.0
-        assert self.cluster.nats is not None and self.cluster.nats.pid is not None
-        os.kill(self.cluster.nats.pid, signal.SIGKILL)
-        return kind, "nats-server", 0.0
+        server, pid = self._nats_victim()
+        os.kill(pid, signal.SIGKILL)
+        return kind, server, 0.0
+
+    def _nats_victim(self) -> tuple[str, int]:
+        """One of our nats-servers, drawn from the seed: its name and pid."""
+        name, server = self.rng.choice(self.cluster.nats_names())
+        assert server.pid is not None
+        return name, server.pid
 
     def _publish(self, write: Any) -> int:
         """``write(log)`` as the admin identity, retried while nats-server comes back; its sequence."""
@@ -330,6 +383,7 @@ class Monkey:
         lost = [j for j in self.result.jobs if j not in state.jobs]
         problems += [f"acknowledged job {j} is not in the log" for j in lost]
         problems += _double_bound(state)
+        problems += _double_actions(history, live_seq)
         problems += self._quarantine_problems(history, live_seq)
         if projector_caught_up and position < live_seq:
             problems.append(f"the projector is at seq {position}, the log at {live_seq}")
@@ -448,6 +502,22 @@ def _pause(pid: int, seconds: float) -> None:
         os.kill(pid, signal.SIGCONT)
 
 
+def _double_actions(history: History, to_seq: int) -> list[str]:
+    """What two replicas sharing work would write twice: a second JobStarted for one attempt, a second end
+    of one job, a second verification of one checkpoint step."""
+    seen: Counter[tuple[str, ...]] = Counter()
+    for seq, item in history:
+        if seq > to_seq:
+            break
+        if isinstance(item, JobStarted):
+            seen[("JobStarted", item.job_id, str(item.attempt))] += 1
+        elif isinstance(item, ENDS):
+            seen[("end", item.job_id)] += 1
+        elif isinstance(item, CheckpointVerified):
+            seen[("CheckpointVerified", item.job_id, str(item.step))] += 1
+    return [f"written {n} times: {' '.join(key)}" for key, n in sorted(seen.items()) if n > 1]
+
+
 def _double_bound(state: ClusterState) -> list[str]:
     """GPUs held by two active jobs, or held by a job the node does not say holds it."""
     owner: dict[tuple[str, int], str] = {}
@@ -515,11 +585,22 @@ def _retry_check(check: Any, *, within_s: float, supervise: Any) -> list[str]:
 
 
 def run_chaos(
-    workdir: Path, *, seed: int, steps: int, minutes: float | None = None, drain_s: float = 120.0
+    workdir: Path,
+    *,
+    seed: int,
+    steps: int,
+    minutes: float | None = None,
+    drain_s: float = 120.0,
+    nats_servers: int = 1,
+    replicas: int = 1,
 ) -> ChaosResult:
-    """``steps`` steps, or as many as ``minutes`` allow when it is given."""
+    """``steps`` steps, or as many as ``minutes`` allow when it is given; on ``nats_servers`` servers with
+    ``replicas`` of every service (the scheduler at least a leader and a standby)."""
     began = time.monotonic()
-    with LocalCluster(workdir, nodes=4, gpus_per_node=8, racks=2) as cluster:
+    counts = {service: replicas for service in REPLICATED} if replicas > 1 else {}
+    with LocalCluster(
+        workdir, nodes=4, gpus_per_node=8, racks=2, nats_servers=nats_servers, replicas=counts
+    ) as cluster:
         monkey = Monkey(cluster, seed)
         number = 0
         while _more(number, steps, minutes, time.monotonic() - began):
@@ -541,6 +622,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--minutes", type=float, help="run steps for this long instead of --steps")
     parser.add_argument("--drain", type=float, default=180.0, help="seconds for every job to end")
+    parser.add_argument(
+        "--nats-servers", type=int, choices=(1, 3), default=1, help="a JetStream cluster of 3"
+    )
+    parser.add_argument("--replicas", type=int, default=1, help="replicas of every service (default 1)")
     args = parser.parse_args(argv)
     # The checks reconnect to a server that is being killed on purpose: its warnings are expected.
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(message)s")
@@ -554,6 +639,8 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps,
         minutes=args.minutes,
         drain_s=args.drain,
+        nats_servers=args.nats_servers,
+        replicas=args.replicas,
     )
     print(result.table())
     if not result.ok:

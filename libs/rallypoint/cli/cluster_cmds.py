@@ -30,6 +30,9 @@ def _up(args: argparse.Namespace) -> int:
     from rallypoint.localcluster.folderlock import FolderBusy
 
     workdir = Path(args.data_dir)
+    if args.nats_url and args.nats_servers > 1:
+        print("error: --nats-servers starts embedded servers; it cannot go with --nats-url", file=sys.stderr)
+        return 2
     try:
         locks = _lock_folders(workdir)
     except FolderBusy as busy:
@@ -47,6 +50,7 @@ def _up(args: argparse.Namespace) -> int:
         allow_root_ranks=args.allow_root_ranks,
         mig_gpus=args.mig_gpus,
         replicas=args.replicas,
+        nats_servers=args.nats_servers,
     )
     # Ctrl-C and SIGTERM both stop everything `rally up` started. SIGINT is installed explicitly too: a
     # process started in the background by a script inherits SIGINT as ignored, and Python then keeps it so.
@@ -61,7 +65,9 @@ def _up(args: argparse.Namespace) -> int:
         print(f"  API   {cluster.api_url}   (rally jobs, rally submit --gpus 2 -- python train.py)")
         print(f"  web   {cluster.api_url}/?token=<a token from {TOKENS_FILE}>   (the dashboard)")
         print(f"  metrics  every service's /metrics: {CLUSTER_FILE} metrics_urls")
-        print(f"  NATS  {_where_secret(cluster.nats_url, 'nats_url')}")
+        count = len(cluster.nats_cluster)
+        servers = f"   ({count} servers, stream and buckets R{count})" if count > 1 else ""
+        print(f"  NATS  {_where_secret(cluster.nats_url, 'nats_url')}{servers}")
         if cluster.with_projector:
             print(f"  SQL   {_where_secret(cluster.postgres_dsn, 'postgres_dsn')}")
         print(f"  logs  {workdir.resolve() / 'logs'}")
@@ -144,15 +150,15 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _replicas(text: str) -> dict[str, int]:
-    """``job-controller=2,...`` -> {service: count}; only the partitioned services may have several."""
-    from rallypoint.localcluster.supervisor import PARTITIONED
+    """``job-controller=2,...`` -> {service: count}; any service but the node agent may have several."""
+    from rallypoint.localcluster.supervisor import REPLICATED
 
     counts: dict[str, int] = {}
     for part in filter(None, text.split(",")):
         service, _, count = part.partition("=")
-        if service not in PARTITIONED or not count.isdigit() or int(count) < 1:
+        if service not in REPLICATED or not count.isdigit() or int(count) < 1:
             raise argparse.ArgumentTypeError(
-                f"expected SERVICE=N with N >= 1 and SERVICE one of {', '.join(sorted(PARTITIONED))}"
+                f"expected SERVICE=N with N >= 1 and SERVICE one of {', '.join(sorted(REPLICATED))}"
             )
         counts[service] = int(count)
     return counts
@@ -178,8 +184,16 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         type=_replicas,
         default={},
         metavar="SERVICE=N,...",
-        help="replicas of a partitioned service, sharing its work "
-        "(job-controller=2,health-monitor=2; default one each)",
+        help="replicas of services (e.g. job-controller=2,health-monitor=2,scheduler=3; default one "
+        "each and a scheduler standby); docs/deployment.md says what N of each buys",
+    )
+    up.add_argument(
+        "--nats-servers",
+        type=int,
+        choices=(1, 3, 5),
+        default=1,
+        help="embedded nats-servers: 1, or a JetStream cluster of 3 or 5 on loopback with the stream and "
+        "buckets replicated on each (R3/R5): any one server may die (default 1)",
     )
     up.add_argument(
         "--mig-gpus",

@@ -117,7 +117,8 @@ async def connect_nats(
     async def closed_cb() -> None:
         _log.info("nats connection closed (%s)", name)
 
-    servers = url if isinstance(url, list) else [url]
+    # a string may list a cluster's seed servers, comma-separated (what `rally up --nats-servers 3` writes)
+    servers = url if isinstance(url, list) else [part.strip() for part in url.split(",") if part.strip()]
     # Credentials in a URL win (nats-py would otherwise let user/password override them).
     if not any(urlsplit(server).username for server in servers):
         credentials = credentials or NatsCredentials.from_env()

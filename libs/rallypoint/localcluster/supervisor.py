@@ -56,11 +56,19 @@ SINGLETONS: tuple[str, ...] = (
 SCHEDULERS = ("scheduler-1", "scheduler-2")
 #: Services that may run as several replicas sharing their work (``runtime.partitions``): ``replicas``.
 PARTITIONED: frozenset[str] = frozenset({"job-controller", "health-monitor"})
+#: Every service ``replicas`` may name (docs/deployment.md says what N of each buys): the partitioned
+#: ones, the scheduler's standbys, and those whose replicas share queries or stand by.
+REPLICATED: frozenset[str] = PARTITIONED | {"api", "scheduler", *SINGLETONS}
 
 
 def instances(service: str, count: int) -> tuple[str, ...]:
     """The instance names of ``count`` replicas: the service's own name for one (what tools and tests
-    name it by), ``<service>-1``, ``<service>-2``... for more."""
+    name it by), ``<service>-1``, ``<service>-2``... for more. The API's first is always ``api`` (its
+    port is the cluster's ``api_url``) and the scheduler's always numbered (a leader and standbys)."""
+    if service == "api":
+        return ("api", *(f"api-{i + 1}" for i in range(1, count)))
+    if service == "scheduler":
+        return tuple(f"scheduler-{i + 1}" for i in range(count))
     return (service,) if count == 1 else tuple(f"{service}-{i + 1}" for i in range(count))
 
 
@@ -135,14 +143,23 @@ class LocalCluster:
         mig_gpus: Sequence[int] = (),
         agent_args: Mapping[int, Sequence[str]] | None = None,
         replicas: Mapping[str, int] | None = None,
+        nats_servers: int = 1,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1 or racks < 1:
             raise ValueError("nodes, gpus per node and racks must all be at least 1")
-        replicas = dict(replicas or {})
-        if set(replicas) - PARTITIONED or any(n < 1 for n in replicas.values()):
-            raise ValueError(f"only {', '.join(sorted(PARTITIONED))} may run as replicas, at least 1 each")
-        # per partitioned service: how many replicas share its partitions (default 1)
+        replicas = {"scheduler": len(SCHEDULERS), **(replicas or {})}
+        if set(replicas) - REPLICATED or any(n < 1 for n in replicas.values()):
+            raise ValueError(f"only {', '.join(sorted(REPLICATED))} may run as replicas, at least 1 each")
+        if nats_servers not in (1, 3, 5):
+            raise ValueError(
+                "nats_servers: 1, or a JetStream cluster of 3 or 5 (a quorum needs an odd count)"
+            )
+        if nats_servers > 1 and nats_url is not None:
+            raise ValueError("nats_servers starts our own servers: not with nats_url")
+        # per service: how many replicas run (default 1; the scheduler a leader and a standby)
         self.replicas = replicas
+        # nats-servers of our own: one, or the members of one JetStream cluster (R3/R5 stream and buckets)
+        self.nats_servers = nats_servers
         self.workdir = workdir.resolve()
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
@@ -161,7 +178,11 @@ class LocalCluster:
         self.env = dict(os.environ if env is None else env)
         # per service (not instance) name: extra flags, laid over LOCAL_SERVICE_ARGS
         self.service_args: dict[str, Sequence[str]] = {**LOCAL_SERVICE_ARGS, **(service_args or {})}
-        self.nats: NatsServer | None = None
+        self.nats: NatsServer | None = None  # the first of ``nats_cluster``: tools' and tests' server
+        self.nats_cluster: list[NatsServer] = []
+        # each member's route port, fixed before any starts (every member lists all the routes)
+        self._route_ports = [free_port() for _ in range(nats_servers)] if nats_servers > 1 else []
+        self.api_ports: dict[str, int] = {}  # API replicas beyond the first: their own HTTP ports
         self.postgres: PostgresServer | None = None
         self.processes: dict[str, ManagedProcess] = {}
         # One preloaded process forks the Python services (``infra.forkserver``): each is still a process
@@ -197,18 +218,19 @@ class LocalCluster:
         """The URL tools and tests use: on our own server, as the admin user (credentials in the URL)."""
         if self._nats_url is not None:
             return self._nats_url
-        if self.nats is None or self.credentials is None:
+        if not self.nats_cluster or self.credentials is None:
             raise RuntimeError("NATS is not started")
-        return self.nats.url_for(ADMIN, self.credentials.passwords[ADMIN])
+        password = self.credentials.passwords[ADMIN]
+        return ",".join(server.url_for(ADMIN, password) for server in self.nats_cluster)
 
     @property
     def _service_nats_url(self) -> str:
         # Services get the bare URL and their own user in their environment (never on a command line).
         if self._nats_url is not None:
             return self._nats_url
-        if self.nats is None:
+        if not self.nats_cluster:
             raise RuntimeError("NATS is not started")
-        return self.nats.url
+        return ",".join(server.url for server in self.nats_cluster)
 
     @property
     def postgres_dsn(self) -> str:
@@ -276,39 +298,75 @@ class LocalCluster:
         if self.use_forkserver:  # it preloads while NATS and PostgreSQL start
             self.forkserver = ForkServer(self.workdir / "logs" / "forkserver.log")
         if self._nats_url is None:
-            assert self.credentials is not None
-            accounts = render_accounts(self.agent_nodes(), password=literal(self.credentials.passwords))
-            self.nats = NatsServer(
-                self.workdir / "nats", server_name="rally-local", accounts=accounts
-            ).start()
+            self._start_nats()
         self._setup_log()
         if self.with_projector and self._postgres_dsn is None:
             # PostgreSQL is only a projection of the log (rebuildable), so its data lives in a throwaway
             # temp dir: that one is traversable by the unprivileged user postgres must run as under root.
             self.postgres = PostgresServer().start()
         self._make_tokens()
-        api_args = ["--http-host", "127.0.0.1", "--http-port", str(self.api_port)]
-        self.start_service("api", "api", [*api_args, "--tokens-file", str(self.tokens_file)])
+        for name in instances("api", self.replicas.get("api", 1)):
+            port = self.api_port if name == "api" else self.api_ports.setdefault(name, free_port())
+            api_args = ["--http-host", "127.0.0.1", "--http-port", str(port)]
+            self.start_service(name, "api", [*api_args, "--tokens-file", str(self.tokens_file)])
         for service in SINGLETONS:
             if service == "projector" and not self.with_projector:
                 continue
             for name in instances(service, self.replicas.get(service, 1)):
                 self.start_service(name, service)
-        for instance in SCHEDULERS:
+        for instance in instances("scheduler", self.replicas["scheduler"]):
             self.start_service(instance, "scheduler", ["--instance", instance])
         for index, node_id in enumerate(self.agent_nodes()):
             self.start_service(f"agent-{node_id}", "agent", self._agent_args(index, node_id))
         self.wait_ready(timeout=timeout)
 
-    def _setup_log(self) -> None:
-        """The admin identity creates the stream and buckets; services may not (and fail without them)."""
+    def _start_nats(self) -> None:
+        """Our own nats-server, or the members of one JetStream cluster on loopback: each enforces the
+        production permission matrix with the same accounts."""
+        assert self.credentials is not None
+        accounts = render_accounts(self.agent_nodes(), password=literal(self.credentials.passwords))
+        if self.nats_servers == 1:
+            self.nats_cluster = [
+                NatsServer(self.workdir / "nats", server_name="rally-local", accounts=accounts)
+            ]
+        else:
+            routes = tuple(f"nats-route://127.0.0.1:{port}" for port in self._route_ports)
+            self.nats_cluster = [
+                NatsServer(
+                    self.workdir / f"nats-{i + 1}",
+                    server_name=f"rally-local-{i + 1}",
+                    accounts=accounts,
+                    cluster_name="rally-local",
+                    cluster_port=port,
+                    routes=routes,
+                )
+                for i, port in enumerate(self._route_ports)
+            ]
+        for server in self.nats_cluster:
+            server.start()
+        self.nats = self.nats_cluster[0]
+
+    def _setup_log(self, timeout: float = 60.0) -> None:
+        """The admin identity creates the stream and buckets; services may not (and fail without them).
+        On a JetStream cluster they are replicated on every member (R3 or R5), retried until the members
+        have elected their meta leader (a fresh cluster refuses stream creation for a few seconds)."""
         from rallypoint.eventlog import connect_nats
         from rallypoint.eventlog.setup import setup_log
 
         async def setup() -> None:
             nc = await connect_nats(self.nats_url, name="rally-local-setup")
+            deadline = time.monotonic() + timeout
             try:
-                await setup_log(nc)
+                while True:
+                    try:
+                        await setup_log(nc, replicas=self.nats_servers if self._nats_url is None else 1)
+                        return
+                    except Exception as exc:  # the meta leader is not elected yet: its errors vary
+                        if time.monotonic() > deadline:
+                            raise RuntimeError(
+                                f"the JetStream cluster made no stream in {timeout:.0f} s"
+                            ) from exc
+                        await asyncio.sleep(0.25)
             finally:
                 await nc.close()
 
@@ -463,7 +521,7 @@ class LocalCluster:
         back is tried again on the next call. Call it from a long-lived thread (the parent-death signal of
         a child is tied to the thread that spawned it)."""
         servers: list[tuple[str, NatsServer | PostgresServer | None]] = [
-            ("nats-server", self.nats),
+            *self.nats_names(),
             ("postgres", self.postgres),
         ]
         restarted = [name for name, server in servers if server is not None and _revive(name, server)]
@@ -472,10 +530,18 @@ class LocalCluster:
             restarted.append(name)
         return restarted
 
+    def nats_names(self) -> list[tuple[str, NatsServer]]:
+        """Our nats-servers by the name `supervise` reports: ``nats-server``, or ``nats-server-<i>`` each."""
+        if len(self.nats_cluster) == 1:
+            return [("nats-server", self.nats_cluster[0])]
+        return [(f"nats-server-{i + 1}", server) for i, server in enumerate(self.nats_cluster)]
+
     def fixed_ports(self, services: Sequence[str] | None = None) -> list[Port]:
         """The ports chosen before their services start (of ``services``, default all): the API's, and the
         health and metrics ports of services started before. NATS and PostgreSQL pick theirs as they start."""
         ports = {"api": Port(self.api_port, "the API's", "--api-port")}
+        for name, port in sorted(self.api_ports.items()):
+            ports[name] = Port(port, f"{name}'s")
         for name, port in sorted(self.health_ports.items()):
             ports[name] = Port(port, f"{name}'s health and metrics")
         return [port for name, port in ports.items() if services is None or name in services]
@@ -483,14 +549,17 @@ class LocalCluster:
     def metrics_urls(self) -> dict[str, str]:
         """Every service's /metrics: the API's own port, the others' health ports."""
         urls = {"api": f"{self.api_url}/metrics"}
+        for name, port in sorted(self.api_ports.items()):
+            urls[name] = f"http://127.0.0.1:{port}/metrics"
         for name, port in sorted(self.health_ports.items()):
             urls[name] = f"http://127.0.0.1:{port}/metrics"
         return urls
 
     def health(self, name: str, path: str = "/readyz") -> tuple[int, Any]:
         """A service's health answer (status code, body); (0, {}) when it does not answer."""
+        port = self.api_port if name == "api" else self.api_ports.get(name) or self.health_ports[name]
         try:
-            return call("GET", f"http://127.0.0.1:{self.health_ports[name]}{path}", timeout=2.0)
+            return call("GET", f"http://127.0.0.1:{port}{path}", timeout=2.0)
         except OSError:
             return 0, {}
 
@@ -546,9 +615,9 @@ class LocalCluster:
         if self.postgres is not None:
             with contextlib.suppress(Exception):
                 self.postgres.stop()
-        if self.nats is not None:
+        for server in self.nats_cluster:
             with contextlib.suppress(Exception):
-                self.nats.stop(remove_data=False)
+                server.stop(remove_data=False)
         register_token(self.api_url, None)
 
     def _mark_running_ranks_stopped(self) -> None:
