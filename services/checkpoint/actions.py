@@ -3,6 +3,11 @@
 The decisions (what to verify, what to delete, what a verification result means) are
 ``rallypoint.checkpoints``; this module only does the I/O. File work runs in worker threads: reading
 every shard of a large checkpoint must not stall the event loop that follows the log.
+
+With ``partitions`` (several replicas), a job's work is done only while this replica owns the job's
+partition: each verification and removal asks just before its file work (a partition may move while the
+work waits for the disk), and every append is fenced by the partition's ownership epoch
+(``runtime.partitions``), so a deposed owner's append is refused by the server and it drops the partition.
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ from rallypoint.checkpoints import (
 )
 from rallypoint.ckpt import MANIFEST
 from rallypoint.ckpt.manifest import sha256_file
-from rallypoint.eventlog import EventLog
+from rallypoint.eventlog import AppendConflict, EventLog
 from rallypoint.events import CheckpointEvent, subjects
 from rallypoint.runtime.follower import Follower
+from rallypoint.runtime.partitions import NotOwner, PartitionOwnership
 
 _log = logging.getLogger("rallypoint.checkpoint")
 
@@ -49,11 +55,13 @@ class CheckpointActions:
         *,
         clock: Callable[[], float] = time.time,
         max_parallel: int = 2,
+        partitions: PartitionOwnership | None = None,
     ) -> None:
         self.log = log
         self.follower = follower
         self.verifier = verifier
         self.clock = clock
+        self.partitions = partitions  # None: one replica, every job ours, appends unfenced
         # Verifications read every byte of a checkpoint: a few at a time keeps the disk usable.
         self._disk = asyncio.Semaphore(max_parallel)
 
@@ -63,8 +71,17 @@ class CheckpointActions:
         for task in plan.delete:
             await self.delete(task)
 
+    def owns(self, job_id: str) -> bool:
+        return self.partitions is None or self.partitions.owns(job_id)
+
+    def _still_ours(self, job_id: str) -> None:
+        """NotOwner unless the job's partition is ours now: no file work for a job another replica owns."""
+        if not self.owns(job_id):
+            raise NotOwner(job_id)
+
     async def verify(self, task: Verify) -> None:
         async with self._disk:
+            self._still_ours(task.job_id)  # the wait for the disk may have outlasted our ownership
             outcome = await asyncio.to_thread(self.verifier, task.path)
         event = verified_event(task, outcome, self.clock())
         if event.ok:
@@ -77,6 +94,8 @@ class CheckpointActions:
         async with self._disk:
             left_because = keep_files_because(task, await asyncio.to_thread(_manifest_sha256, task))
             if not left_because:
+                # Just before removing: only the owner of the job's partition removes its files.
+                self._still_ours(task.job_id)
                 await asyncio.to_thread(_remove_folder, task.path)
         if left_because:
             _log.error("job %s step %d: not removing %r: %s", task.job_id, task.step, task.path, left_because)
@@ -88,7 +107,21 @@ class CheckpointActions:
         await self._append(event, deleted_msg_id(task.job_id, task.step))
 
     async def _append(self, event: CheckpointEvent, msg_id: str) -> None:
-        seq = await self.log.append(subjects.checkpoint(event.job_id), event, msg_id=msg_id, source=SOURCE)
+        """Append for the event's job, fenced by the epoch of its partition's ownership: ``NotOwner`` when
+        this replica does not own it now; ``AppendConflict`` (and the partition dropped) when a newer one
+        does."""
+        subject = subjects.checkpoint(event.job_id)
+        if self.partitions is None:
+            seq = await self.log.append(subject, event, msg_id=msg_id, source=SOURCE)
+        else:
+            writer = self.partitions.writer_for(event.job_id)
+            if writer is None:
+                raise NotOwner(event.job_id)
+            try:
+                seq = await writer.append(subject, event, msg_id)
+            except AppendConflict:
+                self.partitions.deposed(event.job_id, writer)
+                raise
         # The next plan must see this outcome, or it would ask for the same work again.
         await self.follower.wait_for(seq)
 

@@ -11,6 +11,12 @@ cost grow with the cluster instead of with the checkpoints. So:
   once the fold has applied it (our own appends included: a verification may free older steps);
 - a job whose work failed is retried on the next tick, and every ``sweep_s`` all jobs are planned again,
   the level-triggered backstop for anything the above could miss.
+
+With ``partitions`` (several replicas), a replica plans only the jobs of the partitions it owns now; the
+others' are dropped from its dirty set unplanned. At a gain it marks every job of the gained partitions
+dirty, so what a killed (or deposed) owner left undone is done by the new owner at once, from the fold it
+fenced (``runtime.partitions``: the new owner's fold holds everything the old one stored before its epoch).
+At a loss, the work in flight for the jobs no longer ours is cancelled (its appends would be refused).
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ import time
 from collections.abc import Callable, Iterable
 
 from rallypoint.checkpoints import RetentionPolicy, plan_jobs
-from rallypoint.eventlog import EventLog, Recorded
+from rallypoint.eventlog import AppendConflict, EventLog, Recorded
 from rallypoint.events import CheckpointEvent, subjects
+from rallypoint.runtime.fencing import FencedWriter
 from rallypoint.runtime.follower import Follower
+from rallypoint.runtime.partitions import NotOwner, PartitionOwnership
 
 from .actions import CheckpointActions
 
@@ -43,6 +51,7 @@ class CheckpointKeeper:
         policy: RetentionPolicy,
         tick_s: float = 5.0,
         sweep_s: float = 60.0,
+        partitions: PartitionOwnership | None = None,
     ) -> None:
         self.log = log
         self.follower = follower
@@ -50,11 +59,16 @@ class CheckpointKeeper:
         self.policy = policy
         self.tick_s = tick_s
         self.sweep_s = sweep_s
+        self.partitions = partitions  # None: one replica, every job ours
         self.passes = 0  # plans computed, for tests and logs: proportional to changes, not to jobs
         self._dirty: set[str] = set()
         self._retry: set[str] = set()
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
+        self._generation = -1  # the ownership generation last looked at
+        self._writers: dict[int, FencedWriter] = {}  # the owned partitions' writers at the last look
+        if partitions is not None:
+            partitions.listeners.append(self._wake.set)  # a gained partition's jobs are planned at once
 
     def mark(self, job_ids: Iterable[str]) -> None:
         self._dirty.update(job_ids)
@@ -83,6 +97,7 @@ class CheckpointKeeper:
                     self.mark(self.follower.state.jobs)
                     next_sweep = now + self.sweep_s
                 self._wake.clear()
+                self._follow_ownership()
                 self.reconcile()
                 await _first_of(self._wake, stop, timeout=max(0.0, min(next_tick, next_sweep) - now))
         finally:
@@ -91,10 +106,35 @@ class CheckpointKeeper:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
 
+    def _owns(self, job_id: str) -> bool:
+        return self.partitions is None or self.partitions.owns(job_id)
+
+    def _follow_ownership(self) -> None:
+        """Partitions came or went since the last look: cancel the work of jobs no longer ours, and mark
+        every job of the partitions gained dirty (a killed owner's pending verifications are ours now).
+        Once per pass, however many partitions moved meanwhile (a start claims them one by one). A partition
+        lost and regained between two looks has a new writer: its work in flight is cancelled and its jobs
+        planned again, from a fold that holds what the owner in between did."""
+        if self.partitions is None or self.partitions.generation == self._generation:
+            return
+        self._generation = self.partitions.generation
+        writers = dict(self.partitions.writers)
+        kept = {p for p, writer in writers.items() if self._writers.get(p) is writer}
+        self._writers = writers
+        partition_of = self.partitions.partition_of
+        for job_id, task in list(self._inflight.items()):
+            if partition_of(job_id) not in kept:
+                task.cancel()
+        gained = writers.keys() - kept
+        if gained:
+            self.mark(job_id for job_id in self.follower.state.jobs if partition_of(job_id) in gained)
+
     def reconcile(self) -> None:
-        """Plan the dirty jobs that have no work in flight; start each non-empty plan."""
+        """Plan the dirty jobs that are ours and have no work in flight; start each non-empty plan. The
+        dirty jobs of other replicas' partitions are dropped: a gain of their partition marks them again."""
         ready = {job_id for job_id in self._dirty if job_id not in self._inflight}
         self._dirty -= ready
+        ready = {job_id for job_id in ready if self._owns(job_id)}
         self.passes += len(ready)
         for plan in plan_jobs(self.follower.state, ready, self.policy):
             task = asyncio.create_task(self.actions.carry_out(plan), name=f"ckpt-{plan.job_id}")
@@ -105,10 +145,18 @@ class CheckpointKeeper:
         def done(task: asyncio.Task[None]) -> None:
             self._inflight.pop(job_id, None)
             if task.cancelled():
+                if job_id in self._dirty:  # marked while it was being cancelled: plan it now
+                    self._wake.set()
                 return
             exc = task.exception()
             if exc is None:
                 self.mark([job_id])  # the fold has the outcomes: plan again for any follow-up work
+                return
+            if isinstance(exc, NotOwner | AppendConflict) and not self._owns(job_id):
+                # its partition moved (or a newer owner fenced it): the owner does the work now
+                _log.info(
+                    "job %s: its partition is not ours now; its checkpoint work is left to its owner", job_id
+                )
                 return
             _log.warning(
                 "job %s: checkpoint work failed (%s: %s); will retry", job_id, type(exc).__name__, exc

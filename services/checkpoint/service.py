@@ -3,7 +3,11 @@
 Every committed step is re-read (manifest and every shard) and recorded ``CheckpointVerified``; corrupt
 steps and steps older than the newest ``--keep`` complete ones are removed and recorded
 ``CheckpointDeleted``, never the newest complete one. Decisions: ``rallypoint.checkpoints``.
-Run one replica: a second one repeats the file work, though the log dedupes its events.
+
+Run as many as the verification I/O needs: the live replicas share the jobs' partitions
+(``subjects.CHECKPOINT_PARTITIONS``, the job controller's hash; ``runtime.partitions``), each verifying and
+removing the checkpoints of its own jobs alone, every append fenced by its partition's epoch; a killed
+replica's jobs are taken by the others within about the partition TTL, with their pending work.
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ from collections.abc import Sequence
 
 from rallypoint.checkpoints import DEFAULT_KEEP, RetentionPolicy
 from rallypoint.ckpt import verify_checkpoint
+from rallypoint.events import subjects
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.following import open_follower
+from rallypoint.runtime.partitioned import add_partition_args, share_partitions
 
-from .actions import CheckpointActions
+from .actions import SOURCE, CheckpointActions
 from .keeper import CheckpointKeeper
 
 _log = logging.getLogger("rallypoint.checkpoint")
@@ -33,6 +39,7 @@ def _positive(text: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rally serve checkpoint", description=__doc__)
     add_common_args(parser)
+    add_partition_args(parser)
     parser.add_argument(
         "--keep",
         type=_positive,
@@ -49,8 +56,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     async def run(ctx: ServiceContext) -> int:
         follower = await open_follower(ctx)
+        partitions = await share_partitions(
+            ctx,
+            follower.log,
+            follower,
+            service=subjects.CHECKPOINT_ROLE,
+            count=subjects.CHECKPOINT_PARTITIONS,
+            source=SOURCE,
+            ttl=args.partition_ttl,
+        )
         _log.info("verifying commits; keeping the newest %d complete checkpoints per job", args.keep)
-        actions = CheckpointActions(follower.log, follower, verify_checkpoint, max_parallel=args.max_parallel)
+        actions = CheckpointActions(
+            follower.log, follower, verify_checkpoint, max_parallel=args.max_parallel, partitions=partitions
+        )
         keeper = CheckpointKeeper(
             follower.log,
             follower,
@@ -58,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             policy=RetentionPolicy(keep=args.keep),
             tick_s=args.tick,
             sweep_s=args.sweep,
+            partitions=partitions,
         )
         await keeper.run(ctx.stop)
         return 0
