@@ -40,7 +40,7 @@ K8S_REPLICAS = {
     "inventory": 1,
     "health-monitor": 2,
     "scheduler": 2,
-    "preemption": 1,
+    "preemption": 2,
     "checkpoint": 1,
     "job-controller": 2,
     "projector": 2,
@@ -307,6 +307,10 @@ MATRIX = (
         ("scheduler", "pub", "rally.sched.preempt.j1", True),
         ("scheduler", "pub", "rally.preempt.request.j1", False),
         ("preemption", "pub", "$KV.rally-leader.scheduler", False),
+        # its replicas' presence keys split the evictions (runtime.partitions.WorkShare), no other's keys
+        ("preemption", "pub", "$KV.rally-partitions.preemption.member.host-1", True),
+        ("preemption", "pub", "$KV.rally-partitions.job-controller.lease.7", False),
+        ("job-controller", "pub", "$KV.rally-partitions.preemption.member.host-1", False),
         ("preemption", "pub", "rally.sched.epoch", False),
         ("scheduler", "pub", "rally.preempt.epoch", False),
         ("checkpoint", "pub", "rally.job.j1", False),
@@ -877,7 +881,7 @@ def test_api_service_and_scheduler_pdb(k8s: list[dict[str, Any]]) -> None:
         assert container[probe]["httpGet"]["path"] == "/healthz"
 
     # the standbys (scheduler, projector) and the partitioned services each need one replica through a drain
-    for service in ("scheduler", "projector", "job-controller", "health-monitor"):
+    for service in ("scheduler", "projector", "job-controller", "health-monitor", "preemption"):
         labels = _deployment_for(k8s, service)["spec"]["template"]["metadata"]["labels"]
         pdbs = [
             p

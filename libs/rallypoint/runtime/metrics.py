@@ -93,7 +93,7 @@ class _Leader(Collector):
             return []
         family = GaugeMetricFamily(
             "rally_leader",
-            "1 while this instance leads its leader-elected role (the scheduler), else 0.",
+            "1 while this instance leads its leader-elected role (the scheduler, the projector), else 0.",
             labels=["role", "instance"],
         )
         family.add_metric([leads.role, ctx.config.instance], int(leads.leads))

@@ -1,6 +1,7 @@
 """A partitioned service's share of its partitions (``runtime.partitions``), wired into its process: the
 ``--partition-ttl`` flag, the claim loop until the service stops, a clean hand-over at a clean stop, and
-the ``rally_partitions_owned`` / ``rally_partition_members`` gauges."""
+the ``rally_partitions_owned`` / ``rally_partition_members`` gauges. ``share_partitions`` for a service
+that writes (leases, fenced epochs), ``share_work`` for one that writes nothing (membership alone)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from rallypoint.eventlog import EventLog
 
 from .follower import Follower
 from .metrics import add_collector
-from .partitions import PARTITION_TTL_S, PartitionOwnership, PartitionsCollector, member_name
+from .partitions import PARTITION_TTL_S, PartitionOwnership, PartitionsCollector, WorkShare, member_name
 from .service import ServiceContext
 
 
@@ -50,3 +51,14 @@ async def share_partitions(
     partitions.start(ctx.stop)
     add_collector(ctx, PartitionsCollector(partitions))
     return partitions
+
+
+async def share_work(ctx: ServiceContext, *, service: str, count: int, ttl: float) -> WorkShare:
+    """This replica's unfenced share of ``service``'s partitions, kept until the service stops."""
+    share = await WorkShare.open(
+        await ctx.jetstream(), service=service, member=member_name(ctx.config.instance), count=count, ttl=ttl
+    )
+    ctx.stack.push_async_callback(share.resign)  # before the connection's drain (LIFO): leave while connected
+    share.start(ctx.stop)
+    add_collector(ctx, PartitionsCollector(share))
+    return share

@@ -203,8 +203,9 @@ def _matrix() -> dict[str, Permissions]:
             publish=(subjects.SCHEDULER_TREE, f"rally.queue.{one}", *leader_lease("scheduler")),
         ),
         # follows evictions and writes nothing: since the scheduler writes its preemption requests, nobody
-        # may write the old preemption tree (rally.preempt.>, read in old logs only)
-        "preemption": _service(writes="nothing (follows evictions)"),
+        # may write the old preemption tree (rally.preempt.>, read in old logs only); rally-partitions: its
+        # replicas' presence keys, which split the evictions among them (no leases, no epochs)
+        "preemption": _service(writes="nothing (follows evictions)", publish=partition_keys("preemption")),
         "checkpoint": _service(
             writes="CheckpointVerified, CheckpointDeleted, its partitions' LeaderEpochStarted",
             # rally-partitions: its replicas' presence and partition leases; each partition's epoch (four
