@@ -9,18 +9,24 @@ answer the services compute. What each replica reports is read from its log.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
+import nats.errors
+import nats.js.errors
+import pytest
+import test_nats_acl
+from nats.js.kv import KeyValue
 from rallypoint_services.preemption.loop import PARTITIONS
 from test_projector_quarantine import eventually, nats_url
 
-from rallypoint.eventlog import EventLog
+from rallypoint.eventlog import EventLog, NatsCredentials, connect_nats
 from rallypoint.events import (
     Event,
     GangBound,
@@ -37,7 +43,8 @@ from rallypoint.events import (
     subjects,
 )
 from rallypoint.infra import ManagedProcess, free_port
-from rallypoint.runtime.partitions import assigned
+from rallypoint.runtime.partitions import PARTITION_BUCKET, WorkShare, assigned
+from rallypoint.security import ADMIN
 
 T0 = 1_760_000_000.0
 MEMBERS = ("pre-a", "pre-b")
@@ -211,3 +218,38 @@ async def test_replicas_split_the_evictions_and_a_killed_ones_are_reported_by_th
 
 async def _true(value: bool) -> bool:
     return value
+
+
+# The preemption service's own NATS user (the permission matrix, on a live server): it may keep its
+# presence among its replicas, and write no other service's keys. Both configs, as in test_nats_acl.
+secured = test_nats_acl.secured
+
+
+async def test_the_preemption_user_keeps_its_presence_and_no_other_services(
+    secured: test_nats_acl.Secured,
+) -> None:
+    credentials = NatsCredentials("preemption", secured.credentials.passwords["preemption"])
+    nc = await connect_nats(secured.server.url, name="acl-preemption", credentials=credentials)
+    try:
+        js = nc.jetstream()
+        share = await WorkShare.open(js, service="preemption", member="pre-a", count=PARTITIONS)
+        await share.step()
+        assert share.owned == frozenset(range(PARTITIONS)) and share.members == ("pre-a",)
+        await share.resign()
+        posing = await WorkShare.open(js, service="job-controller", member="pre-a", count=PARTITIONS)
+        with pytest.raises((nats.errors.TimeoutError, TimeoutError, nats.js.errors.APIError)):
+            await posing.step()
+    finally:
+        await nc.close()
+    admin = await secured.connect(ADMIN)
+    try:
+        kv = await admin.jetstream().key_value(PARTITION_BUCKET)
+        assert [k async for k in _keys(kv)] == []  # its own presence deleted, the refused one never there
+    finally:
+        await admin.close()
+
+
+async def _keys(kv: KeyValue) -> AsyncIterator[str]:
+    with contextlib.suppress(nats.js.errors.NoKeysError):
+        for key in await kv.keys():
+            yield key

@@ -9,6 +9,7 @@ log line. The tables must end equal to the log folded independently (``test_proj
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
@@ -18,13 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import nats.js.errors
 import pytest
+import test_nats_acl
 import test_projector
 from test_projector_quarantine import ProjectorProcess, eventually
 
-from rallypoint.eventlog import EventLog
-from rallypoint.projection import SCHEMA, Store
+from rallypoint.eventlog import EventLog, NatsCredentials, connect_nats
+from rallypoint.projection import SCHEMA, Projector, Store
+from rallypoint.projection.standby import project_while_elected
 from rallypoint.projection.store import APPLICATION_NAME
+from rallypoint.runtime import LeaderLease
+from rallypoint.runtime.leader import LEADER_BUCKET
+from rallypoint.security import ADMIN
 
 dsn = test_projector.dsn
 db = test_projector.db
@@ -155,3 +162,77 @@ async def test_the_standby_takes_over_after_a_kill_and_nothing_is_written_twice(
 async def _two(db: asyncpg.Connection) -> set[int] | None:
     found = await backends(db)
     return found if len(found) == 2 else None
+
+
+async def test_a_holder_that_loses_its_lease_stands_by_and_keeps_its_fold_warm(
+    event_log: EventLog, dsn: str, db: asyncpg.Connection, request: pytest.FixtureRequest
+) -> None:
+    """In one process, so the lease can be lost without a death (as a pause or a cut from NATS would):
+    the holder stops after its batch, stands by, and follows the stored position; the other projects."""
+    w = test_projector.Writer(event_log)
+    await test_projector.append_lifecycle(w)
+    bucket = f"leader-{request.node.name.replace('_', '-')}"[:60]
+    pairs = []
+    for holder in ("one", "two"):
+        lease = await LeaderLease.open(event_log.js, holder=holder, key="projector", bucket=bucket, ttl=1.0)
+        pairs.append((Projector(event_log, dsn, batch_size=40), lease))
+    (first, first_lease), (second, second_lease) = pairs
+    stop = asyncio.Event()
+    # The first leads; once deposed it tries again only every 2 s, so the second (every 0.1 s) wins.
+    tasks = [asyncio.create_task(project_while_elected(first, first_lease, stop, poll=2.0))]
+    try:
+        await eventually(await test_projector.caught_up(db, event_log), "projected", TAKEOVER_DEADLINE_S)
+        tasks.append(asyncio.create_task(project_while_elected(second, second_lease, stop, poll=0.1)))
+        await eventually(_true(lambda: second.position == first.position), "the standby's fold warm")
+        assert first_lease.is_leader and not second_lease.is_leader
+        first_lease.abandon()  # lost, as by a holder that could not renew: the key expires on the server
+        await eventually(
+            _true(lambda: second_lease.is_leader), "the other takes the lease", TAKEOVER_DEADLINE_S
+        )
+        await test_projector.append_rounds(w, 2)
+        await eventually(await test_projector.caught_up(db, event_log), "projected by the new holder")
+        stored = await test_projector.position(db)
+        # the deposed one stands by: it holds no lease and its fold follows what the other committed
+        await eventually(_true(lambda: first.position == stored), "the deposed one's fold kept warm")
+        assert not first_lease.is_leader
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        for projector, lease in pairs:
+            await lease.resign()
+            await projector.close()
+    await test_projector.assert_views_match_log(db, event_log)
+
+
+def _true(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def wrapped() -> bool:
+        return check()
+
+    return wrapped
+
+
+# The projector's own NATS user (the permission matrix, on a live server): it may hold its lease key and
+# no other. Both configs: the local cluster's and deploy/nats/accounts.conf.
+secured = test_nats_acl.secured
+
+
+async def test_the_projector_user_holds_its_own_lease_and_no_other(secured: test_nats_acl.Secured) -> None:
+    credentials = NatsCredentials("projector", secured.credentials.passwords["projector"])
+    nc = await connect_nats(secured.server.url, name="acl-projector", credentials=credentials)
+    try:
+        lease = await LeaderLease.open(nc.jetstream(), holder="proj-a", key="projector")
+        assert await lease.try_acquire() and await lease.renew()
+        assert not await LeaderLease(lease.kv, key="scheduler", holder="proj-a", ttl=lease.ttl).try_acquire()
+        await lease.resign()  # deletes the key: a standby takes over at its next try
+        successor = LeaderLease(lease.kv, key="projector", holder="proj-b", ttl=lease.ttl)
+        assert await successor.try_acquire()
+        await successor.resign()
+    finally:
+        await nc.close()
+    admin = await secured.connect(ADMIN)
+    try:
+        kv = await admin.jetstream().key_value(LEADER_BUCKET)
+        with pytest.raises(nats.js.errors.KeyNotFoundError):
+            await kv.get("scheduler")  # the refused create left nothing
+    finally:
+        await admin.close()
