@@ -10,10 +10,17 @@ each: ``MAX_BATCH``, or less where a server's limit is lower), every batch fence
 sequence after the one before: a deposed leader loses its whole batch, never a part of it, and the
 writer does not wait for its fold between the writes of one cycle.
 Events off the tree (the scheduler's admissions) may ride along; they are fenced the same way.
+
+One writer's appends go one at a time (``_turn``). On one server concurrent appends that expect the same
+tree sequence all pass (their subjects are off the tree, so none moves it), but a clustered stream's leader
+refuses every proposal but one while another that expects the same sequence is in flight (10164), which
+would read as a newer owner's fence and depose a partition's rightful owner (seen on a three-server
+cluster: its partitions flapped between the job controllers, jobs waited). Their order is kept too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -49,6 +56,7 @@ class FencedWriter:
         self.clock = clock
         self.epoch = 0
         self.fence = 0
+        self._turn = asyncio.Lock()  # one fenced append in flight per writer (module docstring)
 
     async def start_epoch(self, term: int = 0) -> int:
         """Fence every earlier leader; AppendConflict if another contender got there first.
@@ -71,23 +79,28 @@ class FencedWriter:
         return epoch
 
     async def append(self, subject: str, event: Event, msg_id: str) -> int:
-        seq = await self.log.append(
-            subject,
-            event,
-            msg_id=msg_id,
-            source=self.source,
-            expected_last_subject_seq=self.fence,
-            expected_subject_filter=self.tree,
-        )
-        if subject_matches(self.tree, subject):  # a write off the tree leaves the tree's last sequence
-            self.fence = max(self.fence, seq)  # a duplicate answers with its first, older, sequence
-        return seq
+        async with self._turn:
+            seq = await self.log.append(
+                subject,
+                event,
+                msg_id=msg_id,
+                source=self.source,
+                expected_last_subject_seq=self.fence,
+                expected_subject_filter=self.tree,
+            )
+            if subject_matches(self.tree, subject):  # a write off the tree leaves the tree's last sequence
+                self.fence = max(self.fence, seq)  # a duplicate answers with its first, older, sequence
+            return seq
 
     async def append_many(self, writes: Sequence[Entry]) -> int:
         """Append ``writes`` in order, fenced, as few atomic batches; the last sequence written (0: none).
 
         ``AppendConflict`` (a newer leader) refuses a whole batch: the batches before it stay, as each
         single append before a refused one stays today."""
+        async with self._turn:
+            return await self._append_batches(writes)
+
+    async def _append_batches(self, writes: Sequence[Entry]) -> int:
         last = 0
         start = 0
         while start < len(writes):
