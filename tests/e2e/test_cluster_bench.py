@@ -4,6 +4,8 @@
 8 s), 40 HTTP submissions, a burst of 8 one-node gangs, a burst of capacity (the cluster filled, 8
 one-node gangs queued, a gang of 8 nodes cancelled), 8 nodes silenced, the leader killed, 10 short real
 jobs on 2 real agents for the zombie count. Jobs of the bursts run 1 s (those of the submissions 2 s).
+On the production shape of issue 34: three nats-servers (R3), two job controllers and two health monitors,
+each service's busiest replica killed at the end (the handovers).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def test_the_cluster_bench_reports_every_figure() -> None:
         sys.executable, "-m", "rallypoint.cli.main", "bench", "cluster", "--nodes", "40", "--jobs", "40",
         "--burst", "8", "--capacity", "8", "--silence", "8", "--fleets", "2", "--zombie-jobs", "10",
         "--phase-timeout", "30", "--heartbeat-interval", "1", "--job-seconds", "1", "--json",
+        "--nats-servers", "3", "--replicas", "job-controller=2,health-monitor=2",
     ]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=280, check=False)  # a loaded host
     assert done.returncode == 0, done.stderr[-3000:]
@@ -58,6 +61,14 @@ def test_the_cluster_bench_reports_every_figure() -> None:
     assert res["submissions"] == 40 and res["submitted_running"] == 40
     assert res["submissions_per_s"] > 0 and res["raw_publish_per_s"] > 0
     assert res["submissions_cpu_ms_per_job"]["api"] > 0
+    cpu = res["submissions_cpu_ms_per_job"]
+    assert {"job-controller-1", "job-controller-2", "nats-server-1", "nats-server-2", "nats-server-3"} <= set(
+        cpu
+    )
+    for service in ("job-controller", "health-monitor"):
+        handover = res["handovers"][service]
+        assert handover["partitions"] > 0 and handover["retaken"] == handover["partitions"], handover
+        assert 0 < handover["handover_s"] < 15, handover
     assert res["burst_bound"] == 8 and res["binds_per_s"] > 0
     assert 0 < res["cycle_ms_live"] < 10_000 and 0 < res["cycle_ms_core"] < 10_000
     assert 0 < res["cycle_cpu_ms_live"] < 10_000
@@ -76,5 +87,5 @@ def test_the_cluster_bench_reports_every_figure() -> None:
     assert res["false_alarms"] == 0 and res["false_alarms_while_starting"] == 0
     assert 0 < res["failover_s"] < 30
     assert res["zombies"] == 0 and res["zombie_jobs_completed"] == 10
-    services = {"api", "scheduler-1", "health-monitor", "job-controller", "nats-server", "fleet-1"}
+    services = {"api", "scheduler-1", "health-monitor-1", "job-controller-2", "nats-server-3", "fleet-1"}
     assert services <= set(res["rss_mb"]) and all(mb > 0 for mb in res["rss_mb"].values())

@@ -31,7 +31,11 @@ virtual. In order, on the running cluster:
    (``NodeHeartbeatLost``, then ``NodeLost``), counted from the silencing, against the thresholds, and
    every node flagged while it heartbeated (``false_alarms``; ``false_alarms_while_starting`` for those
    flagged before every node was registered and every service caught up);
-5. failover: the scheduler leader is killed (-9) until the next leader's epoch is stored;
+5. failover: the scheduler leader is killed (-9) until the next leader's epoch is stored; with
+   ``--replicas`` (e.g. ``job-controller=2,health-monitor=2,checkpoint=2``), per partitioned service with
+   two replicas or more, its replica owning most partitions is killed (-9) until a survivor has fenced
+   each of them (``handovers``, ``bench.handovers``); ``--nats-servers 3`` runs it all on a three-server
+   JetStream cluster (R3), and ``submissions_cpu_ms_per_job`` then lists every replica and server;
 with the peak RSS of every process throughout, and the warnings each logged. Then, with that cluster
 stopped (the core benches want the CPU to themselves): zombies on a small cluster of real agents after
 ``--zombie-jobs`` short real jobs, ``rally bench scheduler`` at the same size (``cycle_ms_core``) and
@@ -59,6 +63,7 @@ from rallypoint.localcluster.supervisor import LocalCluster, local_service_secon
 
 from .apibench import raw_append
 from .fleetprocs import FleetSet, RssSampler, start_fleets
+from .handovers import handovers
 from .httpceiling import http_ceiling
 from .leadermetrics import LeaderReading, cycle_cpu_ms, read_leader, write_rate
 from .leanhttp import submit_lean
@@ -103,6 +108,10 @@ class BenchConfig:
     phase_timeout_s: float = 120.0
     #: copy every process's log here before the cluster's folder goes (None: they go with it)
     logs: Path | None = None
+    #: service -> replicas (``rally up --replicas``); the scheduler a leader and a standby by default
+    replicas: tuple[tuple[str, int], ...] = ()
+    #: nats-servers: 1, or a JetStream cluster of 3 (R3)
+    nats_servers: int = 1
 
 
 def monitor_thresholds(heartbeat_interval_s: float) -> tuple[float, float]:
@@ -160,8 +169,9 @@ async def _wait_caught_up(
 def _cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
     """CPU seconds (user + system) each process of the cluster, and this one, has used so far."""
     pids = {name: process.pid for name, process in cluster.processes.items()}
-    if cluster.nats is not None and cluster.nats.pid is not None:
-        pids["nats-server"] = cluster.nats.pid
+    for name, server in cluster.nats_names():
+        if server.pid is not None:
+            pids[name] = server.pid
     pids["bench"] = os.getpid()
     # a process gone (a fleet that stopped) is left out
     return {name: used for name, pid in pids.items() if (used := cpu_seconds(pid)) is not None}
@@ -468,6 +478,7 @@ async def _drive(cluster: LocalCluster, fleets: FleetSet, cfg: BenchConfig) -> d
         out |= await _silence(fleets, watch, cfg)
         _phase("leader kill")
         out |= await _failover(cluster, watch, cfg)
+        out |= await handovers(cluster, watch, dict(cfg.replicas), cfg.phase_timeout_s)
         out |= _false_alarms(watch, set(fleets.silenced), out.pop("silence_started"), ready)
         out["log_events"] = watch.last_seq
         return out
@@ -488,6 +499,8 @@ def _live(cfg: BenchConfig) -> dict[str, Any]:
             racks=racks,
             with_agents=False,
             service_args={"health-monitor": monitor},
+            replicas=dict(cfg.replicas),
+            nats_servers=cfg.nats_servers,
         )
         with cluster:
             began = time.monotonic()
@@ -533,6 +546,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "fleets": min(cfg.fleets, cfg.nodes),
         "heartbeats_per_s": round(cfg.nodes / cfg.heartbeat_interval_s),
         "concurrency": CONCURRENCY,
+        "replicas": dict(cfg.replicas),
+        "nats_servers": cfg.nats_servers,
     }
     _phase(f"starting a cluster of {cfg.nodes} simulated nodes")
     out |= _live(cfg)

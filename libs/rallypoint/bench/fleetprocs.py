@@ -103,7 +103,8 @@ class RssSampler:
 
     def _pids(self) -> dict[str, int]:
         pids = {name: proc.pid for name, proc in list(self.cluster.processes.items())}
-        for name, server in (("nats-server", self.cluster.nats), ("postgres", self.cluster.postgres)):
+        servers = [*self.cluster.nats_names(), ("postgres", self.cluster.postgres)]
+        for name, server in servers:
             if server is not None and server.pid is not None:
                 pids[name] = server.pid
         return pids

@@ -62,7 +62,8 @@ def ceiling_app(nc: Client) -> web.Application:
 
 async def _serve(nats_url: str, port: int) -> None:
     nc = Client()
-    await nc.connect(nats_url, name="http-ceiling", max_reconnect_attempts=0)
+    servers = nats_url.split(",")  # a JetStream cluster's members, comma-separated
+    await nc.connect(servers, name="http-ceiling", max_reconnect_attempts=0)
     runner = web.AppRunner(ceiling_app(nc), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()

@@ -58,6 +58,8 @@ class LogWatch:
     lost: dict[str, list[float]] = field(default_factory=dict)
     #: (stored time, leader id, epoch) of every scheduler LeaderEpochStarted
     epochs: list[tuple[float, str, int]] = field(default_factory=list)
+    #: (stored time, role, leader id) of every partition owner's LeaderEpochStarted (``<service>.<p>``)
+    partition_epochs: list[tuple[float, str, str]] = field(default_factory=list)
     #: a cycle's start (its decisions' ``at``) -> (store time of its first decision, the log position it
     #: was computed from)
     cycles: dict[float, tuple[float, int]] = field(default_factory=dict)
@@ -125,6 +127,8 @@ class LogWatch:
             self.lost.setdefault(event.node_id, []).append(stored)
         elif isinstance(event, LeaderEpochStarted) and event.role == "scheduler":
             self.epochs.append((stored, event.leader_id, event.epoch))
+        elif isinstance(event, LeaderEpochStarted) and "." in event.role:
+            self.partition_epochs.append((stored, event.role, event.leader_id))
 
     async def wait(self, done: Callable[[], bool], timeout: float) -> bool:
         """Until ``done()`` holds (True) or ``timeout`` seconds pass (False)."""

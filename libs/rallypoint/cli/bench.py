@@ -89,6 +89,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     c.add_argument("--phase-timeout", type=float, default=120.0, help="seconds each phase may wait")
     c.add_argument("--logs", type=Path, default=None, help="keep every process's log in this folder")
+    c.add_argument(
+        "--replicas",
+        type=_replica_counts,
+        default={},
+        metavar="SERVICE=N,...",
+        help="replicas per service, as `rally up --replicas`; each partitioned service with two or more "
+        "has its busiest replica killed at the end (handovers)",
+    )
+    c.add_argument("--nats-servers", type=int, choices=(1, 3), default=1, help="a JetStream cluster of 3")
     add_output_args(c)
     c.set_defaults(func=handle_cluster)
 
@@ -115,6 +124,12 @@ def handle_dryrun(args: argparse.Namespace) -> int:
     res = run(args)
     print(json.dumps(res, sort_keys=True) if wants_json(args) else json.dumps(res, indent=2, sort_keys=True))
     return 0
+
+
+def _replica_counts(text: str) -> dict[str, int]:
+    from rallypoint.cli.cluster_cmds import _replicas
+
+    return _replicas(text)
 
 
 def handle_cluster(args: argparse.Namespace) -> int:
@@ -144,6 +159,8 @@ def handle_cluster(args: argparse.Namespace) -> int:
         job_seconds=args.job_seconds,
         phase_timeout_s=args.phase_timeout,
         logs=args.logs,
+        replicas=tuple(sorted(args.replicas.items())),
+        nats_servers=args.nats_servers,
     )
     res = run_bench(cfg)
     print(json.dumps(res, sort_keys=True) if wants_json(args) else json.dumps(res, indent=2, sort_keys=True))
