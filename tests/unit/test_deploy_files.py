@@ -35,17 +35,21 @@ DOCKERFILE = ROOT / "Dockerfile"
 
 # Every `rally serve` service; the agent is the node agent (DaemonSet / one container per simulated node).
 SERVICES = (*SERVICE_ROLES, "agent")
+# The production shape: two replicas of every service (docs/deployment.md, "Scaling, per service"), in
+# Kubernetes and in compose alike; the agent is one per node instead.
 K8S_REPLICAS = {
     "api": 2,
-    "inventory": 1,
+    "inventory": 2,
     "health-monitor": 2,
     "scheduler": 2,
     "preemption": 2,
-    "checkpoint": 1,
+    "checkpoint": 2,
     "job-controller": 2,
     "projector": 2,
-    "predictor": 1,
+    "predictor": 2,
 }
+REPLICATED = tuple(service for service in SERVICES if service != "agent")
+MIN_REPLICAS = 2
 NATS_HOSTS = ("nats-1", "nats-2", "nats-3")
 ROLES = (*SERVICES, "admin")
 # Each node agent is its own NATS user; compose runs the agents of deploy/nats/agent-nodes.txt.
@@ -136,7 +140,7 @@ class _Parser:
         if (kind, text) == ("punct", "{"):
             return self.parse_map("}")
         if (kind, text) == ("punct", "["):
-            items = []
+            items: list[Any] = []
             while True:
                 self.skip_newlines()
                 if self.peek() == ("punct", "]"):
@@ -557,8 +561,62 @@ def test_every_service_runs_in_its_own_container(compose: dict[str, Any]) -> Non
             assert spec["image"].startswith("rallypoint:"), "all services run the one project image"
             assert spec["restart"] == "unless-stopped"
     schedulers = _rally_containers(compose, "scheduler")
-    count = sum(int(spec.get("deploy", {}).get("replicas", 1)) for spec in schedulers.values())
-    assert count == 2, "one active scheduler and one standby"
+    assert sum(_compose_replicas(spec) for spec in schedulers.values()) == 2, (
+        "one active scheduler, one standby"
+    )
+
+
+def _compose_replicas(spec: dict[str, Any]) -> int:
+    return int(spec.get("deploy", {}).get("replicas", 1))
+
+
+@pytest.mark.parametrize("service", REPLICATED)
+def test_compose_runs_every_service_replicated(compose: dict[str, Any], service: str) -> None:
+    containers = _rally_containers(compose, service)
+    assert sum(_compose_replicas(spec) for spec in containers.values()) >= MIN_REPLICAS, service
+    assert sum(_compose_replicas(spec) for spec in containers.values()) == K8S_REPLICAS[service], (
+        "compose runs as many as Kubernetes"
+    )
+
+
+@pytest.mark.parametrize("service", REPLICATED)
+def test_compose_replicas_have_distinct_instance_names(compose: dict[str, Any], service: str) -> None:
+    """The instance (presence keys, leases, metrics) is RALLY_INSTANCE, else <hostname>-<pid>.
+
+    A `deploy: replicas` service's containers share one spec, so it may fix neither (each then defaults to
+    its own container's hostname, the container id); named containers must not fix the same name twice.
+    """
+    fixed: list[str] = []
+    for name, spec in _rally_containers(compose, service).items():
+        instance = spec.get("environment", {}).get("RALLY_INSTANCE") or spec.get("hostname")
+        if _compose_replicas(spec) > 1:
+            assert instance is None and "container_name" not in spec, f"{name}: every replica named alike"
+        elif instance is not None:
+            fixed.append(str(instance))
+    assert len(fixed) == len(set(fixed)), f"{service}: two containers named alike: {fixed}"
+
+
+def _mounts(spec: dict[str, Any]) -> dict[str, str]:
+    """A compose container's mounts: target -> source (short syntax)."""
+    return {entry.split(":")[1]: entry.split(":")[0] for entry in spec.get("volumes", []) if ":" in entry}
+
+
+def test_compose_checkpoint_replicas_share_the_checkpoint_volume(compose: dict[str, Any]) -> None:
+    controller = next(iter(_rally_containers(compose, "job-controller").values()))
+    root = _arg(controller["command"], "--checkpoint-root")
+    assert root, "the job controller gives each rank a checkpoint folder on the shared volume"
+    api = next(iter(_rally_containers(compose, "api").values()))
+    assert _arg(api["command"], "--checkpoint-root") == root, "the API checks checkpoint_dir against it"
+    checkpoint = _rally_containers(compose, "checkpoint")
+    assert sum(_compose_replicas(spec) for spec in checkpoint.values()) >= MIN_REPLICAS
+    # every replica and every agent (whose ranks write the checkpoints) mounts one volume at that path
+    writers = [*checkpoint.values(), *_rally_containers(compose, "agent").values()]
+    sources = {_mounts(spec).get(root) for spec in writers}
+    assert len(sources) == 1 and None not in sources, f"{root} is not one shared volume: {sources}"
+    (source,) = sources
+    assert source in compose["volumes"] or str(source).startswith(("/", "./")), (
+        "a named volume or a host folder"
+    )
 
 
 def test_two_simulated_agents_on_distinct_nodes(compose: dict[str, Any]) -> None:
@@ -586,6 +644,7 @@ def test_nats_cluster_containers(compose: dict[str, Any], nats_confs: dict[str, 
         spec = compose["services"][host]
         assert spec["image"].startswith("nats:") and _version(spec["image"]) >= (2, 11)
         config_path = _arg(spec["command"], "--config") or _arg(spec["command"], "-c")
+        assert config_path, f"{host} runs with a config file"
         mounts = {m.split(":")[1]: m.split(":")[0] for m in spec["volumes"]}
         assert Path(mounts[config_path]) == Path(f"./deploy/nats/{host}.conf"), "mounts its own config"
         assert (ROOT / mounts[config_path]).is_file()
@@ -664,20 +723,31 @@ def test_the_stream_is_set_up_by_admin_before_any_service(compose: dict[str, Any
 
 
 def test_published_ports(compose: dict[str, Any]) -> None:
-    published: list[tuple[str, str, str]] = []  # (host ip, host port, service)
+    published: list[tuple[str, set[int], str]] = []  # (host ip, host ports, service)
     for name, spec in compose["services"].items():
         for entry in spec.get("ports", []):
             parts = str(entry).split(":")
             host_ip, host_port = (parts[0], parts[1]) if len(parts) == 3 else ("0.0.0.0", parts[0])
-            for ip, port, other in published:
+            ports = _port_range(host_port)
+            if _compose_replicas(spec) > 1:
+                assert len(ports) >= _compose_replicas(spec), f"{name}: a host port for each replica"
+            for ip, taken, other in published:
                 same_address = ip == host_ip or "0.0.0.0" in (ip, host_ip)
-                clash = port == host_port and same_address
-                assert not clash, f"{name} and {other} both publish host port {host_port}"
-            published.append((host_ip, host_port, name))
+                clash = bool(taken & ports) and same_address
+                assert not clash, f"{name} and {other} both publish host port(s) {sorted(taken & ports)}"
+            published.append((host_ip, ports, name))
     api = next(iter(_rally_containers(compose, "api").values()))
-    assert "8080:8080" in api["ports"]
+    (entry,) = api["ports"]
+    host_port, container_port = str(entry).rsplit(":", 2)[-2:]
+    assert min(_port_range(host_port)) == 8080 and container_port == "8080", "the first replica on 8080"
     assert _arg(api["command"], "--http-port") == "8080"
     assert _arg(api["command"], "--http-host") == "0.0.0.0", "127.0.0.1 is unreachable from outside"
+
+
+def _port_range(text: str) -> set[int]:
+    """A compose host port, or a range of them ("8080-8081")."""
+    first, _, last = text.partition("-")
+    return set(range(int(first), int(last or first) + 1))
 
 
 # --------------------------------------------------------------------------- Kubernetes manifests
@@ -867,7 +937,7 @@ def test_nats_statefulset(k8s: list[dict[str, Any]]) -> None:
         assert set(re.findall(r"@([^:]+):4222", url)) == pods
 
 
-def test_api_service_and_scheduler_pdb(k8s: list[dict[str, Any]]) -> None:
+def test_api_service(k8s: list[dict[str, Any]]) -> None:
     api = _deployment_for(k8s, "api")
     pod_labels = api["spec"]["template"]["metadata"]["labels"]
     container = _pod_spec(api)["containers"][0]
@@ -880,15 +950,51 @@ def test_api_service_and_scheduler_pdb(k8s: list[dict[str, Any]]) -> None:
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"]["path"] == "/healthz"
 
-    # the standbys (scheduler, projector) and the partitioned services each need one replica through a drain
-    for service in ("scheduler", "projector", "job-controller", "health-monitor", "preemption"):
-        labels = _deployment_for(k8s, service)["spec"]["template"]["metadata"]["labels"]
-        pdbs = [
-            p
-            for p in _of_kind(k8s, "PodDisruptionBudget")
-            if p["spec"]["selector"]["matchLabels"].items() <= labels.items()
-        ]
-        assert len(pdbs) == 1 and pdbs[0]["spec"].get("minAvailable") == 1, service
+
+@pytest.mark.parametrize("service", REPLICATED)
+def test_every_service_is_replicated_with_a_disruption_budget(
+    k8s: list[dict[str, Any]], service: str
+) -> None:
+    """Two or more replicas, and a drain takes down one at a time: the other takes over its share."""
+    deployment = _deployment_for(k8s, service)
+    assert deployment["spec"]["replicas"] >= MIN_REPLICAS, service
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    pdbs = [
+        p
+        for p in _of_kind(k8s, "PodDisruptionBudget")
+        if p["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    ]
+    assert len(pdbs) == 1, service
+    budget = pdbs[0]["spec"]
+    assert budget.get("minAvailable") == 1 or budget.get("maxUnavailable") == 1, service
+
+
+def _claims(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+    """A container's mounts of PersistentVolumeClaims: mount path -> claim name."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    return {
+        m["mountPath"]: volumes[m["name"]]["persistentVolumeClaim"]["claimName"]
+        for m in container.get("volumeMounts", [])
+        if "persistentVolumeClaim" in volumes[m["name"]]
+    }
+
+
+def test_checkpoint_replicas_share_the_checkpoint_volume(k8s: list[dict[str, Any]]) -> None:
+    controller = _pod_spec(_deployment_for(k8s, "job-controller"))["containers"][0]
+    root = _arg(controller["args"], "--checkpoint-root")
+    assert root, "the job controller gives each rank a checkpoint folder on the shared volume"
+    api = _pod_spec(_deployment_for(k8s, "api"))["containers"][0]
+    assert _arg(api["args"], "--checkpoint-root") == root, "the API checks checkpoint_dir against it"
+    deployment = _deployment_for(k8s, "checkpoint")
+    assert deployment["spec"]["replicas"] >= MIN_REPLICAS
+    pod = _pod_spec(deployment)
+    claim = _claims(pod, pod["containers"][0]).get(root)
+    assert claim, f"the checkpoint service mounts a claim at {root}"
+    (pvc,) = [p for p in _of_kind(k8s, "PersistentVolumeClaim") if p["metadata"]["name"] == claim]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"], "mounted by every replica and agent, any node"
+    (agent,) = _of_kind(k8s, "DaemonSet")
+    agent_pod = _pod_spec(agent)
+    assert _claims(agent_pod, agent_pod["containers"][0]).get(root) == claim, "the ranks write there"
 
 
 def test_projector_reads_postgres_from_a_secret(k8s: list[dict[str, Any]]) -> None:
