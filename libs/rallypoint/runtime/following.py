@@ -20,6 +20,7 @@ from rallypoint.events.subjects import STREAM_SUBJECTS
 
 from .follower import Follower
 from .health import add_health_check
+from .heap import settle_heap
 from .reports import set_fold_position
 from .service import ServiceContext
 
@@ -62,6 +63,7 @@ async def open_follower(
         except (EventLogError, TimeoutError, OSError) as exc:
             _log.warning("no snapshot (%s); replaying from the start", exc)
     await follower.catch_up()
+    settle_heap()  # the caught-up fold, out of the collector's way (a service's own process only)
     only = f" on {subjects} (this fold reads those subjects only)" if follower.partial else ""
     _log.info("caught up%s at seq %d", only, follower.state.last_seq)
     follow = asyncio.create_task(follower.run(), name="follow")

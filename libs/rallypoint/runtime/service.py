@@ -31,6 +31,7 @@ from rallypoint.observability.tracing import setup_tracing
 
 from .config import ServiceConfig, nats_servers
 from .health import serve_health
+from .heap import own_heap
 from .leader import LEADER_BUCKET, LeaderLease
 from .logs import setup_logging
 from .reports import set_leadership
@@ -174,6 +175,7 @@ def run_service(
     """
     if configure_logging:
         setup_logging(config.service, config.instance, config.log_level, config.log_format)
+    own_heap()  # this process is the service's own: its fold may settle the collector (runtime.heap)
     return asyncio.run(run_service_async(main, config, shutdown_grace=shutdown_grace))
 
 
