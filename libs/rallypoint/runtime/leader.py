@@ -29,6 +29,7 @@ _log = logging.getLogger(__name__)
 
 LEADER_BUCKET = "rally-leader"
 SAFETY_FRACTION = 0.8  # give up leadership after this share of the TTL without a successful renew
+_DUE_RETRY_S = 0.05  # a contender's retry period once the holder's key is due to expire
 
 _NO_ANSWER = (
     nats.errors.TimeoutError,
@@ -48,8 +49,20 @@ class LeaderLease:
     log if the bucket may have been recreated).
     """
 
-    def __init__(self, kv: KeyValue, *, key: str, holder: str, ttl: float) -> None:
+    def __init__(
+        self,
+        kv: KeyValue,
+        *,
+        key: str,
+        holder: str,
+        ttl: float,
+        js: JetStreamContext | None = None,
+        bucket: str = LEADER_BUCKET,
+    ) -> None:
         self.kv = kv
+        # where the key's last write is read with its store time (``_until_due``); None: poll only
+        self._js = js
+        self._bucket = bucket
         self.key = key
         self.holder = holder
         self.ttl = ttl
@@ -81,7 +94,7 @@ class LeaderLease:
             # The bucket's TTL wins (it is server-side); renewing on our cadence would be wrong.
             _log.warning("bucket %s has ttl %.2fs, not %.2fs; using the bucket's", bucket, status.ttl, ttl)
             ttl = status.ttl
-        return cls(kv, key=key, holder=holder, ttl=ttl)
+        return cls(kv, key=key, holder=holder, ttl=ttl, js=js, bucket=bucket)
 
     @property
     def is_leader(self) -> bool:
@@ -122,12 +135,34 @@ class LeaderLease:
         while stop is None or not stop.is_set():
             if await self.try_acquire():
                 return self.epoch
+            wait = await self._until_due(interval)
             if stop is None:
-                await asyncio.sleep(interval)
+                await asyncio.sleep(wait)
             else:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), interval)
+                    await asyncio.wait_for(stop.wait(), wait)
         return None
+
+    async def _until_due(self, interval: float) -> float:
+        """How long to wait before the next try: ``interval``, or less when the holder's last write
+        expires sooner. A dead leader's key goes one TTL after its last renewal, so trying right then,
+        not up to a poll later, is what keeps a failover near one TTL (the server expires it a little
+        after, hence the short retries once it is due)."""
+        if self._js is None:
+            return interval
+        try:
+            # from the stream's leader, with the time it stored the key's last write
+            last = await self._js.get_msg(f"KV_{self._bucket}", subject=f"$KV.{self._bucket}.{self.key}")
+        except nats.js.errors.NotFoundError:
+            return _DUE_RETRY_S  # gone already: try again at once
+        except Exception:  # no answer: the usual poll
+            return interval
+        if last.headers and last.headers.get("KV-Operation") in ("DEL", "PURGE"):
+            return _DUE_RETRY_S  # resigned: free now
+        if last.time is None:
+            return interval
+        due = last.time.timestamp() + self.ttl - time.time()
+        return min(interval, max(_DUE_RETRY_S, due))
 
     async def renew(self) -> bool:
         """Rewrite the key if it is still ours; on failure the lease is lost (``lost`` is set)."""
