@@ -14,8 +14,9 @@ appends ``LeaderEpochStarted`` (role ``<service>.<p>``) on the partition's epoch
 that subject's last sequence, and every later write it makes is conditional on that epoch event still
 being the last one there (``FencedWriter`` with the epoch subject as its tree). So once a newer owner's
 epoch is stored, a deposed owner's next append is refused by the server (``AppendConflict``) and the owner
-drops the partition. Writes of one partition do not move its fence, so they go in parallel, as do the
-partitions.
+drops the partition. Writes of one partition do not move its fence, but go one at a time (a clustered
+stream refuses concurrent proposals that expect one subject sequence: ``FencedWriter``); the partitions
+go in parallel.
 
 A service that writes nothing needs neither leases nor epochs: ``WorkShare`` takes the same rendezvous
 assignment over the same presence keys (``Membership``) and nothing more.
