@@ -385,10 +385,11 @@ def test_permission_matrix(
 def test_responders_may_answer_requests_without_publishing_on_inbox(users: dict[str, dict[str, Any]]) -> None:
     for role in SERVICES:
         perms = users[user_of(role)]["permissions"]
-        # tty.*.*: the API reads the agents' terminal output (interactive sessions), it answers nothing there
-        serves = [s for s in _as_list(perms["subscribe"]["allow"]) if not s.startswith(("_INBOX.", "tty."))]
-        if serves:  # it answers requests on these subjects
-            assert perms.get("allow_responses") == "true", role
+        # Queries (q.*) and an agent's commands (cmd.*) are answered; heartbeats (hb.*) and terminal output
+        # (tty.*) only heard. Only who answers may respond: the server keeps every reply subject such an
+        # identity receives, each event it follows included (permissions._matrix).
+        serves = [s for s in _as_list(perms["subscribe"]["allow"]) if s.startswith(("q.", "cmd."))]
+        assert (perms.get("allow_responses") == "true") == bool(serves), role
 
 
 # --------------------------------------------------------------------------- NATS server configs
