@@ -25,10 +25,10 @@ from collections.abc import Sequence
 
 import msgspec
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from rallypoint.eventlog import AppendConflict, EventLogError
+from rallypoint.eventlog.connection import subscribe_direct
 from rallypoint.events import subjects
 from rallypoint.health import Assessment, Decision, HealthPolicy, Hearing, assess
 from rallypoint.health.judge import HealthJudge
@@ -143,12 +143,13 @@ class HealthMonitor:
         if partitions is not None:
             partitions.listeners.append(self._woken.set)  # a gained partition is judged at once
 
-    async def on_heartbeat(self, msg: Msg) -> None:
+    def hear(self, subject: bytes, data: bytes) -> None:
+        """One heartbeat, as the connection parsed it (``subscribe_direct``: 2,500 a second at scale)."""
         try:
-            beat = self._decode(msg.data)
+            beat = self._decode(data)
         except msgspec.DecodeError:
             self._undecodable.inc()
-            _log.warning("undecodable heartbeat on %s", msg.subject)
+            _log.warning("undecodable heartbeat on %s", subject.decode(errors="replace"))
             return
         self._received.inc()
         heard_at = time.time()
@@ -157,7 +158,7 @@ class HealthMonitor:
         self.judge.heard(beat)
 
     async def run(self, stop: asyncio.Event) -> None:
-        sub: Subscription = await self.nc.subscribe(subjects.HEARTBEATS, cb=self.on_heartbeat)
+        sub: Subscription = await subscribe_direct(self.nc, subjects.HEARTBEATS, self.hear)
         try:
             while not stop.is_set():
                 await self.assess_once(time.time())

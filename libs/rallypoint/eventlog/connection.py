@@ -26,6 +26,8 @@ from urllib.parse import unquote, urlsplit
 
 import nats.aio.client as nats_client
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.protocol import command as nats_command
 
 from rallypoint.security.permissions import inbox_prefix
@@ -325,6 +327,22 @@ def _socket_transport(nc: Client) -> asyncio.ReadTransport | None:
     writer = getattr(nc._transport, "_io_writer", None)
     transport = getattr(writer, "transport", None)
     return transport if isinstance(transport, asyncio.ReadTransport) and not transport.is_closing() else None
+
+
+async def subscribe_direct(nc: Client, subject: str, handler: Callable[[bytes, bytes], None]) -> Subscription:
+    """Subscribe to ``subject``, ``handler(subject, payload)`` called for each message as the connection
+    parses it (``FastHeadersClient.direct``): no ``Msg``, queue or task switch per message, for subjects
+    heard thousands of times a second (the heartbeats). A client of another class calls it from an
+    ordinary callback subscription."""
+    if isinstance(nc, FastHeadersClient):
+        sub = await nc.subscribe(subject)
+        nc.direct[sub._id] = lambda subject, _reply, data, _headers: handler(subject, data)
+        return sub
+
+    async def callback(msg: Msg) -> None:
+        handler(msg.subject.encode(), msg.data)
+
+    return await nc.subscribe(subject, cb=callback)
 
 
 def set_read_pause(nc: Client, seconds: float) -> None:
