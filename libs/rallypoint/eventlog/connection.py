@@ -18,7 +18,7 @@ import inspect
 import logging
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -266,20 +266,6 @@ class FastHeadersClient(Client):
         super().__init__()
         self.direct: dict[int, DirectHandler] = {}
         self._ps = DirectParser(self)
-        #: Seconds the socket is left unread after each read (0: read as soon as bytes arrive); see
-        #: ``rest_reading``.
-        self.read_pause_s = 0.0
-
-    def rest_reading(self) -> None:
-        """Leave the socket unread for ``read_pause_s`` after a read, so what arrives meanwhile is read and
-        parsed at once: one wake-up, one read and one pass of the follow for many events instead of one
-        each. Every reply on the connection waits as long at most, so only a service whose fold and
-        requests may lag by that much sets it (``runtime.following.READ_PAUSE_S``)."""
-        transport = _socket_transport(self)
-        if transport is None or not transport.is_reading():
-            return  # not a plain socket, closing, or already resting (a resume is on its way)
-        transport.pause_reading()
-        asyncio.get_running_loop().call_later(self.read_pause_s, transport.resume_reading)
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes) -> None:
         # nats-py's parser passes None for a message without headers, although it annotates bytes.
@@ -322,13 +308,6 @@ class FastHeadersClient(Client):
             await self._flush_pending()
 
 
-def _socket_transport(nc: Client) -> asyncio.ReadTransport | None:
-    """The asyncio transport under ``nc``'s connection (None for one nats-py builds otherwise: websocket)."""
-    writer = getattr(nc._transport, "_io_writer", None)
-    transport = getattr(writer, "transport", None)
-    return transport if isinstance(transport, asyncio.ReadTransport) and not transport.is_closing() else None
-
-
 async def subscribe_direct(nc: Client, subject: str, handler: Callable[[bytes, bytes], None]) -> Subscription:
     """Subscribe to ``subject``, ``handler(subject, payload)`` called for each message as the connection
     parses it (``FastHeadersClient.direct``): no ``Msg``, queue or task switch per message, for subjects
@@ -343,25 +322,6 @@ async def subscribe_direct(nc: Client, subject: str, handler: Callable[[bytes, b
         handler(msg.subject.encode(), msg.data)
 
     return await nc.subscribe(subject, cb=callback)
-
-
-def set_read_pause(nc: Client, seconds: float) -> None:
-    """Let ``nc`` rest ``seconds`` after each read (``FastHeadersClient.rest_reading``); a client of another
-    class reads eagerly whatever is asked."""
-    if isinstance(nc, FastHeadersClient):
-        nc.read_pause_s = max(0.0, seconds)
-
-
-@contextlib.contextmanager
-def eager_reads(nc: Client) -> Iterator[None]:
-    """Read as soon as bytes arrive while inside (a standby that leads now: its decisions wait on its fold),
-    then rest again as before."""
-    pause = getattr(nc, "read_pause_s", 0.0)
-    set_read_pause(nc, 0.0)
-    try:
-        yield
-    finally:
-        set_read_pause(nc, pause)
 
 
 #: The client class every connection uses: the fast one unless this nats-py lacks what it relies on.

@@ -74,8 +74,6 @@ class DirectParser(nats_parser.Parser):
         finally:
             if self._resets == resets:
                 self.buf = bytearray(view[pos:])
-        if getattr(self.nc, "read_pause_s", 0.0) > 0:
-            self.nc.rest_reading()  # what arrives meanwhile is read in one go (``rest_reading``)
 
     def _message_line(self, view: bytes | bytearray, start: int, eol: int) -> bool:
         """Take a ``MSG``/``HMSG`` control line as the server writes it; False for any other line."""

@@ -11,21 +11,6 @@ from rallypoint.eventlog.connection import NatsCredentials
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
-#: Seconds a service's connection rests after each read (``FastHeadersClient.rest_reading``), for the
-#: services whose fold and requests may lag that much: every event reaches every fold, and read one at a time
-#: each costs a wake-up, a socket read and a pass of the follow; read 20 ms at a time, those are shared by
-#: the events of 20 ms. The writers on a job's path (the API, the job controller) read eagerly, and so does a
-#: scheduler while it leads (``leadership.lead_while_elected``); its standby rests.
-READ_PAUSE_S: dict[str, float] = {
-    "inventory": 0.02,
-    "predictor": 0.02,
-    "preemption": 0.02,
-    "checkpoint": 0.02,
-    "projector": 0.02,
-    "health-monitor": 0.02,
-    "scheduler": 0.02,
-}
-
 
 def _default_instance() -> str:
     # Unique per process on a host; in Kubernetes the pod name arrives through RALLY_INSTANCE.
@@ -44,14 +29,10 @@ class ServiceConfig:
     health_port: int | None = None  # serve GET /healthz here (Kubernetes and compose probes)
     # The service's own NATS user (None: whatever the URL carries); its password never on argv.
     nats_credentials: NatsCredentials | None = field(default=None, repr=False)
-    #: seconds the connection rests after each read (None: the service's own, ``READ_PAUSE_S``)
-    read_pause_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.instance:
             object.__setattr__(self, "instance", _default_instance())
-        if self.read_pause_s is None:
-            object.__setattr__(self, "read_pause_s", READ_PAUSE_S.get(self.service, 0.0))
 
     @classmethod
     def from_args(cls, service: str, args: argparse.Namespace) -> ServiceConfig:
@@ -64,7 +45,6 @@ class ServiceConfig:
             replicas=args.replicas,
             health_port=args.health_port,
             nats_credentials=credentials_from_args(args),
-            read_pause_s=_seconds(getattr(args, "read_pause_ms", None)),
         )
 
 
@@ -119,20 +99,7 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=int(health) if health else None,
         help="serve GET /healthz on this port (env RALLY_HEALTH_PORT; default: off)",
     )
-    pause = env.get("RALLY_READ_PAUSE_MS")
-    parser.add_argument(
-        "--read-pause-ms",
-        type=float,
-        default=float(pause) if pause else None,
-        help="milliseconds the NATS connection rests after each read, so events arriving meanwhile are "
-        "read together (env RALLY_READ_PAUSE_MS; default: 20 for the services that only fold or watch, "
-        "0 for the API, the job controller and a leading scheduler)",
-    )
     return parser
-
-
-def _seconds(ms: float | None) -> float | None:
-    return None if ms is None else ms / 1000
 
 
 def credentials_from_args(args: argparse.Namespace) -> NatsCredentials | None:

@@ -12,7 +12,6 @@ import logging
 from typing import Protocol
 
 from rallypoint.eventlog import AppendConflict, LogUnavailable
-from rallypoint.eventlog.connection import eager_reads
 
 from .fencing import FencedWriter
 from .follower import Follower
@@ -56,9 +55,7 @@ async def lead_while_elected(loop: FencedLoop, lease: LeaderLease, stop: asyncio
         if term is None or stop.is_set():
             break
         try:
-            # A leader's decisions wait on its fold: it reads as soon as bytes arrive (its standby rests).
-            with eager_reads(loop.follower.log.nc):
-                await lead(loop, lease, stop, term=term)
+            await lead(loop, lease, stop, term=term)
         except AppendConflict as conflict:
             _log.warning("%s: fenced by a newer leader (%s); stepping down", role, conflict)
         except (LogUnavailable, TimeoutError) as exc:

@@ -26,7 +26,7 @@ from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
 from rallypoint.eventlog import EventLog, SnapshotStore, connect_nats
-from rallypoint.eventlog.connection import set_read_pause, without_password
+from rallypoint.eventlog.connection import without_password
 from rallypoint.observability.tracing import setup_tracing
 
 from .config import ServiceConfig, nats_servers
@@ -87,7 +87,6 @@ class ServiceContext:
                 credentials=self.config.nats_credentials,
             )
             self.stack.push_async_callback(_drain, nc)
-            set_read_pause(nc, self.config.read_pause_s or 0.0)
             self._nc = nc
         return self._nc
 
