@@ -153,8 +153,16 @@ def one_leader(found: dict[str, tuple[float, Any]]) -> bool:
 def test_one_leader_no_created_samples_zero_series_and_one_name_per_quantity(cluster: LocalCluster) -> None:
     urls = cluster.metrics_urls()
     eventually(lambda: one_leader(leading(cluster)), "one leading scheduler, by its gauge and its /healthz")
+    # the projector elects its writer too (one replica here: it leads), by its gauge and its /healthz
+    eventually(
+        lambda: (
+            cluster.health("projector", "/healthz")[1].get("leader") is True
+            and total(scrape(urls["projector"]), "rally_leader", role="projector") == 1
+        ),
+        "the projector leading, by its gauge and its /healthz",
+    )
     # a service that elects no leader says null (the API: no field), and exports no leader gauge
-    for name in sorted(set(cluster.health_ports) - set(SCHEDULERS)):
+    for name in sorted(set(cluster.health_ports) - {*SCHEDULERS, "projector"}):
         assert cluster.health(name, "/healthz")[1].get("leader") is None, name
         assert total(scrape(urls[name]), "rally_leader") == 0, name
 
