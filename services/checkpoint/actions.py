@@ -34,7 +34,7 @@ from rallypoint.checkpoints import (
 )
 from rallypoint.ckpt import MANIFEST
 from rallypoint.ckpt.manifest import sha256_file
-from rallypoint.eventlog import AppendConflict, EventLog
+from rallypoint.eventlog import EventLog
 from rallypoint.events import CheckpointEvent, subjects
 from rallypoint.runtime.follower import Follower
 from rallypoint.runtime.partitions import NotOwner, PartitionOwnership
@@ -114,14 +114,7 @@ class CheckpointActions:
         if self.partitions is None:
             seq = await self.log.append(subject, event, msg_id=msg_id, source=SOURCE)
         else:
-            writer = self.partitions.writer_for(event.job_id)
-            if writer is None:
-                raise NotOwner(event.job_id)
-            try:
-                seq = await writer.append(subject, event, msg_id)
-            except AppendConflict:
-                self.partitions.deposed(event.job_id, writer)
-                raise
+            seq = await self.partitions.append(event.job_id, subject, event, msg_id)
         # The next plan must see this outcome, or it would ask for the same work again.
         await self.follower.wait_for(seq)
 

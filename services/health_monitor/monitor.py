@@ -27,7 +27,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
-from rallypoint.eventlog import AppendConflict, EventLogError
+from rallypoint.eventlog import EventLogError
 from rallypoint.eventlog.connection import subscribe_direct
 from rallypoint.events import subjects
 from rallypoint.health import Assessment, Decision, HealthPolicy, Hearing, assess
@@ -36,7 +36,7 @@ from rallypoint.health.readlag import ReadLag
 from rallypoint.observability.instruments import HEARTBEATS_RECEIVED
 from rallypoint.protocol import Heartbeat
 from rallypoint.runtime.follower import Follower
-from rallypoint.runtime.partitions import NotOwner, PartitionOwnership
+from rallypoint.runtime.partitions import PartitionOwnership
 
 _log = logging.getLogger("rallypoint.health_monitor")
 SOURCE = "rallypoint/health-monitor"
@@ -192,14 +192,7 @@ class HealthMonitor:
         subject = subjects.for_event(d.event)
         if self.partitions is None:
             return await self.follower.log.append(subject, d.event, msg_id=d.msg_id, source=SOURCE)
-        writer = self.partitions.writer_for(d.node_id)
-        if writer is None:
-            raise NotOwner(d.node_id)
-        try:
-            return await writer.append(subject, d.event, d.msg_id)
-        except AppendConflict:
-            self.partitions.deposed(d.node_id, writer)
-            raise
+        return await self.partitions.append(d.node_id, subject, d.event, d.msg_id)
 
     async def _record(self, decisions: Sequence[Decision]) -> None:
         """Append one assessment's decisions together and wait for the fold once.

@@ -46,7 +46,7 @@ from rallypoint.control import (
     with_lost_work,
 )
 from rallypoint.control.recovery import secrets_lost_event
-from rallypoint.eventlog import AppendConflict, EventLog, EventLogError
+from rallypoint.eventlog import EventLog, EventLogError
 from rallypoint.eventlog.secretstore import SecretStore
 from rallypoint.events import Event, subjects
 from rallypoint.observability import tracing
@@ -54,7 +54,7 @@ from rallypoint.observability.instruments import JOB_CONTROLLER_ACTIONS
 from rallypoint.observability.tracing import span, trace_headers
 from rallypoint.protocol import KillReply, KillTask, LaunchReply, LaunchTask, StatusReply
 from rallypoint.runtime.follower import Changes, Follower
-from rallypoint.runtime.partitions import NotOwner, PartitionOwnership
+from rallypoint.runtime.partitions import PartitionOwnership
 from rallypoint.state import ClusterState, JobView
 
 _log = logging.getLogger("rallypoint.job_controller")
@@ -318,14 +318,7 @@ class JobController:
         if self.partitions is None:
             seq = await self.log.append(subject, event, source=SOURCE, msg_id=msg_id)
         else:
-            writer = self.partitions.writer_for(job_id)
-            if writer is None:
-                raise NotOwner(job_id)
-            try:
-                seq = await writer.append(subject, event, msg_id)
-            except AppendConflict:
-                self.partitions.deposed(job_id, writer)
-                raise
+            seq = await self.partitions.append(job_id, subject, event, msg_id)
         await self.follower.wait_for(seq)
 
     async def _request(self, subject: str, payload: msgspec.Struct) -> bytes | None:

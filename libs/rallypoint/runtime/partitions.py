@@ -40,7 +40,7 @@ from prometheus_client.registry import Collector
 
 from rallypoint.eventlog import AppendConflict, EventLog, EventLogError, LogUnavailable
 from rallypoint.eventlog.setup import PARTITION_TTL_S, open_partition_bucket
-from rallypoint.events import subjects
+from rallypoint.events import Event, subjects
 from rallypoint.security.permissions import PARTITION_BUCKET
 
 from .fencing import FencedWriter
@@ -279,6 +279,19 @@ class PartitionOwnership:
         if self.writers.get(partition) is writer:
             _log.warning("%s: partition %d was taken by a newer owner; dropping it", self.member, partition)
             self._drop(partition)
+
+    async def append(self, key: str, subject: str, event: Event, msg_id: str) -> int:
+        """Append for ``key``, fenced by the epoch of its partition's ownership: ``NotOwner`` when this
+        replica does not own it now; ``AppendConflict`` (and the partition dropped) when a newer owner's
+        epoch is stored."""
+        writer = self.writer_for(key)
+        if writer is None:
+            raise NotOwner(key)
+        try:
+            return await writer.append(subject, event, msg_id)
+        except AppendConflict:
+            self.deposed(key, writer)
+            raise
 
     # -- keeping the share ----------------------------------------------------------------------------
 
