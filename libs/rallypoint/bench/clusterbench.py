@@ -481,6 +481,7 @@ async def _drive(cluster: LocalCluster, fleets: FleetSet, cfg: BenchConfig) -> d
         out |= await handovers(cluster, watch, dict(cfg.replicas), cfg.phase_timeout_s)
         out |= _false_alarms(watch, set(fleets.silenced), out.pop("silence_started"), ready)
         out["log_events"] = watch.last_seq
+        out["logwatch_resubscribed"] = watch.resubscribed  # the bench's own reader skipped and read again
         return out
     finally:
         await watch.stop()
