@@ -341,7 +341,8 @@ class Handlers:
         elif answer.placement is not None:
             answer.predicted_start = {"status": "now", "detail": "placed at the next cycle"}
         elif answer.would_admit:
-            answer.predicted_start = await self.predictions.dry_run(spec)
+            ahead = answer.reason.jobs_ahead if answer.reason is not None else None
+            answer.predicted_start = await self.predictions.dry_run(spec, jobs_ahead=ahead)
         return dry_run_response(answer, reader)
 
     async def _secrets_refusal(

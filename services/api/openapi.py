@@ -538,8 +538,22 @@ _SCHEMAS: dict[str, Any] = {
                 "properties": {
                     "status": {
                         "type": "string",
-                        "enum": ["predicted", "beyond-horizon", "pending-refresh", "unavailable"],
+                        "enum": [
+                            "predicted",
+                            "estimated",
+                            "beyond-horizon",
+                            "pending-refresh",
+                            "unavailable",
+                        ],
                     },
+                    "basis": {
+                        "type": "string",
+                        "enum": ["forecast"],
+                        "description": "A dry run's start fitted into the predictor's last forecast (status "
+                        "estimated), its own run forward taking too long; absent for a run forward's.",
+                    },
+                    "forecast_seq": {"type": "integer", "description": "The log position of that forecast."},
+                    "forecast_at": {"type": "number", "description": "Unix seconds it was made at."},
                     "p50": {
                         **_NULLABLE_NUM,
                         "description": "Unix seconds, if jobs run their median runtimes.",

@@ -20,7 +20,7 @@ from nats.aio.client import Client
 
 from rallypoint.events import JobSpec, subjects
 from rallypoint.predict.live import PredictedStart
-from rallypoint.predict.refresh import Answer
+from rallypoint.predict.refresh import JOBS_AHEAD_HEADER, Answer
 from rallypoint.predict.tracking import Accuracy
 from rallypoint.state import JobView
 
@@ -79,11 +79,17 @@ class StartPredictions:
         self._asked_at = time.monotonic()
         return self._answer
 
-    async def dry_run(self, spec: JobSpec) -> dict[str, Any]:
-        """When a job of ``spec`` submitted now would start, as the predictor runs it forward."""
+    async def dry_run(self, spec: JobSpec, *, jobs_ahead: int | None = None) -> dict[str, Any]:
+        """When a job of ``spec`` submitted now would start, as the predictor runs it forward;
+        ``jobs_ahead``: its place in the policy's order at this API's cycle (``JOBS_AHEAD_HEADER``), for a
+        prediction fitted into the predictor's last forecast."""
+        headers = None if jobs_ahead is None else {JOBS_AHEAD_HEADER: str(jobs_ahead)}
         try:
             reply = await self._client().request(
-                subjects.query("predictor", "dryrun"), msgspec.json.encode(spec), timeout=DRY_RUN_TIMEOUT_S
+                subjects.query("predictor", "dryrun"),
+                msgspec.json.encode(spec),
+                timeout=DRY_RUN_TIMEOUT_S,
+                headers=headers,
             )
             raw = _decode_reply(reply.data)
             # ``{"error": ...}``: no prediction made (a spec it cannot read, or none within its budget)
@@ -112,13 +118,21 @@ def render_predicted_start(job: JobView, answer: Answer | None) -> dict[str, Any
 
 
 def _start_fields(start: PredictedStart) -> dict[str, Any]:
-    return {
-        "status": "predicted" if start.p50 is not None else "beyond-horizon",
+    """``predicted`` from a run forward with the job in it; ``estimated`` when fitted into the predictor's
+    last forecast (a dry run whose own run took too long: ``forecast_seq`` and ``forecast_at`` say which)."""
+    fields: dict[str, Any] = {
+        "status": "beyond-horizon" if start.p50 is None else "predicted",
         "p50": start.p50,
         "p90": start.p90,
         "runtime_p50_s": start.runtime_p50_s,
         "runtime_from": start.runtime_key,
     }
+    if start.basis == "forecast":
+        fields["basis"] = "forecast"
+        fields["forecast_seq"], fields["forecast_at"] = start.forecast_seq, start.forecast_at
+        if start.p50 is not None:
+            fields["status"] = "estimated"
+    return fields
 
 
 class PredictionsSummary(msgspec.Struct, kw_only=True):

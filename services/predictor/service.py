@@ -18,13 +18,13 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rallypoint.eventlog import EventLog, EventLogError
 from rallypoint.events import JobSpec, SchedulerSettings, subjects
 from rallypoint.predict.live import HORIZON_S, MAX_CYCLES, OutOfTime
-from rallypoint.predict.refresh import Predictor, Settings
+from rallypoint.predict.refresh import JOBS_AHEAD_HEADER, Predictor, Settings
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
 from rallypoint.runtime.follower import Follower
 from rallypoint.runtime.following import open_follower
@@ -80,6 +80,11 @@ class _Gauges(Collector):
         jobs = len(p.latest.jobs) if p.latest is not None else 0
         yield GaugeMetricFamily("rally_prediction_jobs", "Waiting jobs in the last refresh.", jobs)
         yield GaugeMetricFamily("rally_prediction_learned_jobs", "Ended jobs runtimes came from.", p.learned)
+        yield CounterMetricFamily(
+            "rally_prediction_dry_runs_estimated",
+            "Dry runs answered from the last forecast, their own run forward taking too long.",
+            p.dry_runs_estimated,
+        )
         accuracy = GaugeMetricFamily(
             "rally_prediction_accuracy",
             "Share of scored jobs per measure (docs/prediction.md); absent until a job was scored.",
@@ -103,8 +108,8 @@ async def answer_queries(nc: Client, predictor: Predictor) -> list[Subscription]
     async def dry_run(msg: Msg) -> None:
         try:
             spec = msgspec.json.decode(msg.data, type=JobSpec)
-            start = await predictor.dry_run(spec)
-        except (msgspec.DecodeError, msgspec.ValidationError, OutOfTime) as exc:
+            start = await predictor.dry_run(spec, jobs_ahead=_jobs_ahead(msg))
+        except (msgspec.DecodeError, msgspec.ValidationError, OutOfTime, ValueError) as exc:
             await msg.respond(msgspec.json.encode({"error": str(exc)}))
             return
         await msg.respond(msgspec.json.encode(start))
@@ -113,6 +118,18 @@ async def answer_queries(nc: Client, predictor: Predictor) -> list[Subscription]
         await nc.subscribe(subjects.query("predictor", "starts"), queue="predictor", cb=answer),
         await nc.subscribe(subjects.query("predictor", "dryrun"), queue="predictor", cb=dry_run),
     ]
+
+
+def _jobs_ahead(msg: Msg) -> int | None:
+    """The dry run's place in the policy's order at the API's cycle (``JOBS_AHEAD_HEADER``); None when
+    the API did not say (every waiting job is then ahead of it). ``ValueError`` for one that is no count."""
+    raw = (msg.headers or {}).get(JOBS_AHEAD_HEADER)
+    if raw is None:
+        return None
+    ahead = int(raw)
+    if ahead < 0:
+        raise ValueError(f"{JOBS_AHEAD_HEADER} must be a count, got {raw!r}")
+    return ahead
 
 
 #: Predictions are relative to the clock as well as to the log: refresh at least this often when idle.

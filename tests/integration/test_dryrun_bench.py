@@ -15,7 +15,8 @@ from rallypoint.cli.main import main
 
 @pytest.fixture(scope="module")
 def figures() -> dict[str, Any]:
-    cfg = argparse.Namespace(nodes=200, pending=100, runs=8, seed=1, predictor_budget=None)
+    # no time for a dry run's own run forward after the refresh: every one is fitted into its forecast
+    cfg = argparse.Namespace(nodes=200, pending=100, runs=8, seed=1, predictor_budget=None, exact_budget=0.0)
     return run(cfg, settle=False)  # the test runner's heap is not the bench's to freeze
 
 
@@ -26,7 +27,8 @@ def test_the_dry_run_bench_times_dry_runs_that_append_nothing(figures: dict[str,
     assert figures["placed"] + figures["waiting"] + figures["refused"] == 8 and figures["refused"] == 0
     assert figures["appended"] == 0 and figures["log_position"] == figures["events"]
     assert figures["running"] > 0 and "load_1m_before" in figures
-    assert figures["predicted_start"] == ["now", "unavailable"]  # no predictor ran beside the API
+    # the settled cluster places none of them; no predictor ran beside the API
+    assert figures["placed"] == 0 and figures["predicted_start"] == ["unavailable"]
 
 
 def test_the_dry_run_bench_times_dry_runs_with_their_predicted_start_too(figures: dict[str, Any]) -> None:
@@ -34,15 +36,26 @@ def test_the_dry_run_bench_times_dry_runs_with_their_predicted_start_too(figures
     assert predicted["dry_runs"] == 8  # two of each shape
     assert 0 < predicted["p50_ms"] <= predicted["p95_ms"] <= predicted["max_ms"]
     assert 0 < predicted["predictor"]["p50_ms"] <= predicted["predictor"]["max_ms"]
-    # the 1-GPU job is placed at once (no prediction asked); every other one waits and gets one (the
-    # 1,024-GPU gang's run forward, the longest, may outlast the API's 2 s on a loaded machine)
-    assert predicted["now"] == 2 and predicted["predicted"] >= 4 and predicted["beyond-horizon"] == 0
-    assert predicted["predicted"] + predicted["unavailable"] == 6
+    # every one waits and gets a prediction (the 1,024-GPU gang's run forward, the longest, may outlast
+    # the API's 2 s on a loaded machine)
+    assert predicted["now"] == 0 and predicted["predicted"] >= 6 and predicted["beyond-horizon"] == 0
+    assert predicted["predicted"] + predicted["unavailable"] == 8
     shapes = predicted["by_shape"]
     assert list(shapes) == ["1_gpus", "8_gpus", "64_gpus", "1024_gpus"]
-    assert shapes["1_gpus"]["statuses"] == {"now": 2} and len(shapes["8_gpus"]["ms"]) == 2
+    assert shapes["1_gpus"]["statuses"] == {"predicted": 2} and len(shapes["8_gpus"]["ms"]) == 2
     # a larger gang waits longer: more of the full cluster must end first
     assert 0 < shapes["8_gpus"]["p50_wait_s"] < shapes["64_gpus"]["p50_wait_s"]
+
+
+def test_after_a_refresh_a_dry_run_past_its_exact_budget_is_fitted_into_the_forecast(
+    figures: dict[str, Any],
+) -> None:
+    forecast = figures["with_forecast"]  # one refresh of the predictor first, then no exact budget
+    assert forecast["dry_runs"] == 8 and forecast["refresh_s"] > 0 and forecast["refresh_predicted"] > 0
+    assert forecast["estimated"] == 8 and forecast["unavailable"] == 0 and forecast["predicted"] == 0
+    shapes = forecast["by_shape"]
+    # the forecast's starts: later for the larger gangs, as the runs forward found them
+    assert 0 < shapes["8_gpus"]["p50_wait_s"] < shapes["1024_gpus"]["p50_wait_s"]
 
 
 def test_rally_bench_dryrun_refuses_bad_arguments_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -303,6 +303,11 @@ def test_the_start_column_gives_a_waiting_jobs_predicted_start_from_now() -> Non
     beyond = {"status": "beyond-horizon", "horizon_s": 604800.0}
     assert jobs_cmds.start_text(beyond, now=0.0) == "beyond 7d00h"
     assert jobs_cmds.start_text({"status": "unavailable"}, now=0.0) == "unknown"
+    # a dry run's start fitted into the forecast is shown as rough, and says so in full
+    estimated = {**predicted, "status": "estimated", "basis": "forecast", "forecast_seq": 41}
+    assert jobs_cmds.start_text(estimated, now=1000.0).startswith("~in ")
+    long = jobs_cmds.start_text(estimated, now=1000.0, long=True)
+    assert "estimated from the forecast of log seq 41" in long
     assert jobs_cmds.start_text({**predicted, "p50": 900.0, "p90": 900.0}, now=1000.0) == "now"
 
 

@@ -27,6 +27,7 @@ from rallypoint.predict.live import (
     predict,
     run_forward,
 )
+from rallypoint.predict.profile import Forecast
 from rallypoint.predict.refresh import Predictor
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.scheduling.writes import Write
@@ -187,14 +188,13 @@ def test_a_dry_run_answers_beside_a_refresh_under_way_and_leaves_its_clock(
 
     predictor = Predictor(lambda: state, no_settings)
     release = threading.Event()
-    real = refresh.predict
+    real = refresh.predict_and_forecast
 
-    def refresh_held_up(*args: Any, **kwargs: Any) -> Predictions:
-        if kwargs.get("only") is None:  # the refresh's run: held until the dry run answered
-            assert release.wait(10)
+    def refresh_held_up(*args: Any, **kwargs: Any) -> tuple[Predictions, Forecast, Forecast]:
+        assert release.wait(10)  # the refresh's run: held until the dry run answered
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(refresh, "predict", refresh_held_up)
+    monkeypatch.setattr(refresh, "predict_and_forecast", refresh_held_up)
 
     async def dry_run_during_refresh() -> tuple[PredictedStart, Predictions]:
         refreshing = asyncio.create_task(predictor.refresh(now=T0 + 60))

@@ -16,10 +16,14 @@ the API's fold, and a quarter of ``--runs`` more dry runs (at least two of each 
 predicted start (``with_prediction``: the API's latency, the predictor's own time per dry run, how many
 answers said ``now``, ``predicted``, ``beyond-horizon`` or ``unavailable``, and the same per shape); no
 periodic refresh runs, and each dry run waits until the predictor finished the last one and made the
-next one's fork ahead (``ready_forks``: how many ran from such a fork). ``appended`` is
-how far the log moved over all the dry runs: 0.
+next one's fork ahead (``ready_forks``: how many ran from such a fork). ``with_forecast``: the same
+again after one refresh of the predictor (``refresh_s``; minutes at the default size), so that a dry run
+whose own run forward is not done within ``DRY_RUN_EXACT_S`` is fitted into the refresh's forecast
+(``estimated``, ``predict.profile``). ``appended`` is how far the log moved over all the dry runs: 0.
 
-``--predictor-budget S`` gives the predictor's dry runs another budget than the service's
+``--exact-budget S`` gives their own runs forward another share of it than ``DRY_RUN_EXACT_S`` (0: every
+dry run after the refresh is fitted into its forecast). ``--predictor-budget S`` gives the predictor's dry
+runs another budget than the service's
 (``DRY_RUN_BUDGET_S``): with a large one, ``with_prediction.predictor`` is how long a prediction takes
 (the API still answers ``unavailable`` after its 2 s).
 
@@ -69,7 +73,7 @@ from rallypoint.events import (
 )
 from rallypoint.infra import NatsServer, free_port
 from rallypoint.predict.live import PredictedStart
-from rallypoint.predict.refresh import DRY_RUN_BUDGET_S, Predictor
+from rallypoint.predict.refresh import DRY_RUN_BUDGET_S, DRY_RUN_EXACT_S, Predictor
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.scheduling.config import core_queues
 from rallypoint.scheduling.queues import Org, Queues, Team
@@ -82,6 +86,8 @@ BATCH = 1000
 FOLD_TIMEOUT_S = 600.0
 #: What the driver asks, in turn: GPUs and GPUs per task.
 SHAPES: tuple[tuple[int, int], ...] = ((1, 1), (8, 8), (64, 8), (1024, 8))
+#: The statuses of a dry run's ``predicted_start`` the bench counts.
+STATUSES = ("now", "predicted", "estimated", "beyond-horizon", "unavailable")
 
 
 def _node_event(node_id: str, rack: str, spine: str, gpu_type: str, gpus: int) -> NodeRegistered:
@@ -101,17 +107,20 @@ def _job_spec(job: RunningJob | PendingJob, limit: float | None) -> JobSpec:
 
 
 def settled_workload(
-    nodes: int, pending: int, seed: int, *, rounds: int = 8
+    nodes: int, pending: int, seed: int, queues: Queues, *, rounds: int = 8
 ) -> tuple[ClusterModel, tuple[PendingJob, ...], float]:
     """``build_workload``'s cluster once the scheduler has done what it can: twice ``pending`` jobs
     arrive, cycles of the core bind what fits (until one binds nothing, at most ``rounds``), and the first
-    ``pending`` of those still waiting stay. A live queue of that length is made of jobs the last cycle
-    could not place: a dry run's cycle then places at most the dry job, not thousands. The workload's
-    clock (``now``) comes third."""
-    cluster, waiting, queues, now = build_workload(nodes, 8, 2 * pending, seed)
+    ``pending`` of those still waiting stay. The cycles decide under ``queues`` (the queue file the log's
+    settings carry, its quotas and priority classes), as the leader would: a live queue of that length is
+    made of jobs the last cycle could not place, so a dry run's cycle places at most the dry job, not
+    thousands. The workload's clock (``now``) comes third."""
+    cluster, waiting, _, now = build_workload(nodes, 8, 2 * pending, seed)
+    core, classes = core_queues(queues)
     policy = policy_by_name("rallypoint")
     for _ in range(rounds):
-        decisions = schedule(Snapshot(now=now, cluster=cluster, pending=waiting, queues=queues), policy)
+        snapshot = Snapshot(now=now, cluster=cluster, pending=waiting, queues=core, priority_classes=classes)
+        decisions = schedule(snapshot, policy)
         if not decisions.binds:
             break
         jobs = {j.id: j for j in waiting}
@@ -204,12 +213,14 @@ class _TimedPredictor(Predictor):
         self._idle = asyncio.Event()
         self._idle.set()
 
-    async def dry_run(self, spec: JobSpec, now: float | None = None) -> PredictedStart:
+    async def dry_run(
+        self, spec: JobSpec, now: float | None = None, *, jobs_ahead: int | None = None
+    ) -> PredictedStart:
         self._busy += 1
         self._idle.clear()
         start = time.perf_counter()
         try:
-            return await super().dry_run(spec, now)
+            return await super().dry_run(spec, now, jobs_ahead=jobs_ahead)
         finally:
             self.took.append(time.perf_counter() - start)
             self._busy -= 1
@@ -272,12 +283,33 @@ def _predicted_runs(runs: int) -> int:
 
 
 async def _with_prediction(
-    log: EventLog, app: web.Application, url: str, token: str, runs: int, budget_s: float
+    log: EventLog,
+    app: web.Application,
+    url: str,
+    token: str,
+    runs: int,
+    budget_s: float,
+    *,
+    exact_s: float,
+    refresh: bool,
 ) -> dict[str, Any]:
     """The same dry runs with the predictor service's query handlers (``answer_queries``) on the same NATS
     server, over the API's fold, so each answer carries the predictor's run forward (``predicted_start``).
-    No periodic refresh runs beside them (the log does not move): each dry run is timed alone."""
-    predictor = _TimedPredictor(lambda: app[FOLLOWER].state, settings_reader(log), dry_run_budget_s=budget_s)
+    No periodic refresh runs beside them (the log does not move): each dry run is timed alone. ``refresh``:
+    one refresh first (``refresh_s``), so that a dry run whose own run forward takes longer than
+    ``DRY_RUN_EXACT_S`` is fitted into its forecast (``estimated``); without it, that run has the whole
+    budget."""
+    predictor = _TimedPredictor(
+        lambda: app[FOLLOWER].state, settings_reader(log), dry_run_budget_s=budget_s, dry_run_exact_s=exact_s
+    )
+    refreshed: dict[str, Any] = {}
+    if refresh:
+        began = time.perf_counter()
+        found = await predictor.refresh()
+        refreshed = {
+            "refresh_s": round(time.perf_counter() - began, 1),
+            "refresh_predicted": sum(start.p50 is not None for start in found.jobs.values()),
+        }
     subscriptions = await answer_queries(log.nc, predictor)
     try:
         took, answers = await _time_dry_runs(url, token, runs, predictor)
@@ -291,7 +323,7 @@ async def _with_prediction(
         row = by_shape.setdefault(f"{gpus}_gpus", {"ms": [], "statuses": {}})
         row["ms"].append(round(seconds * 1000, 1))
         row["statuses"][status] = row["statuses"].get(status, 0) + 1
-        if status == "predicted":
+        if status in ("predicted", "estimated"):
             row["p50_wait_s"] = round(
                 answer["predicted_start"]["p50"] - answer["predicted_start"]["computed_at"]
             )
@@ -302,9 +334,8 @@ async def _with_prediction(
         "predictor": _latency(predictor.took),
         # dry runs that ran from the fork made ahead of them (the first makes its own)
         "ready_forks": predictor.ready_taken,
-        **{
-            status: statuses.count(status) for status in ("now", "predicted", "beyond-horizon", "unavailable")
-        },
+        **refreshed,
+        **{status: statuses.count(status) for status in STATUSES},
         "by_shape": by_shape,
     }
 
@@ -334,7 +365,9 @@ async def _serve_and_measure(
         cpu = time.process_time() - cpu
         runs = _predicted_runs(cfg.runs)
         budget = DRY_RUN_BUDGET_S if cfg.predictor_budget is None else cfg.predictor_budget
-        predicted = await _with_prediction(log, app, url, token, runs, budget)
+        exact = DRY_RUN_EXACT_S if cfg.exact_budget is None else cfg.exact_budget
+        predicted = await _with_prediction(log, app, url, token, runs, budget, exact_s=exact, refresh=False)
+        forecast = await _with_prediction(log, app, url, token, runs, budget, exact_s=exact, refresh=True)
         appended = await log.last_seq() - before
     finally:
         await runner.cleanup()
@@ -350,14 +383,15 @@ async def _serve_and_measure(
         "refused": sum(not a["would_admit"] for a in answers),
         "predicted_start": sorted({(a["predicted_start"] or {}).get("status", "none") for a in answers}),
         "with_prediction": predicted,
+        "with_forecast": forecast,
         "appended": appended,
         "log_position": answers[-1]["log_position"],
     }
 
 
 async def _run(cfg: argparse.Namespace, workdir: Path, settle: bool) -> dict[str, Any]:
-    cluster, waiting, now = settled_workload(cfg.nodes, cfg.pending, cfg.seed)
     queues = bench_queues(total_gpus=cfg.nodes * 8)
+    cluster, waiting, now = settled_workload(cfg.nodes, cfg.pending, cfg.seed, queues)
     tokens = workdir / "tokens.json"
     _, token = create_token(tokens, user="bench", team=TEAM)
     with NatsServer(workdir / "nats") as server:
@@ -392,6 +426,8 @@ def check(cfg: argparse.Namespace) -> str | None:
     """A one-line error for arguments the bench cannot run with, else None."""
     if cfg.predictor_budget is not None and cfg.predictor_budget <= 0:
         return "error: --predictor-budget must be above 0 seconds"
+    if cfg.exact_budget is not None and cfg.exact_budget < 0:
+        return "error: --exact-budget must be 0 seconds or more"
     if cfg.nodes < 4 or cfg.pending < 0 or cfg.runs < 1:
         return "error: --nodes must be at least 4, --pending at least 0, --runs at least 1"
     return None

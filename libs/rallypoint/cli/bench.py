@@ -113,6 +113,13 @@ def dryrun_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="seconds the predictor may take per dry run (default: the service's, 1.5)",
     )
+    parser.add_argument(
+        "--exact-budget",
+        type=float,
+        default=None,
+        help="seconds of it a dry run's own run forward may take before the forecast answers, once a "
+        "refresh made one (default: the service's, 0.5)",
+    )
 
 
 def handle_dryrun(args: argparse.Namespace) -> int:

@@ -850,9 +850,11 @@ def start_text(predicted: dict[str, Any] | None, *, now: float, long: bool = Fal
     status = predicted.get("status")
     if status == "now":
         return "now"
-    if status == "predicted":
+    if status in ("predicted", "estimated"):
         p50, p90 = float(predicted["p50"]), predicted.get("p90")
         text = "now" if p50 <= now else f"in {span(p50 - now)}"
+        if status == "estimated":  # fitted into the last forecast, not run forward: roughly
+            text = "~" + text
         if p90 is not None and float(p90) > p50:
             text += f" (p90 {'now' if float(p90) <= now else span(float(p90) - now)})"
         if long:
@@ -860,6 +862,8 @@ def start_text(predicted: dict[str, Any] | None, *, now: float, long: bool = Fal
             text += f" from {predicted.get('runtime_from')} history"
             if predicted.get("computed_at_seq") is not None:
                 text += f", as of log seq {predicted['computed_at_seq']}"
+            if status == "estimated":
+                text += f"; estimated from the forecast of log seq {predicted.get('forecast_seq')}"
         return text
     if status == "beyond-horizon":
         return f"beyond {span(float(predicted.get('horizon_s') or 0))}"

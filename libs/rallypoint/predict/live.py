@@ -33,20 +33,31 @@ import heapq
 import shlex
 import time
 from collections.abc import Callable, Iterable
+from typing import Literal, TypedDict, Unpack
 
 import msgspec
 
-from rallypoint.events import GangBound, GangResized, JobCompleted, JobSpec, JobSubmitted
+from rallypoint.core import Decisions
+from rallypoint.events import (
+    GangBound,
+    GangResized,
+    JobCompleted,
+    JobSpec,
+    JobSubmitted,
+    PreemptionRequested,
+)
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.scheduling.cycle import decide, writes_before_deciding
 from rallypoint.scheduling.writes import Write
 from rallypoint.sim.twin import LiveSide
 from rallypoint.state import ACTIVE, TERMINAL, ClusterState, JobView
 
+from .profile import Forecast, Hold
 from .runtimes import JobFeatures, RuntimeEstimate, RuntimeEstimator
 
 __all__ = [
     "ForwardRun",
+    "HoldRecorder",
     "OutOfTime",
     "PredictedStart",
     "Predictions",
@@ -54,6 +65,7 @@ __all__ = [
     "features_of",
     "learn",
     "predict",
+    "predict_and_forecast",
     "run_forward",
 ]
 
@@ -64,15 +76,20 @@ MAX_CYCLES = 2000
 _MIN_REMAINING_S = 1.0
 
 
-class PredictedStart(msgspec.Struct, frozen=True, kw_only=True):
+class PredictedStart(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A waiting job's start if every job runs its P50 (``p50``) or its P90 runtime (``p90``), Unix
     seconds (None: not within the horizon), and its own runtime estimate (P50 seconds, in all) and the
-    history it came from (``runtime_key``: the estimator's key, "none" without any)."""
+    history it came from (``runtime_key``: the estimator's key, "none" without any). ``basis``: ``run``, a
+    run forward with the job in it; ``forecast``, a dry run's job fitted into the forecast of the refresh
+    of log position ``forecast_seq`` made at ``forecast_at`` (``profile.estimate_start``)."""
 
     p50: float | None
     p90: float | None
     runtime_p50_s: float
     runtime_key: str
+    basis: Literal["run", "forecast"] = "run"
+    forecast_seq: int | None = None
+    forecast_at: float | None = None
 
 
 class Predictions(msgspec.Struct, frozen=True, kw_only=True):
@@ -159,12 +176,85 @@ def _own(policy: SchedulingPolicy) -> SchedulingPolicy:
     return SchedulingPolicy(policy.name, queues=policy.queues, priority_classes=policy.priority_classes)
 
 
+class _Held(msgspec.Struct, kw_only=True):
+    """An attempt's hold while the run goes on: from ``start``, until ``end`` as planned so far."""
+
+    start: float
+    end: float
+    waiting: bool
+    gpus: tuple[tuple[str, int], ...]
+
+
+class HoldRecorder:
+    """What each job holds in a run forward, from when to when (``profile.Hold``): the forecast a dry run
+    is fitted into when running its own fork would take too long (``profile.estimate_start``)."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.nodes = {n.node_id: (n.gpu_type, len(n.gpus)) for n in state.nodes.values() if n.schedulable}
+        self.open: dict[tuple[str, int], _Held] = {}  # by (job id, attempt)
+        self.closed: list[Hold] = []
+        # each waiting job's place in the policy's order at the run's first cycle (-1: bound by it)
+        self.rank: dict[str, int] = {}
+        # attempts asked to stop for a preemptor: their GPUs stay taken until the next cycle, which binds it
+        self._preempted: list[tuple[str, int]] = []
+
+    def ranked(self, decisions: Decisions) -> None:
+        """The first cycle's order: its pending jobs' positions, its binds before them all."""
+        self.rank.update((reason.job_id, reason.position) for reason in decisions.pending)
+        self.rank.update((bind.job_id, -1) for bind in decisions.binds)
+
+    def began(self, job: JobView, start: float, end: float, waiting: bool) -> None:
+        """``job``'s attempt holds its placements from ``start`` (the GPUs read now: an ended attempt's
+        placements are gone from the fold)."""
+        per_node: dict[str, int] = {}
+        for placement in job.placements:
+            per_node[placement.node_id] = per_node.get(placement.node_id, 0) + len(placement.gpus)
+        gpus = tuple(sorted(per_node.items()))
+        self.open[(job.job_id, job.attempt)] = _Held(start=start, end=end, waiting=waiting, gpus=gpus)
+
+    def stopped(self, job_id: str, attempt: int, at: float) -> None:
+        """The attempt stopped at ``at`` (completed, or resized away)."""
+        held = self.open.pop((job_id, attempt), None)
+        if held is not None:
+            self.closed.append(self._hold(job_id, held, at))
+
+    def preempted(self, job_id: str, attempt: int) -> None:
+        """The attempt was asked to stop for a preemptor: it holds its GPUs until the next cycle."""
+        self._preempted.append((job_id, attempt))
+
+    def cycle_begins(self, at: float) -> None:
+        """A cycle at ``at``: the GPUs of the attempts preempted at the last one pass to their preemptors."""
+        for job_id, attempt in self._preempted:
+            self.stopped(job_id, attempt, at)
+        self._preempted.clear()
+
+    def _hold(self, job_id: str, held: _Held, end: float | None) -> Hold:
+        rank = self.rank.get(job_id) if held.waiting else None
+        return Hold(job_id=job_id, rank=rank, start=held.start, end=end, gpus=held.gpus, waiting=held.waiting)
+
+    def forecast(
+        self, seq: int, now: float, horizon_s: float, costs: tuple[tuple[float, float], ...]
+    ) -> Forecast:
+        """The holds so far, those still open ending when planned, and the run's ``costs``."""
+        still = [self._hold(job_id, held, held.end) for (job_id, _), held in self.open.items()]
+        holds = sorted([*self.closed, *still], key=lambda h: (h.start, h.job_id))
+        return Forecast(
+            seq=seq, now=now, horizon_s=horizon_s, nodes=dict(self.nodes), holds=tuple(holds), costs=costs
+        )
+
+
 class ForwardRun:
     """One run forward of a forked fold: who ends when, when each waiting job started, and how many
-    cycles it took (``cycles``)."""
+    cycles it took (``cycles``). ``record``: note what each job holds from when to when (``holds``)."""
 
     def __init__(
-        self, fork: ClusterState | ReadyFork, policy: SchedulingPolicy, runtime: Runtime, now: float
+        self,
+        fork: ClusterState | ReadyFork,
+        policy: SchedulingPolicy,
+        runtime: Runtime,
+        now: float,
+        *,
+        record: bool = False,
     ) -> None:
         self.side = fork.side if isinstance(fork, ReadyFork) else LiveSide.over(fork, policy)
         state = self.side.state
@@ -174,9 +264,14 @@ class ForwardRun:
         self.end_at: dict[str, float] = {}
         self.ends: list[tuple[float, str, int]] = []
         self.cycles = 0
+        self.costs: list[tuple[float, float]] = []  # (clock, wall seconds) of each step, by run_forward
+        self.holds = HoldRecorder(state) if record else None
         for job in sorted(state.active_jobs(), key=lambda j: j.job_id):
             began = job.started_at if job.started_at is not None else now
-            self._ends(job, max(now, began + runtime(job)))
+            end = max(now, began + runtime(job))
+            self._ends(job, end)
+            if self.holds is not None:
+                self.holds.began(job, began, end, waiting=False)
 
     def _ends(self, job: JobView, at: float) -> None:
         self.end_at[job.job_id] = at
@@ -184,6 +279,8 @@ class ForwardRun:
 
     def cycle(self, now: float) -> None:
         """The leader's cycle at ``now``, carried out at once; note the starts and when each will end."""
+        if self.holds is not None:
+            self.holds.cycle_begins(now)
         writes = self._decide(now)
         self.cycles += 1
         self.side.carry_out(writes, now)
@@ -193,9 +290,18 @@ class ForwardRun:
             if isinstance(event, GangBound):
                 if event.job_id in self.waiting:
                     self.starts.setdefault(event.job_id, now)
-                self._ends(jobs[event.job_id], now + self.runtime(jobs[event.job_id]))
+                job = jobs[event.job_id]
+                self._ends(job, now + self.runtime(job))
+                if self.holds is not None:
+                    self.holds.began(job, now, self.end_at[job.job_id], event.job_id in self.waiting)
             elif isinstance(event, GangResized):  # the same work on another size: it ends as it would
-                self._ends(jobs[event.job_id], self.end_at.get(event.job_id, now))
+                end = self.end_at.get(event.job_id, now)
+                self._ends(jobs[event.job_id], end)
+                if self.holds is not None:
+                    self.holds.stopped(event.job_id, event.attempt - 1, now)
+                    self.holds.began(jobs[event.job_id], now, end, event.job_id in self.waiting)
+            elif isinstance(event, PreemptionRequested) and self.holds is not None:
+                self.holds.preempted(event.job_id, event.attempt)
 
     def _decide(self, now: float) -> list[Write]:
         """The writes of ``LiveSide.cycle`` (admissions, then ``decide`` on the synced model) without its
@@ -209,7 +315,11 @@ class ForwardRun:
         decided = decide(
             side.policy, side.state, now, side.changes, epoch=side.epoch, admissions=admissions, reasons=False
         )
-        return admissions if decided is None else decided[1]
+        if decided is None:
+            return admissions
+        if self.holds is not None and self.cycles == 0:
+            self.holds.ranked(decided[0])
+        return decided[1]
 
     def settled(self, job_id: str) -> bool:
         """Whether ``job_id`` started in this run or can no longer start (gone, rejected, cancelled)."""
@@ -237,6 +347,8 @@ class ForwardRun:
             job = state.jobs[job_id]
             if job.attempt == attempt and job.state in ACTIVE:
                 self.side.append(JobCompleted(job_id=job_id, attempt=attempt, at=now))
+                if self.holds is not None:
+                    self.holds.stopped(job_id, attempt, now)
 
 
 def run_forward(
@@ -249,18 +361,24 @@ def run_forward(
     max_cycles: int = MAX_CYCLES,
     until: str | None = None,
     deadline: float | None = None,
+    record: bool = False,
 ) -> ForwardRun:
     """``state`` run forward until every job waiting in it started, or only until ``until`` did (or can
     no longer: rejected, cancelled), if every job runs ``runtime(job)`` seconds in all (for a running one,
     from its attempt's start); the run: when each started (``starts``), in how many ``cycles``. ``state``
     is used up: pass a copy (a ``ReadyFork`` runs with its own policy). ``deadline``: ``OutOfTime`` when
-    a cycle would begin after it."""
-    run = ForwardRun(state, policy, runtime, now)
+    a cycle would begin after it. ``record``: the run notes what each job holds (``ForwardRun.holds``)
+    and the wall seconds of each of its steps (``costs``)."""
+    began = time.perf_counter()
+    run = ForwardRun(state, policy, runtime, now, record=record)
+    run.costs.append((now, time.perf_counter() - began))
     t = now
     for _ in range(max_cycles):
         if deadline is not None and time.monotonic() > deadline:
             raise OutOfTime(f"no answer after {run.cycles} cycles, up to {t - now:.0f} s ahead")
+        began = time.perf_counter()
         run.cycle(t)
+        run.costs.append((t, time.perf_counter() - began))
         if run.settled(until) if until is not None else run.waiting <= run.starts.keys():
             break
         later = run.next_moment(t)
@@ -325,17 +443,69 @@ def predict(
     ``deadline`` (``time.monotonic``): ``OutOfTime`` when a run has not answered by then.
     The P90 run is made only where some job's P90 runtime differs from its P50 one on the P50 run's path;
     else it would be the same run (``_Runtimes``)."""
+    return _predict(
+        state, policy, estimator, now, learned_jobs=learned_jobs, horizon_s=horizon_s, max_cycles=max_cycles,
+        only=only, advance_clock=advance_clock, deadline=deadline, consume=consume, record=False,
+    )[0]  # fmt: skip
+
+
+class RefreshOptions(TypedDict, total=False):
+    """``predict``'s options a refresh sets (their defaults: none learned, ``HORIZON_S``, ``MAX_CYCLES``)."""
+
+    learned_jobs: int
+    horizon_s: float
+    max_cycles: int
+
+
+def predict_and_forecast(
+    state: ClusterState,
+    policy: SchedulingPolicy,
+    estimator: RuntimeEstimator,
+    now: float,
+    **options: Unpack[RefreshOptions],
+) -> tuple[Predictions, Forecast, Forecast]:
+    """A refresh's ``predict``, and what each job holds from when to when in its P50 run and in its P90
+    run (the same forecast twice where the P90 run is the P50 one): what a dry run is fitted into when
+    running its own fork would take too long (``profile.estimate_start``)."""
+    horizon_s = options.get("horizon_s", HORIZON_S)
+    predictions, runs = _predict(
+        state, policy, estimator, now, learned_jobs=options.get("learned_jobs", 0), horizon_s=horizon_s,
+        max_cycles=options.get("max_cycles", MAX_CYCLES), only=None, advance_clock=True, deadline=None,
+        consume=False, record=True,
+    )  # fmt: skip
+    forecasts = []
+    for run in (runs["p50"], runs["p90"]):
+        assert run.holds is not None
+        forecasts.append(run.holds.forecast(predictions.seq, now, horizon_s, tuple(run.costs)))
+    return predictions, forecasts[0], forecasts[1]
+
+
+def _predict(
+    state: ClusterState | ReadyFork,
+    policy: SchedulingPolicy,
+    estimator: RuntimeEstimator,
+    now: float,
+    *,
+    learned_jobs: int,
+    horizon_s: float,
+    max_cycles: int,
+    only: str | None,
+    advance_clock: bool,
+    deadline: float | None,
+    consume: bool,
+    record: bool,
+) -> tuple[Predictions, dict[str, ForwardRun]]:
     fold = state.side.state if isinstance(state, ReadyFork) else state
     seq = fold.last_seq
     waiting = [job for job in fold.pending_jobs() if only is None or job.job_id == only]
     given = isinstance(state, ReadyFork) or consume
     encoded = fold.encode()  # the copy of each run that needs one, taken before the given one runs
 
-    def run(fork: ClusterState | ReadyFork, runtime: _Runtimes) -> dict[str, float]:
+    def run(fork: ClusterState | ReadyFork, runtime: _Runtimes) -> ForwardRun:
         return run_forward(
             fork, _own(policy), runtime, now, horizon_s=horizon_s, max_cycles=max_cycles, until=only,
-            deadline=deadline,
-        ).starts  # fmt: skip
+            deadline=deadline, record=record,
+        )  # fmt: skip
 
     p50 = _Runtimes(estimator, now, "p50", advance_clock)
     runs = {"p50": run(state if given else ClusterState.decode(encoded), p50)}
@@ -344,8 +514,10 @@ def predict(
         if p50.differs
         else runs["p50"]
     )
+    starts = {quantile: forward.starts for quantile, forward in runs.items()}
     jobs = {
-        job.job_id: _start(job, runs, estimator.estimate(features_of(job), now, advance=advance_clock))
+        job.job_id: _start(job, starts, estimator.estimate(features_of(job), now, advance=advance_clock))
         for job in waiting
     }
-    return Predictions(seq=seq, now=now, horizon_s=horizon_s, learned_jobs=learned_jobs, jobs=jobs)
+    predictions = Predictions(seq=seq, now=now, horizon_s=horizon_s, learned_jobs=learned_jobs, jobs=jobs)
+    return predictions, runs

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shlex
 import time
 from collections.abc import Awaitable, Callable
 
@@ -41,12 +42,23 @@ from .live import (
     ReadyFork,
     learn,
     predict,
+    predict_and_forecast,
     runtime_of,
 )
-from .runtimes import RuntimeEstimator
+from .profile import Forecast, estimate_start
+from .runtimes import JobFeatures, RuntimeEstimator
 from .tracking import Accuracy, AccuracyTracker
 
-__all__ = ["DRY_RUN_BUDGET_S", "DRY_RUN_JOB", "Answer", "Predictor", "Settings", "policy_of"]
+__all__ = [
+    "DRY_RUN_BUDGET_S",
+    "DRY_RUN_EXACT_S",
+    "DRY_RUN_JOB",
+    "JOBS_AHEAD_HEADER",
+    "Answer",
+    "Predictor",
+    "Settings",
+    "policy_of",
+]
 
 #: The id a dry run's job takes in the fork (no real id has this form: they are ``j-`` and hex).
 DRY_RUN_JOB = "dry-run"
@@ -54,6 +66,14 @@ DRY_RUN_JOB = "dry-run"
 #: forward stops (``live.OutOfTime``) instead of running on for an answer nobody waits for any more, in
 #: the way of the next dry run.
 DRY_RUN_BUDGET_S = 1.5
+#: Once a refresh made a forecast, a dry run is first fitted into it (``profile.estimate_start``: ~0.1 s at
+#: 12,500 nodes); its own run forward is made too only where the refresh's run took at most this long to
+#: reach the estimated start (``Forecast.cost_until``), and the estimate answers if it is not done within
+#: this long either: a dry run whose job waits behind hundreds of ends still answers within a second.
+DRY_RUN_EXACT_S = 0.5
+#: The header of a dry run's question (``q.predictor.dryrun``) carrying the job's place in the policy's
+#: order at the API's cycle: the jobs ahead of it in a prediction fitted into the forecast.
+JOBS_AHEAD_HEADER = "Rally-Jobs-Ahead"
 
 _log = logging.getLogger("rallypoint.predictor")
 
@@ -96,9 +116,11 @@ class Predictor:
         horizon_s: float = HORIZON_S,
         max_cycles: int = MAX_CYCLES,
         dry_run_budget_s: float = DRY_RUN_BUDGET_S,
+        dry_run_exact_s: float = DRY_RUN_EXACT_S,
     ) -> None:
         self._state = state
         self.dry_run_budget_s = dry_run_budget_s
+        self.dry_run_exact_s = min(dry_run_exact_s, dry_run_budget_s)
         self._settings = settings
         self.horizon_s = horizon_s
         self.max_cycles = max_cycles
@@ -112,6 +134,9 @@ class Predictor:
         self.policy = SchedulingPolicy()
         self.refresh_s = 0.0
         self.latest: Predictions | None = None
+        # the last refresh's P50 and P90 runs: what each job holds from when to when (dry runs' fallback)
+        self.forecasts: tuple[Forecast, Forecast] | None = None
+        self.dry_runs_estimated = 0  # dry runs answered from the forecast
         self.encoded = self._encode()
         # one refresh at a time: the estimator's clock only moves forward, and refreshes take ``now`` from
         # the clock; dry runs one at a time too, beside a refresh (they leave the clock where it is): a dry
@@ -144,12 +169,13 @@ class Predictor:
             else:
                 self.tracker.completed(view.job_id, runtime)
 
-    async def _predict(self, fork: ClusterState, now: float | None) -> Predictions:
-        """A refresh's predictions for ``fork`` (a copy), computed off the event loop, one at a time."""
+    async def _predict(self, fork: ClusterState, now: float | None) -> tuple[Predictions, Forecast, Forecast]:
+        """A refresh's predictions for ``fork`` (a copy) and its runs' forecasts, computed off the event
+        loop, one at a time."""
         async with self._running:
             at = time.time() if now is None else now
             return await asyncio.to_thread(
-                predict,
+                predict_and_forecast,
                 fork,
                 self.policy,
                 self.estimator,
@@ -159,23 +185,77 @@ class Predictor:
                 max_cycles=self.max_cycles,
             )
 
-    async def dry_run(self, spec: JobSpec, now: float | None = None) -> PredictedStart:
+    async def dry_run(
+        self, spec: JobSpec, now: float | None = None, *, jobs_ahead: int | None = None
+    ) -> PredictedStart:
         """The predicted start of a job with ``spec`` if it were submitted now (``POST /v1/jobs?dry_run``):
         a fork with its submission folded in, run forward as a refresh is, until that job started. It reads
         the leader's settings as a refresh does (a dry run may come before the first refresh ends). Dry
         runs go one at a time, off the event loop (the fold is only encoded on it), beside a refresh under
         way, and leave the estimator's clock where it was. The fork is the one made ahead (``ReadyFork``)
         when the fold has not moved since; another is made for the next dry run once this one answered.
-        ``live.OutOfTime`` when it has no answer within ``dry_run_budget_s`` of the question."""
-        deadline = time.monotonic() + self.dry_run_budget_s
+        Once a refresh made a forecast, the job is first fitted into it (``basis`` ``forecast``;
+        ``profile.estimate_start``, behind the ``jobs_ahead`` waiting jobs the API's cycle ordered before
+        it, None: all), and that estimate answers unless the run forward is expected to reach the
+        estimated start within ``dry_run_exact_s`` and does. Without a forecast, ``live.OutOfTime`` when
+        the run forward has no answer within ``dry_run_budget_s`` of the question."""
+        asked = time.monotonic()
         policy = policy_of(await self._settings())
         at = time.time() if now is None else now
+        forecasts = self.forecasts
+        estimated = None
+        if forecasts is not None:
+            estimated = await asyncio.to_thread(self._estimate, forecasts, spec, at, jobs_ahead)
+            if estimated is not None and forecasts[0].cost_until(estimated.p50) > self.dry_run_exact_s:
+                self.dry_runs_estimated += 1
+                return estimated
+        budget = self.dry_run_budget_s if estimated is None else self.dry_run_exact_s
         try:
             async with self._dry_running:
                 fork = self._take_ready(policy) or self._state().encode()
-                return await asyncio.to_thread(self._dry_run, fork, spec, policy, at, deadline)
+                return await asyncio.to_thread(self._dry_run, fork, spec, policy, at, asked + budget)
+        except OutOfTime:
+            if estimated is None:
+                raise
+            self.dry_runs_estimated += 1
+            return estimated
         finally:
             self.prepare(policy, at)
+
+    def _estimate(
+        self, forecasts: tuple[Forecast, Forecast], spec: JobSpec, at: float, jobs_ahead: int | None
+    ) -> PredictedStart | None:
+        """``spec``'s start fitted into the last refresh's P50 and P90 forecasts; None for a job the
+        forecast cannot fit (a fraction or a MIG slice of a GPU)."""
+        if spec.gpu_milli is not None or spec.gpu_memory_mib is not None or spec.mig_profile is not None:
+            return None
+        runtime = self.estimator.estimate(_features(spec), at, advance=False)
+        types = spec.gpu_types or ((spec.gpu_type,) if spec.gpu_type is not None else None)
+        limit = None if spec.time_limit_s is None else float(spec.time_limit_s)
+        p50, p90 = (
+            estimate_start(
+                f,
+                gpus=spec.gpus,
+                gpus_per_task=spec.gpus_per_task,
+                gpu_types=types,
+                jobs_ahead=jobs_ahead,
+                limit_s=limit,
+                now=at,
+            )
+            for f in forecasts
+        )
+        if p50 is not None and p90 is not None:
+            p90 = max(p50, p90)
+        start = PredictedStart(
+            p50=p50,
+            p90=p90,
+            runtime_p50_s=runtime.p50,
+            runtime_key=runtime.key,
+            basis="forecast",
+            forecast_seq=forecasts[0].seq,
+            forecast_at=forecasts[0].now,
+        )
+        return self._calibrated(start, at)
 
     def _take_ready(self, policy: SchedulingPolicy) -> ReadyFork | None:
         """The fork made ahead, if it is of the fold as it is now and of ``policy``; used up either way."""
@@ -241,8 +321,9 @@ class Predictor:
         self.policy = policy_of(await self._settings())
         fork = ClusterState.decode(self._state().encode())
         began = time.perf_counter()
-        run = await self._predict(fork, now)
+        run, forecast_p50, forecast_p90 = await self._predict(fork, now)
         self.refresh_s = time.perf_counter() - began
+        self.forecasts = (forecast_p50, forecast_p90)
         self.calibrator.calibrate(run.now)
         for job_id, start in run.jobs.items():
             self.calibrator.predicted(job_id, run.now, start.p90)
@@ -264,3 +345,16 @@ class Predictor:
             shares=accuracy.shares(),
         )
         return msgspec.json.encode(answer)
+
+
+def _features(spec: JobSpec) -> JobFeatures:
+    """What the estimator keys a dry run's job on (``live.features_of`` for a job not in the fold)."""
+    return JobFeatures(
+        team=spec.team,
+        gpus=spec.gpus,
+        job_id=DRY_RUN_JOB,
+        name=spec.name,
+        command=shlex.join(spec.command),
+        priority_class=spec.priority,
+        time_limit_s=None if spec.time_limit_s is None else float(spec.time_limit_s),
+    )

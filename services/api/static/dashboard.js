@@ -300,8 +300,9 @@ function queueTable(pending) {
 // A waiting job's predicted start (docs/prediction.md): "in 12m (p90 40m)", as `rally jobs` shows it.
 function startText(predicted, now) {
   if (!predicted) return "—";
-  if (predicted.status === "predicted") {
-    const p50 = predicted.p50 <= now ? "now" : `in ${duration(predicted.p50 - now)}`;
+  if (predicted.status === "predicted" || predicted.status === "estimated") {
+    const rough = predicted.status === "estimated" ? "~" : "";
+    const p50 = rough + (predicted.p50 <= now ? "now" : `in ${duration(predicted.p50 - now)}`);
     const p90 = predicted.p90 !== null && predicted.p90 > predicted.p50
       ? ` (p90 ${predicted.p90 <= now ? "now" : duration(predicted.p90 - now)})` : "";
     return p50 + p90;
