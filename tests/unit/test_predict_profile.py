@@ -8,14 +8,17 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
+import pytest
 from test_predict_live import T0, busy_cluster, spec
 
 from rallypoint.events import JobSpec, JobSubmitted
-from rallypoint.predict import RuntimeEstimator
+from rallypoint.predict import RuntimeEstimator, refresh
 from rallypoint.predict.live import PredictedStart, predict, predict_and_forecast
 from rallypoint.predict.profile import Forecast, Hold, estimate_start
 from rallypoint.predict.refresh import DRY_RUN_JOB, Predictor
 from rallypoint.scheduling import SchedulingPolicy
+from rallypoint.sim.cluster import Cluster, Node
+from rallypoint.sim.twin import LiveSide
 from rallypoint.state import ClusterState
 
 HOUR = 3600.0
@@ -146,3 +149,46 @@ def exact_start(state: ClusterState, job: JobSpec, at: float) -> float | None:
     fork.apply(fork.last_seq + 1, JobSubmitted(job_id=DRY_RUN_JOB, spec=job, submitted_at=at))
     found = predict(fork, SchedulingPolicy(), RuntimeEstimator(), at, only=DRY_RUN_JOB, advance_clock=False)
     return found.jobs[DRY_RUN_JOB].p50
+
+
+def test_a_refresh_with_nothing_waiting_makes_no_fork_and_no_forecast(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    side = LiveSide(Cluster(nodes=(Node(id="n0", rack="r0", gpus=8),)), SchedulingPolicy("fifo"))
+    side.append(JobSubmitted(job_id="only", spec=spec("only", 8), submitted_at=T0))
+    side.carry_out(side.cycle(T0).writes, T0)
+    assert not side.state.pending_jobs()
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("nothing waits: nothing to run forward")
+
+    monkeypatch.setattr(refresh, "predict_and_forecast", never)
+
+    async def no_settings() -> None:
+        return None
+
+    predictor = Predictor(lambda: side.state, no_settings)
+    predictions = asyncio.run(predictor.refresh(now=T0 + 60))
+    assert predictions.jobs == {} and predictions.seq == side.state.last_seq and predictor.forecasts is None
+
+
+def test_a_refresh_makes_the_next_dry_runs_fork_ahead_only_while_dry_runs_are_asked() -> None:
+    state = busy_cluster()
+
+    async def no_settings() -> None:
+        return None
+
+    predictor = Predictor(lambda: state, no_settings)
+
+    async def refresh_dry_run_refresh() -> tuple[bool, bool]:
+        await predictor.refresh(now=T0 + 60)
+        quiet = predictor._preparing is None  # nobody asked for a dry run: no fork made ahead
+        await predictor.dry_run(spec("next", 8), now=T0 + 70)
+        await predictor.preparing()
+        predictor._ready = None
+        await predictor.refresh(now=T0 + 80)
+        await predictor.preparing()
+        return quiet, predictor._ready is not None
+
+    quiet, made = asyncio.run(refresh_dry_run_refresh())
+    assert quiet and made
