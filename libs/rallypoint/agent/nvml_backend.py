@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 from rallypoint.agent.backend import MIB, GpuDevice, MigUnavailable
 from rallypoint.agent.nics import SYSFS, read_nics
+from rallypoint.agent.nvml_mig import make_mig_device
 from rallypoint.protocol import GpuSample, NicSample
 
 _log = logging.getLogger(__name__)
@@ -173,11 +174,18 @@ class NvmlGpus:
         return 1.0
 
     def mig_device(self, index: int, profile: str, start: int) -> str:
-        """Not yet: creating a GPU instance needs root and a MIG-mode GPU, and this path has not run on
-        one (docs/sharing.md, "MIG"); the launch fails with the reason rather than running unconfined."""
-        raise MigUnavailable(
-            f"the NVML backend does not create MIG instances yet ({profile} at slice {start} of GPU {index})"
-        )
+        """The MIG device of ``profile`` at memory slice ``start`` of GPU ``index``, its GPU and compute
+        instances made (and idle overlapping ones destroyed) if they are not there (``nvml_mig``); the
+        launch fails with NVML's reason rather than running unconfined (``MigUnavailable``)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("NvmlGpus is closed")
+            if not 0 <= index < len(self._handles):
+                raise MigUnavailable(f"this node has no GPU {index}")
+            handle = self._handles[index]
+            if not _mig_enabled(self._nvml, handle):
+                raise MigUnavailable(f"GPU {index} is not in MIG mode")
+            return make_mig_device(self._nvml, handle, profile, start)
 
     def close(self) -> None:
         with self._lock:
