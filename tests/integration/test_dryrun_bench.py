@@ -53,6 +53,9 @@ def test_after_a_refresh_a_dry_run_past_its_exact_budget_is_fitted_into_the_fore
     forecast = figures["with_forecast"]  # one refresh of the predictor first, then no exact budget
     assert forecast["dry_runs"] == 8 and forecast["refresh_s"] > 0 and forecast["refresh_predicted"] > 0
     assert forecast["estimated"] == 8 and forecast["unavailable"] == 0 and forecast["predicted"] == 0
+    during = forecast["during_refresh"]  # the same dry runs while the next refresh runs beside them
+    assert during["estimated"] == 8 and during["unavailable"] == 0
+    assert 0 < during["p50_ms"] <= during["max_ms"]
     shapes = forecast["by_shape"]
     # the forecast's starts: later for the larger gangs, as the runs forward found them
     assert 0 < shapes["8_gpus"]["p50_wait_s"] < shapes["1024_gpus"]["p50_wait_s"]

@@ -6,6 +6,7 @@ whole runtime, behind the jobs ahead of it and before those of a lower class."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import msgspec
 import pytest
@@ -13,7 +14,7 @@ from test_predict_live import T0, busy_cluster, spec
 
 from rallypoint.events import JobSpec, JobSubmitted
 from rallypoint.predict import RuntimeEstimator, refresh
-from rallypoint.predict.live import PredictedStart, predict, predict_and_forecast
+from rallypoint.predict.live import PredictedStart, predict, predict_and_forecast, run_forward
 from rallypoint.predict.profile import Forecast, Hold, estimate_start
 from rallypoint.predict.refresh import DRY_RUN_JOB, Predictor
 from rallypoint.scheduling import SchedulingPolicy
@@ -192,3 +193,44 @@ def test_a_refresh_makes_the_next_dry_runs_fork_ahead_only_while_dry_runs_are_as
 
     quiet, made = asyncio.run(refresh_dry_run_refresh())
     assert quiet and made
+
+
+def test_a_refresh_waits_between_its_cycles_while_a_dry_run_is_answered() -> None:
+    state = busy_cluster()
+
+    async def no_settings() -> None:
+        return None
+
+    predictor = Predictor(lambda: state, no_settings)
+    gate = predictor._dry_gate = _PausingGate()
+
+    async def refresh_held() -> bool:
+        gate.clear()  # as a dry run under way does
+        refreshing = asyncio.create_task(predictor.refresh(now=T0 + 60))
+        assert await asyncio.to_thread(gate.reached.wait, 30)
+        held = not refreshing.done()
+        gate.set()  # the dry run answered
+        await asyncio.wait_for(refreshing, 30)
+        return held
+
+    assert asyncio.run(refresh_held()) and predictor.forecasts is not None
+
+
+class _PausingGate(threading.Event):
+    """The dry-run gate, noting (``reached``) when a run forward came to wait on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set()
+        self.reached = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.reached.set()
+        return super().wait(timeout)
+
+
+def test_a_run_forward_pauses_before_its_set_up_and_each_of_its_cycles() -> None:
+    paused: list[int] = []
+    policy = SchedulingPolicy("fifo")
+    run = run_forward(busy_cluster(), policy, lambda job: HOUR, T0 + 60, pause=lambda: paused.append(1))
+    assert len(paused) == 1 + run.cycles and run.cycles > 1  # before its set-up, then before each cycle

@@ -19,7 +19,8 @@ periodic refresh runs, and each dry run waits until the predictor finished the l
 next one's fork ahead (``ready_forks``: how many ran from such a fork). ``with_forecast``: the same
 again after one refresh of the predictor (``refresh_s``; minutes at the default size), so that a dry run
 whose own run forward is not done within ``DRY_RUN_EXACT_S`` is fitted into the refresh's forecast
-(``estimated``, ``predict.profile``). ``appended`` is how far the log moved over all the dry runs: 0.
+(``estimated``, ``predict.profile``), and again while the predictor's next refresh runs beside them
+(``with_forecast.during_refresh``). ``appended`` is how far the log moved over all the dry runs: 0.
 
 ``--exact-budget S`` gives their own runs forward another share of it than ``DRY_RUN_EXACT_S`` (0: every
 dry run after the refresh is fitted into its forecast). ``--predictor-budget S`` gives the predictor's dry
@@ -313,6 +314,9 @@ async def _with_prediction(
     subscriptions = await answer_queries(log.nc, predictor)
     try:
         took, answers = await _time_dry_runs(url, token, runs, predictor)
+        own = list(predictor.took)  # the predictor's time for these, not those during the refresh below
+        if refresh:
+            refreshed["during_refresh"] = await _during_refresh(predictor, url, token, runs)
     finally:
         for subscription in subscriptions:
             await subscription.unsubscribe()
@@ -331,12 +335,32 @@ async def _with_prediction(
         "dry_runs": len(took),
         **_latency(took),
         # the predictor's own time per dry run (fork, both runs forward), also where the API gave up at 2 s
-        "predictor": _latency(predictor.took),
+        "predictor": _latency(own),
         # dry runs that ran from the fork made ahead of them (the first makes its own)
         "ready_forks": predictor.ready_taken,
         **refreshed,
         **{status: statuses.count(status) for status in STATUSES},
         "by_shape": by_shape,
+    }
+
+
+async def _during_refresh(predictor: _TimedPredictor, url: str, token: str, runs: int) -> dict[str, Any]:
+    """The same dry runs while the predictor's next refresh runs beside them (as it does most of the time
+    on a large queue: a refresh of 10,000 waiting jobs takes about a minute): they are fitted into the last
+    forecast, the refresh's run forward waiting between its cycles while one is answered
+    (``Predictor._dry_gate``). Here the API shares the predictor's process, unlike in a deployment.
+    ``overlapped``: the refresh was still running when the last dry run answered."""
+    refreshing = asyncio.ensure_future(predictor.refresh())
+    first = len(predictor.took)
+    took, answers = await _time_dry_runs(url, token, runs, predictor)
+    overlapped = not refreshing.done()
+    await refreshing
+    statuses = [(a["predicted_start"] or {}).get("status", "none") for a in answers]
+    return {
+        **_latency(took),
+        "predictor": _latency(predictor.took[first:]),
+        "overlapped": overlapped,
+        **{status: statuses.count(status) for status in STATUSES},
     }
 
 

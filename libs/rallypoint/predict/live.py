@@ -362,13 +362,17 @@ def run_forward(
     until: str | None = None,
     deadline: float | None = None,
     record: bool = False,
+    pause: Callable[[], object] | None = None,
 ) -> ForwardRun:
     """``state`` run forward until every job waiting in it started, or only until ``until`` did (or can
     no longer: rejected, cancelled), if every job runs ``runtime(job)`` seconds in all (for a running one,
     from its attempt's start); the run: when each started (``starts``), in how many ``cycles``. ``state``
     is used up: pass a copy (a ``ReadyFork`` runs with its own policy). ``deadline``: ``OutOfTime`` when
     a cycle would begin after it. ``record``: the run notes what each job holds (``ForwardRun.holds``)
-    and the wall seconds of each of its steps (``costs``)."""
+    and the wall seconds of each of its steps (``costs``). ``pause``: called before each cycle, to wait
+    there while something more urgent runs (a refresh gives way to a dry run)."""
+    if pause is not None:
+        pause()
     began = time.perf_counter()
     run = ForwardRun(state, policy, runtime, now, record=record)
     run.costs.append((now, time.perf_counter() - began))
@@ -376,6 +380,8 @@ def run_forward(
     for _ in range(max_cycles):
         if deadline is not None and time.monotonic() > deadline:
             raise OutOfTime(f"no answer after {run.cycles} cycles, up to {t - now:.0f} s ahead")
+        if pause is not None:
+            pause()
         began = time.perf_counter()
         run.cycle(t)
         run.costs.append((t, time.perf_counter() - began))
@@ -445,7 +451,7 @@ def predict(
     else it would be the same run (``_Runtimes``)."""
     return _predict(
         state, policy, estimator, now, learned_jobs=learned_jobs, horizon_s=horizon_s, max_cycles=max_cycles,
-        only=only, advance_clock=advance_clock, deadline=deadline, consume=consume, record=False,
+        only=only, advance_clock=advance_clock, deadline=deadline, consume=consume, record=False, pause=None,
     )[0]  # fmt: skip
 
 
@@ -455,6 +461,7 @@ class RefreshOptions(TypedDict, total=False):
     learned_jobs: int
     horizon_s: float
     max_cycles: int
+    pause: Callable[[], object]
 
 
 def predict_and_forecast(
@@ -471,7 +478,7 @@ def predict_and_forecast(
     predictions, runs = _predict(
         state, policy, estimator, now, learned_jobs=options.get("learned_jobs", 0), horizon_s=horizon_s,
         max_cycles=options.get("max_cycles", MAX_CYCLES), only=None, advance_clock=True, deadline=None,
-        consume=False, record=True,
+        consume=False, record=True, pause=options.get("pause"),
     )  # fmt: skip
     forecasts = []
     for run in (runs["p50"], runs["p90"]):
@@ -494,26 +501,30 @@ def _predict(
     deadline: float | None,
     consume: bool,
     record: bool,
+    pause: Callable[[], object] | None,
 ) -> tuple[Predictions, dict[str, ForwardRun]]:
     fold = state.side.state if isinstance(state, ReadyFork) else state
     seq = fold.last_seq
     waiting = [job for job in fold.pending_jobs() if only is None or job.job_id == only]
     given = isinstance(state, ReadyFork) or consume
+    if pause is not None:
+        pause()
     encoded = fold.encode()  # the copy of each run that needs one, taken before the given one runs
 
     def run(fork: ClusterState | ReadyFork, runtime: _Runtimes) -> ForwardRun:
         return run_forward(
             fork, _own(policy), runtime, now, horizon_s=horizon_s, max_cycles=max_cycles, until=only,
-            deadline=deadline, record=record,
+            deadline=deadline, record=record, pause=pause,
         )  # fmt: skip
 
+    def fork() -> ClusterState:
+        if pause is not None:
+            pause()
+        return ClusterState.decode(encoded)
+
     p50 = _Runtimes(estimator, now, "p50", advance_clock)
-    runs = {"p50": run(state if given else ClusterState.decode(encoded), p50)}
-    runs["p90"] = (
-        run(ClusterState.decode(encoded), _Runtimes(estimator, now, "p90", advance_clock))
-        if p50.differs
-        else runs["p50"]
-    )
+    runs = {"p50": run(state if given else fork(), p50)}
+    runs["p90"] = run(fork(), _Runtimes(estimator, now, "p90", advance_clock)) if p50.differs else runs["p50"]
     starts = {quantile: forward.starts for quantile, forward in runs.items()}
     jobs = {
         job.job_id: _start(job, starts, estimator.estimate(features_of(job), now, advance=advance_clock))

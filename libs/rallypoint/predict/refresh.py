@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shlex
+import threading
 import time
 from collections.abc import Awaitable, Callable
 
@@ -151,6 +152,10 @@ class Predictor:
         self._preparing: asyncio.Task[None] | None = None
         self.ready_taken = 0  # dry runs that ran from a fork made ahead
         self._dry_run_asked_at: float | None = None  # time.monotonic() of the last dry run asked
+        # open (set) unless a dry run is being answered: a refresh's run forward waits on it between cycles
+        self._dry_gate = threading.Event()
+        self._dry_gate.set()
+        self._dry_runs_now = 0
 
     def observe(self, job_ids: set[str] | None) -> None:
         """Learn from the jobs ``job_ids`` (None: all of them) as the fold has them now."""
@@ -174,21 +179,27 @@ class Predictor:
             else:
                 self.tracker.completed(view.job_id, runtime)
 
-    async def _predict(self, fork: ClusterState, now: float | None) -> tuple[Predictions, Forecast, Forecast]:
-        """A refresh's predictions for ``fork`` (a copy) and its runs' forecasts, computed off the event
-        loop, one at a time."""
+    async def _predict(self, encoded: bytes, now: float | None) -> tuple[Predictions, Forecast, Forecast]:
+        """A refresh's predictions for the fold ``encoded`` and its runs' forecasts, decoded and computed
+        off the event loop, one at a time. Its run forward waits before each cycle while a dry run is
+        being answered (``_dry_gate``): on a large queue a refresh runs most of the time, and a dry run
+        sharing the interpreter with it would take twice as long."""
         async with self._running:
             at = time.time() if now is None else now
-            return await asyncio.to_thread(
-                predict_and_forecast,
-                fork,
-                self.policy,
-                self.estimator,
-                at,
-                learned_jobs=self.learned,
-                horizon_s=self.horizon_s,
-                max_cycles=self.max_cycles,
-            )
+            return await asyncio.to_thread(self._refresh_run, encoded, at)
+
+    def _refresh_run(self, encoded: bytes, at: float) -> tuple[Predictions, Forecast, Forecast]:
+        self._dry_gate.wait()
+        return predict_and_forecast(
+            ClusterState.decode(encoded),
+            self.policy,
+            self.estimator,
+            at,
+            learned_jobs=self.learned,
+            horizon_s=self.horizon_s,
+            max_cycles=self.max_cycles,
+            pause=self._dry_gate.wait,
+        )
 
     async def dry_run(
         self, spec: JobSpec, now: float | None = None, *, jobs_ahead: int | None = None
@@ -205,6 +216,18 @@ class Predictor:
         estimated start within ``dry_run_exact_s`` and does. Without a forecast, ``live.OutOfTime`` when
         the run forward has no answer within ``dry_run_budget_s`` of the question."""
         asked = self._dry_run_asked_at = time.monotonic()
+        self._dry_runs_now += 1
+        self._dry_gate.clear()
+        try:
+            return await self._answer_dry_run(spec, now, jobs_ahead, asked)
+        finally:
+            self._dry_runs_now -= 1
+            if not self._dry_runs_now:
+                self._dry_gate.set()
+
+    async def _answer_dry_run(
+        self, spec: JobSpec, now: float | None, jobs_ahead: int | None, asked: float
+    ) -> PredictedStart:
         policy = policy_of(await self._settings())
         at = time.time() if now is None else now
         forecasts = self.forecasts
@@ -330,8 +353,7 @@ class Predictor:
         state = self._state()
         began = time.perf_counter()
         if state.pending_jobs():
-            fork = ClusterState.decode(state.encode())
-            run, forecast_p50, forecast_p90 = await self._predict(fork, now)
+            run, forecast_p50, forecast_p90 = await self._predict(state.encode(), now)
             self.forecasts = (forecast_p50, forecast_p90)
         else:
             at = time.time() if now is None else now
