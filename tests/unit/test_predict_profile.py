@@ -195,7 +195,10 @@ def test_a_refresh_makes_the_next_dry_runs_fork_ahead_only_while_dry_runs_are_as
     assert quiet and made
 
 
-def test_a_refresh_waits_between_its_cycles_while_a_dry_run_is_answered() -> None:
+def test_a_refresh_waits_between_its_cycles_while_a_dry_run_is_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(refresh, "GIVE_WAY_S", 60.0)  # longer than the test: it waits until the gate opens
     state = busy_cluster()
 
     async def no_settings() -> None:
@@ -234,3 +237,16 @@ def test_a_run_forward_pauses_before_its_set_up_and_each_of_its_cycles() -> None
     policy = SchedulingPolicy("fifo")
     run = run_forward(busy_cluster(), policy, lambda job: HOUR, T0 + 60, pause=lambda: paused.append(1))
     assert len(paused) == 1 + run.cycles and run.cycles > 1  # before its set-up, then before each cycle
+
+
+def test_dry_runs_one_after_another_never_stop_a_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(refresh, "GIVE_WAY_S", 0.01)
+    state = busy_cluster()
+
+    async def no_settings() -> None:
+        return None
+
+    predictor = Predictor(lambda: state, no_settings)
+    predictor._dry_gate.clear()  # a dry run under way the whole time
+    predictions = asyncio.run(asyncio.wait_for(predictor.refresh(now=T0 + 60), 60))
+    assert set(predictions.jobs) == {"gang", "single"}

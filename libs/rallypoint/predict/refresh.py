@@ -76,6 +76,8 @@ DRY_RUN_EXACT_S = 0.5
 #: The header of a dry run's question (``q.predictor.dryrun``) carrying the job's place in the policy's
 #: order at the API's cycle: the jobs ahead of it in a prediction fitted into the forecast.
 JOBS_AHEAD_HEADER = "Rally-Jobs-Ahead"
+#: The longest a refresh's run forward waits at one point for a dry run to be answered (``_dry_gate``).
+GIVE_WAY_S = 1.0
 #: A refresh makes the next dry run's fork ahead only while dry runs are being asked: within this long of
 #: the last one (the first after a quiet spell forks the fold itself, then the next ones are ready).
 DRY_RUN_DEMAND_S = 600.0
@@ -188,8 +190,13 @@ class Predictor:
             at = time.time() if now is None else now
             return await asyncio.to_thread(self._refresh_run, encoded, at)
 
+    def _give_way(self) -> None:
+        """Wait while a dry run is being answered, but at most ``GIVE_WAY_S`` at each point: dry runs
+        coming one after another never stop a refresh."""
+        self._dry_gate.wait(GIVE_WAY_S)
+
     def _refresh_run(self, encoded: bytes, at: float) -> tuple[Predictions, Forecast, Forecast]:
-        self._dry_gate.wait()
+        self._give_way()
         return predict_and_forecast(
             ClusterState.decode(encoded),
             self.policy,
@@ -198,7 +205,7 @@ class Predictor:
             learned_jobs=self.learned,
             horizon_s=self.horizon_s,
             max_cycles=self.max_cycles,
-            pause=self._dry_gate.wait,
+            pause=self._give_way,
         )
 
     async def dry_run(
