@@ -129,5 +129,8 @@ def test_waiting_jobs_are_predicted_to_start_when_the_jobs_ahead_end_and_do(
 
     scored = 'rally_prediction_accuracy{measure="within_1min"}'
     wait_until(lambda: scored in metrics_text(cluster.metrics_urls()["predictor"]), "the starts scored")
+    # no dry run was asked: none answered from a forecast
+    exported = metrics_text(cluster.metrics_urls()["predictor"])
+    assert "rally_prediction_dry_runs_estimated_total 0.0" in exported
     summary = rally(cluster, monkeypatch, "predictions")
     assert "under rallypoint" in summary and "start within 1 min of its P50" in summary, summary
