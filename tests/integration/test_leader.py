@@ -179,3 +179,39 @@ async def test_a_service_with_a_health_port_answers_healthz(
     assert response.status == 200 and body["status"] == "ok" and body["service"] == "probe"
     stop.set()
     assert await asyncio.wait_for(running, 15) == 0
+
+
+async def test_resign_ends_a_renewer_that_swallowed_its_cancellation(
+    js: nats.js.JetStreamContext, request: pytest.FixtureRequest
+) -> None:
+    """Python 3.11's asyncio.wait_for (under nats-py's request) can swallow a cancellation that lands as
+    its answer arrives; a renewer that did so went on renewing, and resign() awaited it forever."""
+    bucket = bucket_name(request)
+    a = await LeaderLease.open(js, holder="a", bucket=bucket, ttl=TTL)
+    b = await LeaderLease.open(js, holder="b", bucket=bucket, ttl=TTL)
+    renewing = asyncio.Event()
+    real_renew = a.renew
+
+    async def renew_swallowing_cancellation() -> bool:
+        renewing.set()
+        try:
+            await asyncio.sleep(10 * TTL)  # a renewal under way when resign() cancels the renewer
+        except asyncio.CancelledError:
+            return await real_renew()  # swallowed: as if the answer had arrived with the cancellation
+        return await real_renew()
+
+    try:
+        assert await a.try_acquire()
+        a.renew = renew_swallowing_cancellation  # type: ignore[method-assign]
+        await asyncio.wait_for(renewing.wait(), 5 * TTL)
+        renewer = a._renewer
+        started = time.monotonic()
+        await asyncio.wait_for(a.resign(), 5 * TTL)
+        assert time.monotonic() - started < 2 * TTL  # it waits one TTL at most, not until cancelled
+        assert renewer is not None
+        await asyncio.wait_for(asyncio.wait({renewer}), 3 * TTL)  # and the renewer stopped renewing
+        assert await asyncio.wait_for(b.campaign(poll=0.05), 4 * TTL) is not None
+    finally:
+        await a.resign()
+        await b.resign()
+        await js.delete_key_value(bucket)

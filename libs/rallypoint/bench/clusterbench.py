@@ -482,6 +482,7 @@ async def _drive(cluster: LocalCluster, fleets: FleetSet, cfg: BenchConfig) -> d
         out |= _false_alarms(watch, set(fleets.silenced), out.pop("silence_started"), ready)
         out["log_events"] = watch.last_seq
         out["logwatch_resubscribed"] = watch.resubscribed  # the bench's own reader skipped and read again
+        out["logwatch_stalled"] = watch.stalled  # of those: it had stopped reading
         return out
     finally:
         await watch.stop()

@@ -11,11 +11,13 @@ decisions share ``at``, the cycle's start) the first decision's store time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -35,6 +37,11 @@ from rallypoint.events import (
 from rallypoint.events.codec import decode
 
 STREAM = "RALLY"
+#: How often the watchdog looks, and how long the reader may make no progress while the stream has more
+#: before it is opened again (nats-py's ordered consumer was seen stalling for minutes on a loaded
+#: three-server cluster, its own reset slow to come).
+WATCHDOG_S = 1.0
+STALL_S = 3.0
 
 
 @dataclass
@@ -69,10 +76,18 @@ class LogWatch:
     last_seq: int = 0
     #: times the subscription skipped a sequence and was opened again after the last one seen
     resubscribed: int = 0
+    #: of those, times it made no progress for ``STALL_S`` while the stream had more (``_watchdog``)
+    stalled: int = 0
     _sub: object | None = None
     _reopening: asyncio.Task[None] | None = None
+    _watching: asyncio.Task[None] | None = None
 
     async def start(self, from_seq: int = 1) -> None:
+        await self._open(from_seq)
+        if self._watching is None:
+            self._watching = asyncio.create_task(self._watchdog())
+
+    async def _open(self, from_seq: int) -> None:
         js = self.nc.jetstream()
         # every sequence in order or none: a skipped one (GUIDE: nats-py's ordered consumer may skip
         # silently; seen on a three-server cluster under load) would leave a job "never started" here
@@ -95,10 +110,37 @@ class LogWatch:
             self._reopening = asyncio.create_task(self._resubscribe())
 
     async def _resubscribe(self) -> None:
-        await self.stop()
-        await self.start(self.last_seq + 1)
+        await self._close()
+        await self._open(self.last_seq + 1)
+
+    async def _watchdog(self) -> None:
+        """Open the subscription again when it makes no progress for ``STALL_S`` while the stream holds
+        events past the last one read."""
+        js = self.nc.jetstream()
+        seen, since = self.last_seq, time.monotonic()
+        while True:
+            await asyncio.sleep(WATCHDOG_S)
+            if self.last_seq != seen:
+                seen, since = self.last_seq, time.monotonic()
+                continue
+            try:
+                stored = (await js.stream_info(STREAM)).state.last_seq
+            except (nats.errors.Error, TimeoutError):
+                continue
+            if stored > self.last_seq and time.monotonic() - since >= STALL_S:
+                self.stalled += 1
+                self._reopen()
+                since = time.monotonic()
 
     async def stop(self) -> None:
+        if self._watching is not None:
+            self._watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watching
+            self._watching = None
+        await self._close()
+
+    async def _close(self) -> None:
         if self._sub is not None:
             await self._sub.unsubscribe()  # type: ignore[attr-defined]
             self._sub = None

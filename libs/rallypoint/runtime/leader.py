@@ -71,6 +71,12 @@ class LeaderLease:
         self._revision: int | None = None
         self._last_renewed = 0.0
         self._renewer: asyncio.Task[None] | None = None
+        # Set when the renewals must stop (resign, abandon): the renewer checks it as well as being
+        # cancelled, since Python 3.11's asyncio.wait_for (under nats-py's request) can swallow a
+        # cancellation that lands as its answer arrives, and a renewer that went on renewing kept a
+        # released partition's lease alive forever, its owner's round stuck awaiting it (seen on a loaded
+        # three-server cluster: half of a job controller's partitions owned by nobody)
+        self._renewing = False
 
     @classmethod
     async def open(
@@ -125,6 +131,7 @@ class LeaderLease:
         self.epoch = revision
         self._last_renewed = started
         self.lost = asyncio.Event()
+        self._renewing = True
         self._renewer = asyncio.create_task(self._renew_loop(), name=f"lease-{self.key}-{self.holder}")
         _log.info("won lease %s as %s (epoch %d)", self.key, self.holder, revision)
         return True
@@ -184,8 +191,10 @@ class LeaderLease:
 
     async def _renew_loop(self) -> None:
         period = self.ttl / 3
-        while not self.lost.is_set():
+        while not self.lost.is_set() and self._renewing:
             await asyncio.sleep(period)
+            if not self._renewing:
+                return
             try:
                 await self.renew()
             except _NO_ANSWER as exc:
@@ -202,19 +211,23 @@ class LeaderLease:
 
     def abandon(self) -> None:
         """Stop renewing without deleting the key (what a crash looks like; for tests and shutdown)."""
+        self._renewing = False
         if self._renewer is not None:
             self._renewer.cancel()
             self._renewer = None
         self._mark_lost("abandoned")
 
     async def resign(self) -> None:
-        """Stop renewing and delete the key if it is still ours, so a successor need not wait the TTL."""
+        """Stop renewing and delete the key if it is still ours, so a successor need not wait the TTL.
+        The renewer is waited for at most one TTL: one that swallowed its cancellation ends at its next
+        round (``_renewing``), and the key is deleted regardless."""
         revision = self._revision
         was_leader = self.is_leader
+        self._renewing = False
         if self._renewer is not None:
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._renewer
+                await asyncio.wait({self._renewer}, timeout=self.ttl)
             self._renewer = None
         if was_leader:
             self._mark_lost("resigned", logging.INFO)  # asked for: a partitioned service gives up dozens
