@@ -67,6 +67,7 @@ __all__ = [
     "predict",
     "predict_and_forecast",
     "run_forward",
+    "spec_features",
 ]
 
 #: How far ahead a prediction is made, and how many cycles a run may take to get there.
@@ -105,11 +106,15 @@ class Predictions(msgspec.Struct, frozen=True, kw_only=True):
 
 def features_of(job: JobView) -> JobFeatures:
     """What the estimator keys a live job's runtime on: its team, size, name, command, class and limit."""
-    spec = job.spec
+    return spec_features(job.spec, job.job_id)
+
+
+def spec_features(spec: JobSpec, job_id: str) -> JobFeatures:
+    """``features_of`` for a job of ``spec`` known as ``job_id`` (a dry run's, which the fold has not)."""
     return JobFeatures(
         team=spec.team,
         gpus=spec.gpus,
-        job_id=job.job_id,
+        job_id=job_id,
         name=spec.name,
         command=shlex.join(spec.command),
         priority_class=spec.priority,

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shlex
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -45,9 +44,10 @@ from .live import (
     predict,
     predict_and_forecast,
     runtime_of,
+    spec_features,
 )
 from .profile import Forecast, estimate_start
-from .runtimes import JobFeatures, RuntimeEstimator
+from .runtimes import RuntimeEstimator
 from .tracking import Accuracy, AccuracyTracker
 
 __all__ = [
@@ -264,7 +264,7 @@ class Predictor:
         forecast cannot fit (a fraction or a MIG slice of a GPU)."""
         if spec.gpu_milli is not None or spec.gpu_memory_mib is not None or spec.mig_profile is not None:
             return None
-        runtime = self.estimator.estimate(_features(spec), at, advance=False)
+        runtime = self.estimator.estimate(spec_features(spec, DRY_RUN_JOB), at, advance=False)
         types = spec.gpu_types or ((spec.gpu_type,) if spec.gpu_type is not None else None)
         limit = None if spec.time_limit_s is None else float(spec.time_limit_s)
         p50, p90 = (
@@ -396,16 +396,3 @@ class Predictor:
             shares=accuracy.shares(),
         )
         return msgspec.json.encode(answer)
-
-
-def _features(spec: JobSpec) -> JobFeatures:
-    """What the estimator keys a dry run's job on (``live.features_of`` for a job not in the fold)."""
-    return JobFeatures(
-        team=spec.team,
-        gpus=spec.gpus,
-        job_id=DRY_RUN_JOB,
-        name=spec.name,
-        command=shlex.join(spec.command),
-        priority_class=spec.priority,
-        time_limit_s=None if spec.time_limit_s is None else float(spec.time_limit_s),
-    )
