@@ -180,7 +180,8 @@ def test_the_ceiling_names_what_sets_it() -> None:
         }
     )
     book = QuotaBook(core_queues(config)[0])
-    assert book.ceiling("capped", "h100") == (6, "nominal 4 + borrowing limit 2")
-    assert book.ceiling("free", "h100") == (9, "nominal 4 + 5 its cohort could lend")  # 4 + held's 1
-    assert book.ceiling("held", "h100") == (10, "org org's limit")  # 4 + 8 lendable, capped at 10
+    # in thousandths of a GPU, as GPU quota counts (``core.units``); the words in GPUs
+    assert book.ceiling("capped", "h100") == (6_000, "nominal 4 + borrowing limit 2")
+    assert book.ceiling("free", "h100") == (9_000, "nominal 4 + 5 its cohort could lend")  # 4 + held's 1
+    assert book.ceiling("held", "h100") == (10_000, "org org's limit")  # 4 + 8 lendable, capped at 10
     assert book.ceiling("unknown", "h100") is None

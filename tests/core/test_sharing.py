@@ -155,7 +155,7 @@ def test_a_fraction_with_cpu_skips_a_shared_gpu_whose_node_lacks_cpu(policy: str
 def test_team_usage_counts_cpu_and_memory_of_every_task() -> None:
     model = cluster(nodes(per_rack=2))
     model.bind(running("g", {"s0r0n0": (0, 1), "s0r0n1": (0, 1)}, cpu_milli=3_000, memory_mib=10))
-    assert model.team_usage["t"] == (4, 6_000, 20)
+    assert model.team_usage["t"] == (4_000, 6_000, 20)  # GPUs in thousandths (``core.units``)
     model.unbind("g")
     assert model.team_usage["t"] == (0, 0, 0)
     assert model.node_cpu_mem_used == {}

@@ -18,6 +18,7 @@ from rallypoint.core import (
     policy_by_name,
     schedule,
 )
+from rallypoint.core.units import GPU_MILLI
 
 from .builders import nodes
 
@@ -252,9 +253,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert sum(j.gpus for j in self.cluster.running.values()) <= total
         if self.policy_name == "rallypoint":
             for q in self.queues:
-                used = self.cluster.usage.get((q.name, "h100"), 0)
+                used = self.cluster.usage.get((q.name, "h100"), 0)  # thousandths of a GPU
                 lim = q.quotas[0]
-                assert used <= lim.nominal + (lim.borrowing_limit or 0)
+                assert used <= (lim.nominal + (lim.borrowing_limit or 0)) * GPU_MILLI
 
 
 SchedulerMachine.TestCase.settings = settings(

@@ -276,6 +276,32 @@ def test_queues_show_quota_use_and_borrowing() -> None:
     assert [(c.cohort, c.nominal, c.used, c.borrowed) for c in report.cohorts] == [("all", 8, 4, 2)]
 
 
+def test_queues_count_a_share_or_a_slice_for_its_part_of_a_gpu() -> None:
+    def part(job_id: str, **kw: object) -> JobSubmitted:
+        base = submit(job_id, 1)
+        return msgspec.structs.replace(base, spec=msgspec.structs.replace(base.spec, **kw))
+
+    state, _ = fold_attempts(
+        seqd(
+            part("nb1", gpu_milli=250),
+            bind("nb1", 1, 10.0, (0,)),
+            part("nb2", gpu_milli=250),
+            bind("nb2", 1, 11.0, (0,)),
+            part("eval", mig_profile="1g.10gb"),
+        )
+    )
+    report = queues_report(state, Queues(teams=[Team(name="nlp", nominal=1, cohort="all")]))
+    (row,) = report.teams
+    assert (row.used, row.borrowed, row.running_jobs, row.pending_jobs, row.pending_gpus) == (
+        0.5,
+        0,
+        2,
+        1,
+        0.142,
+    )
+    assert [(c.used, c.pending_gpus) for c in report.cohorts] == [(0.5, 0.142)]
+
+
 def recorded() -> list[tuple[int, Event]]:
     out = []
     for line in HISTORY.read_text().splitlines():

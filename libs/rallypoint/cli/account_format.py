@@ -171,6 +171,11 @@ def format_usage(report: dict[str, Any]) -> str:
     return format_table(headers, [*rows, total])
 
 
+def _g(gpus: float) -> str:
+    """GPUs as counted against quota: whole (``3``) or with a share's part (``2.25``)."""
+    return f"{gpus:g}"
+
+
 def format_queues(report: dict[str, Any]) -> str:
     quotas = report["quotas"]
     headers = ("TEAM", "COHORT", "NOMINAL", "BORROWED", "USED", "RUNNING", "PENDING-JOBS", "PENDING-GPUS")
@@ -179,11 +184,11 @@ def format_queues(report: dict[str, Any]) -> str:
             t["team"],
             t["cohort"],
             "no quota" if not quotas or t["nominal"] is None else t["nominal"],
-            t["borrowed"] if quotas else "-",
-            t["used"],
+            _g(t["borrowed"]) if quotas else "-",
+            _g(t["used"]),
             t["running_jobs"],
             t["pending_jobs"],
-            t["pending_gpus"],
+            _g(t["pending_gpus"]),
         )
         for t in report["teams"]
     ]
@@ -195,7 +200,7 @@ def format_queues(report: dict[str, Any]) -> str:
             u["user"],
             f"{u['weight']:g}",
             f"{u['usage_gpu_h']:.2f}",
-            u["running_gpus"],
+            _g(u["running_gpus"]),
             u["pending_jobs"],
         )
         for t in report["teams"]
@@ -206,7 +211,14 @@ def format_queues(report: dict[str, Any]) -> str:
         text += "\n\n" + format_table(user_headers, user_rows)
     if quotas and report["cohorts"]:
         cohort_rows = [
-            (c["cohort"], ",".join(c["teams"]), c["nominal"], c["borrowed"], c["used"], c["pending_gpus"])
+            (
+                c["cohort"],
+                ",".join(c["teams"]),
+                c["nominal"],
+                _g(c["borrowed"]),
+                _g(c["used"]),
+                _g(c["pending_gpus"]),
+            )
             for c in report["cohorts"]
         ]
         text += "\n\n" + format_table(
@@ -219,8 +231,8 @@ def format_queues(report: dict[str, Any]) -> str:
                 o["parent"] or "-",
                 ",".join(o["teams"]) or "-",
                 "no limit" if o["limit"] is None else o["limit"],
-                o["used"],
-                o["pending_gpus"],
+                _g(o["used"]),
+                _g(o["pending_gpus"]),
             )
             for o in report["orgs"]
         ]

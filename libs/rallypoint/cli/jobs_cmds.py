@@ -625,8 +625,8 @@ def _placement_text(placement: dict[str, Any]) -> str:
 
 def _quota_text(quota: dict[str, Any]) -> str:
     return (
-        f"queue {quota['queue']} uses {quota['used']} of nominal {quota['nominal']} {quota['gpu_type']} "
-        f"GPUs; room for {quota['room']} more"
+        f"queue {quota['queue']} uses {quota['used']:g} of nominal {quota['nominal']:g} {quota['gpu_type']} "
+        f"GPUs; room for {quota['room']:g} more"
     )
 
 

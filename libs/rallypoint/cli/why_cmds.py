@@ -94,12 +94,13 @@ def numbers(explanation: dict[str, Any]) -> str:
 
 
 def quota_text(quota: dict[str, Any]) -> str:
+    """A quota row in GPUs (a share or a MIG slice counts for its part of one: ``2.25``)."""
     limit = quota["borrowing_limit"]
-    orgs = "".join(f"; org {o['org']} uses {o['used']} of {o['cap']}" for o in quota["orgs"])
+    orgs = "".join(f"; org {o['org']} uses {o['used']:g} of {o['cap']:g}" for o in quota["orgs"])
     return (
-        f"uses {quota['used']} of nominal {quota['nominal']}; borrowing limit "
-        f"{'none' if limit is None else limit}; cohort can lend {quota['cohort_lendable']}{orgs}; "
-        f"room now {quota['room']}"
+        f"uses {quota['used']:g} of nominal {quota['nominal']:g}; borrowing limit "
+        f"{'none' if limit is None else format(limit, 'g')}; cohort can lend {quota['cohort_lendable']:g}"
+        f"{orgs}; room now {quota['room']:g}"
     )
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from rallypoint.core.formulas import add_team_usage
 from rallypoint.core.mig import MigInstance, free_mask, mig_model
 from rallypoint.core.types import CPU, MEMORY, SERVICE, Node, RunningJob, TaskPlacement
+from rallypoint.core.units import running_milli
 from rallypoint.events.catalogue import GPU_MILLI
 
 __all__ = ["GPU_MILLI", "ClusterIndex", "ClusterModel", "RunningColumns", "load_cluster", "nodes_from_spec"]
@@ -335,7 +336,8 @@ class ClusterModel:
     def __init__(self, nodes: Iterable[Node] = ()) -> None:
         self._nodes: dict[str, Node] = {}
         self.running: dict[str, RunningJob] = {}
-        # (queue, gpu_type) -> GPUs in use; team -> (gpus, cpu_milli, memory_mib) for DRF
+        # (queue, gpu_type) -> thousandths of a GPU in use (``core.units``; CPU / memory keys: millicores,
+        # MiB; the service key: whole GPUs); team -> (GPU thousandths, cpu_milli, memory_mib) for DRF
         self.usage: dict[tuple[str, str], int] = {}
         self.team_usage: dict[str, tuple[int, int, int]] = {}
         self._used: dict[str, int] = {}  # node id -> used mask (survives index rebuilds)
@@ -573,11 +575,12 @@ class ClusterModel:
         if gt is None:
             gt = self._nodes[job.placements[0].node_id].gpu_type if job.placements else "default"
         key = (job.queue_name, gt)
-        self.usage[key] = self.usage.get(key, 0) + sign * job.gpus
+        milli = sign * running_milli(job)  # GPU quota and DRF count thousandths of a GPU (``core.units``)
+        self.usage[key] = self.usage.get(key, 0) + milli
         tu = self.team_usage
         tasks = len(job.placements)
         cpu, mem = job.cpu_milli, job.memory_mib
-        add_team_usage(tu, job.team, sign * job.gpus, sign * cpu * tasks, sign * mem * tasks)
+        add_team_usage(tu, job.team, milli, sign * cpu * tasks, sign * mem * tasks)
         for resource, amount in ((CPU, cpu), (MEMORY, mem)):
             if amount:  # quota usage of the resources beside GPUs (``quota.CPU`` / ``MEMORY``)
                 rkey = (job.queue_name, resource)

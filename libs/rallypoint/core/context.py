@@ -9,6 +9,7 @@ from rallypoint.core.formulas import add_team_usage, dominant_share, job_types
 from rallypoint.core.placement import Plan, level_rank, lowest_bits, place, plan_of
 from rallypoint.core.quota import QuotaBook
 from rallypoint.core.types import PendingJob, RunningJob, Snapshot
+from rallypoint.core.units import GPU_MILLI
 from rallypoint.core.workspace import Hold, Workspace
 
 __all__ = ["Ctx", "Hold", "Status", "new_status"]
@@ -117,15 +118,15 @@ class Ctx:
         return self.prio.get(job.priority_class, 0)
 
     def totals(self) -> tuple[int, int, int]:
-        """Cluster capacity (GPUs, CPU milli, memory MiB) of schedulable nodes, for DRF shares (cached on
-        the index until a node's health changes: it is an O(nodes) sum)."""
+        """Cluster capacity (GPU thousandths, CPU milli, memory MiB) of schedulable nodes, for DRF shares
+        (cached on the index until a node's health changes: it is an O(nodes) sum)."""
         if self._totals is None:
             cached = self.idx.__dict__.get("_totals")
             if cached is None:
                 g = c = m = 0
                 for o, n in enumerate(self.idx.nodes):
                     if self.ws.sched[o]:
-                        g += n.gpus
+                        g += n.gpus * GPU_MILLI  # as team usage counts them (``core.units``)
                         c += n.cpu_milli
                         m += n.memory_mib
                 cached = self.idx.__dict__["_totals"] = (max(g, 1), max(c, 1), max(m, 1))

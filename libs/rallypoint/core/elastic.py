@@ -15,6 +15,7 @@ from typing import Protocol
 from rallypoint.core.context import Ctx
 from rallypoint.core.placement import bits
 from rallypoint.core.types import PendingReason, Resize, TaskPlacement
+from rallypoint.core.units import GPU_MILLI
 
 __all__ = ["ElasticGrower", "Grower"]
 
@@ -50,14 +51,14 @@ class ElasticGrower:
             added: list[TaskPlacement] = []
             cur = j.gpus
             while cur + step <= j.max_gpus:
-                if ctx.quota.check(ctx.ws, j.queue_name, t, step) is not None:
+                if ctx.quota.check(ctx.ws, j.queue_name, t, step * GPU_MILLI) is not None:
                     break
                 plan = ctx.place(step // gpt, gpt, t, None)
                 if plan is None:
                     break
                 for o, m in plan.tasks:
                     ctx.ws.take(o, m)
-                ctx.ws.add_usage(j.queue_name, t, step)
+                ctx.ws.add_usage(j.queue_name, t, step * GPU_MILLI)
                 for o, m in plan.tasks:
                     added.append(
                         TaskPlacement(

@@ -21,6 +21,7 @@ from rallypoint.core.context import Ctx, Status
 from rallypoint.core.formulas import add_team_usage, job_types, runtime_estimate
 from rallypoint.core.placement import BITS, Plan, bits, place
 from rallypoint.core.preemption import running_view
+from rallypoint.core.quota import amount_text
 from rallypoint.core.types import (
     CPU,
     MEMORY,
@@ -34,6 +35,7 @@ from rallypoint.core.types import (
     Resize,
     TaskPlacement,
 )
+from rallypoint.core.units import GPU_MILLI, job_milli, running_milli
 
 if TYPE_CHECKING:
     from rallypoint.core.policies import Policy
@@ -69,11 +71,14 @@ def job_sizes(job: PendingJob, ctx: Ctx) -> list[int]:
     return out or [job.gpus]
 
 
-def _bind(job: PendingJob, size: int, plan: Plan, ctx: Ctx, out: _Out) -> None:
+def _bind(job: PendingJob, size: int, plan: Plan, ctx: Ctx, out: _Out, milli: int | None = None) -> None:
+    """``milli``: the GPU quota it takes (``units.job_milli``); None: ``size`` whole GPUs."""
     tasks = plan.tasks
     q = job.queue  # job.queue_name inlined (every bind)
     team = job.team
-    ctx.ws.bind(tasks, q if q is not None else team, plan.gpu_type, size)
+    if milli is None:
+        milli = size * GPU_MILLI
+    ctx.ws.bind(tasks, q if q is not None else team, plan.gpu_type, milli)
     if job.service:  # its queue's service capacity (``ServiceCapacity``) for the rest of the cycle
         ctx.ws.add_usage(q if q is not None else team, SERVICE, size)
     ids = ctx.idx.ids
@@ -96,7 +101,7 @@ def _bind(job: PendingJob, size: int, plan: Plan, ctx: Ctx, out: _Out) -> None:
     cpu, mem = job.cpu_milli, job.memory_mib
     if cpu or mem:
         cpu, mem = cpu * len(tasks), mem * len(tasks)
-    add_team_usage(ctx.team_usage, team, size, cpu, mem)  # (Ctx.add_team_usage)
+    add_team_usage(ctx.team_usage, team, milli, cpu, mem)  # (Ctx.add_team_usage)
     ctx._shares.pop(team, None)
     out.binds.append(Bind(job_id=job.id, gpus=size, placements=placements))
     rt = runtime_estimate(job)
@@ -173,13 +178,15 @@ def _quota_ceiling_note(job: PendingJob, size: int, types: list[str], ctx: Ctx) 
     first: tuple[str, int, str] | None = None
     for t in types:
         ceiling = ctx.quota.ceiling(job.queue_name, t)
-        if ceiling is None or ceiling[0] >= size:
+        least = sharing.least_share(job, t, ctx) if job.gpu_memory_mib is not None else None
+        if ceiling is None or ceiling[0] >= job_milli(job, size, least):
             return ""
         first = first or (t, *ceiling)
     if first is None:
         return ""
     t, most, what = first
-    return f"; never fits its quota: queue {job.queue_name} holds at most {most} {t} GPUs ({what})"
+    held = f"{amount_text(t, most)} {t} GPUs"
+    return f"; never fits its quota: queue {job.queue_name} holds at most {held} ({what})"
 
 
 def _attempt(job: PendingJob, policy: Policy, ctx: Ctx, out: _Out) -> Status | None:
@@ -253,10 +260,14 @@ def _attempt_with_resources(
         if msg is not None:
             refusal = refusal or msg
             continue
-        admitted = True
         plan = sharing.try_place(job, size, t, ctx)
+        share = sharing.side_of(ctx).milli.get(job.id) if job.gpu_memory_mib is not None else None
+        if plan is not None and share is not None and (msg := policy.permit.check(job, t, size, ctx, share)):
+            refusal = refusal or msg  # its share where it placed is more than its quota admits
+            continue
+        admitted = True
         if plan is not None:
-            _bind(job, size, plan, ctx, out)
+            _bind(job, size, plan, ctx, out, job_milli(job, size, share))
             sharing.record(job, plan, ctx)
             constraints.record(job, plan, ctx)
             _use_resources(job, plan, ctx)
@@ -501,7 +512,7 @@ def _preempt(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out) ->
         return None
     rank = policy.orderer.rank(job, ctx)
     for t in ctx.job_types(job):
-        if not ctx.quota.within_nominal(ctx.ws, job.queue_name, t, size) and (
+        if not ctx.quota.within_nominal(ctx.ws, job.queue_name, t, size * GPU_MILLI) and (
             running_view(ctx, policy.orderer).min_rank() >= rank
         ):
             continue  # nothing ranks lower and no guaranteed quota to reclaim: skip the scan
@@ -519,7 +530,7 @@ def _preempt(job: PendingJob, size: int, policy: Policy, ctx: Ctx, out: _Out) ->
                     Preemption(victim_id=c.job.id, reason=policy.reason_for(c.reason), for_job=job.id)
                 )
             ctx.ws.put(ctx.preempted, c.job.id, job.id)
-            ctx.ws.bump(ctx.evicted, (c.job.queue_name, t), c.gpus)
+            ctx.ws.bump(ctx.evicted, (c.job.queue_name, t), c.gpus * GPU_MILLI)  # whole-GPU victims
         for jid in sorted(shrink):
             rj = ctx.cluster.running[jid]
             rm = sorted(shrink[jid])
@@ -597,7 +608,7 @@ def _hold_for_stopping_victims(snapshot: Snapshot, ctx: Ctx, out: _Out) -> None:
         assert rj.preempting_for is not None
         ctx.ws.put(ctx.preempted, s, rj.preempting_for)
         ctx.stopping.setdefault(rj.preempting_for, []).append(s)
-        ctx.ws.bump(ctx.evicted, (rj.queue_name, ctx.cluster.job_gpu_type(rj)), rj.gpus)
+        ctx.ws.bump(ctx.evicted, (rj.queue_name, ctx.cluster.job_gpu_type(rj)), running_milli(rj))
     pending = {j.id: j for j in snapshot.pending if j.id in ctx.stopping}
     ws = ctx.ws
     ord_of = ctx.idx.ord_of

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import msgspec
 
+from rallypoint.core import sharing
 from rallypoint.core.config import PolicyConfig
 from rallypoint.core.context import Ctx
 from rallypoint.core.placement import best_free_at, place
 from rallypoint.core.types import PendingJob, Snapshot
+from rallypoint.core.units import GPU_MILLI, gpus_of, job_milli
 
 __all__ = ["Explanation", "GpuRoom", "OrgRoom", "QuotaRoom", "explain"]
 
@@ -35,28 +37,32 @@ class GpuRoom(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class OrgRoom(msgspec.Struct, frozen=True, kw_only=True):
-    """An org above the job's queue: the GPUs of the type used below it and its cap."""
+    """An org above the job's queue: the GPUs of the type used below it and its cap (GPUs: a share or a
+    MIG slice counts for its part of one, ``core.units``)."""
 
     org: str
-    used: int
-    cap: int
+    used: float
+    cap: float
 
 
 class QuotaRoom(msgspec.Struct, frozen=True, kw_only=True):
     """The job's queue's quota for one GPU type: what it uses, its nominal and borrowing limit, what its
     cohort can lend it now, the orgs capping it; ``room`` GPUs it admits now, ``short`` of the job's ask,
-    and ``ceiling`` the most it could ever hold (None: no cap), with what sets it."""
+    and ``ceiling`` the most it could ever hold (None: no cap), with what sets it. In GPUs, where a share or
+    a MIG slice counts for its part of one (``core.units``): 2.25 is two GPUs and a quarter."""
 
     queue: str
     gpu_type: str
-    used: int
-    nominal: int
-    borrowing_limit: int | None
-    cohort_lendable: int
+    #: the quota the job's ask takes (a quarter-GPU notebook: 0.25)
+    asked: float
+    used: float
+    nominal: float
+    borrowing_limit: float | None
+    cohort_lendable: float
     orgs: tuple[OrgRoom, ...]
-    room: int
-    short: int
-    ceiling: int | None
+    room: float
+    short: float
+    ceiling: float | None
     ceiling_set_by: str
 
 
@@ -81,7 +87,9 @@ def explain(snapshot: Snapshot, job: PendingJob, config: PolicyConfig) -> Explan
     types = ctx.job_types(job)
     rooms = tuple(_gpu_room(ctx, job, t, asked) for t in types)
     quotas = tuple(
-        _quota_room(ctx, job.queue_name, t, asked) for t in types if ctx.quota.limited(job.queue_name)
+        _quota_room(ctx, job.queue_name, t, _asked_milli(job, asked, t, ctx))
+        for t in types
+        if ctx.quota.limited(job.queue_name)
     )
     return Explanation(
         job_id=job.id,
@@ -111,34 +119,44 @@ def _gpu_room(ctx: Ctx, job: PendingJob, gpu_type: str, asked: int) -> GpuRoom:
     )
 
 
+def _asked_milli(job: PendingJob, asked: int, gpu_type: str, ctx: Ctx) -> int:
+    """The GPU quota ``asked`` GPUs of ``job`` take (``units.job_milli``; a job asking for GPU memory:
+    its smallest share on ``gpu_type``)."""
+    least = sharing.least_share(job, gpu_type, ctx) if job.gpu_memory_mib is not None else None
+    return job_milli(job, asked, least)
+
+
 def _quota_room(ctx: Ctx, queue: str, gpu_type: str, asked: int) -> QuotaRoom:
     """The room ``QuotaBook.check`` grants: nominal left, plus what it may borrow (the cohort's lendable
-    GPUs, up to its borrowing limit), within every org cap above it."""
+    GPUs, up to its borrowing limit), within every org cap above it. ``asked`` and the book's amounts
+    are thousandths of a GPU; the room's figures are GPUs."""
     book, ws = ctx.quota, ctx.ws
     used = ws.usage.get((queue, gpu_type), 0)
     nominal = book.nominal(queue, gpu_type)
     quota = book.quota(queue, gpu_type)
     limit = quota.borrowing_limit if quota is not None else None
+    limit = limit * GPU_MILLI if limit is not None else None
     lendable = book.cohort_available(ws, book.queues[queue], gpu_type)
     borrowable = lendable if limit is None else min(limit, lendable)
-    orgs = tuple(
-        OrgRoom(org=org, used=book.org_usage(ws, org, gpu_type), cap=cap.nominal + (cap.borrowing_limit or 0))
+    caps = [
+        (org, book.org_usage(ws, org, gpu_type), (cap.nominal + (cap.borrowing_limit or 0)) * GPU_MILLI)
         for org in book.ancestors(queue)
         if (cap := book.quota(org, gpu_type)) is not None
-    )
-    room = min([nominal + borrowable - used, *(o.cap - o.used for o in orgs)])
+    ]
+    room = max(0, min([nominal + borrowable - used, *(c - u for _o, u, c in caps)]))
     ceiling = book.ceiling(queue, gpu_type)
     return QuotaRoom(
         queue=queue,
         gpu_type=gpu_type,
-        used=used,
-        nominal=nominal,
-        borrowing_limit=limit,
-        cohort_lendable=lendable,
-        orgs=orgs,
-        room=max(0, room),
-        short=max(0, asked - max(0, room)),
-        ceiling=ceiling[0] if ceiling is not None else None,
+        asked=gpus_of(asked),
+        used=gpus_of(used),
+        nominal=gpus_of(nominal),
+        borrowing_limit=gpus_of(limit) if limit is not None else None,
+        cohort_lendable=gpus_of(lendable),
+        orgs=tuple(OrgRoom(org=o, used=gpus_of(u), cap=gpus_of(c)) for o, u, c in caps),
+        room=gpus_of(room),
+        short=gpus_of(max(0, asked - room)),
+        ceiling=gpus_of(ceiling[0]) if ceiling is not None else None,
         ceiling_set_by=ceiling[1] if ceiling is not None else "",
     )
 
@@ -155,7 +173,7 @@ def _would_start(
     quota_of = {q.gpu_type: q for q in quotas}
     lines: list[str] = []
     for i, room in enumerate(rooms):
-        needs = [*_gpu_needs(job, asked, room), *_quota_needs(asked, quota_of.get(room.gpu_type))]
+        needs = [*_gpu_needs(job, asked, room), *_quota_needs(quota_of.get(room.gpu_type))]
         if not needs:
             return (
                 f"nothing it lacks: {asked} {room.gpu_type} GPUs fit now and its quota admits them; it "
@@ -185,18 +203,18 @@ def _gpu_needs(job: PendingJob, asked: int, room: GpuRoom) -> list[str]:
     return []
 
 
-def _quota_needs(asked: int, quota: QuotaRoom | None) -> list[str]:
+def _quota_needs(quota: QuotaRoom | None) -> list[str]:
     if quota is None or not quota.short:
         return []
-    if quota.ceiling is not None and quota.ceiling < asked:
+    if quota.ceiling is not None and quota.ceiling < quota.asked:
         return [
-            f"a larger quota: queue {quota.queue} can never hold more than {quota.ceiling} "
+            f"a larger quota: queue {quota.queue} can never hold more than {quota.ceiling:g} "
             f"{quota.gpu_type} GPUs ({quota.ceiling_set_by}); the queue file must change"
         ]
-    limit = "" if quota.borrowing_limit is None else f", borrowing limit {quota.borrowing_limit}"
-    caps = "".join(f"; org {o.org} uses {o.used} of {o.cap}" for o in quota.orgs)
+    limit = "" if quota.borrowing_limit is None else f", borrowing limit {quota.borrowing_limit:g}"
+    caps = "".join(f"; org {o.org} uses {o.used:g} of {o.cap:g}" for o in quota.orgs)
     return [
-        f"room for {quota.short} more {quota.gpu_type} GPUs in queue {quota.queue}'s quota (it uses "
-        f"{quota.used} of nominal {quota.nominal}{limit}; its cohort can lend {quota.cohort_lendable}"
-        f"{caps})"
+        f"room for {quota.short:g} more {quota.gpu_type} GPUs in queue {quota.queue}'s quota (it uses "
+        f"{quota.used:g} of nominal {quota.nominal:g}{limit}; its cohort can lend "
+        f"{quota.cohort_lendable:g}{caps})"
     ]

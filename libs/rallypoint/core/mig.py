@@ -22,8 +22,11 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
+from rallypoint.events.catalogue import MIG_COMPUTE_SLICES
+
 __all__ = [
     "MEMORY_SLICES",
+    "MIG_COMPUTE_SLICES",
     "MIG_MODELS",
     "MIG_PROFILES",
     "Carve",
@@ -36,7 +39,7 @@ __all__ = [
     "room",
 ]
 
-#: memory slices of every MIG-capable model listed here (compute slices: 7)
+#: memory slices of every MIG-capable model listed here
 MEMORY_SLICES = 8
 
 

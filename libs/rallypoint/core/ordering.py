@@ -27,6 +27,7 @@ from rallypoint.core.formulas import (
     starving,
 )
 from rallypoint.core.types import PendingJob, RunningJob
+from rallypoint.core.units import GPU_MILLI, job_milli
 from rallypoint.userusage import user_keys
 
 if TYPE_CHECKING:
@@ -271,6 +272,12 @@ def guaranteed_gpus(job: PendingJob, elastic: bool) -> int:
     return job.min_gpus if elastic and job.min_gpus is not None else job.gpus
 
 
+def guaranteed_milli(job: PendingJob, elastic: bool) -> int:
+    """``guaranteed_gpus`` as GPU quota (``units.job_milli``: thousandths of a GPU; a share's or a MIG
+    slice's part of one): what the tier and the reclaim compare with a queue's nominal."""
+    return job_milli(job, guaranteed_gpus(job, elastic))
+
+
 def _prefix(band: int, level: int, p: int) -> int:
     """(-band, level, -class) packed into one int that sorts like the tuple (ClassLasOrder's heap)."""
     return ((_CLASS_SPAN - band) * _LEVEL_SPAN + level) * 2 * _CLASS_SPAN + _CLASS_SPAN - p
@@ -334,15 +341,15 @@ class ClassLasOrder:
         return min(k, _LEVEL_SPAN - 1)
 
     @staticmethod
-    def tier(queue: str, gpus: int, ctx: Ctx) -> int:
-        """0 while ``gpus`` more GPUs (a job's ``guaranteed_gpus``) fit in ``queue``'s nominal quota (of some
-        GPU type), else 1."""
+    def tier(queue: str, milli: int, ctx: Ctx) -> int:
+        """0 while ``milli`` more thousandths of a GPU (a job's ``guaranteed_milli``) fit in ``queue``'s
+        nominal quota (of some GPU type), else 1."""
         qb = ctx.quota
         if not qb.limited(queue):
             return 1
         usage = ctx.ws.usage
         for t in ctx.idx.types:
-            if usage.get((queue, t), 0) + gpus <= qb.nominal(queue, t):
+            if usage.get((queue, t), 0) + milli <= qb.nominal(queue, t):
                 return 0
         return 1
 
@@ -521,7 +528,11 @@ class ClassLasOrder:
             q = j.queue
             if q is None:
                 q = team
-            size = guaranteed_gpus(j, elastic)
+            # guaranteed_milli(j, elastic), inlined for the usual whole-GPU job
+            if j.gpu_milli is None and j.mig_profile is None:
+                size = (j.min_gpus if elastic and j.min_gpus is not None else j.gpus) * GPU_MILLI
+            else:
+                size = job_milli(j, j.gpus)
             key = (base, team, q, size)
             g = groups.get(key)
             if g is None:

@@ -30,6 +30,7 @@ from rallypoint.core.placement import Plan, bits, place
 from rallypoint.core.preemption import running_view
 from rallypoint.core.sharing import need_on, share_text, side_of
 from rallypoint.core.types import PendingJob, Preemption
+from rallypoint.core.units import running_milli
 
 if TYPE_CHECKING:
     from rallypoint.core.context import Ctx
@@ -171,7 +172,7 @@ def evict(
     for vid in victims:
         out.append(Preemption(victim_id=vid, reason=policy.reason_for("priority"), for_job=job.id))
         ctx.ws.put(ctx.preempted, vid, job.id)
-        ctx.ws.bump(ctx.evicted, (running[vid].queue_name, t), running[vid].gpus)
+        ctx.ws.bump(ctx.evicted, (running[vid].queue_name, t), running_milli(running[vid]))
 
 
 def preempt_for_gang(

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from rallypoint.core import sharing
 from rallypoint.core.backfill import EasyReserver, Reserver
 from rallypoint.core.config import PolicyConfig
 from rallypoint.core.context import Ctx, Status
@@ -42,6 +43,7 @@ from rallypoint.core.ordering import (
     PriorityOrder,
 )
 from rallypoint.core.preemption import Preemptor, RankPreemptor
+from rallypoint.core.quota import RESOURCES, job_milli
 from rallypoint.core.types import PendingJob
 
 __all__ = [
@@ -66,8 +68,12 @@ class Filter(Protocol):
 
 
 class Permit(Protocol):
-    def check(self, job: PendingJob, gpu_type: str, gpus: int, ctx: Ctx) -> str | None:
-        """None if ``gpus`` GPUs of ``gpu_type`` may be admitted for ``job`` now, else why not."""
+    def check(
+        self, job: PendingJob, gpu_type: str, gpus: int, ctx: Ctx, share: int | None = None
+    ) -> str | None:
+        """None if ``gpus`` GPUs of ``gpu_type`` may be admitted for ``job`` now, else why not. For
+        ``quota.CPU`` / ``MEMORY``, ``gpus`` is the amount itself; ``share`` is the thousandths of its GPU
+        a fractional job asking for GPU memory got where it was placed (``quota.job_milli``)."""
         ...
 
 
@@ -93,8 +99,14 @@ class ShapeFilter:
 
 
 class QuotaPermit:
-    def check(self, job: PendingJob, gpu_type: str, gpus: int, ctx: Ctx) -> str | None:
+    def check(
+        self, job: PendingJob, gpu_type: str, gpus: int, ctx: Ctx, share: int | None = None
+    ) -> str | None:
         q = job.queue  # job.queue_name inlined (runs for every pending job)
+        if gpu_type not in RESOURCES:  # GPU quota counts thousandths of a GPU
+            if share is None and job.gpu_memory_mib is not None:
+                share = sharing.least_share(job, gpu_type, ctx)
+            gpus = job_milli(job, gpus, share)
         return ctx.quota.check(ctx.ws, q if q is not None else job.team, gpu_type, gpus)
 
 
@@ -111,7 +123,9 @@ class ServiceCapacity:
 
 
 class NoQuota:
-    def check(self, job: PendingJob, gpu_type: str, gpus: int, ctx: Ctx) -> str | None:
+    def check(
+        self, job: PendingJob, gpu_type: str, gpus: int, ctx: Ctx, share: int | None = None
+    ) -> str | None:
         return None
 
 

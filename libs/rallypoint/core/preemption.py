@@ -42,6 +42,7 @@ from rallypoint.core.context import Ctx
 from rallypoint.core.ordering import class_rank_array, guaranteed_gpus
 from rallypoint.core.placement import LEVELS, Plan, level_rank, place
 from rallypoint.core.types import PendingJob, RunningJob
+from rallypoint.core.units import GPU_MILLI
 
 if TYPE_CHECKING:
     from rallypoint.core.ordering import Orderer
@@ -292,14 +293,15 @@ class RankPreemptor:
 
     @staticmethod
     def _remaining_borrow(ctx: Ctx, queue: str, gpu_type: str) -> int:
-        """GPUs ``queue`` still borrows once the victims already chosen from it are gone."""
+        """What ``queue`` still borrows once the victims already chosen from it are gone, in thousandths of
+        a GPU (``core.units``)."""
         if not ctx.quota.limited(queue):
             return 0
         used = ctx.ws.usage.get((queue, gpu_type), 0) - ctx.evicted.get((queue, gpu_type), 0)
         return used - ctx.quota.nominal(queue, gpu_type)
 
     def _left(self, ctx: Ctx, queue: str, gpu_type: str, taken: dict[str, int], quota_aware: bool) -> int:
-        """GPUs ``queue`` still borrows once a plan's victims so far (``taken``) are gone. With
+        """What ``queue`` still borrows (thousandths) once a plan's victims so far (``taken``) are gone. With
         ``quota_aware`` the workspace usage already went down by them: counting them again stopped
         reclaim halfway, leaving the reclaiming queue below its nominal."""
         rb = self._remaining_borrow(ctx, queue, gpu_type)
@@ -315,7 +317,7 @@ class RankPreemptor:
         in tier 1 evicted a borrower, the borrower (tier 1 too, less work left) was re-admitted first into
         the freed GPUs, and the job reclaimed again, at every cycle (the livelock in docs/simulator.md)."""
         gpus = max(size, guaranteed_gpus(job, ctx.cfg.elastic)) if self.borrowers_only else size
-        return ctx.quota.within_nominal(ctx.ws, job.queue_name, gpu_type, gpus)
+        return ctx.quota.within_nominal(ctx.ws, job.queue_name, gpu_type, gpus * GPU_MILLI)
 
     def eligible(
         self, job: PendingJob, size: int, gpu_type: str, rank: float, ctx: Ctx, view: RunningView
@@ -341,7 +343,7 @@ class RankPreemptor:
         if self.borrowers_only:
             return self._borrower_evictions(job, size, gpu_type, rank, ctx, view, tid)
         reclaim = np.zeros(n, np.bool_)
-        if ctx.quota.within_nominal(ctx.ws, job.queue_name, gpu_type, size):
+        if ctx.quota.within_nominal(ctx.ws, job.queue_name, gpu_type, size * GPU_MILLI):
             lut = np.array(
                 [self._remaining_borrow(ctx, q, gpu_type) > 0 for q in cols.queues.names] or [False], np.bool_
             )
@@ -361,15 +363,15 @@ class RankPreemptor:
         n = view.n
         base = view.base & (cols.gtype[:n] == tid)
         drop_chosen(base, ctx, view)
-        gpus = cols.gpus[:n]
+        milli = cols.gpus[:n] * GPU_MILLI  # whole-GPU victims' quota (shares and slices are never here)
         qid = cols.queue[:n]
-        # GPUs each queue borrows beyond what is already being evicted from it
+        # what each queue borrows beyond what is already being evicted from it (thousandths)
         borrow = np.array(
             [self._remaining_borrow(ctx, q, gpu_type) for q in cols.queues.names] or [0], np.int64
         )[qid]
         limited = np.array([ctx.quota.limited(q) for q in cols.queues.names] or [False], np.bool_)[qid]
         # the victim's queue stays at or above nominal without it (or has no quota at all)
-        keeps_nominal = (borrow >= gpus) | ~limited
+        keeps_nominal = (borrow >= milli) | ~limited
         own = cols.queues.ids.get(job.queue_name, -1)
         reclaim = np.zeros(n, np.bool_)
         within = self._within(job, size, gpu_type, ctx)
@@ -599,7 +601,7 @@ class RankPreemptor:
         chosen: list[Candidate] = []
         plan: Plan | None = None
         kinds_of: dict[str, int] = {}
-        taken: dict[str, int] = {}  # GPUs evicted from each queue by this plan (reclaim stop rule)
+        taken: dict[str, int] = {}  # GPU thousandths evicted from each queue by this plan (reclaim stop rule)
         got = self._free_in(ctx, w.level, d, gpu_type)
         check_at = size
         for i, (p, g) in enumerate(per_dom):
@@ -611,7 +613,7 @@ class RankPreemptor:
                 left = self._left(ctx, q, gpu_type, taken, quota_aware)
                 # own queue: it must still borrow (or the preemptor fit in nominal), so the victim is
                 # not ordered ahead of its preemptor next cycle
-                short = (not w.p_within and left <= 0) if q == job.queue_name else left < c.gpus
+                short = (not w.p_within and left <= 0) if q == job.queue_name else left < c.gpus * GPU_MILLI
                 if ctx.quota.limited(q) and short:
                     stopped = True  # its queue would drop below nominal: not a victim
                     continue
@@ -627,11 +629,11 @@ class RankPreemptor:
             if kinds_of.setdefault(c.job.id, c.kind) != c.kind:
                 continue  # never both shrink and evict one job
             q = c.job.queue_name
-            taken[q] = taken.get(q, 0) + sum(mk.bit_count() for _o, mk in c.tasks)
+            taken[q] = taken.get(q, 0) + sum(mk.bit_count() for _o, mk in c.tasks) * GPU_MILLI
             for o, mk in c.tasks:
                 ws.give(o, mk)
             if quota_aware:
-                ws.add_usage(q, gpu_type, -c.gpus)  # journaled: the victim's quota use goes too
+                ws.add_usage(q, gpu_type, -c.gpus * GPU_MILLI)  # journaled: the victim's quota use goes too
             chosen.append(c)
             got += g
             # a placement check costs up to a cluster scan: check once the domain can hold the gang,
@@ -639,7 +641,10 @@ class RankPreemptor:
             if got >= check_at and ws.type_free.get(gpu_type, 0) >= size:
                 plan = place(ws, size // gpt, gpt, gpu_type, w.required, ctx.cfg.first_fit)
                 if plan is not None:
-                    if not quota_aware or ctx.quota.check(ws, job.queue_name, gpu_type, size) is None:
+                    if (
+                        not quota_aware
+                        or ctx.quota.check(ws, job.queue_name, gpu_type, size * GPU_MILLI) is None
+                    ):
                         break
                     plan = None  # fits, but its queue may not take it yet: free more quota
                     stopped = True
@@ -673,8 +678,8 @@ class RankPreemptor:
             if quota_job is not None:
                 # the victim's quota use comes back too: keep the removal only if the queue still admits
                 mark = w.mark()
-                w.add_usage(c.job.queue_name, gpu_type, c.gpus)
-                if ctx.quota.check(w, quota_job.queue_name, gpu_type, tasks * gpt) is not None:
+                w.add_usage(c.job.queue_name, gpu_type, c.gpus * GPU_MILLI)
+                if ctx.quota.check(w, quota_job.queue_name, gpu_type, tasks * gpt * GPU_MILLI) is not None:
                     w.rollback(mark)
                     continue
                 w.rollback(mark)
@@ -683,14 +688,14 @@ class RankPreemptor:
                 for o, mk in c.tasks:
                     w.take(o, mk)
                 if quota_job is not None:
-                    w.add_usage(c.job.queue_name, gpu_type, c.gpus)
+                    w.add_usage(c.job.queue_name, gpu_type, c.gpus * GPU_MILLI)
                 keep.remove(c)
                 continue
             mark = w.mark()
             for o, mk in c.tasks:
                 w.take(o, mk)
             if quota_job is not None:
-                w.add_usage(c.job.queue_name, gpu_type, c.gpus)
+                w.add_usage(c.job.queue_name, gpu_type, c.gpus * GPU_MILLI)
             p = place(w, tasks, gpt, gpu_type, required, ctx.cfg.first_fit)
             if p is None:
                 w.rollback(mark)

@@ -6,21 +6,56 @@ in its cohort, up to its own ``borrowing_limit``, and a lender never lends more 
 teams of its sub-orgs: org > org > team) at nominal + borrowing limit; each ancestor's cap is checked. A
 parent is never a cohort member: its nominal is a cap, not quota to lend. No queues configured, or a queue
 the configuration does not name, means no limit.
+
+GPU quota is counted in thousandths of a GPU (``GPU_MILLI`` per whole GPU): a 0.25-GPU notebook uses 250 of
+its queue's quota and a ``1g.10gb`` MIG slice 142 (its share of the GPU's seven compute slices), so four
+quarter-GPU notebooks use one GPU of quota, not four. The queue file still names whole GPUs; ``QuotaBook``
+scales them (``unit``), and every amount it reads or writes in ``Workspace.usage`` for a GPU type is in
+thousandths: ``job_milli`` / ``running_milli`` say how many a job takes. CPU and memory keep their own
+units (millicores, MiB).
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 from rallypoint.core.types import CPU, MEMORY, SERVICE, Queue, Quota
+from rallypoint.core.units import GPU_MILLI, gpus_of, job_milli, mig_milli, running_milli
 from rallypoint.core.workspace import Workspace
 
-__all__ = ["CPU", "MEMORY", "QuotaBook", "resource_units"]
+__all__ = [
+    "CPU",
+    "MEMORY",
+    "RESOURCES",
+    "QuotaBook",
+    "amount_text",
+    "gpus_of",
+    "job_milli",
+    "mig_milli",
+    "resource_units",
+    "running_milli",
+    "unit",
+]
 
 _UNITS = {CPU: "millicores of CPU", MEMORY: "MiB of memory"}
+#: the quota keys that are not GPU types (their amounts are not thousandths of a GPU)
+RESOURCES = frozenset(_UNITS)
 
 
 def resource_units(gpu_type: str) -> str:
     """How a quota's amounts read: ``H100 GPUs``, ``millicores of CPU``, ``MiB of memory``."""
     return _UNITS.get(gpu_type) or f"{gpu_type} GPUs"
+
+
+def unit(gpu_type: str) -> int:
+    """What one of the queue file's amounts is in ``Workspace.usage``: a GPU is ``GPU_MILLI``
+    thousandths; a millicore or a MiB is itself."""
+    return 1 if gpu_type in _UNITS else GPU_MILLI
+
+
+def amount_text(gpu_type: str, amount: int) -> str:
+    """``amount`` of ``gpu_type``'s quota units as read in a reason: GPUs (``2.25``), else the number."""
+    return str(amount) if gpu_type in _UNITS else f"{amount / GPU_MILLI:g}"
 
 
 #: (ancestor name, cap) for each ancestor of a queue with a quota for one GPU type, nearest first.
@@ -89,11 +124,12 @@ class QuotaBook:
         return queue in self.queues
 
     def nominal(self, queue: str, gpu_type: str) -> int:
+        """``queue``'s nominal quota of ``gpu_type`` in usage units (``unit``: thousandths of a GPU)."""
         qt = self.quota(queue, gpu_type)
-        return qt.nominal if qt is not None else 0
+        return qt.nominal * unit(gpu_type) if qt is not None else 0
 
     def borrowing(self, ws: Workspace, queue: str, gpu_type: str) -> int:
-        """GPUs ``queue`` uses above its nominal (0 for unlimited queues)."""
+        """What ``queue`` uses above its nominal, in usage units (0 for unlimited queues)."""
         if queue not in self.queues:
             return 0
         return max(0, ws.usage.get((queue, gpu_type), 0) - self.nominal(queue, gpu_type))
@@ -106,31 +142,33 @@ class QuotaBook:
     def _static(self, queue: str, gpu_type: str) -> tuple[Queue, int, int | None, Ancestors] | None:
         """What ``check`` needs that does not depend on usage: the queue, its nominal and borrowing limit,
         and the caps of its ancestors that have a quota for the type (memoized: check() runs for every
-        pending job)."""
+        pending job). Amounts in usage units (``unit``)."""
         key = (queue, gpu_type)
         st = self._statics.get(key)
         if st is None and key not in self._statics:
             q = self.queues.get(queue)
             if q is not None:
                 qt = self.quota(queue, gpu_type)
+                u = unit(gpu_type)
                 caps = []
                 for ancestor in self.ancestors(queue):
                     pq = self.quota(ancestor, gpu_type)
                     if pq is not None:
-                        caps.append((ancestor, pq.nominal + (pq.borrowing_limit or 0)))
+                        caps.append((ancestor, (pq.nominal + (pq.borrowing_limit or 0)) * u))
+                limit = qt.borrowing_limit if qt is not None else None
                 st = (
                     q,
-                    qt.nominal if qt is not None else 0,
-                    qt.borrowing_limit if qt is not None else None,
+                    qt.nominal * u if qt is not None else 0,
+                    limit * u if limit is not None else None,
                     tuple(caps),
                 )
             self._statics[key] = st
         return st
 
     def check(self, ws: Workspace, queue: str, gpu_type: str, gpus: int) -> str | None:
-        """None if ``queue`` may take ``gpus`` more GPUs of ``gpu_type`` now, else why not (with numbers).
-        ``gpu_type`` may be ``CPU`` or ``MEMORY`` (``gpus`` in millicores or MiB): unlimited unless some queue
-        has a quota for it."""
+        """None if ``queue`` may take ``gpus`` more of ``gpu_type`` now, else why not (with numbers).
+        ``gpus`` is in usage units: thousandths of a GPU (``job_milli``), or millicores or MiB for ``CPU``
+        or ``MEMORY``, which are unlimited unless some queue has a quota for them."""
         key = (queue, gpu_type)
         st = self._statics.get(key)
         if st is None:
@@ -145,20 +183,21 @@ class QuotaBook:
         if new > nominal:
             borrow = new - nominal
             if limit is not None and borrow > limit:
-                return (
-                    f"queue {queue} uses {used} {resource_units(gpu_type)}, nominal {nominal} + borrowing "
-                    f"limit {limit}; needs {gpus} more"
-                )
+                return _refusal(
+                    gpu_type, "queue {} uses {} {}, nominal {} + borrowing limit {}; needs {} more",
+                    queue, used, None, nominal, limit, gpus,
+                )  # fmt: skip
             avail = self.cohort_available(ws, q, gpu_type)
             if borrow > avail:
-                return (
-                    f"queue {queue} uses {used} of {nominal} nominal {resource_units(gpu_type)}; needs "
-                    f"{gpus}; cohort can lend {avail}"
-                )
+                return _refusal(
+                    gpu_type, "queue {} uses {} of {} nominal {}; needs {}; cohort can lend {}",
+                    queue, used, nominal, None, gpus, avail,
+                )  # fmt: skip
         for parent, cap in caps:
             total = self.org_usage(ws, parent, gpu_type)
             if total + gpus > cap:
-                return f"org {parent} uses {total} of {cap} {resource_units(gpu_type)}; needs {gpus} more"
+                form = "org {} uses {} of {} {}; needs {} more"
+                return _refusal(gpu_type, form, parent, total, cap, None, gpus)
         return None
 
     def service_refusal(self, ws: Workspace, queue: str, gpus: int) -> str | None:
@@ -179,9 +218,10 @@ class QuotaBook:
         )
 
     def ceiling(self, queue: str, gpu_type: str) -> tuple[int, str] | None:
-        """The most GPUs of ``gpu_type`` ``queue`` could ever hold, whatever the other queues do, and what
-        sets it (None: unlimited): its nominal plus all the idle quota its cohort could lend (up to its
-        borrowing limit), capped by each ancestor's limit. A job larger than that can never be admitted."""
+        """The most of ``gpu_type`` ``queue`` could ever hold (in usage units), whatever the other queues
+        do, and what sets it (None: unlimited): its nominal plus all the idle quota its cohort could lend
+        (up to its borrowing limit), capped by each ancestor's limit. A job larger than that can never be
+        admitted."""
         key = (queue, gpu_type)
         if key in self._ceilings:
             return self._ceilings[key]
@@ -195,10 +235,13 @@ class QuotaBook:
                 qt = self.quota(name, gpu_type)
                 if name != queue and qt is not None:
                     lendable += qt.nominal if qt.lending_limit is None else min(qt.nominal, qt.lending_limit)
+            lendable *= unit(gpu_type)
+            text = partial(amount_text, gpu_type)
             if limit is not None and limit <= lendable:
-                found = (nominal + limit, f"nominal {nominal} + borrowing limit {limit}")
+                found = (nominal + limit, f"nominal {text(nominal)} + borrowing limit {text(limit)}")
             else:
-                found = (nominal + lendable, f"nominal {nominal} + {lendable} its cohort could lend")
+                lent = f"nominal {text(nominal)} + {text(lendable)} its cohort could lend"
+                found = (nominal + lendable, lent)
             for parent, cap in caps:
                 if cap < found[0]:
                     found = (cap, f"org {parent}'s limit")
@@ -240,14 +283,16 @@ class QuotaBook:
             members = self._members.get(ck)
             if members is None:  # per member: usage key, nominal, lending limit (static: once per book)
                 members = []
+                u = unit(gpu_type)
                 for name in self.cohorts.get(c, ()):
                     qt = self.quota(name, gpu_type)
+                    lend = qt.lending_limit if qt is not None else None
                     members.append(
                         (
                             name,
                             (name, gpu_type),
-                            qt.nominal if qt is not None else 0,
-                            qt.lending_limit if qt is not None else None,
+                            qt.nominal * u if qt is not None else 0,
+                            lend * u if lend is not None else None,
                         )
                     )
                 self._members[ck] = members
@@ -271,3 +316,11 @@ class QuotaBook:
             borrowed_all -= own[1]
         avail = pool_all - borrowed_all
         return avail if avail > 0 else 0
+
+
+def _refusal(gpu_type: str, form: str, who: str, *amounts: int | None) -> str:
+    """A refusal's sentence: ``form``'s first field is the queue or org, the rest ``amounts`` in usage
+    units shown as ``amount_text`` does (a None field is where the resource's name goes)."""
+    return form.format(
+        who, *(resource_units(gpu_type) if a is None else amount_text(gpu_type, a) for a in amounts)
+    )

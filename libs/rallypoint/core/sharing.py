@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from rallypoint.core.types import Node, PendingJob
     from rallypoint.core.workspace import Workspace
 
-__all__ = ["SideResources", "never_fits", "record", "side_of", "try_place", "why_short"]
+__all__ = ["SideResources", "least_share", "never_fits", "record", "side_of", "try_place", "why_short"]
 
 _UNLIMITED = 1 << 62
 ALL_SLICES = (1 << MEMORY_SLICES) - 1  # every memory slice of a MIG GPU, as bits
@@ -110,6 +110,19 @@ def need_on(job: PendingJob, node: Node) -> int | None:
     if node.gpu_memory_mib <= 0 or mem > node.gpu_memory_mib:
         return None
     return max(milli, -(-mem * GPU_MILLI // node.gpu_memory_mib))
+
+
+def least_share(job: PendingJob, gpu_type: str, ctx: Ctx) -> int:
+    """The smallest share ``job`` (fractional, asking for GPU memory) takes on any GPU of ``gpu_type``
+    (``need_on`` on its node of the most GPU memory): what its quota is checked for before it is placed,
+    and again for the share it gets once it is. Memoized per cycle."""
+    key = f"least_share {gpu_type} {job.gpu_milli} {job.gpu_memory_mib}"
+    found = ctx.cache.get(key)
+    if found is None:
+        needs = [need_on(job, n) for n in ctx.idx.nodes if n.gpu_type == gpu_type]
+        found = ctx.cache[key] = min((x for x in needs if x is not None), default=job.gpu_milli or 0)
+    assert isinstance(found, int)
+    return found
 
 
 def share_text(job: PendingJob) -> str:

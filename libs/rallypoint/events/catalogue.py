@@ -18,6 +18,8 @@ TopologyLevel = Literal["nvlink", "node", "rack", "spine", "cluster"]
 
 #: One whole GPU in the thousandths a fractional job asks for (``JobSpec.gpu_milli``).
 GPU_MILLI = 1000
+#: Compute slices of a MIG-capable GPU (a profile ``Ng.*`` takes N of them; ``core.mig``).
+MIG_COMPUTE_SLICES = 7
 
 
 class _Event(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="type"):
@@ -159,6 +161,25 @@ class TaskPlacement(
     #: a fractional job that asked for GPU memory: the thousandths of its GPU it holds there
     #: (``JobSpec.gpu_memory_mib``); absent: its ``gpu_milli``
     milli: int | None = None
+
+
+def mig_milli(profile: str) -> int:
+    """The part of a GPU a MIG slice counts for in quota and fair share, in thousandths: its compute
+    slices of the GPU's seven (``3g.40gb`` -> 428), rounded down so that any full layout of a GPU sums to
+    at most one GPU (``core.units``)."""
+    compute = int(profile.split("g", 1)[0])
+    return compute * GPU_MILLI // MIG_COMPUTE_SLICES
+
+
+def quota_milli(spec: JobSpec, placements: tuple[TaskPlacement, ...]) -> int:
+    """The GPU quota a job bound on ``placements`` holds, in thousandths of a GPU: its share, its MIG
+    slice's part (``mig_milli``), else every GPU it holds (what ``core.units.running_milli`` counts)."""
+    milli = share_milli(spec, placements[0] if placements else None)
+    if milli is not None:
+        return milli
+    if spec.mig_profile is not None:
+        return mig_milli(spec.mig_profile)
+    return sum(len(p.gpus) for p in placements) * GPU_MILLI
 
 
 def share_milli(spec: JobSpec, placement: TaskPlacement | None) -> int | None:
