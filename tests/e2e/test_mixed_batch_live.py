@@ -97,6 +97,12 @@ def test_a_gang_notebooks_mig_evals_and_cpu_jobs_run_together_each_rank_on_its_o
     assert all(d.startswith("MIG-") for d in devices) and len(set(devices)) == 3, devices
     # the CPU-heavy jobs: one per node
     assert {views[h]["allocation"][0]["node_id"] for h in heavy} == {"node-1", "node-2"}
+    # the team's quota counts each share and slice for its part of a GPU: 16 + 2 whole, three 0.3 shares,
+    # 3g + 3g + 2g slices (3, 3 and 2 of seven compute slices: 0.428 + 0.428 + 0.285)
+    row = next(t for t in call("GET", f"{cluster.api_url}/v1/queues")[1]["teams"] if t["team"] == "e2e")
+    assert row["used"] == pytest.approx(18 + 0.9 + 1.141, abs=1e-9) and row["running_jobs"] == len(started), (
+        row
+    )
 
     for job_id in (*started, hungry):
         call("DELETE", f"{cluster.api_url}/v1/jobs/{job_id}")
