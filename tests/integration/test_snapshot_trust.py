@@ -225,6 +225,40 @@ async def test_a_genuine_snapshot_is_restored_and_its_prefix_not_replayed(
     assert not _warnings(caplog)
 
 
+async def test_a_save_gives_the_loop_back_while_it_hashes_and_the_fold_holds_still(
+    event_log: EventLog, store: SnapshotStore
+) -> None:
+    """A large fold is hashed in pieces (a second of CPU at 12,500 nodes): the loop runs other tasks
+    between them (partition leases are renewed there), and the follow applies nothing until the hash is
+    done, so the object and its recorded hash are of one position."""
+    await _history(event_log, 1_000)  # 1,000 jobs: several pieces of 256 between two yields
+    follower = await _folded(event_log)
+    follow = asyncio.create_task(follower.run())
+    during: list[int] = []  # the fold's position each time another task ran while the save hashed
+    saving = True
+
+    async def watch() -> None:
+        while saving:
+            if follower._thawed is not None:
+                during.append(follower.state.last_seq)
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(watch())
+    more = asyncio.create_task(_submit(event_log, 1_000, 20))  # arrives while it hashes, or after
+    try:
+        seq = await follower.save(store)
+    finally:
+        saving = False
+        await watcher
+        await more
+        follow.cancel()
+    assert len(during) >= 2 and set(during) == {seq}, during
+    restarted = CountingFollower(event_log)
+    assert await restarted.restore(store) and restarted.state.last_seq == seq
+    await restarted.catch_up()
+    assert restarted.state.hash() == (await _folded(event_log)).state.hash()
+
+
 async def test_the_api_saves_its_own_snapshot_and_restores_it(
     event_log: EventLog,
     store: SnapshotStore,

@@ -46,7 +46,7 @@ class Recording:
     async def a_pass(self) -> set[str]:
         self.acted.clear()
         self.swept.clear()
-        self.controller.reconcile_changed()
+        await self.controller.reconcile_changed()
         for _ in range(3):  # the recorded "actions" end, as real ones would, before the next pass
             await asyncio.sleep(0)
         return set(self.acted)

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 from collections.abc import Awaitable, Callable
 
 from rallypoint.eventlog import EventLogError, SnapshotStore
@@ -111,6 +112,9 @@ async def save_periodically(follower: Follower, store: SnapshotStore) -> None:
     ``snapshot_check_s()``); a failed save is logged and tried again at the next check."""
     saved = follower.state.last_seq
     every, check_s = snapshot_every_events(), snapshot_check_s()
+    # The services of a cluster start together: their first checks are spread over a whole period, so
+    # their saves (a second of CPU each at 12,500 nodes) do not all fall on the same moment.
+    await asyncio.sleep(random.uniform(0.0, check_s))
     while True:
         await asyncio.sleep(check_s)
         if follower.state.last_seq - saved < every:
