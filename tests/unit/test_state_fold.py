@@ -18,6 +18,7 @@ from rallypoint.events import (
     JobStarted,
     JobSubmitted,
     LeaderEpochStarted,
+    MigSlice,
     NodeDrained,
     NodeRegistered,
     RankExited,
@@ -191,6 +192,36 @@ def test_preempted_attempts_add_up_their_service_and_the_bridge_hands_it_to_the_
     assert (pending.attained_gpu_s, pending.last_run_s) == (2000.0, 150.0)
     state.apply(20, bound("j1", ("n2", EIGHT), attempt=3))
     assert running_of(state.jobs["j1"]).attained_gpu_s == 2000.0
+
+
+def test_a_share_or_a_mig_slice_attains_service_for_its_part_of_a_gpu() -> None:
+    """100 s on a quarter of a GPU is 25 GPU-seconds of service, on a 3g MIG slice 42.8 (3 of 7 compute
+    slices, as quota counts it): the LAS levels then order a notebook by what it held, not as a whole GPU."""
+
+    def part(job_id: str, **kw: object) -> JobSubmitted:
+        base = submit(job_id, 1, per_task=1)
+        return msgspec.structs.replace(base, spec=msgspec.structs.replace(base.spec, **kw))
+
+    plain = node("m1", gpus=1)
+    mig_node = msgspec.structs.replace(
+        plain, gpu_type="H100", gpus=(msgspec.structs.replace(plain.gpus[0], mig=True),)
+    )
+    sliced = msgspec.structs.replace(
+        bound("ev", ("m1", (0,))),
+        placements=(
+            TaskPlacement(task=0, node_id="m1", gpus=(0,), mig=MigSlice(profile="3g.40gb", start=0)),
+        ),
+    )
+    events: list[Event] = [node("n1"), mig_node, part("nb", gpu_milli=250), part("ev", mig_profile="3g.40gb")]
+    for job_id, bind in (("nb", bound("nb", ("n1", (0,)))), ("ev", sliced)):
+        events += [
+            bind,
+            JobStarted(job_id=job_id, attempt=1, at=4.0),
+            JobPreempted(job_id=job_id, attempt=1, for_job="x", reason="priority", at=104.0),
+        ]
+    state = fold(*events)
+    assert state.jobs["nb"].attained_gpu_s == 25.0
+    assert state.jobs["ev"].attained_gpu_s == 100.0 * 0.428
 
 
 def test_a_preemption_before_the_start_adds_no_service() -> None:

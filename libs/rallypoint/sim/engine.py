@@ -38,6 +38,7 @@ import msgspec
 from rallypoint.control.recovery import RecoveryConfig, backoff_s
 from rallypoint.core import types as ct
 from rallypoint.core.cluster import GPU_MILLI, ClusterModel
+from rallypoint.events.catalogue import mig_milli
 from rallypoint.scheduling.adapter import (
     affinity_groups,
     attempt_end,
@@ -146,6 +147,7 @@ class _SimJob:
         "run_time",
         "seg_start",
         "seq",
+        "share",
         "slow_gpu_s",
         "slowdown",
         "suspended",
@@ -164,6 +166,7 @@ class _SimJob:
         self.run_start = 0.0
         self.rate = 1.0
         self.alloc = 0
+        self.share = 0.0  # GPUs its attained service counts while it runs (``_gpu_share``)
         self.run_time = 0.0
         self.preemptions = 0
         self.failures = 0
@@ -195,6 +198,17 @@ class _SimJob:
         self.replacements = 0
         self.replace_lost_gpu_s = 0.0  # redone work plus restore overhead, from straggler replacements
         self.replace_overhead = False  # the overhead due comes from a replacement
+
+
+def _gpu_share(job: Job, gpus: int, placements: tuple[ct.TaskPlacement, ...]) -> float:
+    """The GPUs a running job's attained service counts, as the live fold counts them (``quota_milli``):
+    a share's or a MIG slice's part of one GPU, else the ``gpus`` it holds."""
+    if job.gpu_milli is not None or job.gpu_memory_mib is not None:
+        held = placements[0].milli if placements and placements[0].milli is not None else job.gpu_milli
+        return (held or 0) / GPU_MILLI
+    if job.mig_profile is not None:
+        return mig_milli(job.mig_profile) / GPU_MILLI
+    return float(gpus)
 
 
 def to_core_nodes(cluster: Cluster) -> list[ct.Node]:
@@ -447,6 +461,7 @@ class Simulator:
         j = sj.job
         sj.attempt += 1
         sj.alloc = gpus
+        sj.share = _gpu_share(j, gpus, placements)
         sj.rate = gpus / j.gpus
         sj.seg_start = now
         sj.run_start = now + sj.overhead_due
@@ -528,7 +543,7 @@ class Simulator:
             self._bank_slow(sj, now)
             sj.slowdown = 1.0
         sj.run_time += held
-        sj.attained += sj.alloc * held
+        sj.attained += held * sj.share
         progress = sj.progress0 + max(0.0, now - sj.run_start) * sj.rate
         progress = min(progress, j.duration)
         if saved_progress is not None and saved_progress < progress:

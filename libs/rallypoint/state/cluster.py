@@ -70,7 +70,7 @@ from rallypoint.events import (
     RankExited,
     TaskPlacement,
 )
-from rallypoint.events.catalogue import GPU_MILLI, share_milli
+from rallypoint.events.catalogue import GPU_MILLI, quota_milli, share_milli
 from rallypoint.events.codec import Quarantined, QuarantineLog
 from rallypoint.userusage import UserLedger, end_attempt, start_attempt
 
@@ -991,11 +991,13 @@ def _on_preempted(state: ClusterState, seq: int, e: JobPreempted) -> None:
 
 
 def _account_service(job: JobView, at: float) -> None:
-    """Add the ending attempt's run to the job's service (the core's LAS levels and estimates read it)."""
+    """Add the ending attempt's run to the job's service (the core's LAS levels and estimates read it):
+    GPU-seconds where a share or a MIG slice counts for its part of a GPU (``quota_milli``), as quota and
+    DRF count it; a gang's every GPU, the same float as its GPU count times the run."""
     if job.started_at is not None:
         ran = max(0.0, at - job.started_at)
         job.run_s += ran
-        job.attained_gpu_s += ran * job.bound_gpus
+        job.attained_gpu_s += ran * (quota_milli(job.spec, job.placements) / GPU_MILLI)
 
 
 def _user_ledger(state: ClusterState, job: JobView) -> UserLedger | None:
