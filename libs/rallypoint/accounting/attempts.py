@@ -26,6 +26,7 @@ from rallypoint.events import (
     RankExited,
     TaskPlacement,
 )
+from rallypoint.events.catalogue import GPU_MILLI, quota_milli
 from rallypoint.events.codec import Quarantined
 from rallypoint.state import LAUNCHED, ClusterState, JobView, NodeView
 
@@ -70,6 +71,9 @@ class AttemptRecord(msgspec.Struct, kw_only=True):
     lost_gpu_s: float = 0.0
     resume_step: int | None = None
     last_seq: int = 0
+    #: a share's or a MIG slice's part of its GPU, in thousandths (``quota_milli``), which it is charged
+    #: for; None for whole GPUs (``gpus`` of them)
+    gpu_milli: int | None = None
     #: the first rank whose non-zero exit the log recorded for this attempt, kept once the attempt has
     #: ended only when a rank's exit failed it (its ending event carries an exit code): the rank whose log
     #: says why, which ``rally logs`` shows by default. Ranks stopped afterwards exit non-zero too, later.
@@ -86,8 +90,17 @@ def user_of(job: JobView, submitted_by: str | None = None) -> str:
     return str(user) if user else UNKNOWN_USER
 
 
+def _part_milli(job: JobView) -> int | None:
+    """What a share or a MIG slice holds of its GPU, in thousandths; None for a job of whole GPUs."""
+    spec = job.spec
+    if spec.gpu_milli is None and spec.gpu_memory_mib is None and spec.mig_profile is None:
+        return None
+    return quota_milli(spec, job.placements)
+
+
 def charged_gpu_s(rec: AttemptRecord, since: float | None, until: float | None, now: float) -> float:
-    """GPU-seconds of ``rec`` inside [since, until]; a running attempt counts up to ``now``.
+    """GPU-seconds of ``rec`` inside [since, until]; a running attempt counts up to ``now``. A share or a
+    MIG slice is charged its part of the GPU (``gpu_milli`` / 1000), as its quota counts it.
 
     The PostgreSQL read model evaluates the very same expression (``projection.usage``): keep them in step.
     """
@@ -97,7 +110,8 @@ def charged_gpu_s(rec: AttemptRecord, since: float | None, until: float | None, 
     low = rec.started_at if since is None else max(rec.started_at, since)
     high = end if until is None else min(end, until)
     span = high - low
-    return rec.gpus * span if span > 0 else 0.0
+    held = rec.gpus if rec.gpu_milli is None else rec.gpu_milli / GPU_MILLI
+    return held * span if span > 0 else 0.0
 
 
 class AttemptLedger(msgspec.Struct, kw_only=True):
@@ -156,6 +170,7 @@ class AttemptLedger(msgspec.Struct, kw_only=True):
                 user=user_of(job, self.users.get(job.job_id)),
                 priority=job.spec.priority,
                 gpus=job.bound_gpus,
+                gpu_milli=_part_milli(job),
                 placements=job.placements,
                 bound_at=job.bound_at if job.bound_at is not None else getattr(event, "at", 0.0),
                 last_seq=seq,

@@ -140,6 +140,7 @@ def attempt_row(rec: AttemptRecord) -> AttemptRow:
         rec.resume_step,
         rec.last_seq,
         rec.failed_rank,
+        rec.gpu_milli,
     )
 
 

@@ -82,6 +82,7 @@ ATTEMPT_COLUMNS: tuple[str, ...] = (
     "resume_step",
     "last_seq",
     "failed_rank",
+    "gpu_milli",
 )
 
 # Events PostgreSQL refused to store (NUL in text, a number out of range...): quarantined, not projected.
@@ -199,6 +200,9 @@ MIGRATIONS: tuple[str, ...] = (
     f"ALTER TABLE {SCHEMA}.nodes ADD COLUMN IF NOT EXISTS health text NOT NULL DEFAULT 'healthy'",
     # Added with the failing rank (``AttemptRecord.failed_rank``): the rank whose exit failed the attempt.
     f"ALTER TABLE {SCHEMA}.attempts ADD COLUMN IF NOT EXISTS failed_rank integer",
+    # Added with billing by share (``AttemptRecord.gpu_milli``): a share's or a MIG slice's part of its GPU.
+    # Rows written before it hold NULL (whole GPUs): `rally projector rebuild` fills a share's from the log.
+    f"ALTER TABLE {SCHEMA}.attempts ADD COLUMN IF NOT EXISTS gpu_milli integer",
     # Added with issue 30: the events PostgreSQL refused, each written in the transaction that moved the
     # position past it, so the projector goes on and an operator can see what the views lack.
     f"""

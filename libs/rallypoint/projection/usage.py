@@ -22,7 +22,8 @@ _QUERY = f"""
 WITH charged AS (
     SELECT job_id, attempt, {{key}} AS key, lost_gpu_s,
            CASE WHEN started_s IS NULL THEN 0.0::float8
-                ELSE gpus * (least(coalesce(ended_s, $3::float8), $2::float8)
+                ELSE coalesce(gpu_milli::float8 / 1000, gpus)
+                     * (least(coalesce(ended_s, $3::float8), $2::float8)
                              - greatest(started_s, $1::float8)) END AS span,
            ended_s IS NOT NULL AND ($1::float8 IS NULL OR ended_s >= $1::float8)
                AND ($2::float8 IS NULL OR ended_s < $2::float8) AS lost_inside
