@@ -16,7 +16,7 @@ import asyncpg
 import msgspec
 import pytest
 
-from rallypoint.accounting import fold_attempts, usage
+from rallypoint.accounting import AttemptLedger, fold_attempts, usage
 from rallypoint.cli.replay import load_history
 from rallypoint.eventlog import EventLog
 from rallypoint.events import (
@@ -39,6 +39,7 @@ from rallypoint.projection import Projector
 from rallypoint.projection.rows import attempt_row
 from rallypoint.projection.store import connect, fetch_attempts
 from rallypoint.projection.usage import read_model_usage
+from rallypoint.state import ClusterState
 
 RECORDED = Path(__file__).parents[1] / "replay" / "data" / "usage_history.jsonl"
 
@@ -59,19 +60,24 @@ async def dsn(postgres: PostgresServer) -> AsyncIterator[str]:
         await admin.close()
 
 
+async def _projected_and_folded(
+    event_log: EventLog, dsn: str, *, batch_size: int
+) -> tuple[ClusterState, AttemptLedger]:
+    """The log projected into ``dsn``, and the log's own fold of attempts (what ``rally usage`` reads)."""
+    projector = Projector(event_log, dsn, batch_size=batch_size)
+    try:
+        await projector.catch_up()
+    finally:
+        await projector.close()
+    return fold_attempts([(rec.seq, rec.event) async for rec in event_log.replay()])
+
+
 async def test_usage_from_the_log_equals_the_read_model(event_log: EventLog, dsn: str) -> None:
     history = load_history(str(RECORDED))
     for seq, item in history:
         assert not isinstance(item, Quarantined), item
         await event_log.append(subjects.for_event(item), item, msg_id=f"recorded:{seq}", source="test")
-    projector = Projector(event_log, dsn, batch_size=16)
-    try:
-        await projector.catch_up()
-    finally:
-        await projector.close()
-
-    replayed = [(rec.seq, rec.event) async for rec in event_log.replay()]
-    state, ledger = fold_attempts(replayed)
+    state, ledger = await _projected_and_folded(event_log, dsn, batch_size=16)
     attempts = list(ledger.records())
     # the recording holds what it claims: preempted attempts and a retried job's failed one
     assert {"preempted", "attempt-failed", "completed", "failed", "cancelled"} <= {
@@ -143,12 +149,7 @@ async def test_shares_and_mig_slices_are_charged_their_part_alike_in_the_log_and
 ) -> None:
     for i, event in enumerate(_shared_history()):
         await event_log.append(subjects.for_event(event), event, msg_id=f"shared:{i}", source="test")
-    projector = Projector(event_log, dsn, batch_size=4)
-    try:
-        await projector.catch_up()
-    finally:
-        await projector.close()
-    _state, ledger = fold_attempts([(rec.seq, rec.event) async for rec in event_log.replay()])
+    _state, ledger = await _projected_and_folded(event_log, dsn, batch_size=4)
     attempts = {a.job_id: a for a in ledger.records()}
     assert {j: a.gpu_milli for j, a in attempts.items()} == {"gang": None, "notebook": 250, "eval": 428}
     spans = {j: a.ended_at - a.started_at for j, a in attempts.items() if a.started_at and a.ended_at}
