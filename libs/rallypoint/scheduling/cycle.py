@@ -59,4 +59,14 @@ def decide(
     writes = decision_writes(
         decisions, state, epoch=epoch, policy_version=policy.version, at=now, reasons=reasons
     )
-    return decisions, [*writes, *admissions]
+    return decisions, [*writes, *waiting_admissions(admissions, decisions)]
+
+
+def waiting_admissions(admissions: Sequence[Write], decisions: Decisions) -> list[Write]:
+    """The admissions of the jobs these decisions do not bind. A bind admits its job (the fold sets its
+    queue), so a job bound by the cycle that first sees it needs no ``JobQueued``: one event fewer for each
+    such job, in every fold of the log and every consumer of the stream (issue 34's CPU per job)."""
+    if not decisions.binds:
+        return list(admissions)
+    bound = {b.job_id for b in decisions.binds}
+    return [w for w in admissions if getattr(w.event, "job_id", None) not in bound]

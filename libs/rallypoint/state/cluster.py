@@ -703,6 +703,8 @@ def _on_bound(state: ClusterState, seq: int, e: GangBound) -> None:
     if job is None:
         return
     _take(state, job, e, seq)
+    if job.queue is None:  # a bind admits: the cycle that binds a job it first sees writes no JobQueued
+        job.queue = job.spec.team
     job.pending_code = ""
     job.pending_message = ""
     job.pending_position = None
