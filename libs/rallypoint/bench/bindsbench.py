@@ -1,9 +1,10 @@
 """`rally bench binds`: binds written per second by the live ``SchedulerLoop`` on a real NATS server.
 
 A fresh embedded server gets ``nodes`` registered nodes and ``pending`` one-node gangs (alternately 1 and
-8 GPUs, already admitted unless ``admit_in_cycle``); one leader then runs cycles until nothing is left
-pending. The rate is the binds folded back from the log over the time from the first cycle to the fold of
-the last bind: what a burst of placements costs end to end (decide, write fenced, fold), not the core alone.
+8 GPUs, already admitted unless ``admit_in_cycle``: then their binds admit them); one leader then runs
+cycles until nothing is left pending. The rate is the binds folded back from the log over the time from the
+first cycle to the fold of the last bind: what a burst of placements costs end to end (decide, write fenced,
+fold), not the core alone.
 """
 
 from __future__ import annotations

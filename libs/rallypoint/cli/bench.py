@@ -39,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--admit-in-cycle",
         action="store_true",
-        help="leave the jobs unadmitted: the cycles write JobQueued too",
+        help="leave the jobs unadmitted: the cycles admit them (a bind admits; JobQueued if one waits)",
     )
     add_output_args(b)
     b.set_defaults(func=handle_binds)
