@@ -24,6 +24,7 @@ import termios
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
@@ -210,7 +211,9 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def test_a_published_port_is_reached_through_the_api_and_only_by_its_team(cluster: LocalCluster) -> None:
+def test_a_published_port_is_reached_through_the_api_and_only_by_its_team(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
     port, local = free_port(), free_port()
     server = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
     job_id = submit(cluster, "notebook", server, team="ml", gpu_milli=250, ports=[port])
@@ -221,12 +224,19 @@ def test_a_published_port_is_reached_through_the_api_and_only_by_its_team(cluste
         )
         assert answer[0] == status, answer
     env = {**os.environ, "RALLY_API_URL": cluster.api_url, "RALLY_TOKEN": cluster.token_for("ml")}
+    said_path = tmp_path / "port-forward.stderr"
+    said = said_path.open("wb")
     forward = subprocess.Popen(
         [*RALLY, "port-forward", job_id, str(port), "--local-port", str(local)],
-        env=env, stderr=subprocess.PIPE, start_new_session=True,
+        env=env, stderr=said, start_new_session=True,
     )  # fmt: skip
     try:
-        assert forward.stderr is not None and b"reaches port" in forward.stderr.readline()
+        # its stderr goes to a file: a pipe nobody reads fills with its "port N: ..." lines while the
+        # server is not listening yet, and a forwarder blocked writing one cannot exit at Ctrl-C
+        deadline = time.monotonic() + 30
+        while b"reaches port" not in said_path.read_bytes():
+            assert time.monotonic() < deadline, said_path.read_bytes()
+            time.sleep(0.1)
         deadline, page, url = time.monotonic() + 60, "", f"http://127.0.0.1:{local}/"
         while "Directory listing" not in page:  # until the server listens (the agent refuses before)
             assert time.monotonic() < deadline, page
@@ -236,5 +246,6 @@ def test_a_published_port_is_reached_through_the_api_and_only_by_its_team(cluste
         assert "rank-0.log" in page  # the rank's own folder, served on the node, read here
     finally:
         forward.send_signal(signal.SIGINT)
-        assert forward.wait(10) == 0
+        assert forward.wait(60) == 0, said_path.read_text(errors="replace")
+        said.close()
         call("DELETE", f"{cluster.api_url}/v1/jobs/{job_id}")
