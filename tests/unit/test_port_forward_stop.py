@@ -1,6 +1,8 @@
-"""`rally port-forward` exits at Ctrl-C, with exit code 0, even while a tunnel is open and the API never
-answers its close: a real aiohttp server stands in for the API (the job, and its port endpoint, which never
-reads what the client sends), and the real CLI runs in its own process, as a user's would."""
+"""`rally port-forward` exits at Ctrl-C, with exit code 0, even when it was started the way a script starts a
+background job (SIGINT inherited as ignored, which Python keeps: it then ignored Ctrl-C for good, and the live
+port test hung whenever the suite itself ran in the background) and while a tunnel is open whose close the
+API never answers. A real aiohttp server stands in for the API (the job, and its port endpoint, which never
+reads what the client sends); the real CLI runs in its own process."""
 
 from __future__ import annotations
 
@@ -50,16 +52,18 @@ async def _connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWrite
             await asyncio.sleep(0.05)
 
 
-async def test_ctrl_c_ends_rally_port_forward_with_a_tunnel_the_api_never_closes() -> None:
+async def test_ctrl_c_ends_rally_port_forward_started_in_the_background_with_a_tunnel_open() -> None:
     opened = asyncio.Event()
     runner = await _api_that_never_closes(opened)
     api_port, local_port = _free_port(), _free_port()
     await web.TCPSite(runner, "127.0.0.1", api_port).start()
     env = {**os.environ, "RALLY_API_URL": f"http://127.0.0.1:{api_port}"}
     env.pop("RALLY_TOKEN", None)
+    # as a script's background job starts: SIGINT ignored (``trap "" INT``; ``exec`` keeps it so)
     cli = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rallypoint.cli.main", "port-forward", "j-1", "8888", "--local-port",
-        str(local_port), env=env, stderr=asyncio.subprocess.PIPE, start_new_session=True,
+        "bash", "-c", 'trap "" INT; exec "$0" "$@"', sys.executable, "-m", "rallypoint.cli.main",
+        "port-forward", "j-1", "8888", "--local-port", str(local_port),
+        env=env, stderr=asyncio.subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     try:
         assert cli.stderr is not None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -204,6 +205,9 @@ def cmd_port_forward(args: argparse.Namespace) -> int:
     print(
         f"rally: localhost:{local} reaches port {args.port} of {args.job_id}; Ctrl-C stops", file=sys.stderr
     )
+    # Ctrl-C (SIGINT) stops it however it was started: one started in the background by a script inherits
+    # SIGINT as ignored, which Python keeps, and asyncio then installs no handler (as `rally up` does).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         asyncio.run(forward(client.base_url, client.token, args.job_id, args.port, local, args.rank))
     except KeyboardInterrupt:
