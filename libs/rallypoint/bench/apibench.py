@@ -71,6 +71,11 @@ async def _register(log: EventLog, nodes: int) -> None:
         await log.append_batch(entries, source="rallypoint/apibench")
 
 
+def raw_job_ids(prefix: str, count: int) -> list[str]:
+    """The ids ``raw_append`` gives its jobs."""
+    return [job_id_for(TEAM, f"{prefix}-{i}") for i in range(count)]
+
+
 async def raw_append(
     log: EventLog, count: int, *, concurrency: int, prefix: str, seconds: float = 10.0
 ) -> float:

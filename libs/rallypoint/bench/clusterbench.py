@@ -61,7 +61,7 @@ from rallypoint.infra.proccpu import cpu_seconds
 from rallypoint.localcluster.http import auth_headers
 from rallypoint.localcluster.supervisor import LocalCluster, local_service_seconds
 
-from .apibench import raw_append
+from .apibench import raw_append, raw_job_ids
 from .fleetprocs import FleetSet, RssSampler, start_fleets
 from .handovers import handovers
 from .httpceiling import http_ceiling
@@ -112,6 +112,8 @@ class BenchConfig:
     replicas: tuple[tuple[str, int], ...] = ()
     #: nats-servers: 1, or a JetStream cluster of 3 (R3)
     nats_servers: int = 1
+    #: services hosted together over one fold (``rally up --colocate``)
+    colocate: tuple[str, ...] = ()
 
 
 def monitor_thresholds(heartbeat_interval_s: float) -> tuple[float, float]:
@@ -183,6 +185,49 @@ def _cpu_ms_per_job(before: dict[str, float], after: dict[str, float], jobs: int
     return {name: round(ms, 3) for name, ms in sorted(spent.items(), key=lambda kv: -kv[1]) if ms >= 0.005}
 
 
+def _submission_cpu(
+    before: dict[str, float], after: dict[str, float], jobs: int, window_s: float, idle: dict[str, float]
+) -> dict[str, Any]:
+    """The CPU of every process per accepted submission over the settled window, its sum, the window,
+    and what the idle cluster would have spent over as long (heartbeats, leases: in the sum too)."""
+    per_process = _cpu_ms_per_job(before, after, jobs)
+    idle_ms = sum(idle.values())
+    return {
+        "submissions_cpu_ms_per_job": per_process,
+        "submissions_cpu_ms_per_job_sum": round(sum(per_process.values()), 3),
+        "submissions_cpu_window_s": round(window_s, 3),
+        "idle_cpu_ms_per_s": round(idle_ms, 1),
+        "idle_cpu_ms_per_s_by_process": idle,
+        "submissions_idle_cpu_ms_per_job": round(idle_ms * window_s / jobs, 3),
+    }
+
+
+async def _settle(
+    cluster: LocalCluster, log: EventLog, watch: LogWatch, cfg: BenchConfig, ids: list[str], what: str
+) -> None:
+    """Until every one of ``ids`` runs (its ``JobStarted`` stored) and every service has folded the log
+    as it then is."""
+    # Polled often: the window's end is when this returns, and each poll's wait is idle time in it.
+    if not await watch.wait(lambda: all(j in watch.started for j in ids), cfg.phase_timeout_s, poll_s=0.02):
+        _phase(f"not every one of {what} ran within {cfg.phase_timeout_s:.0f} s")
+    try:
+        await _wait_caught_up(cluster, log, cfg.phase_timeout_s, poll_s=0.05, what=what)
+    except TimeoutError as exc:
+        _phase(str(exc))
+
+
+#: How long the idle cluster's CPU is read for, before the submissions' window.
+IDLE_WINDOW_S = 2.0
+
+
+async def _idle_cpu_ms_per_s(cluster: LocalCluster) -> dict[str, float]:
+    """CPU ms per second each process spends with nothing to do but the cluster's own upkeep."""
+    before = _cpu_seconds(cluster)
+    await asyncio.sleep(IDLE_WINDOW_S)
+    spent = _cpu_ms_per_job(before, _cpu_seconds(cluster), 1)
+    return {name: round(ms / IDLE_WINDOW_S, 1) for name, ms in spent.items()}
+
+
 async def _submissions(
     cluster: LocalCluster, log: EventLog, watch: LogWatch, cfg: BenchConfig
 ) -> dict[str, Any]:
@@ -200,7 +245,12 @@ async def _submissions(
     appended_s = half / await raw_append(
         log, half, concurrency=CONCURRENCY, prefix="rawlog-a", seconds=2 * cfg.job_seconds
     )
-    cpu_before = _cpu_seconds(cluster)
+    # The window opens on a settled cluster: those reference jobs placed, launched and folded everywhere,
+    # so none of their work is charged to the HTTP submissions (before 2026-12-06 it opened as soon as
+    # the appends were acknowledged, and the cluster's backlog of them ran inside the window).
+    await _settle(cluster, log, watch, cfg, raw_job_ids("rawlog-a", half), "the reference appends")
+    idle = await _idle_cpu_ms_per_s(cluster)
+    cpu_before, opened = _cpu_seconds(cluster), time.monotonic()
     accepted: list[Submitted] = []
     took = 0.0
     failed = 0
@@ -212,14 +262,15 @@ async def _submissions(
         accepted += ok
         took += seconds
         failed += refused
-    cpu_after = _cpu_seconds(cluster)
+    # ... and closes once every accepted job runs and every fold has applied its events: a job's whole
+    # way from the request to its ranks running, in every process, and nothing else's.
+    await _settle(cluster, log, watch, cfg, [s.job_id for s in accepted], "the submissions")
+    cpu_after, window_s = _cpu_seconds(cluster), time.monotonic() - opened
     appended_s += half / await raw_append(
         log, half, concurrency=CONCURRENCY, prefix="rawlog-b", seconds=2 * cfg.job_seconds
     )
     ceiling.append(await _ceiling(cluster, watch, cfg, body, token))
     raw_after = await raw_publish(watch.nc, cfg.jobs, concurrency=CONCURRENCY)
-    ids = [s.job_id for s in accepted]
-    await watch.wait(lambda: all(j in watch.started for j in ids), cfg.phase_timeout_s)
     to_running = [watch.started[s.job_id] - s.sent_at for s in accepted if s.job_id in watch.started]
     return {
         "submissions": len(accepted),
@@ -232,7 +283,7 @@ async def _submissions(
         "http_ceiling_per_s": round(2 / (1 / ceiling[0] + 1 / ceiling[1]), 1),
         "http_ceiling_before_per_s": round(ceiling[0], 1),
         "http_ceiling_after_per_s": round(ceiling[1], 1),
-        "submissions_cpu_ms_per_job": _cpu_ms_per_job(cpu_before, cpu_after, max(1, len(accepted))),
+        **_submission_cpu(cpu_before, cpu_after, max(1, len(accepted)), window_s, idle),
         **latency_summary([s.latency_s for s in accepted], "submit_latency_s"),
         "submitted_running": len(to_running),
         **latency_summary(to_running, "submit_to_running_s"),
@@ -503,6 +554,7 @@ def _live(cfg: BenchConfig) -> dict[str, Any]:
             service_args={"health-monitor": monitor},
             replicas=dict(cfg.replicas),
             nats_servers=cfg.nats_servers,
+            colocate=cfg.colocate,
         )
         with cluster:
             began = time.monotonic()

@@ -190,13 +190,13 @@ class LogWatch:
         elif isinstance(event, LeaderEpochStarted) and "." in event.role:
             self.partition_epochs.append((stored, event.role, event.leader_id))
 
-    async def wait(self, done: Callable[[], bool], timeout: float) -> bool:
+    async def wait(self, done: Callable[[], bool], timeout: float, *, poll_s: float = 0.2) -> bool:
         """Until ``done()`` holds (True) or ``timeout`` seconds pass (False)."""
         deadline = time.monotonic() + timeout
         while not done():
             if time.monotonic() >= deadline:
                 return False
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(poll_s)
         return True
 
     @staticmethod
