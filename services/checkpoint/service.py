@@ -20,6 +20,7 @@ from rallypoint.checkpoints import DEFAULT_KEEP, RetentionPolicy
 from rallypoint.ckpt import verify_checkpoint
 from rallypoint.events import subjects
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
+from rallypoint.runtime.cohost import Hosted
 from rallypoint.runtime.following import open_follower
 from rallypoint.runtime.partitioned import add_partition_args, share_partitions
 
@@ -37,6 +38,12 @@ def _positive(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return run_service(*prepare(argv))
+
+
+def prepare(argv: Sequence[str] | None = None) -> Hosted:
+    """The service's main coroutine and configuration from its arguments: run alone (``main``) or
+    hosted with others in one process (``rally serve host``, ``runtime.cohost``)."""
     parser = argparse.ArgumentParser(prog="rally serve checkpoint", description=__doc__)
     add_common_args(parser)
     add_partition_args(parser)
@@ -56,9 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     async def run(ctx: ServiceContext) -> int:
         follower = await open_follower(ctx)
+        # Writes on our own connection, as our own NATS user: the fold may be another service's
+        # (``rally serve host``), and its connection may not write our subjects.
+        log = await ctx.event_log()
         partitions = await share_partitions(
             ctx,
-            follower.log,
+            log,
             follower,
             service=subjects.CHECKPOINT_ROLE,
             count=subjects.CHECKPOINT_PARTITIONS,
@@ -67,10 +77,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         _log.info("verifying commits; keeping the newest %d complete checkpoints per job", args.keep)
         actions = CheckpointActions(
-            follower.log, follower, verify_checkpoint, max_parallel=args.max_parallel, partitions=partitions
+            log, follower, verify_checkpoint, max_parallel=args.max_parallel, partitions=partitions
         )
         keeper = CheckpointKeeper(
-            follower.log,
+            log,
             follower,
             actions,
             policy=RetentionPolicy(keep=args.keep),
@@ -81,4 +91,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         await keeper.run(ctx.stop)
         return 0
 
-    return run_service(run, config)
+    return run, config

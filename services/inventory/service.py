@@ -11,12 +11,19 @@ from nats.aio.msg import Msg
 from rallypoint.events import subjects
 from rallypoint.inventory import inventory_view
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
+from rallypoint.runtime.cohost import Hosted
 from rallypoint.runtime.follower import Follower
 from rallypoint.runtime.following import with_follower
 from rallypoint.runtime.health import add_health_check
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return run_service(*prepare(argv))
+
+
+def prepare(argv: Sequence[str] | None = None) -> Hosted:
+    """The service's main coroutine and configuration from its arguments: run alone (``main``) or
+    hosted with others in one process (``rally serve host``, ``runtime.cohost``)."""
     parser = argparse.ArgumentParser(prog="rally serve inventory", description=__doc__)
     add_common_args(parser)
     args = parser.parse_args(argv)
@@ -41,4 +48,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return await with_follower(ctx, serve)
 
-    return run_service(run, config)
+    return run, config

@@ -117,8 +117,9 @@ class JobController:
         # None: this controller owns every job and appends unfenced (one controller in tests and benches)
         self.partitions = partitions
         self._generation = -1  # the ownership generation the last pass saw
+        self._changed = follower.change_signal()  # its own: the fold may be shared (runtime.cohost)
         if partitions is not None:
-            partitions.listeners.append(self.follower.changed.set)  # a gain or loss wakes the loop
+            partitions.listeners.append(self._changed.set)  # a gain or loss wakes the loop
         self.clock = clock
         self.command_timeout = command_timeout
         self.tick_s = tick_s
@@ -141,10 +142,10 @@ class JobController:
     async def run(self, stop: asyncio.Event) -> None:
         try:
             while not stop.is_set():
-                self.follower.changed.clear()
+                self._changed.clear()
                 await self.reconcile_changed()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.follower.changed.wait(), self.tick_s)
+                    await asyncio.wait_for(self._changed.wait(), self.tick_s)
         finally:
             # stopped or cancelled alike: no launch, kill or append of this controller outlives it (a
             # cancelled run used to leave its in-flight actions writing after the process meant to stop)

@@ -10,6 +10,7 @@ from rallypoint.control import RecoveryConfig
 from rallypoint.control.drain_flags import add_drain_policy_args, drain_policy_from_args
 from rallypoint.events import subjects
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
+from rallypoint.runtime.cohost import Hosted
 from rallypoint.runtime.following import open_follower
 from rallypoint.runtime.partitioned import add_partition_args, share_partitions
 
@@ -48,6 +49,12 @@ def _add_recovery_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return run_service(*prepare(argv))
+
+
+def prepare(argv: Sequence[str] | None = None) -> Hosted:
+    """The service's main coroutine and configuration from its arguments: run alone (``main``) or
+    hosted with others in one process (``rally serve host``, ``runtime.cohost``)."""
     parser = argparse.ArgumentParser(prog="rally serve job-controller", description=__doc__)
     add_common_args(parser)
     add_partition_args(parser)
@@ -72,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     async def run(ctx: ServiceContext) -> int:
         follower = await open_follower(ctx)
-        log = follower.log
+        log = await ctx.event_log()  # our own connection and NATS user, even when the fold is shared
         partitions = await share_partitions(
             ctx,
             log,
@@ -94,4 +101,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         await controller.run(ctx.stop)
         return 0
 
-    return run_service(run, config)
+    return run, config

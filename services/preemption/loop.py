@@ -66,13 +66,14 @@ class EvictionWatch:
         self._others_ended: list[tuple[float, Ended]] = []
         # What the fold touched since the last look: a look costs the jobs changed, not every job ever.
         self._changes = follower.changes()
+        self._changed = follower.change_signal()  # its own: the fold may be shared (runtime.cohost)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            self.follower.changed.clear()
+            self._changed.clear()
             self.step()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.follower.changed.wait(), self.tick_s)
+                await asyncio.wait_for(self._changed.wait(), self.tick_s)
 
     def step(self) -> Review:
         """One look at the fold; logs what changed since the last, for the jobs this replica owns."""

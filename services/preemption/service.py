@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from rallypoint.control.reconcile import PREEMPTION_GRACE_S
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
+from rallypoint.runtime.cohost import Hosted
 from rallypoint.runtime.follower import Follower
 from rallypoint.runtime.following import with_follower
 from rallypoint.runtime.partitioned import add_partition_args, share_work
@@ -20,6 +21,12 @@ from .loop import HANDOVER_S, PARTITIONS, ROLE, EvictionWatch
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return run_service(*prepare(argv))
+
+
+def prepare(argv: Sequence[str] | None = None) -> Hosted:
+    """The service's main coroutine and configuration from its arguments: run alone (``main``) or
+    hosted with others in one process (``rally serve host``, ``runtime.cohost``)."""
     parser = argparse.ArgumentParser(prog="rally serve preemption", description=__doc__)
     add_common_args(parser)
     add_partition_args(parser)
@@ -46,4 +53,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return await with_follower(ctx, work)
 
-    return run_service(run, config)
+    return run, config

@@ -4,18 +4,19 @@
 ``job`` reads its view and ``wait_for`` polls it until a condition holds. They assert the API's answer, so
 a test fails on the request that went wrong. A test module with other defaults binds them once:
 ``submit = partial(cluster_jobs.submit, team="obs")``. ``log_records`` reads the whole log, for the tests
-that check it.
+that check it; ``assert_each_ran_once`` checks in it that every job started, ran and completed once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rallypoint.eventlog import EventLog
-from rallypoint.events import Event
+from rallypoint.events import Event, JobCompleted, JobStarted, RankExited
 from rallypoint.localcluster import LocalCluster
 from rallypoint.localcluster.http import call
 
@@ -76,3 +77,14 @@ def log_records(cluster: LocalCluster, name: str) -> list[tuple[int, Event]]:
             await log.close()
 
     return asyncio.run(read())
+
+
+def assert_each_ran_once(records: Sequence[Event], jobs: Sequence[str]) -> None:
+    """Every one of ``jobs`` completed once, after one start of one attempt, every rank exiting once: none
+    lost, none run twice (what a killed replica must never cause)."""
+    started = Counter((e.job_id, e.attempt) for e in records if isinstance(e, JobStarted))
+    exits = Counter((e.job_id, e.attempt, e.rank) for e in records if isinstance(e, RankExited))
+    completed = Counter(e.job_id for e in records if isinstance(e, JobCompleted))
+    assert set(completed) == set(jobs) and set(completed.values()) == {1}, completed
+    assert set(started.values()) == {1} and {job for job, _ in started} == set(jobs), started
+    assert set(exits.values()) == {1}, exits  # every rank ran once

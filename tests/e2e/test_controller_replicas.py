@@ -9,13 +9,12 @@ from __future__ import annotations
 import signal
 import time
 import urllib.request
-from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from cluster_jobs import log_records, submit, wait_for
+from cluster_jobs import assert_each_ran_once, log_records, submit, wait_for
 
-from rallypoint.events import JobCompleted, JobStarted, LeaderEpochStarted, RankExited, subjects
+from rallypoint.events import LeaderEpochStarted, subjects
 from rallypoint.localcluster import LocalCluster
 
 pytestmark = pytest.mark.slow
@@ -54,12 +53,7 @@ def test_a_killed_job_controller_loses_no_job_and_none_runs_twice(cluster: Local
     assert len(owned) == 1 and float(owned[0].split()[-1]) == subjects.CONTROL_PARTITIONS, owned
 
     records = [event for _, event in log_records(cluster, "e2e-controllers")]
-    started = Counter((e.job_id, e.attempt) for e in records if isinstance(e, JobStarted))
-    exits = Counter((e.job_id, e.attempt, e.rank) for e in records if isinstance(e, RankExited))
-    completed = Counter(e.job_id for e in records if isinstance(e, JobCompleted))
-    assert set(completed) == set(jobs) and set(completed.values()) == {1}, completed
-    assert set(started.values()) == {1} and {job for job, _ in started} == set(jobs), started
-    assert set(exits.values()) == {1}, exits  # every rank ran once
+    assert_each_ran_once(records, jobs)
     owners = {
         e.leader_id
         for e in records

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from rallypoint.cli.output import add_output_args, wants_json
+from rallypoint.cli.serve import colocated_services
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -98,6 +99,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "has its busiest replica killed at the end (handovers)",
     )
     c.add_argument("--nats-servers", type=int, choices=(1, 3), default=1, help="a JetStream cluster of 3")
+    c.add_argument(
+        "--colocate",
+        type=colocated_services,
+        default=(),
+        metavar="SERVICE,...",
+        help="host these services together over one fold, as `rally up --colocate`",
+    )
     add_output_args(c)
     c.set_defaults(func=handle_cluster)
 
@@ -168,6 +176,7 @@ def handle_cluster(args: argparse.Namespace) -> int:
         logs=args.logs,
         replicas=tuple(sorted(args.replicas.items())),
         nats_servers=args.nats_servers,
+        colocate=args.colocate,
     )
     res = run_bench(cfg)
     print(json.dumps(res, sort_keys=True) if wants_json(args) else json.dumps(res, indent=2, sort_keys=True))

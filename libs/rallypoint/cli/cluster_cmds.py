@@ -12,6 +12,7 @@ from typing import IO
 from rallypoint.cli.client import TOKENS_FILE
 from rallypoint.cli.clusterinfo import CLUSTER_FILE
 from rallypoint.cli.resources import parse_gpu_indices
+from rallypoint.cli.serve import HOSTABLE, colocated_services
 
 
 def _positive(text: str) -> int:
@@ -51,6 +52,7 @@ def _up(args: argparse.Namespace) -> int:
         mig_gpus=args.mig_gpus,
         replicas=args.replicas,
         nats_servers=args.nats_servers,
+        colocate=args.colocate,
     )
     # Ctrl-C and SIGTERM both stop everything `rally up` started. SIGINT is installed explicitly too: a
     # process started in the background by a script inherits SIGINT as ignored, and Python then keeps it so.
@@ -186,6 +188,14 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         metavar="SERVICE=N,...",
         help="replicas of services (e.g. job-controller=2,health-monitor=2,scheduler=3; default one "
         "each and a scheduler standby); docs/deployment.md says what N of each buys",
+    )
+    up.add_argument(
+        "--colocate",
+        type=colocated_services,
+        default=(),
+        metavar="SERVICE,...",
+        help=f"host these services together, one process per replica over one fold ({', '.join(HOSTABLE)}; "
+        "e.g. job-controller,checkpoint,preemption,inventory); docs/deployment.md says when",
     )
     up.add_argument(
         "--nats-servers",

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Sequence
+
+from rallypoint.runtime.cohost import run_hosted
 
 SERVICES: tuple[str, ...] = (
     "api",
@@ -20,11 +23,57 @@ SERVICES: tuple[str, ...] = (
 )
 
 
+#: Services one process may host together over one fold (``runtime.cohost``): those whose work per event is
+#: light beside their fold. The API, the schedulers, the projector, the predictor and the health monitor
+#: (which folds the nodes' subjects only) each keep a process of their own.
+HOSTABLE: tuple[str, ...] = ("job-controller", "checkpoint", "preemption", "inventory")
+#: Separates the hosted services on ``host``'s command line.
+HOST_SEPARATOR = "::"
+
+
 def service_module(name: str) -> str:
     return f"rallypoint_services.{name.replace('-', '_')}.service"
 
 
+def colocated_services(text: str) -> tuple[str, ...]:
+    """``--colocate``'s value: services to host together, comma separated (argparse type)."""
+    services = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [name for name in services if name not in HOSTABLE]
+    if unknown or len(services) < 2 or len(set(services)) != len(services):
+        raise argparse.ArgumentTypeError(f"two or more of {', '.join(HOSTABLE)}, each once (got {text!r})")
+    return services
+
+
+def host_groups(argv: Sequence[str]) -> list[list[str]]:
+    """``SERVICE ARGS... :: SERVICE ARGS...`` split per service; ValueError naming what is wrong."""
+    groups: list[list[str]] = [[]]
+    for arg in argv:
+        if arg == HOST_SEPARATOR:
+            groups.append([])
+        else:
+            groups[-1].append(arg)
+    names = [group[0] if group else "" for group in groups]
+    for name in names:
+        if name not in HOSTABLE:
+            raise ValueError(f"cannot host {name or 'nothing'!r}: one of {', '.join(HOSTABLE)} is expected")
+    if len(set(names)) != len(names):
+        raise ValueError(f"each service once per host: {' '.join(names)}")
+    return groups
+
+
+def _host(argv: Sequence[str]) -> int:
+    try:
+        groups = host_groups(argv)
+    except ValueError as exc:
+        print(f"rally serve host: {exc}", file=sys.stderr)
+        return 2
+    hosted = [importlib.import_module(service_module(group[0])).prepare(group[1:]) for group in groups]
+    return run_hosted(hosted)
+
+
 def _serve(args: argparse.Namespace) -> int:
+    if args.service == "host":
+        return _host(list(args.service_args))
     module = importlib.import_module(service_module(args.service))
     return int(module.main(list(args.service_args)))
 
@@ -36,15 +85,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Run one Rallypoint service. Arguments after the name go to the service "
         "(try `rally serve scheduler --help`).",
     )
-    parser.add_argument("service", choices=SERVICES)
+    parser.add_argument(
+        "service",
+        choices=(*SERVICES, "host"),
+        help="a service, or `host SERVICE ARGS... :: SERVICE ARGS...` to run several of "
+        f"{', '.join(HOSTABLE)} in one process over one fold",
+    )
     parser.add_argument("service_args", nargs=argparse.REMAINDER)
     parser.set_defaults(func=_serve)
 
 
 def run(argv: list[str]) -> int:
     """`python -m rallypoint.cli.serve NAME ...`: what the local cluster spawns (skips the full CLI)."""
+    if argv and argv[0] == "host":
+        return _host(argv[1:])
     if not argv or argv[0] not in SERVICES:
-        print(f"usage: python -m rallypoint.cli.serve {{{','.join(SERVICES)}}} ...", file=sys.stderr)
+        print(f"usage: python -m rallypoint.cli.serve {{{','.join(SERVICES)},host}} ...", file=sys.stderr)
         return 2
     module = importlib.import_module(service_module(argv[0]))
     return int(module.main(argv[1:]))

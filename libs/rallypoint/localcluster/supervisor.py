@@ -26,6 +26,7 @@ import msgspec
 
 from rallypoint.agent import workdir
 from rallypoint.agent.rankuser import give_to, requested_rank_user, resolve_rank_user
+from rallypoint.cli.serve import HOSTABLE
 from rallypoint.infra import ManagedProcess, NatsServer, PostgresServer, ServerStartError, free_port
 from rallypoint.infra.forkserver import ForkedProcess, ForkServer
 from rallypoint.scheduling.queues import load_queues
@@ -59,6 +60,21 @@ PARTITIONED: frozenset[str] = frozenset({"job-controller", "health-monitor"})
 #: Every service ``replicas`` may name (docs/deployment.md says what N of each buys): the partitioned
 #: ones, the scheduler's standbys, and those whose replicas share queries or stand by.
 REPLICATED: frozenset[str] = PARTITIONED | {"api", "scheduler", *SINGLETONS}
+
+
+def _checked_colocation(colocate: Sequence[str], replicas: Mapping[str, int]) -> tuple[str, ...]:
+    """The services to host together, checked: two or more of ``HOSTABLE``, each once, each with as many
+    replicas (a host is one replica of each)."""
+    services = tuple(colocate)
+    if not services:
+        return ()
+    if len(services) < 2 or len(set(services)) != len(services) or set(services) - set(HOSTABLE):
+        hostable = ", ".join(HOSTABLE)
+        raise ValueError(f"colocate: two or more of {hostable}, each once (got {', '.join(services)})")
+    counts = {service: replicas.get(service, 1) for service in services}
+    if len(set(counts.values())) != 1:
+        raise ValueError(f"colocated services run as many replicas each (a host is one of each): {counts}")
+    return services
 
 
 def instances(service: str, count: int) -> tuple[str, ...]:
@@ -144,6 +160,7 @@ class LocalCluster:
         agent_args: Mapping[int, Sequence[str]] | None = None,
         replicas: Mapping[str, int] | None = None,
         nats_servers: int = 1,
+        colocate: Sequence[str] = (),
     ) -> None:
         if nodes < 1 or gpus_per_node < 1 or racks < 1:
             raise ValueError("nodes, gpus per node and racks must all be at least 1")
@@ -158,6 +175,10 @@ class LocalCluster:
             raise ValueError("nats_servers starts our own servers: not with nats_url")
         # per service: how many replicas run (default 1; the scheduler a leader and a standby)
         self.replicas = replicas
+        # services hosted together, one process per replica over one fold (``runtime.cohost``)
+        self.colocate = _checked_colocation(colocate, replicas)
+        # a hosted instance's name -> its host process's name (``kill`` / ``restart`` take either)
+        self.hosted: dict[str, str] = {}
         # nats-servers of our own: one, or the members of one JetStream cluster (R3/R5 stream and buckets)
         self.nats_servers = nats_servers
         self.workdir = workdir.resolve()
@@ -310,10 +331,11 @@ class LocalCluster:
             api_args = ["--http-host", "127.0.0.1", "--http-port", str(port)]
             self.start_service(name, "api", [*api_args, "--tokens-file", str(self.tokens_file)])
         for service in SINGLETONS:
-            if service == "projector" and not self.with_projector:
+            if (service == "projector" and not self.with_projector) or service in self.colocate:
                 continue
             for name in instances(service, self.replicas.get(service, 1)):
                 self.start_service(name, service)
+        self._start_hosts()
         for instance in instances("scheduler", self.replicas["scheduler"]):
             self.start_service(instance, "scheduler", ["--instance", instance])
         for index, node_id in enumerate(self.agent_nodes()):
@@ -459,25 +481,55 @@ class LocalCluster:
         partial.replace(path)
 
     def start_service(self, name: str, service: str, extra: Sequence[str] = ()) -> ManagedProcess:
-        own = list(self.service_args.get(service, ()))
-        if service in ("job-controller", "api"):  # the API holds a job's own checkpoint_dir inside it
-            own += ["--checkpoint-root", str(self.checkpoint_root)]
-        argv = [
-            sys.executable, "-m", "rallypoint.cli.serve", service, "--nats-url", self._service_nats_url,
-            *own, *extra,
-        ]  # fmt: skip
-        if service != "agent" and "--instance" not in extra:
-            argv += ["--instance", name]
-        if service in QUEUE_READERS and self.queues is not None:
-            argv += ["--queues", str(self.queues)]
-        if service != "api":  # the API answers /healthz on its own HTTP port
-            self.health_ports[name] = self.health_ports.get(name) or free_port()
-            argv += ["--health-port", str(self.health_ports[name])]
-        self._argv[name] = argv
+        args = self._service_args(name, service, extra)
+        self._argv[name] = [sys.executable, "-m", "rallypoint.cli.serve", *args]
         self._env[name] = self._service_env(name, service)
         proc = self._spawn(name)
         self.processes[name] = proc
         return proc
+
+    def _service_args(self, name: str, service: str, extra: Sequence[str] = ()) -> list[str]:
+        """``rally serve``'s arguments for instance ``name`` of ``service`` (its health port chosen)."""
+        own = list(self.service_args.get(service, ()))
+        if service in ("job-controller", "api"):  # the API holds a job's own checkpoint_dir inside it
+            own += ["--checkpoint-root", str(self.checkpoint_root)]
+        args = [service, "--nats-url", self._service_nats_url, *own, *extra]
+        if service != "agent" and "--instance" not in extra:
+            args += ["--instance", name]
+        if service in QUEUE_READERS and self.queues is not None:
+            args += ["--queues", str(self.queues)]
+        if service != "api":  # the API answers /healthz on its own HTTP port
+            self.health_ports[name] = self.health_ports.get(name) or free_port()
+            args += ["--health-port", str(self.health_ports[name])]
+        return args
+
+    def _start_hosts(self) -> None:
+        """One process per replica hosting the colocated services (``rally serve host``): replica i of
+        each, each service on its own NATS user (a password file, as a mounted secret would be)."""
+        if not self.colocate:
+            return
+        count = self.replicas.get(self.colocate[0], 1)
+        for index, host in enumerate(instances("host", count)):
+            groups: list[str] = []
+            for service in self.colocate:
+                name = instances(service, count)[index]
+                self.hosted[name] = host
+                groups += [*(["::"] if groups else []), *self._service_args(name, service)]
+                if self.credentials is not None:
+                    password_file = str(self._password_file(service))
+                    groups += ["--nats-user", service, "--nats-password-file", password_file]
+            self._argv[host] = [sys.executable, "-m", "rallypoint.cli.serve", "host", *groups]
+            self._env[host] = {key: value for key, value in self.env.items() if key != POSTGRES_DSN_ENV}
+            self.processes[host] = self._spawn(host)
+
+    def _password_file(self, user: str) -> Path:
+        """``user``'s NATS password in a file only we may read (inside the cluster's 0700 folder)."""
+        assert self.credentials is not None
+        path = self.workdir / "secrets" / f"{user}.nats-password"
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        path.touch(mode=0o600, exist_ok=True)
+        path.write_text(self.credentials.passwords[user] + "\n")
+        return path
 
     def _spawn(self, name: str) -> ManagedProcess:
         log_path = self.workdir / "logs" / f"{name}.log"
@@ -488,14 +540,15 @@ class LocalCluster:
         return ManagedProcess(self._argv[name], log_path=log_path, env=self._env[name], cwd=self.workdir)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """Kill one service abruptly, as a crash would (default kill -9)."""
-        proc = self.processes[name]
+        """Kill one service abruptly, as a crash would (default kill -9); a hosted one's whole host."""
+        proc = self.processes[self.hosted.get(name, name)]
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, sig)
         with contextlib.suppress(Exception):
             proc.popen.wait(10)
 
     def restart(self, name: str) -> ManagedProcess:
+        name = self.hosted.get(name, name)  # a hosted service restarts with its host
         old = self.processes.get(name)
         if old is not None and old.running():
             old.stop()
@@ -539,6 +592,8 @@ class LocalCluster:
     def fixed_ports(self, services: Sequence[str] | None = None) -> list[Port]:
         """The ports chosen before their services start (of ``services``, default all): the API's, and the
         health and metrics ports of services started before. NATS and PostgreSQL pick theirs as they start."""
+        if services is not None:  # a host's services' ports with it
+            services = [*services, *(name for name, host in self.hosted.items() if host in services)]
         ports = {"api": Port(self.api_port, "the API's", "--api-port")}
         for name, port in sorted(self.api_ports.items()):
             ports[name] = Port(port, f"{name}'s")

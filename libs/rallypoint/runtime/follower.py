@@ -44,7 +44,11 @@ class Follower:
         self.log = log
         self.subjects = subjects
         self.state = ClusterState()
-        self.changed = asyncio.Event()
+        self._signals: list[asyncio.Event] = []
+        # Set on every event the follow applies: for a fold's one consumer (the scheduler's loop). A fold
+        # several consumers share (``runtime.cohost``) gives each its own ``change_signal``, since one
+        # consumer's ``clear`` would swallow a wake-up the other had not yet seen.
+        self.changed = self.change_signal()
         # ``wait_for`` waiters by the sequence they wait for (smallest first): an applied event resolves
         # only those it satisfied, instead of waking every waiter to re-check (notify_all) on every event.
         self._seq_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
@@ -63,6 +67,13 @@ class Follower:
         change_set = ChangeSet()
         self._change_sets.append(change_set)
         return change_set
+
+    def change_signal(self) -> asyncio.Event:
+        """An event of one consumer's own, set whenever the follow applies an event (the consumer clears
+        it before looking at what changed, then waits for it)."""
+        signal = asyncio.Event()
+        self._signals.append(signal)
+        return signal
 
     def _fold(self, rec: Recorded | Quarantined) -> None:
         self.traces.note(rec)
@@ -91,7 +102,8 @@ class Follower:
             if self._thawed is not None:
                 await self._thawed.wait()  # a snapshot is being hashed: the fold must hold still
             self._fold(rec)
-            self.changed.set()
+            for signal in self._signals:
+                signal.set()
 
     def _wake(self) -> None:
         """Resolve the waiters whose condition now holds: every ``next_change``, and the ``wait_for``s of

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 from rallypoint.eventlog import EventLogError, SnapshotStore
 from rallypoint.events.subjects import STREAM_SUBJECTS
@@ -44,15 +44,75 @@ def snapshot_check_s() -> float:
 PROBE_S = 2.0
 
 
+#: A fold opened and its follow task (whose end the health checks report).
+_Opened = tuple[Follower, "asyncio.Task[None]"]
+
+
+class SharedFold:
+    """One fold for every service of a process that hosts several (``runtime.cohost``): the follow, its
+    NATS consumer and its snapshots are paid once, not once per service.
+
+    The ``owner`` role's service opens it as it would its own (its snapshot restored, its snapshots
+    saved: the bucket only that role may write); every other hosted service waits for it, then gets the
+    same ``Follower`` with its own health checks and fold report. Each consumer keeps its own change
+    feed and wake-up (``Follower.changes``, ``change_signal``), so none takes another's changes."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self._opened: asyncio.Future[_Opened] | None = None
+
+    def _future(self) -> asyncio.Future[_Opened]:
+        if self._opened is None:
+            self._opened = asyncio.get_running_loop().create_future()
+        return self._opened
+
+    async def follower_for(self, ctx: ServiceContext, *, snapshots: bool) -> Follower:
+        opened = self._future()
+        if ctx.role == self.owner and not opened.done():
+            try:
+                found = await _open(ctx, snapshots=snapshots, subjects=STREAM_SUBJECTS)
+            except BaseException as exc:
+                opened.set_exception(exc)  # the others waiting would wait for ever
+                raise
+            opened.set_result(found)
+        follower, follow = await asyncio.shield(opened)
+        _report(ctx, follower, follow)
+        return follower
+
+
+_shared: SharedFold | None = None
+
+
+@contextlib.contextmanager
+def sharing_one_fold(owner: str) -> Iterator[SharedFold]:
+    """While open, ``open_follower`` of the whole log hands every service of this process one fold."""
+    global _shared
+    previous, _shared = _shared, SharedFold(owner)
+    try:
+        yield _shared
+    finally:
+        _shared = previous
+
+
 async def open_follower(
     ctx: ServiceContext, *, snapshots: bool = True, subjects: str = STREAM_SUBJECTS
 ) -> Follower:
     """Restore from the newest snapshot (if any), replay the tail, then follow in the background; with
-    ``subjects``, replay and follow those subjects only, without snapshots.
+    ``subjects``, replay and follow those subjects only, without snapshots. In a process hosting several
+    services (``sharing_one_fold``), the whole log's fold is opened once and shared.
 
     The follow and snapshot tasks are cancelled when the service's exit stack closes. Health reports the
     service degraded while the log holds newer event versions than it reads, and unhealthy if following
     stops (never silently: the reason is logged)."""
+    if _shared is not None and subjects == STREAM_SUBJECTS:
+        return await _shared.follower_for(ctx, snapshots=snapshots)
+    follower, follow = await _open(ctx, snapshots=snapshots, subjects=subjects)
+    _report(ctx, follower, follow)
+    return follower
+
+
+async def _open(ctx: ServiceContext, *, snapshots: bool, subjects: str) -> _Opened:
+    """The fold caught up and following, with its probe and snapshot tasks stopped with ``ctx``."""
     log = await ctx.event_log()
     follower = Follower(log, subjects=subjects)
     store: SnapshotStore | None = None
@@ -69,9 +129,6 @@ async def open_follower(
     _log.info("caught up%s at seq %d", only, follower.state.last_seq)
     follow = asyncio.create_task(follower.run(), name="follow")
     follow.add_done_callback(lambda task: _follow_ended(task, follower))
-    add_health_check(ctx, follower.degraded, degraded=True)
-    add_health_check(ctx, lambda: ["following the log stopped"] if follow.done() else [], degraded=False)
-    set_fold_position(ctx, follower.position, subjects=subjects if follower.partial else None)
     tasks = [follow, asyncio.create_task(_probe_periodically(follower), name="probe")]
     if store is not None:
         tasks.append(asyncio.create_task(save_periodically(follower, store), name="snapshots"))
@@ -84,7 +141,14 @@ async def open_follower(
                 await asyncio.wait_for(task, 5.0)
 
     ctx.stack.push_async_callback(stop_tasks)
-    return follower
+    return follower, follow
+
+
+def _report(ctx: ServiceContext, follower: Follower, follow: asyncio.Task[None]) -> None:
+    """The service's health and fold report on ``follower``."""
+    add_health_check(ctx, follower.degraded, degraded=True)
+    add_health_check(ctx, lambda: ["following the log stopped"] if follow.done() else [], degraded=False)
+    set_fold_position(ctx, follower.position, subjects=follower.subjects if follower.partial else None)
 
 
 def _follow_ended(task: asyncio.Task[None], follower: Follower) -> None:

@@ -179,9 +179,15 @@ def run_service(
 
 
 async def run_service_async(
-    main: MainFn, config: ServiceConfig, *, shutdown_grace: float = 10.0, stop: asyncio.Event | None = None
+    main: MainFn,
+    config: ServiceConfig,
+    *,
+    shutdown_grace: float = 10.0,
+    stop: asyncio.Event | None = None,
+    handle_signals: bool = True,
 ) -> int:
-    """``run_service`` inside a running loop (tests pass their own ``stop`` event)."""
+    """``run_service`` inside a running loop (tests pass their own ``stop`` event; a process hosting
+    several services handles the signals once for all of them: ``handle_signals=False``)."""
     setup_tracing(config.service, config.instance)  # off unless an OTLP endpoint is configured
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
@@ -197,7 +203,7 @@ async def run_service_async(
             main_task.cancel()
 
     installed: list[int] = []
-    for signum in (int(signal.SIGINT), int(signal.SIGTERM)):
+    for signum in (int(signal.SIGINT), int(signal.SIGTERM)) if handle_signals else ():
         try:
             loop.add_signal_handler(signum, on_signal, signum)
             installed.append(signum)
