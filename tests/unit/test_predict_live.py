@@ -362,3 +362,31 @@ def test_the_predictor_calibrates_its_p90_on_the_jobs_it_predicted_that_started(
     expected = raw.jobs["single"]
     assert expected.p90 is not None and shown.p50 == expected.p50
     assert shown.p90 == pytest.approx(now + predictor.calibrator.factor() * (expected.p90 - now))
+
+
+def test_a_job_no_cycle_has_seen_waits_for_no_prediction_until_its_grace_ends() -> None:
+    side = cluster_side(nodes=1)
+    submit(side, "big", spec("big", 8), T0)
+    run_cycle(side, T0)  # bound: the node is full
+    submit(side, "fresh", spec("fresh", 8), T0 + 1)
+    # submitted a second ago, no cycle has looked at it: most such jobs are bound by the next one
+    assert not refresh.waits_for_prediction(side.state, T0 + 2)
+    # unanswered past the grace (no leader, a stalled cycle): it waits like any other
+    assert refresh.waits_for_prediction(side.state, T0 + 1 + refresh.UNSEEN_GRACE_S)
+    run_cycle(side, T0 + 2)  # the cycle leaves it waiting, in its queue
+    assert side.state.jobs["fresh"].queue is not None
+    assert refresh.waits_for_prediction(side.state, T0 + 2)
+
+
+def test_a_refresh_makes_no_fork_while_only_unseen_jobs_wait() -> None:
+    side = cluster_side(nodes=1)
+    submit(side, "fresh", spec("fresh", 8), T0)
+
+    async def no_settings() -> None:
+        return None
+
+    predictor = Predictor(lambda: side.state, no_settings)
+    predictions = asyncio.run(predictor.refresh(now=T0 + 1))
+    assert predictions.jobs == {} and predictor.forecasts is None
+    later = asyncio.run(predictor.refresh(now=T0 + refresh.UNSEEN_GRACE_S))
+    assert set(later.jobs) == {"fresh"} and predictor.forecasts is not None

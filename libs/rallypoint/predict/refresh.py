@@ -112,6 +112,22 @@ def policy_of(settings: SchedulerSettings | None) -> SchedulingPolicy:
 Settings = Callable[[], Awaitable[SchedulerSettings | None]]
 
 
+#: How long a job no scheduling cycle has looked at yet may wait before it counts as waiting anyway (no
+#: leader, a stalled cycle): a refresh then predicts it like any other.
+UNSEEN_GRACE_S = 10.0
+
+
+def waits_for_prediction(state: ClusterState, now: float) -> bool:
+    """Whether a job waits that a prediction is for: one the scheduler left waiting (queued: it has a
+    queue and no bind), or one submitted ``UNSEEN_GRACE_S`` ago that no cycle has answered. Jobs that
+    arrive on a cluster with room are bound by the first cycle that sees them, ~0.1-0.5 s after their
+    submission: forking the whole fold every few seconds for them would predict what is about to happen
+    anyway, for seconds of CPU each time at 12,500 nodes."""
+    return any(
+        job.queue is not None or now - job.submitted_at >= UNSEEN_GRACE_S for job in state.pending_jobs()
+    )
+
+
 class Predictor:
     """Learns from ``state`` as it changes and keeps the latest ``Answer`` encoded."""
 
@@ -355,11 +371,12 @@ class Predictor:
         """New predictions for the fold as it is now, computed off the event loop. Where nothing waits
         there is nothing to run forward: no fork is made (seconds of CPU at 12,500 nodes, every few
         seconds while jobs come and start at once), the predictions are empty and there is no forecast (a
-        dry run's own run forward is then a few cycles of its job alone)."""
+        dry run's own run forward is then a few cycles of its job alone). A job no cycle has looked at
+        yet does not count as waiting (``waits_for_prediction``)."""
         self.policy = policy_of(await self._settings())
         state = self._state()
         began = time.perf_counter()
-        if state.pending_jobs():
+        if waits_for_prediction(state, time.time() if now is None else now):
             run, forecast_p50, forecast_p90 = await self._predict(state.encode(), now)
             self.forecasts = (forecast_p50, forecast_p90)
         else:
