@@ -113,7 +113,8 @@ def render_predicted_start(job: JobView, answer: Answer | None) -> dict[str, Any
     computed = {"computed_at": predictions.now, "computed_at_seq": predictions.seq, "policy": answer.policy}
     start = predictions.jobs.get(job.job_id)
     if start is None:
-        return {"status": "pending-refresh", "detail": "submitted after the last prediction", **computed}
+        detail = "submitted after the last prediction, or not yet looked at by a scheduling cycle"
+        return {"status": "pending-refresh", "detail": detail, **computed}
     return {**_start_fields(start), "horizon_s": predictions.horizon_s, **computed}
 
 
