@@ -180,11 +180,12 @@ TAIL_OVER_SAVE = 2.0
 
 def events_before_next_save(every: int, save_cpu_s: float) -> int:
     """New events before the next save: ``every`` at least, and more where a save costs more than
-    replaying them would. A save hashes the whole fold: ~0.6 s of CPU at 12,500 nodes and 12,000 jobs,
-    in every service that keeps a snapshot; every 10,000 events (~2,000 jobs) that was ~0.3 ms of CPU per
-    job in each of them, more than folding the jobs' events. Spaced so that the replay a restart adds
-    costs at most ``TAIL_OVER_SAVE`` saves, each save costs at most half the replay it spares, and a
-    restart replays at most ~1-2 s of tail at that size."""
+    replaying them would. A save encodes and hashes the whole fold, in every service that keeps a
+    snapshot: 0.22-0.24 s of CPU each at 12,500 nodes and ~10,000 jobs (``rally bench cluster``'s logs);
+    every 10,000 events (~2,000 jobs) that was ~0.1 ms of CPU per job in each of them, as much as folding
+    the jobs' events. Spaced so that the replay a restart adds costs at most ``TAIL_OVER_SAVE`` saves (a
+    save costs at most half the replay it spares): there, every ~27,000-30,000 events, and at most ~0.5 s
+    more replay at a restart."""
     return max(every, int(TAIL_OVER_SAVE * save_cpu_s / REPLAY_S_PER_EVENT))
 
 
