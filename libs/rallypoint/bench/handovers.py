@@ -47,6 +47,9 @@ async def handover(cluster: LocalCluster, watch: LogWatch, service: str, timeout
     await watch.wait(lambda: len(retaken()) == len(lost), timeout)
     taken = retaken()
     cluster.restart(by_member[victim])  # back, as the supervisor of `rally up` would bring it
+    # ... and answering before the next service's kill: a host (``--colocate``) brings back every service
+    # it hosts, and the next victim may be the survivor, whose partitions only the restarted one can take
+    await _answering(cluster, by_member[victim], timeout)
     return {
         "killed": by_member[victim],
         "partitions": len(lost),
@@ -55,6 +58,16 @@ async def handover(cluster: LocalCluster, watch: LogWatch, service: str, timeout
         if taken and len(taken) == len(lost)
         else None,
     }
+
+
+async def _answering(cluster: LocalCluster, name: str, timeout: float) -> None:
+    """Until ``name``'s /healthz answers 200, or ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, _ = await asyncio.to_thread(cluster.health, name, "/healthz")
+        if status == 200:
+            return
+        await asyncio.sleep(0.5)
 
 
 async def handovers(
