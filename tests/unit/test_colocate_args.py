@@ -23,6 +23,7 @@ def test_host_groups_split_each_service_with_its_own_arguments() -> None:
         (["api", "::", "checkpoint"], "'api'"),  # the API keeps its own process
         (["checkpoint", "::", "checkpoint"], "each service once"),
         (["checkpoint", "::"], "'nothing'"),
+        (["checkpoint", "--keep", "3"], "two services or more"),
     ],
 )
 def test_host_refuses_what_it_cannot_host(argv: list[str], named: str) -> None:
@@ -33,6 +34,8 @@ def test_host_refuses_what_it_cannot_host(argv: list[str], named: str) -> None:
 def test_serve_host_says_why_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["host", "scheduler", "::", "checkpoint"]) == 2
     assert "cannot host 'scheduler'" in capsys.readouterr().err
+    assert run(["host", "--help"]) == 0
+    assert "usage: rally serve host" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("text", ["checkpoint", "checkpoint,api", "checkpoint,checkpoint", ""])

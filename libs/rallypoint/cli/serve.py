@@ -58,14 +58,27 @@ def host_groups(argv: Sequence[str]) -> list[list[str]]:
             raise ValueError(f"cannot host {name or 'nothing'!r}: one of {', '.join(HOSTABLE)} is expected")
     if len(set(names)) != len(names):
         raise ValueError(f"each service once per host: {' '.join(names)}")
+    if len(names) < 2:
+        raise ValueError(f"a host runs two services or more (one alone: rally serve {names[0]})")
     return groups
 
 
+HOST_USAGE = (
+    "usage: rally serve host SERVICE [ARGS...] :: SERVICE [ARGS...] ...\n"
+    f"runs two or more of {', '.join(HOSTABLE)} in one process over one fold, each with its own "
+    "arguments (its own --instance, --health-port and --nats-user with --nats-password-file); "
+    'see docs/deployment.md, "Hosting the light services together"'
+)
+
+
 def _host(argv: Sequence[str]) -> int:
+    if list(argv[:1]) in (["-h"], ["--help"]):
+        print(HOST_USAGE)
+        return 0
     try:
         groups = host_groups(argv)
     except ValueError as exc:
-        print(f"rally serve host: {exc}", file=sys.stderr)
+        print(f"rally serve host: {exc}\n{HOST_USAGE}", file=sys.stderr)
         return 2
     hosted = [importlib.import_module(service_module(group[0])).prepare(group[1:]) for group in groups]
     return run_hosted(hosted)
