@@ -65,6 +65,11 @@ def test_the_cluster_bench_reports_every_figure() -> None:
     assert {"job-controller-1", "job-controller-2", "nats-server-1", "nats-server-2", "nats-server-3"} <= set(
         cpu
     )
+    # the settled window: every job running and folded everywhere; the sums are of what it lists
+    assert res["submissions_cpu_window_s"] > 0 and res["idle_cpu_ms_per_s"] >= 0
+    assert abs(res["submissions_cpu_ms_per_job_sum"] - sum(cpu.values())) < 0.01
+    outside = sum(ms for name, ms in cpu.items() if name == "bench" or name.startswith("fleet-"))
+    assert abs(res["submissions_cpu_ms_per_job_control_plane"] - (sum(cpu.values()) - outside)) < 0.01
     for service in ("job-controller", "health-monitor"):
         handover = res["handovers"][service]
         assert handover["partitions"] > 0 and handover["retaken"] == handover["partitions"], handover

@@ -188,13 +188,18 @@ def _cpu_ms_per_job(before: dict[str, float], after: dict[str, float], jobs: int
 def _submission_cpu(
     before: dict[str, float], after: dict[str, float], jobs: int, window_s: float, idle: dict[str, float]
 ) -> dict[str, Any]:
-    """The CPU of every process per accepted submission over the settled window, its sum, the window,
-    and what the idle cluster would have spent over as long (heartbeats, leases: in the sum too)."""
+    """The CPU of every process per accepted submission over the settled window, its sum (and the control
+    plane's, without the bench's own process and the fleets serving the simulated nodes, whose agents run
+    on the GPU nodes), the window, and what the idle cluster would have spent over as long (heartbeats,
+    leases: in the sums too)."""
     per_process = _cpu_ms_per_job(before, after, jobs)
     idle_ms = sum(idle.values())
+    # the control plane alone: neither the bench's client and log reader nor the simulated nodes' agents
+    control = sum(ms for name, ms in per_process.items() if name != "bench" and not name.startswith("fleet-"))
     return {
         "submissions_cpu_ms_per_job": per_process,
         "submissions_cpu_ms_per_job_sum": round(sum(per_process.values()), 3),
+        "submissions_cpu_ms_per_job_control_plane": round(control, 3),
         "submissions_cpu_window_s": round(window_s, 3),
         "idle_cpu_ms_per_s": round(idle_ms, 1),
         "idle_cpu_ms_per_s_by_process": idle,
