@@ -179,10 +179,15 @@ def _cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
     return {name: used for name, pid in pids.items() if (used := cpu_seconds(pid)) is not None}
 
 
-def _cpu_ms_per_job(before: dict[str, float], after: dict[str, float], jobs: int) -> dict[str, float]:
-    """Where the machine's CPU went per accepted submission, by process (the busiest first)."""
+def _cpu_ms_per_job(
+    before: dict[str, float], after: dict[str, float], jobs: int, *, every_process: bool = False
+) -> dict[str, float]:
+    """Where the machine's CPU went per accepted submission, by process (the busiest first); those that
+    spent next to nothing left out unless ``every_process`` (a replica with little to do in a short window
+    may have spent less than the kernel's 10 ms tick)."""
     spent = {name: (after[name] - before.get(name, 0.0)) * 1000 / jobs for name in after}
-    return {name: round(ms, 3) for name, ms in sorted(spent.items(), key=lambda kv: -kv[1]) if ms >= 0.005}
+    ordered = sorted(spent.items(), key=lambda kv: -kv[1])
+    return {name: round(ms, 3) for name, ms in ordered if every_process or ms >= 0.005}
 
 
 def _submission_cpu(
@@ -192,7 +197,7 @@ def _submission_cpu(
     plane's, without the bench's own process and the fleets serving the simulated nodes, whose agents run
     on the GPU nodes), the window, and what the idle cluster would have spent over as long (heartbeats,
     leases: in the sums too)."""
-    per_process = _cpu_ms_per_job(before, after, jobs)
+    per_process = _cpu_ms_per_job(before, after, jobs, every_process=True)
     idle_ms = sum(idle.values())
     # the control plane alone: neither the bench's client and log reader nor the simulated nodes' agents
     control = sum(ms for name, ms in per_process.items() if name != "bench" and not name.startswith("fleet-"))
