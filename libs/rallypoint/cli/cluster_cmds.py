@@ -12,7 +12,8 @@ from typing import IO
 from rallypoint.cli.client import TOKENS_FILE
 from rallypoint.cli.clusterinfo import CLUSTER_FILE
 from rallypoint.cli.resources import parse_gpu_indices
-from rallypoint.cli.serve import HOSTABLE, colocated_services
+from rallypoint.cli.serve import colocated_services
+from rallypoint.runtime.cohost import HOSTABLE
 
 
 def _positive(text: str) -> int:

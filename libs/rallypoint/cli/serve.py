@@ -7,7 +7,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from rallypoint.runtime.cohost import run_hosted
+from rallypoint.runtime.cohost import HOSTABLE, hosting_refusal, run_hosted
 
 SERVICES: tuple[str, ...] = (
     "api",
@@ -23,10 +23,6 @@ SERVICES: tuple[str, ...] = (
 )
 
 
-#: Services one process may host together over one fold (``runtime.cohost``): those whose work per event is
-#: light beside their fold. The API, the schedulers, the projector, the predictor and the health monitor
-#: (which folds the nodes' subjects only) each keep a process of their own.
-HOSTABLE: tuple[str, ...] = ("job-controller", "checkpoint", "preemption", "inventory")
 #: Separates the hosted services on ``host``'s command line.
 HOST_SEPARATOR = "::"
 
@@ -38,9 +34,9 @@ def service_module(name: str) -> str:
 def colocated_services(text: str) -> tuple[str, ...]:
     """``--colocate``'s value: services to host together, comma separated (argparse type)."""
     services = tuple(part.strip() for part in text.split(",") if part.strip())
-    unknown = [name for name in services if name not in HOSTABLE]
-    if unknown or len(services) < 2 or len(set(services)) != len(services):
-        raise argparse.ArgumentTypeError(f"two or more of {', '.join(HOSTABLE)}, each once (got {text!r})")
+    refusal = hosting_refusal(services)
+    if refusal is not None:
+        raise argparse.ArgumentTypeError(f"two or more of {', '.join(HOSTABLE)}, each once: {refusal}")
     return services
 
 
@@ -52,14 +48,9 @@ def host_groups(argv: Sequence[str]) -> list[list[str]]:
             groups.append([])
         else:
             groups[-1].append(arg)
-    names = [group[0] if group else "" for group in groups]
-    for name in names:
-        if name not in HOSTABLE:
-            raise ValueError(f"cannot host {name or 'nothing'!r}: one of {', '.join(HOSTABLE)} is expected")
-    if len(set(names)) != len(names):
-        raise ValueError(f"each service once per host: {' '.join(names)}")
-    if len(names) < 2:
-        raise ValueError(f"a host runs two services or more (one alone: rally serve {names[0]})")
+    refusal = hosting_refusal([group[0] if group else "" for group in groups])
+    if refusal is not None:
+        raise ValueError(refusal)
     return groups
 
 

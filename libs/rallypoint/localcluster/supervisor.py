@@ -26,9 +26,9 @@ import msgspec
 
 from rallypoint.agent import workdir
 from rallypoint.agent.rankuser import give_to, requested_rank_user, resolve_rank_user
-from rallypoint.cli.serve import HOSTABLE
 from rallypoint.infra import ManagedProcess, NatsServer, PostgresServer, ServerStartError, free_port
 from rallypoint.infra.forkserver import ForkedProcess, ForkServer
+from rallypoint.runtime.cohost import hosting_refusal
 from rallypoint.scheduling.queues import load_queues
 from rallypoint.security import ADMIN, agent_user
 from rallypoint.security.credentials import LocalCredentials
@@ -63,14 +63,14 @@ REPLICATED: frozenset[str] = PARTITIONED | {"api", "scheduler", *SINGLETONS}
 
 
 def _checked_colocation(colocate: Sequence[str], replicas: Mapping[str, int]) -> tuple[str, ...]:
-    """The services to host together, checked: two or more of ``HOSTABLE``, each once, each with as many
-    replicas (a host is one replica of each)."""
+    """The services to host together, checked (``hosting_refusal``), each with as many replicas (a host is
+    one replica of each)."""
     services = tuple(colocate)
     if not services:
         return ()
-    if len(services) < 2 or len(set(services)) != len(services) or set(services) - set(HOSTABLE):
-        hostable = ", ".join(HOSTABLE)
-        raise ValueError(f"colocate: two or more of {hostable}, each once (got {', '.join(services)})")
+    refusal = hosting_refusal(services)
+    if refusal is not None:
+        raise ValueError(f"colocate: {refusal}")
     counts = {service: replicas.get(service, 1) for service in services}
     if len(set(counts.values())) != 1:
         raise ValueError(f"colocated services run as many replicas each (a host is one of each): {counts}")
@@ -508,6 +508,9 @@ class LocalCluster:
         each, each service on its own NATS user (a password file, as a mounted secret would be)."""
         if not self.colocate:
             return
+        # Every file written before any host starts: a host reads them as it starts, and a file written
+        # again for the next host could be read empty in between.
+        passwords = {service: self._password_file(service) for service in self.colocate if self.credentials}
         count = self.replicas.get(self.colocate[0], 1)
         for index, host in enumerate(instances("host", count)):
             groups: list[str] = []
@@ -515,20 +518,22 @@ class LocalCluster:
                 name = instances(service, count)[index]
                 self.hosted[name] = host
                 groups += [*(["::"] if groups else []), *self._service_args(name, service)]
-                if self.credentials is not None:
-                    password_file = str(self._password_file(service))
-                    groups += ["--nats-user", service, "--nats-password-file", password_file]
+                if service in passwords:
+                    groups += ["--nats-user", service, "--nats-password-file", str(passwords[service])]
             self._argv[host] = [sys.executable, "-m", "rallypoint.cli.serve", "host", *groups]
             self._env[host] = {key: value for key, value in self.env.items() if key != POSTGRES_DSN_ENV}
             self.processes[host] = self._spawn(host)
 
     def _password_file(self, user: str) -> Path:
-        """``user``'s NATS password in a file only we may read (inside the cluster's 0700 folder)."""
+        """``user``'s NATS password in a file only we may read (inside the cluster's 0700 folder), written
+        whole: under another name, then renamed."""
         assert self.credentials is not None
         path = self.workdir / "secrets" / f"{user}.nats-password"
         path.parent.mkdir(mode=0o700, exist_ok=True)
-        path.touch(mode=0o600, exist_ok=True)
-        path.write_text(self.credentials.passwords[user] + "\n")
+        partial = path.with_suffix(".writing")
+        partial.touch(mode=0o600, exist_ok=True)
+        partial.write_text(self.credentials.passwords[user] + "\n")
+        partial.replace(path)
         return path
 
     def _spawn(self, name: str) -> ManagedProcess:

@@ -31,6 +31,25 @@ _log = logging.getLogger("rallypoint.cohost")
 #: One hosted service: its main coroutine and its own configuration (identity, health port, instance).
 Hosted = tuple[MainFn, ServiceConfig]
 
+#: Services one process may host together over one fold: those whose work per event is light beside
+#: their fold. The API, the schedulers, the projector, the predictor and the health monitor (which folds
+#: the nodes' subjects only) each keep a process of their own.
+HOSTABLE: tuple[str, ...] = ("job-controller", "checkpoint", "preemption", "inventory")
+
+
+def hosting_refusal(names: Sequence[str]) -> str | None:
+    """Why ``names`` cannot share a host (``rally serve host``, ``--colocate``), or None: two or more of
+    ``HOSTABLE``, each once."""
+    for name in names:
+        if name not in HOSTABLE:
+            return f"cannot host {name or 'nothing'!r}: one of {', '.join(HOSTABLE)} is expected"
+    if len(set(names)) != len(names):
+        return f"each service once per host: {' '.join(names)}"
+    if len(names) < 2:
+        alone = f" (one alone: rally serve {names[0]})" if names else ""
+        return f"a host runs two services or more{alone}"
+    return None
+
 
 def run_hosted(services: Sequence[Hosted], *, shutdown_grace: float = 10.0) -> int:
     """Run ``services`` in this process until each has returned or a signal stops them all; the first
