@@ -1,8 +1,9 @@
 """`rally serve predictor`: every waiting job's predicted start (P50, P90), answered on
 ``q.predictor.starts``; a dry run's on ``q.predictor.dryrun`` (docs/prediction.md).
 
-It follows the whole log from its start (runtimes are learned from every job that ever ended, so it keeps
-no snapshot), reads the scheduler leader's recorded settings, and refreshes its predictions every
+Alone, it follows the whole log from its start (runtimes are learned from every job that ever ended, so
+it keeps no snapshot of its own); hosted with other services (``rally serve host``), it reads their
+shared fold. It reads the scheduler leader's recorded settings, and refreshes its predictions every
 ``--interval`` seconds while the log moves. It writes nothing: any number of replicas answer the same."""
 
 from __future__ import annotations
@@ -26,24 +27,12 @@ from rallypoint.events import JobSpec, SchedulerSettings, subjects
 from rallypoint.predict.live import HORIZON_S, MAX_CYCLES, OutOfTime
 from rallypoint.predict.refresh import JOBS_AHEAD_HEADER, Predictor, Settings
 from rallypoint.runtime import ServiceConfig, ServiceContext, add_common_args, run_service
+from rallypoint.runtime.cohost import Hosted
 from rallypoint.runtime.follower import Follower
 from rallypoint.runtime.following import open_follower
 from rallypoint.runtime.metrics import add_collector
 
 _log = logging.getLogger("rallypoint.predictor")
-
-
-def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="rally serve predictor", description=__doc__)
-    add_common_args(parser)
-    parser.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes (default 5)")
-    parser.add_argument(
-        "--horizon", type=float, default=HORIZON_S, help="seconds ahead a start is predicted (default 7 days)"
-    )
-    parser.add_argument(
-        "--max-cycles", type=int, default=MAX_CYCLES, help="scheduling cycles one run forward may take"
-    )
-    return parser.parse_args(argv)
 
 
 def settings_reader(log: EventLog) -> Settings:
@@ -154,6 +143,14 @@ async def refresh_forever(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return run_service(*prepare(argv))
+
+
+def prepare(argv: Sequence[str] | None = None) -> Hosted:
+    """The service's main coroutine and configuration from its arguments: run alone (``main``) or
+    hosted with others in one process (``rally serve host``, ``runtime.cohost``), where it reads the
+    host's shared fold: a fold restored from a snapshot holds every job that ever ended (the fold keeps
+    them all), so it learns the same runtimes as from a replay."""
     args = parse(argv)
     config = ServiceConfig.from_args("predictor", args)
 
@@ -171,4 +168,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         await refresh_forever(ctx, follower, predictor, args.interval)
         return 0
 
-    return run_service(run, config)
+    return run, config
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="rally serve predictor", description=__doc__)
+    add_common_args(parser)
+    parser.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes (default 5)")
+    parser.add_argument(
+        "--horizon", type=float, default=HORIZON_S, help="seconds ahead a start is predicted (default 7 days)"
+    )
+    parser.add_argument(
+        "--max-cycles", type=int, default=MAX_CYCLES, help="scheduling cycles one run forward may take"
+    )
+    return parser.parse_args(argv)

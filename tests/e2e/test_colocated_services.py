@@ -1,8 +1,9 @@
-"""End to end: the job controller, checkpoint, preemption and inventory services hosted together
-(``rally up --colocate ... --replicas ...=2``: two host processes, each one replica of each over one
-fold). Each hosted service still answers its own health port, connects as its own NATS user (a write
+"""End to end: the job controller, checkpoint, preemption and inventory services and the predictor hosted
+together (``rally up --colocate ... --replicas ...=2``: two host processes, each one replica of each over
+one fold). Each hosted service still answers its own health port, connects as its own NATS user (a write
 on another's subjects would be refused and logged) and owns its own partitions; a host killed with
-kill -9 under a trickle of jobs loses no job, and none runs twice."""
+kill -9 under a trickle of jobs loses no job, and none runs twice; the predictors learn every ended job
+from the shared fold, the restarted one too (its fold restored from the job controller's snapshot)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from rallypoint.localcluster import LocalCluster
 
 pytestmark = pytest.mark.slow
 
-COLOCATED = ("job-controller", "checkpoint", "preemption", "inventory")
+COLOCATED = ("job-controller", "checkpoint", "preemption", "inventory", "predictor")
 HOSTS = ("host-1", "host-2")
 
 
@@ -38,11 +39,27 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield local
 
 
-def _owned(cluster: LocalCluster, instance: str) -> float:
+def _metric(cluster: LocalCluster, instance: str, prefix: str) -> float:
+    """The sum of an instance's samples whose line starts with ``prefix``."""
     with urllib.request.urlopen(cluster.metrics_urls()[instance], timeout=10) as answer:
         metrics = answer.read().decode()
-    owned = [line for line in metrics.splitlines() if line.startswith("rally_partitions_owned{")]
-    return sum(float(line.split()[-1]) for line in owned)
+    return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(prefix))
+
+
+def _owned(cluster: LocalCluster, instance: str) -> float:
+    return _metric(cluster, instance, "rally_partitions_owned{")
+
+
+def _learned(cluster: LocalCluster, instance: str) -> float:
+    """Ended jobs a predictor learned runtimes from (it learns on its refresh, every 5 s by default)."""
+    return _metric(cluster, instance, "rally_prediction_learned_jobs ")
+
+
+def _wait_learned(cluster: LocalCluster, instance: str, count: int) -> None:
+    deadline = time.monotonic() + 60.0
+    while _learned(cluster, instance) < count and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _learned(cluster, instance) >= count, instance
 
 
 def test_each_hosted_service_answers_for_itself(cluster: LocalCluster) -> None:
@@ -78,6 +95,7 @@ def test_a_killed_host_loses_no_job_and_none_runs_twice(cluster: LocalCluster) -
 
     records = [event for _, event in log_records(cluster, "e2e-colocated")]
     assert_each_ran_once(records, jobs)
+    _wait_learned(cluster, "predictor-2", len(jobs))
 
     cluster.supervise()  # the host comes back with all four of its services
     deadline = time.monotonic() + 60.0
@@ -88,3 +106,4 @@ def test_a_killed_host_loses_no_job_and_none_runs_twice(cluster: LocalCluster) -
     for service in COLOCATED:
         status, body = cluster.health(f"{service}-1", "/healthz")
         assert status == 200, (service, body)
+    _wait_learned(cluster, "predictor-1", len(jobs))

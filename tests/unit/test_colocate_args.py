@@ -43,6 +43,7 @@ def test_colocate_flag_needs_two_distinct_hostable_services(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="two or more of"):
         colocated_services(text)
     assert colocated_services("job-controller, inventory") == ("job-controller", "inventory")
+    assert colocated_services("predictor,checkpoint") == ("predictor", "checkpoint")
 
 
 def test_colocated_services_run_as_many_replicas_each(tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from rallypoint.eventlog import EventLog, connect_nats
-from rallypoint.infra.proccpu import cpu_seconds
+from rallypoint.infra.proccpu import cpu_seconds, tree_cpu_seconds
 from rallypoint.localcluster.http import auth_headers
 from rallypoint.localcluster.supervisor import LocalCluster, local_service_seconds
 
@@ -176,7 +176,12 @@ def _cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
             pids[name] = server.pid
     pids["bench"] = os.getpid()
     # a process gone (a fleet that stopped) is left out
-    return {name: used for name, pid in pids.items() if (used := cpu_seconds(pid)) is not None}
+    used = {name: spent for name, pid in pids.items() if (spent := cpu_seconds(pid)) is not None}
+    # PostgreSQL's work is done in its backends, the server's children (the projector's connections)
+    server = cluster.postgres.pid if cluster.postgres is not None else None
+    if server is not None and (database := tree_cpu_seconds(server)) is not None:
+        used["postgres"] = database
+    return used
 
 
 def _cpu_ms_per_job(

@@ -22,7 +22,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from rallypoint.eventlog.feeds import ack_fields
+from rallypoint.eventlog.connection import FastHeadersClient
+from rallypoint.eventlog.feeds import DirectFeed, FeedReset, ack_fields
 from rallypoint.events import (
     GangBound,
     JobCancelled,
@@ -79,6 +80,8 @@ class LogWatch:
     #: of those, times it made no progress for ``STALL_S`` while the stream had more (``_watchdog``)
     stalled: int = 0
     _sub: object | None = None
+    _feed: DirectFeed | None = None
+    _reading: asyncio.Task[None] | None = None
     _reopening: asyncio.Task[None] | None = None
     _watching: asyncio.Task[None] | None = None
 
@@ -92,6 +95,13 @@ class LogWatch:
         # every sequence in order or none: a skipped one (GUIDE: nats-py's ordered consumer may skip
         # silently; seen on a three-server cluster under load) would leave a job "never started" here
         self.last_seq = max(self.last_seq, from_seq - 1)
+        if isinstance(self.nc, FastHeadersClient):
+            # The services' own reader, off the connection without a nats-py message per event: the
+            # harness's CPU is in the cluster bench's per-job sum, and this read was most of it.
+            self._feed = DirectFeed(self.nc, js, STREAM)
+            await self._feed.open("rally.>", max(1, from_seq))
+            self._reading = asyncio.create_task(self._read(self._feed))
+            return
         self._sub = await js.subscribe(
             "rally.>",
             stream=STREAM,
@@ -141,28 +151,54 @@ class LogWatch:
         await self._close()
 
     async def _close(self) -> None:
+        reading, self._reading = self._reading, None
+        if reading is not None and reading is not asyncio.current_task():
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
+        feed, self._feed = self._feed, None
+        if feed is not None:
+            await feed.close()
         if self._sub is not None:
             await self._sub.unsubscribe()  # type: ignore[attr-defined]
             self._sub = None
 
+    async def _read(self, feed: DirectFeed) -> None:
+        """Take every delivery of ``feed`` until it loses its order (then it is opened again)."""
+        while True:
+            try:
+                batch = await feed.batch(WATCHDOG_S)
+            except TimeoutError:
+                continue
+            except FeedReset:
+                self._reopen()
+                return
+            for delivery in batch:
+                if not self._take(delivery.seq, delivery.stored_ns / 1e9, delivery.data):
+                    return
+
     async def _on_msg(self, msg: Msg) -> None:
         found = ack_fields(msg.reply or "")
-        if found is None:
-            return
-        seq, stored = found.stream_seq, found.stored_ns / 1e9
+        if found is not None:
+            self._take(found.stream_seq, found.stored_ns / 1e9, msg.data)
+
+    def _take(self, seq: int, stored: float, data: bytes) -> bool:
+        """Index the event stored at ``seq``; False when a sequence was skipped (the subscription is then
+        opened again from the first one missed)."""
         if seq <= self.last_seq:
-            return  # redelivered after an ordered-consumer reset
+            return True  # redelivered after a reset
         if seq != self.last_seq + 1:
-            self._reopen()  # a sequence skipped: read again from the first one missed
-            return
+            self._reopen()
+            return False
         self.last_seq = seq
         self.stored_at[seq] = stored
         self.events += 1
         try:
-            event = decode(msg.data)
+            event = decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            return
+            return True
         self._index(event, stored)
+        return True
 
     def _index(self, event: object, stored: float) -> None:
         if isinstance(event, JobStarted):

@@ -66,6 +66,8 @@ class Delivery(NamedTuple):
     data: bytes
     headers: dict[str, str] | None
     raw_headers: bytes | None = None
+    #: when the server stored it, from the delivery's reply subject (``DirectFeed``; 0 where not read)
+    stored_ns: int = 0
 
     def header_fields(self) -> dict[str, str] | None:
         """The message's headers as nats-py parses them (None: none)."""
@@ -363,7 +365,7 @@ class DirectFeed:
             self._lose(f"delivery {delivery} where {self._next_delivery} was next")
             return
         self._next_delivery = delivery + 1
-        self._buffer.put(Delivery(seq, subject.decode(), data, None, headers or b""))
+        self._buffer.put(Delivery(seq, subject.decode(), data, None, headers or b"", found.stored_ns))
 
     def _on_status(self, reply: bytes, headers: bytes) -> None:
         if reply:  # a flow control request: answered once what came before it is buffered with room left

@@ -2,9 +2,10 @@
 
 Every service that folds the whole log pays, per event, for its NATS delivery, its decode and its fold:
 ~20 us in each process, and the server's delivery to one more consumer. The light services (the job
-controller, checkpoint, preemption and inventory services) do little else per event, so on a small
-machine most of their CPU is that fold. Hosted together they fold once (``following.SharedFold``), the
-way Kubernetes runs its controllers in one controller manager over shared informers.
+controller, checkpoint, preemption and inventory services, and the predictor between its runs forward)
+do little else per event, so on a small machine most of their CPU is that fold. Hosted together they
+fold once (``following.SharedFold``), the way Kubernetes runs its controllers in one controller manager
+over shared informers.
 
 What stays each service's own: its NATS connection and identity (so the permission matrix still decides
 what each may write), its partitions and their fencing, its health port and metrics, its change feed.
@@ -32,9 +33,10 @@ _log = logging.getLogger("rallypoint.cohost")
 Hosted = tuple[MainFn, ServiceConfig]
 
 #: Services one process may host together over one fold: those whose work per event is light beside
-#: their fold. The API, the schedulers, the projector, the predictor and the health monitor (which folds
-#: the nodes' subjects only) each keep a process of their own.
-HOSTABLE: tuple[str, ...] = ("job-controller", "checkpoint", "preemption", "inventory")
+#: their fold, and the predictor, whose runs forward go in a thread of their own on a copy of the fold
+#: (``predict.refresh``) and whose fold is otherwise idle. The API, the schedulers, the projector and the
+#: health monitor (which folds the nodes' subjects only) each keep a process of their own.
+HOSTABLE: tuple[str, ...] = ("job-controller", "checkpoint", "preemption", "inventory", "predictor")
 
 
 def hosting_refusal(names: Sequence[str]) -> str | None:
