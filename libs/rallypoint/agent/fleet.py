@@ -24,7 +24,7 @@ import itertools
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,9 +146,12 @@ class Fleet:
         self._tasks = [asyncio.create_task(self._heartbeat_loop())]
         await self.register_all()
         nc = self.log.nc
-        # One wildcard subscription per verb for the whole fleet: the subject's node token routes.
-        for verb, handler in (("launch", self._launch), ("kill", self._kill), ("status", self._status)):
-            await nc.subscribe(f"cmd.agent.*.{verb}", cb=self._guarded(handler))
+        # Each node's own commands only, as its agent subscribes: a wildcard over every node would have
+        # the server deliver each command to every fleet, and every fleet decode it, for one to answer.
+        handlers = {"launch": self._launch, "kill": self._kill, "status": self._status}
+        callback = self._guarded(handlers)
+        for node_id in self.nodes:
+            await nc.subscribe(subjects.agent_commands(node_id), cb=callback)
         await nc.flush()
         self._tasks += [asyncio.create_task(self._report_loop()) for _ in range(APPEND_CONCURRENCY // 4)]
 
@@ -272,13 +275,21 @@ class Fleet:
 
     # -- commands -----------------------------------------------------------------------------------
 
-    def _guarded(self, handler: Callable[[SimNode, Msg], bytes]) -> Callable[[Msg], Awaitable[None]]:
+    def _guarded(
+        self, handlers: Mapping[str, Callable[[SimNode, Msg], bytes]]
+    ) -> Callable[[Msg], Awaitable[None]]:
         async def callback(msg: Msg) -> None:
-            node = self.nodes.get(msg.subject.split(".")[2])
+            tokens = msg.subject.split(".")
+            node, verb = self.nodes.get(tokens[2]), tokens[3]
+            handler = handlers.get(verb)
             if node is None:
-                return  # another fleet's node: that process answers
+                return
             try:
-                reply = handler(node, msg)
+                reply = (
+                    handler(node, msg)
+                    if handler is not None  # logs, tty: a real agent's, of ranks a virtual one has not
+                    else _json.encode({"ok": False, "error": f"a simulated node does not serve {verb!r}"})
+                )
             except Exception as exc:
                 _log.exception("command on %s failed", msg.subject)
                 reply = _json.encode({"ok": False, "error": f"{type(exc).__name__}: {exc}"})

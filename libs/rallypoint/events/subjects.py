@@ -236,6 +236,12 @@ def agent_command(node_id: str, verb: str) -> str:
     return f"cmd.agent.{_token(node_id)}.{_token(verb)}"
 
 
+def agent_commands(node_id: str) -> str:
+    """Every verb's ``agent_command`` subject of one node (a wildcard: what a process serving many
+    simulated nodes subscribes to, once per node)."""
+    return f"cmd.agent.{_token(node_id)}.*"
+
+
 def terminal_input(node_id: str, session: str) -> str:
     """Where the API sends an interactive session's keystrokes, resizes and keepalives (core NATS): a
     command to the rank's agent, which alone subscribes to its ``cmd.agent.<node>.>``."""
