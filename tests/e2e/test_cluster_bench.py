@@ -67,6 +67,9 @@ def test_the_cluster_bench_reports_every_figure() -> None:
     )
     # the settled window: every job running and folded everywhere; the sums are of what it lists
     assert res["submissions_cpu_window_s"] > 0 and res["idle_cpu_ms_per_s"] >= 0
+    assert "postgres" in cpu  # the projector's database: its server and backends
+    # the leader decided the window's jobs in cycles whose computing CPU its own counters give
+    assert res["submissions_cycles"] >= 1 and res["submissions_cycle_cpu_ms_per_job"] > 0
     assert abs(res["submissions_cpu_ms_per_job_sum"] - sum(cpu.values())) < 0.01
     outside = sum(ms for name, ms in cpu.items() if name == "bench" or name.startswith("fleet-"))
     assert abs(res["submissions_cpu_ms_per_job_control_plane"] - (sum(cpu.values()) - outside)) < 0.01

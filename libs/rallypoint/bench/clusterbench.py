@@ -178,8 +178,8 @@ def _cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
     # a process gone (a fleet that stopped) is left out
     used = {name: spent for name, pid in pids.items() if (spent := cpu_seconds(pid)) is not None}
     # PostgreSQL's work is done in its backends, the server's children (the projector's connections)
-    server = cluster.postgres.pid if cluster.postgres is not None else None
-    if server is not None and (database := tree_cpu_seconds(server)) is not None:
+    postmaster = cluster.postgres.pid if cluster.postgres is not None else None
+    if postmaster is not None and (database := tree_cpu_seconds(postmaster)) is not None:
         used["postgres"] = database
     return used
 
@@ -214,6 +214,16 @@ def _submission_cpu(
         "idle_cpu_ms_per_s": round(idle_ms, 1),
         "idle_cpu_ms_per_s_by_process": idle,
         "submissions_idle_cpu_ms_per_job": round(idle_ms * window_s / jobs, 3),
+    }
+
+
+def _window_cycles(before: LeaderReading, after: LeaderReading, jobs: int) -> dict[str, Any]:
+    """The leader's deciding cycles in the submissions' window and their computing CPU per accepted job
+    (``rally_scheduler_cycle_compute_cpu_seconds``: its share of the leader's figure; the rest is its fold
+    and its writes)."""
+    return {
+        "submissions_cycles": after.cycles - before.cycles,
+        "submissions_cycle_cpu_ms_per_job": round((after.cycle_cpu_s - before.cycle_cpu_s) * 1000 / jobs, 3),
     }
 
 
@@ -265,6 +275,9 @@ async def _submissions(
     # the appends were acknowledged, and the cluster's backlog of them ran inside the window).
     await _settle(cluster, log, watch, cfg, raw_job_ids("rawlog-a", half), "the reference appends")
     idle = await _idle_cpu_ms_per_s(cluster)
+    # the leader's counters, read outside the window (a scrape renders the whole cluster's gauges)
+    leader = _leader(watch)
+    cycles_before = await _leader_reading(cluster, leader)
     cpu_before, opened = _cpu_seconds(cluster), time.monotonic()
     accepted: list[Submitted] = []
     took = 0.0
@@ -281,6 +294,7 @@ async def _submissions(
     # way from the request to its ranks running, in every process, and nothing else's.
     await _settle(cluster, log, watch, cfg, [s.job_id for s in accepted], "the submissions")
     cpu_after, window_s = _cpu_seconds(cluster), time.monotonic() - opened
+    cycles_after = await _leader_reading(cluster, leader)
     appended_s += half / await raw_append(
         log, half, concurrency=CONCURRENCY, prefix="rawlog-b", seconds=2 * cfg.job_seconds
     )
@@ -299,6 +313,7 @@ async def _submissions(
         "http_ceiling_before_per_s": round(ceiling[0], 1),
         "http_ceiling_after_per_s": round(ceiling[1], 1),
         **_submission_cpu(cpu_before, cpu_after, max(1, len(accepted)), window_s, idle),
+        **_window_cycles(cycles_before, cycles_after, max(1, len(accepted))),
         **latency_summary([s.latency_s for s in accepted], "submit_latency_s"),
         "submitted_running": len(to_running),
         **latency_summary(to_running, "submit_to_running_s"),
