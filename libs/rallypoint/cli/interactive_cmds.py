@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .client import ApiClient, ApiError, ApiUnreachable, resolve_api_url
 from .jobs_cmds import (
@@ -34,6 +34,9 @@ from .jobs_cmds import (
     parse_env,
 )
 from .resources import parse_gpu_fraction, parse_label
+
+if TYPE_CHECKING:
+    from rallypoint.interactive.client import HandshakeRefused
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
@@ -218,18 +221,30 @@ def cmd_port_forward(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+#: Handshakes refused by the rank's agent (502: it refused; 503: it did not answer in time) are tried this
+#: many times in all, the waits between them doubling from ``ATTACH_RETRY_S``: on a loaded node a rank
+#: that has just started may not be served at once.
+ATTACH_TRIES = 4
+ATTACH_RETRY_S = 0.5
+_AGENT_REFUSALS = frozenset({502, 503})
+
+
 def _attach(client: ApiClient, job_id: str, rank: int, ports: list[int] | None = None) -> int:
     from rallypoint.interactive.client import HandshakeRefused, run
 
-    try:
-        ending = run(client.base_url, client.token, job_id, rank, ports or ())
-    except HandshakeRefused as err:
-        detail = _refusal(client, job_id, err)
-        print(flag_error(None, detail), file=sys.stderr)
-        return EXIT_ERROR
-    except OSError as err:
-        print(f"error: cannot reach the terminal of {job_id}: {err}", file=sys.stderr)
-        return EXIT_ERROR
+    for attempt in range(ATTACH_TRIES):
+        try:
+            ending = run(client.base_url, client.token, job_id, rank, ports or ())
+            break
+        except HandshakeRefused as err:
+            if err.status in _AGENT_REFUSALS and attempt + 1 < ATTACH_TRIES:
+                time.sleep(ATTACH_RETRY_S * 2**attempt)
+                continue
+            print(flag_error(None, _refusal(client, job_id, err)), file=sys.stderr)
+            return EXIT_ERROR
+        except OSError as err:
+            print(f"error: cannot reach the terminal of {job_id}: {err}", file=sys.stderr)
+            return EXIT_ERROR
     if ending.status is not None:
         return ending.status if 0 <= ending.status < 256 else EXIT_JOB_ENDED_WITHOUT_CODE
     if ending.lost:
@@ -249,9 +264,15 @@ def _still_running(client: ApiClient, job_id: str) -> bool:
         return False
 
 
-def _refusal(client: ApiClient, job_id: str, err: Exception) -> str:
+def _refusal(client: ApiClient, job_id: str, err: HandshakeRefused) -> str:
     """Why the API refused the terminal, in its words (a WebSocket handshake carries no body: ask again
-    over plain HTTP, which answers the same problem)."""
+    over plain HTTP, which answers the same problem). Not for the agent's refusals: those come after the
+    checks a plain request gets through, which then only hears that it is no WebSocket."""
+    if err.status in _AGENT_REFUSALS:
+        return (
+            f"the agent of {job_id}'s node did not open its terminal (HTTP {err.status}: {err.detail}); "
+            f"`rally attach {job_id}` tries again"
+        )
     try:
         client.request("GET", f"/v1/jobs/{job_id}/terminal")
     except ApiError as refused:
