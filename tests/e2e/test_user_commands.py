@@ -266,21 +266,29 @@ def _lines(capsys: pytest.CaptureFixture[str], *argv: str) -> list[str]:
 
 
 def test_queues_show_nominal_borrowed_used_pending(story: Story, capsys: pytest.CaptureFixture[str]) -> None:
+    # Both vision's: the second waits for GPUs its own team holds. (A lang job would reclaim the 4 GPUs
+    # vision borrowed from lang's share, evicting the blocker ~1 s after it starts: a read after that,
+    # under load, found vision using nothing.) The second is submitted once the blocker runs, so it cannot
+    # be placed ahead of it while an earlier test's job still holds a GPU for a moment.
     blocker = submit(story.cluster.api_url, "blocker", "vision", 8, ["sleep", "300"], priority="best-effort")
-    waiting = submit(story.cluster.api_url, "waiting", "lang", 4, ["sleep", "1"], priority="best-effort")
+    waiting = blocker
     try:
         wait(story.cluster.api_url, blocker, {"running"})
+        api = story.cluster.api_url
+        waiting = submit(api, "waiting", "vision", 4, ["sleep", "1"], priority="best-effort")
+        wait(story.cluster.api_url, waiting, {"pending"})
         answer = rally_json(capsys, "queues")
         teams = {t["team"]: t for t in answer["teams"]}
         assert answer["quotas"] is True
         assert (teams["vision"]["nominal"], teams["vision"]["used"], teams["vision"]["borrowed"]) == (4, 8, 4)
-        assert teams["lang"]["pending_jobs"] >= 0
+        assert (teams["vision"]["pending_jobs"], teams["vision"]["pending_gpus"]) == (1, 4)
+        assert (teams["lang"]["used"], teams["lang"]["pending_jobs"]) == (0, 0)
         (cohort,) = answer["cohorts"]
         assert (cohort["cohort"], cohort["nominal"], cohort["used"]) == ("all", 8, 8)
         assert main(["queues"]) == 0
         assert "COHORT" in capsys.readouterr().out
     finally:
-        for job_id in (blocker, waiting):
+        for job_id in {blocker, waiting}:
             call("DELETE", f"{story.cluster.api_url}/v1/jobs/{job_id}")
 
 
