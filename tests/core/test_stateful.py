@@ -251,6 +251,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         total = sum(n.gpus for n in self.cluster.nodes.values())
         assert sum(j.gpus for j in self.cluster.running.values()) <= total
+        # the grower's index is exactly the running elastic gangs, as binds, resizes and ends leave them
+        running = self.cluster.running.values()
+        assert self.cluster.elastic == {j.id: j for j in running if j.max_gpus is not None}
         if self.policy_name == "rallypoint":
             for q in self.queues:
                 used = self.cluster.usage.get((q.name, "h100"), 0)  # thousandths of a GPU

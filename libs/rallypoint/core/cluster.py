@@ -336,6 +336,9 @@ class ClusterModel:
     def __init__(self, nodes: Iterable[Node] = ()) -> None:
         self._nodes: dict[str, Node] = {}
         self.running: dict[str, RunningJob] = {}
+        # the running elastic gangs (a ``max_gpus``): what ``ElasticGrower`` looks through every cycle,
+        # instead of every running job (thousands at scale, nearly none of them elastic)
+        self.elastic: dict[str, RunningJob] = {}
         # (queue, gpu_type) -> thousandths of a GPU in use (``core.units``; CPU / memory keys: millicores,
         # MiB; the service key: whole GPUs); team -> (GPU thousandths, cpu_milli, memory_mib) for DRF
         self.usage: dict[tuple[str, str], int] = {}
@@ -433,7 +436,7 @@ class ClusterModel:
             masks[p.node_id] = masks.get(p.node_id, 0) | m
         for nid, m in masks.items():
             self._set_used(nid, self._used[nid] | m)
-        self.running[job.id] = job
+        self._set_running(job)
         self.job_masks[job.id] = tuple((p.node_id, sum(1 << g for g in p.gpus)) for p in job.placements)
         if job.expected_end is not None:
             insort(self.ends, (job.expected_end, job.id))
@@ -485,7 +488,7 @@ class ClusterModel:
         """A share or slice is running: no GPU mask of its own (its GPU is its parts'), and never chosen
         as a victim by the whole-GPU planner (``core.part_preemption`` evicts shares and slices)."""
         self.parts_on.setdefault((node_id, job.placements[0].gpus[0]), []).append(job.id)
-        self.running[job.id] = job
+        self._set_running(job)
         self.job_masks[job.id] = ()
         self._account(job, +1)
         victimless = msgspec.structs.replace(job, preemptible=False)
@@ -503,9 +506,15 @@ class ClusterModel:
             raise ValueError(f"job {job.id}: node {p.node_id} has no GPU {p.gpus[0]}")
         return p
 
+    def _set_running(self, job: RunningJob) -> None:
+        self.running[job.id] = job
+        if job.max_gpus is not None:
+            self.elastic[job.id] = job
+
     def unbind(self, job_id: str) -> RunningJob:
         """Remove a running gang (completed, failed, preempted) and free its GPUs."""
         job = self.running.pop(job_id)
+        self.elastic.pop(job_id, None)
         for nid, m in self.job_masks.pop(job_id):
             self._set_used(nid, self._used[nid] & ~m)
         if job.gpu_milli is not None or job.mig_profile is not None:
@@ -556,7 +565,7 @@ class ClusterModel:
             self._drop_end(old.expected_end, old.id)
         if job.expected_end is not None:
             insort(self.ends, (job.expected_end, job.id))
-        self.running[job.id] = job
+        self._set_running(job)
         self.cols.update(job, self.job_gpu_type(job))
         self.version += 1
 

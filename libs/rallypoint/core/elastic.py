@@ -37,7 +37,7 @@ class ElasticGrower:
         cl = ctx.cluster
         elastic = [
             j
-            for j in cl.running.values()
+            for j in cl.elastic.values()
             if j.max_gpus is not None and j.gpus < j.max_gpus and j.id not in ctx.preempted
         ]
         elastic.sort(key=lambda j: (-ctx.prio_of(j), j.id))
