@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tidy_heap=True,
         )
         loop.warm_up()
-        await lead_while_elected(loop, lease, ctx.stop)
+        await lead_while_elected(loop, lease, ctx.stop, pacing=ctx.read_pacing)
         return 0
 
     return run_service(run, config)

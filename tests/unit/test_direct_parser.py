@@ -15,6 +15,7 @@ import pytest
 from nats.errors import ProtocolError
 from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
 
+from rallypoint.eventlog.pacing import ReadPacing
 from rallypoint.eventlog.wire import DirectParser, parser_internals_present
 
 DIRECT_SIDS = (1, 3)
@@ -28,6 +29,10 @@ class Recorder:
         self.sids: list[int] = []  # of the messages that reached _process_msg
         self.stats: Counter[str] = Counter()
         self.direct = {sid: self._direct_handler for sid in DIRECT_SIDS} if direct else {}
+        self.pacing = ReadPacing()  # 0 s: the parser reads on at once
+
+    def awaiting_reply(self) -> bool:
+        return False
 
     def _direct_handler(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         self.seen.append(("msg", subject, reply, data, headers))

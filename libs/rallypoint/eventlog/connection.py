@@ -33,6 +33,7 @@ from nats.protocol import command as nats_command
 from rallypoint.security.permissions import inbox_prefix
 
 from .errors import LogUnavailable
+from .pacing import ReadPacing
 from .wire import DirectParser, parser_internals_present
 
 _log = logging.getLogger("rallypoint.nats")
@@ -238,6 +239,10 @@ def _nats_internals_present() -> bool:
         "self", "sid", "subject", "reply", "data", "headers"
     ]:  # fmt: skip
         return False
+    probe = Client()  # what pacing reads to know whether a reply is awaited
+    awaited = (getattr(probe, "_resp_map", None), getattr(probe, "_pongs", None))
+    if not isinstance(awaited[0], dict) or not isinstance(awaited[1], list):
+        return False
     return (
         params == expected
         and parser_internals_present()
@@ -266,6 +271,20 @@ class FastHeadersClient(Client):
         super().__init__()
         self.direct: dict[int, DirectHandler] = {}
         self._ps = DirectParser(self)
+        #: how long a read that emptied the socket waits before the next (``pacing``; 0 by default)
+        self.pacing = ReadPacing()
+
+    def awaiting_reply(self) -> bool:
+        """Whether anything on this connection waits for the server's answer (a request's reply, a PONG)."""
+        return bool(self._resp_map) or bool(self._pongs)
+
+    async def request(self, *args: Any, **kwargs: Any) -> Msg:
+        self.pacing.interrupt()  # its reply must not wait out a pause
+        return await super().request(*args, **kwargs)
+
+    async def flush(self, *args: Any, **kwargs: Any) -> None:
+        self.pacing.interrupt()
+        await super().flush(*args, **kwargs)
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes) -> None:
         # nats-py's parser passes None for a message without headers, although it annotates bytes.

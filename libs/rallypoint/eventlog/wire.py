@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from nats.aio.client import DEFAULT_BUFFER_SIZE
 from nats.errors import ProtocolError
 from nats.protocol import parser as nats_parser
 
@@ -74,6 +75,8 @@ class DirectParser(nats_parser.Parser):
         finally:
             if self._resets == resets:
                 self.buf = bytearray(view[pos:])
+        # nats-py's read loop reads at most DEFAULT_BUFFER_SIZE bytes: less means the socket was emptied
+        await self.nc.pacing.after_read(len(data), DEFAULT_BUFFER_SIZE, self.nc.awaiting_reply)
 
     def _message_line(self, view: bytes | bytearray, start: int, eol: int) -> bool:
         """Take a ``MSG``/``HMSG`` control line as the server writes it; False for any other line."""

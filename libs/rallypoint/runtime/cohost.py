@@ -18,6 +18,7 @@ docs/deployment.md says when to colocate and when not).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 from collections.abc import Sequence
@@ -82,6 +83,7 @@ async def run_hosted_async(services: Sequence[Hosted], shutdown_grace: float = 1
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
+    services = fold_read_at_once(services)
     with sharing_one_fold(owner=services[0][1].service):
         tasks = [
             asyncio.create_task(
@@ -103,6 +105,15 @@ async def run_hosted_async(services: Sequence[Hosted], shutdown_grace: float = 1
                 loop.remove_signal_handler(signum)
     # A service that ended unasked is a failure of the host even if it returned 0: restart them all.
     return _worst(codes) or (EXIT_ERROR if unasked else EXIT_OK)
+
+
+def fold_read_at_once(services: Sequence[Hosted]) -> list[Hosted]:
+    """The services, the first (whose connection carries the shared fold) paced as the least paced of
+    them all (``config.READ_PACING_S``): a job controller hosted after a checkpoint service still reads
+    each event as it comes."""
+    (main, first), rest = services[0], list(services[1:])
+    least = min(config.pacing_s for _, config in services)
+    return [(main, dataclasses.replace(first, read_pacing_s=least)), *rest]
 
 
 async def _hosted(main: MainFn, config: ServiceConfig, stop: asyncio.Event, shutdown_grace: float) -> int:

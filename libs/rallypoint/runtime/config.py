@@ -11,6 +11,20 @@ from rallypoint.eventlog.connection import NatsCredentials
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
+#: Seconds each service's connection waits after a read that emptied its socket (``eventlog.pacing``):
+#: those whose reactions may come tens of milliseconds later, and the scheduler while it stands by (its
+#: leader reads at once). Every other service is on a job's way to running, or answers people, and reads
+#: at once. ``--read-pacing-ms`` overrides it per process.
+READ_PACING_S: dict[str, float] = {
+    "checkpoint": 0.02,
+    "health-monitor": 0.02,
+    "inventory": 0.02,
+    "predictor": 0.02,
+    "preemption": 0.02,
+    "projector": 0.02,
+    "scheduler": 0.02,
+}
+
 
 def _default_instance() -> str:
     # Unique per process on a host; in Kubernetes the pod name arrives through RALLY_INSTANCE.
@@ -29,10 +43,17 @@ class ServiceConfig:
     health_port: int | None = None  # serve GET /healthz here (Kubernetes and compose probes)
     # The service's own NATS user (None: whatever the URL carries); its password never on argv.
     nats_credentials: NatsCredentials | None = field(default=None, repr=False)
+    #: the connection's read pacing in seconds (None: the service's own, ``READ_PACING_S``)
+    read_pacing_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.instance:
             object.__setattr__(self, "instance", _default_instance())
+
+    @property
+    def pacing_s(self) -> float:
+        """How long this service's connection lets a trickle of messages gather before reading them."""
+        return READ_PACING_S.get(self.service, 0.0) if self.read_pacing_s is None else self.read_pacing_s
 
     @classmethod
     def from_args(cls, service: str, args: argparse.Namespace) -> ServiceConfig:
@@ -45,6 +66,7 @@ class ServiceConfig:
             replicas=args.replicas,
             health_port=args.health_port,
             nats_credentials=credentials_from_args(args),
+            read_pacing_s=None if args.read_pacing_ms is None else args.read_pacing_ms / 1000,
         )
 
 
@@ -92,6 +114,15 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=env.get("RALLY_NATS_PASSWORD_FILE", ""),
         help="file holding the NATS user's password, e.g. a mounted secret (env RALLY_NATS_PASSWORD_FILE)",
     )
+    pacing = env.get("RALLY_READ_PACING_MS")
+    parser.add_argument(
+        "--read-pacing-ms",
+        type=_pacing_ms,
+        default=_pacing_ms(pacing) if pacing else None,
+        help="after a read that emptied the NATS socket, wait this long before the next, so a trickle "
+        "of events is read in one go (env RALLY_READ_PACING_MS; 0: read at once; default: the "
+        "service's own, docs/deployment.md)",
+    )
     health = env.get("RALLY_HEALTH_PORT")
     parser.add_argument(
         "--health-port",
@@ -100,6 +131,13 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="serve GET /healthz on this port (env RALLY_HEALTH_PORT; default: off)",
     )
     return parser
+
+
+def _pacing_ms(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"{text}: milliseconds from 0 to 1000")
+    return value
 
 
 def credentials_from_args(args: argparse.Namespace) -> NatsCredentials | None:

@@ -12,6 +12,7 @@ import logging
 from typing import Protocol
 
 from rallypoint.eventlog import AppendConflict, LogUnavailable
+from rallypoint.eventlog.pacing import ReadPacing
 
 from .fencing import FencedWriter
 from .follower import Follower
@@ -44,18 +45,22 @@ async def lead(loop: FencedLoop, lease: LeaderLease, stop: asyncio.Event, *, ter
             loop.idle()
 
 
-async def lead_while_elected(loop: FencedLoop, lease: LeaderLease, stop: asyncio.Event) -> None:
+async def lead_while_elected(
+    loop: FencedLoop, lease: LeaderLease, stop: asyncio.Event, *, pacing: ReadPacing | None = None
+) -> None:
     """Campaign, lead, step down on a conflict or a lost lease, campaign again; until stop.
 
     Stepping down on ``AppendConflict`` is the point of fencing: a newer leader exists, so this one
-    stops writing at once rather than trusting its lease."""
+    stops writing at once rather than trusting its lease. ``pacing``: the connection's read pacing, a
+    standby's only (a leader reads each event as it comes)."""
     role = loop.writer.role
     while not stop.is_set():
         term = await lease.campaign(stop)
         if term is None or stop.is_set():
             break
         try:
-            await lead(loop, lease, stop, term=term)
+            with pacing.suspended() if pacing is not None else contextlib.nullcontext():
+                await lead(loop, lease, stop, term=term)
         except AppendConflict as conflict:
             _log.warning("%s: fenced by a newer leader (%s); stepping down", role, conflict)
         except (LogUnavailable, TimeoutError) as exc:

@@ -26,7 +26,8 @@ from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
 from rallypoint.eventlog import EventLog, SnapshotStore, connect_nats
-from rallypoint.eventlog.connection import without_password
+from rallypoint.eventlog.connection import FastHeadersClient, without_password
+from rallypoint.eventlog.pacing import ReadPacing
 from rallypoint.observability.tracing import setup_tracing
 
 from .config import ServiceConfig, nats_servers
@@ -87,8 +88,15 @@ class ServiceContext:
                 credentials=self.config.nats_credentials,
             )
             self.stack.push_async_callback(_drain, nc)
+            if isinstance(nc, FastHeadersClient):
+                nc.pacing.seconds = self.config.pacing_s
             self._nc = nc
         return self._nc
+
+    @property
+    def read_pacing(self) -> ReadPacing | None:
+        """The connection's read pacing (None before it opens, or on a client without it)."""
+        return self._nc.pacing if isinstance(self._nc, FastHeadersClient) else None
 
     async def jetstream(self) -> JetStreamContext:
         return (await self.nats()).jetstream()
