@@ -187,6 +187,25 @@ def test_one_leader_no_created_samples_zero_series_and_one_name_per_quantity(clu
     assert total(fold, "rally_nodes", status="up") == 3
 
 
+def test_each_service_paces_its_reads_as_documented(cluster: LocalCluster) -> None:
+    """docs/deployment.md, "Read pacing": the services off a job's way to running pace their connection's
+    reads, the leading scheduler does not while its standby does, the job controller and the agents never."""
+
+    def pacing(name: str) -> Any:
+        return cluster.health(name, "/healthz")[1].get("log", {}).get("read_pacing_s")
+
+    eventually(lambda: one_leader(leading(cluster)), "one leading scheduler")
+    eventually(
+        lambda: sorted(pacing(name) for name in SCHEDULERS) == [0.0, 0.02],
+        "the leader reading at once, the standby paced",
+    )
+    for name in ("checkpoint", "preemption", "inventory", "predictor", "projector", "health-monitor"):
+        assert pacing(name) == 0.02, name
+    for name in sorted(cluster.health_ports):
+        if name == "job-controller" or name.startswith("agent-"):
+            assert pacing(name) == 0.0, name
+
+
 def test_a_cycle_a_preemption_and_a_recovery_move_their_metrics(cluster: LocalCluster) -> None:
     before = schedulers(cluster)
     # a cycle: one bind, its wait observed, 4 GPUs allocated to team obs

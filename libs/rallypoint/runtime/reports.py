@@ -52,6 +52,9 @@ def log_report(ctx: ServiceContext) -> dict[str, Any]:
         report.update(fold_seq=fold_seq, stream_seq=stream_seq, lag=lag)
         if subjects is not None:
             report["fold_subjects"] = subjects
+    pacing = ctx.read_pacing
+    if pacing is not None:  # how the connection paces its reads (docs/deployment.md, "Read pacing")
+        report.update(read_pacing_s=pacing.seconds, read_pauses=pacing.pauses)
     return report
 
 
