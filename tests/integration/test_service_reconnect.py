@@ -89,6 +89,8 @@ async def test_health_reports_the_log_and_a_service_reconnects_to_a_restarted_se
             "fold_seq": 5,
             "stream_seq": 5,
             "lag": 0,
+            "read_pacing_s": 0.0,  # a service not in READ_PACING_S reads at once
+            "read_pauses": 0,
         }
 
         os.kill(server.pid or 0, signal.SIGKILL)
