@@ -59,9 +59,9 @@ def test_a_hosts_shared_fold_is_read_as_its_least_paced_service_reads() -> None:
     async def main(_ctx: object) -> int:
         return 0
 
-    hosted = [(main, ServiceConfig(service=name)) for name in ("checkpoint", "job-controller", "inventory")]
+    hosted = [(main, ServiceConfig(service=name)) for name in ("predictor", "job-controller", "inventory")]
     first, *rest = fold_read_at_once(hosted)
-    assert first[1].service == "checkpoint" and first[1].pacing_s == 0.0  # the job controller's: none
+    assert first[1].service == "predictor" and first[1].pacing_s == 0.0  # the job controller's: none
     assert [config.pacing_s for _, config in rest] == [0.0, 0.02]
-    alone = fold_read_at_once([(main, ServiceConfig(service="checkpoint"))])
+    alone = fold_read_at_once([(main, ServiceConfig(service="predictor"))])
     assert alone[0][1].pacing_s == 0.02

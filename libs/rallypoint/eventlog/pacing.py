@@ -7,11 +7,13 @@ read, the parse loop and the fold's task, once per message. ``followbench --in-f
 emptied the socket: the kernel keeps what arrives meanwhile and the next read takes it all at once.
 
 A service whose reactions may come tens of milliseconds later (a standby's fold, the projector, the
-predictor, the health monitor's heartbeats, ...) sets ``seconds``; one on a job's way to running (the
-API, the leading scheduler, the job controller) leaves it at 0. The pause never slows the connection's
-own conversations: it is skipped while a reply is awaited (an append's acknowledgement, a KV operation, a
-request, a flush), a request made during one ends it (``interrupt``), and a read that filled the buffer
-is followed by the next at once, so a burst is read as fast as without pacing.
+predictor, ...) sets ``seconds``; one on a job's way to running (the API, the leading scheduler, the job
+controller) leaves it at 0 (``runtime.config.READ_PACING_S`` lists who paces).
+
+The pause never slows the connection's own conversations: it is skipped while a reply is awaited (an
+append's acknowledgement, a KV operation, a request, a flush), a request made during one ends it
+(``interrupt``), and a read that filled the buffer is followed by the next at once, so a burst is read as
+fast as without pacing.
 """
 
 from __future__ import annotations

@@ -14,10 +14,10 @@ DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 #: Seconds each service's connection waits after a read that emptied its socket (``eventlog.pacing``):
 #: those whose reactions may come tens of milliseconds later, and the scheduler while it stands by (its
 #: leader reads at once). Every other service is on a job's way to running, or answers people, and reads
-#: at once. ``--read-pacing-ms`` overrides it per process.
+#: at once; so do the services whose replicas share fenced partitions (checkpoint, health monitor): with
+#: them paced, two bench runs at 12,500 nodes left a partition's last epoch in the log to a replica that
+#: had lost its lease (docs/benchmarks.md, "Read pacing"). ``--read-pacing-ms`` overrides it per process.
 READ_PACING_S: dict[str, float] = {
-    "checkpoint": 0.02,
-    "health-monitor": 0.02,
     "inventory": 0.02,
     "predictor": 0.02,
     "preemption": 0.02,
