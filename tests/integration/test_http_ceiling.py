@@ -12,7 +12,7 @@ from aiohttp import test_utils
 from nats.js.api import StorageType, StreamConfig
 
 from rallypoint.bench.httpceiling import SUBJECT_PREFIX, ceiling_app, http_ceiling
-from rallypoint.bench.loadgen import SCRATCH_STREAM, spec_body
+from rallypoint.bench.loadgen import SCRATCH_STREAM, create_scratch, spec_body
 from rallypoint.eventlog import connect_nats
 from rallypoint.infra import NatsServer
 
@@ -58,4 +58,21 @@ async def test_the_measurement_runs_its_own_process_and_leaves_no_stream(nats_se
         names = [info.config.name for info in await nc.jetstream().streams_info()]
         assert SCRATCH_STREAM not in names
     finally:
+        await nc.close()
+
+
+async def test_the_scratch_stream_takes_publishes_once_created(nats_server: NatsServer) -> None:
+    """``create_scratch`` returns once the new stream has stored a probe, so the measured publishes never
+    meet a stream that does not listen yet (a "no responders" answer)."""
+    nc = await connect_nats(nats_server.url, name="test-scratch")
+    js = nc.jetstream()
+    try:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await js.delete_stream(SCRATCH_STREAM)
+        await create_scratch(js)
+        assert (await js.stream_info(SCRATCH_STREAM)).state.messages == 1  # the probe
+        ack = await js.publish("rallybench.job.x", b"{}", stream=SCRATCH_STREAM)
+        assert ack.seq == 2
+    finally:
+        await js.delete_stream(SCRATCH_STREAM)
         await nc.close()

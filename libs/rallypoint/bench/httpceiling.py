@@ -28,12 +28,11 @@ from typing import Any
 
 from aiohttp import web
 from nats.aio.client import Client
-from nats.js.api import StorageType, StreamConfig
 
 from rallypoint.infra import ManagedProcess, free_port
 
 from .leanhttp import submit_lean
-from .loadgen import SCRATCH_STREAM
+from .loadgen import SCRATCH_STREAM, create_scratch
 
 NATS_URL_ENV = "RALLY_CEILING_NATS_URL"
 SUBJECT_PREFIX = "rallybench.front."
@@ -96,9 +95,7 @@ async def http_ceiling(
     flight from the benches' lean client with the submissions' own ``body`` and bearer ``token`` (sent,
     not checked), so the requests are the same bytes; the scratch stream exists only meanwhile."""
     js = nc.jetstream()
-    await js.add_stream(
-        StreamConfig(name=SCRATCH_STREAM, subjects=["rallybench.>"], storage=StorageType.FILE)
-    )
+    await create_scratch(js)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="rally-ceiling-") as folder:

@@ -20,7 +20,10 @@ from typing import Any
 
 import aiohttp
 from nats.aio.client import Client
+from nats.errors import NoRespondersError
 from nats.js.api import StorageType, StreamConfig
+from nats.js.client import JetStreamContext
+from nats.js.errors import NoStreamResponseError
 
 from rallypoint.eventlog import EventLog
 from rallypoint.events import JobCancelRequested, JobSpec, JobSubmitted, subjects
@@ -101,12 +104,35 @@ async def submit_http(
     return accepted, time.perf_counter() - start, failed
 
 
-async def raw_publish(nc: Client, count: int, *, concurrency: int) -> float:
-    """Acked publishes per second into a scratch stream with the log's storage, ``concurrency`` in flight."""
-    js = nc.jetstream()
+#: How long a scratch stream just created may take to listen on its subjects (see ``create_scratch``).
+SCRATCH_READY_S = 5.0
+
+
+async def create_scratch(js: JetStreamContext) -> None:
+    """Create the scratch stream and return once it takes publishes.
+
+    A stream just created may briefly answer a publish with "no responders" before its subjects are
+    listened to (seen once, under a loaded machine, on the very first publish after ``add_stream``; the
+    NATS clients of other languages retry such a publish for the same reason). One probe, retried until
+    the stream answers, keeps that out of the measured loop."""
     await js.add_stream(
         StreamConfig(name=SCRATCH_STREAM, subjects=["rallybench.>"], storage=StorageType.FILE)
     )
+    deadline = time.monotonic() + SCRATCH_READY_S
+    while True:
+        try:
+            await js.publish("rallybench.probe", b"", stream=SCRATCH_STREAM)
+            return
+        except (NoRespondersError, NoStreamResponseError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def raw_publish(nc: Client, count: int, *, concurrency: int) -> float:
+    """Acked publishes per second into a scratch stream with the log's storage, ``concurrency`` in flight."""
+    js = nc.jetstream()
+    await create_scratch(js)
     payload = encode(JobSubmitted(job_id="raw-0", spec=JobSpec(**_spec_fields()), submitted_at=time.time()))
     counter = iter(range(count))
 
