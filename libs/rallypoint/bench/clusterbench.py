@@ -57,7 +57,6 @@ from pathlib import Path
 from typing import Any
 
 from rallypoint.eventlog import EventLog, connect_nats
-from rallypoint.eventlog.connection import FastHeadersClient
 from rallypoint.infra.proccpu import cpu_seconds, tree_cpu_seconds
 from rallypoint.localcluster.http import auth_headers
 from rallypoint.localcluster.supervisor import LocalCluster, local_service_seconds
@@ -537,11 +536,9 @@ async def _failover(cluster: LocalCluster, watch: LogWatch, cfg: BenchConfig) ->
 
 
 async def _drive(cluster: LocalCluster, fleets: FleetSet, cfg: BenchConfig) -> dict[str, Any]:
-    nc = await connect_nats(cluster.nats_url, name="bench-cluster")
-    if isinstance(nc, FastHeadersClient):
-        # The log reader times everything by the server's store times, so it may read a trickle late,
-        # as the services that are not on a job's way to running do (its CPU is in the sums too).
-        nc.pacing.seconds = BENCH_READ_PACING_S
+    # The log reader times everything by the server's store times, so it may read a trickle late, as the
+    # services that are not on a job's way to running do (its CPU is in the sums too).
+    nc = await connect_nats(cluster.nats_url, name="bench-cluster", read_pacing_s=BENCH_READ_PACING_S)
     watch = LogWatch(nc)
     try:
         log = await EventLog.attach(nc, create=False)

@@ -95,16 +95,20 @@ async def connect_nats(
     name: str,
     initial_timeout: float | None = 10.0,
     credentials: NatsCredentials | None = None,
+    read_pacing_s: float = 0.0,
 ) -> Client:
     """Connect with the project's policy; raise ``LogUnavailable`` if no server answers in time.
 
-    ``credentials`` default to the environment's (``NatsCredentials.from_env``).
+    ``credentials`` default to the environment's (``NatsCredentials.from_env``). ``read_pacing_s``: how
+    long a read that emptied the socket waits before the next (``pacing.ReadPacing``; our client only).
 
     With ``max_reconnect_attempts=-1`` nats-py also retries the *first* connect forever, silently;
     ``initial_timeout`` bounds that so a CLI or a test gets a clear error (``None``: wait forever,
     what a long-running service wants when it starts before its server).
     """
     nc = CLIENT_CLASS()
+    if isinstance(nc, FastHeadersClient):
+        nc.pacing.seconds = read_pacing_s
 
     async def error_cb(exc: Exception) -> None:
         # One line, no traceback: nats-py reports every failed reconnect attempt here.

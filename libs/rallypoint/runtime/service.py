@@ -86,10 +86,9 @@ class ServiceContext:
                 name=self.name,
                 initial_timeout=initial_timeout,
                 credentials=self.config.nats_credentials,
+                read_pacing_s=self.config.pacing_s,
             )
             self.stack.push_async_callback(_drain, nc)
-            if isinstance(nc, FastHeadersClient):
-                nc.pacing.seconds = self.config.pacing_s
             self._nc = nc
         return self._nc
 
