@@ -13,6 +13,7 @@ import pytest
 from rallypoint.eventlog import AppendConflict, EventLog
 from rallypoint.eventlog.setup import open_partition_bucket
 from rallypoint.events import JobStarted, LeaderEpochStarted, subjects
+from rallypoint.runtime.fencing import FencedWriter
 from rallypoint.runtime.follower import Follower
 from rallypoint.runtime.partitions import PARTITION_BUCKET, PartitionOwnership, assigned
 
@@ -100,6 +101,43 @@ async def test_three_replicas_share_and_a_killed_ones_partitions_are_taken_withi
             if isinstance(r.event, LeaderEpochStarted) and r.event.role == role
         ]
         assert leaders[-1] != "c" and "c" in leaders  # c owned it, then a newer owner fenced it
+
+
+async def test_an_owner_fenced_out_by_a_stale_claim_drops_the_partition_and_it_is_fenced_anew(
+    event_log: EventLog,
+) -> None:
+    """The race of two claims after a stall: a claimant whose lease is gone appends its epoch after the
+    lease's holder fenced the partition. The holder learns it from its fold, drops the partition, and the
+    partition is claimed again with an epoch above the stale one, naming a replica that holds it."""
+    names = ["a", "b"]
+    async with _replicas(event_log, names) as replicas:
+        await _until(lambda: _split(replicas, names), 15.0, "the two never settled on the assignment")
+        holder = replicas["b"]
+        partition = min(holder.writers)
+        role = subjects.partition_role(SERVICE, partition)
+        held_epoch = holder.writers[partition].epoch
+        # a's late claim of b's partition, as a stalled claimant's start_epoch would land: no lease behind it
+        stale = FencedWriter(
+            event_log,
+            replicas["a"].follower,
+            role=role,
+            tree=subjects.control_epoch(partition),
+            epoch_subject=subjects.control_epoch(partition),
+            instance="a",
+            source="test/a",
+        )
+        stale_epoch = await stale.start_epoch(0)
+        assert stale_epoch > held_epoch
+        await _until(lambda: partition not in holder.writers, 5.0, "b kept a partition fenced against it")
+        await _until(lambda: partition in holder.writers, 6 * TTL + 5.0, "b never fenced its partition again")
+        assert holder.writers[partition].epoch > stale_epoch
+        last = [
+            r.event
+            async for r in event_log.replay()
+            if isinstance(r.event, LeaderEpochStarted) and r.event.role == role
+        ][-1]
+        assert (last.leader_id, last.epoch) == ("b", holder.writers[partition].epoch)
+        assert _split(replicas, names)
 
 
 async def test_a_replica_that_joins_takes_its_share_and_the_others_hand_it_over(event_log: EventLog) -> None:

@@ -316,7 +316,7 @@ class PartitionOwnership:
         members = await self.membership.refresh()
         want = assigned(self.member, members, self.count)
         for partition, lease in list(self.leases.items()):
-            if lease.lost.is_set():
+            if lease.lost.is_set() or self._fenced_out(partition):
                 self._drop(partition)
             elif partition not in want and partition in self.writers:
                 await self._release(partition)
@@ -353,6 +353,20 @@ class PartitionOwnership:
         if lease.is_leader and self.leases.get(partition) is lease:
             self.writers[partition] = writer
             self._changed()
+
+    def _fenced_out(self, partition: int) -> bool:
+        """A later epoch than ours is in the log for ``partition``: another claimant fenced it after us.
+
+        Two replicas that lost their leases in one stall claim at once; one whose claim stalled again
+        can append its epoch after the lease's new holder fenced the partition (its epoch is above the
+        log's last, whatever its lease term), then find its lease gone and never act. The holder would
+        not learn of it before its next write was refused, and a partition with no work pending would
+        stay fenced against its own owner, the log naming a replica that holds nothing (seen in the
+        cluster bench with two checkpoint replicas: no new epoch after that replica was killed). Its
+        fold tells the holder at the next round: it drops the partition and its lease, and whoever the
+        assignment names claims it anew once the key expires, with an epoch above both."""
+        writer = self.writers.get(partition)
+        return writer is not None and self.follower.state.epochs.get(writer.role, 0) > writer.epoch
 
     def _drop(self, partition: int) -> None:
         """Stop acting on ``partition`` now; its lease, if still held, is given up in the background."""
