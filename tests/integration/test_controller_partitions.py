@@ -5,6 +5,12 @@ controllers, each with its own fold of the log and its own share of the partitio
 killed as kill -9 would (its leases and presence abandoned, no hand-over); jobs submitted before and after
 all run to completion, the killed one's partitions are owned by the others within seconds, every launch
 request of an attempt is sent once, and the killed controller writes nothing after its death.
+
+A loaded machine can delay a live controller's renewal past its lease's safety margin (TTL 1 s here): it
+drops that partition and claims it again, and a launch in flight then is sent again by whoever owns the
+partition next, as designed (the agent takes a repeated launch of a running attempt as done). So "sent
+once" is asserted for the jobs of partitions no live controller lost; every JobStarted and JobCompleted is
+still asserted once for all jobs.
 """
 
 from __future__ import annotations
@@ -57,6 +63,16 @@ class Replica:
         )
         self.stop = asyncio.Event()
         self.tasks: list[asyncio.Task[None]] = []
+        self.killed = False
+        self.lost: set[int] = set()  # partitions it owned and dropped while alive (a lease not renewed)
+        self._held: frozenset[int] = frozenset()
+        self.partitions.listeners.append(self._note_losses)
+
+    def _note_losses(self) -> None:
+        held = frozenset(self.partitions.writers)
+        if not self.killed:
+            self.lost |= self._held - held
+        self._held = held
 
     async def start(self) -> None:
         await self.follower.catch_up()
@@ -68,6 +84,7 @@ class Replica:
 
     async def kill(self) -> None:
         """As kill -9: everything stops at once; presence and leases stay until they expire."""
+        self.killed = True
         self.partitions.abandon()
         for task in self.tasks:
             task.cancel()
@@ -175,7 +192,9 @@ async def test_three_controllers_share_the_jobs_and_survive_one_killed(
     completed = Counter(r.event.job_id for r in records if isinstance(r.event, JobCompleted))
     assert all(n == 1 for n in started.values()), started
     assert set(completed) == set(jobs) and all(n == 1 for n in completed.values()), completed
-    assert all(n == 1 for n in launches.values()), launches  # no attempt launched twice
+    lost = set().union(*(replica.lost for replica in replicas.values()))
+    steady = {job for job, _ in launches if subjects.partition_of(job, COUNT) not in lost}
+    assert all(n == 1 for (job, _), n in launches.items() if job in steady), (launches, lost)  # none twice
     assert {job for job, _ in launches} == set(jobs)
     late = [r for r in records if r.seq > killed_from and r.envelope.get("source") == "test/c"]
     assert late == [], late  # the killed controller wrote nothing after its death
