@@ -58,6 +58,30 @@ def settled(owners: Mapping[str, PartitionOwnership], live: Iterable[str]) -> bo
     return all(set(owners[n].writers) == assigned(n, members, owners[n].count) for n in members)
 
 
+class Losses:
+    """The partitions a replica owned and dropped while alive (a lease it could not renew in time, as on a
+    loaded test machine), as its ownership's listeners tell it; ``dead`` once it is killed, after which
+    its drops are its death, not losses."""
+
+    def __init__(self, partitions: PartitionOwnership) -> None:
+        self.partitions = partitions
+        self.dead = False
+        self.lost: set[int] = set()
+        self._held: frozenset[int] = frozenset()
+        partitions.listeners.append(self._changed)
+
+    def _changed(self) -> None:
+        held = frozenset(self.partitions.writers)
+        if not self.dead:
+            self.lost |= self._held - held
+        self._held = held
+
+
+def lost_by_any(losses: Iterable[Losses]) -> set[int]:
+    """Every partition some replica lost while alive."""
+    return {partition for loss in losses for partition in loss.lost}
+
+
 class Replica:
     """A replica's fold, share of the partitions and service loop (``work``, given by the service's test)."""
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import partition_replicas
 import pytest
 from nats.js.kv import KeyValue
-from partition_replicas import TTL, fresh_bucket, settled
+from partition_replicas import TTL, Losses, fresh_bucket, lost_by_any, settled
 from rallypoint_services.checkpoint.actions import CheckpointActions
 from rallypoint_services.checkpoint.keeper import CheckpointKeeper
 from test_checkpoint_service import commit, on_disk, save_step, statuses, submit
@@ -78,19 +78,10 @@ class Replica(partition_replicas.Replica):
             tick_s=0.2,
             partitions=self.partitions,
         )
-        self.killed = False
-        self.lost: set[int] = set()  # partitions it owned and dropped while alive (a lease not renewed)
-        self._held: frozenset[int] = frozenset()
-        self.partitions.listeners.append(self._note_losses)
-
-    def _note_losses(self) -> None:
-        held = frozenset(self.partitions.writers)
-        if not self.stop.is_set() and not self.killed:
-            self.lost |= self._held - held
-        self._held = held
+        self.losses = Losses(self.partitions)
 
     async def kill(self) -> None:
-        self.killed = True
+        self.losses.dead = True
         await super().kill()
 
     async def work(self, stop: asyncio.Event) -> None:
@@ -106,7 +97,7 @@ def _jobs_of(member: str) -> list[str]:
 
 def _steady(replicas: dict[str, Replica], jobs: list[str]) -> list[str]:
     """The jobs of partitions no live replica has lost so far (see the module's docstring)."""
-    lost = set().union(*(replica.lost for replica in replicas.values()))
+    lost = lost_by_any(replica.losses for replica in replicas.values())
     return [j for j in jobs if subjects.partition_of(j, COUNT) not in lost]
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from partition_replicas import Losses, lost_by_any
 from rallypoint_services.job_controller.controller import JobController
 from rallypoint_services.scheduler.leader import SchedulerLoop
 from test_trace_chain import node_agent, until
@@ -63,16 +64,7 @@ class Replica:
         )
         self.stop = asyncio.Event()
         self.tasks: list[asyncio.Task[None]] = []
-        self.killed = False
-        self.lost: set[int] = set()  # partitions it owned and dropped while alive (a lease not renewed)
-        self._held: frozenset[int] = frozenset()
-        self.partitions.listeners.append(self._note_losses)
-
-    def _note_losses(self) -> None:
-        held = frozenset(self.partitions.writers)
-        if not self.killed:
-            self.lost |= self._held - held
-        self._held = held
+        self.losses = Losses(self.partitions)
 
     async def start(self) -> None:
         await self.follower.catch_up()
@@ -84,7 +76,7 @@ class Replica:
 
     async def kill(self) -> None:
         """As kill -9: everything stops at once; presence and leases stay until they expire."""
-        self.killed = True
+        self.losses.dead = True
         self.partitions.abandon()
         for task in self.tasks:
             task.cancel()
@@ -192,7 +184,7 @@ async def test_three_controllers_share_the_jobs_and_survive_one_killed(
     completed = Counter(r.event.job_id for r in records if isinstance(r.event, JobCompleted))
     assert all(n == 1 for n in started.values()), started
     assert set(completed) == set(jobs) and all(n == 1 for n in completed.values()), completed
-    lost = set().union(*(replica.lost for replica in replicas.values()))
+    lost = lost_by_any(replica.losses for replica in replicas.values())
     steady = {job for job, _ in launches if subjects.partition_of(job, COUNT) not in lost}
     assert all(n == 1 for (job, _), n in launches.items() if job in steady), (launches, lost)  # none twice
     assert {job for job, _ in launches} == set(jobs)
