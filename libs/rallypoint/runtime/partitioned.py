@@ -37,7 +37,7 @@ async def share_partitions(
 ) -> PartitionOwnership:
     """This replica's share of ``service``'s partitions, kept until the service stops."""
     partitions = await PartitionOwnership.open(
-        await ctx.jetstream(),
+        await ctx.lease_jetstream(),
         log,
         follower,
         service=service,
@@ -56,7 +56,11 @@ async def share_partitions(
 async def share_work(ctx: ServiceContext, *, service: str, count: int, ttl: float) -> WorkShare:
     """This replica's unfenced share of ``service``'s partitions, kept until the service stops."""
     share = await WorkShare.open(
-        await ctx.jetstream(), service=service, member=member_name(ctx.config.instance), count=count, ttl=ttl
+        await ctx.lease_jetstream(),
+        service=service,
+        member=member_name(ctx.config.instance),
+        count=count,
+        ttl=ttl,
     )
     ctx.stack.push_async_callback(share.resign)  # before the connection's drain (LIFO): leave while connected
     share.start(ctx.stop)

@@ -54,6 +54,7 @@ class ServiceContext:
         self.stop = stop
         self.stack = stack
         self._nc: Client | None = None
+        self._lease_nc: Client | None = None
         self._event_log: EventLog | None = None
 
     @property
@@ -100,6 +101,26 @@ class ServiceContext:
     async def jetstream(self) -> JetStreamContext:
         return (await self.nats()).jetstream()
 
+    async def lease_jetstream(self) -> JetStreamContext:
+        """JetStream on a second connection of the service's own, for its leases and partition keys alone.
+
+        A lease is lost when its renewal is not answered within 0.8 of its TTL. On the service's main
+        connection that answer queues behind every event delivered before it: a burst of thousands of
+        binds for the job controller to fold and launch held its renewals' answers for over a second on a
+        busy machine, and it dropped all 32 partitions in the middle of the burst. On a connection that
+        carries nothing else, the answer is read as soon as the loop turns, between two reads of the
+        burst. Opened on first use, drained on exit (after the leases resign, which register later)."""
+        if self._lease_nc is None:
+            nc = await connect_nats(
+                nats_servers(self.config.nats_url),
+                name=f"{self.name}/leases",
+                credentials=self.config.nats_credentials,
+                initial_timeout=None,
+            )
+            self.stack.push_async_callback(_drain, nc)
+            self._lease_nc = nc
+        return self._lease_nc.jetstream()
+
     async def event_log(self, *, create: bool = False, replicas: int | None = None) -> EventLog:
         """The log, on the service's connection. Services never create or reconfigure the stream (the admin
         identity sets it up: ``rally nats setup``; their NATS users may not), so a missing one fails here."""
@@ -116,7 +137,7 @@ class ServiceContext:
         self, *, key: str | None = None, ttl: float = 3.0, bucket: str = LEADER_BUCKET
     ) -> LeaderLease:
         lease = await LeaderLease.open(
-            await self.jetstream(),
+            await self.lease_jetstream(),
             key=key or self.config.service,
             holder=self.config.instance,
             ttl=ttl,
