@@ -23,6 +23,7 @@ from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 
 from rallypoint.eventlog import EventLog, NatsCredentials, connect_nats, stored
+from rallypoint.eventlog.connection import CLIENT_CLASS
 from rallypoint.eventlog.setup import setup_log
 from rallypoint.events import (
     JobCompleted,
@@ -61,7 +62,10 @@ class Secured:
         async def record(exc: Exception) -> None:
             self.violations.append(f"{user}: {exc}")
 
-        return await nats.connect(
+        # Our client class, whose flush answers after what was sent before it (nats-py's may not: docs/
+        # architecture.md), so "subscribed, flushed" means the server has judged the subscription
+        nc = CLIENT_CLASS()
+        await nc.connect(
             self.server.url,
             user=user,
             password=self.credentials.passwords[user],
@@ -69,6 +73,7 @@ class Secured:
             allow_reconnect=False,
             inbox_prefix=inbox_prefix(user),  # what connect_nats sets: the only inboxes it may listen on
         )
+        return nc
 
 
 @pytest.fixture(params=["local", "deploy"])

@@ -469,9 +469,9 @@ def test_nats_server_accepts_config(conf: str, tmp_path: Path) -> None:
 
 async def test_live_server_enforces_the_permission_matrix(tmp_path: Path) -> None:
     """Each role core-publishes to allowed and forbidden subjects; only the allowed land in the stream."""
-    import nats
     from nats.js.api import StreamConfig
 
+    from rallypoint.eventlog.connection import CLIENT_CLASS
     from rallypoint.infra.ports import free_port, port_open
 
     binary = _nats_binary()
@@ -499,9 +499,12 @@ async def test_live_server_enforces_the_permission_matrix(tmp_path: Path) -> Non
                 pass
 
             password = env[f"RALLY_NATS_{role.upper().replace('-', '_')}_PASSWORD"]
-            return await nats.connect(
+            # our client class: its flush answers only once the server has what was published before it
+            nc = CLIENT_CLASS()
+            await nc.connect(
                 f"nats://{role}:{password}@127.0.0.1:{port}", error_cb=quiet, allow_reconnect=False
             )
+            return nc
 
         admin = await connect("admin")
         js = admin.jetstream()
