@@ -82,16 +82,20 @@ class ServiceContext:
         ``initial_timeout=None`` waits for the server forever: a service may start before NATS does.
         """
         if self._nc is None:
-            nc = await connect_nats(
-                nats_servers(self.config.nats_url),
-                name=self.name,
-                initial_timeout=initial_timeout,
-                credentials=self.config.nats_credentials,
-                read_pacing_s=self.config.pacing_s,
-            )
-            self.stack.push_async_callback(_drain, nc)
-            self._nc = nc
+            self._nc = await self._connect(self.name, initial_timeout, self.config.pacing_s)
         return self._nc
+
+    async def _connect(self, name: str, initial_timeout: float | None, read_pacing_s: float) -> Client:
+        """A connection of the service's identity, drained when the service exits."""
+        nc = await connect_nats(
+            nats_servers(self.config.nats_url),
+            name=name,
+            initial_timeout=initial_timeout,
+            credentials=self.config.nats_credentials,
+            read_pacing_s=read_pacing_s,
+        )
+        self.stack.push_async_callback(_drain, nc)
+        return nc
 
     @property
     def read_pacing(self) -> ReadPacing | None:
@@ -111,14 +115,7 @@ class ServiceContext:
         carries nothing else, the answer is read as soon as the loop turns, between two reads of the
         burst. Opened on first use, drained on exit (after the leases resign, which register later)."""
         if self._lease_nc is None:
-            nc = await connect_nats(
-                nats_servers(self.config.nats_url),
-                name=f"{self.name}/leases",
-                credentials=self.config.nats_credentials,
-                initial_timeout=None,
-            )
-            self.stack.push_async_callback(_drain, nc)
-            self._lease_nc = nc
+            self._lease_nc = await self._connect(f"{self.name}/leases", None, 0.0)
         return self._lease_nc.jetstream()
 
     async def event_log(self, *, create: bool = False, replicas: int | None = None) -> EventLog:
