@@ -187,7 +187,7 @@ class SchedulerLoop:
         started = time.perf_counter()
         last = await self.writer.append_many(writes)
         SCHEDULER_WRITE_SECONDS.observe(time.perf_counter() - started)
-        SCHEDULER_EVENTS_WRITTEN.inc(len(writes))
+        SCHEDULER_EVENTS_WRITTEN.inc(sum(len(subjects.members(w.event)) for w in writes))
         return last
 
     def _repairs(self, state: ClusterState, now: float) -> list[Write]:

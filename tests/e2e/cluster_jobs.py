@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rallypoint.eventlog import EventLog
-from rallypoint.events import Event, JobCompleted, JobStarted, RankExited
+from rallypoint.events import Event, JobCompleted, JobStarted, RankExited, subjects
 from rallypoint.localcluster import LocalCluster
 from rallypoint.localcluster.http import call
 
@@ -67,12 +67,13 @@ def wait_for(
 
 
 def log_records(cluster: LocalCluster, name: str) -> list[tuple[int, Event]]:
-    """The cluster's whole log as (seq, event), read over a connection named ``name``."""
+    """The cluster's whole log as (seq, event), read over a connection named ``name``: a ``GangsBound``'s
+    binds each at its sequence, as every fold reads them."""
 
     async def read() -> list[tuple[int, Event]]:
         log = await EventLog.connect(cluster.nats_url, name=name, create=False)
         try:
-            return [(rec.seq, rec.event) async for rec in log.replay()]
+            return [(rec.seq, event) async for rec in log.replay() for event in subjects.members(rec.event)]
         finally:
             await log.close()
 

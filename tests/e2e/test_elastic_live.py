@@ -26,7 +26,7 @@ from rallypoint.audit import verify_decisions
 from rallypoint.cli.main import main
 from rallypoint.cli.replay import read_history
 from rallypoint.eventlog import EventLog, Recorded
-from rallypoint.events import GangBound, GangResized, JobCompleted, JobResized, RankExited
+from rallypoint.events import GangBound, GangResized, JobCompleted, JobResized, RankExited, subjects
 from rallypoint.localcluster import LocalCluster
 from rallypoint.localcluster.http import call
 from rallypoint.scheduling import SchedulingPolicy
@@ -80,7 +80,20 @@ def probe(out: Path, sleep: str) -> list[str]:
 
 def seqs(history: list[Recorded], kind: type, job_id: str) -> list[int]:
     return [
-        r.seq for r in history if isinstance(r.event, kind) and getattr(r.event, "job_id", None) == job_id
+        r.seq
+        for r in history
+        for event in subjects.members(r.event)  # a GangsBound's binds, each the job's own
+        if isinstance(event, kind) and getattr(event, "job_id", None) == job_id
+    ]
+
+
+def bound_events(history: list[Recorded], job_id: str) -> list[tuple[int, GangBound]]:
+    """``job_id``'s binds with their sequences (alone, or among a ``GangsBound``'s)."""
+    return [
+        (r.seq, event)
+        for r in history
+        for event in subjects.members(r.event)
+        if isinstance(event, GangBound) and event.job_id == job_id
     ]
 
 
@@ -121,7 +134,7 @@ def test_an_elastic_gang_grows_shrinks_for_production_and_completes_after_every_
     )
     wait_state(cluster, elastic, {"running"})
     history = records(cluster)
-    (grown,) = [history[s - history[0].seq].event for s in seqs(history, GangBound, elastic)]
+    (grown,) = [bind for _, bind in bound_events(history, elastic)]
     assert isinstance(grown, GangBound) and sum(len(p.gpus) for p in grown.placements) == 16
     deadline = time.monotonic() + 20
     while len(list(out.glob(f"{elastic}-rank*.json"))) < 4 and time.monotonic() < deadline:
@@ -158,7 +171,7 @@ def test_an_elastic_gang_grows_shrinks_for_production_and_completes_after_every_
     # ... and only then does the production job bind, on GPUs the shrunk gang no longer holds
     (prod_bind,) = seqs(history, GangBound, prod)
     assert resized_seq < done_seq < prod_bind
-    bound = events[prod_bind]
+    bound = dict(bound_events(history, prod))[prod_bind]
     assert isinstance(bound, GangBound)
     assert {p.node_id for p in bound.placements}.isdisjoint({p.node_id for p in resize.placements})
     (prod_done,) = seqs(history, JobCompleted, prod)

@@ -17,11 +17,12 @@ from typing import Any
 
 import asyncpg
 import cluster_jobs
+import msgspec
 import pytest
 
 from rallypoint.cli.replay import replay_state
 from rallypoint.eventlog import EventLog
-from rallypoint.events import GangBound, JobCompleted, JobStarted, JobSubmitted, RankExited
+from rallypoint.events import GangBound, JobCompleted, JobStarted, JobSubmitted, RankExited, subjects
 from rallypoint.localcluster import LocalCluster
 from rallypoint.localcluster.http import call
 from rallypoint.state import ClusterState
@@ -102,7 +103,12 @@ def events_of(cluster: LocalCluster, job_id: str) -> list[Any]:
     async def read() -> list[Any]:
         log = await EventLog.connect(cluster.nats_url, name="e2e-reader", create=False)
         try:
-            return [rec async for rec in log.replay() if getattr(rec.event, "job_id", None) == job_id]
+            return [
+                msgspec.structs.replace(rec, event=event)
+                async for rec in log.replay()
+                for event in subjects.members(rec.event)  # a GangsBound's binds, each the job's own
+                if getattr(event, "job_id", None) == job_id
+            ]
         finally:
             await log.close()
 

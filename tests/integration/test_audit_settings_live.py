@@ -112,7 +112,13 @@ async def _lose_node_of(log: EventLog, job_id: str, node_id: str, at: float) -> 
 
 
 async def _events(log: EventLog) -> list[Event]:
-    return [rec.event async for rec in log.replay() if isinstance(rec, Recorded)]
+    """The log's events, a ``GangsBound``'s binds each in its place."""
+    return [
+        event
+        async for rec in log.replay()
+        if isinstance(rec, Recorded)
+        for event in subjects.members(rec.event)
+    ]
 
 
 async def _audit(capsys: pytest.CaptureFixture[str], url: str, *flags: str) -> tuple[int, str]:

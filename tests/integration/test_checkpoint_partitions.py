@@ -170,17 +170,15 @@ async def _share_and_survive(
         await killed.kill()
         # its death: what it had already sent on the shared connection is stored before this answer
         killed_from = await event_log.last_seq()
-        killed_at = time.monotonic()
         # c's jobs commit a third step while c is dead and its leases not yet expired: nobody owns their
         # partitions, so the survivors drop these commits unplanned; their gain must pick them up
         for job_id in theirs:
             await commit(event_log, lines[(job_id, 3)])
         lost = {subjects.partition_of(j, COUNT) for j in theirs}
         assert not any(lost & services[n].partitions.writers.keys() for n in ("a", "b"))
-        await until(lambda: _settled(services, ["a", "b"]), "c's partitions to be taken", 10.0)
-        assert time.monotonic() - killed_at < 5 * TTL
-        await until(lambda: steps_are(3, "verified", theirs), "c's jobs' step 3 verified by a survivor", 10.0)
-        assert time.monotonic() - killed_at < 5 * TTL + 2.0
+        # liveness only: how fast a partition is handed over is `rally bench partitions`' figure, not a test's
+        await until(lambda: _settled(services, ["a", "b"]), "c's partitions to be taken", 30.0)
+        await until(lambda: steps_are(3, "verified", theirs), "c's jobs' step 3 verified by a survivor", 30.0)
 
         # the others' third step, committed to their unchanged owners; the first step of every job then
         # falls out of the newest two (keep=2)

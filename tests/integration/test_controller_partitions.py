@@ -157,12 +157,10 @@ async def test_three_controllers_share_the_jobs_and_survive_one_killed(
             await killed.kill()
             # its death: what it had already sent on the shared connection is stored before this answer
             killed_from = await event_log.last_seq()
-            killed_at = time.monotonic()
             for job_id in jobs[12:]:
                 await _submit(event_log, job_id)
-            await until(lambda: _settled(replicas, ["a", "b"]), "c's partitions to be taken", 10.0)
-            took = time.monotonic() - killed_at
-            assert took < 5 * TTL, took
+            # liveness only: handover speed is `rally bench partitions`' figure, not a test's
+            await until(lambda: _settled(replicas, ["a", "b"]), "c's partitions to be taken", 30.0)
 
             def done() -> bool:
                 state = sched_fold.state.jobs

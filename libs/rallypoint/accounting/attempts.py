@@ -19,6 +19,7 @@ import msgspec
 
 from rallypoint.events import (
     Event,
+    GangsBound,
     JobAttemptFailed,
     JobInterrupted,
     JobPreempted,
@@ -123,6 +124,8 @@ class AttemptLedger(msgspec.Struct, kw_only=True):
 
     def apply(self, state: ClusterState, seq: int, event: Event) -> list[AttemptRecord]:
         """Fold ``event`` into ``state`` and return the attempts it opened, started or ended."""
+        if isinstance(event, GangsBound):
+            return [record for bind in event.binds for record in self.apply(state, seq, bind)]
         job_id: str | None = getattr(event, "job_id", None)
         job = state.jobs.get(job_id) if job_id is not None else None
         before = (job.state, job.attempt) if job is not None else ("pending", 0)

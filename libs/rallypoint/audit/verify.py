@@ -43,6 +43,7 @@ from rallypoint.events import (
     GangBound,
     GangRepaired,
     GangResized,
+    GangsBound,
     JobPending,
     JobRequeued,
     JobStarted,
@@ -62,10 +63,13 @@ from .writers import Trespass, WriterCheck
 Recomputable = GangBound | PreemptionRequested | GangResized | JobPending
 Repair = GangRepaired | JobRequeued
 _History = list[tuple[int, Event | Quarantined]]
+#: An entry of the history: its sequence and its place among the events stored there (0 but for the
+#: binds of a ``GangsBound``, each an entry of its own).
+Key = tuple[int, int]
 _Entry = TypeVar("_Entry", Recomputable, Repair)
 #: seq -> (now, the settings' seq) -> (the settings, the entries made in the cycle that folded the log to
 #: seq and ran at now under them).
-Grouped = dict[int, dict[tuple[float, int], tuple[Span, list[tuple[int, _Entry]]]]]
+Grouped = dict[int, dict[tuple[float, int], tuple[Span, list[tuple[Key, _Entry]]]]]
 Cycles = Grouped[Recomputable]
 RepairCycles = Grouped[Repair]
 #: The kinds of recomputed entries, as ``AuditReport.tallies`` names them.
@@ -157,26 +161,29 @@ def verify_decisions(
     )
     given = overrides or Overrides()
     spans = SpanIndex(history, fallback_span(policy, repair_wait_s, given), given)
-    kinds: dict[int, str] = {}
-    cycles = _cycles(history, spans, report, kinds)
-    repairs = _repair_cycles(history, spans, report, kinds)
-    outcomes: dict[int, Mismatch | None] = {}
+    kinds: dict[Key, str] = {}
+    other: set[Key] = set()
+    cycles = _cycles(history, spans, kinds, other)
+    repairs = _repair_cycles(history, spans, kinds, other)
+    outcomes: dict[Key, Mismatch | None] = {}
+    refused: set[Key] = set()
     state = ClusterState()
     writers = WriterCheck()
     _recompute_at(0, state, cycles, repairs, outcomes)
-    for seq, item in history:
-        if isinstance(item, Decision):
-            _judge(state, seq, item, report)
-        if isinstance(item, Quarantined):
-            writers.misplaced(seq, item)
+    for seq, stored in history:
+        if isinstance(stored, Quarantined):
+            writers.misplaced(seq, stored)
             report.quarantined.append(seq)
         else:
-            writers.before_apply(state, seq, item)
-        state.apply_stored(seq, item)
-        _note_lifecycle(state, seq, item, report)
+            writers.before_apply(state, seq, stored)
+        for key, item in _entries(seq, stored):
+            if isinstance(item, Decision) and _judge(state, seq, item, report):
+                refused.add(key)
+            state.apply_stored(seq, item)
+            _note_lifecycle(state, seq, item, report)
         _recompute_at(seq, state, cycles, repairs, outcomes)
     _not_recomputed(cycles, repairs, outcomes)
-    _tally(outcomes, report, kinds)
+    _tally(outcomes, report, kinds, refused, other)
     report.settings = spans.spans()
     report.trespasses = writers.trespasses
     report.final_seq = state.last_seq
@@ -184,51 +191,57 @@ def verify_decisions(
     return report
 
 
-def _cycles(history: _History, spans: SpanIndex, report: AuditReport, kinds: dict[int, str]) -> Cycles:
+def _entries(seq: int, stored: Event | Quarantined) -> list[tuple[Key, Event | Quarantined]]:
+    """What the log stores at ``seq``, entry by entry: a ``GangsBound``'s binds, or the one event."""
+    if isinstance(stored, GangsBound):
+        return [((seq, index), bind) for index, bind in enumerate(stored.binds)]
+    return [((seq, 0), stored)]
+
+
+def _all_entries(history: _History) -> list[tuple[Key, Event | Quarantined]]:
+    return [entry for seq, stored in history for entry in _entries(seq, stored)]
+
+
+def _cycles(history: _History, spans: SpanIndex, kinds: dict[Key, str], other: set[Key]) -> Cycles:
     """Which snapshots are needed: decisions and reasons grouped by the cycle that made them (its seq, its
     now, its settings). One made under another policy than its settings' is counted, not recomputed."""
     cycles: Cycles = defaultdict(dict)
-    for seq, event in history:
+    for key, event in _all_entries(history):
         if not isinstance(event, Recomputable):
             continue
         if isinstance(event, JobPending) and event.now is None:
             continue  # a reason logged before its now was recorded cannot be recomputed
-        kinds[seq] = "reasons" if isinstance(event, JobPending) else "decisions"
+        kinds[key] = "reasons" if isinstance(event, JobPending) else "decisions"
         span = spans.of(event)
         if event.policy_version != span.policy.version:
-            _count_other_policy(report, seq)
+            other.add(key)
             continue
         assert event.now is not None
-        _group(cycles, event.computed_at_seq, event.now, span, (seq, event))
+        _group(cycles, event.computed_at_seq, event.now, span, (key, event))
     return cycles
 
 
 def _repair_cycles(
-    history: _History, spans: SpanIndex, report: AuditReport, kinds: dict[int, str]
+    history: _History, spans: SpanIndex, kinds: dict[Key, str], other: set[Key]
 ) -> RepairCycles:
     """Repairs and requeues grouped by the cycle that made them. A requeue names no policy (no policy
     rule decides it); a repair made under another policy version is not recomputed."""
     cycles: RepairCycles = defaultdict(dict)
-    for seq, event in history:
+    for key, event in _all_entries(history):
         if not isinstance(event, Repair):
             continue
-        kinds[seq] = "repairs"
+        kinds[key] = "repairs"
         span = spans.of(event)
         if isinstance(event, GangRepaired) and event.policy_version != span.policy.version:
-            _count_other_policy(report, seq)
+            other.add(key)
             continue
-        _group(cycles, event.computed_at_seq, event.now, span, (seq, event))
+        _group(cycles, event.computed_at_seq, event.now, span, (key, event))
     return cycles
 
 
-def _group(cycles: Grouped[_Entry], seq: int, now: float, span: Span, entry: tuple[int, _Entry]) -> None:
+def _group(cycles: Grouped[_Entry], seq: int, now: float, span: Span, entry: tuple[Key, _Entry]) -> None:
     _, entries = cycles[seq].setdefault((now, span.report.seq), (span, []))
     entries.append(entry)
-
-
-def _count_other_policy(report: AuditReport, seq: int) -> None:
-    report.other_policy += 1
-    report.other_policy_seqs.append(seq)
 
 
 def _recompute_at(
@@ -236,7 +249,7 @@ def _recompute_at(
     state: ClusterState,
     cycles: Cycles,
     repairs: RepairCycles,
-    outcomes: dict[int, Mismatch | None],
+    outcomes: dict[Key, Mismatch | None],
 ) -> None:
     """The decisions and repairs of the cycles that folded the log to ``seq`` (``state`` is there now)."""
     if seq in repairs:
@@ -245,15 +258,15 @@ def _recompute_at(
         _check(state, cycles.pop(seq), outcomes)
 
 
-def _not_recomputed(cycles: Cycles, repairs: RepairCycles, outcomes: dict[int, Mismatch | None]) -> None:
+def _not_recomputed(cycles: Cycles, repairs: RepairCycles, outcomes: dict[Key, Mismatch | None]) -> None:
     """Entries whose snapshot position the history never reached (one past their own, or missing): they
     could not be recomputed, which is a difference, so every entry is counted."""
     for pending in (cycles, repairs):
         for at_seq, groups in pending.items():
             for _, entries in groups.values():
-                for seq, event in entries:
+                for key, event in entries:
                     why = f"no snapshot: the history has no seq {at_seq}"
-                    outcomes[seq] = _compared(seq, event, "recorded", why)
+                    outcomes[key] = _compared(key[0], event, "recorded", why)
 
 
 def _note_lifecycle(state: ClusterState, seq: int, item: Event | Quarantined, report: AuditReport) -> None:
@@ -266,39 +279,47 @@ def _note_lifecycle(state: ClusterState, seq: int, item: Event | Quarantined, re
             report.held_registrations.setdefault(item.node_id, []).append(seq)
 
 
-def _judge(state: ClusterState, seq: int, event: Decision, report: AuditReport) -> None:
-    """Would the fold apply ``event`` here? (Asked before it is applied, as the fold asks.)"""
+def _judge(state: ClusterState, seq: int, event: Decision, report: AuditReport) -> bool:
+    """Would the fold apply ``event`` here? (Asked before it is applied, as the fold asks.) True when it
+    is refused (beyond being overtaken): the audit fails."""
     refusal = decision_refusal(state, event)
     if refusal is None:
-        return
+        return False
     refused = Refused(
         seq=seq, job_id=event.job_id, kind=type(event).__name__, refusal=refusal.kind, why=refusal.why
     )
-    (report.overtaken if refusal.kind == "overtaken" else report.refused).append(refused)
+    overtaken = refusal.kind == "overtaken"
+    (report.overtaken if overtaken else report.refused).append(refused)
+    return not overtaken
 
 
-def _tally(outcomes: dict[int, Mismatch | None], report: AuditReport, kinds: dict[int, str]) -> None:
+def _tally(
+    outcomes: dict[Key, Mismatch | None],
+    report: AuditReport,
+    kinds: dict[Key, str],
+    refused: set[Key],
+    other: set[Key],
+) -> None:
     """Every entry counted once, in its kind's tally: a refused one as refused (not again as made under
     another policy, a mismatch or verified), then another policy's, then its recomputation's outcome.
-    ``kinds``: each counted sequence's kind. The report's older totals are read off the tallies."""
+    ``kinds``: each counted entry's kind. The report's older totals are read off the tallies."""
     tallies = {kind: Tally() for kind in KINDS}
-    refused = {r.seq for r in report.refused}
-    other = set(report.other_policy_seqs)
-    for seq, kind in sorted(kinds.items()):
+    for key, kind in sorted(kinds.items()):
         tally = tallies[kind]
         tally.total += 1
-        mismatch = outcomes.get(seq)
-        if seq in refused:
+        mismatch = outcomes.get(key)
+        if key in refused:
             tally.refused += 1
-        elif seq in other:
+        elif key in other:
             tally.other_policy += 1
         elif mismatch is not None:
             tally.differ += 1
             report.mismatches.append(mismatch)
         else:
             tally.verified += 1
-    report.other_policy_seqs = sorted(other - refused)
-    report.other_policy = len(report.other_policy_seqs)
+    unrefused = other - refused
+    report.other_policy_seqs = sorted({seq for seq, _ in unrefused})
+    report.other_policy = len(unrefused)
     report.tallies = tallies
     report.decisions, report.verified = tallies["decisions"].total, tallies["decisions"].verified
     report.reasons, report.reasons_verified = tallies["reasons"].total, tallies["reasons"].verified
@@ -337,14 +358,14 @@ def _pending_outcome(event: JobPending, recomputed: Decisions) -> tuple[str, str
 
 def _check(
     state: ClusterState,
-    groups: dict[tuple[float, int], tuple[Span, list[tuple[int, Recomputable]]]],
-    outcomes: dict[int, Mismatch | None],
+    groups: dict[tuple[float, int], tuple[Span, list[tuple[Key, Recomputable]]]],
+    outcomes: dict[Key, Mismatch | None],
 ) -> None:
     for (now, _), (span, decisions) in sorted(groups.items()):
         recomputed = span.policy.decide(state, now)
-        for seq, event in decisions:
+        for key, event in decisions:
             got, want = _outcome(state, event, recomputed)
-            outcomes[seq] = _compared(seq, event, want, got)
+            outcomes[key] = _compared(key[0], event, want, got)
 
 
 def _compared(seq: int, event: Recomputable | Repair, recorded: str, recomputed: str) -> Mismatch | None:
@@ -369,8 +390,8 @@ def _repair_outcome(event: Repair | None) -> str:
 
 def _check_repairs(
     state: ClusterState,
-    groups: dict[tuple[float, int], tuple[Span, list[tuple[int, Repair]]]],
-    outcomes: dict[int, Mismatch | None],
+    groups: dict[tuple[float, int], tuple[Span, list[tuple[Key, Repair]]]],
+    outcomes: dict[Key, Mismatch | None],
 ) -> None:
     """Each cycle's repairs recomputed together, as the leader computes them (replacements found for one
     gang are not free for the next), on a model built afresh from the fold, with its settings' wait."""
@@ -383,6 +404,6 @@ def _check_repairs(
         for write in writes:
             if isinstance(write.event, Repair):
                 recomputed[write.event.job_id] = write.event
-        for seq, event in repairs:
+        for key, event in repairs:
             got = _repair_outcome(recomputed.get(event.job_id))
-            outcomes[seq] = _compared(seq, event, _repair_outcome(event), got)
+            outcomes[key] = _compared(key[0], event, _repair_outcome(event), got)

@@ -37,6 +37,7 @@ from rallypoint.events import (
     JobSubmitted,
     LeaderEpochStarted,
     NodeRegistered,
+    subjects,
 )
 from rallypoint.runtime.changes import ChangeSet
 from rallypoint.scheduling import SchedulingPolicy, admission_writes, build_snapshot, decision_writes
@@ -145,7 +146,8 @@ class _Cycle:
             *admission_writes(state, at=now),
         ]
         spent = time.process_time() - start
-        return spent, decisions, [w.event for w in writes if isinstance(w.event, GangBound)]
+        binds = [e for w in writes for e in subjects.members(w.event) if isinstance(e, GangBound)]
+        return spent, decisions, binds
 
     def full_compare(self) -> float:
         full = SchedulingPolicy("rallypoint", queues=self.queues)

@@ -36,6 +36,7 @@ from rallypoint.events import (
     NodeLost,
 )
 from rallypoint.events.codec import decode
+from rallypoint.events.subjects import members
 
 STREAM = "RALLY"
 #: How often the watchdog looks, and how long the reader may make no progress while the stream has more
@@ -197,7 +198,8 @@ class LogWatch:
             event = decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError):
             return True
-        self._index(event, stored)
+        for member in members(event):
+            self._index(member, stored)
         return True
 
     def _index(self, event: object, stored: float) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rallypoint.eventlog import EventLog, Recorded
-from rallypoint.events import Event, JobInterrupted, JobStarted, NodeLost
+from rallypoint.events import Event, JobInterrupted, JobStarted, NodeLost, subjects
 from rallypoint.localcluster.demo_recovery import job_view, node_status, wait_until
 from rallypoint.localcluster.http import call
 from rallypoint.localcluster.supervisor import LocalCluster
@@ -41,10 +41,11 @@ def _events_of(cluster: LocalCluster, job_id: str) -> list[Event]:
         log = await EventLog.connect(cluster.nats_url, name="bench-recovery", create=False)
         try:
             return [
-                r.event
+                event
                 async for r in log.replay(quarantine=True)
                 if isinstance(r, Recorded)
-                and job_id in (getattr(r.event, "job_id", None), getattr(r.event, "node_id", None))
+                for event in subjects.members(r.event)  # a GangsBound's binds, each its job's own
+                if job_id in (getattr(event, "job_id", None), getattr(event, "node_id", None))
             ]
         finally:
             await log.close()

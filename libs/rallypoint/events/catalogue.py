@@ -553,6 +553,15 @@ class GangBound(_Event, tag="GangBound.v1", frozen=True, kw_only=True):
     at: float
 
 
+class GangsBound(_Event, tag="GangsBound.v1", frozen=True, kw_only=True):
+    """Several gangs one cycle bound, as one message: each member is the ``GangBound`` the fold applies,
+    in the cycle's order, as if each had been stored on its own at this event's sequence. A cycle that
+    binds one gang writes its ``GangBound`` alone. Why: every event is delivered to every fold, so a
+    cycle's eighteen binds in eighteen messages cost each service eighteen receives; in one, one."""
+
+    binds: tuple[GangBound, ...]
+
+
 class JobPending(_Event, tag="JobPending.v1", frozen=True, kw_only=True):
     """Why a job waits: appended when the reason code changes, and again (rate-limited) when its numbers
     do. ``now`` is the time the cycle decided at (None in logs written before it was recorded): with
@@ -713,6 +722,7 @@ SchedulerEvent = (
     LeaderEpochStarted
     | SchedulerSettings
     | GangBound
+    | GangsBound
     | JobPending
     | PreemptionRequested
     | GangRepaired
@@ -747,6 +757,7 @@ ALL_EVENT_TYPES: tuple[type[_Event], ...] = (
     LeaderEpochStarted,
     SchedulerSettings,
     GangBound,
+    GangsBound,
     JobPending,
     PreemptionRequested,
     GangRepaired,

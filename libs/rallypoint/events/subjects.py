@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, overload
 
 from . import catalogue as ev
 
@@ -110,6 +110,24 @@ def node_facts(node_id: str) -> str:
 
 def bind(job_id: str) -> str:
     return f"rally.sched.bind.{_token(job_id)}"
+
+
+#: A cycle's binds of several gangs as one message (``GangsBound``), on the fenced tree.
+BINDS = "rally.sched.binds"
+
+
+@overload
+def members(event: ev.Event) -> tuple[ev.Event, ...]: ...
+
+
+@overload
+def members(event: object) -> tuple[object, ...]: ...
+
+
+def members(event: object) -> tuple[object, ...]:
+    """The events ``event`` stands for: a ``GangsBound``'s binds, or the event itself. Whoever reads the
+    log event by event (a fold, a job's history, a count of binds) reads what this gives."""
+    return event.binds if isinstance(event, ev.GangsBound) else (event,)
 
 
 def repair(job_id: str) -> str:
@@ -313,6 +331,7 @@ _SUBJECT_OF: dict[type, Callable[[Any], str]] = {
     ev.LeaderEpochStarted: lambda e: epoch(e.role),
     ev.SchedulerSettings: lambda e: SCHEDULER_SETTINGS,
     ev.GangBound: lambda e: bind(e.job_id),
+    ev.GangsBound: lambda e: BINDS,
     ev.JobPending: lambda e: pending(e.job_id),
     ev.GangRepaired: lambda e: repair(e.job_id),
     ev.JobRequeued: lambda e: repair(e.job_id),

@@ -29,6 +29,7 @@ from rallypoint.events import (
     event_type,
 )
 from rallypoint.events.codec import Quarantined
+from rallypoint.events.subjects import members
 from rallypoint.state import DECISION_ROLES, CheckpointView, ClusterState, JobView
 
 # Every scheduler decision, whichever kinds the fold knows: the fold may refuse each of them.
@@ -206,10 +207,13 @@ def job_history(events: Iterable[tuple[int, Event | Quarantined]], job_id: str) 
     """The history of ``job_id`` from (seq, event) pairs in log order; None when it was never submitted."""
     state, ledger = ClusterState(), AttemptLedger()
     story = _Story(job_id, ledger)
-    for seq, event in events:
-        ledger.apply_stored(state, seq, event)
-        if not isinstance(event, Quarantined) and getattr(event, "job_id", None) == job_id:
-            story.record(seq, event, _applied(state, seq, event))
+    for seq, stored in events:
+        ledger.apply_stored(state, seq, stored)
+        if isinstance(stored, Quarantined):
+            continue
+        for event in members(stored):  # a GangsBound's binds, each the job's own
+            if getattr(event, "job_id", None) == job_id:
+                story.record(seq, event, _applied(state, seq, event))
     job = state.jobs.get(job_id)
     if job is None:
         return None

@@ -46,6 +46,7 @@ from rallypoint.events import (
     JobSubmitted,
     PreemptionRequested,
 )
+from rallypoint.events.subjects import members
 from rallypoint.scheduling import SchedulingPolicy
 from rallypoint.scheduling.cycle import decide, writes_before_deciding
 from rallypoint.scheduling.writes import Write
@@ -290,8 +291,7 @@ class ForwardRun:
         self.cycles += 1
         self.side.carry_out(writes, now)
         jobs = self.side.state.jobs
-        for write in writes:
-            event = write.event
+        for event in (member for write in writes for member in members(write.event)):
             if isinstance(event, GangBound):
                 if event.job_id in self.waiting:
                     self.starts.setdefault(event.job_id, now)

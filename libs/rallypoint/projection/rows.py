@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import msgspec
 
 from rallypoint.accounting.attempts import AttemptLedger, AttemptRecord
-from rallypoint.events import Event, event_type
+from rallypoint.events import Event, GangsBound, event_type
 from rallypoint.events.codec import MAX_QUARANTINE_TEXT, Quarantined
 from rallypoint.state import ACTIVE, ClusterState, JobView, NodeView
 
@@ -277,6 +277,8 @@ class ReadModel:
 
     def apply(self, seq: int, event: Event) -> tuple[set[str], set[str]]:
         """Fold one event; return the (job ids, node ids) whose rows it changed."""
+        if isinstance(event, GangsBound):
+            return self._apply_binds(seq, event)
         job_id: str | None = getattr(event, "job_id", None)
         if job_id is not None:
             return self._apply_job_event(seq, event, job_id)
@@ -285,6 +287,16 @@ class ReadModel:
             return self._apply_node_event(seq, event, node_id)
         self.state.apply(seq, event)  # scheduler epochs: no row of ours shows them
         return set(), set()
+
+    def _apply_binds(self, seq: int, event: GangsBound) -> tuple[set[str], set[str]]:
+        """A cycle's binds, each as if stored alone at ``seq`` (the event keeps its one archive row)."""
+        jobs: set[str] = set()
+        nodes: set[str] = set()
+        for bind in event.binds:
+            changed_jobs, changed_nodes = self._apply_job_event(seq, bind, bind.job_id)
+            jobs |= changed_jobs
+            nodes |= changed_nodes
+        return jobs, nodes
 
     def _apply_job_event(self, seq: int, event: Event, job_id: str) -> tuple[set[str], set[str]]:
         # The fold holds a job's GPUs exactly while it is bound or running, on its placements: so node

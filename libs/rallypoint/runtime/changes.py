@@ -36,6 +36,8 @@ class ChangeSet:
     def add(self, touched: Touched) -> None:
         if touched.job_id is not None:
             self._jobs.add(touched.job_id)
+        if touched.more_jobs:
+            self._jobs.update(touched.more_jobs)
         if touched.node_ids:
             self._nodes.update(touched.node_ids)
 

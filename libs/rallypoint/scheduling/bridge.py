@@ -24,6 +24,7 @@ from rallypoint.events import (
     Event,
     GangBound,
     GangResized,
+    GangsBound,
     JobQueued,
     JobRejected,
     PreemptionRequested,
@@ -204,27 +205,7 @@ def decision_writes(
     (a prediction's run forward: no decision reads a pending reason, and writing them costs a pass over
     every waiting job each cycle).
     """
-    writes: list[Write] = []
-    for bind in decisions.binds:
-        job = state.jobs[bind.job_id]
-        attempt = job.attempt + 1
-        event = GangBound(
-            job_id=bind.job_id,
-            attempt=attempt,
-            epoch=epoch,
-            placements=bind.placements,
-            computed_at_seq=state.last_seq,
-            policy_version=policy_version,
-            now=decisions.now,
-            at=at,
-        )
-        writes.append(
-            Write(
-                subject=subjects.bind(bind.job_id),
-                event=event,
-                msg_id=f"{bind.job_id}:{attempt}:GangBound:e{epoch}",
-            )
-        )
+    writes = bind_writes(decisions, state, epoch=epoch, policy_version=policy_version, at=at)
     writes.extend(resize_writes(decisions, state, epoch=epoch, policy_version=policy_version, at=at))
     writes.extend(preemption_writes(decisions, state, epoch=epoch, policy_version=policy_version, at=at))
     if reasons:
@@ -232,6 +213,35 @@ def decision_writes(
     else:
         writes.extend(rejection_writes(decisions, state, at=at))
     return writes
+
+
+def bind_writes(
+    decisions: Decisions, state: ClusterState, *, epoch: int, policy_version: str, at: float
+) -> list[Write]:
+    """The cycle's binds: one ``GangBound``, or several in one ``GangsBound`` (one message for every
+    follower to receive instead of one per gang). Its message id names its first bind, which no other
+    write of this epoch binds again: a retry of the same write is deduplicated; another is not."""
+    binds = [
+        GangBound(
+            job_id=bind.job_id,
+            attempt=state.jobs[bind.job_id].attempt + 1,
+            epoch=epoch,
+            placements=bind.placements,
+            computed_at_seq=state.last_seq,
+            policy_version=policy_version,
+            now=decisions.now,
+            at=at,
+        )
+        for bind in decisions.binds
+    ]
+    if not binds:
+        return []
+    first = binds[0]
+    if len(binds) == 1:
+        msg_id = f"{first.job_id}:{first.attempt}:GangBound:e{epoch}"
+        return [Write(subject=subjects.bind(first.job_id), event=first, msg_id=msg_id)]
+    msg_id = f"{first.job_id}:{first.attempt}:GangsBound:e{epoch}"
+    return [Write(subject=subjects.BINDS, event=GangsBound(binds=tuple(binds)), msg_id=msg_id)]
 
 
 def resized_placements(placements: tuple[TaskPlacement, ...], resize: Resize) -> tuple[TaskPlacement, ...]:

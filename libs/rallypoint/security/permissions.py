@@ -198,8 +198,8 @@ def _matrix() -> dict[str, Permissions]:
             ),
         ),
         "scheduler": _service(
-            writes="LeaderEpochStarted, SchedulerSettings, GangBound, PreemptionRequested, GangResized, "
-            "JobPending, GangRepaired, JobRequeued, JobQueued, JobRejected",
+            writes="LeaderEpochStarted, SchedulerSettings, GangBound, GangsBound, PreemptionRequested, "
+            "GangResized, JobPending, GangRepaired, JobRequeued, JobQueued, JobRejected",
             publish=(subjects.SCHEDULER_TREE, f"rally.queue.{one}", *leader_lease("scheduler")),
         ),
         # follows evictions and writes nothing: since the scheduler writes its preemption requests, nobody

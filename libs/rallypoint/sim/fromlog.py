@@ -23,6 +23,7 @@ from typing import Any
 from rallypoint.audit import verify_decisions
 from rallypoint.events import Event, GangBound, SchedulerSettings
 from rallypoint.events.codec import Quarantined
+from rallypoint.events.subjects import members
 from rallypoint.predict.live import runtime_of
 from rallypoint.predict.runtimes import quantile
 from rallypoint.scheduling import SchedulingPolicy
@@ -142,9 +143,10 @@ def _team_figures(rows: Sequence[Row]) -> dict[str, Any]:
 def first_binds(history: History) -> dict[str, float]:
     """When each job first held GPUs: its first ``GangBound`` (a preempted job's later binds come after)."""
     first: dict[str, float] = {}
-    for _, item in history:
-        if isinstance(item, GangBound):
-            first.setdefault(item.job_id, item.at)
+    for _, stored in history:
+        for item in members(stored):
+            if isinstance(item, GangBound):
+                first.setdefault(item.job_id, item.at)
     return first
 
 

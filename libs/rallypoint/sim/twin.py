@@ -51,6 +51,7 @@ from rallypoint.events import (
     NodeRecovered,
     NodeRegistered,
     PreemptionRequested,
+    subjects,
 )
 from rallypoint.scheduling import SchedulingPolicy, build_snapshot
 from rallypoint.scheduling.config import core_queues
@@ -185,6 +186,7 @@ class _Changes:
     def add(self, touched: Touched) -> None:
         if touched.job_id is not None:
             self.jobs.add(touched.job_id)
+        self.jobs.update(touched.more_jobs)
         self.nodes.update(touched.node_ids)
 
     def take(self) -> _Changes:
@@ -270,8 +272,7 @@ class LiveSide:
         carry them out at once (the simulator's model: launches, stops and resizes take no time)."""
         for write in writes:
             self.append(write.event)
-        for write in writes:
-            event = write.event
+        for event in (member for write in writes for member in subjects.members(write.event)):
             if isinstance(event, GangBound):
                 self.append(JobStarted(job_id=event.job_id, attempt=event.attempt, at=now))
             elif isinstance(event, PreemptionRequested):

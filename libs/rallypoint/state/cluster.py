@@ -36,6 +36,7 @@ from rallypoint.events import (
     GangBound,
     GangRepaired,
     GangResized,
+    GangsBound,
     GpuInfo,
     HealthEvidence,
     JobAttemptFailed,
@@ -335,6 +336,8 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
 
     def apply(self, seq: int, event: Event) -> Touched:
         """Fold one event recorded at stream sequence ``seq``; returns what it may have changed."""
+        if isinstance(event, GangsBound):
+            return self._apply_members(seq, event.binds)
         handler = _HANDLERS.get(type(event))
         touched = NOTHING
         if handler is not None:
@@ -346,6 +349,18 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
             self._refresh(touched)
         self.last_seq = max(self.last_seq, seq)
         return touched
+
+    def _apply_members(self, seq: int, binds: tuple[GangBound, ...]) -> Touched:
+        """Each of a ``GangsBound``'s binds, in order, as if each were stored alone at ``seq``."""
+        jobs: set[str] = set()
+        nodes: set[str] = set()
+        for bind in binds:
+            touched = self.apply(seq, bind)
+            if touched.job_id is not None:
+                jobs.add(touched.job_id)
+            nodes.update(touched.node_ids)
+        self.last_seq = max(self.last_seq, seq)
+        return Touched(job_id=None, node_ids=frozenset(nodes), more_jobs=frozenset(jobs))
 
     def apply_stored(self, seq: int, item: Event | Quarantined) -> Touched:
         """Fold what the log stores at ``seq``: an event, or a message this version cannot read, which is

@@ -37,6 +37,8 @@ class Touched(msgspec.Struct, frozen=True, gc=False):
 
     job_id: str | None
     node_ids: frozenset[str]
+    #: the jobs of an event that stands for several (``GangsBound``'s binds), beside ``job_id``
+    more_jobs: frozenset[str] = frozenset()
 
 
 NOTHING = Touched(job_id=None, node_ids=frozenset())
