@@ -43,7 +43,6 @@ from rallypoint.events import (
     GangBound,
     GangRepaired,
     GangResized,
-    GangsBound,
     JobPending,
     JobRequeued,
     JobStarted,
@@ -52,6 +51,7 @@ from rallypoint.events import (
     TaskPlacement,
 )
 from rallypoint.events.codec import Quarantined
+from rallypoint.events.subjects import members
 from rallypoint.scheduling import SchedulingPolicy, resized_placements
 from rallypoint.scheduling.model_sync import ModelSync
 from rallypoint.scheduling.repair import REPAIR_WAIT_S, repair_writes
@@ -193,9 +193,7 @@ def verify_decisions(
 
 def _entries(seq: int, stored: Event | Quarantined) -> list[tuple[Key, Event | Quarantined]]:
     """What the log stores at ``seq``, entry by entry: a ``GangsBound``'s binds, or the one event."""
-    if isinstance(stored, GangsBound):
-        return [((seq, index), bind) for index, bind in enumerate(stored.binds)]
-    return [((seq, 0), stored)]
+    return [((seq, index), entry) for index, entry in enumerate(members(stored))]
 
 
 def _all_entries(history: _History) -> list[tuple[Key, Event | Quarantined]]:

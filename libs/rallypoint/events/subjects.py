@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Callable
-from typing import Any, overload
+from typing import Any, TypeVar
 
 from . import catalogue as ev
 
@@ -116,15 +116,10 @@ def bind(job_id: str) -> str:
 BINDS = "rally.sched.binds"
 
 
-@overload
-def members(event: ev.Event) -> tuple[ev.Event, ...]: ...
+_Stored = TypeVar("_Stored")
 
 
-@overload
-def members(event: object) -> tuple[object, ...]: ...
-
-
-def members(event: object) -> tuple[object, ...]:
+def members(event: _Stored) -> tuple[_Stored | ev.GangBound, ...]:
     """The events ``event`` stands for: a ``GangsBound``'s binds, or the event itself. Whoever reads the
     log event by event (a fold, a job's history, a count of binds) reads what this gives."""
     return event.binds if isinstance(event, ev.GangsBound) else (event,)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client import Counter, Histogram, disable_created_metrics
 
-from rallypoint.events import GangBound, GangRepaired, GangsBound, JobRequeued, PreemptionRequested
+from rallypoint.events import GangBound, GangRepaired, JobRequeued, PreemptionRequested, subjects
 from rallypoint.state import ClusterState
 
 from .decision_spans import trace_decision
@@ -106,17 +106,12 @@ def observe_writes(
 ) -> None:
     """Count what one scheduler cycle appended: binds (with each job's wait), preemptions, recoveries;
     with ``traces``, record their spans in each job's trace too."""
-    for event in (member for written in events for member in _members(written)):
+    for event in (member for written in events for member in subjects.members(written)):
         observe = _OBSERVERS.get(type(event))
         if observe is not None:
             observe(event, state, now)
             if traces is not None:
                 trace_decision(event, state, traces, now)
-
-
-def _members(event: object) -> tuple[object, ...]:
-    """A ``GangsBound``'s binds, each counted as one, or the event itself."""
-    return event.binds if isinstance(event, GangsBound) else (event,)
 
 
 def _bound(event: object, state: ClusterState, now: float) -> None:
