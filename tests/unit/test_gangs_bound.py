@@ -75,6 +75,7 @@ def test_a_cycle_that_binds_one_gang_writes_its_gang_bound_alone() -> None:
 
 def test_the_fold_of_a_gangs_bound_equals_the_fold_of_its_binds_stored_one_by_one() -> None:
     side, _ = side_with_jobs(4)
+    assert any(isinstance(event, GangsBound) for _, event in side.history)
     batched, apart = ClusterState(), ClusterState()
     seq = 0
     for at, event in side.history:
@@ -93,6 +94,7 @@ def test_the_fold_of_a_gangs_bound_equals_the_fold_of_its_binds_stored_one_by_on
 
 def test_every_bound_job_reaches_each_change_feed() -> None:
     side, _ = side_with_jobs(3)
+    assert sum(isinstance(event, GangsBound) for _, event in side.history) == 1
     state, changes = ClusterState(), ChangeSet()
     for seq, event in side.history:
         if isinstance(event, GangsBound):
@@ -107,6 +109,7 @@ def test_every_bound_job_reaches_each_change_feed() -> None:
 
 def test_the_audit_recomputes_each_bind_of_a_gangs_bound() -> None:
     side, _ = side_with_jobs(3)
+    assert any(isinstance(event, GangsBound) for _, event in side.history)
     report = verify_decisions(side.history, SchedulingPolicy("fifo"))
     assert report.ok, report
     assert report.decisions == report.verified == 3
@@ -127,6 +130,7 @@ def test_the_audit_refuses_a_forged_bind_inside_a_gangs_bound() -> None:
 
 def test_a_jobs_history_rows_and_attempts_show_its_own_bind() -> None:
     side, _ = side_with_jobs(3)
+    assert any(isinstance(event, GangsBound) for _, event in side.history)
     history = job_history(side.history, "j1")
     assert history is not None
     bound = [entry for entry in history.timeline if entry.type == "GangBound.v1"]
