@@ -10,7 +10,10 @@ simulator's, gives the same numbers whatever order attempts end in:
 
 - an ended attempt is billed as whole GPU-seconds into day buckets (``bill``): integer sums do not depend
   on the order of the additions;
-- a running attempt is kept as its (start, GPUs) and billed only when the core reads it;
+- a running attempt is kept as its (start, GPUs), and summed by the day it started into integers
+  (GPUs, and GPUs x start in whole ``START_UNITS``) as attempts start and end: the core reads one row per
+  start day however many attempts run (a cycle used to walk and sort every running attempt of every
+  waiting user: 40 % of the leader's CPU with 20,000 running), and integer sums do not depend on order;
 - the decay is applied only by the core, at the snapshot's ``now`` (``decayed_gpu_s``), summed with
   ``math.fsum`` (exactly rounded: no order there either).
 
@@ -29,10 +32,13 @@ __all__ = [
     "DAY_S",
     "HALF_LIFE_S",
     "HORIZON_DAYS",
+    "START_UNITS",
     "UserLedger",
     "UserUsage",
     "bill",
     "decayed_gpu_s",
+    "running_by_day",
+    "running_rows",
     "usage_rows",
     "user_keys",
 ]
@@ -41,25 +47,35 @@ DAY_S = 86_400.0
 HALF_LIFE_S = 7 * DAY_S
 #: buckets older than this many days (8 half-lives: they would weigh under 0.4%) are ignored and dropped
 HORIZON_DAYS = 56
+#: Units of a running attempt's start in the sums by day: 2**-20 s (about a microsecond), so that a start
+#: converts exactly to an integer whatever its clock, and the sums are the same in any order.
+START_UNITS = 2**20
+_DAY_UNITS = int(DAY_S) * START_UNITS
+
+#: (day, GPUs, GPUs x start in ``START_UNITS``): the running attempts that started on one day, summed
+RunningDay = tuple[int, int, int]
 
 
 class UserUsage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One user's usage in one team, as the core reads it (``Snapshot.user_usage``).
 
     ``days``: (day index since the clock's zero, GPU-seconds of ended attempts in that day), by day;
-    ``running``: (start, GPUs) of the user's running attempts, sorted."""
+    ``running``: the user's running attempts summed by the day they started (``RunningDay``), by day."""
 
     team: str
     user: str
     days: tuple[tuple[int, int], ...] = ()
-    running: tuple[tuple[float, int], ...] = ()
+    running: tuple[RunningDay, ...] = ()
 
 
 class UserLedger(msgspec.Struct, kw_only=True):
-    """A fold's record of one (team, user): ended attempts by day, running attempts by job id."""
+    """A fold's record of one (team, user): ended attempts by day, running attempts by job id, and those
+    summed by start day (``by_day``: day -> [GPUs, GPUs x start in ``START_UNITS``], what the core reads;
+    derived from ``running``, so the state hash leaves it out)."""
 
     days: dict[int, int] = {}
     running: dict[str, tuple[float, int]] = {}
+    by_day: dict[int, list[int]] = {}
 
 
 def day_of(t: float) -> int:
@@ -94,15 +110,46 @@ def bill(days: dict[int, int], start: float, end: float, gpus: int) -> None:
             del days[old]
 
 
+def _sum_by_day(by_day: dict[int, list[int]], start: float, gpus: int, sign: int) -> None:
+    """Add (``sign`` 1) or take back (-1) an attempt of ``gpus`` from ``start`` in the sums by start day.
+    An attempt that could hold nothing (no GPUs, a start that is not a time) is in none."""
+    if gpus <= 0 or not math.isfinite(start):
+        return
+    day = day_of(start)
+    sums = by_day.setdefault(day, [0, 0])
+    sums[0] += sign * gpus
+    sums[1] += sign * gpus * round(start * START_UNITS)
+    if not sums[0]:  # the day's last attempt ended: its GPU x start sum is back to exactly 0 too
+        del by_day[day]
+
+
 def start_attempt(ledger: UserLedger, job_id: str, start: float, gpus: int) -> None:
+    previous = ledger.running.get(job_id)
+    if previous is not None:  # a new attempt without the old one's end: it replaces it
+        _sum_by_day(ledger.by_day, previous[0], previous[1], -1)
     ledger.running[job_id] = (start, gpus)
+    _sum_by_day(ledger.by_day, start, gpus, 1)
 
 
 def end_attempt(ledger: UserLedger, job_id: str, end: float) -> None:
     """The job's running attempt ended at ``end``: bill it (nothing when it was not running)."""
     held = ledger.running.pop(job_id, None)
     if held is not None:
+        _sum_by_day(ledger.by_day, held[0], held[1], -1)
         bill(ledger.days, held[0], end, held[1])
+
+
+def running_by_day(ledger: UserLedger) -> tuple[RunningDay, ...]:
+    """The ledger's running attempts as ``UserUsage.running`` holds them."""
+    return tuple(sorted((day, gpus, starts) for day, (gpus, starts) in ledger.by_day.items()))
+
+
+def running_rows(attempts: Iterable[tuple[float, int]]) -> tuple[RunningDay, ...]:
+    """``UserUsage.running`` for these (start, GPUs) attempts."""
+    by_day: dict[int, list[int]] = {}
+    for start, gpus in attempts:
+        _sum_by_day(by_day, start, gpus, 1)
+    return tuple(sorted((day, gpus, starts) for day, (gpus, starts) in by_day.items()))
 
 
 def _weight(age: float) -> float:
@@ -112,7 +159,7 @@ def _weight(age: float) -> float:
 class _Decay:
     """The weight of each day inside the horizon at ``now`` (a day counts as of its end), and the weighted
     length of the full days from each day up to today: computed once per call and shared by every user,
-    so a running attempt costs O(1) however many days it spans."""
+    so a start day's running attempts cost O(1) however many days they span."""
 
     def __init__(self, now: float) -> None:
         self.now = now
@@ -124,19 +171,21 @@ class _Decay:
         for i in range(len(self.w) - 2, -1, -1):
             self.full[i] = self.full[i + 1] + DAY_S * self.w[i]
 
-    def held(self, start: float, gpus: int) -> float:
-        """``gpus`` held from ``start`` until now, each day's part weighted (before the horizon: nothing)."""
-        now = self.now
-        if not now > start or gpus <= 0 or not math.isfinite(start):
-            return 0.0
-        ds = day_of(start)
-        if ds < self.first:
-            ds, start = self.first, self.first * DAY_S
-        if ds >= self.today:
-            return gpus * (now - start)
-        i = ds - self.first
-        first_day = ((ds + 1) * DAY_S - start) * self.w[i]
-        return gpus * (first_day + self.full[i + 1] + (now - self.today * DAY_S))
+    def held(self, day: int, gpus: int, starts: int) -> float:
+        """``gpus`` summed over the attempts that started on ``day`` (``starts``: their GPUs x start, in
+        ``START_UNITS``), held until now, each day's part weighted (before the horizon: nothing). Exact
+        integers up to the one division, whatever the number of attempts."""
+        partial = self.now - self.today * DAY_S  # of today, the part gone by
+        if day > self.today:
+            return 0.0  # started after now (another machine's clock ahead): nothing held yet
+        if day == self.today:
+            held = gpus * round(self.now * START_UNITS) - starts
+            return held / START_UNITS if held > 0 else 0.0
+        if day < self.first:  # from the horizon on: the whole first day
+            return gpus * (DAY_S * self.w[0] + self.full[1] + partial)
+        i = day - self.first
+        first_day = (gpus * (day + 1) * _DAY_UNITS - starts) / START_UNITS * self.w[i]
+        return first_day + gpus * (self.full[i + 1] + partial)
 
 
 def decayed_gpu_s(u: UserUsage, now: float, decay: _Decay | None = None) -> float:
@@ -149,7 +198,7 @@ def decayed_gpu_s(u: UserUsage, now: float, decay: _Decay | None = None) -> floa
     parts = [gpu_s * (w[d - first] if d <= today else 1.0) for d, gpu_s in u.days if d >= first]
     if u.running:
         held = dw.held
-        parts.extend([held(start, gpus) for start, gpus in u.running])
+        parts.extend([held(day, gpus, starts) for day, gpus, starts in u.running])
     return math.fsum(parts)
 
 
@@ -165,7 +214,7 @@ def usage_rows(
         if ledger is None:
             continue
         days = tuple(sorted((d, g) for d, g in ledger.days.items() if d >= first))
-        running = tuple(sorted(ledger.running.values()))
+        running = running_by_day(ledger)
         if days or running:
             rows.append(UserUsage(team=team, user=user, days=days, running=running))
     return tuple(rows)

@@ -16,6 +16,7 @@ from rallypoint.userusage import (
     bill,
     decayed_gpu_s,
     end_attempt,
+    running_rows,
     start_attempt,
     usage_rows,
 )
@@ -104,13 +105,13 @@ def test_usage_decays_with_the_half_life() -> None:
     assert decayed_gpu_s(u, DAY_S + HALF_LIFE_S) == pytest.approx(500.0)
     assert decayed_gpu_s(u, (HORIZON_DAYS + 2) * DAY_S) == 0.0  # beyond the horizon
     # a running attempt counts as if it ended now
-    r = UserUsage(team="t", user="a", running=((0.0, 2),))
+    r = UserUsage(team="t", user="a", running=running_rows([(0.0, 2)]))
     assert decayed_gpu_s(r, 100.0) == 200.0
     # over several days, as much as the same attempt billed by day once it ends now
     now = 40 * DAY_S + 5000.0
     days: dict[int, int] = {}
     bill(days, 37 * DAY_S - 3000.0, now, 8)
-    running = UserUsage(team="t", user="a", running=((37 * DAY_S - 3000.0, 8),))
+    running = UserUsage(team="t", user="a", running=running_rows([(37 * DAY_S - 3000.0, 8)]))
     ended = UserUsage(team="t", user="a", days=tuple(sorted(days.items())))
     assert decayed_gpu_s(running, now) == pytest.approx(decayed_gpu_s(ended, now), abs=8.0)
 
@@ -137,5 +138,54 @@ def test_ledgers_bill_attempts_when_they_end_and_rows_keep_the_waiting_users() -
     start_attempt(led, "j2", 50.0, 1)
     ledgers = {("t", "alice"): led}
     rows = usage_rows(lambda t, u: ledgers.get((t, u)), [("t", "alice"), ("t", "bob"), ("t", None)], 300.0)
-    assert rows == (UserUsage(team="t", user="alice", days=((0, 800),), running=((50.0, 1),)),)
+    assert rows == (UserUsage(team="t", user="alice", days=((0, 800),), running=running_rows([(50.0, 1)])),)
     assert math.isclose(decayed_gpu_s(rows[0], 300.0), 1050.0)
+
+
+def _held_one_by_one(attempts: list[tuple[float, int]], now: float) -> float:
+    """The running attempts' decayed GPU-seconds summed attempt by attempt, as billed if they ended now:
+    the reference the sums by start day must equal."""
+    days: dict[int, int] = {}
+    for start, gpus in attempts:
+        bill(days, start, now, gpus)
+    return decayed_gpu_s(UserUsage(team="t", user="a", days=tuple(sorted(days.items()))), now)
+
+
+def test_running_attempts_summed_by_start_day_count_as_one_by_one_in_one_row_per_day() -> None:
+    now = 70 * DAY_S + 12_345.5
+    # a thousand attempts over ten days, one started before the horizon, two today
+    attempts = [((60 + i % 10) * DAY_S + 7.25 * i, 1 + i % 8) for i in range(1000)]
+    attempts += [(3 * DAY_S, 4), (now - 100.0, 8), (now - 0.5, 2)]
+    rows = running_rows(attempts)
+    assert [day for day, _, _ in rows] == [3, *range(60, 70), 70]  # one row per start day
+    got = decayed_gpu_s(UserUsage(team="t", user="a", running=rows), now)
+    # billing rounds each day of each attempt to a whole GPU-second: a few thousand at most
+    assert got == pytest.approx(_held_one_by_one(attempts, now), abs=len(attempts) * 8 * 2)
+    # today's: exactly GPUs x (now - start)
+    today = UserUsage(team="t", user="a", running=running_rows([(now - 100.0, 8), (now - 0.5, 2)]))
+    assert decayed_gpu_s(today, now) == pytest.approx(801.0, abs=1e-5)
+    # an attempt stamped after now by a clock ahead holds nothing yet
+    assert decayed_gpu_s(UserUsage(team="t", user="a", running=running_rows([(now + 5.0, 8)])), now) == 0.0
+
+
+def test_the_sums_by_start_day_do_not_depend_on_the_order_attempts_start_and_end() -> None:
+    starts = [(f"j{i}", 40 * DAY_S + 0.1 * i * i, 1 + i % 5) for i in range(200)]
+    forward, backward = UserLedger(), UserLedger()
+    for job, start, gpus in starts:
+        start_attempt(forward, job, start, gpus)
+    for job, start, gpus in reversed(starts):
+        start_attempt(backward, job, start, gpus)
+    for job, _, _ in starts[::3]:
+        end_attempt(forward, job, 41 * DAY_S)
+    for job, _, _ in reversed(starts[::3]):
+        end_attempt(backward, job, 41 * DAY_S)
+    assert forward.by_day == backward.by_day
+    assert forward.by_day == {
+        d: [g, s] for d, g, s in running_rows([(s, g) for j, s, g in starts if (j, s, g) not in starts[::3]])
+    }
+    # a job's new attempt without the old one's end replaces it; the last end empties the day
+    start_attempt(forward, "j1", 40 * DAY_S + 9.0, 3)
+    assert forward.running["j1"] == (40 * DAY_S + 9.0, 3)
+    for job in list(forward.running):
+        end_attempt(forward, job, 42 * DAY_S)
+    assert forward.by_day == {} and forward.running == {}

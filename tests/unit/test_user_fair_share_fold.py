@@ -26,7 +26,7 @@ from rallypoint.scheduling import build_snapshot
 from rallypoint.scheduling.config import core_queues
 from rallypoint.scheduling.queues import QueuesError, queues_from_obj
 from rallypoint.state import ClusterState
-from rallypoint.userusage import UserUsage
+from rallypoint.userusage import UserUsage, running_rows
 
 
 def _node() -> NodeRegistered:
@@ -92,7 +92,9 @@ def test_the_fold_bills_each_users_attempts_and_the_bridge_hands_the_waiting_use
     snap = build_snapshot(state, 300.0)
     assert {p.id: p.user for p in snap.pending} == {"b1": "bob", "a3": "alice", "x1": None}
     # only alice has any usage: bob's row would be empty
-    assert snap.user_usage == (UserUsage(team="nlp", user="alice", days=((0, 800),), running=((200.0, 8),)),)
+    assert snap.user_usage == (
+        UserUsage(team="nlp", user="alice", days=((0, 800),), running=running_rows([(200.0, 8)])),
+    )
 
 
 def test_users_leave_the_hash_of_a_log_without_them_unchanged() -> None:

@@ -17,7 +17,7 @@ import msgspec
 from rallypoint.events.catalogue import GPU_MILLI, JobSpec, mig_milli, quota_milli
 from rallypoint.scheduling.queues import Queues
 from rallypoint.state import ACTIVE, ClusterState
-from rallypoint.userusage import HORIZON_DAYS, UserUsage, day_of, decayed_gpu_s
+from rallypoint.userusage import HORIZON_DAYS, UserUsage, day_of, decayed_gpu_s, running_by_day
 
 NO_COHORT = "default"
 
@@ -167,7 +167,7 @@ def _add_users(rows: list[QueueRow], state: ClusterState, queues: Queues | None,
         gpu_s = 0.0
         if ledger is not None:
             days = tuple(sorted((d, g) for d, g in ledger.days.items() if d >= first))
-            usage = UserUsage(team=team, user=user, days=days, running=tuple(sorted(ledger.running.values())))
+            usage = UserUsage(team=team, user=user, days=days, running=running_by_day(ledger))
             gpu_s = decayed_gpu_s(usage, now)
         running_jobs, running_gpus, waiting = counts.get((team, user), [0, 0, 0])
         weight = queues.team(team).users.get(user, 1.0) if queues is not None else 1.0

@@ -290,7 +290,8 @@ class JobView(msgspec.Struct, kw_only=True):
 #: (``JobSuspendRequested``, ``JobSuspended``, ``JobResumed``; the ``suspended`` state).
 #: 12: who submitted each job and each team's users' service (``JobView.user``, ``ClusterState.users``).
 #: 13: node taints (``NodeView.taints``) and an operator's labels and taints (``NodeRulesSet``).
-FOLD_VERSION = 13
+#: 14: each user's running attempts summed by start day (``UserLedger.by_day``).
+FOLD_VERSION = 14
 
 
 # A job's placements, whether it holds their GPUs, and its pending resize (which holds GPUs too): an event
@@ -506,7 +507,7 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         The bytes are those of ``msgspec.json.encode(to_builtins(state), order="deterministic")``: every
         dict's keys sorted, a struct as a dict of its fields; less a job's ``resize`` and ``user`` while
         None and ``users`` while empty, fields added after hashes were first recorded, so that a history
-        from before them hashes as it did."""
+        from before them hashes as it did; and less each user's ``by_day``, derived from ``running``."""
         encode = _canonical_json
         fields = {name: getattr(self, name) for name in self.__struct_fields__}
         if not self.users:
@@ -519,6 +520,8 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
                 yield from _canonical_dict(value, _job_builtins)
             elif name == "nodes":
                 yield from _canonical_dict(value, _builtins)
+            elif name == "users":
+                yield encode(_users_builtins(value))
             else:
                 yield encode(_builtins(value))
         yield b"}"
@@ -578,6 +581,16 @@ def _canonical_json(value: Any) -> bytes:
 
 def _builtins(value: Any) -> Any:
     return msgspec.to_builtins(value, str_keys=True)
+
+
+def _users_builtins(users: dict[str, dict[str, UserLedger]]) -> Any:
+    """The users' ledgers as the state hash encodes them: without the sums by day (``by_day``), which
+    ``running`` determines and hashes recorded before them did not hold."""
+    out = _builtins(users)
+    for ledgers in out.values():
+        for ledger in ledgers.values():
+            del ledger["by_day"]
+    return out
 
 
 def _job_builtins(job: JobView) -> Any:
