@@ -47,12 +47,15 @@ DAY_S = 86_400.0
 HALF_LIFE_S = 7 * DAY_S
 #: buckets older than this many days (8 half-lives: they would weigh under 0.4%) are ignored and dropped
 HORIZON_DAYS = 56
-#: Units of a running attempt's start in the sums by day: 2**-20 s (about a microsecond), so that a start
-#: converts exactly to an integer whatever its clock, and the sums are the same in any order.
+#: Units of a running attempt's start in the sums by day: 2**-20 s (about a microsecond) since the start of
+#: its day, so that a start converts to the same integer on every fold, the sums are the same in any order,
+#: and a day's sum stays within the 64 bits a snapshot (msgpack) holds for 200 million GPUs (seconds since
+#: the epoch instead overflowed them past ~10,000 GPUs started in one day).
 START_UNITS = 2**20
 _DAY_UNITS = int(DAY_S) * START_UNITS
 
-#: (day, GPUs, GPUs x start in ``START_UNITS``): the running attempts that started on one day, summed
+#: (day, GPUs, GPUs x start within the day in ``START_UNITS``): the running attempts that started on one
+#: day, summed
 RunningDay = tuple[int, int, int]
 
 
@@ -70,7 +73,8 @@ class UserUsage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
 class UserLedger(msgspec.Struct, kw_only=True):
     """A fold's record of one (team, user): ended attempts by day, running attempts by job id, and those
-    summed by start day (``by_day``: day -> [GPUs, GPUs x start in ``START_UNITS``], what the core reads;
+    summed by start day (``by_day``: day -> [GPUs, GPUs x start within the day in ``START_UNITS``], what
+    the core reads;
     derived from ``running``, so the state hash leaves it out)."""
 
     days: dict[int, int] = {}
@@ -118,9 +122,15 @@ def _sum_by_day(by_day: dict[int, list[int]], start: float, gpus: int, sign: int
     day = day_of(start)
     sums = by_day.setdefault(day, [0, 0])
     sums[0] += sign * gpus
-    sums[1] += sign * gpus * round(start * START_UNITS)
+    sums[1] += sign * gpus * _units_into(day, start)
     if not sums[0]:  # the day's last attempt ended: its GPU x start sum is back to exactly 0 too
         del by_day[day]
+
+
+def _units_into(day: int, t: float) -> int:
+    """``t``'s time since the start of ``day`` (its day), in whole ``START_UNITS``: exact, since a time and
+    the start of its own day are within a factor of two of each other (or the day is 0)."""
+    return round((t - day * DAY_S) * START_UNITS)
 
 
 def start_attempt(ledger: UserLedger, job_id: str, start: float, gpus: int) -> None:
@@ -179,12 +189,12 @@ class _Decay:
         if day > self.today:
             return 0.0  # started after now (another machine's clock ahead): nothing held yet
         if day == self.today:
-            held = gpus * round(self.now * START_UNITS) - starts
+            held = gpus * _units_into(day, self.now) - starts
             return held / START_UNITS if held > 0 else 0.0
         if day < self.first:  # from the horizon on: the whole first day
             return gpus * (DAY_S * self.w[0] + self.full[1] + partial)
         i = day - self.first
-        first_day = (gpus * (day + 1) * _DAY_UNITS - starts) / START_UNITS * self.w[i]
+        first_day = (gpus * _DAY_UNITS - starts) / START_UNITS * self.w[i]
         return first_day + gpus * (self.full[i + 1] + partial)
 
 

@@ -22,11 +22,12 @@ from rallypoint.events import (
     NodeRegistered,
     TaskPlacement,
 )
+from rallypoint.projection.rows import ReadModel
 from rallypoint.scheduling import build_snapshot
 from rallypoint.scheduling.config import core_queues
 from rallypoint.scheduling.queues import QueuesError, queues_from_obj
 from rallypoint.state import ClusterState
-from rallypoint.userusage import UserUsage, running_rows
+from rallypoint.userusage import UserLedger, UserUsage, running_rows, start_attempt
 
 
 def _node() -> NodeRegistered:
@@ -164,3 +165,17 @@ def test_a_dry_run_weighs_the_callers_usage_as_a_submit_would() -> None:
     # users without usage (bob, no user) first by submission: b1, x1; then alice's a3 (she used GPUs)
     assert ahead("bob") == 2
     assert ahead("alice") == 3  # behind her own earlier a3 too
+
+
+def test_a_user_running_a_whole_large_cluster_in_one_day_still_snapshots_and_projects() -> None:
+    """The sums by start day must fit a snapshot's 64-bit integers (msgpack): seconds since the epoch in
+    2^-20 s units overflowed them past ~10,000 GPUs started in one day, and the projector, which encodes
+    its model at every commit, stopped."""
+    state = ClusterState()
+    ledger = state.users.setdefault("nlp", {}).setdefault("alice", UserLedger())
+    day_start = 20_430 * 86_400.0  # 2025-12-08, as a live cluster's clock reads
+    for i in range(25_000):  # 200,000 GPUs, the last a second before the day ends
+        start_attempt(ledger, f"j{i}", day_start + 86_399.0 * i / 24_999, 8)
+    restored = ClusterState.decode(state.encode())
+    assert restored.users["nlp"]["alice"].by_day == ledger.by_day
+    assert ReadModel.decode(ReadModel(state).encode()).state.users == state.users
