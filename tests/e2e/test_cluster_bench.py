@@ -93,6 +93,7 @@ def test_the_cluster_bench_reports_every_figure() -> None:
     # counted from the silencing signal; a node's last heartbeat was up to one interval (1 s) before it
     assert res["silence_threshold_s"] - 1 <= res["silence_flagged_max_s"] < res["silence_threshold_s"] + 10
     assert res["false_alarms"] == 0 and res["false_alarms_while_starting"] == 0
+    assert res["services_exited"] == {}  # no service crashed before the kills (none restarts here)
     assert 0 < res["failover_s"] < 30
     assert res["zombies"] == 0 and res["zombie_jobs_completed"] == 10
     services = {"api", "scheduler-1", "health-monitor-1", "job-controller-2", "nats-server-3", "fleet-1"}

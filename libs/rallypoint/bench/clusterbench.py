@@ -36,7 +36,8 @@ virtual. In order, on the running cluster:
    two replicas or more, its replica owning most partitions is killed (-9) until a survivor has fenced
    each of them (``handovers``, ``bench.handovers``); ``--nats-servers 3`` runs it all on a three-server
    JetStream cluster (R3), and ``submissions_cpu_ms_per_job`` then lists every replica and server;
-with the peak RSS of every process throughout, and the warnings each logged. Then, with that cluster
+with the peak RSS of every process throughout, the warnings each logged, and any service that exited before
+the kills (``services_exited``: nothing here restarts one). Then, with that cluster
 stopped (the core benches want the CPU to themselves): zombies on a small cluster of real agents after
 ``--zombie-jobs`` short real jobs, ``rally bench scheduler`` at the same size (``cycle_ms_core``) and
 ``rally bench eventlog``'s best fenced / batched append rate (``append_per_s``).
@@ -561,6 +562,7 @@ async def _drive(cluster: LocalCluster, fleets: FleetSet, cfg: BenchConfig) -> d
             out |= await _capacity_burst(cluster, log, watch, cfg, capacity)
         _phase("mass silence")
         out |= await _silence(fleets, watch, cfg)
+        out["services_exited"] = _exited(cluster)  # before the phases that kill on purpose
         _phase("leader kill")
         out |= await _failover(cluster, watch, cfg)
         out |= await handovers(cluster, watch, dict(cfg.replicas), cfg.phase_timeout_s)
@@ -609,6 +611,16 @@ def _live(cfg: BenchConfig) -> dict[str, Any]:
         if cfg.logs is not None:
             shutil.copytree(cluster.workdir / "logs", cfg.logs, dirs_exist_ok=True)
         return out
+
+
+def _exited(cluster: LocalCluster) -> dict[str, int | None]:
+    """The cluster's processes that have exited (name -> exit code), said on stderr too: nothing here
+    restarts a crashed service as `rally up`'s supervisor would, so a crash must not pass for a quiet
+    service in the figures (a projector that stopped spends no CPU per job)."""
+    exited = {name: p.popen.returncode for name, p in cluster.processes.items() if not p.running()}
+    for name, code in exited.items():
+        _phase(f"{name} exited with code {code}: the figures after it are without it (see its log)")
+    return exited
 
 
 def _warnings(cluster: LocalCluster) -> dict[str, int]:
