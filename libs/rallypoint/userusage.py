@@ -11,9 +11,10 @@ simulator's, gives the same numbers whatever order attempts end in:
 - an ended attempt is billed as whole GPU-seconds into day buckets (``bill``): integer sums do not depend
   on the order of the additions;
 - a running attempt is kept as its (start, GPUs), and summed by the day it started into integers
-  (GPUs, and GPUs x start in whole ``START_UNITS``) as attempts start and end: the core reads one row per
-  start day however many attempts run (a cycle used to walk and sort every running attempt of every
-  waiting user: 40 % of the leader's CPU with 20,000 running), and integer sums do not depend on order;
+  (GPUs, and GPUs x start within the day in whole ``START_UNITS``) as attempts start and end: the core
+  reads one row per start day however many attempts run (a cycle used to walk and sort every running
+  attempt of every waiting user: 40 % of the leader's CPU with 20,000 running), and integer sums do not
+  depend on order;
 - the decay is applied only by the core, at the snapshot's ``now`` (``decayed_gpu_s``), summed with
   ``math.fsum`` (exactly rounded: no order there either).
 
@@ -74,12 +75,18 @@ class UserUsage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 class UserLedger(msgspec.Struct, kw_only=True):
     """A fold's record of one (team, user): ended attempts by day, running attempts by job id, and those
     summed by start day (``by_day``: day -> [GPUs, GPUs x start within the day in ``START_UNITS``], what
-    the core reads;
-    derived from ``running``, so the state hash leaves it out)."""
+    the core reads). ``by_day`` is derived from ``running``: rebuilt from it whenever a ledger is made or
+    decoded (a snapshot from before it existed reads right), and left out of the state hash."""
 
     days: dict[int, int] = {}
     running: dict[str, tuple[float, int]] = {}
     by_day: dict[int, list[int]] = {}
+
+    def __post_init__(self) -> None:
+        by_day: dict[int, list[int]] = {}
+        for start, gpus in self.running.values():
+            _sum_by_day(by_day, start, gpus, 1)
+        self.by_day = by_day
 
 
 def day_of(t: float) -> int:
@@ -128,8 +135,9 @@ def _sum_by_day(by_day: dict[int, list[int]], start: float, gpus: int, sign: int
 
 
 def _units_into(day: int, t: float) -> int:
-    """``t``'s time since the start of ``day`` (its day), in whole ``START_UNITS``: exact, since a time and
-    the start of its own day are within a factor of two of each other (or the day is 0)."""
+    """``t``'s time since the start of ``day`` (its day), in whole ``START_UNITS``: the same integer on
+    every machine (and the subtraction exact for times since 1970: a time and the start of its own day
+    are within a factor of two of each other, or the day is 0)."""
     return round((t - day * DAY_S) * START_UNITS)
 
 
@@ -182,9 +190,9 @@ class _Decay:
             self.full[i] = self.full[i + 1] + DAY_S * self.w[i]
 
     def held(self, day: int, gpus: int, starts: int) -> float:
-        """``gpus`` summed over the attempts that started on ``day`` (``starts``: their GPUs x start, in
-        ``START_UNITS``), held until now, each day's part weighted (before the horizon: nothing). Exact
-        integers up to the one division, whatever the number of attempts."""
+        """``gpus`` summed over the attempts that started on ``day`` (``starts``: their GPUs x start within
+        the day, in ``START_UNITS``), held until now, each day's part weighted (before the horizon:
+        nothing). Exact integers up to the one division, whatever the number of attempts."""
         partial = self.now - self.today * DAY_S  # of today, the part gone by
         if day > self.today:
             return 0.0  # started after now (another machine's clock ahead): nothing held yet

@@ -179,3 +179,20 @@ def test_a_user_running_a_whole_large_cluster_in_one_day_still_snapshots_and_pro
     restored = ClusterState.decode(state.encode())
     assert restored.users["nlp"]["alice"].by_day == ledger.by_day
     assert ReadModel.decode(ReadModel(state).encode()).state.users == state.users
+
+
+def test_a_snapshot_from_before_the_sums_by_day_decodes_with_them_rebuilt_from_the_running_attempts() -> None:
+    """``by_day`` is derived: a fold restored from a snapshot written before it existed (no such field), or
+    holding sums that disagree, must read the same usage as the fold that replayed the log."""
+    state = fold()
+    ledger = state.users["nlp"]["alice"]
+    assert ledger.by_day  # alice's a2 runs
+    for sums in (None, {0: [1, 1], 7: [3, 9]}):
+        snapshot = msgspec.to_builtins(msgspec.msgpack.decode(state.encode()))
+        for user in snapshot[1]["users"]["nlp"].values():
+            user.pop("by_day")
+            if sums is not None:
+                user["by_day"] = sums
+        restored = ClusterState.decode(msgspec.msgpack.encode(snapshot))
+        assert restored.users["nlp"]["alice"].by_day == ledger.by_day, sums
+        assert build_snapshot(restored, 300.0).user_usage == build_snapshot(state, 300.0).user_usage

@@ -290,8 +290,7 @@ class JobView(msgspec.Struct, kw_only=True):
 #: (``JobSuspendRequested``, ``JobSuspended``, ``JobResumed``; the ``suspended`` state).
 #: 12: who submitted each job and each team's users' service (``JobView.user``, ``ClusterState.users``).
 #: 13: node taints (``NodeView.taints``) and an operator's labels and taints (``NodeRulesSet``).
-#: 14: each user's running attempts summed by start day (``UserLedger.by_day``).
-FOLD_VERSION = 14
+FOLD_VERSION = 13
 
 
 # A job's placements, whether it holds their GPUs, and its pending resize (which holds GPUs too): an event
