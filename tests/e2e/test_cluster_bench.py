@@ -67,6 +67,11 @@ def test_the_cluster_bench_reports_every_figure() -> None:
     )
     # the settled window: every job running and folded everywhere; the sums are of what it lists
     assert res["submissions_cpu_window_s"] > 0 and res["idle_cpu_ms_per_s"] >= 0
+    # the yardstick: this machine's speed just before and after the window, and the sum over it
+    assert len(res["reference_fold_us_per_job_before_after"]) == 2
+    assert all(us > 0 for us in res["reference_fold_us_per_job_before_after"])
+    over = res["submissions_cpu_ms_per_job_sum"] * 1000 / res["reference_fold_us_per_job"]
+    assert res["submissions_cpu_over_reference"] == pytest.approx(over, rel=0.02, abs=0.2)
     assert "postgres" in cpu  # the projector's database: its server and backends
     # the leader decided the window's jobs in cycles whose computing CPU its own counters give
     assert res["submissions_cycles"] >= 1 and res["submissions_cycle_cpu_ms_per_job"] > 0

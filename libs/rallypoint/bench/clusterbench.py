@@ -13,7 +13,9 @@ virtual. In order, on the running cluster:
    the API's JobSubmitted
    appended straight to the log in halves around the HTTP halves (``raw_append_per_s``: the cluster
    reacts to those as to the API's); the CPU each process spent per accepted submission meanwhile
-   (``submissions_cpu_ms_per_job``); then submit -> running;
+   (``submissions_cpu_ms_per_job``), and that sum over what folding one job's events costs this process
+   just before and after the window (``submissions_cpu_over_reference``, ``bench.reference``: the same
+   code reads the same on a slow hour of a shared machine as on a fast one); then submit -> running;
 2. a burst of jobs (``--burst-gpus`` each; whole nodes by default) appended to the log at once: binds
    per second (``binds_per_s``: from the moment the first bind could be decided to the last one stored),
    the live cycle (``cycle_ms_live``: from the store time of the log position a cycle decided on to its
@@ -80,6 +82,7 @@ from .loadgen import (
     spec_body,
 )
 from .logwatch import LogWatch
+from .reference import fold_us_per_job
 from .zombies import zombie_run
 
 CONCURRENCY = 16
@@ -220,6 +223,21 @@ def _submission_cpu(
     }
 
 
+def _against_yardstick(
+    before: dict[str, float], after: dict[str, float], jobs: int, yardstick: list[float]
+) -> dict[str, Any]:
+    """The window's CPU per job over what folding one job's events cost this process just before and
+    just after it (``reference.fold_us_per_job``): a figure that moves with the code, not with the hour's
+    speed of the machine (the target is judged on the sum itself)."""
+    reference_us = sum(yardstick) / len(yardstick)
+    spent_ms = sum(_cpu_ms_per_job(before, after, jobs, every_process=True).values())
+    return {
+        "reference_fold_us_per_job": round(reference_us, 2),
+        "reference_fold_us_per_job_before_after": [round(us, 2) for us in yardstick],
+        "submissions_cpu_over_reference": round(spent_ms * 1000 / reference_us, 1) if reference_us else None,
+    }
+
+
 def _window_cycles(before: LeaderReading, after: LeaderReading, jobs: int) -> dict[str, Any]:
     """The leader's deciding cycles in the submissions' window and their computing CPU per accepted job
     (``rally_scheduler_cycle_compute_cpu_seconds``: its share of the leader's figure; the rest is its fold
@@ -277,6 +295,8 @@ async def _submissions(
     # so none of their work is charged to the HTTP submissions (before 2026-12-06 it opened as soon as
     # the appends were acknowledged, and the cluster's backlog of them ran inside the window).
     await _settle(cluster, log, watch, cfg, raw_job_ids("rawlog-a", half), "the reference appends")
+    # the machine's speed now, outside the window (this process's CPU is in the sums): reference.py
+    yardstick = [fold_us_per_job()]
     idle = await _idle_cpu_ms_per_s(cluster)
     # the leader's counters, read outside the window (a scrape renders the whole cluster's gauges)
     leader = _leader(watch)
@@ -297,6 +317,7 @@ async def _submissions(
     # way from the request to its ranks running, in every process, and nothing else's.
     await _settle(cluster, log, watch, cfg, [s.job_id for s in accepted], "the submissions")
     cpu_after, window_s = _cpu_seconds(cluster), time.monotonic() - opened
+    yardstick.append(fold_us_per_job())
     cycles_after = await _leader_reading(cluster, leader)
     appended_s += half / await raw_append(
         log, half, concurrency=CONCURRENCY, prefix="rawlog-b", seconds=2 * cfg.job_seconds
@@ -316,6 +337,7 @@ async def _submissions(
         "http_ceiling_before_per_s": round(ceiling[0], 1),
         "http_ceiling_after_per_s": round(ceiling[1], 1),
         **_submission_cpu(cpu_before, cpu_after, max(1, len(accepted)), window_s, idle),
+        **_against_yardstick(cpu_before, cpu_after, max(1, len(accepted)), yardstick),
         **_window_cycles(cycles_before, cycles_after, max(1, len(accepted))),
         **latency_summary([s.latency_s for s in accepted], "submit_latency_s"),
         "submitted_running": len(to_running),
