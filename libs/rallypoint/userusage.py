@@ -83,10 +83,7 @@ class UserLedger(msgspec.Struct, kw_only=True):
     by_day: dict[int, list[int]] = {}
 
     def __post_init__(self) -> None:
-        by_day: dict[int, list[int]] = {}
-        for start, gpus in self.running.values():
-            _sum_by_day(by_day, start, gpus, 1)
-        self.by_day = by_day
+        self.by_day = _sums_by_day(self.running.values())
 
 
 def day_of(t: float) -> int:
@@ -157,17 +154,26 @@ def end_attempt(ledger: UserLedger, job_id: str, end: float) -> None:
         bill(ledger.days, held[0], end, held[1])
 
 
+def _sums_by_day(attempts: Iterable[tuple[float, int]]) -> dict[int, list[int]]:
+    """These (start, GPUs) attempts summed by start day, as ``UserLedger.by_day`` holds them."""
+    by_day: dict[int, list[int]] = {}
+    for start, gpus in attempts:
+        _sum_by_day(by_day, start, gpus, 1)
+    return by_day
+
+
+def _rows(by_day: dict[int, list[int]]) -> tuple[RunningDay, ...]:
+    return tuple(sorted((day, gpus, starts) for day, (gpus, starts) in by_day.items()))
+
+
 def running_by_day(ledger: UserLedger) -> tuple[RunningDay, ...]:
     """The ledger's running attempts as ``UserUsage.running`` holds them."""
-    return tuple(sorted((day, gpus, starts) for day, (gpus, starts) in ledger.by_day.items()))
+    return _rows(ledger.by_day)
 
 
 def running_rows(attempts: Iterable[tuple[float, int]]) -> tuple[RunningDay, ...]:
     """``UserUsage.running`` for these (start, GPUs) attempts."""
-    by_day: dict[int, list[int]] = {}
-    for start, gpus in attempts:
-        _sum_by_day(by_day, start, gpus, 1)
-    return tuple(sorted((day, gpus, starts) for day, (gpus, starts) in by_day.items()))
+    return _rows(_sums_by_day(attempts))
 
 
 def _weight(age: float) -> float:
