@@ -34,6 +34,7 @@ from rallypoint.security.permissions import inbox_prefix
 
 from .errors import LogUnavailable
 from .pacing import ReadPacing
+from .replymux import ReplyMux, reply_mux_internals_present
 from .wire import DirectParser, parser_internals_present
 
 _log = logging.getLogger("rallypoint.nats")
@@ -252,6 +253,8 @@ def _nats_internals_present() -> bool:
         return False
     if list(inspect.signature(Client._send_ping).parameters) != ["self", "future"]:
         return False
+    if not reply_mux_internals_present(probe):
+        return False
     return (
         params == expected
         and parser_internals_present()
@@ -282,6 +285,8 @@ class FastHeadersClient(Client):
         self._ps = DirectParser(self)
         #: how long a read that emptied the socket waits before the next (``pacing``; 0 by default)
         self.pacing = ReadPacing()
+        #: requests and their replies (``replymux``)
+        self.replies = ReplyMux(self, self._subscribe_direct)
 
     def awaiting_reply(self) -> bool:
         """Whether anything on this connection waits for the server's answer (a request's reply, a PONG)."""
@@ -290,6 +295,16 @@ class FastHeadersClient(Client):
     async def request(self, *args: Any, **kwargs: Any) -> Msg:
         self.pacing.interrupt()  # its reply must not wait out a pause
         return await super().request(*args, **kwargs)
+
+    async def _request_new_style(
+        self, subject: str, payload: bytes, timeout: float = 1, headers: dict[str, Any] | None = None
+    ) -> Msg:
+        return await self.replies.request(subject, payload, timeout, headers)
+
+    async def _subscribe_direct(self, subject: str, handler: DirectHandler) -> int:
+        sub = await self.subscribe(subject)
+        self.direct[sub._id] = handler
+        return sub._id
 
     async def flush(self, *args: Any, **kwargs: Any) -> None:
         self.pacing.interrupt()
