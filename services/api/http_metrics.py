@@ -5,7 +5,6 @@ paths, so a scan of random URLs cannot grow the series without bound (it counts 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -13,6 +12,7 @@ from prometheus_client import Counter, Histogram
 
 # Importing the process's instruments turns off `_created` samples, for these counters too.
 from rallypoint.observability import instruments as _instruments  # noqa: F401
+from rallypoint.observability.children import LabelChildren
 
 API_REQUESTS = Counter(
     "rally_api_requests",
@@ -32,23 +32,8 @@ def _route(request: web.Request) -> str:
     return resource.canonical if resource is not None else "unmatched"
 
 
-class _Children:
-    """A metric's label children, kept: ``labels()`` checks and looks its arguments up on every call, a
-    measurable part of a submission's cost. Bounded as the series are (route patterns, methods, statuses)."""
-
-    def __init__(self, metric: Any) -> None:
-        self.metric = metric
-        self.by_labels: dict[tuple[str, ...], Any] = {}
-
-    def get(self, *labels: str) -> Any:
-        child = self.by_labels.get(labels)
-        if child is None:
-            child = self.by_labels[labels] = self.metric.labels(*labels)
-        return child
-
-
-_requests = _Children(API_REQUESTS)
-_durations = _Children(API_REQUEST_SECONDS)
+_requests = LabelChildren(API_REQUESTS)
+_durations = LabelChildren(API_REQUEST_SECONDS)
 
 
 @web.middleware

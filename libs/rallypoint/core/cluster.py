@@ -93,6 +93,9 @@ class RunningColumns:
     _TASK_COLS = ("t_job", "t_node", "t_gpus", "t_pos")
 
     def _grow(self, names: tuple[str, ...], need: int) -> None:
+        # the columns of a group always have one length (they grow together): most calls look once
+        if len(getattr(self, names[0])) >= need:
+            return
         for name in names:
             a = getattr(self, name)
             if len(a) < need:

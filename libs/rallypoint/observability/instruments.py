@@ -17,6 +17,7 @@ from prometheus_client import Counter, Histogram, disable_created_metrics
 from rallypoint.events import GangBound, GangRepaired, JobRequeued, PreemptionRequested, subjects
 from rallypoint.state import ClusterState
 
+from .children import LabelChildren
 from .decision_spans import trace_decision
 from .jobtraces import JobTraces
 
@@ -114,17 +115,19 @@ def observe_writes(
                 trace_decision(event, state, traces, now)
 
 
+_admitted = LabelChildren(ADMITTED_WORKLOADS)
+_admission_waits = LabelChildren(ADMISSION_WAIT_SECONDS)
+
+
 def _bound(event: object, state: ClusterState, now: float) -> None:
     assert isinstance(event, GangBound)
     job = state.jobs.get(event.job_id)
     if job is None:
         return
     team = job.spec.team
-    ADMITTED_WORKLOADS.labels(team=team).inc()
+    _admitted.get(team).inc()
     # A retried or preempted job waits again: its wait counts from submission, what the user sees.
-    ADMISSION_WAIT_SECONDS.labels(team=team, priority=job.spec.priority).observe(
-        max(0.0, now - job.submitted_at)
-    )
+    _admission_waits.get(team, job.spec.priority).observe(max(0.0, now - job.submitted_at))
 
 
 def _preempted(event: object, _state: ClusterState, _now: float) -> None:
