@@ -180,6 +180,18 @@ def quiescent_seq(cluster: LocalCluster, timeout: float = 30.0) -> tuple[int, st
     raise AssertionError("the log never went quiet")
 
 
+def test_the_background_services_yield_the_cpu_to_those_a_job_waits_on(cluster: LocalCluster) -> None:
+    # runtime.priority: each service sets its own niceness as it starts (ours is the floor: a niced test
+    # run starts them niced)
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    niceness = {name: os.getpriority(os.PRIO_PROCESS, p.pid) for name, p in cluster.processes.items()}
+    background = {"projector", "predictor", "inventory", "preemption"}
+    assert background <= niceness.keys()
+    assert {name: niceness[name] for name in background} == dict.fromkeys(background, max(own, 10))
+    urgent = ("api", "job-controller", "health-monitor", "checkpoint", "scheduler-1", "scheduler-2")
+    assert {name: niceness[name] for name in urgent} == dict.fromkeys(urgent, own)
+
+
 def test_replay_from_zero_gives_the_live_state_hash(cluster: LocalCluster, probes: Path) -> None:
     wait_state(cluster, submit(cluster, "for-replay", 3, 3, probes), TERMINAL)
     seq, live_hash = quiescent_seq(cluster)

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from .following import sharing_one_fold
 from .heap import own_heap
 from .logs import setup_logging
+from .priority import lower_cpu_priority
 from .service import EXIT_ERROR, EXIT_OK, MainFn, ServiceConfig, run_service_async
 
 _log = logging.getLogger("rallypoint.cohost")
@@ -63,6 +64,7 @@ def run_hosted(services: Sequence[Hosted], *, shutdown_grace: float = 10.0) -> i
     names = "+".join(config.service for _, config in services)
     setup_logging(names, first.instance, first.log_level, first.log_format)
     own_heap()
+    lower_cpu_priority(host_niceness(services))
     return asyncio.run(run_hosted_async(services, shutdown_grace))
 
 
@@ -105,6 +107,12 @@ async def run_hosted_async(services: Sequence[Hosted], shutdown_grace: float = 1
                 loop.remove_signal_handler(signum)
     # A service that ended unasked is a failure of the host even if it returned 0: restart them all.
     return _worst(codes) or (EXIT_ERROR if unasked else EXIT_OK)
+
+
+def host_niceness(services: Sequence[Hosted]) -> int:
+    """One process, one CPU priority: its most urgent service's (a job controller hosted with the
+    projector is still on a job's way to running; ``config.CPU_NICE``)."""
+    return min(config.niceness for _, config in services)
 
 
 def fold_read_at_once(services: Sequence[Hosted]) -> list[Hosted]:

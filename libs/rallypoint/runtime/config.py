@@ -26,6 +26,18 @@ READ_PACING_S: dict[str, float] = {
 }
 
 
+#: How much lower than the default CPU priority each service runs (``nice``; ``runtime.priority``): those
+#: whose reactions may come later (read models, reporters) yield the cores to those on a job's way to
+#: running where services share them. Every other service runs at 0, the checkpoint service too: its
+#: replicas hold fenced partitions whose leases must not wait on the CPU. ``--nice`` overrides it.
+CPU_NICE: dict[str, int] = {
+    "inventory": 10,
+    "predictor": 10,
+    "preemption": 10,
+    "projector": 10,
+}
+
+
 def _default_instance() -> str:
     # Unique per process on a host; in Kubernetes the pod name arrives through RALLY_INSTANCE.
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -45,6 +57,8 @@ class ServiceConfig:
     nats_credentials: NatsCredentials | None = field(default=None, repr=False)
     #: the connection's read pacing in seconds (None: the service's own, ``READ_PACING_S``)
     read_pacing_s: float | None = None
+    #: the process's CPU niceness (None: the service's own, ``CPU_NICE``)
+    nice: int | None = None
 
     def __post_init__(self) -> None:
         if not self.instance:
@@ -54,6 +68,11 @@ class ServiceConfig:
     def pacing_s(self) -> float:
         """How long this service's connection lets a trickle of messages gather before reading them."""
         return READ_PACING_S.get(self.service, 0.0) if self.read_pacing_s is None else self.read_pacing_s
+
+    @property
+    def niceness(self) -> int:
+        """How much lower than the default CPU priority this service runs (``runtime.priority``)."""
+        return CPU_NICE.get(self.service, 0) if self.nice is None else self.nice
 
     @classmethod
     def from_args(cls, service: str, args: argparse.Namespace) -> ServiceConfig:
@@ -67,6 +86,7 @@ class ServiceConfig:
             health_port=args.health_port,
             nats_credentials=credentials_from_args(args),
             read_pacing_s=None if args.read_pacing_ms is None else args.read_pacing_ms / 1000,
+            nice=args.nice,
         )
 
 
@@ -123,6 +143,14 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "of events is read in one go (env RALLY_READ_PACING_MS; 0: read at once; default: the "
         "service's own, docs/deployment.md)",
     )
+    nice = env.get("RALLY_NICE")
+    parser.add_argument(
+        "--nice",
+        type=_niceness,
+        default=_niceness(nice) if nice else None,
+        help="run at this CPU niceness, 0 to 19: a background service yields the cores to those a job "
+        "waits on (env RALLY_NICE; default: the service's own, docs/deployment.md)",
+    )
     health = env.get("RALLY_HEALTH_PORT")
     parser.add_argument(
         "--health-port",
@@ -131,6 +159,16 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="serve GET /healthz on this port (env RALLY_HEALTH_PORT; default: off)",
     )
     return parser
+
+
+def _niceness(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text}: a whole number from 0 to 19") from None
+    if not 0 <= value <= 19:
+        raise argparse.ArgumentTypeError(f"{text}: a niceness from 0 to 19 (a service never raises its own)")
+    return value
 
 
 def _pacing_ms(text: str) -> float:

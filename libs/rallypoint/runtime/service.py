@@ -35,6 +35,7 @@ from .health import serve_health
 from .heap import own_heap
 from .leader import LEADER_BUCKET, LeaderLease
 from .logs import setup_logging
+from .priority import lower_cpu_priority
 from .reports import set_leadership
 
 _log = logging.getLogger("rallypoint.runtime")
@@ -200,6 +201,7 @@ def run_service(
     if configure_logging:
         setup_logging(config.service, config.instance, config.log_level, config.log_format)
     own_heap()  # this process is the service's own: its fold may settle the collector (runtime.heap)
+    lower_cpu_priority(config.niceness)  # before any thread starts: each inherits it
     return asyncio.run(run_service_async(main, config, shutdown_grace=shutdown_grace))
 
 
