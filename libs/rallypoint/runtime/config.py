@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from rallypoint.eventlog.connection import NatsCredentials
 
@@ -134,22 +136,20 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=env.get("RALLY_NATS_PASSWORD_FILE", ""),
         help="file holding the NATS user's password, e.g. a mounted secret (env RALLY_NATS_PASSWORD_FILE)",
     )
-    pacing = env.get("RALLY_READ_PACING_MS")
-    parser.add_argument(
+    _service_own(
+        parser,
         "--read-pacing-ms",
-        type=_pacing_ms,
-        default=_pacing_ms(pacing) if pacing else None,
-        help="after a read that emptied the NATS socket, wait this long before the next, so a trickle "
-        "of events is read in one go (env RALLY_READ_PACING_MS; 0: read at once; default: the "
-        "service's own, docs/deployment.md)",
+        "RALLY_READ_PACING_MS",
+        _pacing_ms,
+        "after a read that emptied the NATS socket, wait this long before the next, so a trickle of "
+        "events is read in one go (0: read at once)",
     )
-    nice = env.get("RALLY_NICE")
-    parser.add_argument(
+    _service_own(
+        parser,
         "--nice",
-        type=_niceness,
-        default=_niceness(nice) if nice else None,
-        help="run at this CPU niceness, 0 to 19: a background service yields the cores to those a job "
-        "waits on (env RALLY_NICE; default: the service's own, docs/deployment.md)",
+        "RALLY_NICE",
+        _niceness,
+        "run at this CPU niceness, 0 to 19: a background service yields the cores to those a job waits on",
     )
     health = env.get("RALLY_HEALTH_PORT")
     parser.add_argument(
@@ -159,6 +159,19 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="serve GET /healthz on this port (env RALLY_HEALTH_PORT; default: off)",
     )
     return parser
+
+
+def _service_own(
+    parser: argparse.ArgumentParser, flag: str, env_name: str, convert: Callable[[str], Any], help: str
+) -> None:
+    """An option whose default is the environment's, else None: each service's own then applies."""
+    raw = os.environ.get(env_name)
+    parser.add_argument(
+        flag,
+        type=convert,
+        default=convert(raw) if raw else None,
+        help=f"{help} (env {env_name}; default: the service's own, docs/deployment.md)",
+    )
 
 
 def _niceness(text: str) -> int:
