@@ -185,11 +185,12 @@ def test_the_background_services_yield_the_cpu_to_those_a_job_waits_on(cluster: 
     # run starts them niced)
     own = os.getpriority(os.PRIO_PROCESS, 0)
     niceness = {name: os.getpriority(os.PRIO_PROCESS, p.pid) for name, p in cluster.processes.items()}
-    background = {"projector", "predictor", "inventory", "preemption"}
+    background = {"projector", "preemption"}
     assert background <= niceness.keys()
     assert {name: niceness[name] for name in background} == dict.fromkeys(background, max(own, 10))
-    urgent = ("api", "job-controller", "health-monitor", "checkpoint", "scheduler-1", "scheduler-2")
-    assert {name: niceness[name] for name in urgent} == dict.fromkeys(urgent, own)
+    waited_on = ("api", "job-controller", "health-monitor", "checkpoint", "predictor", "inventory")
+    assert {name: niceness[name] for name in waited_on} == dict.fromkeys(waited_on, own)
+    assert niceness["scheduler-1"] == niceness["scheduler-2"] == own
 
 
 def test_replay_from_zero_gives_the_live_state_hash(cluster: LocalCluster, probes: Path) -> None:

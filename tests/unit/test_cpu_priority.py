@@ -22,11 +22,13 @@ def _config(service: str, *argv: str) -> ServiceConfig:
 
 def test_background_services_run_at_10_and_the_rest_at_0() -> None:
     assert {name: _config(name).niceness for name in CPU_NICE} == dict.fromkeys(CPU_NICE, 10)
-    for urgent in ("api", "scheduler", "job-controller", "health-monitor", "checkpoint", "agent"):
-        assert _config(urgent).niceness == 0
+    waited_on = ("api", "scheduler", "job-controller", "health-monitor", "checkpoint", "predictor")
+    for service in (*waited_on, "inventory", "agent"):
+        assert _config(service).niceness == 0
 
 
 def test_the_option_and_the_environment_override_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert set(CPU_NICE) == {"projector", "preemption"}
     assert _config("projector", "--nice", "0").niceness == 0
     assert _config("api", "--nice", "5").niceness == 5
     monkeypatch.setenv("RALLY_NICE", "3")
@@ -44,7 +46,7 @@ def test_a_host_runs_at_its_most_urgent_services_priority() -> None:
     async def main(_ctx: object) -> int:
         return 0
 
-    background = [(main, _config("projector")), (main, _config("predictor"))]
+    background = [(main, _config("projector")), (main, _config("preemption"))]
     assert host_niceness(background) == 10
     assert host_niceness([*background, (main, _config("job-controller"))]) == 0
 

@@ -29,12 +29,12 @@ READ_PACING_S: dict[str, float] = {
 
 
 #: How much lower than the default CPU priority each service runs (``nice``; ``runtime.priority``): those
-#: whose reactions may come later (read models, reporters) yield the cores to those on a job's way to
-#: running where services share them. Every other service runs at 0, the checkpoint service too: its
-#: replicas hold fenced partitions whose leases must not wait on the CPU. ``--nice`` overrides it.
+#: whose work may come later and whom nobody waits on (the PostgreSQL read model's writer, the eviction
+#: reporter) yield the cores to those on a job's way to running where services share them. Every other
+#: service runs at 0: the predictor and the inventory too (the API waits on their answers, a second at
+#: most), and the checkpoint service (its replicas' fenced partitions hold leases that must not wait on
+#: the CPU). ``--nice`` overrides it.
 CPU_NICE: dict[str, int] = {
-    "inventory": 10,
-    "predictor": 10,
     "preemption": 10,
     "projector": 10,
 }

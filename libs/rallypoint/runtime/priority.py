@@ -1,13 +1,11 @@
 """CPU priority: a service no job waits on yields the cores to those on a job's way to running.
 
-Where services share cores (``rally up``, or several services on one machine under systemd), the read
-models and reporters (the projector, the predictor, the inventory, the preemption reporter) run at a
-lower priority, ``nice`` 10 by default (``config.CPU_NICE``): when the cores are busy, the API, the
-scheduler, the job controller, the health monitor, the checkpoint service and NATS get them first, and
-the background services catch up a little later, each wake-up then taking more events at once. On a 2-core
-machine at 12,500 nodes this doubled the scheduler's binds per second after a burst of capacity and
-lowered the cluster's CPU per submitted job (docs/benchmarks.md, "CPU priority"). In a container of its
-own a process's niceness orders nothing but its own threads: give such services a lower CPU request.
+Where services share cores (``rally up``, or several services on one machine under systemd), those whose
+work may come later and whom nobody waits on (the projector, PostgreSQL's writer, and the preemption
+reporter) run at a lower priority, ``nice`` 10 by default (``config.CPU_NICE``): when the cores are busy,
+the services a job or a person waits on get them first, and these catch up a little later, each wake-up
+then taking more events at once (docs/benchmarks.md, "CPU priority"). In a container of its own a
+process's niceness orders nothing but its own threads: give such services a lower CPU request.
 
 A process only ever lowers its priority here: raising it needs a privilege a service should not have.
 """
