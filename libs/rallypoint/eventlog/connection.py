@@ -286,7 +286,7 @@ class FastHeadersClient(Client):
         #: how long a read that emptied the socket waits before the next (``pacing``; 0 by default)
         self.pacing = ReadPacing()
         #: requests and their replies (``replymux``)
-        self.replies = ReplyMux(self, self._subscribe_direct)
+        self.replies = ReplyMux(self, self.subscribe_raw)
 
     def awaiting_reply(self) -> bool:
         """Whether anything on this connection waits for the server's answer (a request's reply, a PONG)."""
@@ -301,10 +301,11 @@ class FastHeadersClient(Client):
     ) -> Msg:
         return await self.replies.request(subject, payload, timeout, headers)
 
-    async def _subscribe_direct(self, subject: str, handler: DirectHandler) -> int:
+    async def subscribe_raw(self, subject: str, handler: DirectHandler) -> Subscription:
+        """Subscribe with ``handler`` taking each message as it is parsed (``direct``)."""
         sub = await self.subscribe(subject)
         self.direct[sub._id] = handler
-        return sub._id
+        return sub
 
     async def flush(self, *args: Any, **kwargs: Any) -> None:
         self.pacing.interrupt()
@@ -368,9 +369,7 @@ async def subscribe_direct(nc: Client, subject: str, handler: Callable[[bytes, b
     heard thousands of times a second (the heartbeats). A client of another class calls it from an
     ordinary callback subscription."""
     if isinstance(nc, FastHeadersClient):
-        sub = await nc.subscribe(subject)
-        nc.direct[sub._id] = lambda subject, _reply, data, _headers: handler(subject, data)
-        return sub
+        return await nc.subscribe_raw(subject, lambda subject, _reply, data, _headers: handler(subject, data))
 
     async def callback(msg: Msg) -> None:
         handler(msg.subject.encode(), msg.data)

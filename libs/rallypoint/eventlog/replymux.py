@@ -15,11 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats import errors as nats_errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+#: Takes a reply as the connection parses it: subject, reply, payload and the raw header block.
+_Handler = Callable[[bytes, bytes, bytes, "bytes | None"], None]
+#: Subscribes a subject with such a handler (``FastHeadersClient.subscribe_raw``).
+_SubscribeRaw = Callable[[str, _Handler], Awaitable[Subscription]]
 
 #: nats-py's private members this relies on, checked before the fast client is chosen (``connection``).
 REQUIRED = ("_resp_map", "_resp_sub_prefix", "_inbox_prefix", "_nuid", "_build_message", "_process_headers")
@@ -38,10 +45,9 @@ def reply_mux_internals_present(probe: Client) -> bool:
 class ReplyMux:
     """The request path of ``FastHeadersClient`` (see the module docstring)."""
 
-    def __init__(self, client: Client, subscribe_direct: Any) -> None:
+    def __init__(self, client: Client, subscribe_raw: _SubscribeRaw) -> None:
         self.client = client
-        #: registers a direct handler for a subscription id (``FastHeadersClient.direct``)
-        self._subscribe_direct = subscribe_direct
+        self._subscribe_raw = subscribe_raw
         self._count = 0
         self._prefix = ""
         self._sid = 0
@@ -56,7 +62,7 @@ class ReplyMux:
         prefix.extend(b".")
         client._resp_sub_prefix = prefix
         self._prefix = prefix.decode()
-        self._sid = await self._subscribe_direct(self._prefix + "*", self._take)
+        self._sid = (await self._subscribe_raw(self._prefix + "*", self._take))._id
 
     async def request(
         self, subject: str, payload: bytes, timeout: float, headers: dict[str, Any] | None

@@ -11,6 +11,8 @@ from typing import Any
 
 from rallypoint.eventlog.connection import NatsCredentials
 
+from .priority import MAX_NICE
+
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 #: Seconds each service's connection waits after a read that emptied its socket (``eventlog.pacing``):
@@ -178,9 +180,9 @@ def _niceness(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text}: a whole number from 0 to 19") from None
-    if not 0 <= value <= 19:
-        raise argparse.ArgumentTypeError(f"{text}: a niceness from 0 to 19 (a service never raises its own)")
+        raise argparse.ArgumentTypeError(f"{text}: a whole number from 0 to {MAX_NICE}") from None
+    if not 0 <= value <= MAX_NICE:
+        raise argparse.ArgumentTypeError(f"{text}: a niceness from 0 to {MAX_NICE} (never above the default)")
     return value
 
 
