@@ -35,6 +35,7 @@ from rallypoint.events import (
 )
 from rallypoint.state import ClusterState, JobView, Touched
 from rallypoint.state.dependencies import hold_message
+from rallypoint.state.indexes import UNSETTLED_LIMIT
 
 DEPENDENCY_KINDS = ("after", "after-ok", "after-not-ok", "after-any")
 
@@ -259,6 +260,43 @@ def test_the_index_agrees_with_a_scan_after_every_event(seed: int, length: int) 
         restored.apply(seq, event)
         assert_index_agrees(restored, float(seq))
         assert restored.hash() == state.hash()
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), length=st.integers(1, 200))
+def test_the_index_agrees_with_a_scan_when_read_between_runs_of_events(seed: int, length: int) -> None:
+    """Read as the services read it: after a run of events (a job submitted, bound and ended between two
+    reads), or its node totals alone; what the events marked is settled when read."""
+    rng = random.Random(seed)
+    state = ClusterState()
+    state.apply(1, LeaderEpochStarted(epoch=1, leader_id="s", at=0.0))
+    for seq in range(2, length + 2):
+        now = float(seq)
+        state.apply(seq, next_event(rng, state, now))
+        roll = rng.random()
+        if roll < 0.1:
+            assert_index_agrees(state, now)
+        elif roll < 0.2:
+            assert indexed_totals(state) == scan_totals(state)
+    assert_index_agrees(state, float(length + 2))
+
+
+def test_a_fold_nobody_reads_settles_what_piles_up() -> None:
+    """A fold no reader asks (a standby) settles every ``UNSETTLED_LIMIT`` marks: its first read has at
+    most that much left to refile, and answers as a scan does."""
+    rng = random.Random(3)
+    state = ClusterState()
+    state.apply(1, LeaderEpochStarted(epoch=1, leader_id="s", at=0.0))
+    seq = 1
+    for node_id in NODES:
+        seq += 1
+        state.apply(seq, registered(rng, node_id))
+    for i in range(3 * UNSETTLED_LIMIT):
+        seq += 1
+        state.apply(seq, submitted(f"q{i}", 1))
+        index = state.__dict__["_reader_index"]
+        assert len(index._unsettled_jobs) + len(index._unsettled_nodes) < UNSETTLED_LIMIT
+    assert_index_agrees(state, float(seq))
 
 
 def test_the_index_is_outside_the_hash_and_the_snapshot() -> None:

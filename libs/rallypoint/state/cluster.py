@@ -388,10 +388,23 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         return Touched(job_id=job_id, node_ids=frozenset(nodes))
 
     def _index(self) -> StateIndex:
-        """The reader index, built from the jobs and nodes on first use (after a decode or a copy too)."""
+        """The reader index as last settled, built from the jobs and nodes on first use (after a decode
+        or a copy too)."""
         index: StateIndex | None = self.__dict__.get("_reader_index")
         if index is None:
             index = self.__dict__["_reader_index"] = StateIndex(self.jobs, self.nodes)
+        return index
+
+    def _job_index(self) -> StateIndex:
+        """The reader index with every job an applied event may have changed refiled: for job lists."""
+        index = self._index()
+        index.settle_jobs(self.jobs)
+        return index
+
+    def _node_index(self) -> StateIndex:
+        """The reader index with every node's part of the totals current: for GPU totals."""
+        index = self._index()
+        index.settle_nodes(self.nodes)
         return index
 
     def reindex(self) -> None:
@@ -400,26 +413,26 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         self.__dict__.pop("_reader_index", None)
 
     def _refresh(self, touched: Touched) -> None:
+        """Mark what an event changed for the reader index, which settles it when next read."""
         index = self._index()
-        if touched.job_id is not None:
-            index.refresh_job(touched.job_id, self.jobs.get(touched.job_id))
-        for node_id in touched.node_ids:
-            index.refresh_node(node_id, self.nodes.get(node_id))
+        if index.note(touched):
+            index.settle_jobs(self.jobs)
+            index.settle_nodes(self.nodes)
 
     # -- queries ------------------------------------------------------------------------------
 
     def pending_jobs(self) -> list[JobView]:
         """Jobs waiting for a bind (not being cancelled), in arrival order (the log's order)."""
-        return list(self._index().jobs_of(PENDING))
+        return list(self._job_index().jobs_of(PENDING))
 
     def pending_count(self, team: str) -> int:
         """How many of ``team``'s jobs ``pending_jobs`` lists, without listing them."""
-        return self._index().pending_count(team)
+        return self._job_index().pending_count(team)
 
     def ready_jobs(self, now: float) -> list[JobView]:
         """Pending jobs the scheduler may bind at ``now``: a retried job waits out its backoff first, and a
         job with dependencies or a singleton flag waits until they are met (``hold_message``)."""
-        index = self._index()
+        index = self._job_index()
         pending = index.jobs_of(PENDING)
         latest_retry = index.latest_retry()
         held = self.held_jobs()
@@ -429,12 +442,12 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
 
     def _own_hold(self, job: JobView) -> str | None:
         """Why ``job``'s dependencies or its name hold it (an array's limit aside)."""
-        earlier = self._index().same_name_earlier(job) if job.spec.singleton else ()
+        earlier = self._job_index().same_name_earlier(job) if job.spec.singleton else ()
         return hold_message(job, self.jobs, earlier)
 
     def held_jobs(self) -> dict[str, str]:
         """Pending jobs held by a dependency, a singleton or an array's limit, with why."""
-        index = self._index()
+        index = self._job_index()
         held: dict[str, str] = {}
         arrays: set[str] = set()
         for job_id, job in index.gated().items():
@@ -456,22 +469,22 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         why = self._own_hold(job)
         if why is not None or array is None or not throttled:
             return why
-        members = self._index().array_live(array.array_id)
+        members = self._job_index().array_live(array.array_id)
         blocked = {m for m, view in members.items() if view.state == "pending" and self._own_hold(view)}
         return throttle_holds(members, blocked).get(job.job_id)
 
     def dependents_of(self, job_id: str) -> frozenset[str]:
         """Pending jobs waiting on ``job_id`` as a dependency."""
-        return self._index().dependents(job_id)
+        return self._job_index().dependents(job_id)
 
     def repairing_jobs(self) -> list[JobView]:
         """Interrupted gangs waiting for a replacement node (not being cancelled), in arrival order."""
-        return list(self._index().jobs_of(REPAIRING))
+        return list(self._job_index().jobs_of(REPAIRING))
 
     def growable_jobs(self) -> list[JobView]:
         """Launched elastic gangs below their ``max_gpus`` (not being cancelled), in arrival order: the core
         may grow them into idle GPUs even when no job waits."""
-        return list(self._index().jobs_of(GROWABLE))
+        return list(self._job_index().jobs_of(GROWABLE))
 
     def active_jobs(self) -> list[JobView]:
         """Jobs holding GPUs (bound, running, repairing), in arrival order. A scan, on purpose: its one
@@ -482,15 +495,15 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         return active
 
     def total_gpus(self, *, schedulable_only: bool = False) -> int:
-        index = self._index()
+        index = self._node_index()
         return index.schedulable if schedulable_only else index.total
 
     def free_gpus(self) -> int:
-        return self._index().free
+        return self._node_index().free
 
     def largest_node_gpus(self) -> int | None:
         """GPUs of the largest node (schedulable or not), or None before any node registered."""
-        return self._index().largest_node()
+        return self._node_index().largest_node()
 
     def hash(self) -> str:
         """sha256 over a canonical encoding: equal histories give equal hashes, on any machine."""
