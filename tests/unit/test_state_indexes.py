@@ -238,12 +238,18 @@ def next_event(rng: random.Random, state: ClusterState, now: float) -> Event:
     return job_event(rng, state, job, now)
 
 
+def led_state() -> ClusterState:
+    """An empty fold with a scheduler leader, as every history here starts."""
+    state = ClusterState()
+    state.apply(1, LeaderEpochStarted(epoch=1, leader_id="s", at=0.0))
+    return state
+
+
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), length=st.integers(1, 200))
 def test_the_index_agrees_with_a_scan_after_every_event(seed: int, length: int) -> None:
     rng = random.Random(seed)
-    state = ClusterState()
-    state.apply(1, LeaderEpochStarted(epoch=1, leader_id="s", at=0.0))
+    state = led_state()
     for seq in range(2, length + 2):
         now = float(seq)
         state.apply(seq, next_event(rng, state, now))
@@ -268,8 +274,7 @@ def test_the_index_agrees_with_a_scan_when_read_between_runs_of_events(seed: int
     """Read as the services read it: after a run of events (a job submitted, bound and ended between two
     reads), or its node totals alone; what the events marked is settled when read."""
     rng = random.Random(seed)
-    state = ClusterState()
-    state.apply(1, LeaderEpochStarted(epoch=1, leader_id="s", at=0.0))
+    state = led_state()
     for seq in range(2, length + 2):
         now = float(seq)
         state.apply(seq, next_event(rng, state, now))
@@ -285,8 +290,7 @@ def test_a_fold_nobody_reads_settles_what_piles_up() -> None:
     """A fold no reader asks (a standby) settles every ``UNSETTLED_LIMIT`` marks: its first read has at
     most that much left to refile, and answers as a scan does."""
     rng = random.Random(3)
-    state = ClusterState()
-    state.apply(1, LeaderEpochStarted(epoch=1, leader_id="s", at=0.0))
+    state = led_state()
     seq = 1
     for node_id in NODES:
         seq += 1
