@@ -14,7 +14,7 @@ from rallypoint.scheduling import SchedulingPolicy, load_queue_config
 from rallypoint.scheduling.repair import REPAIR_WAIT_S
 
 from .heap import settle_heap
-from .leader import SchedulerLoop
+from .leader import MIN_CYCLE_GAP_S, SchedulerLoop
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,6 +24,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--queues", default=None, help="queue and quota configuration (JSON or YAML)")
     parser.add_argument("--lease-ttl", type=float, default=3.0, help="leader lease TTL in seconds")
     parser.add_argument("--tick", type=float, default=1.0, help="seconds between cycles when nothing happens")
+    parser.add_argument(
+        "--min-cycle-gap",
+        type=float,
+        default=MIN_CYCLE_GAP_S,
+        help="least seconds from one cycle's start to the next's while changes keep coming: what arrives "
+        f"meanwhile is decided together (default {MIN_CYCLE_GAP_S}; 0: a cycle per change)",
+    )
     parser.add_argument(
         "--repair-wait",
         type=float,
@@ -52,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             instance=config.instance,
             policy=policy,
             tick_s=args.tick,
+            min_cycle_gap_s=args.min_cycle_gap,
             repair_wait_s=args.repair_wait,
             queue_file=args.queues,
             tidy_heap=True,
