@@ -45,9 +45,10 @@ _log = logging.getLogger("rallypoint.scheduler")
 SOURCE = "rallypoint/scheduler"
 
 #: Under a stream of changes, at most one cycle per this many seconds (``leadership.lead``): a cycle
-#: costs the leader ~1 ms of CPU at 12,500 nodes whatever it binds, and every service folds its write; a
-#: job waits ~10 ms longer on average (docs/architecture.md, "Cycles under load").
-MIN_CYCLE_GAP_S = 0.02
+#: costs the leader ~1 ms of CPU at 12,500 nodes whatever it binds, and every service folds its write.
+#: 10 ms left submit-to-running as it was; 20 ms cost more latency than it saved (docs/architecture.md,
+#: "Cycles under load").
+MIN_CYCLE_GAP_S = 0.01
 
 
 class SchedulerLoop:
