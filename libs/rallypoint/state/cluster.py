@@ -346,7 +346,7 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
             before = _holding(job) if job is not None else _HOLDS_NOTHING
             handler(self, seq, event)
             touched = self._touched(job_id, getattr(event, "node_id", None), before)
-            self._refresh(touched)
+            self._mark_for_readers(touched)
         self.last_seq = max(self.last_seq, seq)
         return touched
 
@@ -412,7 +412,7 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         not through ``apply``."""
         self.__dict__.pop("_reader_index", None)
 
-    def _refresh(self, touched: Touched) -> None:
+    def _mark_for_readers(self, touched: Touched) -> None:
         """Mark what an event changed for the reader index, which settles it when next read."""
         index = self._index()
         if index.note(touched):

@@ -134,8 +134,8 @@ class StateIndex:
         self._shares: dict[str, tuple[int, int, int]] = {}
         self._sizes: Counter[int] = Counter()  # GPUs per node -> how many nodes have that many
         self.total = self.schedulable = self.free = 0
-        # What applied events may have changed since a reader last asked (ordered: the jobs are filed in
-        # the order events first touched them, as they were when every event refiled its job).
+        # What applied events may have changed since a reader last asked, in the order events first
+        # touched them (dicts, not sets: a settle files new jobs in the log's order).
         self._unsettled_jobs: dict[str, None] = {}
         self._unsettled_nodes: dict[str, None] = {}
         for job in jobs.values():
